@@ -1,0 +1,15 @@
+//! Hardware side of uhca: the mlx5 layouts and the software model of the HCA.
+//!
+//! - [`layout`]: every byte layout the driver and the device exchange (init segment,
+//!   command queue, command messages, contexts, WQEs, CQEs, EQEs), defined once from
+//!   `shared/spec/prm-subset.md` and used by both sides. Dependency-free and safe.
+//! - `model` (feature `model`, on by default): a software ConnectX-class HCA that speaks
+//!   those layouts behind a BAR0 memory region, a config space and a model IOMMU, run by
+//!   its own thread. It is the default device of every uhca tool, example and test.
+
+#![deny(unsafe_code)]
+
+pub mod layout;
+
+#[cfg(feature = "model")]
+pub mod model;
