@@ -1,0 +1,209 @@
+//! The PCI-function layer: the one interface through which the driver reaches a device.
+//!
+//! A [`PciFunction`] is a PCI function the driver owns: its config space, its BARs (mapped
+//! into our address space), its DMA address space (the IOMMU domain the device sits behind)
+//! and its MSI-X vectors. Backends:
+//! - [`model`] (feature `model`): the software HCA in this process, the default device.
+//! - real kernel VFIO (container/group or iommufd + cdev), for a ConnectX bound to vfio-pci.
+//!
+//! Everything above this layer (DMA memory, command interface, resources, data path) is the
+//! same for every backend: it only sees BAR memory through [`Bar`] and device addresses as
+//! [`Iova`]s.
+
+mod bar;
+
+pub use bar::Bar;
+
+use std::fmt;
+use std::os::fd::RawFd;
+
+use vmm_sys_util::eventfd::EventFd;
+
+/// An I/O virtual address: what the device puts on the bus, translated by its IOMMU.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Iova(pub u64);
+
+impl Iova {
+    /// The address `bytes` further on.
+    #[inline]
+    pub const fn add(self, bytes: u64) -> Iova {
+        Iova(self.0 + bytes)
+    }
+}
+
+impl fmt::Debug for Iova {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Iova({:#x})", self.0)
+    }
+}
+
+/// A usable range of the device's IOVA space, `[start, end]` inclusive (as the kernel's
+/// `vfio_iova_range` and `iommu_iova_range` report them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IovaRange {
+    /// First usable address.
+    pub start: u64,
+    /// Last usable address.
+    pub end: u64,
+}
+
+/// A file that backs a DMA mapping, for backends that share memory by fd (vfio-user,
+/// `IOMMU_IOAS_MAP_FILE`).
+#[derive(Clone, Copy, Debug)]
+pub struct FileBacking {
+    /// The file (memfd, hugetlbfs file, dma-buf).
+    pub fd: RawFd,
+    /// Offset of the mapping's first byte in the file.
+    pub offset: u64,
+}
+
+/// One DMA mapping request: host memory at `vaddr`, seen by the device at `iova`.
+#[derive(Clone, Copy, Debug)]
+pub struct DmaMapping {
+    /// Host virtual address of the first byte (page aligned).
+    pub vaddr: *mut u8,
+    /// Length in bytes (page multiple).
+    pub len: usize,
+    /// Device address of the first byte (page aligned).
+    pub iova: Iova,
+    /// The file behind the memory, when there is one.
+    pub backing: Option<FileBacking>,
+}
+
+/// A BAR as mapped into this process.
+#[derive(Clone, Copy, Debug)]
+pub struct BarRegion {
+    /// First byte of the mapping.
+    pub ptr: *mut u8,
+    /// Mapped length in bytes.
+    pub len: usize,
+}
+
+/// Errors of the PCI-function layer.
+#[derive(Debug, thiserror::Error)]
+pub enum PciError {
+    /// A config-space access outside the 4 KiB config space or not naturally sized.
+    #[error("config space access of {len} bytes at {offset:#x} is out of range")]
+    ConfigRange {
+        /// Offset.
+        offset: u16,
+        /// Length.
+        len: usize,
+    },
+    /// The BAR does not exist or cannot be mapped.
+    #[error("BAR {0} is not available")]
+    NoBar(u8),
+    /// A DMA mapping request was refused.
+    #[error("DMA map of {len:#x} bytes at IOVA {iova:?} refused: {reason}")]
+    DmaMap {
+        /// Requested IOVA.
+        iova: Iova,
+        /// Requested length.
+        len: usize,
+        /// Why.
+        reason: &'static str,
+    },
+    /// An unmap named a range that is not mapped.
+    #[error("DMA unmap of {len:#x} bytes at IOVA {iova:?}: not mapped")]
+    NotMapped {
+        /// IOVA.
+        iova: Iova,
+        /// Length.
+        len: usize,
+    },
+    /// The MSI-X vector does not exist.
+    #[error("interrupt vector {0} does not exist")]
+    NoVector(u32),
+    /// The device is gone (surprise removal, a dead model process).
+    #[error("device lost: {0}")]
+    DeviceLost(String),
+    /// An OS call failed.
+    #[error("{what}: {source}")]
+    Os {
+        /// What was attempted.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A PCI function the driver owns (style.md §20: this is the test seam).
+///
+/// # Implementation safety
+/// Implementations promise that a [`BarRegion`] returned by [`map_bar`](Self::map_bar)
+/// stays mapped and valid for volatile 8/16/32/64-bit accesses until the function object is
+/// dropped, and that after [`dma_unmap`](Self::dma_unmap) returns the device no longer
+/// reaches the unmapped memory.
+pub unsafe trait PciFunction: Send + Sync + 'static {
+    /// A human-readable name ("model0", "0000:3b:00.0").
+    fn name(&self) -> String;
+    /// Reads `buf.len()` bytes of config space at `offset`.
+    fn config_read(&self, offset: u16, buf: &mut [u8]) -> Result<(), PciError>;
+    /// Writes `data` to config space at `offset`.
+    fn config_write(&self, offset: u16, data: &[u8]) -> Result<(), PciError>;
+    /// Maps BAR `index` (or returns the existing mapping).
+    fn map_bar(&self, index: u8) -> Result<BarRegion, PciError>;
+    /// The IOVA ranges the device may be given.
+    fn iova_ranges(&self) -> Vec<IovaRange>;
+    /// Makes `m.len` bytes of host memory at `m.vaddr` reachable by the device at `m.iova`.
+    ///
+    /// # Safety
+    /// The memory must stay allocated until [`dma_unmap`](Self::dma_unmap) of the same
+    /// range returns; the device may read and write it at any time until then.
+    unsafe fn dma_map(&self, m: &DmaMapping) -> Result<(), PciError>;
+    /// Removes the mapping that starts at `iova` and is `len` bytes long.
+    fn dma_unmap(&self, iova: Iova, len: usize) -> Result<(), PciError>;
+    /// Function-level reset.
+    fn reset(&self) -> Result<(), PciError>;
+    /// Number of MSI-X vectors.
+    fn num_irqs(&self) -> u32;
+    /// Routes MSI-X `vector` to `fd` (or disables it with `None`).
+    fn set_irq(&self, vector: u32, fd: Option<&EventFd>) -> Result<(), PciError>;
+}
+
+/// PCI config-space registers the driver uses (PCI Local Bus spec, type 0 header).
+pub mod config {
+    /// Vendor ID (u16).
+    pub const VENDOR_ID: u16 = 0x00;
+    /// Device ID (u16).
+    pub const DEVICE_ID: u16 = 0x02;
+    /// Command register (u16).
+    pub const COMMAND: u16 = 0x04;
+    /// Command: memory space enable.
+    pub const COMMAND_MEMORY: u16 = 1 << 1;
+    /// Command: bus master enable.
+    pub const COMMAND_MASTER: u16 = 1 << 2;
+    /// Revision ID (u8).
+    pub const REVISION_ID: u16 = 0x08;
+    /// Class code (3 bytes at 0x09).
+    pub const CLASS_CODE: u16 = 0x09;
+    /// BAR0 (u32).
+    pub const BAR0: u16 = 0x10;
+    /// Subsystem vendor ID.
+    pub const SUBSYSTEM_VENDOR_ID: u16 = 0x2c;
+    /// Subsystem ID.
+    pub const SUBSYSTEM_ID: u16 = 0x2e;
+    /// Mellanox / NVIDIA networking vendor ID.
+    pub const MELLANOX_VENDOR_ID: u16 = 0x15b3;
+}
+
+/// Reads a little-endian u16 from config space.
+pub fn config_read_u16(f: &dyn PciFunction, offset: u16) -> Result<u16, PciError> {
+    let mut b = [0u8; 2];
+    f.config_read(offset, &mut b)?;
+    Ok(u16::from_le_bytes(b))
+}
+
+/// Writes a little-endian u16 to config space.
+pub fn config_write_u16(f: &dyn PciFunction, offset: u16, v: u16) -> Result<(), PciError> {
+    f.config_write(offset, &v.to_le_bytes())
+}
+
+/// Sets or clears memory-space and bus-master enable in the command register.
+pub fn set_bus_master(f: &dyn PciFunction, on: bool) -> Result<(), PciError> {
+    let cmd = config_read_u16(f, config::COMMAND)?;
+    let bits = config::COMMAND_MEMORY | config::COMMAND_MASTER;
+    let new = if on { cmd | bits } else { cmd & !config::COMMAND_MASTER };
+    config_write_u16(f, config::COMMAND, new)
+}
