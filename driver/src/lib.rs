@@ -1,7 +1,35 @@
 //! uhca: a userspace driver for mlx5-family (ConnectX-4 and later) RDMA NICs.
 //!
-//! Layers, bottom up (each a module):
-//! - [`pci`]: the PCI function the driver owns (config space, BARs, DMA mapping, MSI-X),
-//!   with backends for the built-in software model and for real kernel VFIO.
+//! The driver owns a PCI function (bound to vfio-pci, or the built-in software model) and
+//! drives it entirely from user space. Layers, bottom up, each a module:
+//! - [`pci`]: the PCI function: config space, BARs ([`pci::Bar`]), DMA mapping, MSI-X.
+//!   Backends: the in-process model (feature `model`, the default device) and kernel VFIO.
+//! - [`dma`]: DMA memory (memfd, hugepages when available) mapped into the device's IOVA
+//!   space, and the IOVA allocator.
+//! - [`cmd`]: the command interface: queue, mailboxes, slots, typed commands ([`cmd::ops`]).
+//! - [`boot`](Device::open): the PRM boot and teardown order, firmware pages, the control
+//!   EQ and health monitoring, behind one [`Device`] handle.
+//! - [`resource`]: PDs, UARs, EQs.
+//!
+//! ```
+//! let dev = uhca::Device::open_model()?;
+//! let pd = dev.alloc_pd()?;
+//! assert!(dev.fw_pages() > 0);
+//! drop(pd);
+//! dev.close()?;
+//! # Ok::<(), uhca::DeviceError>(())
+//! ```
 
+mod boot;
+pub mod cmd;
+mod device;
+pub mod dma;
+pub mod health;
+pub mod info;
+pub mod pages;
 pub mod pci;
+pub mod resource;
+
+pub use device::{AsyncEvent, Caps, Device, DeviceConfig, DeviceError, DeviceInfo, is_status};
+pub use boot::cap_word;
+pub use uhca_hw as hw;

@@ -11,6 +11,8 @@
 //! [`Iova`]s.
 
 mod bar;
+#[cfg(feature = "model")]
+pub mod model;
 
 pub use bar::Bar;
 

@@ -1,0 +1,400 @@
+//! The device handle: a booted HCA with its command interface, control EQ, firmware pages
+//! and health monitor.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use uhca_hw::layout::cmd::CmdStatus;
+use uhca_hw::layout::eqe::{EqePageReq, EqePortChange, EventType, PortChangeSubtype};
+
+use crate::cmd::ops::{self, Exec};
+use crate::cmd::{CmdError, CmdIf, SlotClass};
+use crate::dma::{DmaError, DmaSpace};
+use crate::health::{HealthError, HealthMonitor};
+use crate::pages::{FwPages, UnknownPage};
+use crate::pci::{Bar, PciError, PciFunction};
+use crate::resource::{EqRing, Pd, Uar};
+
+/// Errors of opening, running and closing a device.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The PCI-function layer failed.
+    #[error(transparent)]
+    Pci(#[from] PciError),
+    /// DMA memory could not be provided.
+    #[error(transparent)]
+    Dma(#[from] DmaError),
+    /// A command failed.
+    #[error(transparent)]
+    Cmd(#[from] CmdError),
+    /// The device failed its health check.
+    #[error("device health: {0}")]
+    Health(#[from] HealthError),
+    /// The firmware did not become ready in time.
+    #[error("firmware still initializing after {0:?}")]
+    InitTimeout(Duration),
+    /// The device speaks a command interface this driver does not.
+    #[error("unsupported command interface revision {0} (need 5)")]
+    CmdIfRev(u32),
+    /// The device reports a queue geometry the driver cannot use.
+    #[error("unsupported command queue geometry: 2^{log_size} entries of 2^{log_stride} bytes")]
+    CmdqGeometry {
+        /// log2 entries.
+        log_size: u32,
+        /// log2 entry bytes.
+        log_stride: u32,
+    },
+    /// The device violated the protocol (e.g. returned a page it was never given).
+    #[error("device protocol violation: {0}")]
+    Protocol(String),
+    /// The device was closed.
+    #[error("device is closed")]
+    Closed,
+}
+
+impl From<UnknownPage> for DeviceError {
+    fn from(e: UnknownPage) -> Self {
+        DeviceError::Protocol(e.to_string())
+    }
+}
+
+/// Options for [`Device::open`].
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// Health poll interval (rdma-core: 1 s). Three unchanged polls declare the device dead.
+    pub health_interval: Duration,
+    /// How long to wait for the firmware to leave `initializing` (Linux: 120 s).
+    pub init_timeout: Duration,
+    /// Overrides the command timeout the device reports (Linux default 60 s).
+    pub cmd_timeout: Option<Duration>,
+    /// log2 entries of the control EQ.
+    pub control_eq_log_size: u32,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            health_interval: Duration::from_secs(1),
+            init_timeout: Duration::from_secs(120),
+            cmd_timeout: None,
+            control_eq_log_size: 7,
+        }
+    }
+}
+
+/// Facts about a booted device, as `uhca-info` prints them.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceInfo {
+    /// Firmware version (major, minor, subminor).
+    pub fw_rev: (u32, u32, u32),
+    /// Command interface revision.
+    pub cmdif_rev: u32,
+    /// Board id (PSID).
+    pub board_id: String,
+    /// IEEE vendor id.
+    pub vendor_id: u32,
+    /// The PCI function's name.
+    pub name: String,
+    /// PCI vendor and device id.
+    pub pci_id: (u16, u16),
+}
+
+/// Capability pages as the device reported them after INIT_HCA (current values).
+#[derive(Clone, Debug, Default)]
+pub struct Caps {
+    /// `cmd_hca_cap`.
+    pub general: Vec<u8>,
+    /// `device_mem_cap` (empty when `device_memory` = 0).
+    pub dev_mem: Vec<u8>,
+    /// `roce_cap` (empty when `roce` = 0).
+    pub roce: Vec<u8>,
+    /// `atomic_caps` (empty when `atomic` = 0).
+    pub atomic: Vec<u8>,
+}
+
+/// An asynchronous event the device reported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// Port state change.
+    PortChange {
+        /// Port number.
+        port: u32,
+        /// What changed.
+        subtype: PortChangeSubtype,
+    },
+    /// Any other event type, with its raw 64 bytes.
+    Other {
+        /// Event type.
+        event: EventType,
+        /// The raw EQE.
+        eqe: [u8; 64],
+    },
+}
+
+pub(crate) struct Events {
+    pub(crate) eq: EqRing,
+    pub(crate) pending: VecDeque<AsyncEvent>,
+}
+
+const OPEN: u8 = 0;
+const CLOSED: u8 = 1;
+const DEAD: u8 = 2;
+
+/// Everything a booted device owns; shared by the handle and every resource.
+pub struct DeviceInner {
+    pub(crate) function: Arc<dyn PciFunction>,
+    pub(crate) bar: Bar,
+    pub(crate) dma: Arc<DmaSpace>,
+    pub(crate) cmd: CmdIf,
+    pub(crate) pages: Mutex<FwPages>,
+    pub(crate) events: Mutex<Option<Events>>,
+    pub(crate) health: Mutex<HealthMonitor>,
+    pub(crate) info: OnceLock<DeviceInfo>,
+    pub(crate) caps: OnceLock<Caps>,
+    pub(crate) driver_uar: OnceLock<u32>,
+    pub(crate) state: AtomicU8,
+    pub(crate) config: DeviceConfig,
+}
+
+impl std::fmt::Debug for DeviceInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceInner").field("function", &self.function.name()).finish()
+    }
+}
+
+impl DeviceInner {
+    /// Whether commands may still be sent (not closed, not dead).
+    pub(crate) fn is_open(&self) -> bool {
+        self.state.load(Ordering::Acquire) == OPEN
+    }
+
+    pub(crate) fn bar(&self) -> &Bar {
+        &self.bar
+    }
+
+    /// Runs health checks and services the control EQ; called while commands wait.
+    fn on_wait(&self, service_events: bool) -> Result<(), CmdError> {
+        let health = self.health.lock().unwrap_or_else(|e| e.into_inner()).poll(&self.bar);
+        if let Err(e) = health {
+            self.declare_dead();
+            return Err(CmdError::DeviceDead(e.to_string()));
+        }
+        if service_events {
+            self.process_events().map_err(|e| CmdError::DeviceDead(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn declare_dead(&self) {
+        self.state.store(DEAD, Ordering::Release);
+        self.cmd.mark_dead();
+    }
+
+    /// Drains the control EQ: answers page requests, queues async events. Returns the
+    /// number of events seen. Does nothing if another thread is already doing it.
+    pub(crate) fn process_events(&self) -> Result<usize, DeviceError> {
+        let Ok(mut guard) = self.events.try_lock() else { return Ok(0) };
+        let Some(ev) = guard.as_mut() else { return Ok(0) };
+        let mut n = 0;
+        while let Some(eqe) = ev.eq.next() {
+            n += 1;
+            let ty = EventType::from(eqe[1]);
+            match ty {
+                EventType::Cmd => {} // completions are detected by polling the entry
+                EventType::PageRequest => {
+                    let req = EqePageReq::new_unchecked(&eqe[..]);
+                    self.answer_page_request(req.num_pages() as i32)?;
+                }
+                EventType::PortChange => {
+                    let p = EqePortChange::new_unchecked(&eqe[..]);
+                    ev.pending.push_back(AsyncEvent::PortChange {
+                        port: p.port(),
+                        subtype: PortChangeSubtype::from(p.sub_type() as u8),
+                    });
+                }
+                other => ev.pending.push_back(AsyncEvent::Other { event: other, eqe }),
+            }
+            if n % 64 == 0 {
+                ev.eq.update_ci(&self.bar, false);
+            }
+        }
+        if n > 0 {
+            ev.eq.update_ci(&self.bar, true);
+        }
+        Ok(n)
+    }
+
+    /// Gives (`n > 0`) or takes back (`n < 0`) firmware pages (prm-subset.md §10).
+    pub(crate) fn answer_page_request(&self, n: i32) -> Result<(), DeviceError> {
+        if n > 0 {
+            let addrs = {
+                let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+                pages.alloc(&self.dma, n as usize)
+            };
+            match addrs {
+                Ok(addrs) => {
+                    if let Err(e) = ops::give_pages(self, &addrs) {
+                        self.pages.lock().unwrap_or_else(|e| e.into_inner()).undo(&addrs);
+                        // Linux ignores a refused event-driven GIVE; so do we, loudly.
+                        tracing::warn!(error = %e, "device refused {n} requested pages");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot allocate {n} requested pages");
+                    let _ = ops::cant_give_pages(self);
+                }
+            }
+        } else if n < 0 {
+            let back = ops::take_pages(self, n.unsigned_abs())?;
+            self.pages.lock().unwrap_or_else(|e| e.into_inner()).release(&back)?;
+        }
+        Ok(())
+    }
+
+    /// Firmware pages the device holds.
+    pub(crate) fn fw_pages(&self) -> usize {
+        self.pages.lock().unwrap_or_else(|e| e.into_inner()).given()
+    }
+}
+
+impl Exec for DeviceInner {
+    fn exec(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>, CmdError> {
+        self.cmd.exec(input, out_len, SlotClass::Regular, &mut || self.on_wait(true))
+    }
+
+    fn exec_pages(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>, CmdError> {
+        self.cmd.exec(input, out_len, SlotClass::Pages, &mut || self.on_wait(false))
+    }
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        if self.is_open() {
+            if let Err(e) = crate::boot::teardown(self) {
+                tracing::error!(error = %e, "teardown failed");
+            }
+        }
+    }
+}
+
+/// A booted HCA.
+///
+/// `Device` is `Send + Sync`: commands may be issued from any number of threads at once.
+/// Resources ([`Pd`], [`Uar`]) keep the device's state alive; [`Device::close`] (or dropping
+/// the last handle) tears the HCA down, after which remaining resources are inert.
+#[derive(Clone, Debug)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+impl Device {
+    /// Boots the HCA behind `function` (prm-subset.md §4).
+    pub fn open(function: Arc<dyn PciFunction>, config: DeviceConfig) -> Result<Device, DeviceError> {
+        crate::boot::boot(function, config).map(|inner| Device { inner })
+    }
+
+    /// Starts the built-in model HCA and boots it.
+    #[cfg(feature = "model")]
+    pub fn open_model() -> Result<Device, DeviceError> {
+        let f = crate::pci::model::ModelFunction::with_defaults()?;
+        Device::open(f, DeviceConfig::default())
+    }
+
+    /// Facts about the device.
+    pub fn info(&self) -> &DeviceInfo {
+        self.inner.info.get().expect("set at boot")
+    }
+
+    /// Capability pages (current values).
+    pub fn caps(&self) -> &Caps {
+        self.inner.caps.get().expect("set at boot")
+    }
+
+    /// The PCI function.
+    pub fn function(&self) -> &Arc<dyn PciFunction> {
+        &self.inner.function
+    }
+
+    /// The DMA space (IOVA allocator and mapping).
+    pub fn dma(&self) -> &Arc<DmaSpace> {
+        &self.inner.dma
+    }
+
+    /// Executes a raw command (input message, accepted output length). For tools and tests;
+    /// the typed wrappers in [`crate::cmd::ops`] are the normal way.
+    pub fn exec(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>, CmdError> {
+        if !self.inner.is_open() {
+            return Err(CmdError::DeviceDead("device closed".into()));
+        }
+        Exec::exec(&*self.inner, input, out_len)
+    }
+
+    /// The command executor, for the typed wrappers in [`crate::cmd::ops`].
+    pub fn cmd(&self) -> &dyn Exec {
+        &*self.inner
+    }
+
+    /// Services the control EQ (page requests, async events). Commands do this while they
+    /// wait; an application that issues no commands should call it now and then.
+    pub fn process_events(&self) -> Result<usize, DeviceError> {
+        self.inner.process_events()
+    }
+
+    /// Takes the asynchronous events seen so far.
+    pub fn take_events(&self) -> Vec<AsyncEvent> {
+        let mut g = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_mut().map(|e| e.pending.drain(..).collect()).unwrap_or_default()
+    }
+
+    /// Checks the device's health now (subject to the poll interval).
+    pub fn check_health(&self) -> Result<(), DeviceError> {
+        let r = self.inner.health.lock().unwrap_or_else(|e| e.into_inner()).poll(&self.inner.bar);
+        if let Err(e) = r {
+            self.inner.declare_dead();
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Firmware pages the device currently holds.
+    pub fn fw_pages(&self) -> usize {
+        self.inner.fw_pages()
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<Pd, DeviceError> {
+        self.ensure_open()?;
+        Pd::alloc(&self.inner)
+    }
+
+    /// Allocates a UAR page.
+    pub fn alloc_uar(&self) -> Result<Uar, DeviceError> {
+        self.ensure_open()?;
+        Uar::alloc(&self.inner)
+    }
+
+    fn ensure_open(&self) -> Result<(), DeviceError> {
+        if self.inner.is_open() { Ok(()) } else { Err(DeviceError::Closed) }
+    }
+
+    /// Tears the HCA down now (prm-subset.md §4 teardown): control EQ, driver UAR,
+    /// TEARDOWN_HCA, every firmware page taken back, DISABLE_HCA, bus mastering off.
+    /// DMA memory is unmapped when the last handle or resource is dropped.
+    pub fn close(self) -> Result<(), DeviceError> {
+        if self.inner.state.load(Ordering::Acquire) != OPEN {
+            return Err(DeviceError::Closed);
+        }
+        crate::boot::teardown(&self.inner)
+    }
+}
+
+/// Whether a command error is the given firmware status (for tests and callers that
+/// handle specific refusals).
+pub fn is_status(e: &CmdError, status: CmdStatus) -> bool {
+    e.status().is_some_and(|(s, _)| s == status)
+}
+
+pub(crate) const STATE_OPEN: u8 = OPEN;
+pub(crate) const STATE_CLOSED: u8 = CLOSED;

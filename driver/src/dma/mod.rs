@@ -1,0 +1,103 @@
+//! DMA memory: host memory the device reads and writes, mapped into its IOVA space.
+//!
+//! - [`DmaRegion`]: a memfd-backed mapping (1 GiB, then 2 MiB hugepages, then 4 KiB pages;
+//!   CI machines reserve no hugepages, so the fallback is the common case there), mapped
+//!   into the device's IOVA space for its whole life. The memfd is kept so backends that
+//!   share memory by fd (vfio-user, `IOMMU_IOAS_MAP_FILE`) can use it.
+//! - [`DmaSlice`]: a window of a region with volatile accessors. Memory the device writes
+//!   is never exposed as a Rust reference: every access is a volatile load or store.
+//! - [`IovaAllocator`]: hands out device addresses inside the ranges the IOMMU allows.
+//!
+//! Dependencies: this replaces `hugepage-rs` (no fd, no 1 GiB pages, panics when
+//! `/proc/meminfo` lacks a line; see shared/spec/dependencies.md §1.7) and needs no
+//! `memoffset` (`core::mem::offset_of!` is in core). `libc` gives every call we need.
+
+mod iova;
+mod region;
+
+pub use iova::IovaAllocator;
+pub use region::{DmaRegion, DmaSlice, PageSize};
+
+use std::sync::{Arc, Mutex};
+
+use crate::pci::{Iova, PciError, PciFunction};
+
+/// Errors of the DMA layer.
+#[derive(Debug, thiserror::Error)]
+pub enum DmaError {
+    /// The IOVA space has no free range of this size and alignment.
+    #[error("no free IOVA range of {len:#x} bytes aligned to {align:#x}")]
+    IovaExhausted {
+        /// Requested length.
+        len: u64,
+        /// Requested alignment.
+        align: u64,
+    },
+    /// Memory could not be allocated.
+    #[error("allocating {len:#x} bytes of DMA memory: {source}")]
+    Alloc {
+        /// Requested length.
+        len: usize,
+        /// The OS error of the last attempt.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The PCI function refused the mapping.
+    #[error(transparent)]
+    Map(#[from] PciError),
+    /// A zero-length request.
+    #[error("zero-length DMA allocation")]
+    Empty,
+}
+
+/// The DMA side of one device: its PCI function and its IOVA allocator.
+pub struct DmaSpace {
+    function: Arc<dyn PciFunction>,
+    iova: Mutex<IovaAllocator>,
+}
+
+impl std::fmt::Debug for DmaSpace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DmaSpace").field("function", &self.function.name()).finish()
+    }
+}
+
+impl DmaSpace {
+    /// A DMA space over the IOVA ranges `function` reports.
+    pub fn new(function: Arc<dyn PciFunction>) -> Arc<DmaSpace> {
+        let iova = IovaAllocator::new(&function.iova_ranges());
+        Arc::new(DmaSpace { function, iova: Mutex::new(iova) })
+    }
+
+    /// The PCI function this space belongs to.
+    pub fn function(&self) -> &Arc<dyn PciFunction> {
+        &self.function
+    }
+
+    /// Allocates `len` bytes of IOVA space aligned to `align` (a power of two).
+    pub fn alloc_iova(&self, len: u64, align: u64) -> Result<Iova, DmaError> {
+        self.iova.lock().unwrap_or_else(|e| e.into_inner()).alloc(len, align)
+    }
+
+    /// Returns an IOVA range to the allocator.
+    pub fn free_iova(&self, iova: Iova, len: u64) {
+        self.iova.lock().unwrap_or_else(|e| e.into_inner()).free(iova, len)
+    }
+
+    /// Bytes of IOVA space currently handed out.
+    pub fn iova_in_use(&self) -> u64 {
+        self.iova.lock().unwrap_or_else(|e| e.into_inner()).in_use()
+    }
+
+    /// Allocates a zeroed DMA region of at least `len` bytes, mapped for the device.
+    pub fn alloc(self: &Arc<Self>, len: usize) -> Result<DmaRegion, DmaError> {
+        DmaRegion::new(self, len)
+    }
+}
+
+/// The system page size.
+pub fn system_page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v <= 0 { 4096 } else { v as usize }
+}

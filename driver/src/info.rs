@@ -1,0 +1,150 @@
+//! A device summary in the terms users know from `ibv_devinfo -v`.
+
+use uhca_hw::layout::caps::{AtomicCaps, CmdHcaCap, DeviceMemCap, RoceCap};
+
+use crate::cmd::ops;
+use crate::device::{Device, DeviceError};
+
+/// Port state as `ibv_devinfo` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortState {
+    /// Link down.
+    Down,
+    /// Link up.
+    Active,
+}
+
+/// One port.
+#[derive(Clone, Debug)]
+pub struct PortSummary {
+    /// 1-based port number.
+    pub port: u32,
+    /// Operational state (QUERY_VPORT_STATE).
+    pub state: PortState,
+    /// Link layer ("Ethernet" for RoCE, "InfiniBand").
+    pub link_layer: &'static str,
+    /// MTU in bytes (NIC vport context).
+    pub mtu: u32,
+    /// Permanent MAC address.
+    pub mac: [u8; 6],
+    /// GID table entry 0.
+    pub gid0: [u8; 16],
+    /// RoCE version of GID 0 (2 = RoCEv2).
+    pub gid0_roce_version: u32,
+    /// GID table size.
+    pub gid_table_size: u32,
+}
+
+/// What a user asks of a device.
+#[derive(Clone, Debug)]
+pub struct DeviceSummary {
+    /// Device name (PCI function).
+    pub name: String,
+    /// Firmware version string, `major.minor.subminor`.
+    pub fw_ver: String,
+    /// Command interface revision.
+    pub cmdif_rev: u32,
+    /// Board id (PSID).
+    pub board_id: String,
+    /// PCI vendor id.
+    pub vendor_id: u16,
+    /// PCI device id (`vendor_part_id`).
+    pub vendor_part_id: u16,
+    /// Maximum QPs.
+    pub max_qp: u64,
+    /// Maximum WQEs per queue.
+    pub max_qp_wr: u64,
+    /// Maximum CQs.
+    pub max_cq: u64,
+    /// Maximum CQEs per CQ.
+    pub max_cqe: u64,
+    /// Maximum memory keys.
+    pub max_mr: u64,
+    /// Maximum PDs.
+    pub max_pd: u64,
+    /// Maximum EQs.
+    pub max_eq: u64,
+    /// Maximum message size in bytes.
+    pub max_msg_sz: u64,
+    /// Atomic support ("ATOMIC_HCA" or "ATOMIC_NONE").
+    pub atomic_cap: &'static str,
+    /// Maximum device memory (MEMIC) in bytes; 0 when absent.
+    pub max_dm_size: u64,
+    /// Firmware pages held by the device.
+    pub fw_pages: usize,
+    /// Ports.
+    pub ports: Vec<PortSummary>,
+}
+
+fn pow2(log: u32) -> u64 {
+    if log == 0 { 0 } else { 1u64 << log }
+}
+
+impl Device {
+    /// Queries the device and summarizes it.
+    pub fn summary(&self) -> Result<DeviceSummary, DeviceError> {
+        let info = self.info();
+        let caps = self.caps();
+        let g = CmdHcaCap::new_unchecked(&caps.general[..]);
+        let c = self.cmd();
+        let (_, state) = ops::query_vport_state(c)?;
+        let vport = ops::query_nic_vport_context(c)?;
+        let gid0 = ops::query_roce_address(c, 0)?;
+        let atomic_ok = g.atomic() == 1
+            && !caps.atomic.is_empty()
+            && AtomicCaps::new_unchecked(&caps.atomic[..]).atomic_operations() & 0x3 == 0x3;
+        let max_dm_size = if caps.dev_mem.is_empty() {
+            0
+        } else {
+            let d = DeviceMemCap::new_unchecked(&caps.dev_mem[..]);
+            if d.memic() == 1 { u64::from(d.max_memic_size()) } else { 0 }
+        };
+        let gid_table_size = if caps.roce.is_empty() {
+            g.gid_table_size()
+        } else {
+            RoceCap::new_unchecked(&caps.roce[..]).roce_address_table_size()
+        };
+        let ports = (1..=g.num_ports().max(1))
+            .map(|port| PortSummary {
+                port,
+                state: if state == 1 { PortState::Active } else { PortState::Down },
+                link_layer: if g.port_type() == 1 { "Ethernet" } else { "InfiniBand" },
+                mtu: vport.mtu,
+                mac: vport.mac,
+                gid0: gid0.gid,
+                gid0_roce_version: gid0.roce_version,
+                gid_table_size,
+            })
+            .collect();
+        Ok(DeviceSummary {
+            name: info.name.clone(),
+            fw_ver: format!("{}.{}.{}", info.fw_rev.0, info.fw_rev.1, info.fw_rev.2),
+            cmdif_rev: info.cmdif_rev,
+            board_id: info.board_id.clone(),
+            vendor_id: info.pci_id.0,
+            vendor_part_id: info.pci_id.1,
+            max_qp: pow2(g.log_max_qp()),
+            max_qp_wr: pow2(g.log_max_qp_sz()),
+            max_cq: pow2(g.log_max_cq()),
+            max_cqe: pow2(g.log_max_cq_sz()),
+            max_mr: pow2(g.log_max_mkey()),
+            max_pd: pow2(g.log_max_pd()),
+            max_eq: pow2(g.log_max_eq()),
+            max_msg_sz: pow2(g.log_max_msg()),
+            atomic_cap: if atomic_ok { "ATOMIC_HCA" } else { "ATOMIC_NONE" },
+            max_dm_size,
+            fw_pages: self.fw_pages(),
+            ports,
+        })
+    }
+}
+
+/// Formats a GID as an IPv6 address.
+pub fn format_gid(gid: &[u8; 16]) -> String {
+    std::net::Ipv6Addr::from(*gid).to_string()
+}
+
+/// Formats a MAC address.
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}

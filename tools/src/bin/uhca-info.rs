@@ -1,0 +1,142 @@
+//! `uhca-info`: what `ibv_devinfo -v` shows, for a device driven by uhca.
+//!
+//! With no `--device`, it starts the built-in model HCA, boots it, prints and tears down.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use uhca::info::{DeviceSummary, PortState, format_gid, format_mac};
+use uhca::{Device, DeviceConfig};
+
+/// Print device facts like `ibv_devinfo -v`.
+#[derive(Parser, Debug)]
+#[command(name = "uhca-info", version, about)]
+struct Args {
+    /// Device to open: `model` (the built-in software HCA, default) or a PCI address
+    /// (`0000:3b:00.0`) bound to vfio-pci.
+    #[arg(short = 'd', long = "device", default_value = "model")]
+    device: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Also print the less common fields.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+fn open(spec: &str) -> Result<Device, String> {
+    match spec {
+        "model" => Device::open(
+            uhca::pci::model::ModelFunction::with_defaults().map_err(|e| e.to_string())?,
+            DeviceConfig::default(),
+        )
+        .map_err(|e| format!("booting the model: {e}")),
+        bdf => open_vfio(bdf),
+    }
+}
+
+fn open_vfio(bdf: &str) -> Result<Device, String> {
+    Err(format!(
+        "cannot open {bdf}: this build has no VFIO backend yet; use `--device model`"
+    ))
+}
+
+fn print_text(s: &DeviceSummary, verbose: bool) {
+    println!("hca_id:\t{}", s.name);
+    println!("\ttransport:\t\t\tInfiniBand (0)");
+    println!("\tfw_ver:\t\t\t\t{}", s.fw_ver);
+    println!("\tvendor_id:\t\t\t{:#06x}", s.vendor_id);
+    println!("\tvendor_part_id:\t\t\t{}", s.vendor_part_id);
+    println!("\tboard_id:\t\t\t{}", s.board_id);
+    println!("\tphys_port_cnt:\t\t\t{}", s.ports.len());
+    println!("\tmax_qp:\t\t\t\t{}", s.max_qp);
+    println!("\tmax_qp_wr:\t\t\t{}", s.max_qp_wr);
+    println!("\tmax_cq:\t\t\t\t{}", s.max_cq);
+    println!("\tmax_cqe:\t\t\t{}", s.max_cqe);
+    println!("\tmax_mr:\t\t\t\t{}", s.max_mr);
+    println!("\tmax_pd:\t\t\t\t{}", s.max_pd);
+    println!("\tatomic_cap:\t\t\t{}", s.atomic_cap);
+    println!("\tmax_dm_size:\t\t\t{}", s.max_dm_size);
+    if verbose {
+        println!("\tcmdif_rev:\t\t\t{}", s.cmdif_rev);
+        println!("\tmax_eq:\t\t\t\t{}", s.max_eq);
+        println!("\tmax_msg_sz:\t\t\t{:#x}", s.max_msg_sz);
+        println!("\tfw_pages:\t\t\t{}", s.fw_pages);
+    }
+    for p in &s.ports {
+        println!("\t\tport:\t{}", p.port);
+        let (name, code) = match p.state {
+            PortState::Active => ("PORT_ACTIVE", 4),
+            PortState::Down => ("PORT_DOWN", 1),
+        };
+        println!("\t\t\tstate:\t\t\t{name} ({code})");
+        println!("\t\t\tactive_mtu:\t\t{}", p.mtu);
+        println!("\t\t\tlink_layer:\t\t{}", p.link_layer);
+        println!("\t\t\tmac:\t\t\t{}", format_mac(&p.mac));
+        println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_table_size);
+        println!("\t\t\tGID[  0]:\t\t{}, RoCE v{}", format_gid(&p.gid0), p.gid0_roce_version);
+    }
+}
+
+fn to_json(s: &DeviceSummary) -> serde_json::Value {
+    serde_json::json!({
+        "hca_id": s.name,
+        "fw_ver": s.fw_ver,
+        "cmdif_rev": s.cmdif_rev,
+        "vendor_id": s.vendor_id,
+        "vendor_part_id": s.vendor_part_id,
+        "board_id": s.board_id,
+        "max_qp": s.max_qp,
+        "max_qp_wr": s.max_qp_wr,
+        "max_cq": s.max_cq,
+        "max_cqe": s.max_cqe,
+        "max_mr": s.max_mr,
+        "max_pd": s.max_pd,
+        "max_eq": s.max_eq,
+        "max_msg_sz": s.max_msg_sz,
+        "atomic_cap": s.atomic_cap,
+        "max_dm_size": s.max_dm_size,
+        "fw_pages": s.fw_pages,
+        "ports": s.ports.iter().map(|p| serde_json::json!({
+            "port": p.port,
+            "state": match p.state { PortState::Active => "PORT_ACTIVE", PortState::Down => "PORT_DOWN" },
+            "active_mtu": p.mtu,
+            "link_layer": p.link_layer,
+            "mac": format_mac(&p.mac),
+            "gid_tbl_len": p.gid_table_size,
+            "gid0": format_gid(&p.gid0),
+            "gid0_roce_version": p.gid0_roce_version,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let _ = tracing_subscriber::fmt().with_env_filter(
+        tracing_subscriber::EnvFilter::try_from_env("UHCA_LOG").unwrap_or_else(|_| "warn".into()),
+    ).with_writer(std::io::stderr).try_init();
+    let dev = match open(&args.device) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("uhca-info: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let summary = match dev.summary() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("uhca-info: querying {}: {e}", args.device);
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&summary)).expect("JSON of plain values"));
+    } else {
+        print_text(&summary, args.verbose);
+    }
+    if let Err(e) = dev.close() {
+        eprintln!("uhca-info: teardown: {e}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
