@@ -35,7 +35,10 @@ const CONTROL_EVENTS: &[EventType] = &[
 ];
 
 /// Boots the device behind `function`. Each step is one line and cites the fact sheet.
-pub(crate) fn boot(function: Arc<dyn PciFunction>, config: DeviceConfig) -> Result<Arc<DeviceInner>, DeviceError> {
+pub(crate) fn boot(
+    function: Arc<dyn PciFunction>,
+    config: DeviceConfig,
+) -> Result<Arc<DeviceInner>, DeviceError> {
     // PCI: memory space and bus mastering on, BAR0 mapped.
     pci::set_bus_master(&*function, true)?;
     let bar = Bar::map(&function, 0)?;
@@ -51,16 +54,32 @@ pub(crate) fn boot(function: Arc<dyn PciFunction>, config: DeviceConfig) -> Resu
     let sz = bar.read32_be(reg::CMDQ_ADDR_L_SZ);
     let (log_size, log_stride) = ((sz >> 4) & 0xF, sz & 0xF);
     if !(1..=5).contains(&log_size) || log_size + log_stride > 12 || log_stride < 6 {
-        return Err(DeviceError::CmdqGeometry { log_size, log_stride });
+        return Err(DeviceError::CmdqGeometry {
+            log_size,
+            log_stride,
+        });
     }
     // §2: timeouts (Linux defaults when not reported).
     let exec_to = decode_timeout_ms(bar.read32_be(reg::CMD_EXEC_TO)).unwrap_or(60_000);
     let init_to = decode_timeout_ms(bar.read32_be(reg::CMD_Q_INIT_TO)).unwrap_or(2_000);
-    let timeout = config.cmd_timeout.unwrap_or(Duration::from_millis(exec_to) + Duration::from_secs(1));
+    let timeout = config
+        .cmd_timeout
+        .unwrap_or(Duration::from_millis(exec_to) + Duration::from_secs(1));
     // §4 step 1: program the queue address, then wait for `initializing` = 0 again.
     let dma = DmaSpace::new(function.clone());
-    let cmd = CmdIf::new(bar.clone(), &dma, CmdIfParams { log_size, log_stride, timeout })?;
-    wait_initializing(&bar, Duration::from_millis(init_to).max(config.init_timeout))?;
+    let cmd = CmdIf::new(
+        bar.clone(),
+        &dma,
+        CmdIfParams {
+            log_size,
+            log_stride,
+            timeout,
+        },
+    )?;
+    wait_initializing(
+        &bar,
+        Duration::from_millis(init_to).max(config.init_timeout),
+    )?;
 
     let dev = Arc::new(DeviceInner {
         function: function.clone(),
@@ -154,7 +173,11 @@ fn read_caps(c: &DeviceInner) -> Result<Caps, DeviceError> {
     let general = ops::query_hca_cap(c, CapType::General, true)?;
     let g = CmdHcaCap::new_unchecked(&general[..]);
     let opt = |on: u32, t: CapType| -> Result<Vec<u8>, DeviceError> {
-        if on == 1 { Ok(ops::query_hca_cap(c, t, true)?) } else { Ok(Vec::new()) }
+        if on == 1 {
+            Ok(ops::query_hca_cap(c, t, true)?)
+        } else {
+            Ok(Vec::new())
+        }
     };
     Ok(Caps {
         dev_mem: opt(g.device_memory(), CapType::DevMem)?,
@@ -164,12 +187,20 @@ fn read_caps(c: &DeviceInner) -> Result<Caps, DeviceError> {
     })
 }
 
-fn device_info(dev: &DeviceInner, board_id: String, vendor_id: u32) -> Result<DeviceInfo, DeviceError> {
+fn device_info(
+    dev: &DeviceInner,
+    board_id: String,
+    vendor_id: u32,
+) -> Result<DeviceInfo, DeviceError> {
     let seg = InitSeg::new_unchecked(&dev.bar);
     let vendor = pci::config_read_u16(&*dev.function, pci::config::VENDOR_ID)?;
     let device = pci::config_read_u16(&*dev.function, pci::config::DEVICE_ID)?;
     Ok(DeviceInfo {
-        fw_rev: (seg.fw_rev_major(), seg.fw_rev_minor(), seg.fw_rev_subminor()),
+        fw_rev: (
+            seg.fw_rev_major(),
+            seg.fw_rev_minor(),
+            seg.fw_rev_subminor(),
+        ),
         cmdif_rev: seg.cmd_interface_rev(),
         board_id,
         vendor_id,
@@ -180,25 +211,43 @@ fn device_info(dev: &DeviceInner, board_id: String, vendor_id: u32) -> Result<De
 
 fn create_control_eq(dev: &Arc<DeviceInner>, uar: u32) -> Result<(), DeviceError> {
     let mut eq = EqRing::new(&dev.dma, dev.config.control_eq_log_size)?;
-    let mask = CONTROL_EVENTS.iter().fold(0u64, |m, t| m | 1 << u8::from(*t));
+    let mask = CONTROL_EVENTS
+        .iter()
+        .fold(0u64, |m, t| m | 1 << u8::from(*t));
     let pages = eq.pages();
     let eqn = ops::create_eq(
         &**dev,
-        &ops::CreateEq { log_eq_size: eq.log_size(), uar_page: uar, intr: 0, event_bitmask: mask, pages: &pages },
+        &ops::CreateEq {
+            log_eq_size: eq.log_size(),
+            uar_page: uar,
+            intr: 0,
+            event_bitmask: mask,
+            pages: &pages,
+        },
     )?;
     eq.attach(eqn, uar);
     eq.update_ci(&dev.bar, true);
-    *dev.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(Events { eq, pending: Default::default() });
+    *dev.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(Events {
+        eq,
+        pending: Default::default(),
+    });
     Ok(())
 }
 
 /// Tears the device down in the reverse order of boot. Runs once; later calls do nothing.
 /// Errors are collected, the remaining steps still run, and the first error is returned.
 pub(crate) fn teardown(dev: &DeviceInner) -> Result<(), DeviceError> {
-    if dev.state.swap(STATE_CLOSED, Ordering::AcqRel) == STATE_CLOSED {
+    let prev = dev.state.swap(STATE_CLOSED, Ordering::AcqRel);
+    if prev == STATE_CLOSED {
         return Ok(());
     }
-    let dead = !dev.cmd_usable();
+    // A dead device cannot execute teardown commands.
+    let dead = prev != STATE_OPEN
+        || dev
+            .health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .failed();
     let mut first: Option<DeviceError> = None;
     let mut note = |r: Result<(), DeviceError>| {
         if let Err(e) = r {
@@ -225,7 +274,10 @@ pub(crate) fn teardown(dev: &DeviceInner) -> Result<(), DeviceError> {
     if dead {
         // The device cannot give pages back; reset it so it holds none, then free them.
         note(dev.function.reset().map_err(Into::into));
-        dev.pages.lock().unwrap_or_else(|e| e.into_inner()).forget_all();
+        dev.pages
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget_all();
     }
     match first {
         Some(e) => Err(e),
@@ -243,17 +295,14 @@ fn reclaim_all_pages(dev: &DeviceInner) -> Result<(), DeviceError> {
         // Linux caps one reclaim at 50 000 pages.
         let back = ops::take_pages(dev, held.min(50_000) as u32)?;
         if back.is_empty() {
-            return Err(DeviceError::Protocol(format!("device keeps {held} pages after TEARDOWN_HCA")));
+            return Err(DeviceError::Protocol(format!(
+                "device keeps {held} pages after TEARDOWN_HCA"
+            )));
         }
-        dev.pages.lock().unwrap_or_else(|e| e.into_inner()).release(&back)?;
-    }
-}
-
-impl DeviceInner {
-    /// Whether the command interface still works (not declared dead).
-    fn cmd_usable(&self) -> bool {
-        // A dead device (health failure) cannot execute teardown commands.
-        !matches!(self.health.lock().unwrap_or_else(|e| e.into_inner()).poll(&self.bar), Err(_))
+        dev.pages
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .release(&back)?;
     }
 }
 

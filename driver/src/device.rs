@@ -160,7 +160,9 @@ pub struct DeviceInner {
 
 impl std::fmt::Debug for DeviceInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceInner").field("function", &self.function.name()).finish()
+        f.debug_struct("DeviceInner")
+            .field("function", &self.function.name())
+            .finish()
     }
 }
 
@@ -176,13 +178,18 @@ impl DeviceInner {
 
     /// Runs health checks and services the control EQ; called while commands wait.
     fn on_wait(&self, service_events: bool) -> Result<(), CmdError> {
-        let health = self.health.lock().unwrap_or_else(|e| e.into_inner()).poll(&self.bar);
+        let health = self
+            .health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .poll(&self.bar);
         if let Err(e) = health {
             self.declare_dead();
             return Err(CmdError::DeviceDead(e.to_string()));
         }
         if service_events {
-            self.process_events().map_err(|e| CmdError::DeviceDead(e.to_string()))?;
+            self.process_events()
+                .map_err(|e| CmdError::DeviceDead(e.to_string()))?;
         }
         Ok(())
     }
@@ -195,10 +202,14 @@ impl DeviceInner {
     /// Drains the control EQ: answers page requests, queues async events. Returns the
     /// number of events seen. Does nothing if another thread is already doing it.
     pub(crate) fn process_events(&self) -> Result<usize, DeviceError> {
-        let Ok(mut guard) = self.events.try_lock() else { return Ok(0) };
-        let Some(ev) = guard.as_mut() else { return Ok(0) };
+        let Ok(mut guard) = self.events.try_lock() else {
+            return Ok(0);
+        };
+        let Some(ev) = guard.as_mut() else {
+            return Ok(0);
+        };
         let mut n = 0;
-        while let Some(eqe) = ev.eq.next() {
+        while let Some(eqe) = ev.eq.next_event() {
             n += 1;
             let ty = EventType::from(eqe[1]);
             match ty {
@@ -214,7 +225,9 @@ impl DeviceInner {
                         subtype: PortChangeSubtype::from(p.sub_type() as u8),
                     });
                 }
-                other => ev.pending.push_back(AsyncEvent::Other { event: other, eqe }),
+                other => ev
+                    .pending
+                    .push_back(AsyncEvent::Other { event: other, eqe }),
             }
             if n % 64 == 0 {
                 ev.eq.update_ci(&self.bar, false);
@@ -236,7 +249,10 @@ impl DeviceInner {
             match addrs {
                 Ok(addrs) => {
                     if let Err(e) = ops::give_pages(self, &addrs) {
-                        self.pages.lock().unwrap_or_else(|e| e.into_inner()).undo(&addrs);
+                        self.pages
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .undo(&addrs);
                         // Linux ignores a refused event-driven GIVE; so do we, loudly.
                         tracing::warn!(error = %e, "device refused {n} requested pages");
                     }
@@ -248,7 +264,10 @@ impl DeviceInner {
             }
         } else if n < 0 {
             let back = ops::take_pages(self, n.unsigned_abs())?;
-            self.pages.lock().unwrap_or_else(|e| e.into_inner()).release(&back)?;
+            self.pages
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .release(&back)?;
         }
         Ok(())
     }
@@ -261,20 +280,23 @@ impl DeviceInner {
 
 impl Exec for DeviceInner {
     fn exec(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>, CmdError> {
-        self.cmd.exec(input, out_len, SlotClass::Regular, &mut || self.on_wait(true))
+        self.cmd.exec(input, out_len, SlotClass::Regular, &mut || {
+            self.on_wait(true)
+        })
     }
 
     fn exec_pages(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>, CmdError> {
-        self.cmd.exec(input, out_len, SlotClass::Pages, &mut || self.on_wait(false))
+        self.cmd.exec(input, out_len, SlotClass::Pages, &mut || {
+            self.on_wait(false)
+        })
     }
 }
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
-        if self.is_open() {
-            if let Err(e) = crate::boot::teardown(self) {
-                tracing::error!(error = %e, "teardown failed");
-            }
+        // Runs the teardown unless `close` already did (a dead device is reset instead).
+        if let Err(e) = crate::boot::teardown(self) {
+            tracing::error!(error = %e, "teardown failed");
         }
     }
 }
@@ -291,7 +313,10 @@ pub struct Device {
 
 impl Device {
     /// Boots the HCA behind `function` (prm-subset.md §4).
-    pub fn open(function: Arc<dyn PciFunction>, config: DeviceConfig) -> Result<Device, DeviceError> {
+    pub fn open(
+        function: Arc<dyn PciFunction>,
+        config: DeviceConfig,
+    ) -> Result<Device, DeviceError> {
         crate::boot::boot(function, config).map(|inner| Device { inner })
     }
 
@@ -345,12 +370,19 @@ impl Device {
     /// Takes the asynchronous events seen so far.
     pub fn take_events(&self) -> Vec<AsyncEvent> {
         let mut g = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
-        g.as_mut().map(|e| e.pending.drain(..).collect()).unwrap_or_default()
+        g.as_mut()
+            .map(|e| e.pending.drain(..).collect())
+            .unwrap_or_default()
     }
 
     /// Checks the device's health now (subject to the poll interval).
     pub fn check_health(&self) -> Result<(), DeviceError> {
-        let r = self.inner.health.lock().unwrap_or_else(|e| e.into_inner()).poll(&self.inner.bar);
+        let r = self
+            .inner
+            .health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .poll(&self.inner.bar);
         if let Err(e) = r {
             self.inner.declare_dead();
             return Err(e.into());
@@ -376,7 +408,11 @@ impl Device {
     }
 
     fn ensure_open(&self) -> Result<(), DeviceError> {
-        if self.inner.is_open() { Ok(()) } else { Err(DeviceError::Closed) }
+        if self.inner.is_open() {
+            Ok(())
+        } else {
+            Err(DeviceError::Closed)
+        }
     }
 
     /// Tears the HCA down now (prm-subset.md §4 teardown): control EQ, driver UAR,

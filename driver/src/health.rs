@@ -66,6 +66,11 @@ impl HealthMonitor {
         }
     }
 
+    /// Whether a failure has been seen.
+    pub fn failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
     /// Samples the registers if the interval has passed (cheap otherwise). Once failed,
     /// keeps returning the first failure.
     pub fn poll(&mut self, bar: &Bar) -> Result<(), HealthError> {
@@ -88,7 +93,9 @@ impl HealthMonitor {
         if bar.read32_be(reg::HEALTH_FW_VER) == u32::MAX {
             return Err(HealthError::LinkDead);
         }
-        let nic = NicInterface::from(cmdq_addr_l_sz::nic_interface(bar.read32_be(reg::CMDQ_ADDR_L_SZ)));
+        let nic = NicInterface::from(cmdq_addr_l_sz::nic_interface(
+            bar.read32_be(reg::CMDQ_ADDR_L_SZ),
+        ));
         if matches!(nic, NicInterface::Disabled | NicInterface::SwReset) {
             return Err(HealthError::NicInterface(nic));
         }

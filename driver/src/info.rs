@@ -97,7 +97,11 @@ impl Device {
             0
         } else {
             let d = DeviceMemCap::new_unchecked(&caps.dev_mem[..]);
-            if d.memic() == 1 { u64::from(d.max_memic_size()) } else { 0 }
+            if d.memic() == 1 {
+                u64::from(d.max_memic_size())
+            } else {
+                0
+            }
         };
         let gid_table_size = if caps.roce.is_empty() {
             g.gid_table_size()
@@ -107,8 +111,16 @@ impl Device {
         let ports = (1..=g.num_ports().max(1))
             .map(|port| PortSummary {
                 port,
-                state: if state == 1 { PortState::Active } else { PortState::Down },
-                link_layer: if g.port_type() == 1 { "Ethernet" } else { "InfiniBand" },
+                state: if state == 1 {
+                    PortState::Active
+                } else {
+                    PortState::Down
+                },
+                link_layer: if g.port_type() == 1 {
+                    "Ethernet"
+                } else {
+                    "InfiniBand"
+                },
                 mtu: vport.mtu,
                 mac: vport.mac,
                 gid0: gid0.gid,
@@ -131,7 +143,11 @@ impl Device {
             max_pd: pow2(g.log_max_pd()),
             max_eq: pow2(g.log_max_eq()),
             max_msg_sz: pow2(g.log_max_msg()),
-            atomic_cap: if atomic_ok { "ATOMIC_HCA" } else { "ATOMIC_NONE" },
+            atomic_cap: if atomic_ok {
+                "ATOMIC_HCA"
+            } else {
+                "ATOMIC_NONE"
+            },
             max_dm_size,
             fw_pages: self.fw_pages(),
             ports,
@@ -146,5 +162,8 @@ pub fn format_gid(gid: &[u8; 16]) -> String {
 
 /// Formats a MAC address.
 pub fn format_mac(mac: &[u8; 6]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }

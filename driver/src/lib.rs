@@ -30,6 +30,6 @@ pub mod pages;
 pub mod pci;
 pub mod resource;
 
-pub use device::{AsyncEvent, Caps, Device, DeviceConfig, DeviceError, DeviceInfo, is_status};
 pub use boot::cap_word;
+pub use device::{AsyncEvent, Caps, Device, DeviceConfig, DeviceError, DeviceInfo, is_status};
 pub use uhca_hw as hw;

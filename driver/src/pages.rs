@@ -43,11 +43,19 @@ impl FwPages {
         }
         let region = space.alloc(n * FW_PAGE)?;
         let key = region.iova().0;
-        let addrs: Vec<Iova> = (0..n).map(|i| region.iova().add((i * FW_PAGE) as u64)).collect();
+        let addrs: Vec<Iova> = (0..n)
+            .map(|i| region.iova().add((i * FW_PAGE) as u64))
+            .collect();
         for a in &addrs {
             self.pages.insert(a.0, key);
         }
-        self.chunks.insert(key, Chunk { region, outstanding: n });
+        self.chunks.insert(
+            key,
+            Chunk {
+                region,
+                outstanding: n,
+            },
+        );
         Ok(addrs)
     }
 

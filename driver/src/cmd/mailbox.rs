@@ -20,13 +20,21 @@ impl MailboxChain {
     pub(super) fn new(space: &Arc<DmaSpace>, blocks: usize) -> Result<MailboxChain, CmdError> {
         let blocks = blocks.max(1);
         let region = Arc::new(space.alloc(blocks * MAILBOX_ALIGN)?);
-        Ok(MailboxChain { region, offset: 0, blocks })
+        Ok(MailboxChain {
+            region,
+            offset: 0,
+            blocks,
+        })
     }
 
     /// A chain of `blocks` blocks at `offset` of a shared region.
     pub(super) fn carve(region: &Arc<DmaRegion>, offset: usize, blocks: usize) -> MailboxChain {
         assert!(offset + blocks * MAILBOX_ALIGN <= region.len());
-        MailboxChain { region: region.clone(), offset, blocks }
+        MailboxChain {
+            region: region.clone(),
+            offset,
+            blocks,
+        }
     }
 
     fn block(&self, i: usize) -> crate::dma::DmaSlice<'_> {

@@ -13,17 +13,17 @@
 mod mailbox;
 pub mod ops;
 
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering, fence};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use uhca_hw::layout::Buf;
 use uhca_hw::layout::cmd::{
     CMD_XPORT, CmdEntry, CmdStatus, DeliveryStatus, InHeader, OWN_HW, Opcode, OutHeader,
     mailbox_blocks,
 };
 use uhca_hw::layout::init_seg::reg;
-use uhca_hw::layout::Buf;
 
 use crate::dma::{DmaError, DmaRegion, DmaSpace};
 use crate::pci::Bar;
@@ -81,7 +81,9 @@ impl CmdError {
     /// The status and syndrome of a firmware refusal, if this is one.
     pub fn status(&self) -> Option<(CmdStatus, u32)> {
         match self {
-            CmdError::Failed { status, syndrome, .. } => Some((*status, *syndrome)),
+            CmdError::Failed {
+                status, syndrome, ..
+            } => Some((*status, *syndrome)),
             _ => None,
         }
     }
@@ -118,7 +120,9 @@ pub struct CmdIf {
 
 impl std::fmt::Debug for CmdIf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CmdIf").field("slots", &self.slots.len()).finish()
+        f.debug_struct("CmdIf")
+            .field("slots", &self.slots.len())
+            .finish()
     }
 }
 
@@ -149,7 +153,11 @@ impl CmdIf {
             })
             .collect();
         let regular = (n - 1) as u32;
-        let free = if regular >= 32 { u32::MAX } else { (1u32 << regular) - 1 };
+        let free = if regular >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << regular) - 1
+        };
         let iova = queue.iova().0;
         bar.write32_be(reg::CMDQ_ADDR_H, (iova >> 32) as u32);
         // nic_interface [9:8] = 0 (full driver); the low bits are read-only sizes.
@@ -189,7 +197,10 @@ impl CmdIf {
         }
     }
 
-    fn acquire_regular(&self, wait: &mut dyn FnMut() -> Result<(), CmdError>) -> Result<usize, CmdError> {
+    fn acquire_regular(
+        &self,
+        wait: &mut dyn FnMut() -> Result<(), CmdError>,
+    ) -> Result<usize, CmdError> {
         let mut spins = 0u32;
         loop {
             let f = self.free.load(Ordering::Acquire);
@@ -205,7 +216,7 @@ impl CmdIf {
                 continue;
             }
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 wait()?;
             }
             backoff(spins);
@@ -231,7 +242,9 @@ impl CmdIf {
         let opcode = Opcode::from(hdr.opcode() as u16);
         let op_mod = hdr.op_mod() as u16;
         if self.dead.load(Ordering::Acquire) {
-            return Err(CmdError::DeviceDead("the device was declared dead earlier".into()));
+            return Err(CmdError::DeviceDead(
+                "the device was declared dead earlier".into(),
+            ));
         }
         let out_len = out_len.max(16);
         let (slot, _page_guard) = match class {
@@ -242,7 +255,10 @@ impl CmdIf {
             }
         };
         let result = self.run_in_slot(slot, opcode, op_mod, input, out_len, wait);
-        let retire = matches!(result, Err(CmdError::Timeout { .. } | CmdError::DeviceDead(_)));
+        let retire = matches!(
+            result,
+            Err(CmdError::Timeout { .. } | CmdError::DeviceDead(_))
+        );
         if class == SlotClass::Regular && !retire {
             self.free.fetch_or(1 << slot, Ordering::AcqRel);
         }
@@ -310,12 +326,13 @@ impl CmdIf {
                 break;
             }
             spins += 1;
-            if spins % 32 == 0 {
-                if let Err(e) = wait() {
-                    return Err(e);
-                }
+            if spins.is_multiple_of(32) {
+                wait()?;
                 if start.elapsed() > self.timeout {
-                    return Err(CmdError::Timeout { opcode, after: start.elapsed() });
+                    return Err(CmdError::Timeout {
+                        opcode,
+                        after: start.elapsed(),
+                    });
                 }
             }
             backoff(spins);
@@ -323,7 +340,10 @@ impl CmdIf {
         fence(Ordering::Acquire); // rmb_after_owner: output written before ownership returned
         let delivery = DeliveryStatus::from(entry.read_u8(0x3f) >> 1);
         if delivery != DeliveryStatus::Ok {
-            return Err(CmdError::Delivery { opcode, status: delivery });
+            return Err(CmdError::Delivery {
+                opcode,
+                status: delivery,
+            });
         }
         let mut out = vec![0u8; out_len];
         entry.read(0x20, &mut out[..16]);
@@ -331,7 +351,12 @@ impl CmdIf {
         let oh = OutHeader::new_unchecked(&out[..]);
         let status = CmdStatus::from(oh.status() as u8);
         if status != CmdStatus::Ok {
-            return Err(CmdError::Failed { opcode, op_mod, status, syndrome: oh.syndrome() });
+            return Err(CmdError::Failed {
+                opcode,
+                op_mod,
+                status,
+                syndrome: oh.syndrome(),
+            });
         }
         Ok(out)
     }

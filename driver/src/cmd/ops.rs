@@ -43,13 +43,20 @@ pub fn set_issi(c: &dyn Exec, issi: u32) -> Result<(), CmdError> {
 
 /// QUERY_PAGES with `op_mod` (1 boot, 2 init, 3 regular): returns the signed page count.
 pub fn query_pages(c: &dyn Exec, op_mod: u16) -> Result<i32, CmdError> {
-    let out = c.exec(&input(Opcode::QueryPages, op_mod, 16), QueryPagesOut::<()>::SIZE)?;
+    let out = c.exec(
+        &input(Opcode::QueryPages, op_mod, 16),
+        QueryPagesOut::<()>::SIZE,
+    )?;
     Ok(QueryPagesOut::new_unchecked(&out[..]).num_pages() as i32)
 }
 
 /// MANAGE_PAGES GIVE of `pages` (4 KiB-aligned device addresses).
 pub fn give_pages(c: &dyn Exec, pages: &[Iova]) -> Result<(), CmdError> {
-    let mut i = input(Opcode::ManagePages, ManagePagesOpMod::Give.into(), 16 + 8 * pages.len());
+    let mut i = input(
+        Opcode::ManagePages,
+        ManagePagesOpMod::Give.into(),
+        16 + 8 * pages.len(),
+    );
     ManagePagesIn::new_unchecked(&mut i[..]).set_input_num_entries(pages.len() as u32);
     for (k, p) in pages.iter().enumerate() {
         i.write_be64(ManagePagesIn::<()>::PAS + 8 * k, p.0);
@@ -59,7 +66,11 @@ pub fn give_pages(c: &dyn Exec, pages: &[Iova]) -> Result<(), CmdError> {
 
 /// MANAGE_PAGES CANT_GIVE: tells the device a page request cannot be met.
 pub fn cant_give_pages(c: &dyn Exec) -> Result<(), CmdError> {
-    c.exec_pages(&input(Opcode::ManagePages, ManagePagesOpMod::CantGive.into(), 16), 16).map(drop)
+    c.exec_pages(
+        &input(Opcode::ManagePages, ManagePagesOpMod::CantGive.into(), 16),
+        16,
+    )
+    .map(drop)
 }
 
 /// MANAGE_PAGES TAKE of up to `count` pages: returns the addresses the device gave back.
@@ -70,21 +81,32 @@ pub fn take_pages(c: &dyn Exec, count: u32) -> Result<Vec<Iova>, CmdError> {
     let n = ManagePagesOut::new_unchecked(&out[..]).output_num_entries();
     if n > count {
         // More than asked for is corruption (prm-subset.md §10).
-        return Err(CmdError::DeviceDead(format!("MANAGE_PAGES TAKE returned {n} > {count} pages")));
+        return Err(CmdError::DeviceDead(format!(
+            "MANAGE_PAGES TAKE returned {n} > {count} pages"
+        )));
     }
-    Ok((0..n as usize).map(|k| Iova(out.read_be64(ManagePagesOut::<()>::PAS + 8 * k))).collect())
+    Ok((0..n as usize)
+        .map(|k| Iova(out.read_be64(ManagePagesOut::<()>::PAS + 8 * k)))
+        .collect())
 }
 
 /// QUERY_HCA_CAP of `cap` (current or maximum values): the 4 KiB capability page.
 pub fn query_hca_cap(c: &dyn Exec, cap: CapType, cur: bool) -> Result<Vec<u8>, CmdError> {
     let op_mod = (u16::from(cap) << 1) | if cur { CAP_MODE_CUR } else { 0 };
-    let out = c.exec(&input(Opcode::QueryHcaCap, op_mod, 16), QueryHcaCapOut::<()>::SIZE)?;
+    let out = c.exec(
+        &input(Opcode::QueryHcaCap, op_mod, 16),
+        QueryHcaCapOut::<()>::SIZE,
+    )?;
     Ok(out[QueryHcaCapOut::<()>::CAPABILITY..].to_vec())
 }
 
 /// SET_HCA_CAP of `cap` with a full 4 KiB capability page.
 pub fn set_hca_cap(c: &dyn Exec, cap: CapType, page: &[u8]) -> Result<(), CmdError> {
-    let mut i = input(Opcode::SetHcaCap, u16::from(cap) << 1, SetHcaCapIn::<()>::SIZE);
+    let mut i = input(
+        Opcode::SetHcaCap,
+        u16::from(cap) << 1,
+        SetHcaCapIn::<()>::SIZE,
+    );
     let n = page.len().min(CAP_SIZE);
     i[SetHcaCapIn::<()>::CAPABILITY..][..n].copy_from_slice(&page[..n]);
     c.exec(&i, 16).map(drop)
@@ -100,21 +122,32 @@ pub fn set_host_endianness(c: &dyn Exec) -> Result<(), CmdError> {
 
 /// INIT_HCA.
 pub fn init_hca(c: &dyn Exec) -> Result<(), CmdError> {
-    c.exec(&input(Opcode::InitHca, 0, InitHcaIn::<()>::SIZE), 16).map(drop)
+    c.exec(&input(Opcode::InitHca, 0, InitHcaIn::<()>::SIZE), 16)
+        .map(drop)
 }
 
 /// TEARDOWN_HCA with the graceful profile.
 pub fn teardown_hca(c: &dyn Exec) -> Result<(), CmdError> {
-    c.exec(&input(Opcode::TeardownHca, 0, 16), TeardownHcaOut::<()>::SIZE).map(drop)
+    c.exec(
+        &input(Opcode::TeardownHca, 0, 16),
+        TeardownHcaOut::<()>::SIZE,
+    )
+    .map(drop)
 }
 
 /// QUERY_ADAPTER: returns the board id (PSID) and vendor id.
 pub fn query_adapter(c: &dyn Exec) -> Result<(String, u32), CmdError> {
-    let out = c.exec(&input(Opcode::QueryAdapter, 0, 16), QueryAdapterOut::<()>::SIZE)?;
+    let out = c.exec(
+        &input(Opcode::QueryAdapter, 0, 16),
+        QueryAdapterOut::<()>::SIZE,
+    )?;
     let o = QueryAdapterOut::new_unchecked(&out[..]);
     let psid = o.vsd_contd_psid();
     let end = psid.iter().position(|&b| b == 0).unwrap_or(psid.len());
-    Ok((String::from_utf8_lossy(&psid[..end]).into_owned(), o.ieee_vendor_id()))
+    Ok((
+        String::from_utf8_lossy(&psid[..end]).into_owned(),
+        o.ieee_vendor_id(),
+    ))
 }
 
 /// ALLOC_UAR: returns the UAR index.
@@ -199,16 +232,27 @@ pub struct NicVport {
 
 /// QUERY_NIC_VPORT_CONTEXT of our own vport.
 pub fn query_nic_vport_context(c: &dyn Exec) -> Result<NicVport, CmdError> {
-    let out = c.exec(&input(Opcode::QueryNicVportContext, 0, 16), 16 + NicVportContext::<()>::SIZE)?;
+    let out = c.exec(
+        &input(Opcode::QueryNicVportContext, 0, 16),
+        16 + NicVportContext::<()>::SIZE,
+    )?;
     let v = NicVportContext::new_unchecked(&out[16..]);
     let mut mac = [0u8; 6];
     mac.copy_from_slice(&out[16 + 0xf6..16 + 0xfc]);
-    Ok(NicVport { mac, mtu: v.mtu(), roce_en: v.roce_en() == 1 })
+    Ok(NicVport {
+        mac,
+        mtu: v.mtu(),
+        roce_en: v.roce_en() == 1,
+    })
 }
 
 /// MODIFY_NIC_VPORT_CONTEXT setting `roce_en` (rdma-core vfio does this after INIT_HCA).
 pub fn enable_roce(c: &dyn Exec) -> Result<(), CmdError> {
-    let mut i = input(Opcode::ModifyNicVportContext, 0, 0x100 + NicVportContext::<()>::SIZE);
+    let mut i = input(
+        Opcode::ModifyNicVportContext,
+        0,
+        0x100 + NicVportContext::<()>::SIZE,
+    );
     i.set_bits(0x0c, 1, 1, 1); // field_select.roce_en
     NicVportContext::new_unchecked(&mut i[0x100..]).set_roce_en(1);
     c.exec(&i, 16).map(drop)
@@ -216,7 +260,10 @@ pub fn enable_roce(c: &dyn Exec) -> Result<(), CmdError> {
 
 /// QUERY_VPORT_STATE: returns (admin_state, state).
 pub fn query_vport_state(c: &dyn Exec) -> Result<(u32, u32), CmdError> {
-    let out = c.exec(&input(Opcode::QueryVportState, 0, 16), QueryVportStateOut::<()>::SIZE)?;
+    let out = c.exec(
+        &input(Opcode::QueryVportState, 0, 16),
+        QueryVportStateOut::<()>::SIZE,
+    )?;
     let o = QueryVportStateOut::new_unchecked(&out[..]);
     Ok((o.admin_state(), o.state()))
 }
@@ -244,7 +291,12 @@ pub fn query_roce_address(c: &dyn Exec, index: u32) -> Result<RoceAddress, CmdEr
     let mut mac = [0u8; 6];
     mac[..2].copy_from_slice(&(a.source_mac_47_32() as u16).to_be_bytes());
     mac[2..].copy_from_slice(&a.source_mac_31_0().to_be_bytes());
-    Ok(RoceAddress { gid: a.source_l3_address(), roce_version: a.roce_version(), l3_type: a.roce_l3_type(), mac })
+    Ok(RoceAddress {
+        gid: a.source_l3_address(),
+        roce_version: a.roce_version(),
+        l3_type: a.roce_l3_type(),
+        mac,
+    })
 }
 
 /// Reads the `status`/`syndrome` pair of an output message.

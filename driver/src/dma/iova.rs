@@ -32,7 +32,10 @@ impl IovaAllocator {
     /// Allocates `len` bytes aligned to `align` (power of two).
     pub fn alloc(&mut self, len: u64, align: u64) -> Result<Iova, DmaError> {
         let align = align.max(1);
-        assert!(align.is_power_of_two(), "IOVA alignment {align:#x} is not a power of two");
+        assert!(
+            align.is_power_of_two(),
+            "IOVA alignment {align:#x} is not a power of two"
+        );
         if len == 0 {
             return Err(DmaError::Empty);
         }
@@ -90,7 +93,10 @@ mod tests {
 
     #[test]
     fn allocates_aligned_and_coalesces() {
-        let mut a = IovaAllocator::new(&[IovaRange { start: 0, end: (1 << 32) - 1 }]);
+        let mut a = IovaAllocator::new(&[IovaRange {
+            start: 0,
+            end: (1 << 32) - 1,
+        }]);
         let x = a.alloc(0x3000, 0x1000).unwrap();
         assert_eq!(x, Iova(0x1000));
         let y = a.alloc(0x1000, 0x10_0000).unwrap();
@@ -105,12 +111,21 @@ mod tests {
     #[test]
     fn respects_holes_and_exhaustion() {
         let mut a = IovaAllocator::new(&[
-            IovaRange { start: 0x1000, end: 0x1fff },
-            IovaRange { start: 0x10000, end: 0x1ffff },
+            IovaRange {
+                start: 0x1000,
+                end: 0x1fff,
+            },
+            IovaRange {
+                start: 0x10000,
+                end: 0x1ffff,
+            },
         ]);
         assert!(matches!(a.alloc(0x2000, 0x1000), Ok(Iova(0x10000))));
         assert!(matches!(a.alloc(0x1000, 0x1000), Ok(Iova(0x1000))));
-        assert!(matches!(a.alloc(0x10000, 0x1000), Err(DmaError::IovaExhausted { .. })));
+        assert!(matches!(
+            a.alloc(0x10000, 0x1000),
+            Err(DmaError::IovaExhausted { .. })
+        ));
         assert!(matches!(a.alloc(0, 1), Err(DmaError::Empty)));
     }
 }

@@ -58,7 +58,9 @@ pub struct DmaSpace {
 
 impl std::fmt::Debug for DmaSpace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DmaSpace").field("function", &self.function.name()).finish()
+        f.debug_struct("DmaSpace")
+            .field("function", &self.function.name())
+            .finish()
     }
 }
 
@@ -66,7 +68,10 @@ impl DmaSpace {
     /// A DMA space over the IOVA ranges `function` reports.
     pub fn new(function: Arc<dyn PciFunction>) -> Arc<DmaSpace> {
         let iova = IovaAllocator::new(&function.iova_ranges());
-        Arc::new(DmaSpace { function, iova: Mutex::new(iova) })
+        Arc::new(DmaSpace {
+            function,
+            iova: Mutex::new(iova),
+        })
     }
 
     /// The PCI function this space belongs to.
@@ -76,12 +81,18 @@ impl DmaSpace {
 
     /// Allocates `len` bytes of IOVA space aligned to `align` (a power of two).
     pub fn alloc_iova(&self, len: u64, align: u64) -> Result<Iova, DmaError> {
-        self.iova.lock().unwrap_or_else(|e| e.into_inner()).alloc(len, align)
+        self.iova
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .alloc(len, align)
     }
 
     /// Returns an IOVA range to the allocator.
     pub fn free_iova(&self, iova: Iova, len: u64) {
-        self.iova.lock().unwrap_or_else(|e| e.into_inner()).free(iova, len)
+        self.iova
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free(iova, len)
     }
 
     /// Bytes of IOVA space currently handed out.

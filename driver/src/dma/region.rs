@@ -98,7 +98,10 @@ fn map_memfd(len: usize, page: PageSize) -> std::io::Result<(OwnedFd, NonNull<u8
     if p == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }
-    Ok((fd, NonNull::new(p.cast()).expect("mmap returned a non-null address")))
+    Ok((
+        fd,
+        NonNull::new(p.cast()).expect("mmap returned a non-null address"),
+    ))
 }
 
 impl DmaRegion {
@@ -123,7 +126,10 @@ impl DmaRegion {
                 Err(e) => last_err = Some(e),
             }
         }
-        Err(DmaError::Alloc { len, source: last_err.expect("at least one attempt") })
+        Err(DmaError::Alloc {
+            len,
+            source: last_err.expect("at least one attempt"),
+        })
     }
 
     fn map_into(
@@ -148,7 +154,10 @@ impl DmaRegion {
             vaddr: ptr.as_ptr(),
             len,
             iova,
-            backing: Some(FileBacking { fd: fd.as_raw_fd(), offset: 0 }),
+            backing: Some(FileBacking {
+                fd: fd.as_raw_fd(),
+                offset: 0,
+            }),
         };
         // SAFETY: the memory stays mapped until Drop, which unmaps the IOVA first.
         if let Err(e) = unsafe { space.function.dma_map(&m) } {
@@ -156,7 +165,14 @@ impl DmaRegion {
             unmap_mem();
             return Err(e.into());
         }
-        Ok(DmaRegion { ptr, len, iova, page, fd, space: space.clone() })
+        Ok(DmaRegion {
+            ptr,
+            len,
+            iova,
+            page,
+            fd,
+            space: space.clone(),
+        })
     }
 
     /// Device address of the first byte.
@@ -193,7 +209,12 @@ impl DmaRegion {
 
     /// The whole region as a volatile slice.
     pub fn slice(&self) -> DmaSlice<'_> {
-        DmaSlice { ptr: self.ptr.as_ptr(), len: self.len, iova: self.iova, _r: std::marker::PhantomData }
+        DmaSlice {
+            ptr: self.ptr.as_ptr(),
+            len: self.len,
+            iova: self.iova,
+            _r: std::marker::PhantomData,
+        }
     }
 
     /// `len` bytes at `offset` as a volatile slice.
@@ -260,7 +281,10 @@ impl<'a> DmaSlice<'a> {
 
     /// A sub-window.
     pub fn sub(&self, offset: usize, len: usize) -> DmaSlice<'a> {
-        assert!(offset.checked_add(len).is_some_and(|e| e <= self.len), "DMA slice out of range");
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.len),
+            "DMA slice out of range"
+        );
         DmaSlice {
             // SAFETY: in bounds of the slice, checked above.
             ptr: unsafe { self.ptr.add(offset) },
@@ -272,7 +296,10 @@ impl<'a> DmaSlice<'a> {
 
     #[inline]
     fn check(&self, off: usize, n: usize) {
-        assert!(off.checked_add(n).is_some_and(|e| e <= self.len), "DMA access out of range");
+        assert!(
+            off.checked_add(n).is_some_and(|e| e <= self.len),
+            "DMA access out of range"
+        );
     }
 
     /// Copies `src` into the slice at `off` (volatile byte stores; no ordering implied).

@@ -35,7 +35,11 @@ impl Bar {
     /// Maps BAR `index` of `function`.
     pub fn map(function: &Arc<dyn PciFunction>, index: u8) -> Result<Bar, super::PciError> {
         let BarRegion { ptr, len } = function.map_bar(index)?;
-        Ok(Bar { ptr, len, _owner: function.clone() })
+        Ok(Bar {
+            ptr,
+            len,
+            _owner: function.clone(),
+        })
     }
 
     /// Length of the mapping in bytes.
@@ -51,7 +55,7 @@ impl Bar {
     #[inline]
     fn check(&self, off: usize, width: usize) {
         assert!(
-            off % width == 0 && off + width <= self.len,
+            off.is_multiple_of(width) && off + width <= self.len,
             "BAR access of {width} bytes at {off:#x} outside {:#x} or misaligned",
             self.len
         );
@@ -80,7 +84,12 @@ impl Bar {
     pub fn write64_raw(&self, off: usize, bytes: [u8; 8]) {
         self.check(off, 8);
         // SAFETY: as in `read32_be`, for an aligned 8-byte access.
-        unsafe { self.ptr.add(off).cast::<u64>().write_volatile(u64::from_ne_bytes(bytes)) }
+        unsafe {
+            self.ptr
+                .add(off)
+                .cast::<u64>()
+                .write_volatile(u64::from_ne_bytes(bytes))
+        }
     }
 
     /// Reads 8 bytes with one 64-bit load.
@@ -141,7 +150,10 @@ impl Buf for Bar {
         self.read32_be(off)
     }
     fn read_bytes(&self, off: usize, out: &mut [u8]) {
-        assert!(off % 4 == 0 && out.len() % 4 == 0, "BAR byte reads are whole words");
+        assert!(
+            off.is_multiple_of(4) && out.len().is_multiple_of(4),
+            "BAR byte reads are whole words"
+        );
         for (i, chunk) in out.chunks_exact_mut(4).enumerate() {
             chunk.copy_from_slice(&self.read32_be(off + 4 * i).to_be_bytes());
         }
@@ -153,9 +165,15 @@ impl BufMut for Bar {
         self.write32_be(off, v)
     }
     fn write_bytes(&mut self, off: usize, src: &[u8]) {
-        assert!(off % 4 == 0 && src.len() % 4 == 0, "BAR byte writes are whole words");
+        assert!(
+            off.is_multiple_of(4) && src.len().is_multiple_of(4),
+            "BAR byte writes are whole words"
+        );
         for (i, chunk) in src.chunks_exact(4).enumerate() {
-            self.write32_be(off + 4 * i, u32::from_be_bytes(chunk.try_into().expect("4")));
+            self.write32_be(
+                off + 4 * i,
+                u32::from_be_bytes(chunk.try_into().expect("4")),
+            );
         }
     }
 }

@@ -206,6 +206,10 @@ pub fn config_write_u16(f: &dyn PciFunction, offset: u16, v: u16) -> Result<(), 
 pub fn set_bus_master(f: &dyn PciFunction, on: bool) -> Result<(), PciError> {
     let cmd = config_read_u16(f, config::COMMAND)?;
     let bits = config::COMMAND_MEMORY | config::COMMAND_MASTER;
-    let new = if on { cmd | bits } else { cmd & !config::COMMAND_MASTER };
+    let new = if on {
+        cmd | bits
+    } else {
+        cmd & !config::COMMAND_MASTER
+    };
     config_write_u16(f, config::COMMAND, new)
 }

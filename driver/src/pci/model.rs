@@ -50,13 +50,19 @@ unsafe impl PciFunction for ModelFunction {
     fn config_read(&self, offset: u16, buf: &mut [u8]) -> Result<(), PciError> {
         self.hca
             .config_read(offset, buf)
-            .map_err(|_| PciError::ConfigRange { offset, len: buf.len() })
+            .map_err(|_| PciError::ConfigRange {
+                offset,
+                len: buf.len(),
+            })
     }
 
     fn config_write(&self, offset: u16, data: &[u8]) -> Result<(), PciError> {
         self.hca
             .config_write(offset, data)
-            .map_err(|_| PciError::ConfigRange { offset, len: data.len() })
+            .map_err(|_| PciError::ConfigRange {
+                offset,
+                len: data.len(),
+            })
     }
 
     fn map_bar(&self, index: u8) -> Result<BarRegion, PciError> {
@@ -64,23 +70,36 @@ unsafe impl PciFunction for ModelFunction {
             return Err(PciError::NoBar(index));
         }
         let bar = self.hca.bar0();
-        Ok(BarRegion { ptr: bar.ptr, len: bar.len })
+        Ok(BarRegion {
+            ptr: bar.ptr,
+            len: bar.len,
+        })
     }
 
     fn iova_ranges(&self) -> Vec<IovaRange> {
-        self.hca.iova_ranges().into_iter().map(|(start, end)| IovaRange { start, end }).collect()
+        self.hca
+            .iova_ranges()
+            .into_iter()
+            .map(|(start, end)| IovaRange { start, end })
+            .collect()
     }
 
     unsafe fn dma_map(&self, m: &DmaMapping) -> Result<(), PciError> {
         // SAFETY: forwarded contract: the caller keeps the memory valid until dma_unmap.
         unsafe { self.hca.dma_map(m.iova.0, m.vaddr, m.len) }.map_err(|e| {
             tracing::debug!(error = %e, "model IOMMU refused a mapping");
-            PciError::DmaMap { iova: m.iova, len: m.len, reason: "refused by the model IOMMU" }
+            PciError::DmaMap {
+                iova: m.iova,
+                len: m.len,
+                reason: "refused by the model IOMMU",
+            }
         })
     }
 
     fn dma_unmap(&self, iova: Iova, len: usize) -> Result<(), PciError> {
-        self.hca.dma_unmap(iova.0, len).map_err(|_| PciError::NotMapped { iova, len })
+        self.hca
+            .dma_unmap(iova.0, len)
+            .map_err(|_| PciError::NotMapped { iova, len })
     }
 
     fn reset(&self) -> Result<(), PciError> {
@@ -94,9 +113,14 @@ unsafe impl PciFunction for ModelFunction {
 
     fn set_irq(&self, vector: u32, fd: Option<&EventFd>) -> Result<(), PciError> {
         let fd = match fd {
-            Some(f) => Some(f.try_clone().map_err(|e| PciError::Os { what: "dup eventfd", source: e })?),
+            Some(f) => Some(f.try_clone().map_err(|e| PciError::Os {
+                what: "dup eventfd",
+                source: e,
+            })?),
             None => None,
         };
-        self.hca.set_irq(vector, fd).map_err(|_| PciError::NoVector(vector))
+        self.hca
+            .set_irq(vector, fd)
+            .map_err(|_| PciError::NoVector(vector))
     }
 }

@@ -29,12 +29,20 @@ impl EqRing {
         for i in 0..(1usize << log_size) {
             s.write_u8(i * EQE_SIZE + 0x3f, 1);
         }
-        Ok(EqRing { region, log_size, ci: 0, eqn: 0, uar: 0 })
+        Ok(EqRing {
+            region,
+            log_size,
+            ci: 0,
+            eqn: 0,
+            uar: 0,
+        })
     }
 
     /// The 4 KiB pages of the buffer, for CREATE_EQ's `pas`.
     pub fn pages(&self) -> Vec<Iova> {
-        (0..self.region.len().div_ceil(4096)).map(|i| self.region.iova().add(i as u64 * 4096)).collect()
+        (0..self.region.len().div_ceil(4096))
+            .map(|i| self.region.iova().add(i as u64 * 4096))
+            .collect()
     }
 
     /// log2 of the number of entries.
@@ -59,9 +67,11 @@ impl EqRing {
     }
 
     /// The next software-owned entry, copied out, advancing the consumer index.
-    pub fn next(&mut self) -> Option<[u8; EQE_SIZE]> {
+    pub fn next_event(&mut self) -> Option<[u8; EQE_SIZE]> {
         let mask = (1u32 << self.log_size) - 1;
-        let slot = self.region.sub(((self.ci & mask) as usize) * EQE_SIZE, EQE_SIZE);
+        let slot = self
+            .region
+            .sub(((self.ci & mask) as usize) * EQE_SIZE, EQE_SIZE);
         if !eqe_is_sw_owned(slot.read_u8(0x3f), self.ci, self.log_size) {
             return None;
         }
@@ -74,7 +84,12 @@ impl EqRing {
 
     /// Tells the device how far we consumed, re-arming the EQ if `arm`.
     pub fn update_ci(&self, bar: &Bar, arm: bool) {
-        let off = self.uar as usize * UAR_SIZE + if arm { EQ_DOORBELL_ARM } else { EQ_DOORBELL_NOARM };
+        let off = self.uar as usize * UAR_SIZE
+            + if arm {
+                EQ_DOORBELL_ARM
+            } else {
+                EQ_DOORBELL_NOARM
+            };
         fence(Ordering::SeqCst); // entries consumed before the index is published
         bar.write32_be(off, eq_doorbell_word(self.eqn, self.ci));
     }

@@ -20,7 +20,10 @@ impl std::fmt::Debug for Pd {
 impl Pd {
     pub(crate) fn alloc(dev: &Arc<DeviceInner>) -> Result<Pd, DeviceError> {
         let pdn = ops::alloc_pd(&**dev)?;
-        Ok(Pd { pdn, dev: dev.clone() })
+        Ok(Pd {
+            pdn,
+            dev: dev.clone(),
+        })
     }
 
     /// The PD number.
@@ -31,10 +34,10 @@ impl Pd {
 
 impl Drop for Pd {
     fn drop(&mut self) {
-        if self.dev.is_open() {
-            if let Err(e) = ops::dealloc_pd(&*self.dev, self.pdn) {
-                tracing::warn!(pdn = self.pdn, error = %e, "DEALLOC_PD failed");
-            }
+        if self.dev.is_open()
+            && let Err(e) = ops::dealloc_pd(&*self.dev, self.pdn)
+        {
+            tracing::warn!(pdn = self.pdn, error = %e, "DEALLOC_PD failed");
         }
     }
 }

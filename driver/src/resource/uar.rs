@@ -25,9 +25,14 @@ impl Uar {
         if (index as usize + 1) * UAR_SIZE > dev.bar().len() {
             // A UAR outside the BAR cannot be used; give it back and report the device bug.
             let _ = ops::dealloc_uar(&**dev, index);
-            return Err(DeviceError::Protocol(format!("UAR {index} lies outside BAR0")));
+            return Err(DeviceError::Protocol(format!(
+                "UAR {index} lies outside BAR0"
+            )));
         }
-        Ok(Uar { index, dev: dev.clone() })
+        Ok(Uar {
+            index,
+            dev: dev.clone(),
+        })
     }
 
     /// The UAR index.
@@ -43,10 +48,10 @@ impl Uar {
 
 impl Drop for Uar {
     fn drop(&mut self) {
-        if self.dev.is_open() {
-            if let Err(e) = ops::dealloc_uar(&*self.dev, self.index) {
-                tracing::warn!(uar = self.index, error = %e, "DEALLOC_UAR failed");
-            }
+        if self.dev.is_open()
+            && let Err(e) = ops::dealloc_uar(&*self.dev, self.index)
+        {
+            tracing::warn!(uar = self.index, error = %e, "DEALLOC_UAR failed");
         }
     }
 }

@@ -160,4 +160,3 @@ layout! {
     r_roce_min_src_udp_port, set_r_roce_min_src_udp_port: 0x018 [15:0],
     roce_address_table_size, set_roce_address_table_size: 0x01c [15:0],
 }
-

@@ -504,4 +504,3 @@ layout! {
     syndrome, set_syndrome: 0x004 [31:0],
     umem_id, set_umem_id: 0x008 [23:0],
 }
-

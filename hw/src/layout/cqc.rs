@@ -30,4 +30,3 @@ layout! {
     producer_counter, set_producer_counter: 0x02c [23:0],
     dbr_addr, set_dbr_addr: 0x038 u64,
 }
-

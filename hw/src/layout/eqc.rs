@@ -17,4 +17,3 @@ layout! {
     consumer_counter, set_consumer_counter: 0x028 [23:0],
     producer_counter, set_producer_counter: 0x02c [23:0],
 }
-

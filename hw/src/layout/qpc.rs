@@ -91,4 +91,3 @@ layout! {
     rmac_47_32, set_rmac_47_32: 0x024 [15:0],
     rmac_31_0, set_rmac_31_0: 0x028 [31:0],
 }
-

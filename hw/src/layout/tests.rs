@@ -21,26 +21,93 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
     use vport::*;
     use wqe::*;
     list![
-        InitSeg<()>, HealthBuffer<()>, CmdEntry<()>, MailboxBlock<()>, InHeader<()>,
-        OutHeader<()>, CmdPas<()>, QueryHcaCapIn<()>, QueryHcaCapOut<()>, SetHcaCapIn<()>,
-        QueryAdapterOut<()>, InitHcaIn<()>, TeardownHcaIn<()>, TeardownHcaOut<()>,
-        EnableHcaIn<()>, QueryIssiOut<()>, SetIssiIn<()>, AccessRegisterIn<()>,
-        QueryPagesIn<()>, QueryPagesOut<()>, ManagePagesIn<()>, ManagePagesOut<()>,
-        AllocPdOut<()>, DeallocPdIn<()>, AllocUarOut<()>, DeallocUarIn<()>,
-        AllocTransportDomainOut<()>, DeallocTransportDomainIn<()>, CreateEqIn<()>,
-        CreateEqOut<()>, DestroyEqIn<()>, CreateCqIn<()>, CreateCqOut<()>, DestroyCqIn<()>,
-        CreateQpIn<()>, CreateQpOut<()>, Rst2initQpIn<()>, Qp2rstIn<()>, QueryQpIn<()>,
-        QueryQpOut<()>, CreateMkeyIn<()>, CreateMkeyOut<()>, DestroyMkeyIn<()>,
-        QueryMkeyIn<()>, QueryMkeyOut<()>, AllocMemicIn<()>, AllocMemicOut<()>,
-        DeallocMemicIn<()>, ModifyMemicIn<()>, ModifyMemicOut<()>,
-        QueryNicVportContextIn<()>, QueryHcaVportContextIn<()>, QueryHcaVportGidIn<()>,
-        QueryHcaVportGidOut<()>, SetRoceAddressIn<()>, QueryVportStateIn<()>,
-        QueryVportStateOut<()>, CreateUmemIn<()>, CreateUmemOut<()>, NicVportContext<()>,
-        HcaVportContext<()>, RoceAddrLayout<()>, eqc::Eqc<()>, cqc::Cqc<()>, Qpc<()>, Ads<()>,
-        Mkc<()>, Mtt<()>, CmdHcaCap<()>, CmdHcaCap2<()>, DeviceMemCap<()>, AtomicCaps<()>,
-        RoceCap<()>, Eqe<()>, EqeComp<()>, EqeQp<()>, EqeCqErr<()>, EqePortChange<()>,
-        EqeCmd<()>, EqePageReq<()>, Cqe<()>, ErrCqe<()>, CtrlSeg<()>, RaddrSeg<()>,
-        DataSeg<()>, AtomicSeg<()>, InlineSeg<()>,
+        InitSeg<()>,
+        HealthBuffer<()>,
+        CmdEntry<()>,
+        MailboxBlock<()>,
+        InHeader<()>,
+        OutHeader<()>,
+        CmdPas<()>,
+        QueryHcaCapIn<()>,
+        QueryHcaCapOut<()>,
+        SetHcaCapIn<()>,
+        QueryAdapterOut<()>,
+        InitHcaIn<()>,
+        TeardownHcaIn<()>,
+        TeardownHcaOut<()>,
+        EnableHcaIn<()>,
+        QueryIssiOut<()>,
+        SetIssiIn<()>,
+        AccessRegisterIn<()>,
+        QueryPagesIn<()>,
+        QueryPagesOut<()>,
+        ManagePagesIn<()>,
+        ManagePagesOut<()>,
+        AllocPdOut<()>,
+        DeallocPdIn<()>,
+        AllocUarOut<()>,
+        DeallocUarIn<()>,
+        AllocTransportDomainOut<()>,
+        DeallocTransportDomainIn<()>,
+        CreateEqIn<()>,
+        CreateEqOut<()>,
+        DestroyEqIn<()>,
+        CreateCqIn<()>,
+        CreateCqOut<()>,
+        DestroyCqIn<()>,
+        CreateQpIn<()>,
+        CreateQpOut<()>,
+        Rst2initQpIn<()>,
+        Qp2rstIn<()>,
+        QueryQpIn<()>,
+        QueryQpOut<()>,
+        CreateMkeyIn<()>,
+        CreateMkeyOut<()>,
+        DestroyMkeyIn<()>,
+        QueryMkeyIn<()>,
+        QueryMkeyOut<()>,
+        AllocMemicIn<()>,
+        AllocMemicOut<()>,
+        DeallocMemicIn<()>,
+        ModifyMemicIn<()>,
+        ModifyMemicOut<()>,
+        QueryNicVportContextIn<()>,
+        QueryHcaVportContextIn<()>,
+        QueryHcaVportGidIn<()>,
+        QueryHcaVportGidOut<()>,
+        SetRoceAddressIn<()>,
+        QueryVportStateIn<()>,
+        QueryVportStateOut<()>,
+        CreateUmemIn<()>,
+        CreateUmemOut<()>,
+        NicVportContext<()>,
+        HcaVportContext<()>,
+        RoceAddrLayout<()>,
+        eqc::Eqc<()>,
+        cqc::Cqc<()>,
+        Qpc<()>,
+        Ads<()>,
+        Mkc<()>,
+        Mtt<()>,
+        CmdHcaCap<()>,
+        CmdHcaCap2<()>,
+        DeviceMemCap<()>,
+        AtomicCaps<()>,
+        RoceCap<()>,
+        Eqe<()>,
+        EqeComp<()>,
+        EqeQp<()>,
+        EqeCqErr<()>,
+        EqePortChange<()>,
+        EqeCmd<()>,
+        EqePageReq<()>,
+        Cqe<()>,
+        ErrCqe<()>,
+        CtrlSeg<()>,
+        RaddrSeg<()>,
+        DataSeg<()>,
+        AtomicSeg<()>,
+        InlineSeg<()>,
     ]
 }
 
@@ -54,9 +121,16 @@ fn fields_lie_inside_their_structure() {
     for (name, size, fields) in all_layouts() {
         for f in fields {
             let (first, len) = f.byte_span();
-            let end = if let FieldKind::Bits { .. } = f.kind { f.offset + 4 } else { first + len };
-            assert!(end <= size || matches!(f.kind, FieldKind::Flex),
-                "{name}.{} ends at {end:#x} past size {size:#x}", f.name);
+            let end = if let FieldKind::Bits { .. } = f.kind {
+                f.offset + 4
+            } else {
+                first + len
+            };
+            assert!(
+                end <= size || matches!(f.kind, FieldKind::Flex),
+                "{name}.{} ends at {end:#x} past size {size:#x}",
+                f.name
+            );
             if let FieldKind::Bits { msb, lsb } = f.kind {
                 assert!(msb <= 31 && lsb <= msb, "{name}.{} bad bits", f.name);
                 assert_eq!(f.offset % 4, 0, "{name}.{} not on a dword", f.name);
@@ -72,7 +146,12 @@ fn no_two_fields_overlap() {
             let mut used = 0u32;
             for f in fields {
                 let m = f.word_mask(word);
-                assert_eq!(used & m, 0, "{name}.{} overlaps another field in word {word:#x}", f.name);
+                assert_eq!(
+                    used & m,
+                    0,
+                    "{name}.{} overlaps another field in word {word:#x}",
+                    f.name
+                );
                 used |= m;
             }
         }
@@ -100,7 +179,12 @@ fn every_bit_field_round_trips_at_its_fact_sheet_position() {
                     // A value pattern that differs per bit reads back unchanged.
                     let pattern = 0xA5A5_A5A5u32 & all;
                     buf.set_bits(f.offset, msb, lsb, pattern);
-                    assert_eq!(buf.get_bits(f.offset, msb, lsb), pattern, "{name}.{}", f.name);
+                    assert_eq!(
+                        buf.get_bits(f.offset, msb, lsb),
+                        pattern,
+                        "{name}.{}",
+                        f.name
+                    );
                     buf.set_bits(f.offset, msb, lsb, 0);
                     assert!(buf.iter().all(|&b| b == 0), "{name}.{} clear", f.name);
                 }
@@ -120,20 +204,35 @@ fn every_bit_field_round_trips_at_its_fact_sheet_position() {
 /// repository (`../shared/spec/prm-subset.md`), as in CI.
 #[test]
 fn tables_match_the_fact_sheet() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/spec/prm-subset.md");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/spec/prm-subset.md"
+    );
     let text = std::fs::read_to_string(path).expect("shared/spec/prm-subset.md beside the repo");
     let lines: Vec<&str> = text.lines().collect();
-    let ours: std::collections::HashMap<_, _> =
-        all_layouts().into_iter().map(|(n, s, f)| (n, (s, f))).collect();
+    let ours: std::collections::HashMap<_, _> = all_layouts()
+        .into_iter()
+        .map(|(n, s, f)| (n, (s, f)))
+        .collect();
     let mut checked = 0;
     for (i, l) in lines.iter().enumerate() {
-        let Some(rest) = l.strip_prefix("**") else { continue };
-        let Some((name, tail)) = rest.split_once("**") else { continue };
-        let name = name.trim_end_matches(" (selected)");
-        let Some(size) = tail.trim().strip_prefix('(').and_then(|t| t.strip_suffix(" B)")) else {
+        let Some(rest) = l.strip_prefix("**") else {
             continue;
         };
-        let (ref_size, fields) = ours.get(name).unwrap_or_else(|| panic!("no layout for {name}"));
+        let Some((name, tail)) = rest.split_once("**") else {
+            continue;
+        };
+        let name = name.trim_end_matches(" (selected)");
+        let Some(size) = tail
+            .trim()
+            .strip_prefix('(')
+            .and_then(|t| t.strip_suffix(" B)"))
+        else {
+            continue;
+        };
+        let (ref_size, fields) = ours
+            .get(name)
+            .unwrap_or_else(|| panic!("no layout for {name}"));
         assert_eq!(size.parse::<usize>().unwrap(), *ref_size, "{name} size");
         let mut j = i + 1;
         while !lines[j].starts_with("| Byte") {
@@ -142,14 +241,26 @@ fn tables_match_the_fact_sheet() {
         j += 2;
         let mut k = 0;
         while j < lines.len() && lines[j].starts_with('|') {
-            let cols: Vec<&str> = lines[j].trim_matches('|').split('|').map(str::trim).collect();
+            let cols: Vec<&str> = lines[j]
+                .trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect();
             let off = usize::from_str_radix(cols[0].trim_start_matches("0x"), 16).unwrap();
             let f = &fields[k];
-            assert_eq!(f.offset, off, "{name}.{} offset (sheet row {})", f.name, cols[2]);
+            assert_eq!(
+                f.offset, off,
+                "{name}.{} offset (sheet row {})",
+                f.name, cols[2]
+            );
             let bits = cols[1];
             match f.kind {
                 FieldKind::Bits { msb, lsb } => {
-                    let want = if msb == lsb { format!("[{msb}]") } else { format!("[{msb}:{lsb}]") };
+                    let want = if msb == lsb {
+                        format!("[{msb}]")
+                    } else {
+                        format!("[{msb}:{lsb}]")
+                    };
                     assert_eq!(bits, want, "{name}.{} bits", f.name);
                 }
                 FieldKind::U64 => assert_eq!(bits, "8B", "{name}.{}", f.name),
@@ -158,7 +269,12 @@ fn tables_match_the_fact_sheet() {
                 }
                 FieldKind::Flex => assert_eq!(bits, "flex", "{name}.{}", f.name),
             }
-            assert!(cols[2].contains(f.name.trim_start_matches("r#")), "{name}: {} vs {}", f.name, cols[2]);
+            assert!(
+                cols[2].contains(f.name.trim_start_matches("r#")),
+                "{name}: {} vs {}",
+                f.name,
+                cols[2]
+            );
             j += 1;
             k += 1;
             checked += 1;

@@ -45,4 +45,3 @@ layout! {
     roce_l3_type, set_roce_l3_type: 0x018 [11:8],
     roce_version, set_roce_version: 0x018 [7:0],
 }
-

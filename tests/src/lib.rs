@@ -1,0 +1,39 @@
+//! Shared helpers for the integration tests in `tests/tests/`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use uhca::pci::model::ModelFunction;
+use uhca::{Device, DeviceConfig};
+use uhca_hw::model::ModelConfig;
+
+/// A model with a short boot delay and a fast health counter, for tests.
+pub fn model() -> Arc<ModelFunction> {
+    ModelFunction::new(ModelConfig {
+        boot_delay: Duration::from_millis(2),
+        health_period: Duration::from_millis(1),
+        ..ModelConfig::default()
+    })
+    .expect("model starts")
+}
+
+/// Device options for tests: health polled every 5 ms, short command timeout.
+pub fn config() -> DeviceConfig {
+    DeviceConfig {
+        health_interval: Duration::from_millis(5),
+        cmd_timeout: Some(Duration::from_secs(20)),
+        ..DeviceConfig::default()
+    }
+}
+
+/// A booted device on a fresh model.
+pub fn device() -> (Device, Arc<ModelFunction>) {
+    let m = model();
+    let d = Device::open(m.clone(), config()).expect("boot");
+    (d, m)
+}
+
+/// Open file descriptors of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
