@@ -35,5 +35,7 @@ pub fn device() -> (Device, Arc<ModelFunction>) {
 
 /// Open file descriptors of this process.
 pub fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }

@@ -504,3 +504,77 @@ layout! {
     syndrome, set_syndrome: 0x004 [31:0],
     umem_id, set_umem_id: 0x008 [23:0],
 }
+
+// Layouts below are not tables in the fact sheet; their rows come from the prose of
+// prm-subset.md §6.1 and §6.9 (cited per layout), or from `mlx5_ifc.h` where marked.
+
+layout! {
+    /// `disable_hca_in` (16 bytes): same layout as ENABLE_HCA (§6.1).
+    pub struct DisableHcaIn, "disable_hca_in", size 16;
+    opcode, set_opcode: 0x000 [31:16],
+    op_mod, set_op_mod: 0x004 [15:0],
+    embedded_cpu_function, set_embedded_cpu_function: 0x008 [31:31],
+    function_id, set_function_id: 0x008 [15:0],
+}
+
+layout! {
+    /// `access_register_out` (16 bytes + data): status, syndrome, `register_data` at 0x10 (§6.1).
+    pub struct AccessRegisterOut, "access_register_out", size 16;
+    status, set_status: 0x000 [31:24],
+    syndrome, set_syndrome: 0x004 [31:0],
+    register_data, REGISTER_DATA: 0x010 flex,
+}
+
+layout! {
+    /// `set_driver_version_in` (80 bytes; `mlx5_ifc.h`: 64-byte string at 0x10).
+    pub struct SetDriverVersionIn, "set_driver_version_in", size 80;
+    opcode, set_opcode: 0x000 [31:16],
+    op_mod, set_op_mod: 0x004 [15:0],
+    driver_version, set_driver_version: 0x010 [u8; 64],
+}
+
+layout! {
+    /// `query_nic_vport_context_out` (272 bytes): header + `nic_vport_context` at 0x10 (§6.9).
+    pub struct QueryNicVportContextOut, "query_nic_vport_context_out", size 272;
+    status, set_status: 0x000 [31:24],
+    syndrome, set_syndrome: 0x004 [31:0],
+    nic_vport_context, NIC_VPORT_CONTEXT: 0x010 nested 256,
+}
+
+layout! {
+    /// `modify_nic_vport_context_in` (512 bytes): `field_select` at 0x0C, context at 0x100 (§6.9).
+    pub struct ModifyNicVportContextIn, "modify_nic_vport_context_in", size 512;
+    opcode, set_opcode: 0x000 [31:16],
+    op_mod, set_op_mod: 0x004 [15:0],
+    other_vport, set_other_vport: 0x008 [31:31],
+    vport_number, set_vport_number: 0x008 [15:0],
+    field_select_mtu, set_field_select_mtu: 0x00c [6:6],
+    field_select_permanent_address, set_field_select_permanent_address: 0x00c [3:3],
+    field_select_roce_en, set_field_select_roce_en: 0x00c [1:1],
+    nic_vport_context, NIC_VPORT_CONTEXT: 0x100 nested 256,
+}
+
+layout! {
+    /// `query_hca_vport_context_out` (528 bytes): header + `hca_vport_context` at 0x10 (§6.9).
+    pub struct QueryHcaVportContextOut, "query_hca_vport_context_out", size 528;
+    status, set_status: 0x000 [31:24],
+    syndrome, set_syndrome: 0x004 [31:0],
+    hca_vport_context, HCA_VPORT_CONTEXT: 0x010 nested 512,
+}
+
+layout! {
+    /// `query_roce_address_in` (16 bytes): the first 12 bytes of SET_ROCE_ADDRESS (§6.9).
+    pub struct QueryRoceAddressIn, "query_roce_address_in", size 16;
+    opcode, set_opcode: 0x000 [31:16],
+    op_mod, set_op_mod: 0x004 [15:0],
+    roce_address_index, set_roce_address_index: 0x008 [31:16],
+    vhca_port_num, set_vhca_port_num: 0x008 [3:0],
+}
+
+layout! {
+    /// `query_roce_address_out` (48 bytes): `roce_addr_layout` at 0x10 (§6.9).
+    pub struct QueryRoceAddressOut, "query_roce_address_out", size 48;
+    status, set_status: 0x000 [31:24],
+    syndrome, set_syndrome: 0x004 [31:0],
+    roce_address, ROCE_ADDRESS: 0x010 nested 32,
+}

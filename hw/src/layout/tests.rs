@@ -108,6 +108,14 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
         DataSeg<()>,
         AtomicSeg<()>,
         InlineSeg<()>,
+        DisableHcaIn<()>,
+        AccessRegisterOut<()>,
+        SetDriverVersionIn<()>,
+        QueryNicVportContextOut<()>,
+        ModifyNicVportContextIn<()>,
+        QueryHcaVportContextOut<()>,
+        QueryRoceAddressIn<()>,
+        QueryRoceAddressOut<()>,
     ]
 }
 

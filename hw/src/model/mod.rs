@@ -1,1 +1,476 @@
-//! placeholder
+//! The software HCA: a ConnectX-5-like single-port RoCE function behind a BAR0, a config
+//! space and a model IOMMU, run by its own device thread.
+//!
+//! Layers (mirroring the driver):
+//! - [`mem`](self) — BAR0 backing memory (shared memfd) and raw host-memory access; the
+//!   only module with `unsafe`.
+//! - `iommu` — IOVA → host translation; every device DMA goes through it.
+//! - `config` — PCI config space (identity, BAR0, MSI-X, bus master).
+//! - `device` — the device thread: polls BAR0 doorbells, runs commands, advances health.
+//! - `health` — init segment registers: `initializing`, timers, health counter/buffer.
+//! - `cmdif` — the command engine: entries, mailboxes, delivery status, completion EQEs.
+//! - `cmd` — the command handlers, one function per opcode in one dispatch table, and the
+//!   `syndrome` constants.
+//! - `caps` — capability pages (documented constants).
+//! - `eq` — event queues: EQE posting, owner bits, doorbells, overrun, MSI-X.
+//! - `pages` — firmware pages: the ICM budget and page requests.
+//!
+//! What the model does **not** do yet: CQs, QPs, MKeys, MEMIC commands, the RoCE transport,
+//! signatures (never required; see prm-subset.md §3.4), fast teardown, VFs.
+
+mod caps;
+mod cmd;
+mod cmdif;
+mod config;
+mod device;
+mod eq;
+mod health;
+mod iommu;
+mod mem;
+mod pages;
+mod state;
+mod vport;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::eventfd::EventFd;
+
+pub use cmd::syndrome;
+pub use iommu::{AtomicOp, ByteOrder, DmaError, IOVA_END, IOVA_START};
+pub use mem::DmaBuffer;
+
+use config::ConfigSpace;
+use mem::BarMem;
+use state::Core;
+
+/// BAR0 layout of the model (prm-subset.md §2, §9.1, §8.3).
+pub mod bar_layout {
+    /// Default BAR0 size (32 MiB, like a ConnectX-5 PF); larger when the MEMIC window needs it.
+    pub const BAR0_MIN_SIZE: usize = 32 << 20;
+    /// BAR0 offset of the MSI-X table (page 2, after the init segment's last registers).
+    pub const MSIX_TABLE: usize = 0x2800;
+    /// BAR0 offset of the MSI-X pending-bit array.
+    pub const MSIX_PBA: usize = 0x2c00;
+    /// Number of MSI-X vectors.
+    pub const NUM_IRQS: u32 = 32;
+    /// One past the last UAR index handed out (UARs live below the MEMIC window).
+    pub const UAR_INDEX_END: u32 = (MEMIC_OFFSET / 4096) as u32;
+    /// BAR0 offset of the MEMIC window (`memic_bar_start_addr`).
+    pub const MEMIC_OFFSET: usize = 16 << 20;
+}
+
+/// Configuration of a model HCA. `Default` is a ConnectX-5-like single-port RoCE HCA.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    /// Firmware revision: major, minor, subminor.
+    pub fw_rev: (u16, u16, u16),
+    /// `initializing` stays 1 this long after creation and after reset.
+    pub boot_delay: Duration,
+    /// `health_counter` advances at least this often.
+    pub health_period: Duration,
+    /// Permanent MAC address of port 1.
+    pub mac: [u8; 6],
+    /// QUERY_PAGES boot answer.
+    pub boot_pages: u32,
+    /// QUERY_PAGES init answer.
+    pub init_pages: u32,
+    /// MEMIC window size and `max_memic_size` in bytes (multiple of 4 KiB).
+    pub memic_size: u32,
+    /// Name (memfd name, logs).
+    pub name: String,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            fw_rev: (16, 35, 1000),
+            boot_delay: Duration::from_millis(1),
+            health_period: Duration::from_millis(1),
+            mac: [0x02, 0x00, 0x00, 0x00, 0x00, 0x01],
+            boot_pages: 4,
+            init_pages: 8,
+            memic_size: 256 << 10,
+            name: "model0".to_string(),
+        }
+    }
+}
+
+/// Errors of the model's host-side API.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// An OS call failed while creating the model.
+    #[error("{what}: {source}")]
+    Os {
+        /// What was attempted.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configuration is unusable.
+    #[error("bad model configuration: {0}")]
+    Config(&'static str),
+    /// A config-space access outside the 4 KiB space (or of zero length).
+    #[error("config space access of {len} bytes at {offset:#x} is out of range")]
+    ConfigRange {
+        /// Offset.
+        offset: u16,
+        /// Length.
+        len: usize,
+    },
+    /// A DMA map request was refused.
+    #[error("DMA map of {len:#x} bytes at IOVA {iova:#x} refused: {reason}")]
+    DmaMap {
+        /// IOVA.
+        iova: u64,
+        /// Length.
+        len: usize,
+        /// Why.
+        reason: &'static str,
+    },
+    /// An unmap named a range with no mapping.
+    #[error("DMA unmap of {len:#x} bytes at IOVA {iova:#x}: not mapped")]
+    NotMapped {
+        /// IOVA.
+        iova: u64,
+        /// Length.
+        len: usize,
+    },
+    /// No such MSI-X vector.
+    #[error("interrupt vector {0} does not exist")]
+    NoVector(u32),
+}
+
+/// BAR0 as mapped in this process.
+#[derive(Clone, Copy, Debug)]
+pub struct BarMemory {
+    /// First byte; valid for volatile 32/64-bit accesses while the `Hca` lives.
+    pub ptr: *mut u8,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// Counters for tests and diagnostics (a snapshot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Device DMA accesses that hit an unmapped IOVA.
+    pub iommu_faults: u64,
+    /// Device DMA accesses refused because bus mastering was off.
+    pub dma_refused: u64,
+    /// Firmware pages the device holds.
+    pub fw_pages_held: u64,
+    /// Commands completed (any status, delivery errors included).
+    pub commands_done: u64,
+    /// Commands that completed with a delivery error (status_own >> 1 != 0).
+    pub delivery_errors: u64,
+    /// Bytes currently mapped in the IOMMU.
+    pub mapped_iova_bytes: u64,
+    /// Live EQs.
+    pub eqs: u64,
+    /// Live PDs.
+    pub pds: u64,
+    /// Live UARs.
+    pub uars: u64,
+    /// EQEs written.
+    pub eqes_posted: u64,
+    /// EQEs dropped because the EQ was full (overrun).
+    pub eq_overruns: u64,
+    /// MSI-X eventfd signals.
+    pub irqs_signalled: u64,
+    /// PAGE_REQUEST events posted.
+    pub page_requests: u64,
+    /// Device-thread poll iterations.
+    pub polls: u64,
+    /// Times the idle device thread went to sleep.
+    pub idle_sleeps: u64,
+    /// Function-level resets.
+    pub resets: u64,
+}
+
+/// Live counters (atomics) behind [`Stats`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) commands_done: AtomicU64,
+    pub(crate) delivery_errors: AtomicU64,
+    pub(crate) eqes_posted: AtomicU64,
+    pub(crate) eq_overruns: AtomicU64,
+    pub(crate) irqs_signalled: AtomicU64,
+    pub(crate) page_requests: AtomicU64,
+    pub(crate) polls: AtomicU64,
+    pub(crate) idle_sleeps: AtomicU64,
+    pub(crate) resets: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn inc(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Fault injection for tests.
+pub struct Faults {
+    bar: Arc<BarMem>,
+    stall_health: AtomicBool,
+}
+
+impl Faults {
+    /// Stops (`true`) or resumes the health counter.
+    pub fn stall_health(&self, stall: bool) {
+        self.stall_health.store(stall, Ordering::Relaxed);
+    }
+
+    /// Whether the health counter is stalled.
+    pub fn health_stalled(&self) -> bool {
+        self.stall_health.load(Ordering::Relaxed)
+    }
+
+    /// Sets the health buffer `synd` (and `rfr` when non-zero; 0 clears both), as firmware
+    /// does on an assert (prm-subset.md §2).
+    pub fn set_health_syndrome(&self, synd: u8) {
+        health::set_syndrome(&self.bar, synd);
+    }
+}
+
+/// State shared between the host-side handle and the device thread.
+pub(crate) struct Shared {
+    pub(crate) cfg: ModelConfig,
+    pub(crate) bar: Arc<BarMem>,
+    pub(crate) iommu: iommu::Iommu,
+    pub(crate) config: Mutex<ConfigSpace>,
+    pub(crate) core: Mutex<Core>,
+    pub(crate) irqs: Mutex<Vec<Option<EventFd>>>,
+    pub(crate) stats: Counters,
+    pub(crate) faults: Faults,
+    pub(crate) stop: AtomicBool,
+    /// `Instant` the model was created; timers count from it.
+    pub(crate) epoch: Instant,
+    /// Nanoseconds after `epoch` when `initializing` drops to 0.
+    pub(crate) boot_done_ns: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn core(&self) -> MutexGuard<'_, Core> {
+        // A panic in a handler would be a model bug; keep serving with the state as is.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+}
+
+/// A model HCA: BAR0, config space, IOMMU, MSI-X vectors and the device thread.
+///
+/// Dropping it stops and joins the device thread and releases every resource.
+pub struct Hca {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Hca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hca")
+            .field("name", &self.shared.cfg.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hca {
+    /// Creates the model and starts its device thread.
+    pub fn new(cfg: ModelConfig) -> Result<Hca, ModelError> {
+        if !cfg.memic_size.is_multiple_of(4096) {
+            return Err(ModelError::Config("memic_size must be a multiple of 4 KiB"));
+        }
+        if cfg.health_period.is_zero() {
+            return Err(ModelError::Config("health_period must be non-zero"));
+        }
+        let bar_len = (bar_layout::MEMIC_OFFSET + cfg.memic_size as usize)
+            .next_power_of_two()
+            .max(bar_layout::BAR0_MIN_SIZE);
+        let bar = Arc::new(
+            BarMem::new(&format!("uhca-{}-bar0", cfg.name), bar_len).map_err(|source| {
+                ModelError::Os {
+                    what: "BAR0 memfd",
+                    source,
+                }
+            })?,
+        );
+        let config = ConfigSpace::new(
+            bar_len as u64,
+            bar_layout::NUM_IRQS,
+            bar_layout::MSIX_TABLE as u32,
+            bar_layout::MSIX_PBA as u32,
+        );
+        let shared = Arc::new(Shared {
+            faults: Faults {
+                bar: bar.clone(),
+                stall_health: AtomicBool::new(false),
+            },
+            core: Mutex::new(Core::new(&cfg)),
+            cfg,
+            bar,
+            iommu: iommu::Iommu::new(),
+            config: Mutex::new(config),
+            irqs: Mutex::new((0..bar_layout::NUM_IRQS).map(|_| None).collect()),
+            stats: Counters::default(),
+            stop: AtomicBool::new(false),
+            epoch: Instant::now(),
+            boot_done_ns: AtomicU64::new(0),
+        });
+        health::power_on(&shared);
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("uhca-{}", shared.cfg.name))
+            .spawn(move || device::run(sh))
+            .map_err(|source| ModelError::Os {
+                what: "spawn device thread",
+                source,
+            })?;
+        Ok(Hca {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// BAR0 as mapped in this process; valid while the `Hca` lives.
+    pub fn bar0(&self) -> BarMemory {
+        BarMemory {
+            ptr: self.shared.bar.ptr(),
+            len: self.shared.bar.len(),
+        }
+    }
+
+    /// The memfd behind BAR0 (for sharing the BAR with another process); owned by the `Hca`.
+    pub fn bar0_fd(&self) -> std::os::fd::RawFd {
+        self.shared.bar.raw_fd()
+    }
+
+    /// Reads config space.
+    pub fn config_read(&self, off: u16, buf: &mut [u8]) -> Result<(), ModelError> {
+        if !ConfigSpace::in_range(off, buf.len()) {
+            return Err(ModelError::ConfigRange {
+                offset: off,
+                len: buf.len(),
+            });
+        }
+        self.shared
+            .config
+            .lock()
+            .expect("config lock")
+            .read(off, buf);
+        Ok(())
+    }
+
+    /// Writes config space (read-only bits ignored); a bus-master change gates DMA.
+    pub fn config_write(&self, off: u16, data: &[u8]) -> Result<(), ModelError> {
+        if !ConfigSpace::in_range(off, data.len()) {
+            return Err(ModelError::ConfigRange {
+                offset: off,
+                len: data.len(),
+            });
+        }
+        let mut c = self.shared.config.lock().expect("config lock");
+        c.write(off, data);
+        self.shared
+            .iommu
+            .set_bus_master(c.command() & config::COMMAND_MASTER != 0);
+        Ok(())
+    }
+
+    /// Removes the mappings inside `[iova, iova + len)` (whole mappings only); returns after
+    /// every in-flight device access to them is done.
+    pub fn dma_unmap(&self, iova: u64, len: usize) -> Result<(), ModelError> {
+        self.shared.iommu.unmap(iova, len)
+    }
+
+    /// The IOVA space the driver may use, `[start, end]` inclusive.
+    pub fn iova_ranges(&self) -> Vec<(u64, u64)> {
+        vec![(IOVA_START, IOVA_END)]
+    }
+
+    /// The current mappings, `[start, end]` inclusive.
+    pub fn dma_mappings(&self) -> Vec<(u64, u64)> {
+        self.shared.iommu.mappings()
+    }
+
+    /// Function-level reset: every device state back to power-on (pages forgotten, EQs and
+    /// other resources gone, `initializing` = 1 for `boot_delay`). IOMMU mappings, config
+    /// space and MSI-X routing belong to the host side and are left alone (as VFIO's reset
+    /// saves and restores config space).
+    pub fn reset(&self) {
+        let mut core = self.shared.core();
+        *core = Core::new(&self.shared.cfg);
+        health::power_on(&self.shared);
+        Counters::inc(&self.shared.stats.resets);
+        drop(core);
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+    }
+
+    /// Number of MSI-X vectors.
+    pub fn num_irqs(&self) -> u32 {
+        bar_layout::NUM_IRQS
+    }
+
+    /// Routes MSI-X `vector` to `fd` (or disables it with `None`).
+    pub fn set_irq(&self, vector: u32, fd: Option<EventFd>) -> Result<(), ModelError> {
+        let mut irqs = self.shared.irqs.lock().expect("irq lock");
+        let slot = irqs
+            .get_mut(vector as usize)
+            .ok_or(ModelError::NoVector(vector))?;
+        *slot = fd;
+        Ok(())
+    }
+
+    /// Fault injection.
+    pub fn faults(&self) -> &Faults {
+        &self.shared.faults
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        let sh = &self.shared;
+        let c = &sh.stats;
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let core = sh.core();
+        Stats {
+            iommu_faults: sh.iommu.faults(),
+            dma_refused: sh.iommu.refused(),
+            fw_pages_held: core.pages.held() as u64,
+            commands_done: ld(&c.commands_done),
+            delivery_errors: ld(&c.delivery_errors),
+            mapped_iova_bytes: sh.iommu.mapped_bytes(),
+            eqs: core.eqs.len() as u64,
+            pds: core.pds.len() as u64,
+            uars: core.uars.len() as u64,
+            eqes_posted: ld(&c.eqes_posted),
+            eq_overruns: ld(&c.eq_overruns),
+            irqs_signalled: ld(&c.irqs_signalled),
+            page_requests: ld(&c.page_requests),
+            polls: ld(&c.polls),
+            idle_sleeps: ld(&c.idle_sleeps),
+            resets: ld(&c.resets),
+        }
+    }
+
+    /// The configuration the model was created with.
+    pub fn config(&self) -> &ModelConfig {
+        &self.shared.cfg
+    }
+}
+
+impl Drop for Hca {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            if t.join().is_err() {
+                tracing::error!(name = %self.shared.cfg.name, "model device thread panicked");
+            }
+        }
+    }
+}

@@ -74,7 +74,11 @@ fn print_text(s: &DeviceSummary, verbose: bool) {
         println!("\t\t\tlink_layer:\t\t{}", p.link_layer);
         println!("\t\t\tmac:\t\t\t{}", format_mac(&p.mac));
         println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_table_size);
-        println!("\t\t\tGID[  0]:\t\t{}, RoCE v{}", format_gid(&p.gid0), p.gid0_roce_version);
+        println!(
+            "\t\t\tGID[  0]:\t\t{}, RoCE v{}",
+            format_gid(&p.gid0),
+            p.gid0_roce_version
+        );
     }
 }
 
@@ -112,9 +116,13 @@ fn to_json(s: &DeviceSummary) -> serde_json::Value {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let _ = tracing_subscriber::fmt().with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_env("UHCA_LOG").unwrap_or_else(|_| "warn".into()),
-    ).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("UHCA_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     let dev = match open(&args.device) {
         Ok(d) => d,
         Err(e) => {
@@ -130,7 +138,10 @@ fn main() -> ExitCode {
         }
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&summary)).expect("JSON of plain values"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&to_json(&summary)).expect("JSON of plain values")
+        );
     } else {
         print_text(&summary, args.verbose);
     }

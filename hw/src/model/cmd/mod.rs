@@ -1,0 +1,244 @@
+//! Command handlers: one function per opcode, found through one dispatch table.
+//!
+//! The dispatcher checks, in this order and for every command alike: known opcode
+//! (BAD_OP_ERR), lifecycle state (BAD_SYS_STATE_ERR), `inlen` (BAD_INP_LEN_ERR) and
+//! `outlen` (BAD_OUTP_LEN_ERR) against the handler's minimums; then the handler runs and
+//! checks its own parameters. Adding a command is adding one [`Handler`] row and its
+//! function.
+
+// Every handler has the one signature of the dispatch table; some grow the output `Vec`.
+#![allow(clippy::ptr_arg)]
+
+mod eq;
+mod hca;
+mod pages;
+mod resource;
+pub mod syndrome;
+mod vport;
+
+use crate::layout::cmd::{CmdStatus, InHeader, Opcode, OutHeader};
+
+use super::Shared;
+use super::state::{Core, Lifecycle};
+
+/// A failed command: the status byte and the syndrome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CmdErr {
+    pub(crate) status: CmdStatus,
+    pub(crate) syndrome: u32,
+}
+
+/// Result of a handler.
+pub(crate) type CmdResult = Result<(), CmdErr>;
+
+/// Shorthand for building a [`CmdErr`].
+pub(crate) const fn err(status: CmdStatus, syndrome: u32) -> CmdErr {
+    CmdErr { status, syndrome }
+}
+
+/// BAD_PARAM_ERR with `syndrome`.
+pub(crate) const fn bad_param(syndrome: u32) -> CmdErr {
+    err(CmdStatus::BadParamErr, syndrome)
+}
+
+/// What a handler sees.
+pub(crate) struct Ctx<'a> {
+    pub(crate) sh: &'a Shared,
+    pub(crate) core: &'a mut Core,
+    pub(crate) op_mod: u16,
+    /// `inlen` of the entry (the input slice is at least 16 and at least the minimum long).
+    pub(crate) inlen: usize,
+    /// `outlen` of the entry.
+    pub(crate) outlen: usize,
+}
+
+/// States in which a command is accepted (bits of `Lifecycle::bit`).
+pub(crate) type StateMask = u8;
+/// Any state.
+const ANY: StateMask = 0xF;
+/// Enabled, before INIT_HCA.
+const PRE_INIT: StateMask = Lifecycle::Enabled.bit();
+/// Enabled in any way (before or after INIT_HCA, or torn down).
+const ENABLED: StateMask =
+    Lifecycle::Enabled.bit() | Lifecycle::Initialized.bit() | Lifecycle::TornDown.bit();
+/// After INIT_HCA.
+const RUNNING: StateMask = Lifecycle::Initialized.bit();
+/// Before INIT_HCA or after TEARDOWN_HCA.
+const NOT_RUNNING: StateMask = Lifecycle::Enabled.bit() | Lifecycle::TornDown.bit();
+/// Only while disabled.
+const DISABLED: StateMask = Lifecycle::Disabled.bit();
+
+/// One row of the dispatch table.
+pub(crate) struct Handler {
+    pub(crate) opcode: Opcode,
+    /// Smallest acceptable `inlen`.
+    pub(crate) min_in: usize,
+    /// Smallest acceptable `outlen`; also the size of the output buffer the handler fills
+    /// (handlers with variable output grow it).
+    pub(crate) min_out: usize,
+    pub(crate) states: StateMask,
+    pub(crate) run: fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> CmdResult,
+}
+
+const fn h(
+    opcode: Opcode,
+    min_in: usize,
+    min_out: usize,
+    states: StateMask,
+    run: fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> CmdResult,
+) -> Handler {
+    Handler {
+        opcode,
+        min_in,
+        min_out,
+        states,
+        run,
+    }
+}
+
+/// The dispatch table (sizes: prm-subset.md §6).
+static HANDLERS: &[Handler] = &[
+    h(Opcode::EnableHca, 16, 12, DISABLED, hca::enable_hca),
+    h(Opcode::DisableHca, 16, 12, NOT_RUNNING, hca::disable_hca),
+    h(Opcode::QueryIssi, 16, 112, ENABLED, hca::query_issi),
+    h(Opcode::SetIssi, 16, 16, PRE_INIT, hca::set_issi),
+    h(Opcode::QueryHcaCap, 16, 4112, ENABLED, hca::query_hca_cap),
+    h(Opcode::SetHcaCap, 4112, 16, PRE_INIT, hca::set_hca_cap),
+    h(Opcode::InitHca, 16, 16, PRE_INIT, hca::init_hca),
+    h(Opcode::TeardownHca, 16, 16, RUNNING, hca::teardown_hca),
+    h(Opcode::QueryAdapter, 16, 272, ENABLED, hca::query_adapter),
+    h(Opcode::AccessReg, 16, 16, ENABLED, hca::access_reg),
+    h(Opcode::Nop, 16, 16, ANY, hca::nop),
+    h(
+        Opcode::SetDriverVersion,
+        16,
+        16,
+        RUNNING,
+        hca::set_driver_version,
+    ),
+    h(Opcode::QueryPages, 16, 16, ENABLED, pages::query_pages),
+    h(Opcode::ManagePages, 16, 16, ENABLED, pages::manage_pages),
+    h(Opcode::AllocUar, 16, 16, RUNNING, resource::alloc_uar),
+    h(Opcode::DeallocUar, 16, 16, RUNNING, resource::dealloc_uar),
+    h(Opcode::AllocPd, 16, 16, RUNNING, resource::alloc_pd),
+    h(Opcode::DeallocPd, 16, 16, RUNNING, resource::dealloc_pd),
+    h(Opcode::CreateEq, 0x110, 16, RUNNING, eq::create_eq),
+    h(Opcode::DestroyEq, 16, 16, RUNNING, eq::destroy_eq),
+    h(
+        Opcode::QueryVportState,
+        16,
+        16,
+        RUNNING,
+        vport::query_vport_state,
+    ),
+    h(
+        Opcode::QueryNicVportContext,
+        16,
+        0x110,
+        RUNNING,
+        vport::query_nic_vport_context,
+    ),
+    h(
+        Opcode::ModifyNicVportContext,
+        0x200,
+        16,
+        RUNNING,
+        vport::modify_nic_vport_context,
+    ),
+    h(
+        Opcode::QueryHcaVportContext,
+        16,
+        0x210,
+        RUNNING,
+        vport::query_hca_vport_context,
+    ),
+    h(
+        Opcode::QueryRoceAddress,
+        16,
+        0x30,
+        RUNNING,
+        vport::query_roce_address,
+    ),
+    h(
+        Opcode::SetRoceAddress,
+        0x30,
+        16,
+        RUNNING,
+        vport::set_roce_address,
+    ),
+];
+
+/// The handler of `opcode`, if the model implements it.
+pub(crate) fn handler(opcode: Opcode) -> Option<&'static Handler> {
+    HANDLERS.iter().find(|h| h.opcode == opcode)
+}
+
+/// The syndrome for a command refused in state `life` (one per reason).
+fn state_syndrome(op: Opcode, life: Lifecycle) -> u32 {
+    use syndrome as s;
+    match (op, life) {
+        (Opcode::EnableHca, _) => s::HCA_ALREADY_ENABLED,
+        (_, Lifecycle::Disabled) => s::HCA_NOT_ENABLED,
+        (Opcode::DisableHca, Lifecycle::Initialized) => s::HCA_NOT_TORN_DOWN,
+        (_, Lifecycle::Initialized) => s::HCA_ALREADY_INITIALIZED,
+        (_, Lifecycle::Enabled) => s::HCA_NOT_INITIALIZED,
+        (_, Lifecycle::TornDown) => s::HCA_TORN_DOWN,
+    }
+}
+
+fn run(ctx: &mut Ctx<'_>, opcode: Opcode, input: &[u8], out: &mut Vec<u8>) -> CmdResult {
+    let Some(h) = handler(opcode) else {
+        return Err(err(CmdStatus::BadOpErr, syndrome::BAD_OPCODE));
+    };
+    if h.states & ctx.core.life.bit() == 0 {
+        return Err(err(
+            CmdStatus::BadSysStateErr,
+            state_syndrome(opcode, ctx.core.life),
+        ));
+    }
+    if ctx.inlen < h.min_in {
+        return Err(err(CmdStatus::BadInpLenErr, syndrome::INLEN_TOO_SHORT));
+    }
+    if ctx.outlen < h.min_out {
+        return Err(err(CmdStatus::BadOutpLenErr, syndrome::OUTLEN_TOO_SHORT));
+    }
+    out.resize(h.min_out.max(16), 0);
+    (h.run)(ctx, input, out)
+}
+
+/// Runs one command message; returns the output message (status and syndrome filled in).
+pub(crate) fn dispatch(
+    sh: &Shared,
+    core: &mut Core,
+    input: &[u8],
+    inlen: usize,
+    outlen: usize,
+) -> Vec<u8> {
+    let hdr = InHeader::new_unchecked(input);
+    let opcode = Opcode::from(hdr.opcode() as u16);
+    let mut ctx = Ctx {
+        sh,
+        core,
+        op_mod: hdr.op_mod() as u16,
+        inlen,
+        outlen,
+    };
+    let mut out = Vec::new();
+    let res = if inlen < 8 {
+        Err(err(CmdStatus::BadInpLenErr, syndrome::INLEN_TOO_SHORT))
+    } else {
+        run(&mut ctx, opcode, input, &mut out)
+    };
+    if let Err(e) = res {
+        tracing::debug!(?opcode, op_mod = ctx.op_mod, status = ?e.status, syndrome = e.syndrome, "command failed");
+        out.clear();
+        out.resize(16, 0);
+        let mut o = OutHeader::new_unchecked(&mut out[..]);
+        o.set_status(u8::from(e.status).into());
+        o.set_syndrome(e.syndrome);
+    } else {
+        // Success: status and syndrome 0 (handlers never write them).
+        out[..8].fill(0);
+    }
+    out
+}

@@ -1,0 +1,144 @@
+//! Command syndromes: one stable, distinct 32-bit value per failure reason (out bytes 4-7,
+//! prm-subset.md §3.6, §3.8). Real firmware syndromes are not public; these are the
+//! model's. The high 16 bits group the reasons (0x0001 generic checks, 0x0002 lifecycle,
+//! 0x0003 pages, 0x0004 capabilities, 0x0005 resources, 0x0006 EQ, 0x0007 vport/RoCE,
+//! 0x0008 registers); the low 16 bits number them.
+
+/// BAD_OP_ERR: the opcode is not implemented by the model.
+pub const BAD_OPCODE: u32 = 0x0001_0001;
+/// BAD_INP_LEN_ERR: `inlen` is shorter than the command's input layout (or its array).
+pub const INLEN_TOO_SHORT: u32 = 0x0001_0002;
+/// BAD_OUTP_LEN_ERR: `outlen` is shorter than the command's output layout.
+pub const OUTLEN_TOO_SHORT: u32 = 0x0001_0003;
+/// BAD_PARAM_ERR: `op_mod` is not defined for this command.
+pub const BAD_OP_MOD: u32 = 0x0001_0004;
+/// BAD_PARAM_ERR: `function_id` / `embedded_cpu_function` / `other_*` name another function.
+pub const BAD_FUNCTION: u32 = 0x0001_0005;
+
+/// BAD_SYS_STATE_ERR: the HCA is not enabled (ENABLE_HCA first).
+pub const HCA_NOT_ENABLED: u32 = 0x0002_0001;
+/// BAD_SYS_STATE_ERR: ENABLE_HCA on an enabled HCA.
+pub const HCA_ALREADY_ENABLED: u32 = 0x0002_0002;
+/// BAD_SYS_STATE_ERR: a resource command before INIT_HCA.
+pub const HCA_NOT_INITIALIZED: u32 = 0x0002_0003;
+/// BAD_SYS_STATE_ERR: a pre-init command (SET_HCA_CAP, SET_ISSI, INIT_HCA) after INIT_HCA.
+pub const HCA_ALREADY_INITIALIZED: u32 = 0x0002_0004;
+/// BAD_SYS_STATE_ERR: DISABLE_HCA without TEARDOWN_HCA.
+pub const HCA_NOT_TORN_DOWN: u32 = 0x0002_0005;
+/// BAD_SYS_STATE_ERR: a resource command after TEARDOWN_HCA.
+pub const HCA_TORN_DOWN: u32 = 0x0002_0006;
+/// BAD_PARAM_ERR: SET_ISSI with an unsupported ISSI.
+pub const BAD_ISSI: u32 = 0x0002_0007;
+/// BAD_PARAM_ERR: TEARDOWN_HCA with an unsupported profile.
+pub const BAD_TEARDOWN_PROFILE: u32 = 0x0002_0008;
+
+/// BAD_INP_LEN_ERR: MANAGE_PAGES GIVE `input_num_entries` does not fit `inlen`.
+pub const PAGES_COUNT_MISMATCH: u32 = 0x0003_0001;
+/// BAD_PARAM_ERR: a given page address is not 4 KiB aligned.
+pub const PAGE_MISALIGNED: u32 = 0x0003_0002;
+/// BAD_PARAM_ERR: a given page is not reachable through the IOMMU.
+pub const PAGE_UNREACHABLE: u32 = 0x0003_0003;
+/// BAD_PARAM_ERR: a given page is already held (or given twice).
+pub const PAGE_DUPLICATE: u32 = 0x0003_0004;
+/// NO_RES_ERR: INIT_HCA before the boot + init pages were given.
+pub const INIT_PAGES_MISSING: u32 = 0x0003_0005;
+/// BAD_OUTP_LEN_ERR: MANAGE_PAGES TAKE output cannot hold one address.
+pub const TAKE_OUTLEN: u32 = 0x0003_0006;
+
+/// BAD_PARAM_ERR: QUERY/SET_HCA_CAP for a capability type the model does not have.
+pub const BAD_CAP_TYPE: u32 = 0x0004_0001;
+/// BAD_PARAM_ERR: SET_HCA_CAP sets a field above its MAX value.
+pub const CAP_ABOVE_MAX: u32 = 0x0004_0002;
+
+/// NO_RES_ERR: no free UAR index.
+pub const NO_FREE_UAR: u32 = 0x0005_0001;
+/// BAD_RES_ERR: DEALLOC_UAR of a UAR that is not allocated.
+pub const BAD_UAR: u32 = 0x0005_0002;
+/// NO_RES_ERR: no free PD number.
+pub const NO_FREE_PD: u32 = 0x0005_0003;
+/// BAD_RES_ERR: DEALLOC_PD of a PD that is not allocated.
+pub const BAD_PD: u32 = 0x0005_0004;
+/// RES_BUSY: DEALLOC_UAR of a UAR an EQ still uses.
+pub const UAR_IN_USE: u32 = 0x0005_0005;
+
+/// NO_RES_ERR: no free EQ number.
+pub const NO_FREE_EQ: u32 = 0x0006_0001;
+/// BAD_RES_ERR: DESTROY_EQ of an EQ that does not exist.
+pub const BAD_EQ: u32 = 0x0006_0002;
+/// BAD_PARAM_ERR: `log_eq_size` above `log_max_eq_sz`.
+pub const EQ_SIZE: u32 = 0x0006_0003;
+/// BAD_RES_ERR: `uar_page` is not an allocated UAR.
+pub const EQ_BAD_UAR: u32 = 0x0006_0004;
+/// BAD_PARAM_ERR: `intr` is not an MSI-X vector of the function.
+pub const EQ_BAD_INTR: u32 = 0x0006_0005;
+/// BAD_PARAM_ERR: `log_page_size` / `page_offset` / a `pas` entry is malformed.
+pub const EQ_BAD_PAS: u32 = 0x0006_0006;
+/// BAD_PARAM_ERR: the EQ buffer is not reachable through the IOMMU.
+pub const EQ_BUF_UNREACHABLE: u32 = 0x0006_0007;
+
+/// BAD_PARAM_ERR: GID index beyond `roce_address_table_size`.
+pub const BAD_GID_INDEX: u32 = 0x0007_0001;
+/// BAD_PARAM_ERR: port number other than 0/1, or another vport.
+pub const BAD_PORT: u32 = 0x0007_0002;
+/// BAD_PARAM_ERR: SET_ROCE_ADDRESS with an unsupported RoCE version or L3 type.
+pub const BAD_ROCE_ADDRESS: u32 = 0x0007_0003;
+
+/// BAD_PARAM_ERR: ACCESS_REG of a register the model does not have.
+pub const BAD_REGISTER: u32 = 0x0008_0001;
+
+/// Every syndrome with its name (for tests and pretty-printers).
+pub const ALL: &[(&str, u32)] = &[
+    ("BAD_OPCODE", BAD_OPCODE),
+    ("INLEN_TOO_SHORT", INLEN_TOO_SHORT),
+    ("OUTLEN_TOO_SHORT", OUTLEN_TOO_SHORT),
+    ("BAD_OP_MOD", BAD_OP_MOD),
+    ("BAD_FUNCTION", BAD_FUNCTION),
+    ("HCA_NOT_ENABLED", HCA_NOT_ENABLED),
+    ("HCA_ALREADY_ENABLED", HCA_ALREADY_ENABLED),
+    ("HCA_NOT_INITIALIZED", HCA_NOT_INITIALIZED),
+    ("HCA_ALREADY_INITIALIZED", HCA_ALREADY_INITIALIZED),
+    ("HCA_NOT_TORN_DOWN", HCA_NOT_TORN_DOWN),
+    ("HCA_TORN_DOWN", HCA_TORN_DOWN),
+    ("BAD_ISSI", BAD_ISSI),
+    ("BAD_TEARDOWN_PROFILE", BAD_TEARDOWN_PROFILE),
+    ("PAGES_COUNT_MISMATCH", PAGES_COUNT_MISMATCH),
+    ("PAGE_MISALIGNED", PAGE_MISALIGNED),
+    ("PAGE_UNREACHABLE", PAGE_UNREACHABLE),
+    ("PAGE_DUPLICATE", PAGE_DUPLICATE),
+    ("INIT_PAGES_MISSING", INIT_PAGES_MISSING),
+    ("TAKE_OUTLEN", TAKE_OUTLEN),
+    ("BAD_CAP_TYPE", BAD_CAP_TYPE),
+    ("CAP_ABOVE_MAX", CAP_ABOVE_MAX),
+    ("NO_FREE_UAR", NO_FREE_UAR),
+    ("BAD_UAR", BAD_UAR),
+    ("NO_FREE_PD", NO_FREE_PD),
+    ("BAD_PD", BAD_PD),
+    ("UAR_IN_USE", UAR_IN_USE),
+    ("NO_FREE_EQ", NO_FREE_EQ),
+    ("BAD_EQ", BAD_EQ),
+    ("EQ_SIZE", EQ_SIZE),
+    ("EQ_BAD_UAR", EQ_BAD_UAR),
+    ("EQ_BAD_INTR", EQ_BAD_INTR),
+    ("EQ_BAD_PAS", EQ_BAD_PAS),
+    ("EQ_BUF_UNREACHABLE", EQ_BUF_UNREACHABLE),
+    ("BAD_GID_INDEX", BAD_GID_INDEX),
+    ("BAD_PORT", BAD_PORT),
+    ("BAD_ROCE_ADDRESS", BAD_ROCE_ADDRESS),
+    ("BAD_REGISTER", BAD_REGISTER),
+];
+
+/// The name of a syndrome, if it is one of the model's.
+pub fn name(syndrome: u32) -> Option<&'static str> {
+    ALL.iter().find(|(_, v)| *v == syndrome).map(|(n, _)| *n)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn syndromes_are_distinct() {
+        let mut v: Vec<u32> = super::ALL.iter().map(|(_, s)| *s).collect();
+        v.sort_unstable();
+        v.dedup();
+        assert_eq!(v.len(), super::ALL.len());
+    }
+}

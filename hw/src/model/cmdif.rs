@@ -1,0 +1,183 @@
+//! The command engine (prm-subset.md §3): reads entries from the command queue in host
+//! memory, gathers the input message from the entry and its mailbox chain, dispatches it,
+//! scatters the output, writes `status_own` last and posts command-completion EQEs.
+
+use crate::layout::cmd::{
+    CMD_XPORT, CmdEntry, DeliveryStatus, INLINE_BYTES, MAILBOX_ALIGN, MAILBOX_DATA, MailboxBlock,
+    OWN_HW, STATUS_OWN_OFFSET, mailbox_blocks,
+};
+use crate::layout::eqe::EventType;
+use crate::layout::init_seg::{cmdq_addr_l_sz, reg};
+
+use super::health::{LOG_CMDQ_SIZE, LOG_CMDQ_STRIDE};
+use super::state::Core;
+use super::{Counters, Shared, cmd, eq, pages};
+
+/// Entries in the queue.
+pub(crate) const SLOTS: u32 = 1 << LOG_CMDQ_SIZE;
+/// Bytes per entry.
+const STRIDE: u64 = 1 << LOG_CMDQ_STRIDE;
+/// Largest message the model accepts in either direction (MANAGE_PAGES of 64 Ki pages
+/// fits); longer `inlen`/`outlen` get IN/OUT_LENGTH_ERR.
+pub(crate) const MAX_MSG: usize = 16 + 8 * 65536;
+
+/// Base IOVA of the command queue as programmed in BAR0 (0 if not programmed).
+fn queue_base(sh: &Shared) -> u64 {
+    let h = u64::from(sh.bar.read_be32(reg::CMDQ_ADDR_H));
+    let l = u64::from(sh.bar.read_be32(reg::CMDQ_ADDR_L_SZ) & cmdq_addr_l_sz::ADDR_MASK);
+    (h << 32) | l
+}
+
+/// Scans all 32 entries and runs every hardware-owned one; posts a completion EQE per
+/// command to each EQ subscribed to event 0x0A; then balances firmware pages.
+pub(crate) fn run_queue(sh: &Shared, core: &mut Core) {
+    let base = queue_base(sh);
+    if base == 0 {
+        return;
+    }
+    for slot in 0..SLOTS {
+        let at = base + u64::from(slot) * STRIDE;
+        match sh.iommu.read_u8_acquire(at + STATUS_OWN_OFFSET as u64) {
+            Ok(own) if own & OWN_HW != 0 => {}
+            Ok(_) => continue,
+            // The queue page itself is unreachable: nothing can be completed.
+            Err(e) => {
+                tracing::warn!(%e, "command queue unreachable");
+                return;
+            }
+        }
+        let ds = execute(sh, core, at);
+        Counters::inc(&sh.stats.commands_done);
+        if ds != DeliveryStatus::Ok {
+            Counters::inc(&sh.stats.delivery_errors);
+        }
+        // Ownership back to software last; release orders every output write before it.
+        let own = u8::from(ds) << 1;
+        if sh
+            .iommu
+            .write_u8_release(at + STATUS_OWN_OFFSET as u64, own)
+            .is_err()
+        {
+            tracing::warn!(slot, "cannot complete command: queue unmapped");
+            continue;
+        }
+        let mut data = [0u8; 28];
+        data[..4].copy_from_slice(&(1u32 << slot).to_be_bytes());
+        eq::post_event(sh, core, EventType::Cmd, 0, &data);
+    }
+    pages::balance(sh, core);
+}
+
+/// Reads one block header's `(next, block_num, token)`.
+fn block_header(sh: &Shared, iova: u64) -> Result<(u64, u32, u32), DeliveryStatus> {
+    let mut hdr = [0u8; 16];
+    sh.iommu
+        .read(iova + 0x230, &mut hdr)
+        .map_err(|_| DeliveryStatus::FwErr)?;
+    let mut full = [0u8; MailboxBlock::<()>::SIZE];
+    full[0x230..0x240].copy_from_slice(&hdr);
+    let b = MailboxBlock::new_unchecked(&full[..]);
+    Ok((b.next(), b.block_num(), b.token()))
+}
+
+/// Walks a mailbox chain of `n` blocks from `first`, checking alignment, block numbers and
+/// tokens (§3.3, §3.7); returns the block IOVAs.
+fn walk_chain(
+    sh: &Shared,
+    first: u64,
+    n: usize,
+    token: u32,
+    misaligned: DeliveryStatus,
+) -> Result<Vec<u64>, DeliveryStatus> {
+    let mut blocks = Vec::with_capacity(n);
+    let mut ptr = first;
+    for i in 0..n {
+        if !ptr.is_multiple_of(MAILBOX_ALIGN as u64) {
+            return Err(misaligned);
+        }
+        let (next, num, tok) = block_header(sh, ptr)?;
+        if num != i as u32 {
+            return Err(DeliveryStatus::BadBlkNumErr);
+        }
+        if tok != token {
+            return Err(DeliveryStatus::TokErr);
+        }
+        blocks.push(ptr);
+        ptr = next;
+    }
+    Ok(blocks)
+}
+
+/// Runs the entry at `at`; returns its delivery status. The output is written unless the
+/// delivery failed.
+fn execute(sh: &Shared, core: &mut Core, at: u64) -> DeliveryStatus {
+    let mut raw = [0u8; 64];
+    if sh.iommu.read(at, &mut raw).is_err() {
+        return DeliveryStatus::FwErr;
+    }
+    let e = CmdEntry::new_unchecked(&raw[..]);
+    if e.r#type() != CMD_XPORT {
+        return DeliveryStatus::CmdDescrErr;
+    }
+    let (inlen, outlen) = (e.inlen() as usize, e.outlen() as usize);
+    if inlen > MAX_MSG {
+        return DeliveryStatus::InLengthErr;
+    }
+    if outlen > MAX_MSG {
+        return DeliveryStatus::OutLengthErr;
+    }
+    let token = e.token();
+    // Validate both chains before running anything: a delivery error has no side effects.
+    let in_blocks = match walk_chain(
+        sh,
+        e.in_ptr(),
+        mailbox_blocks(inlen),
+        token,
+        DeliveryStatus::InPtrAlignErr,
+    ) {
+        Ok(b) => b,
+        Err(ds) => return ds,
+    };
+    let out_blocks = match walk_chain(
+        sh,
+        e.out_ptr(),
+        mailbox_blocks(outlen),
+        token,
+        DeliveryStatus::OutPtrAlignErr,
+    ) {
+        Ok(b) => b,
+        Err(ds) => return ds,
+    };
+    // Gather: 16 inline bytes, then 512 data bytes per block.
+    let mut input = vec![0u8; inlen.max(INLINE_BYTES)];
+    input[..INLINE_BYTES].copy_from_slice(&e.r#in());
+    for (i, blk) in in_blocks.iter().enumerate() {
+        let start = INLINE_BYTES + i * MAILBOX_DATA;
+        let end = (start + MAILBOX_DATA).min(inlen);
+        if sh.iommu.read(*blk, &mut input[start..end]).is_err() {
+            return DeliveryStatus::FwErr;
+        }
+    }
+    input.truncate(inlen.max(INLINE_BYTES));
+    let output = cmd::dispatch(sh, core, &input, inlen, outlen);
+    // Scatter: at most `outlen` bytes; the inline part always holds status and syndrome.
+    let mut inline = [0u8; INLINE_BYTES];
+    let n = output.len().min(INLINE_BYTES);
+    inline[..n].copy_from_slice(&output[..n]);
+    if sh.iommu.write(at + 0x20, &inline).is_err() {
+        return DeliveryStatus::FwErr;
+    }
+    for (i, blk) in out_blocks.iter().enumerate() {
+        let start = INLINE_BYTES + i * MAILBOX_DATA;
+        let end = (start + MAILBOX_DATA).min(outlen);
+        let mut chunk = vec![0u8; end - start];
+        if start < output.len() {
+            let m = output.len().min(end) - start;
+            chunk[..m].copy_from_slice(&output[start..start + m]);
+        }
+        if sh.iommu.write(*blk, &chunk).is_err() {
+            return DeliveryStatus::FwErr;
+        }
+    }
+    DeliveryStatus::Ok
+}

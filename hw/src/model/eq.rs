@@ -1,0 +1,182 @@
+//! Event queues (prm-subset.md §6.4, §7.1, §9.8): EQE posting with the owner rule, consumer
+//! index and arming through the UAR doorbells, overrun, and MSI-X signalling.
+//!
+//! Doorbells: the driver writes `eqn << 24 | ci` (BE32) at UAR offset 0x40 (update and arm)
+//! or 0x48 (update only). The model takes each word with a swap to [`DB_EMPTY`], so every
+//! write is seen once; two writes to the same word between two polls coalesce to the last
+//! one, as a posted-write buffer would merge them. An EQ whose consumer index falls a full
+//! ring behind its producer index overruns: EQEs are dropped and counted until software
+//! catches up.
+
+use crate::layout::eqe::{EQE_SIZE, EventType, eqe_owner_for};
+use crate::layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM, UAR_SIZE};
+
+use super::state::Core;
+use super::{Counters, Shared};
+
+/// What a doorbell word holds when nothing was written since the last poll.
+pub(crate) const DB_EMPTY: u32 = u32::MAX;
+
+/// One event queue.
+#[derive(Debug)]
+pub(crate) struct Eq {
+    pub(crate) eqn: u32,
+    pub(crate) log_size: u32,
+    pub(crate) uar: u32,
+    pub(crate) intr: u32,
+    /// `event_bitmask` words 0-3 (bit t of word t/64 = event type t).
+    pub(crate) mask: [u64; 4],
+    /// Buffer pages (IOVAs), each `page_size` bytes.
+    pub(crate) pas: Vec<u64>,
+    pub(crate) page_size: u64,
+    /// Byte offset of entry 0 in the first page.
+    pub(crate) offset: u64,
+    /// Producer index (EQEs written).
+    pub(crate) pi: u32,
+    /// Consumer index as last reported by a doorbell.
+    pub(crate) ci: u32,
+    pub(crate) armed: bool,
+    pub(crate) overrun: bool,
+}
+
+impl Eq {
+    /// Whether the EQ subscribed event type `t`.
+    pub(crate) fn wants(&self, t: u8) -> bool {
+        self.mask[usize::from(t / 64)] >> (t % 64) & 1 == 1
+    }
+
+    /// IOVA of entry `idx`.
+    fn entry_iova(&self, idx: u32) -> u64 {
+        let at = self.offset + u64::from(idx) * EQE_SIZE as u64;
+        self.pas[(at / self.page_size) as usize] + at % self.page_size
+    }
+
+    fn size(&self) -> u32 {
+        1 << self.log_size
+    }
+}
+
+/// Posts an event of type `t` to every EQ that subscribed it.
+pub(crate) fn post_event(
+    sh: &Shared,
+    core: &mut Core,
+    t: EventType,
+    sub_type: u8,
+    data: &[u8; 28],
+) {
+    let code = u8::from(t);
+    let eqns: Vec<u32> = core
+        .eqs
+        .values()
+        .filter(|e| e.wants(code))
+        .map(|e| e.eqn)
+        .collect();
+    for eqn in eqns {
+        post_to(sh, core, eqn, code, sub_type, data);
+    }
+}
+
+/// Writes one EQE to EQ `eqn` (completion events name their EQ; no mask check). Returns
+/// false when the EQE was dropped (no such EQ, overrun, or its buffer is unreachable).
+pub(crate) fn post_to(
+    sh: &Shared,
+    core: &mut Core,
+    eqn: u32,
+    t: u8,
+    sub_type: u8,
+    data: &[u8; 28],
+) -> bool {
+    let Some(eq) = core.eqs.get_mut(&eqn) else {
+        return false;
+    };
+    if eq.pi.wrapping_sub(eq.ci) >= eq.size() {
+        if !eq.overrun {
+            tracing::warn!(
+                eqn,
+                pi = eq.pi,
+                ci = eq.ci,
+                "EQ overrun: events dropped until software catches up"
+            );
+        }
+        eq.overrun = true;
+        Counters::inc(&sh.stats.eq_overruns);
+        return false;
+    }
+    eq.overrun = false;
+    let mut eqe = [0u8; EQE_SIZE];
+    eqe[0x01] = t;
+    eqe[0x03] = sub_type;
+    eqe[0x20..0x3c].copy_from_slice(data);
+    let at = eq.entry_iova(eq.pi & (eq.size() - 1));
+    let owner = eqe_owner_for(eq.pi, eq.log_size);
+    // Body first, then the owner byte with release: software that sees the owner flip
+    // sees the whole entry.
+    if sh.iommu.write(at, &eqe[..EQE_SIZE - 1]).is_err()
+        || sh.iommu.write_u8_release(at + 0x3f, owner).is_err()
+    {
+        tracing::warn!(eqn, "EQ buffer unreachable, event dropped");
+        return false;
+    }
+    eq.pi = eq.pi.wrapping_add(1);
+    Counters::inc(&sh.stats.eqes_posted);
+    if eq.armed {
+        eq.armed = false;
+        signal(sh, eq.intr);
+    }
+    true
+}
+
+/// Signals MSI-X `vector` if software routed it to an eventfd.
+fn signal(sh: &Shared, vector: u32) {
+    let irqs = sh.irqs.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(Some(fd)) = irqs.get(vector as usize) {
+        // A full eventfd counter only means the interrupt is already pending.
+        let _ = fd.write(1);
+        Counters::inc(&sh.stats.irqs_signalled);
+    }
+}
+
+/// Takes the EQ doorbells of every UAR that has an EQ; true if any was written.
+pub(crate) fn poll_doorbells(sh: &Shared, core: &mut Core) -> bool {
+    let mut uars: Vec<u32> = core.eqs.values().map(|e| e.uar).collect();
+    uars.dedup();
+    let mut any = false;
+    for uar in uars {
+        let base = uar as usize * UAR_SIZE;
+        for (off, arm) in [(EQ_DOORBELL_NOARM, false), (EQ_DOORBELL_ARM, true)] {
+            let w = sh.bar.swap_be32(base + off, DB_EMPTY);
+            if w == DB_EMPTY {
+                continue;
+            }
+            any = true;
+            let (eqn, ci) = (w >> 24, w & 0xFF_FFFF);
+            let Some(eq) = core.eqs.get_mut(&eqn) else {
+                continue;
+            };
+            if eq.uar != uar {
+                continue; // a doorbell on another EQ's UAR page is ignored
+            }
+            // The index is 24 bits on the wire; keep the full counter's high bits.
+            eq.ci = (eq.pi & !0xFF_FFFF) | ci;
+            if eq.ci.wrapping_sub(eq.pi) < 1 << 23 && eq.ci != eq.pi {
+                eq.ci = eq.ci.wrapping_sub(1 << 24);
+            }
+            if arm {
+                eq.armed = true;
+                // Arming with unconsumed EQEs interrupts at once.
+                if eq.ci != eq.pi {
+                    eq.armed = false;
+                    signal(sh, eq.intr);
+                }
+            }
+        }
+    }
+    any
+}
+
+/// Marks the doorbell words of UAR `uar` empty (at ALLOC_UAR).
+pub(crate) fn clear_doorbells(sh: &Shared, uar: u32) {
+    let base = uar as usize * UAR_SIZE;
+    sh.bar.write_be32(base + EQ_DOORBELL_ARM, DB_EMPTY);
+    sh.bar.write_be32(base + EQ_DOORBELL_NOARM, DB_EMPTY);
+}

@@ -1,0 +1,352 @@
+//! The model IOMMU: the device reaches host memory only through IOVAs the driver mapped.
+//!
+//! The table maps IOVA ranges (chosen by the driver, never assumed to be identity) to host
+//! regions. Every device access — read, write, ownership byte, 8-byte atomic — translates
+//! its whole range first and touches nothing if any byte is unmapped: the access fails, is
+//! counted (`Stats::iommu_faults`), and the caller turns it into the hardware's error
+//! (delivery status, error CQE, EQ write failure). The table sits in an `RwLock`: device
+//! accesses hold the read side for their duration, so `unmap` (write side) returns only
+//! after in-flight accesses to the range are done. DMA is refused while the config-space
+//! bus-master bit is off.
+
+use std::collections::BTreeMap;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::ModelError;
+use super::mem::HostRegion;
+
+/// First usable IOVA (page 0 is kept unmapped so that a null IOVA always faults).
+pub const IOVA_START: u64 = 0x1000;
+/// Last usable IOVA (a 48-bit address space, like common IOMMU page tables).
+pub const IOVA_END: u64 = (1 << 48) - 1;
+/// IOMMU page size: mappings are aligned to it.
+pub const IOMMU_PAGE: u64 = 4096;
+
+/// A DMA access the device could not make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DmaError {
+    /// Some byte of `[iova, iova + len)` is not mapped.
+    #[error("IOMMU fault: {len:#x} bytes at IOVA {iova:#x} not mapped")]
+    Fault {
+        /// Start of the access.
+        iova: u64,
+        /// Length of the access.
+        len: usize,
+    },
+    /// Bus mastering is off in config space.
+    #[error("DMA refused: bus master disabled")]
+    BusMasterOff,
+    /// An 8-byte atomic at an unaligned IOVA.
+    #[error("misaligned 8-byte atomic at IOVA {0:#x}")]
+    Misaligned(u64),
+}
+
+/// One mapping of the table.
+pub(crate) struct HostMapping {
+    region: HostRegion,
+    len: u64,
+}
+
+impl HostMapping {
+    pub(crate) fn new(region: HostRegion) -> HostMapping {
+        let len = region_len(&region);
+        HostMapping { region, len }
+    }
+}
+
+fn region_len(r: &HostRegion) -> u64 {
+    r.len() as u64
+}
+
+/// Byte order of an 8-byte atomic's operand in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteOrder {
+    /// Big-endian (network order; IB atomics).
+    Big,
+    /// The host's native order.
+    Native,
+}
+
+/// An 8-byte atomic operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Compare and swap: store `swap` if the value equals `compare`.
+    CmpSwap {
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+    /// Fetch and add (wrapping).
+    FetchAdd(u64),
+}
+
+/// The IOMMU table, its bus-master gate and its fault counter.
+pub(crate) struct Iommu {
+    table: RwLock<BTreeMap<u64, HostMapping>>,
+    bus_master: AtomicBool,
+    faults: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl Iommu {
+    pub(crate) fn new() -> Iommu {
+        Iommu {
+            table: RwLock::new(BTreeMap::new()),
+            bus_master: AtomicBool::new(false),
+            faults: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// Sets the bus-master gate (config-space command register bit 2).
+    pub(crate) fn set_bus_master(&self, on: bool) {
+        self.bus_master.store(on, Ordering::Release);
+    }
+
+    /// Faults counted so far.
+    pub(crate) fn faults(&self) -> u64 {
+        self.faults.load(Ordering::Relaxed)
+    }
+
+    /// Accesses refused because bus mastering was off.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Bytes currently mapped.
+    pub(crate) fn mapped_bytes(&self) -> u64 {
+        self.table
+            .read()
+            .expect("iommu lock")
+            .values()
+            .map(|m| m.len)
+            .sum()
+    }
+
+    /// The mapped ranges, `[start, end]` inclusive, in IOVA order.
+    pub(crate) fn mappings(&self) -> Vec<(u64, u64)> {
+        let t = self.table.read().expect("iommu lock");
+        t.iter().map(|(s, m)| (*s, s + m.len - 1)).collect()
+    }
+
+    pub(crate) fn map(&self, iova: u64, m: HostMapping) -> Result<(), ModelError> {
+        let len = m.len;
+        let err = |reason| ModelError::DmaMap {
+            iova,
+            len: len as usize,
+            reason,
+        };
+        if len == 0 || !len.is_multiple_of(IOMMU_PAGE) || !iova.is_multiple_of(IOMMU_PAGE) {
+            return Err(err("IOVA and length must be non-zero multiples of 4 KiB"));
+        }
+        if !m.region.addr().is_multiple_of(IOMMU_PAGE as usize) {
+            return Err(err("host address must be 4 KiB aligned"));
+        }
+        let end = iova
+            .checked_add(len - 1)
+            .ok_or_else(|| err("range wraps"))?;
+        if iova < IOVA_START || end > IOVA_END {
+            return Err(err("outside the usable IOVA range"));
+        }
+        let mut t = self.table.write().expect("iommu lock");
+        if let Some((s, prev)) = t.range(..=end).next_back()
+            && s + prev.len > iova
+        {
+            return Err(err("overlaps an existing mapping"));
+        }
+        t.insert(iova, m);
+        Ok(())
+    }
+
+    /// Removes every mapping inside `[iova, iova + len)`; the range must cover whole
+    /// mappings and at least one. Waits for in-flight device accesses (write lock).
+    pub(crate) fn unmap(&self, iova: u64, len: usize) -> Result<(), ModelError> {
+        let not_mapped = ModelError::NotMapped { iova, len };
+        let end = iova
+            .checked_add(len as u64)
+            .ok_or(ModelError::NotMapped { iova, len })?;
+        let mut t = self.table.write().expect("iommu lock");
+        let keys: Vec<u64> = t
+            .range(..end)
+            .filter(|(s, m)| **s + m.len > iova)
+            .map(|(s, _)| *s)
+            .collect();
+        if keys.is_empty() {
+            return Err(not_mapped);
+        }
+        for s in &keys {
+            let m = &t[s];
+            if *s < iova || s + m.len > end {
+                return Err(ModelError::DmaMap {
+                    iova,
+                    len,
+                    reason: "unmap must cover whole mappings",
+                });
+            }
+        }
+        for s in keys {
+            t.remove(&s);
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on each host chunk of `[iova, iova + len)` with the read lock held, after
+    /// translating the whole range (so a fault touches nothing).
+    fn with_chunks<R>(
+        &self,
+        iova: u64,
+        len: usize,
+        f: impl FnOnce(&mut dyn Iterator<Item = (&HostRegion, usize, usize)>) -> R,
+    ) -> Result<R, DmaError> {
+        if !self.bus_master.load(Ordering::Acquire) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(DmaError::BusMasterOff);
+        }
+        let t = self.table.read().expect("iommu lock");
+        let fault = || {
+            self.faults.fetch_add(1, Ordering::Relaxed);
+            DmaError::Fault { iova, len }
+        };
+        // Translate: (mapping, offset in mapping, length) per chunk.
+        let mut chunks: smallvec_lite::Chunks<'_> = smallvec_lite::Chunks::new();
+        let mut cur = iova;
+        let end = iova.checked_add(len as u64).ok_or_else(fault)?;
+        while cur < end {
+            let Some((s, m)) = t.range(..=cur).next_back() else {
+                return Err(fault());
+            };
+            if cur >= s + m.len {
+                return Err(fault());
+            }
+            let n = (end.min(s + m.len) - cur) as usize;
+            chunks.push((&m.region, (cur - s) as usize, n));
+            cur += n as u64;
+        }
+        if len == 0 {
+            // A zero-length access still needs a mapped address.
+            match t.range(..=iova).next_back() {
+                Some((s, m)) if iova < s + m.len => {}
+                _ => return Err(fault()),
+            }
+        }
+        Ok(f(&mut chunks.iter()))
+    }
+
+    /// Device read of `dst.len()` bytes at `iova`.
+    pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaError> {
+        self.with_chunks(iova, dst.len(), |it| {
+            let mut pos = 0;
+            for (r, off, n) in it {
+                r.read(off, &mut dst[pos..pos + n]);
+                pos += n;
+            }
+        })
+    }
+
+    /// Device write of `src` at `iova`.
+    pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaError> {
+        self.with_chunks(iova, src.len(), |it| {
+            let mut pos = 0;
+            for (r, off, n) in it {
+                r.write(off, &src[pos..pos + n]);
+                pos += n;
+            }
+        })
+    }
+
+    /// Device write of one byte with release ordering (ownership bits written last).
+    pub(crate) fn write_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaError> {
+        self.with_chunks(iova, 1, |it| {
+            for (r, off, _) in it {
+                r.store_u8_release(off, v);
+            }
+        })
+    }
+
+    /// Device read of one byte with acquire ordering.
+    pub(crate) fn read_u8_acquire(&self, iova: u64) -> Result<u8, DmaError> {
+        self.with_chunks(iova, 1, |it| {
+            it.next()
+                .map(|(r, off, _)| r.load_u8_acquire(off))
+                .unwrap_or(0)
+        })
+    }
+
+    /// 8-byte atomic at `iova` (8-byte aligned); returns the value before the operation.
+    #[allow(dead_code, reason = "used by the data path and atomics")]
+    pub(crate) fn atomic64(
+        &self,
+        iova: u64,
+        op: AtomicOp,
+        order: ByteOrder,
+    ) -> Result<u64, DmaError> {
+        if !iova.is_multiple_of(8) {
+            self.faults.fetch_add(1, Ordering::Relaxed);
+            return Err(DmaError::Misaligned(iova));
+        }
+        let conv = |v: u64| match order {
+            ByteOrder::Big => v.to_be(),
+            ByteOrder::Native => v,
+        };
+        self.with_chunks(iova, 8, |it| {
+            let (r, off, _) = it.next().expect("one chunk for an aligned 8-byte access");
+            let a = r.atomic_u64(off);
+            match op {
+                AtomicOp::CmpSwap { compare, swap } => {
+                    match a.compare_exchange(
+                        conv(compare),
+                        conv(swap),
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(old) | Err(old) => conv(old),
+                    }
+                }
+                AtomicOp::FetchAdd(add) => {
+                    let mut old = a.load(Ordering::Acquire);
+                    loop {
+                        let new = conv(conv(old).wrapping_add(add));
+                        match a.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire)
+                        {
+                            Ok(_) => break conv(old),
+                            Err(o) => old = o,
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// A tiny inline-first chunk list (most accesses touch one mapping; no allocation then).
+mod smallvec_lite {
+    use super::HostRegion;
+
+    pub(super) type Chunk<'a> = (&'a HostRegion, usize, usize);
+
+    pub(super) struct Chunks<'a> {
+        first: Option<Chunk<'a>>,
+        rest: Vec<Chunk<'a>>,
+    }
+
+    impl<'a> Chunks<'a> {
+        pub(super) fn new() -> Self {
+            Chunks {
+                first: None,
+                rest: Vec::new(),
+            }
+        }
+        pub(super) fn push(&mut self, c: Chunk<'a>) {
+            if self.first.is_none() {
+                self.first = Some(c);
+            } else {
+                self.rest.push(c);
+            }
+        }
+        pub(super) fn iter(&self) -> impl Iterator<Item = Chunk<'a>> + '_ {
+            self.first.iter().copied().chain(self.rest.iter().copied())
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! The device's state: the lifecycle state machine and the resource tables.
+//!
+//! One `Core` lives behind a mutex in `Shared`; the device thread holds it while it runs a
+//! batch of commands or doorbells, and `Hca::reset` replaces it with a fresh one. Adding a
+//! resource kind (CQ, QP, MKey, MEMIC) means adding a table here and handlers in `cmd/`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::ModelConfig;
+use super::caps::CapSet;
+use super::eq::Eq;
+use super::pages::Pages;
+use super::vport::Vport;
+
+/// HCA lifecycle (prm-subset.md §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lifecycle {
+    /// Power-on / after DISABLE_HCA or FLR: only ENABLE_HCA (and NOP) are accepted.
+    Disabled,
+    /// After ENABLE_HCA: ISSI, pages, capabilities, INIT_HCA.
+    Enabled,
+    /// After INIT_HCA: resources.
+    Initialized,
+    /// After TEARDOWN_HCA: page reclaim and DISABLE_HCA.
+    TornDown,
+}
+
+impl Lifecycle {
+    /// Bit of this state in a `StateMask`.
+    pub(crate) const fn bit(self) -> u8 {
+        match self {
+            Lifecycle::Disabled => 1,
+            Lifecycle::Enabled => 2,
+            Lifecycle::Initialized => 4,
+            Lifecycle::TornDown => 8,
+        }
+    }
+}
+
+/// Allocator of small resource numbers: the lowest free number in `[min, end)`.
+#[derive(Debug)]
+pub(crate) struct IdAlloc {
+    min: u32,
+    end: u32,
+    used: BTreeSet<u32>,
+}
+
+impl IdAlloc {
+    pub(crate) fn new(min: u32, end: u32) -> IdAlloc {
+        IdAlloc {
+            min,
+            end,
+            used: BTreeSet::new(),
+        }
+    }
+
+    /// Takes the lowest free number, or `None` when all are used.
+    pub(crate) fn alloc(&mut self) -> Option<u32> {
+        let mut want = self.min;
+        for &u in self.used.range(self.min..) {
+            if u != want {
+                break;
+            }
+            want += 1;
+        }
+        (want < self.end).then(|| {
+            self.used.insert(want);
+            want
+        })
+    }
+
+    /// Frees `id`; false if it was not allocated.
+    pub(crate) fn free(&mut self, id: u32) -> bool {
+        self.used.remove(&id)
+    }
+
+    /// Whether `id` is allocated.
+    pub(crate) fn contains(&self, id: u32) -> bool {
+        self.used.contains(&id)
+    }
+
+    /// Number allocated.
+    pub(crate) fn len(&self) -> usize {
+        self.used.len()
+    }
+
+    /// The allocated numbers.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.used.iter().copied()
+    }
+}
+
+/// Everything a function-level reset forgets.
+pub(crate) struct Core {
+    pub(crate) life: Lifecycle,
+    /// Current ISSI (SET_ISSI).
+    pub(crate) issi: u16,
+    /// CUR capability pages.
+    pub(crate) caps: CapSet,
+    /// Firmware pages.
+    pub(crate) pages: Pages,
+    /// UAR indexes (BAR0 page numbers).
+    pub(crate) uars: IdAlloc,
+    /// Protection domains.
+    pub(crate) pds: IdAlloc,
+    /// Event queues by EQ number.
+    pub(crate) eqs: BTreeMap<u32, Eq>,
+    /// Vport state: RoCE enable, MTU, GID table.
+    pub(crate) vport: Vport,
+    /// HOST_ENDIANNESS register (`he` byte) as last written.
+    pub(crate) host_endianness: u8,
+    /// SET_DRIVER_VERSION string.
+    pub(crate) driver_version: Vec<u8>,
+}
+
+impl Core {
+    pub(crate) fn new(cfg: &ModelConfig) -> Core {
+        Core {
+            life: Lifecycle::Disabled,
+            issi: 0,
+            caps: CapSet::new(cfg),
+            pages: Pages::new(cfg),
+            uars: IdAlloc::new(
+                crate::layout::uar::FIRST_UAR_INDEX,
+                super::bar_layout::UAR_INDEX_END,
+            ),
+            pds: IdAlloc::new(1, 1 << super::caps::LOG_MAX_PD),
+            eqs: BTreeMap::new(),
+            vport: Vport::new(cfg),
+            host_endianness: 0,
+            driver_version: Vec::new(),
+        }
+    }
+
+    /// Objects that consume an ICM page each (prm-subset.md §10; budget in `pages.rs`).
+    pub(crate) fn icm_objects(&self) -> u32 {
+        (self.uars.len() + self.pds.len() + self.eqs.len()) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_alloc_reuses_the_lowest_free() {
+        let mut a = IdAlloc::new(3, 6);
+        assert_eq!(
+            (a.alloc(), a.alloc(), a.alloc(), a.alloc()),
+            (Some(3), Some(4), Some(5), None)
+        );
+        assert!(a.free(4));
+        assert!(!a.free(4));
+        assert_eq!(a.alloc(), Some(4));
+        assert_eq!(a.len(), 3);
+    }
+}

@@ -1,0 +1,111 @@
+//! The port's vport state (prm-subset.md §6.9): MAC, MTU, RoCE enable and the RoCE GID table.
+//!
+//! At power-on the GID table has two RoCEv2 entries, as Linux fills it from the netdev's
+//! addresses: index 0 is the IPv6 link-local address made from the MAC (modified EUI-64,
+//! RFC 4291 appendix A) and index 1 is the IPv4-mapped address `10.0.<mac[4]>.<mac[5]>`.
+
+use super::ModelConfig;
+use super::caps::GID_TABLE_SIZE;
+
+/// `roce_version` value of a RoCEv2 GID entry (`MLX5_ROCE_VERSION_2`).
+pub(crate) const ROCE_VERSION_2: u32 = 2;
+/// `roce_l3_type` of an IPv4 GID (`MLX5_ROCE_L3_TYPE_IPV4`).
+pub(crate) const L3_IPV4: u32 = 0;
+/// `roce_l3_type` of an IPv6 GID (`MLX5_ROCE_L3_TYPE_IPV6`).
+pub(crate) const L3_IPV6: u32 = 1;
+/// Hardware MTU of the port: a 1500-byte netdev MTU plus Ethernet header, VLAN tag and FCS
+/// (22 bytes), as `nic_vport_context.mtu` reports it.
+pub(crate) const HW_MTU: u32 = 1500 + 22;
+
+/// One GID table entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GidEntry {
+    pub(crate) gid: [u8; 16],
+    pub(crate) mac: [u8; 6],
+    pub(crate) roce_version: u32,
+    pub(crate) l3_type: u32,
+    pub(crate) vlan: Option<u16>,
+}
+
+/// Vport state.
+#[derive(Debug)]
+pub(crate) struct Vport {
+    pub(crate) mac: [u8; 6],
+    pub(crate) mtu: u32,
+    pub(crate) roce_en: bool,
+    pub(crate) gids: Vec<Option<GidEntry>>,
+}
+
+impl Vport {
+    pub(crate) fn new(cfg: &ModelConfig) -> Vport {
+        let mut gids = vec![None; GID_TABLE_SIZE as usize];
+        let m = cfg.mac;
+        let entry = |gid, l3_type| {
+            Some(GidEntry {
+                gid,
+                mac: m,
+                roce_version: ROCE_VERSION_2,
+                l3_type,
+                vlan: None,
+            })
+        };
+        gids[0] = entry(link_local(m), L3_IPV6);
+        gids[1] = entry(ipv4_mapped([10, 0, m[4], m[5]]), L3_IPV4);
+        Vport {
+            mac: m,
+            mtu: HW_MTU,
+            roce_en: false,
+            gids,
+        }
+    }
+
+    /// The port GUID: the MAC as a modified EUI-64.
+    pub(crate) fn guid(&self) -> u64 {
+        u64::from_be_bytes(eui64(self.mac))
+    }
+}
+
+/// Modified EUI-64 of a MAC (RFC 4291 appendix A): `ff:fe` in the middle, U/L bit flipped.
+fn eui64(m: [u8; 6]) -> [u8; 8] {
+    [m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]
+}
+
+/// `fe80::/64` with the MAC's EUI-64 interface identifier.
+pub(crate) fn link_local(m: [u8; 6]) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[0] = 0xfe;
+    g[1] = 0x80;
+    g[8..].copy_from_slice(&eui64(m));
+    g
+}
+
+/// `::ffff:a.b.c.d`, the GID of an IPv4 address.
+pub(crate) fn ipv4_mapped(ip: [u8; 4]) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&ip);
+    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_gids_follow_the_mac() {
+        let v = Vport::new(&ModelConfig {
+            mac: [0x02, 0, 0, 0, 0x12, 0x34],
+            ..Default::default()
+        });
+        let g0 = v.gids[0].unwrap();
+        assert_eq!(
+            g0.gid,
+            [
+                0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x00, 0, 0, 0xff, 0xfe, 0, 0x12, 0x34
+            ]
+        );
+        assert_eq!(v.gids[1].unwrap().gid[12..], [10, 0, 0x12, 0x34]);
+        assert_eq!(v.guid(), 0x0000_00ff_fe00_1234);
+    }
+}
