@@ -23,8 +23,10 @@ pub struct PortSummary {
     pub state: PortState,
     /// Link layer ("Ethernet" for RoCE, "InfiniBand").
     pub link_layer: &'static str,
-    /// MTU in bytes (NIC vport context).
+    /// Hardware MTU in bytes (NIC vport context: netdev MTU + 22 bytes of L2 framing).
     pub mtu: u32,
+    /// Active IB MTU in bytes (256..4096): the largest that fits the Ethernet MTU.
+    pub active_mtu: u32,
     /// Permanent MAC address.
     pub mac: [u8; 6],
     /// GID table entry 0.
@@ -122,6 +124,7 @@ impl Device {
                     "InfiniBand"
                 },
                 mtu: vport.mtu,
+                active_mtu: roce_mtu(vport.mtu),
                 mac: vport.mac,
                 gid0: gid0.gid,
                 gid0_roce_version: gid0.roce_version,
@@ -166,4 +169,38 @@ pub fn format_mac(mac: &[u8; 6]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
         .join(":")
+}
+
+/// L2 framing the hardware MTU counts beyond the netdev MTU: Ethernet header (14), one
+/// VLAN tag (4) and the FCS (4), as Linux `MLX5E_HW2SW_MTU` subtracts it.
+pub const HW_MTU_OVERHEAD: u32 = 22;
+
+/// The RoCE path MTU for a port with hardware MTU `hw_mtu`: the largest IB MTU (256, 512,
+/// 1024, 2048, 4096) not above the netdev MTU, as Linux `ib_mtu_int_to_enum` picks it
+/// (RoCE headers fit in the difference).
+pub fn roce_mtu(hw_mtu: u32) -> u32 {
+    let eth = hw_mtu.saturating_sub(HW_MTU_OVERHEAD);
+    [4096, 2048, 1024, 512]
+        .into_iter()
+        .find(|&m| eth >= m)
+        .unwrap_or(256)
+}
+
+/// The `ibv_mtu` enum value of an MTU in bytes (256 = 1 ... 4096 = 5).
+pub fn ib_mtu_enum(bytes: u32) -> u32 {
+    bytes.max(256).trailing_zeros() - 7
+}
+
+#[cfg(test)]
+mod mtu_tests {
+    use super::*;
+
+    #[test]
+    fn a_1500_byte_ethernet_mtu_gives_1024() {
+        assert_eq!(roce_mtu(1500 + 22), 1024);
+        assert_eq!(roce_mtu(9000 + 22), 4096);
+        assert_eq!(roce_mtu(0), 256);
+        assert_eq!(ib_mtu_enum(1024), 3);
+        assert_eq!(ib_mtu_enum(4096), 5);
+    }
 }

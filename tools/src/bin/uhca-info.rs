@@ -70,7 +70,12 @@ fn print_text(s: &DeviceSummary, verbose: bool) {
             PortState::Down => ("PORT_DOWN", 1),
         };
         println!("\t\t\tstate:\t\t\t{name} ({code})");
-        println!("\t\t\tactive_mtu:\t\t{}", p.mtu);
+        println!("\t\t\tmax_mtu:\t\t4096 (5)");
+        println!(
+            "\t\t\tactive_mtu:\t\t{} ({})",
+            p.active_mtu,
+            uhca::info::ib_mtu_enum(p.active_mtu)
+        );
         println!("\t\t\tlink_layer:\t\t{}", p.link_layer);
         println!("\t\t\tmac:\t\t\t{}", format_mac(&p.mac));
         println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_table_size);
@@ -104,7 +109,8 @@ fn to_json(s: &DeviceSummary) -> serde_json::Value {
         "ports": s.ports.iter().map(|p| serde_json::json!({
             "port": p.port,
             "state": match p.state { PortState::Active => "PORT_ACTIVE", PortState::Down => "PORT_DOWN" },
-            "active_mtu": p.mtu,
+            "active_mtu": p.active_mtu,
+            "eth_mtu": p.mtu.saturating_sub(uhca::info::HW_MTU_OVERHEAD),
             "link_layer": p.link_layer,
             "mac": format_mac(&p.mac),
             "gid_tbl_len": p.gid_table_size,
