@@ -1,14 +1,15 @@
 //! The iommufd + VFIO device cdev front end (vfio-kernel.md §1.3, §7.B).
 
 use std::fs::OpenOptions;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use crate::pci::IovaRange;
 
 use super::uapi::{
-    self, IommuDestroy, IommuIoasAlloc, IommuIoasIovaRanges, IommuIoasMap, IommuIoasUnmap,
-    IommuIovaRange, VfioDeviceAttachIommufdPt, VfioDeviceBindIommufd, VfioDeviceDetachIommufdPt,
+    self, IommuDestroy, IommuIoasAlloc, IommuIoasIovaRanges, IommuIoasMap, IommuIoasMapFile,
+    IommuIoasUnmap, IommuIovaRange, VfioDeviceAttachIommufdPt, VfioDeviceBindIommufd,
+    VfioDeviceDetachIommufdPt,
 };
 use super::{VfioError, iova, sys};
 
@@ -156,6 +157,36 @@ impl Iommufd {
         // SAFETY: `m` is complete; the caller keeps the memory alive while mapped.
         unsafe { sys::ioctl_ptr(self.ifd()?, uapi::IOMMU_IOAS_MAP, &mut m) }
             .map_err(VfioError::ioctl("IOMMU_IOAS_MAP"))?;
+        Ok(())
+    }
+
+    /// `IOMMU_IOAS_MAP_FILE` at a fixed IOVA, readable and writable: `len` bytes of the memfd
+    /// or VFIO dma-buf `fd` from file offset `start` (vfio-kernel.md §1.3). The kernel holds
+    /// its own reference to the file's pages, so no host mapping has to stay alive. Kernels
+    /// before 6.13 answer `ENOTTY`; a dma-buf on a kernel before 6.19, or one that is not a
+    /// single-range VFIO dma-buf, `EOPNOTSUPP`/`EINVAL`; a revoked dma-buf `ENODEV`.
+    pub fn map_file(
+        &self,
+        fd: BorrowedFd<'_>,
+        start: u64,
+        len: u64,
+        iova: u64,
+    ) -> Result<(), VfioError> {
+        let mut m = IommuIoasMapFile {
+            size: size_of::<IommuIoasMapFile>() as u32,
+            flags: uapi::IOMMU_IOAS_MAP_FIXED_IOVA
+                | uapi::IOMMU_IOAS_MAP_READABLE
+                | uapi::IOMMU_IOAS_MAP_WRITEABLE,
+            ioas_id: self.ioas,
+            fd: fd.as_raw_fd(),
+            start,
+            length: len,
+            iova,
+        };
+        // SAFETY: `m` is a complete map_file struct; the kernel takes its own reference on
+        // the file, so nothing of ours has to outlive the call.
+        unsafe { sys::ioctl_ptr(self.ifd()?, uapi::IOMMU_IOAS_MAP_FILE, &mut m) }
+            .map_err(VfioError::ioctl("IOMMU_IOAS_MAP_FILE"))?;
         Ok(())
     }
 

@@ -32,9 +32,13 @@ pub mod iova;
 pub mod noiommu;
 mod sys;
 pub mod uapi;
+#[cfg(test)]
+mod uapi_check;
 
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use vmm_sys_util::eventfd::EventFd;
@@ -252,6 +256,8 @@ pub struct VfioFunction {
     dma_limit: Option<u32>,
     maps: Mutex<iova::MapTable>,
     quiesced: Mutex<bool>,
+    /// Whether `IOMMU_IOAS_MAP_FILE` is worth trying (cleared when the kernel lacks it).
+    map_file_ok: AtomicBool,
 }
 
 impl std::fmt::Debug for VfioFunction {
@@ -395,6 +401,7 @@ impl VfioFunction {
             dma_limit: limit,
             maps: Mutex::default(),
             quiesced: Mutex::new(false),
+            map_file_ok: AtomicBool::new(true),
         })
     }
 
@@ -411,6 +418,7 @@ impl VfioFunction {
             domain: Domain::Iommufd(i),
             maps: Mutex::default(),
             quiesced: Mutex::new(false),
+            map_file_ok: AtomicBool::new(true),
         })
     }
 
@@ -492,6 +500,65 @@ impl VfioFunction {
         if errs.is_empty() { Ok(()) } else { Err(errs) }
     }
 
+    /// iommufd: maps a file-backed [`DmaMapping`] with `IOMMU_IOAS_MAP_FILE` (§7.B step 6).
+    /// Returns `false` when the mapping has no file or the kernel has no `MAP_FILE` (before
+    /// 6.13: `ENOTTY`; a file type it does not take: `EOPNOTSUPP`/`EINVAL`), so the caller
+    /// maps by address instead.
+    fn map_by_file(&self, i: &iommufd::Iommufd, m: &DmaMapping) -> Result<bool, VfioError> {
+        let Some(b) = m
+            .backing
+            .filter(|_| self.map_file_ok.load(Ordering::Relaxed))
+        else {
+            return Ok(false);
+        };
+        // SAFETY: the caller of dma_map keeps the backing file open for the call (it backs
+        // the memory being mapped); the kernel takes its own reference.
+        let fd = unsafe { BorrowedFd::borrow_raw(b.fd) };
+        match i.map_file(fd, b.offset, m.len as u64, m.iova.0) {
+            Ok(()) => Ok(true),
+            Err(VfioError::Ioctl { source, .. })
+                if matches!(
+                    source.raw_os_error(),
+                    Some(libc::ENOTTY | libc::EOPNOTSUPP | libc::EINVAL)
+                ) =>
+            {
+                tracing::debug!(error = %source, "IOMMU_IOAS_MAP_FILE unavailable; mapping by address");
+                self.map_file_ok.store(false, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Maps `len` bytes of a dma-buf (a peer device's BAR exported with
+    /// `VFIO_DEVICE_FEATURE_DMA_BUF`) at `iova`, so this function can DMA to it
+    /// (iommufd mode only; kernel 6.19+; vfio-kernel.md §2, §7.B step 9). Undo with
+    /// [`PciFunction::dma_unmap`]. A revoked dma-buf fails with `ENODEV`.
+    pub fn map_dmabuf(
+        &self,
+        dmabuf: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        iova: Iova,
+    ) -> Result<(), PciError> {
+        let Domain::Iommufd(i) = &self.domain else {
+            return Err(VfioError::Unsupported(
+                "dma-buf import needs iommufd mode (IOMMU_IOAS_MAP_FILE)",
+            )
+            .into());
+        };
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        maps.check(&self.ranges, self.page, iova.0, len, 0, self.dma_limit)
+            .map_err(|reason| PciError::DmaMap {
+                iova,
+                len: len as usize,
+                reason,
+            })?;
+        i.map_file(dmabuf, offset, len, iova.0)?;
+        maps.insert(iova.0, len, 0);
+        Ok(())
+    }
+
     fn domain_unmap(&self, iova: u64, len: u64) -> Result<(), VfioError> {
         match &self.domain {
             Domain::Container(c) if c.noiommu => Ok(()),
@@ -566,8 +633,10 @@ unsafe impl PciFunction for VfioFunction {
             }
             Domain::Iommufd(i) => {
                 memlock_check(len, maps.bytes())?;
-                // SAFETY: as above.
-                unsafe { i.map(vaddr, len, iova) }?
+                if !self.map_by_file(i, m)? {
+                    // SAFETY: as above.
+                    unsafe { i.map(vaddr, len, iova) }?
+                }
             }
         }
         maps.insert(iova, len, vaddr);
