@@ -31,6 +31,8 @@ mod iommufd;
 pub mod iova;
 pub mod noiommu;
 mod sys;
+#[cfg(test)]
+mod tests;
 pub mod uapi;
 #[cfg(test)]
 mod uapi_check;
