@@ -556,6 +556,7 @@ impl Sysfs {
     }
 }
 
+pub mod bind;
 pub mod fake;
 
 #[cfg(test)]

@@ -10,9 +10,18 @@
 //! `iommu_group` are symlinks, as on a real host, so the code under test reads link names.
 
 use std::fs;
-use std::io;
+use std::io::{self, Write as _};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
+
+use super::bind::SysfsWriter;
+
+/// The fake kernel's note of a function's native driver (not a real sysfs file).
+const NATIVE: &str = ".native_driver";
+/// The fake kernel's cap on a hugepage pool (not a real sysfs file).
+const HP_MAX: &str = ".max";
+/// The log of writes (not a real sysfs file).
+const LOG: &str = ".writes";
 
 /// A fake sysfs tree under a directory the test owns.
 #[derive(Debug, Clone)]
@@ -70,12 +79,70 @@ impl FakeSysfs {
         Ok(())
     }
 
-    /// Binds `bdf` to `driver` (the `driver` link).
+    /// Binds `bdf` to `driver` (the `driver` link). A driver other than vfio-pci is also
+    /// remembered as the function's native driver, the one the fake kernel picks when it
+    /// probes the function without an override.
     pub fn bind(&self, bdf: &str, driver: &str) -> io::Result<()> {
         self.add_driver(driver)?;
+        if driver != "vfio-pci" {
+            fs::write(self.dev(bdf).join(NATIVE), driver)?;
+        }
+        self.link_driver(bdf, driver)
+    }
+
+    fn link_driver(&self, bdf: &str, driver: &str) -> io::Result<()> {
         let link = self.dev(bdf).join("driver");
         let _ = fs::remove_file(&link);
         symlink(self.root.join("bus/pci/drivers").join(driver), link)
+    }
+
+    /// Caps how many hugepages of `kb` KiB the fake kernel will reserve.
+    pub fn limit_hugepages(&self, kb: u64, max: u64) -> io::Result<()> {
+        fs::write(
+            self.root
+                .join(format!("kernel/mm/hugepages/hugepages-{kb}kB/{HP_MAX}")),
+            max.to_string(),
+        )
+    }
+
+    /// Every write made through [`SysfsWriter`], as `path-relative-to-root=value` lines.
+    pub fn writes(&self) -> Vec<String> {
+        fs::read_to_string(self.root.join(LOG))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn probe(&self, bdf: &str) -> io::Result<()> {
+        let d = self.dev(bdf);
+        if d.join("driver").exists() {
+            return Ok(());
+        }
+        let over = fs::read_to_string(d.join("driver_override"))?
+            .trim()
+            .to_string();
+        let want = if over.is_empty() || over == "(null)" {
+            match fs::read_to_string(d.join(NATIVE)) {
+                Ok(n) => n,
+                Err(_) => return Ok(()),
+            }
+        } else {
+            over
+        };
+        if !self.root.join("bus/pci/drivers").join(&want).exists() {
+            return Ok(());
+        }
+        // vfio-pci only takes functions with an IOMMU group (a noiommu one in no-IOMMU mode).
+        let noiommu = fs::read_to_string(
+            self.root
+                .join("module/vfio/parameters/enable_unsafe_noiommu_mode"),
+        )
+        .is_ok_and(|v| v.trim() == "Y");
+        if want == "vfio-pci" && !d.join("iommu_group").exists() && !noiommu {
+            return Ok(());
+        }
+        self.link_driver(bdf, &want)
     }
 
     /// Puts `bdf` in IOMMU group `group`.
@@ -135,5 +202,93 @@ impl FakeSysfs {
     /// Reads a file of the tree as text (to check what a tool wrote).
     pub fn read(&self, rel: &str) -> io::Result<String> {
         fs::read_to_string(self.root.join(rel))
+    }
+}
+
+/// The fake kernel: writes land in the files and, for the PCI and hugepage control files,
+/// have the effect the real kernel gives them (unbind removes the `driver` link,
+/// `drivers_probe` binds to `driver_override` or the native driver, `nr_hugepages` reserves
+/// up to the pool's cap). Writing a file that does not exist fails with `NotFound`.
+impl SysfsWriter for FakeSysfs {
+    fn write(&self, path: &Path, value: &str) -> io::Result<()> {
+        let rel = path
+            .strip_prefix(&self.root)
+            .map_err(|_| io::Error::other("outside the fake tree"))?;
+        if !path.exists() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "no such sysfs file",
+            ));
+        }
+        let mut log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join(LOG))?;
+        writeln!(log, "{}={}", rel.display(), value.trim())?;
+        let parts: Vec<&str> = rel.iter().map(|p| p.to_str().unwrap_or("")).collect();
+        let bdf = value.trim();
+        match parts.as_slice() {
+            ["bus", "pci", "devices", dev, "driver_override"] => {
+                let v = if bdf.is_empty() { "(null)" } else { bdf };
+                fs::write(self.dev(dev).join("driver_override"), format!("{v}\n"))
+            }
+            ["bus", "pci", "drivers", drv, "unbind"] => {
+                let link = self.dev(bdf).join("driver");
+                match fs::read_link(&link) {
+                    Ok(t) if t.file_name().and_then(|n| n.to_str()) == Some(drv) => {
+                        fs::remove_file(link)
+                    }
+                    _ => Err(io::Error::from_raw_os_error(libc::ENODEV)),
+                }
+            }
+            ["bus", "pci", "drivers", drv, "bind"] => self.link_driver(bdf, drv),
+            ["bus", "pci", "drivers_probe"] => self.probe(bdf),
+            ["kernel", "mm", "hugepages", pool, "nr_hugepages"] => {
+                let dir = self.root.join("kernel/mm/hugepages").join(pool);
+                let want: u64 = bdf
+                    .parse()
+                    .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+                let max = fs::read_to_string(dir.join(HP_MAX))
+                    .ok()
+                    .and_then(|m| m.trim().parse().ok());
+                let got = max.map_or(want, |m: u64| want.min(m));
+                fs::write(dir.join("nr_hugepages"), format!("{got}\n"))?;
+                fs::write(dir.join("free_hugepages"), format!("{got}\n"))
+            }
+            _ => fs::write(path, value),
+        }
+    }
+}
+
+/// Network state for tests: per interface, its addresses and routes.
+#[derive(Debug, Default, Clone)]
+pub struct FakeNet {
+    ifaces: Vec<(String, Vec<String>, Vec<String>)>,
+}
+
+impl FakeNet {
+    /// Adds interface `ifname` with `addresses` and `routes`.
+    pub fn with(mut self, ifname: &str, addresses: &[&str], routes: &[&str]) -> FakeNet {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect();
+        self.ifaces
+            .push((ifname.to_string(), v(addresses), v(routes)));
+        self
+    }
+}
+
+impl super::NetState for FakeNet {
+    fn addresses(&self, ifname: &str) -> Vec<String> {
+        self.ifaces
+            .iter()
+            .filter(|e| e.0 == ifname)
+            .flat_map(|e| e.1.clone())
+            .collect()
+    }
+    fn routes(&self, ifname: &str) -> Vec<String> {
+        self.ifaces
+            .iter()
+            .filter(|e| e.0 == ifname)
+            .flat_map(|e| e.2.clone())
+            .collect()
     }
 }
