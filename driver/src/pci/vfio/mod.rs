@@ -273,6 +273,17 @@ pub fn open(bdf: &str, opts: &VfioOptions) -> Result<Arc<dyn PciFunction>, PciEr
     Ok(Arc::new(VfioFunction::open(bdf, opts)?))
 }
 
+/// The `RLIMIT_MEMLOCK` soft limit in bytes (`None` = unlimited): all DMA memory mapped
+/// through an IOMMU is pinned and counts against it unless the process has CAP_IPC_LOCK.
+pub fn memlock_limit() -> io::Result<Option<u64>> {
+    sys::memlock_limit()
+}
+
+/// Whether this process has CAP_IPC_LOCK (pinned memory is then not limited).
+pub fn has_ipc_lock() -> bool {
+    noiommu::has_cap(noiommu::CAP_IPC_LOCK)
+}
+
 fn memlock_check(more: u64, pinned: u64) -> Result<(), VfioError> {
     let limit = sys::memlock_limit().map_err(VfioError::os("getrlimit(RLIMIT_MEMLOCK)"))?;
     iova::check_memlock(pinned, more, limit, noiommu::has_cap(noiommu::CAP_IPC_LOCK))
