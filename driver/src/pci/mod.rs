@@ -4,7 +4,8 @@
 //! into our address space), its DMA address space (the IOMMU domain the device sits behind)
 //! and its MSI-X vectors. Backends:
 //! - [`model`] (feature `model`): the software HCA in this process, the default device.
-//! - real kernel VFIO (container/group or iommufd + cdev), for a ConnectX bound to vfio-pci.
+//! - [`vfio`]: real kernel VFIO (container/group or iommufd + cdev), for a ConnectX bound to
+//!   vfio-pci; [`sysfs`] discovers candidate functions and their IOMMU groups.
 //!
 //! Everything above this layer (DMA memory, command interface, resources, data path) is the
 //! same for every backend: it only sees BAR memory through [`Bar`] and device addresses as
@@ -13,6 +14,8 @@
 mod bar;
 #[cfg(feature = "model")]
 pub mod model;
+pub mod sysfs;
+pub mod vfio;
 
 pub use bar::Bar;
 
@@ -119,6 +122,9 @@ pub enum PciError {
     /// The device is gone (surprise removal, a dead model process).
     #[error("device lost: {0}")]
     DeviceLost(String),
+    /// A kernel VFIO backend error (setup, permissions, memlock, teardown), with the fix.
+    #[error(transparent)]
+    Vfio(Box<vfio::VfioError>),
     /// An OS call failed.
     #[error("{what}: {source}")]
     Os {

@@ -1,6 +1,8 @@
 //! `uhca-info`: what `ibv_devinfo -v` shows, for a device driven by uhca.
 //!
 //! With no `--device`, it starts the built-in model HCA, boots it, prints and tears down.
+//! With `--device BDF` it opens that function through the kernel VFIO backend
+//! (`uhca-bind bind BDF` first).
 
 use std::process::ExitCode;
 
@@ -26,19 +28,31 @@ struct Args {
 
 fn open(spec: &str) -> Result<Device, String> {
     match spec {
-        "model" => Device::open(
-            uhca::pci::model::ModelFunction::with_defaults().map_err(|e| e.to_string())?,
-            DeviceConfig::default(),
-        )
-        .map_err(|e| format!("booting the model: {e}")),
+        "model" => open_model(),
         bdf => open_vfio(bdf),
     }
 }
 
+#[cfg(feature = "model")]
+fn open_model() -> Result<Device, String> {
+    Device::open(
+        uhca::pci::model::ModelFunction::with_defaults().map_err(|e| e.to_string())?,
+        DeviceConfig::default(),
+    )
+    .map_err(|e| format!("booting the model: {e}"))
+}
+
+#[cfg(not(feature = "model"))]
+fn open_model() -> Result<Device, String> {
+    Err("this build has no model HCA (feature `model`); pass --device BDF".into())
+}
+
+/// Opens a function bound to vfio-pci (iommufd + cdev when the kernel has it, else the
+/// legacy container/group) and boots it.
 fn open_vfio(bdf: &str) -> Result<Device, String> {
-    Err(format!(
-        "cannot open {bdf}: this build has no VFIO backend yet; use `--device model`"
-    ))
+    let f = uhca::pci::vfio::open(bdf, &uhca::pci::vfio::VfioOptions::default())
+        .map_err(|e| format!("cannot open {bdf}: {e}"))?;
+    Device::open(f, DeviceConfig::default()).map_err(|e| format!("booting {bdf}: {e}"))
 }
 
 fn print_text(s: &DeviceSummary, verbose: bool) {

@@ -1,0 +1,223 @@
+//! `uhca-bind` and `uhca-info --device` as a user runs them, against fake sysfs trees.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use uhca::pci::sysfs::MLX5_VENDOR;
+use uhca::pci::sysfs::fake::FakeSysfs;
+
+const A: &str = "0000:3b:00.0";
+const B: &str = "0000:3b:00.1";
+
+/// Port A on vfio-pci in group 17 (viable), port B on mlx5_core in group 18, a 2 MiB pool.
+fn tree(dir: &Path) -> FakeSysfs {
+    let f = FakeSysfs::new(dir.join("sys")).unwrap();
+    f.load_vfio(false).unwrap();
+    f.add_iommu("dmar0").unwrap();
+    f.add_function(A, MLX5_VENDOR, 0x101d, 0x020000).unwrap();
+    f.add_function(B, MLX5_VENDOR, 0x101d, 0x020000).unwrap();
+    f.bind(A, "vfio-pci").unwrap();
+    f.bind(B, "mlx5_core").unwrap();
+    f.set_group(A, "17").unwrap();
+    f.set_group(B, "18").unwrap();
+    f.add_vfio_cdev(A, "vfio0").unwrap();
+    f.add_net(B, "uhcatest0", "down").unwrap();
+    f.add_hugepages(2048, 0, 0).unwrap();
+    f
+}
+
+fn bind_tool(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_uhca-bind"))
+        .args(["--sysfs-root", dir.join("sys").to_str().unwrap()])
+        .args(["--dev-root", dir.join("dev").to_str().unwrap()])
+        .args(["--proc-root", dir.join("proc").to_str().unwrap()])
+        .args(["--state-dir", dir.join("run").to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn status_json_describes_functions_and_host() {
+    let d = tempfile::tempdir().unwrap();
+    tree(d.path());
+    let o = bind_tool(d.path(), &["status", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["iommu"], true);
+    assert_eq!(v["vfio_pci_loaded"], true);
+    assert_eq!(v["dev_iommu"], false);
+    assert_eq!(v["hugepages"][0]["page_size"], 2 << 20);
+    let fns = v["functions"].as_array().unwrap();
+    assert_eq!(fns.len(), 2);
+    assert_eq!(fns[0]["bdf"], A);
+    assert_eq!(fns[0]["model"], "ConnectX-6 Dx");
+    assert_eq!(fns[0]["driver"], "vfio-pci");
+    assert_eq!(fns[0]["iommu_group"], "17");
+    assert_eq!(fns[0]["vfio_cdev"], "vfio0");
+    assert_eq!(fns[0]["viable"], true);
+    assert_eq!(fns[1]["driver"], "mlx5_core");
+    assert_eq!(fns[1]["viable"], false);
+    assert_eq!(fns[1]["netdevs"][0]["name"], "uhcatest0");
+    assert_eq!(fns[1]["netdevs"][0]["active"], false);
+}
+
+#[test]
+fn status_text() {
+    let d = tempfile::tempdir().unwrap();
+    let f = tree(d.path());
+    // Put B into A's group: it blocks A's viability.
+    std::fs::remove_file(f.root().join(format!("bus/pci/devices/{B}/iommu_group"))).unwrap();
+    f.set_group(B, "17").unwrap();
+    let o = bind_tool(d.path(), &["status"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("IOMMU:            on"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "{A} ConnectX-6 Dx [15b3:101d]  driver=vfio-pci  group=17"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "group member {B} driver=mlx5_core  <- keeps the group"
+        )),
+        "{out}"
+    );
+    assert!(out.contains("not ready"), "{out}");
+}
+
+#[test]
+fn bind_dry_run_prints_the_writes_and_changes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let f = tree(d.path());
+    let o = bind_tool(d.path(), &["bind", "3b:00.1", "--dry-run"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(
+        lines[0].starts_with("would run: echo \"vfio-pci\" > ")
+            && lines[0].ends_with("driver_override")
+    );
+    assert!(lines[1].ends_with("drivers/mlx5_core/unbind"), "{out}");
+    assert!(lines[2].ends_with("drivers_probe"), "{out}");
+    assert_eq!(
+        f.read(&format!("bus/pci/devices/{B}/driver_override"))
+            .unwrap()
+            .trim(),
+        "(null)"
+    );
+    let o = bind_tool(d.path(), &["unbind", A, "--dry-run"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("drivers/vfio-pci/unbind"));
+}
+
+#[test]
+fn refusals_are_messages_with_a_fix() {
+    let d = tempfile::tempdir().unwrap();
+    tree(d.path());
+    for (args, want) in [
+        (&["bind", "nonsense"][..], "is not a PCI address"),
+        (
+            &["bind", "0000:99:00.0"][..],
+            "no PCI function 0000:99:00.0",
+        ),
+        (&["unbind", B][..], "is not bound to vfio-pci"),
+        (
+            &["hugepages", "--1g", "1"][..],
+            "no 1048576 kB hugepage pool",
+        ),
+    ] {
+        let o = bind_tool(d.path(), args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let err = text(&o.stderr);
+        assert!(
+            err.starts_with("uhca-bind: ") && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn bad_flags_are_usage_errors_not_panics() {
+    let d = tempfile::tempdir().unwrap();
+    tree(d.path());
+    for args in [
+        &["bind"][..],
+        &["frobnicate"][..],
+        &["hugepages", "--2m", "lots"][..],
+        &["hugepages", "--size", "3M", "--count", "1"][..],
+        &["hugepages", "--size", "2M"][..],
+        &["status", "--jsn"][..],
+        &[][..],
+    ] {
+        let o = bind_tool(d.path(), args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = text(&o.stderr);
+        assert!(
+            !err.contains("panicked") && !err.is_empty(),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn hugepages_are_reserved_and_read_back() {
+    let d = tempfile::tempdir().unwrap();
+    let f = tree(d.path());
+    let o = bind_tool(d.path(), &["hugepages", "--size", "2M", "--count", "16"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(
+        f.read("kernel/mm/hugepages/hugepages-2048kB/nr_hugepages")
+            .unwrap()
+            .trim(),
+        "16"
+    );
+    assert!(
+        text(&o.stdout).contains("hugepages 2 MiB: 16 reserved"),
+        "{}",
+        text(&o.stdout)
+    );
+    let o = bind_tool(d.path(), &["hugepages", "--2m", "4", "--dry-run"]);
+    assert!(o.status.success());
+    assert!(text(&o.stdout).starts_with("would run: echo \"4\" > "));
+    assert_eq!(
+        f.read("kernel/mm/hugepages/hugepages-2048kB/nr_hugepages")
+            .unwrap()
+            .trim(),
+        "16"
+    );
+    let o = bind_tool(d.path(), &["hugepages"]);
+    assert!(text(&o.stdout).contains("16 reserved"));
+}
+
+#[test]
+fn uhca_info_device_errors_are_clear() {
+    let run = |dev: &str| {
+        Command::new(env!("CARGO_BIN_EXE_uhca-info"))
+            .args(["--device", dev])
+            .output()
+            .unwrap()
+    };
+    let o = run("not-an-address");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("is not a PCI address"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = run("0000:fe:1f.7");
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(
+        err.starts_with("uhca-info: cannot open 0000:fe:1f.7"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
