@@ -283,28 +283,22 @@ fn run(args: &Args) -> Result<(), String> {
     let sys = Sysfs::new(&args.sysfs_root);
     match &args.cmd {
         Cmd::Status { json } => status(args, *json),
-        Cmd::Bind {
+        cmd @ (Cmd::Bind {
             bdf,
             force,
             dry_run,
-        } => {
-            let o = bind::bind(
-                &sys,
-                &HostNet,
-                &FileWriter,
-                bdf,
-                &opts(args, *force, *dry_run),
-            )
-            .map_err(|e| e.to_string())?;
-            report(&o, *dry_run, bdf);
-            Ok(())
         }
-        Cmd::Unbind {
+        | Cmd::Unbind {
             bdf,
             force,
             dry_run,
-        } => {
-            let o = bind::unbind(
+        }) => {
+            let op = if matches!(cmd, Cmd::Bind { .. }) {
+                bind::bind
+            } else {
+                bind::unbind
+            };
+            let o = op(
                 &sys,
                 &HostNet,
                 &FileWriter,

@@ -2,12 +2,12 @@
 //! §7.A).
 
 use std::ffi::CString;
-use std::fs::OpenOptions;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 
 use crate::pci::IovaRange;
 
+use super::open_rw;
 use super::uapi::{self, VfioDmaMap, VfioDmaUnmap, VfioGroupStatus, VfioIommuType1Info};
 use super::{VfioError, iova, sys};
 
@@ -83,19 +83,6 @@ pub struct Container {
     pub noiommu: bool,
     /// What the IOMMU reported (empty for no-IOMMU).
     pub info: Type1Info,
-}
-
-fn open_rw(path: &Path, hint: &'static str) -> Result<OwnedFd, VfioError> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map(OwnedFd::from)
-        .map_err(|source| VfioError::Open {
-            path: path.to_path_buf(),
-            source,
-            hint,
-        })
 }
 
 impl Container {

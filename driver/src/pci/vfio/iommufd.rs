@@ -1,11 +1,11 @@
 //! The iommufd + VFIO device cdev front end (vfio-kernel.md §1.3, §7.B).
 
-use std::fs::OpenOptions;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use crate::pci::IovaRange;
 
+use super::open_rw;
 use super::uapi::{
     self, IommuDestroy, IommuIoasAlloc, IommuIoasIovaRanges, IommuIoasMap, IommuIoasMapFile,
     IommuIoasUnmap, IommuIovaRange, VfioDeviceAttachIommufdPt, VfioDeviceBindIommufd,
@@ -23,19 +23,6 @@ pub struct Iommufd {
     /// Required IOVA alignment.
     pub alignment: u64,
     attached: bool,
-}
-
-fn open_rw(path: &Path, hint: &'static str) -> Result<OwnedFd, VfioError> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map(OwnedFd::from)
-        .map_err(|source| VfioError::Open {
-            path: path.to_path_buf(),
-            source,
-            hint,
-        })
 }
 
 impl Iommufd {

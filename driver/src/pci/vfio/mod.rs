@@ -31,6 +31,7 @@ mod iommufd;
 pub mod iova;
 pub mod noiommu;
 mod sys;
+use sys::open_rw;
 #[cfg(test)]
 mod tests;
 pub mod uapi;

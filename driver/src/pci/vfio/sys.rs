@@ -1,7 +1,11 @@
 //! The system calls of the VFIO backend: ioctl, mmap/munmap, getrlimit, sysconf, adopting a
 //! fresh fd. Each is a thin wrapper that turns `-1` into `io::Error::last_os_error()`.
 
+use std::fs::OpenOptions;
 use std::io;
+use std::path::Path;
+
+use super::VfioError;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// Issues `ioctl(fd, req, arg)` with a pointer argument.
@@ -128,4 +132,18 @@ pub fn page_size() -> usize {
     // SAFETY: sysconf reads no memory of ours.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 { p as usize } else { 4096 }
+}
+
+/// Opens a VFIO or iommufd node read-write; the error names the node and a hint.
+pub(super) fn open_rw(path: &Path, hint: &'static str) -> Result<OwnedFd, VfioError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map(OwnedFd::from)
+        .map_err(|source| VfioError::Open {
+            path: path.to_path_buf(),
+            source,
+            hint,
+        })
 }
