@@ -445,8 +445,11 @@ impl Pd {
         if len == 0 {
             return Err(MemError::Empty);
         }
+        // Charged before pinning, at page granularity (a hugepage-backed region pins up to
+        // one hugepage more than charged).
+        let sys = crate::dma::system_page_size();
+        let charge = PinCharge::new(len.next_multiple_of(sys) as u64, dev.config.memlock)?;
         let region = dev.dma.alloc(len)?;
-        let charge = PinCharge::new(region.len() as u64, dev.config.memlock)?;
         // The MKey's addresses are the region's IOVAs, so any page size lines up (§7.5):
         // take one about the size of the region, for one or two MTT entries.
         let iova = region.iova().0;
@@ -565,6 +568,14 @@ impl Pd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handles_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Mr>();
+        check::<super::super::Dm>();
+        check::<Access>();
+    }
 
     #[test]
     fn access_rules_and_page_choice() {
