@@ -159,6 +159,8 @@ pub struct DeviceInner {
     pub(crate) driver_uar: OnceLock<u32>,
     pub(crate) state: AtomicU8,
     pub(crate) config: DeviceConfig,
+    /// Completion EQs and interrupt vectors of the data path.
+    pub(crate) dp: crate::resource::cq::DeviceQueues,
 }
 
 impl std::fmt::Debug for DeviceInner {

@@ -370,6 +370,40 @@ impl<'a> DmaSlice<'a> {
     pub fn store_be32(&self, off: usize, v: u32) {
         self.atomic_u32(off).store(v.to_be(), Ordering::Release)
     }
+
+    /// Copies `src` (a multiple of 8 bytes) to the 8-byte aligned offset `off` with 64-bit
+    /// volatile stores, in order (the data path's WQE copy, prm-subset.md §9.2 step 1).
+    #[inline]
+    pub fn write_words(&self, off: usize, src: &[u8]) {
+        self.check(off, src.len());
+        assert!(
+            (self.ptr as usize + off).is_multiple_of(8) && src.len().is_multiple_of(8),
+            "misaligned word copy"
+        );
+        for (i, w) in src.chunks_exact(8).enumerate() {
+            let v = u64::from_ne_bytes(w.try_into().expect("8 bytes"));
+            // SAFETY: in bounds and 8-byte aligned (checked above); volatile, so no reference
+            // to device-shared memory is created.
+            unsafe { self.ptr.add(off + 8 * i).cast::<u64>().write_volatile(v) }
+        }
+    }
+
+    /// Copies `dst.len()` bytes (a multiple of 8) from the 8-byte aligned offset `off` with
+    /// 64-bit volatile loads (the data path's CQE shadow copy, style.md §10).
+    #[inline]
+    pub fn read_words(&self, off: usize, dst: &mut [u8]) {
+        self.check(off, dst.len());
+        assert!(
+            (self.ptr as usize + off).is_multiple_of(8) && dst.len().is_multiple_of(8),
+            "misaligned word copy"
+        );
+        for (i, w) in dst.chunks_exact_mut(8).enumerate() {
+            // SAFETY: in bounds and 8-byte aligned (checked above); a volatile load of
+            // device-shared memory.
+            let v = unsafe { self.ptr.add(off + 8 * i).cast::<u64>().read_volatile() };
+            w.copy_from_slice(&v.to_ne_bytes());
+        }
+    }
 }
 
 impl Buf for DmaSlice<'_> {

@@ -1,0 +1,373 @@
+//! Completion polling (prm-subset.md §9.7): the CQE ring, the ownership rule, shadow copies
+//! of each CQE, index checks against the work queues' shadows, and typed completions.
+//!
+//! The poller owns its consumer index (`&mut`): one thread polls a CQ at a time, with no
+//! lock. It finds the work queue of a CQE in a per-CQ table of [`WqShadow`]s that it caches
+//! locally; the shared table is locked only when a QP is created or destroyed, or the first
+//! time a new QPN is seen.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use uhca_hw::layout::cqe::{
+    CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET, cqe_is_sw_owned,
+};
+use uhca_hw::layout::uar::CQ_DBR_SET_CI;
+use uhca_hw::layout::wqe::WqeOpcode;
+
+use super::ring::RingSize;
+use super::sq::WqShadow;
+use crate::barrier;
+use crate::dma::DmaRegion;
+
+/// How a work request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcStatus {
+    /// It completed successfully.
+    Success,
+    /// It failed (or was flushed: [`CqeSyndrome::WrFlush`]).
+    Error {
+        /// The PRM syndrome (§9.7).
+        syndrome: CqeSyndrome,
+        /// The vendor syndrome.
+        vendor_err: u8,
+    },
+}
+
+impl WcStatus {
+    /// Whether the status is `Success`.
+    pub fn is_ok(self) -> bool {
+        self == WcStatus::Success
+    }
+}
+
+/// What kind of work request completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcOpcode {
+    /// SEND (with or without immediate).
+    Send,
+    /// RDMA WRITE (with or without immediate).
+    RdmaWrite,
+    /// RDMA READ.
+    RdmaRead,
+    /// Atomic compare-and-swap.
+    CompSwap,
+    /// Atomic fetch-and-add.
+    FetchAdd,
+    /// A receive consumed by a SEND.
+    Recv,
+    /// A receive consumed by an RDMA WRITE with immediate.
+    RecvRdmaWithImm,
+    /// Another send opcode (NOP, ...), raw.
+    Other(u8),
+}
+
+impl WcOpcode {
+    fn of_wqe(op: u8) -> WcOpcode {
+        match WqeOpcode::from(op) {
+            WqeOpcode::Send | WqeOpcode::SendImm | WqeOpcode::SendInval => WcOpcode::Send,
+            WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm => WcOpcode::RdmaWrite,
+            WqeOpcode::RdmaRead => WcOpcode::RdmaRead,
+            WqeOpcode::AtomicCs | WqeOpcode::AtomicMaskedCs => WcOpcode::CompSwap,
+            WqeOpcode::AtomicFa | WqeOpcode::AtomicMaskedFa => WcOpcode::FetchAdd,
+            other => WcOpcode::Other(other.into()),
+        }
+    }
+}
+
+/// One work completion, copied out of the CQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The `wr_id` the work request was posted with.
+    pub wr_id: u64,
+    /// Success or the error syndrome.
+    pub status: WcStatus,
+    /// The kind of work request.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives), read (RDMA READ) or 8 (atomics).
+    pub byte_len: u32,
+    /// Immediate data of a SEND/WRITE with immediate.
+    pub imm: Option<u32>,
+    /// The local QP.
+    pub qpn: u32,
+    /// The sender's solicited-event bit (receives).
+    pub solicited: bool,
+}
+
+/// A CQE the driver cannot accept (device memory is untrusted). It is consumed and reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PollError {
+    /// The CQE names a QP that is not attached to this CQ.
+    #[error("CQE for unknown QP {qpn:#x}")]
+    UnknownQp {
+        /// The QPN in the CQE.
+        qpn: u32,
+    },
+    /// The CQE's WQE counter is not an outstanding work request.
+    #[error("CQE for QP {qpn:#x} names WQE {wqe_counter:#x}, which is not outstanding")]
+    BadIndex {
+        /// The QPN.
+        qpn: u32,
+        /// The WQE counter in the CQE.
+        wqe_counter: u16,
+    },
+    /// A CQE opcode this driver never asks for (resize, compression, signature error).
+    #[error("unexpected CQE opcode {0:?}")]
+    BadOpcode(CqeOpcode),
+}
+
+/// The QPs whose completions go to one CQ; shared between the QPs (which register and
+/// deregister) and the poller (which caches it).
+#[derive(Debug, Default)]
+pub(crate) struct QpRegistry {
+    qps: Mutex<Vec<Arc<WqShadow>>>,
+    generation: AtomicU64,
+}
+
+impl QpRegistry {
+    pub(crate) fn add(&self, s: &Arc<WqShadow>) {
+        let mut q = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+        if !q.iter().any(|x| Arc::ptr_eq(x, s)) {
+            q.push(s.clone());
+        }
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    pub(crate) fn remove(&self, s: &Arc<WqShadow>) {
+        self.qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|x| !Arc::ptr_eq(x, s));
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// The CQE ring and its consumer state.
+#[derive(Debug)]
+pub(crate) struct CqRing {
+    buf: DmaRegion,
+    size: RingSize,
+    /// Byte offset of the doorbell record in `buf`.
+    dbr: usize,
+    ci: u32,
+    registry: Arc<QpRegistry>,
+    cache: Vec<Arc<WqShadow>>,
+    cache_gen: u64,
+    last: usize,
+}
+
+impl CqRing {
+    /// A ring over `buf`: `size` CQEs, then the doorbell record at `dbr`. Every entry starts
+    /// as `op_own` = 0xF0 (§9.4).
+    pub(crate) fn new(
+        buf: DmaRegion,
+        size: RingSize,
+        dbr: usize,
+        registry: Arc<QpRegistry>,
+    ) -> CqRing {
+        let s = buf.slice();
+        for i in 0..size.entries() as usize {
+            s.write_u8(
+                i * CQE_SIZE + OP_OWN_OFFSET,
+                uhca_hw::layout::cqe::OP_OWN_INIT,
+            );
+        }
+        s.store_be32(dbr + CQ_DBR_SET_CI, 0);
+        CqRing {
+            buf,
+            size,
+            dbr,
+            ci: 0,
+            registry,
+            cache: Vec::new(),
+            cache_gen: u64::MAX,
+            last: 0,
+        }
+    }
+
+    pub(crate) fn region(&self) -> &DmaRegion {
+        &self.buf
+    }
+
+    pub(crate) fn ci(&self) -> u32 {
+        self.ci
+    }
+
+    pub(crate) fn dbr_offset(&self) -> usize {
+        self.dbr
+    }
+
+    /// Refreshes the QP cache if QPs were added or removed (one atomic load per poll).
+    #[inline]
+    pub(crate) fn refresh(&mut self) {
+        let g = self.registry.generation.load(Ordering::Acquire);
+        if g != self.cache_gen {
+            self.reload(g);
+        }
+    }
+
+    #[cold]
+    fn reload(&mut self, g: u64) {
+        self.cache = self
+            .registry
+            .qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        self.cache_gen = g;
+        self.last = 0;
+    }
+
+    #[inline(always)]
+    fn shadow(&mut self, qpn: u32) -> Option<&WqShadow> {
+        if self.cache.get(self.last).is_none_or(|s| s.qpn != qpn) {
+            self.last = self.cache.iter().position(|s| s.qpn == qpn)?;
+        }
+        Some(&self.cache[self.last])
+    }
+
+    /// Copies out the next software-owned CQE and advances the consumer index, or `None`.
+    #[inline(always)]
+    pub(crate) fn next_cqe(&mut self) -> Option<[u8; CQE_SIZE]> {
+        let off = self.size.slot(self.ci) * CQE_SIZE;
+        let s = self.buf.slice();
+        if !cqe_is_sw_owned(s.read_u8(off + OP_OWN_OFFSET), self.ci, self.size.log()) {
+            return None;
+        }
+        barrier::rmb_after_owner(); // CQE body after its op_own byte
+        let mut cqe = [0u8; CQE_SIZE];
+        s.read_words(off, &mut cqe);
+        self.ci = self.ci.wrapping_add(1);
+        Some(cqe)
+    }
+
+    /// Polls one completion: `None` when the CQ is empty.
+    #[inline(always)]
+    pub(crate) fn poll_one(&mut self) -> Option<Result<Completion, PollError>> {
+        let cqe = self.next_cqe()?;
+        Some(self.parse(&cqe))
+    }
+
+    /// Turns a shadow CQE into a completion, checking its indices (style.md §10).
+    #[inline(always)]
+    pub(crate) fn parse(&mut self, cqe: &[u8; CQE_SIZE]) -> Result<Completion, PollError> {
+        let c = Cqe::new_unchecked(&cqe[..]);
+        let op_own = c.op_own() as u8;
+        let opcode = CqeOpcode::from(op_own >> 4);
+        let qpn = c.qpn();
+        let counter = c.wqe_counter() as u16;
+        let sh = self.shadow(qpn).ok_or(PollError::UnknownQp { qpn })?;
+        let bad = PollError::BadIndex {
+            qpn,
+            wqe_counter: counter,
+        };
+        match opcode {
+            CqeOpcode::Req | CqeOpcode::ReqErr => {
+                let wr_id = sh.complete_send(counter).ok_or(bad)?;
+                let (status, wqe_op) = if opcode == CqeOpcode::Req {
+                    (WcStatus::Success, c.sop() as u8)
+                } else {
+                    let e = ErrCqe::new_unchecked(&cqe[..]);
+                    (error_status(&e), e.s_wqe_opcode() as u8)
+                };
+                let op = WcOpcode::of_wqe(wqe_op);
+                let byte_len = match op {
+                    WcOpcode::CompSwap | WcOpcode::FetchAdd => uhca_hw::layout::wqe::ATOMIC_SIZE,
+                    _ => c.byte_cnt(),
+                };
+                Ok(Completion {
+                    wr_id,
+                    status,
+                    opcode: op,
+                    byte_len,
+                    imm: None,
+                    qpn,
+                    solicited: false,
+                })
+            }
+            CqeOpcode::RespSend
+            | CqeOpcode::RespSendImm
+            | CqeOpcode::RespSendInv
+            | CqeOpcode::RespWrImm
+            | CqeOpcode::RespErr => {
+                let wr_id = sh.complete_recv(counter).ok_or(bad)?;
+                let (status, opcode, imm) = match opcode {
+                    CqeOpcode::RespErr => (
+                        error_status(&ErrCqe::new_unchecked(&cqe[..])),
+                        WcOpcode::Recv,
+                        None,
+                    ),
+                    CqeOpcode::RespWrImm => (
+                        WcStatus::Success,
+                        WcOpcode::RecvRdmaWithImm,
+                        Some(c.imm_inval_pkey()),
+                    ),
+                    CqeOpcode::RespSendImm => {
+                        (WcStatus::Success, WcOpcode::Recv, Some(c.imm_inval_pkey()))
+                    }
+                    _ => (WcStatus::Success, WcOpcode::Recv, None),
+                };
+                Ok(Completion {
+                    wr_id,
+                    status,
+                    opcode,
+                    byte_len: if status.is_ok() { c.byte_cnt() } else { 0 },
+                    imm,
+                    qpn,
+                    solicited: op_own & 0x02 != 0,
+                })
+            }
+            other => Err(PollError::BadOpcode(other)),
+        }
+    }
+
+    /// Publishes the consumer index to the CQ doorbell record (§9.7).
+    #[inline(always)]
+    pub(crate) fn update_ci(&self) {
+        barrier::mb_before_ci_update(); // consumed CQEs read before their slots are handed back
+        self.buf
+            .slice()
+            .store_be32(self.dbr + CQ_DBR_SET_CI, self.ci & 0xFF_FFFF);
+    }
+}
+
+fn error_status(e: &ErrCqe<&[u8]>) -> WcStatus {
+    WcStatus::Error {
+        syndrome: CqeSyndrome::from(e.syndrome() as u8),
+        vendor_err: e.vendor_err_synd() as u8,
+    }
+}
+
+/// An iterator over the completions available now. Dropping it publishes the consumer
+/// index once for the whole batch.
+#[derive(Debug)]
+pub struct Poll<'a> {
+    ring: &'a mut CqRing,
+    taken: u32,
+}
+
+impl<'a> Poll<'a> {
+    pub(crate) fn new(ring: &'a mut CqRing) -> Poll<'a> {
+        ring.refresh();
+        Poll { ring, taken: 0 }
+    }
+}
+
+impl Iterator for Poll<'_> {
+    type Item = Result<Completion, PollError>;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        let r = self.ring.poll_one()?;
+        self.taken += 1;
+        Some(r)
+    }
+}
+
+impl Drop for Poll<'_> {
+    fn drop(&mut self) {
+        if self.taken > 0 {
+            self.ring.update_ci();
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! The send and receive rings of a QP (prm-subset.md §9.2-9.6) and their shadows.
+//!
+//! `post` writes a WQE and advances a local producer counter; [`SendRing::ring_doorbell`]
+//! publishes a whole batch: doorbell record, then one doorbell (or BlueFlame) write. The
+//! [`WqShadow`] records each work request's `wr_id` and size where the CQ poller (possibly
+//! another thread) can find them; its words are atomics, written once per operation with
+//! plain stores on x86-64.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crossbeam_utils::CachePadded;
+use uhca_hw::layout::uar::{QP_DBR_RCV, QP_DBR_SND};
+use uhca_hw::layout::wqe::{DS_UNIT, DataSeg, INVALID_LKEY, SEND_WQE_BB};
+
+use super::ring::{RingSize, in_flight, widen_index16};
+use super::wqe::{PostError, Sge, WqeBuf};
+use crate::barrier;
+use crate::dma::DmaRegion;
+use crate::pci::Bar;
+
+/// Per-QP records shared by the poster and the CQ poller.
+#[derive(Debug)]
+pub(crate) struct WqShadow {
+    pub(crate) qpn: u32,
+    sq: RingSize,
+    /// `wr_id` of the WQE starting at each send slot.
+    sq_wr_id: Box<[AtomicU64]>,
+    /// `start << 32 | next` counters of the WQE starting at each send slot.
+    sq_meta: Box<[AtomicU64]>,
+    /// Send producer counter as published by the last doorbell.
+    sq_head: CachePadded<AtomicU32>,
+    /// Send counter up to which WQEs have completed.
+    sq_tail: CachePadded<AtomicU32>,
+    rq: RingSize,
+    rq_wr_id: Box<[AtomicU64]>,
+    rq_head: CachePadded<AtomicU32>,
+    rq_tail: CachePadded<AtomicU32>,
+}
+
+fn atomics(n: u32) -> Box<[AtomicU64]> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+impl WqShadow {
+    pub(crate) fn new(qpn: u32, sq: RingSize, rq: RingSize) -> WqShadow {
+        WqShadow {
+            qpn,
+            sq,
+            sq_wr_id: atomics(sq.entries()),
+            sq_meta: atomics(sq.entries()),
+            sq_head: Default::default(),
+            sq_tail: Default::default(),
+            rq,
+            rq_wr_id: atomics(rq.entries()),
+            rq_head: Default::default(),
+            rq_tail: Default::default(),
+        }
+    }
+
+    /// A requester CQE for the WQE whose control segment holds `index`: everything up to
+    /// and including it has completed. `None` unless it names an outstanding WQE's start.
+    #[inline(always)]
+    pub(crate) fn complete_send(&self, index: u16) -> Option<u64> {
+        let tail = self.sq_tail.load(Ordering::Relaxed);
+        let head = self.sq_head.load(Ordering::Acquire);
+        let start = widen_index16(index, tail, head)?;
+        let slot = self.sq.slot(start);
+        let meta = self.sq_meta[slot].load(Ordering::Relaxed);
+        if (meta >> 32) as u32 != start {
+            return None;
+        }
+        self.sq_tail.store(meta as u32, Ordering::Release);
+        Some(self.sq_wr_id[slot].load(Ordering::Relaxed))
+    }
+
+    /// A responder CQE for receive WQE counter `index`.
+    #[inline(always)]
+    pub(crate) fn complete_recv(&self, index: u16) -> Option<u64> {
+        let tail = self.rq_tail.load(Ordering::Relaxed);
+        let head = self.rq_head.load(Ordering::Acquire);
+        let n = widen_index16(index, tail, head)?;
+        self.rq_tail.store(n.wrapping_add(1), Ordering::Release);
+        Some(self.rq_wr_id[self.rq.slot(n)].load(Ordering::Relaxed))
+    }
+}
+
+/// Where a QP's doorbells go: its doorbell record and BlueFlame register (§9.1-9.3).
+#[derive(Debug)]
+pub(crate) struct Doorbell {
+    pub(crate) bar: Bar,
+    /// BAR offset of the BlueFlame register.
+    pub(crate) bf_reg: usize,
+    /// Half the register size (0: plain doorbells only).
+    pub(crate) bf_half: usize,
+    /// Current half (toggles after every doorbell).
+    pub(crate) bf_off: usize,
+}
+
+/// The send ring: 64-byte basic blocks at `off` of the QP buffer.
+#[derive(Debug)]
+pub(crate) struct SendRing {
+    size: RingSize,
+    off: usize,
+    qpn: u32,
+    head: u32,
+    tail: u32,
+    pending: u32,
+    bf_valid: bool,
+    last_ctrl: [u8; 8],
+    wqe: WqeBuf,
+}
+
+impl SendRing {
+    pub(crate) fn new(size: RingSize, off: usize, qpn: u32) -> SendRing {
+        SendRing {
+            size,
+            off,
+            qpn,
+            head: 0,
+            tail: 0,
+            pending: 0,
+            bf_valid: false,
+            last_ctrl: [0; 8],
+            wqe: WqeBuf::default(),
+        }
+    }
+
+    /// Free basic blocks, as of the last look at the shadow.
+    pub(crate) fn room(&self, sh: &WqShadow) -> u32 {
+        let tail = sh.sq_tail.load(Ordering::Acquire);
+        self.size.entries() - in_flight(self.head, tail)
+    }
+
+    /// Builds a WQE with `build` (after the control segment) and writes it to the ring.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn post(
+        &mut self,
+        buf: &DmaRegion,
+        sh: &WqShadow,
+        wr_id: u64,
+        opcode: uhca_hw::layout::wqe::WqeOpcode,
+        fm_ce_se: u8,
+        imm: u32,
+        build: impl FnOnce(&mut WqeBuf) -> Result<(), PostError>,
+    ) -> Result<(), PostError> {
+        let idx = self.head;
+        self.wqe.ctrl(opcode, idx as u16, self.qpn, fm_ce_se, imm);
+        if let Err(e) = build(&mut self.wqe) {
+            self.bf_valid = false;
+            return Err(e);
+        }
+        let n = self.wqe.finish() as u32;
+        if in_flight(idx.wrapping_add(n), self.tail) > self.size.entries() {
+            self.tail = sh.sq_tail.load(Ordering::Acquire);
+            if in_flight(idx.wrapping_add(n), self.tail) > self.size.entries() {
+                self.bf_valid = false;
+                return Err(PostError::QueueFull);
+            }
+        }
+        let ring = buf.slice();
+        let bytes = self.wqe.as_bytes();
+        for k in 0..n {
+            let at = self.off + self.size.slot(idx.wrapping_add(k)) * SEND_WQE_BB;
+            let b = k as usize * SEND_WQE_BB;
+            ring.write_words(at, &bytes[b..b + SEND_WQE_BB]);
+        }
+        let slot = self.size.slot(idx);
+        let next = idx.wrapping_add(n);
+        sh.sq_wr_id[slot].store(wr_id, Ordering::Relaxed);
+        sh.sq_meta[slot].store(u64::from(idx) << 32 | u64::from(next), Ordering::Relaxed);
+        self.last_ctrl = self.wqe.doorbell_bytes();
+        self.head = next;
+        self.pending += 1;
+        self.bf_valid = true;
+        Ok(())
+    }
+
+    /// Publishes the WQEs posted since the last call (§9.2): shadow head, doorbell record,
+    /// then the doorbell, or BlueFlame when the batch is one WQE that fits half a register.
+    #[inline(always)]
+    pub(crate) fn ring_doorbell(
+        &mut self,
+        buf: &DmaRegion,
+        dbr: usize,
+        sh: &WqShadow,
+        db: &mut Doorbell,
+    ) {
+        if self.pending == 0 {
+            return;
+        }
+        sh.sq_head.store(self.head, Ordering::Release);
+        barrier::wmb_before_dbr(); // WQEs written before the counter that publishes them
+        buf.slice().store_be32(dbr + QP_DBR_SND, self.head & 0xFFFF);
+        barrier::wmb_before_doorbell(); // record visible before the device is told to read it
+        let at = db.bf_reg + db.bf_off;
+        let bytes = self.wqe.as_bytes();
+        if self.pending == 1 && self.bf_valid && db.bf_half != 0 && bytes.len() <= db.bf_half {
+            let mut words = [0u64; MAX_BF_WORDS];
+            let n = bytes.len() / 8;
+            for (w, c) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+                *w = u64::from_ne_bytes(c.try_into().expect("8 bytes"));
+            }
+            db.bar.copy_to_u64(at, &words[..n]);
+        } else {
+            db.bar.write64_raw(at, self.last_ctrl);
+        }
+        barrier::wc_flush(); // the BlueFlame copy done before the next doorbell
+        db.bf_off ^= db.bf_half;
+        self.pending = 0;
+    }
+
+    /// Producer counter (basic blocks posted).
+    pub(crate) fn head(&self) -> u32 {
+        self.head
+    }
+
+    /// WQEs posted since the last doorbell.
+    pub(crate) fn pending(&self) -> u32 {
+        self.pending
+    }
+}
+
+const MAX_BF_WORDS: usize = super::wqe::MAX_WQE_BYTES / 8;
+
+/// The receive ring: `2^stride_log`-byte WQEs of data segments at offset 0 of the QP buffer.
+#[derive(Debug)]
+pub(crate) struct RecvRing {
+    size: RingSize,
+    stride_log: u32,
+    head: u32,
+    tail: u32,
+}
+
+/// Most data segments per receive WQE.
+pub const MAX_RECV_SGES: usize = 16;
+
+impl RecvRing {
+    pub(crate) fn new(size: RingSize, stride_log: u32) -> RecvRing {
+        RecvRing {
+            size,
+            stride_log,
+            head: 0,
+            tail: 0,
+        }
+    }
+
+    /// Writes a receive WQE and publishes it in the doorbell record (§9.6).
+    #[inline(always)]
+    pub(crate) fn post(
+        &mut self,
+        buf: &DmaRegion,
+        dbr: usize,
+        sh: &WqShadow,
+        wr_id: u64,
+        sges: &[Sge],
+    ) -> Result<(), PostError> {
+        let stride = 1usize << self.stride_log;
+        if sges.len() * DS_UNIT > stride {
+            return Err(PostError::TooManySges);
+        }
+        if in_flight(self.head, self.tail) >= self.size.entries() {
+            self.tail = sh.rq_tail.load(Ordering::Acquire);
+            if in_flight(self.head, self.tail) >= self.size.entries() {
+                return Err(PostError::QueueFull);
+            }
+        }
+        let mut w = [0u8; MAX_RECV_SGES * DS_UNIT];
+        let mut n = 0;
+        for s in sges {
+            let mut d = DataSeg::new_unchecked(&mut w[n * DS_UNIT..(n + 1) * DS_UNIT]);
+            d.set_byte_count(s.len);
+            d.set_lkey(s.lkey);
+            d.set_addr(s.addr);
+            n += 1;
+        }
+        if n * DS_UNIT < stride {
+            // A short list ends with a segment of byte_count 0 and the invalid lkey (§9.6).
+            DataSeg::new_unchecked(&mut w[n * DS_UNIT..(n + 1) * DS_UNIT]).set_lkey(INVALID_LKEY);
+            n += 1;
+        }
+        let slot = self.size.slot(self.head);
+        buf.slice().write_words(
+            slot << self.stride_log,
+            &w[..(n * DS_UNIT).next_multiple_of(8)],
+        );
+        sh.rq_wr_id[slot].store(wr_id, Ordering::Relaxed);
+        self.head = self.head.wrapping_add(1);
+        sh.rq_head.store(self.head, Ordering::Release);
+        barrier::wmb_before_dbr(); // receive WQE written before the counter publishes it
+        buf.slice().store_be32(dbr + QP_DBR_RCV, self.head & 0xFFFF);
+        Ok(())
+    }
+
+    /// Receive WQEs posted.
+    pub(crate) fn head(&self) -> u32 {
+        self.head
+    }
+}
