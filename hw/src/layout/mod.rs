@@ -357,7 +357,7 @@ macro_rules! layout {
             $( $crate::layout!(@const $setter $off $kind $($arg)?); )*
         }
 
-        #[allow(dead_code, non_snake_case)]
+        #[allow(dead_code, non_snake_case, clippy::len_without_is_empty)]
         impl<B: $crate::layout::Buf> $name<B> {
             /// Wraps `buf` without checking its length.
             pub const fn new_unchecked(buf: B) -> Self {
