@@ -6,10 +6,14 @@
 //! - `model` (feature `model`, on by default): a software ConnectX-class HCA that speaks
 //!   those layouts behind a BAR0 memory region, a config space and a model IOMMU, run by
 //!   its own thread. It is the default device of every uhca tool, example and test.
+//! - `link` (feature `model`): links between model ports that carry RoCEv2 frames, with
+//!   seeded fault injection.
 
 #![deny(unsafe_code)]
 
 pub mod layout;
 
+#[cfg(feature = "model")]
+pub mod link;
 #[cfg(feature = "model")]
 pub mod model;
