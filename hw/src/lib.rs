@@ -8,6 +8,8 @@
 //!   its own thread. It is the default device of every uhca tool, example and test.
 //! - `link` (feature `model`): links between model ports that carry RoCEv2 frames, with
 //!   seeded fault injection.
+//! - `rc` (feature `model`): the RC transport engine (requester and responder state
+//!   machines over RoCEv2) that the model's QPs run.
 
 #![deny(unsafe_code)]
 
@@ -17,3 +19,5 @@ pub mod layout;
 pub mod link;
 #[cfg(feature = "model")]
 pub mod model;
+#[cfg(feature = "model")]
+pub mod rc;
