@@ -71,6 +71,8 @@ pub struct DeviceConfig {
     pub cmd_timeout: Option<Duration>,
     /// log2 entries of the control EQ.
     pub control_eq_log_size: u32,
+    /// How memory registration checks pinned memory against RLIMIT_MEMLOCK.
+    pub memlock: crate::dma::MemlockPolicy,
 }
 
 impl Default for DeviceConfig {
@@ -80,6 +82,7 @@ impl Default for DeviceConfig {
             init_timeout: Duration::from_secs(120),
             cmd_timeout: None,
             control_eq_log_size: 7,
+            memlock: crate::dma::MemlockPolicy::default(),
         }
     }
 }

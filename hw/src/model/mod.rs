@@ -15,7 +15,12 @@
 //! - `eq` — event queues: EQE posting, owner bits, doorbells, overrun, MSI-X.
 //! - `pages` — firmware pages: the ICM budget and page requests.
 //!
-//! What the model does **not** do yet: CQs, QPs, MKeys, MEMIC commands, the RoCE transport,
+//! - `mkey` — the MKey table and the translation API of the data path (`mem_read`,
+//!   `mem_write`, `mem_atomic`: key, PD, bounds, rights, MTT, IOMMU or MEMIC window).
+//! - `memic` — on-device memory allocations in BAR0's MEMIC window.
+//!
+//! What the model does **not** do yet: CQs, QPs, UMR, MEMIC operations (MODIFY_MEMIC is
+//! refused: `memic_operations` = 0), the RoCE transport,
 //! signatures (never required; see prm-subset.md §3.4), fast teardown, VFs.
 
 mod caps;
@@ -27,6 +32,8 @@ mod eq;
 mod health;
 mod iommu;
 mod mem;
+mod memic;
+mod mkey;
 mod pages;
 mod state;
 mod vport;
@@ -41,6 +48,7 @@ use vmm_sys_util::eventfd::EventFd;
 pub use cmd::syndrome;
 pub use iommu::{AtomicOp, ByteOrder, DmaError, IOVA_END, IOVA_START};
 pub use mem::DmaBuffer;
+pub use mkey::MemError;
 
 use config::ConfigSpace;
 use mem::BarMem;
@@ -188,6 +196,13 @@ pub struct Stats {
     pub idle_sleeps: u64,
     /// Function-level resets.
     pub resets: u64,
+    /// Live MKeys.
+    pub mkeys: u64,
+    /// Device accesses through an MKey that were refused (bad key, PD, bounds, rights,
+    /// unmapped translation).
+    pub mkey_faults: u64,
+    /// Bytes of MEMIC (on-device memory) allocated.
+    pub memic_bytes: u64,
 }
 
 /// Live counters (atomics) behind [`Stats`].
@@ -202,6 +217,7 @@ pub(crate) struct Counters {
     pub(crate) polls: AtomicU64,
     pub(crate) idle_sleeps: AtomicU64,
     pub(crate) resets: AtomicU64,
+    pub(crate) mkey_faults: AtomicU64,
 }
 
 impl Counters {
@@ -454,6 +470,9 @@ impl Hca {
             polls: ld(&c.polls),
             idle_sleeps: ld(&c.idle_sleeps),
             resets: ld(&c.resets),
+            mkeys: core.mkeys.len() as u64,
+            mkey_faults: ld(&c.mkey_faults),
+            memic_bytes: core.memic.allocated(),
         }
     }
 

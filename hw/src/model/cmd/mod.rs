@@ -11,6 +11,8 @@
 
 mod eq;
 mod hca;
+mod memic;
+mod mkey;
 mod pages;
 mod resource;
 pub mod syndrome;
@@ -122,6 +124,12 @@ static HANDLERS: &[Handler] = &[
     h(Opcode::DeallocUar, 16, 16, RUNNING, resource::dealloc_uar),
     h(Opcode::AllocPd, 16, 16, RUNNING, resource::alloc_pd),
     h(Opcode::DeallocPd, 16, 16, RUNNING, resource::dealloc_pd),
+    h(Opcode::CreateMkey, 0x110, 16, RUNNING, mkey::create_mkey),
+    h(Opcode::DestroyMkey, 16, 16, RUNNING, mkey::destroy_mkey),
+    h(Opcode::QueryMkey, 16, 0x130, RUNNING, mkey::query_mkey),
+    h(Opcode::AllocMemic, 32, 16, RUNNING, memic::alloc_memic),
+    h(Opcode::DeallocMemic, 32, 16, RUNNING, memic::dealloc_memic),
+    h(Opcode::ModifyMemic, 64, 64, RUNNING, memic::modify_memic),
     h(Opcode::CreateEq, 0x110, 16, RUNNING, eq::create_eq),
     h(Opcode::DestroyEq, 16, 16, RUNNING, eq::destroy_eq),
     h(

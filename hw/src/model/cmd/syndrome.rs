@@ -2,7 +2,7 @@
 //! prm-subset.md §3.6, §3.8). Real firmware syndromes are not public; these are the
 //! model's. The high 16 bits group the reasons (0x0001 generic checks, 0x0002 lifecycle,
 //! 0x0003 pages, 0x0004 capabilities, 0x0005 resources, 0x0006 EQ, 0x0007 vport/RoCE,
-//! 0x0008 registers); the low 16 bits number them.
+//! 0x0008 registers, 0x0010 MKeys, 0x0011 MEMIC); the low 16 bits number them.
 
 /// BAD_OP_ERR: the opcode is not implemented by the model.
 pub const BAD_OPCODE: u32 = 0x0001_0001;
@@ -86,6 +86,52 @@ pub const BAD_ROCE_ADDRESS: u32 = 0x0007_0003;
 /// BAD_PARAM_ERR: ACCESS_REG of a register the model does not have.
 pub const BAD_REGISTER: u32 = 0x0008_0001;
 
+/// NO_RES_ERR: no free MKey index (`log_max_mkey`).
+pub const NO_FREE_MKEY: u32 = 0x0010_0001;
+/// BAD_RES_ERR: DESTROY_MKEY / QUERY_MKEY of an index that does not exist.
+pub const BAD_MKEY: u32 = 0x0010_0002;
+/// BAD_PARAM_ERR: `access_mode` other than MTT (0x1) or MEMIC (0x5).
+pub const MKEY_BAD_ACCESS_MODE: u32 = 0x0010_0003;
+/// BAD_RES_ERR: the mkc `pd` is not an allocated PD.
+pub const MKEY_BAD_PD: u32 = 0x0010_0004;
+/// BAD_PARAM_ERR: `qpn` is not 0xFFFFFF (binding an MKey to a QP is not supported).
+pub const MKEY_BAD_QPN: u32 = 0x0010_0005;
+/// BAD_PARAM_ERR: `log_page_size` outside 12..=`max_mkey_log_entity_size_mtt`.
+pub const MKEY_BAD_PAGE_SIZE: u32 = 0x0010_0006;
+/// BAD_PARAM_ERR: `start_addr + len` wraps, or `length64` (not supported).
+pub const MKEY_BAD_RANGE: u32 = 0x0010_0007;
+/// BAD_INP_LEN_ERR: `translations_octword_actual_size` does not fit `inlen`.
+pub const MKEY_MTT_INLEN: u32 = 0x0010_0008;
+/// BAD_PARAM_ERR: fewer MTT entries than the region's pages (and the MKey is not `free`).
+pub const MKEY_MTT_TOO_FEW: u32 = 0x0010_0009;
+/// BAD_PARAM_ERR: an MTT address is not aligned to the MKey page size.
+pub const MKEY_MTT_MISALIGNED: u32 = 0x0010_000a;
+/// BAD_PARAM_ERR: `translations_octword_actual_size` above `translations_octword_size`.
+pub const MKEY_MTT_ABOVE_SIZE: u32 = 0x0010_000b;
+/// BAD_PARAM_ERR: `mkey_umem_valid` (UMEM-backed translations are not supported).
+pub const MKEY_UMEM_UNSUPPORTED: u32 = 0x0010_000c;
+/// BAD_PARAM_ERR: a MEMIC MKey's `[start_addr, start_addr + len)` is not inside one
+/// MEMIC allocation.
+pub const MKEY_MEMIC_RANGE: u32 = 0x0010_000d;
+/// BAD_PARAM_ERR: a MEMIC MKey with a translation list.
+pub const MKEY_MEMIC_TRANSLATIONS: u32 = 0x0010_000e;
+
+/// BAD_PARAM_ERR: `memic_size` is 0 or not a multiple of 64 bytes.
+pub const MEMIC_BAD_SIZE: u32 = 0x0011_0001;
+/// BAD_PARAM_ERR: `log_memic_addr_alignment` above `log_max_memic_addr_alignment`.
+pub const MEMIC_BAD_ALIGNMENT: u32 = 0x0011_0002;
+/// BAD_PARAM_ERR: the range is outside the MEMIC window or smaller than `memic_size`.
+pub const MEMIC_BAD_RANGE: u32 = 0x0011_0003;
+/// NO_RES_ERR: no free, aligned device memory in the range.
+pub const MEMIC_NO_SPACE: u32 = 0x0011_0004;
+/// BAD_PARAM_ERR: DEALLOC_MEMIC / MODIFY_MEMIC of an address and size that are not an
+/// allocation.
+pub const MEMIC_BAD_ADDR: u32 = 0x0011_0005;
+/// RES_BUSY: DEALLOC_MEMIC of memory a MEMIC MKey still covers.
+pub const MEMIC_IN_USE: u32 = 0x0011_0006;
+/// BAD_PARAM_ERR: MODIFY_MEMIC of an operation type not in `memic_operations`.
+pub const MEMIC_BAD_OPERATION: u32 = 0x0011_0007;
+
 /// Every syndrome with its name (for tests and pretty-printers).
 pub const ALL: &[(&str, u32)] = &[
     ("BAD_OPCODE", BAD_OPCODE),
@@ -125,6 +171,27 @@ pub const ALL: &[(&str, u32)] = &[
     ("BAD_PORT", BAD_PORT),
     ("BAD_ROCE_ADDRESS", BAD_ROCE_ADDRESS),
     ("BAD_REGISTER", BAD_REGISTER),
+    ("NO_FREE_MKEY", NO_FREE_MKEY),
+    ("BAD_MKEY", BAD_MKEY),
+    ("MKEY_BAD_ACCESS_MODE", MKEY_BAD_ACCESS_MODE),
+    ("MKEY_BAD_PD", MKEY_BAD_PD),
+    ("MKEY_BAD_QPN", MKEY_BAD_QPN),
+    ("MKEY_BAD_PAGE_SIZE", MKEY_BAD_PAGE_SIZE),
+    ("MKEY_BAD_RANGE", MKEY_BAD_RANGE),
+    ("MKEY_MTT_INLEN", MKEY_MTT_INLEN),
+    ("MKEY_MTT_TOO_FEW", MKEY_MTT_TOO_FEW),
+    ("MKEY_MTT_MISALIGNED", MKEY_MTT_MISALIGNED),
+    ("MKEY_MTT_ABOVE_SIZE", MKEY_MTT_ABOVE_SIZE),
+    ("MKEY_UMEM_UNSUPPORTED", MKEY_UMEM_UNSUPPORTED),
+    ("MKEY_MEMIC_RANGE", MKEY_MEMIC_RANGE),
+    ("MKEY_MEMIC_TRANSLATIONS", MKEY_MEMIC_TRANSLATIONS),
+    ("MEMIC_BAD_SIZE", MEMIC_BAD_SIZE),
+    ("MEMIC_BAD_ALIGNMENT", MEMIC_BAD_ALIGNMENT),
+    ("MEMIC_BAD_RANGE", MEMIC_BAD_RANGE),
+    ("MEMIC_NO_SPACE", MEMIC_NO_SPACE),
+    ("MEMIC_BAD_ADDR", MEMIC_BAD_ADDR),
+    ("MEMIC_IN_USE", MEMIC_IN_USE),
+    ("MEMIC_BAD_OPERATION", MEMIC_BAD_OPERATION),
 ];
 
 /// The name of a syndrome, if it is one of the model's.
