@@ -132,6 +132,60 @@ pub const MEMIC_IN_USE: u32 = 0x0011_0006;
 /// BAD_PARAM_ERR: MODIFY_MEMIC of an operation type not in `memic_operations`.
 pub const MEMIC_BAD_OPERATION: u32 = 0x0011_0007;
 
+/// (Group 0x0012: CQs and queue buffers; 0x0013: QPs.)
+/// NO_RES_ERR: no free CQ number.
+pub const NO_FREE_CQ: u32 = 0x0012_0001;
+/// BAD_RES_ERR: the CQ does not exist.
+pub const BAD_CQ: u32 = 0x0012_0002;
+/// BAD_PARAM_ERR: `log_cq_size` above `log_max_cq_sz`.
+pub const CQ_SIZE: u32 = 0x0012_0003;
+/// BAD_PARAM_ERR: 128-byte CQEs, CQE compression, `cc` or `apu_cq` (not modelled).
+pub const CQ_UNSUPPORTED_FORMAT: u32 = 0x0012_0004;
+/// BAD_RES_ERR: the CQ's `uar_page` is not an allocated UAR.
+pub const CQ_BAD_UAR: u32 = 0x0012_0005;
+/// BAD_RES_ERR: the CQ's `c_eqn` is not an EQ.
+pub const CQ_BAD_EQ: u32 = 0x0012_0006;
+/// RES_BUSY: DESTROY_CQ of a CQ a QP still uses.
+pub const CQ_IN_USE: u32 = 0x0012_0007;
+/// BAD_PARAM_ERR: a CQ buffer or DBR in a devx umem (not modelled).
+pub const CQ_UMEM_UNSUPPORTED: u32 = 0x0012_0008;
+/// BAD_PARAM_ERR: a queue buffer's `log_page_size`, `page_offset` or `pas` entry is malformed.
+pub const BAD_PAS: u32 = 0x0012_0009;
+/// BAD_PARAM_ERR: a queue buffer page is not reachable through the IOMMU.
+pub const BUF_UNREACHABLE: u32 = 0x0012_000a;
+/// BAD_PARAM_ERR: a doorbell record is misaligned or unreachable.
+pub const BAD_DBR: u32 = 0x0012_000b;
+/// NO_RES_ERR: no free QP number.
+pub const NO_FREE_QP: u32 = 0x0013_0001;
+/// BAD_RES_ERR: the QP does not exist.
+pub const BAD_QP: u32 = 0x0013_0002;
+/// BAD_PARAM_ERR: a service type other than RC.
+pub const QP_BAD_ST: u32 = 0x0013_0003;
+/// BAD_RES_ERR: the QP's `pd` is not allocated.
+pub const QP_BAD_PD: u32 = 0x0013_0004;
+/// BAD_RES_ERR: `cqn_snd` or `cqn_rcv` is not a CQ.
+pub const QP_BAD_CQ: u32 = 0x0013_0005;
+/// BAD_RES_ERR: the QP's `uar_page` is not an allocated UAR.
+pub const QP_BAD_UAR: u32 = 0x0013_0006;
+/// BAD_PARAM_ERR: `log_sq_size`/`log_rq_size` above `log_max_qp_sz` or an RQ stride above `max_wqe_sz_rq`.
+pub const QP_SIZE: u32 = 0x0013_0007;
+/// BAD_PARAM_ERR: `qpc_ext`, umem buffers, `input_qpn`, SRQ/CRQ receive queues (not modelled).
+pub const QP_UNSUPPORTED: u32 = 0x0013_0008;
+/// BAD_QP_STATE_ERR: RST2INIT of a QP not in RST.
+pub const QP_NOT_RST: u32 = 0x0013_0009;
+/// BAD_QP_STATE_ERR: INIT2INIT or INIT2RTR of a QP not in INIT.
+pub const QP_NOT_INIT: u32 = 0x0013_000a;
+/// BAD_QP_STATE_ERR: RTR2RTS of a QP not in RTR.
+pub const QP_NOT_RTR: u32 = 0x0013_000b;
+/// BAD_PARAM_ERR: INIT2RTR with `mtu` outside 1..=5.
+pub const QP_BAD_MTU: u32 = 0x0013_000c;
+/// BAD_PARAM_ERR: INIT2RTR with `src_addr_index` naming no GID entry.
+pub const QP_BAD_GID_INDEX: u32 = 0x0013_000d;
+/// BAD_PARAM_ERR: `vhca_port_num` other than 0 or 1.
+pub const QP_BAD_PORT: u32 = 0x0013_000e;
+/// BAD_PARAM_ERR: RTR2RTS with attributes the transport cannot use.
+pub const QP_BAD_ATTR: u32 = 0x0013_000f;
+
 /// Every syndrome with its name (for tests and pretty-printers).
 pub const ALL: &[(&str, u32)] = &[
     ("BAD_OPCODE", BAD_OPCODE),
@@ -192,6 +246,32 @@ pub const ALL: &[(&str, u32)] = &[
     ("MEMIC_BAD_ADDR", MEMIC_BAD_ADDR),
     ("MEMIC_IN_USE", MEMIC_IN_USE),
     ("MEMIC_BAD_OPERATION", MEMIC_BAD_OPERATION),
+    ("NO_FREE_CQ", NO_FREE_CQ),
+    ("BAD_CQ", BAD_CQ),
+    ("CQ_SIZE", CQ_SIZE),
+    ("CQ_UNSUPPORTED_FORMAT", CQ_UNSUPPORTED_FORMAT),
+    ("CQ_BAD_UAR", CQ_BAD_UAR),
+    ("CQ_BAD_EQ", CQ_BAD_EQ),
+    ("CQ_IN_USE", CQ_IN_USE),
+    ("CQ_UMEM_UNSUPPORTED", CQ_UMEM_UNSUPPORTED),
+    ("BAD_PAS", BAD_PAS),
+    ("BUF_UNREACHABLE", BUF_UNREACHABLE),
+    ("BAD_DBR", BAD_DBR),
+    ("NO_FREE_QP", NO_FREE_QP),
+    ("BAD_QP", BAD_QP),
+    ("QP_BAD_ST", QP_BAD_ST),
+    ("QP_BAD_PD", QP_BAD_PD),
+    ("QP_BAD_CQ", QP_BAD_CQ),
+    ("QP_BAD_UAR", QP_BAD_UAR),
+    ("QP_SIZE", QP_SIZE),
+    ("QP_UNSUPPORTED", QP_UNSUPPORTED),
+    ("QP_NOT_RST", QP_NOT_RST),
+    ("QP_NOT_INIT", QP_NOT_INIT),
+    ("QP_NOT_RTR", QP_NOT_RTR),
+    ("QP_BAD_MTU", QP_BAD_MTU),
+    ("QP_BAD_GID_INDEX", QP_BAD_GID_INDEX),
+    ("QP_BAD_PORT", QP_BAD_PORT),
+    ("QP_BAD_ATTR", QP_BAD_ATTR),
 ];
 
 /// The name of a syndrome, if it is one of the model's.
