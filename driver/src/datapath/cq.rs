@@ -371,3 +371,206 @@ impl Drop for Poll<'_> {
         }
     }
 }
+
+#[cfg(all(test, feature = "model"))]
+mod tests {
+    use super::*;
+    use crate::datapath::sq::{Doorbell, SendRing};
+    use crate::datapath::wqe::{Remote, Sge};
+    use crate::dma::DmaSpace;
+    use crate::pci::Bar;
+    use crate::pci::model::ModelFunction;
+    use uhca_hw::layout::cqe::cqe_owner_for;
+    use uhca_hw::layout::wqe::fm_ce_se;
+
+    struct Rig {
+        ring: CqRing,
+        sq: SendRing,
+        qbuf: DmaRegion,
+        sh: Arc<WqShadow>,
+        db: Doorbell,
+        pi: u32,
+    }
+
+    const QPN: u32 = 5;
+
+    fn rig() -> Rig {
+        let f = ModelFunction::with_defaults().unwrap();
+        let bar = Bar::map(&(f.clone() as Arc<dyn crate::pci::PciFunction>), 0).unwrap();
+        let space = DmaSpace::new(f);
+        let sq_size = RingSize::new(16, 15).unwrap();
+        let sh = Arc::new(WqShadow::new(QPN, sq_size, RingSize::new(4, 15).unwrap()));
+        let reg = Arc::new(QpRegistry::default());
+        reg.add(&sh);
+        let mut ring = CqRing::new(
+            space.alloc(4096).unwrap(),
+            RingSize::new(4, 15).unwrap(),
+            256,
+            reg,
+        );
+        ring.refresh();
+        Rig {
+            ring,
+            sq: SendRing::new(sq_size, 0, QPN),
+            qbuf: space.alloc(4096).unwrap(),
+            sh,
+            db: Doorbell {
+                bar,
+                bf_reg: 3 * 4096 + 0x800,
+                bf_half: 256,
+                bf_off: 0,
+            },
+            pi: 0,
+        }
+    }
+
+    impl Rig {
+        /// Posts a signaled WRITE with `sges` data segments and rings the doorbell.
+        fn post(&mut self, wr_id: u64, sges: usize) {
+            let sge = Sge {
+                addr: 0x1000,
+                len: 8,
+                lkey: 1,
+            };
+            self.sq
+                .post(
+                    &self.qbuf,
+                    &self.sh,
+                    wr_id,
+                    WqeOpcode::RdmaWrite,
+                    fm_ce_se::CQ_UPDATE,
+                    0,
+                    |w| {
+                        w.raddr(Remote::default());
+                        w.data(&vec![sge; sges])
+                    },
+                )
+                .unwrap();
+            self.sq
+                .ring_doorbell(&self.qbuf, 4032, &self.sh, &mut self.db);
+        }
+
+        /// Writes a CQE as the device would: body first, `op_own` last with the owner bit.
+        fn cqe(&mut self, opcode: CqeOpcode, qpn: u32, counter: u16, fill: impl Fn(&mut [u8])) {
+            let mut e = [0u8; CQE_SIZE];
+            {
+                let mut c = Cqe::new_unchecked(&mut e[..]);
+                c.set_qpn(qpn);
+                c.set_wqe_counter(counter.into());
+                c.set_sop(0x08);
+                c.set_byte_cnt(8);
+            }
+            fill(&mut e);
+            let own = cqe_owner_for(self.pi, 2);
+            let slot = (self.pi & 3) as usize * CQE_SIZE;
+            let s = self.ring.region().slice();
+            s.write(slot, &e[..OP_OWN_OFFSET]);
+            s.write_u8(slot + OP_OWN_OFFSET, (u8::from(opcode) << 4) | own);
+            self.pi += 1;
+        }
+
+        fn dbr_ci(&self) -> u32 {
+            self.ring.region().slice().load_be32(256)
+        }
+    }
+
+    #[test]
+    fn requester_and_error_cqes_map_to_completions() {
+        let mut r = rig();
+        r.post(11, 1);
+        r.post(12, 6); // 2 basic blocks: counters 1 and 2
+        r.post(13, 1);
+        r.cqe(CqeOpcode::Req, QPN, 0, |_| {});
+        r.cqe(CqeOpcode::ReqErr, QPN, 1, |e| {
+            let mut x = ErrCqe::new_unchecked(e);
+            x.set_syndrome(0x13);
+            x.set_vendor_err_synd(0x88);
+            x.set_s_wqe_opcode(0x12);
+        });
+        let got: Vec<_> = r.ring_poll();
+        assert_eq!(got.len(), 2);
+        let c0 = got[0].unwrap();
+        assert_eq!(
+            (c0.wr_id, c0.status, c0.opcode, c0.qpn),
+            (11, WcStatus::Success, WcOpcode::RdmaWrite, QPN)
+        );
+        let c1 = got[1].unwrap();
+        assert_eq!(c1.wr_id, 12);
+        assert_eq!(c1.opcode, WcOpcode::FetchAdd);
+        assert_eq!(c1.byte_len, 8);
+        assert_eq!(
+            c1.status,
+            WcStatus::Error {
+                syndrome: CqeSyndrome::RemoteAccess,
+                vendor_err: 0x88
+            }
+        );
+        // One consumer-index update for the batch.
+        assert_eq!(r.dbr_ci(), 2);
+        // The send ring got its blocks back up to the end of WQE 12.
+        assert_eq!(r.sq.room(&r.sh), 16 - 1);
+    }
+
+    impl Rig {
+        fn ring_poll(&mut self) -> Vec<Result<Completion, PollError>> {
+            Poll::new(&mut self.ring).collect()
+        }
+    }
+
+    #[test]
+    fn untrusted_indices_and_qpns_are_reported_not_followed() {
+        let mut r = rig();
+        r.post(1, 6); // counters 0..2
+        r.post(2, 1); // counter 2
+        r.cqe(CqeOpcode::Req, QPN, 1, |_| {}); // middle of WQE 1
+        r.cqe(CqeOpcode::Req, QPN, 7, |_| {}); // never posted
+        r.cqe(CqeOpcode::Req, 99, 0, |_| {}); // unknown QP
+        r.cqe(CqeOpcode::Resize, QPN, 0, |_| {});
+        let got = r.ring_poll();
+        assert_eq!(
+            got,
+            vec![
+                Err(PollError::BadIndex {
+                    qpn: QPN,
+                    wqe_counter: 1
+                }),
+                Err(PollError::BadIndex {
+                    qpn: QPN,
+                    wqe_counter: 7
+                }),
+                Err(PollError::UnknownQp { qpn: 99 }),
+                Err(PollError::BadOpcode(CqeOpcode::Resize)),
+            ]
+        );
+        // Nothing was completed by the bad CQEs; a good one still works.
+        r.cqe(CqeOpcode::Req, QPN, 2, |_| {});
+        assert_eq!(r.ring_poll()[0].unwrap().wr_id, 2);
+        assert_eq!(r.dbr_ci(), 5);
+    }
+
+    #[test]
+    fn ownership_parity_follows_the_pass() {
+        let mut r = rig();
+        for i in 0..4 {
+            r.post(i, 1);
+        }
+        for i in 0..4u16 {
+            r.cqe(CqeOpcode::Req, QPN, i, |_| {});
+        }
+        assert_eq!(r.ring_poll().len(), 4);
+        // Slot 0 still holds the first pass's CQE (owner 0): on the second pass it is stale.
+        assert!(r.ring_poll().is_empty());
+        r.post(4, 1);
+        r.cqe(CqeOpcode::Req, QPN, 4, |_| {}); // owner 1
+        assert_eq!(r.ring_poll()[0].unwrap().wr_id, 4);
+        assert_eq!(r.dbr_ci(), 5);
+    }
+
+    #[test]
+    fn empty_poll_writes_no_doorbell_record() {
+        let mut r = rig();
+        r.ring.region().slice().store_be32(256, 0xABCD);
+        assert!(r.ring_poll().is_empty());
+        assert_eq!(r.dbr_ci(), 0xABCD);
+    }
+}

@@ -297,3 +297,145 @@ impl RecvRing {
         self.head
     }
 }
+
+#[cfg(all(test, feature = "model"))]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::datapath::wqe::Remote;
+    use crate::dma::DmaSpace;
+    use crate::pci::model::ModelFunction;
+    use uhca_hw::layout::wqe::WqeOpcode;
+
+    const BF: usize = 3 * 4096 + 0x800 + 2 * 512;
+
+    fn setup() -> (DmaRegion, WqShadow, SendRing, Doorbell) {
+        let f = ModelFunction::with_defaults().unwrap();
+        let bar = Bar::map(&(f.clone() as Arc<dyn crate::pci::PciFunction>), 0).unwrap();
+        let space = DmaSpace::new(f);
+        let sq = RingSize::new(8, 15).unwrap();
+        let sh = WqShadow::new(9, sq, RingSize::new(4, 15).unwrap());
+        let db = Doorbell {
+            bar,
+            bf_reg: BF,
+            bf_half: 256,
+            bf_off: 0,
+        };
+        (
+            space.alloc(4096).unwrap(),
+            sh,
+            SendRing::new(sq, 1024, 9),
+            db,
+        )
+    }
+
+    fn post(
+        r: &mut SendRing,
+        buf: &DmaRegion,
+        sh: &WqShadow,
+        id: u64,
+        sges: usize,
+    ) -> Result<(), PostError> {
+        let sge = Sge {
+            addr: id,
+            len: 4,
+            lkey: 7,
+        };
+        r.post(buf, sh, id, WqeOpcode::RdmaWrite, 0, 0, |w| {
+            w.raddr(Remote {
+                addr: 0x10,
+                rkey: 3,
+            });
+            w.data(&vec![sge; sges])
+        })
+    }
+
+    #[test]
+    fn doorbell_record_then_blueflame_or_doorbell_with_alternating_halves() {
+        let (buf, sh, mut r, mut db) = setup();
+        post(&mut r, &buf, &sh, 1, 1).unwrap();
+        r.ring_doorbell(&buf, 2048, &sh, &mut db);
+        assert_eq!(buf.slice().load_be32(2048 + QP_DBR_SND), 1);
+        // BlueFlame: the whole WQE went to the first half.
+        let mut ring = [0u8; 64];
+        buf.slice().read(1024, &mut ring);
+        assert_eq!(db.bar.read64_raw(BF), ring[..8]);
+        assert_eq!(db.bar.read64_raw(BF + 16), ring[16..24]);
+        assert_eq!(db.bf_off, 256);
+        // A batch of two: a plain 8-byte doorbell with the last WQE's control segment, to
+        // the second half.
+        post(&mut r, &buf, &sh, 2, 1).unwrap();
+        post(&mut r, &buf, &sh, 3, 1).unwrap();
+        r.ring_doorbell(&buf, 2048, &sh, &mut db);
+        assert_eq!(buf.slice().load_be32(2048 + QP_DBR_SND), 3);
+        let mut last = [0u8; 8];
+        buf.slice().read(1024 + 2 * 64, &mut last);
+        assert_eq!(db.bar.read64_raw(BF + 256), last);
+        assert_eq!(last[1..3], [0, 2], "WQE index 2 in the control segment");
+        assert_eq!(db.bf_off, 0);
+        // Nothing pending: no doorbell at all.
+        r.ring_doorbell(&buf, 2048, &sh, &mut db);
+        assert_eq!(db.bf_off, 0);
+    }
+
+    #[test]
+    fn multi_block_wqe_wraps_and_full_ring_is_an_error() {
+        let (buf, sh, mut r, mut db) = setup();
+        for id in 0..7 {
+            post(&mut r, &buf, &sh, id, 1).unwrap();
+        }
+        // 7 of 8 blocks used: a 2-block WQE does not fit until completions come back.
+        assert_eq!(post(&mut r, &buf, &sh, 7, 6), Err(PostError::QueueFull));
+        r.ring_doorbell(&buf, 2048, &sh, &mut db);
+        assert_eq!(sh.complete_send(6), Some(6));
+        post(&mut r, &buf, &sh, 7, 6).unwrap(); // blocks 7 and 8 (slot 0): wraps
+        let mut first = [0u8; 64];
+        let mut second = [0u8; 64];
+        buf.slice().read(1024 + 7 * 64, &mut first);
+        buf.slice().read(1024, &mut second);
+        assert_eq!(first[3], 0x08);
+        assert_eq!(first[7] & 0x3F, 8, "ds = ctrl + raddr + 6 data");
+        // The sixth data segment sits at byte 16 of the wrapped block.
+        assert_eq!(second[16..20], 4u32.to_be_bytes());
+        assert_eq!(second[24..32], 7u64.to_be_bytes());
+        r.ring_doorbell(&buf, 2048, &sh, &mut db);
+        assert_eq!(sh.complete_send(7), Some(7));
+        assert_eq!(r.room(&sh), 8);
+    }
+
+    #[test]
+    fn receive_wqes_end_short_lists_and_publish_the_counter() {
+        let (buf, sh, _, _) = setup();
+        let mut rq = RecvRing::new(RingSize::new(4, 15).unwrap(), 5); // 32-byte WQEs
+        let s = Sge {
+            addr: 0x1234,
+            len: 100,
+            lkey: 6,
+        };
+        rq.post(&buf, 2048, &sh, 50, &[s]).unwrap();
+        let mut w = [0u8; 32];
+        buf.slice().read(0, &mut w);
+        assert_eq!(
+            w[..16],
+            [0, 0, 0, 100, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0x12, 0x34]
+        );
+        assert_eq!(w[16..], [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(buf.slice().load_be32(2048 + QP_DBR_RCV), 1);
+        assert_eq!(
+            rq.post(&buf, 2048, &sh, 0, &[s; 3]),
+            Err(PostError::TooManySges)
+        );
+        for id in 51..54 {
+            rq.post(&buf, 2048, &sh, id, &[s, s]).unwrap();
+        }
+        assert_eq!(
+            rq.post(&buf, 2048, &sh, 99, &[s]),
+            Err(PostError::QueueFull)
+        );
+        assert_eq!(sh.complete_recv(0), Some(50));
+        assert_eq!(sh.complete_recv(0), None, "already completed");
+        rq.post(&buf, 2048, &sh, 54, &[s]).unwrap();
+        assert_eq!(buf.slice().load_be32(2048 + QP_DBR_RCV), 5);
+    }
+}
