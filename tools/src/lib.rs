@@ -1,0 +1,3 @@
+//! Shared code of the uhca tools. [`perf`] is the engine behind `uhca-perf`.
+
+pub mod perf;
