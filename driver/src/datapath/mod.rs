@@ -7,6 +7,8 @@
 //! and every index it holds is checked before use (style.md §10, §14).
 
 pub mod cq;
+#[cfg(feature = "model")]
+pub mod rig;
 pub mod ring;
 pub mod sq;
 pub mod wqe;
