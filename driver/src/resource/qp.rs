@@ -179,6 +179,13 @@ impl SendFlags {
     pub const FENCE: SendFlags = SendFlags(fm_ce_se::FENCE);
 }
 
+impl SendFlags {
+    /// Both sets of flags (usable in constants).
+    pub const fn union(self, other: SendFlags) -> SendFlags {
+        SendFlags(self.0 | other.0)
+    }
+}
+
 impl std::ops::BitOr for SendFlags {
     type Output = SendFlags;
     fn bitor(self, rhs: SendFlags) -> SendFlags {
