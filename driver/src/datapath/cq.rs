@@ -20,6 +20,9 @@ use super::sq::WqShadow;
 use crate::barrier;
 use crate::dma::DmaRegion;
 
+/// The half of a CQE the driver reads.
+const CQE_HALF: usize = CQE_SIZE / 2;
+
 /// How a work request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WcStatus {
@@ -63,14 +66,26 @@ pub enum WcOpcode {
 }
 
 impl WcOpcode {
+    #[inline(always)]
     fn of_wqe(op: u8) -> WcOpcode {
-        match WqeOpcode::from(op) {
-            WqeOpcode::Send | WqeOpcode::SendImm | WqeOpcode::SendInval => WcOpcode::Send,
-            WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm => WcOpcode::RdmaWrite,
-            WqeOpcode::RdmaRead => WcOpcode::RdmaRead,
-            WqeOpcode::AtomicCs | WqeOpcode::AtomicMaskedCs => WcOpcode::CompSwap,
-            WqeOpcode::AtomicFa | WqeOpcode::AtomicMaskedFa => WcOpcode::FetchAdd,
-            other => WcOpcode::Other(other.into()),
+        // Matched on the raw value: one jump table, no detour through `WqeOpcode`.
+        const SEND: u8 = WqeOpcode::Send.raw();
+        const SEND_IMM: u8 = WqeOpcode::SendImm.raw();
+        const SEND_INVAL: u8 = WqeOpcode::SendInval.raw();
+        const WRITE: u8 = WqeOpcode::RdmaWrite.raw();
+        const WRITE_IMM: u8 = WqeOpcode::RdmaWriteImm.raw();
+        const READ: u8 = WqeOpcode::RdmaRead.raw();
+        const CS: u8 = WqeOpcode::AtomicCs.raw();
+        const MCS: u8 = WqeOpcode::AtomicMaskedCs.raw();
+        const FA: u8 = WqeOpcode::AtomicFa.raw();
+        const MFA: u8 = WqeOpcode::AtomicMaskedFa.raw();
+        match op {
+            SEND | SEND_IMM | SEND_INVAL => WcOpcode::Send,
+            WRITE | WRITE_IMM => WcOpcode::RdmaWrite,
+            READ => WcOpcode::RdmaRead,
+            CS | MCS => WcOpcode::CompSwap,
+            FA | MFA => WcOpcode::FetchAdd,
+            other => WcOpcode::Other(other),
         }
     }
 }
@@ -235,8 +250,10 @@ impl CqRing {
             return None;
         }
         barrier::rmb_after_owner(); // CQE body after its op_own byte
+        // Everything an RC completion needs lies in the second half (0x20..0x40, §9.7):
+        // copy only that; the first half of the shadow stays zero.
         let mut cqe = [0u8; CQE_SIZE];
-        s.read_words(off, &mut cqe);
+        s.read_words(off + CQE_HALF, &mut cqe[CQE_HALF..]);
         self.ci = self.ci.wrapping_add(1);
         Some(cqe)
     }

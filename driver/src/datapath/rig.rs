@@ -28,8 +28,9 @@ pub struct Rig {
     shadow: Arc<WqShadow>,
     db: Doorbell,
     cq: CqRing,
-    /// WQE counters posted and not yet completed by the stand-in.
-    posted: Vec<u16>,
+    /// WQE counters posted and not yet completed by the stand-in: `[done, head)` (every
+    /// WQE of the rig is one basic block).
+    done: u32,
     cq_pi: u32,
     _f: Arc<ModelFunction>,
 }
@@ -47,9 +48,7 @@ pub enum RigError {
 
 impl std::fmt::Debug for Rig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rig")
-            .field("posted", &self.posted.len())
-            .finish()
+        f.debug_struct("Rig").field("done", &self.done).finish()
     }
 }
 
@@ -82,7 +81,7 @@ impl Rig {
                 bf_off: 0,
             },
             cq,
-            posted: Vec::with_capacity(1 << LOG),
+            done: 0,
             cq_pi: 0,
             _f: f,
         })
@@ -91,7 +90,6 @@ impl Rig {
     /// Posts a signaled one-SGE RDMA WRITE (no doorbell).
     #[inline]
     pub fn post_write(&mut self, wr_id: u64) -> Result<(), PostError> {
-        let idx = self.sq.head() as u16;
         let sge = Sge {
             addr: 0x1000,
             len: 64,
@@ -112,9 +110,7 @@ impl Rig {
                 w.raddr(remote);
                 w.data(std::slice::from_ref(&sge))
             },
-        )?;
-        self.posted.push(idx);
-        Ok(())
+        )
     }
 
     /// Publishes the posted WQEs (doorbell record, then doorbell or BlueFlame).
@@ -128,7 +124,10 @@ impl Rig {
     /// The stand-in device: one REQ CQE per posted WQE, at once.
     pub fn complete_all(&mut self) {
         let s = self.cq.region().slice();
-        for idx in self.posted.drain(..) {
+        let head = self.sq.head();
+        while self.done != head {
+            let idx = self.done as u16;
+            self.done = self.done.wrapping_add(1);
             let mut e = [0u8; CQE_SIZE];
             {
                 let mut c = Cqe::new_unchecked(&mut e[..]);

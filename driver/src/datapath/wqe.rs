@@ -108,10 +108,10 @@ impl WqeBuf {
     /// (written big-endian, as the PRM carries it). `ds` is set by [`finish`](Self::finish).
     #[inline(always)]
     pub fn ctrl(&mut self, opcode: WqeOpcode, wqe_index: u16, qpn: u32, fm_ce_se: u8, imm: u32) {
+        // Zero the first basic block at once (fixed size: a few vector stores), so the
+        // field setters and `finish` need no further clearing for one-block WQEs.
+        self.bytes[..SEND_WQE_BB].copy_from_slice(&[0; SEND_WQE_BB]);
         let mut c = CtrlSeg::new_unchecked(&mut self.bytes[..DS_UNIT]);
-        c.buf_mut().write_be32(0, 0);
-        c.buf_mut().write_be32(4, 0);
-        c.buf_mut().write_be32(8, 0);
         c.set_opcode(u8::from(opcode).into());
         c.set_wqe_index(wqe_index.into());
         c.set_qpn(qpn & 0xFF_FFFF);
@@ -181,12 +181,16 @@ impl WqeBuf {
         let ds = self.len / DS_UNIT;
         CtrlSeg::new_unchecked(&mut self.bytes[..DS_UNIT]).set_ds(ds as u32);
         let end = self.len.next_multiple_of(SEND_WQE_BB);
-        self.bytes[self.len..end].fill(0);
+        if end > SEND_WQE_BB {
+            // The first block was zeroed by `ctrl`; clear the tail of a later last block.
+            self.bytes[self.len..end].fill(0);
+        }
         self.len = end;
         end / SEND_WQE_BB
     }
 
     /// The bytes built so far (whole basic blocks after [`finish`](Self::finish)).
+    #[inline(always)]
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
     }

@@ -208,6 +208,7 @@ impl DmaRegion {
     }
 
     /// The whole region as a volatile slice.
+    #[inline]
     pub fn slice(&self) -> DmaSlice<'_> {
         DmaSlice {
             ptr: self.ptr.as_ptr(),
@@ -280,6 +281,7 @@ impl<'a> DmaSlice<'a> {
     }
 
     /// A sub-window.
+    #[inline]
     pub fn sub(&self, offset: usize, len: usize) -> DmaSlice<'a> {
         assert!(
             offset.checked_add(len).is_some_and(|e| e <= self.len),
@@ -330,6 +332,7 @@ impl<'a> DmaSlice<'a> {
     }
 
     /// Reads one byte.
+    #[inline]
     pub fn read_u8(&self, off: usize) -> u8 {
         self.check(off, 1);
         // SAFETY: in bounds (checked).
@@ -337,6 +340,7 @@ impl<'a> DmaSlice<'a> {
     }
 
     /// Writes one byte.
+    #[inline]
     pub fn write_u8(&self, off: usize, v: u8) {
         self.check(off, 1);
         // SAFETY: in bounds (checked).
@@ -345,6 +349,7 @@ impl<'a> DmaSlice<'a> {
 
     /// The aligned 32-bit word at `off` as an atomic (for ownership bytes and doorbell
     /// records that the device and the driver hand back and forth).
+    #[inline]
     pub fn atomic_u32(&self, off: usize) -> &'a AtomicU32 {
         self.check(off, 4);
         assert_eq!((self.ptr as usize + off) % 4, 0, "misaligned atomic");
@@ -362,11 +367,13 @@ impl<'a> DmaSlice<'a> {
     }
 
     /// Reads a big-endian u32 with acquire ordering (device-produced words).
+    #[inline]
     pub fn load_be32(&self, off: usize) -> u32 {
         u32::from_be(self.atomic_u32(off).load(Ordering::Acquire))
     }
 
     /// Writes a big-endian u32 with release ordering (publishing to the device).
+    #[inline]
     pub fn store_be32(&self, off: usize, v: u32) {
         self.atomic_u32(off).store(v.to_be(), Ordering::Release)
     }
