@@ -7,7 +7,6 @@
 //! and every index it holds is checked before use (style.md §10, §14).
 
 pub mod cq;
-#[cfg(feature = "model")]
 pub mod rig;
 pub mod ring;
 pub mod sq;

@@ -15,13 +15,13 @@ use super::ring::RingSize;
 use super::sq::{Doorbell, SendRing, WqShadow};
 use super::wqe::{PostError, Remote, Sge};
 use crate::dma::{DmaRegion, DmaSpace};
-use crate::pci::model::ModelFunction;
+use crate::pci::null::NullFunction;
 use crate::pci::{Bar, PciError, PciFunction};
 
 const QPN: u32 = 0x42;
 const LOG: u32 = 10;
 
-/// Rings on DMA memory of an idle (never booted) model function.
+/// Rings on DMA memory of a device-less PCI function ([`NullFunction`]).
 pub struct Rig {
     sq: SendRing,
     sq_buf: DmaRegion,
@@ -32,7 +32,7 @@ pub struct Rig {
     /// WQE of the rig is one basic block).
     done: u32,
     cq_pi: u32,
-    _f: Arc<ModelFunction>,
+    _f: Arc<NullFunction>,
 }
 
 /// Why the rig could not be built.
@@ -55,7 +55,7 @@ impl std::fmt::Debug for Rig {
 impl Rig {
     /// A rig with 1024-block send ring and 1024-entry CQ.
     pub fn new() -> Result<Rig, RigError> {
-        let f = ModelFunction::with_defaults()?;
+        let f = Arc::new(NullFunction::default());
         let pf: Arc<dyn PciFunction> = f.clone();
         let bar = Bar::map(&pf, 0)?;
         let space = DmaSpace::new(pf);

@@ -13,6 +13,7 @@
 mod bar;
 #[cfg(feature = "model")]
 pub mod model;
+pub mod null;
 
 pub use bar::Bar;
 
