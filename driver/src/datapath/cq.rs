@@ -160,7 +160,7 @@ impl QpRegistry {
 /// The CQE ring and its consumer state.
 #[derive(Debug)]
 pub(crate) struct CqRing {
-    buf: DmaRegion,
+    buf: Arc<DmaRegion>,
     size: RingSize,
     /// Byte offset of the doorbell record in `buf`.
     dbr: usize,
@@ -175,7 +175,7 @@ impl CqRing {
     /// A ring over `buf`: `size` CQEs, then the doorbell record at `dbr`. Every entry starts
     /// as `op_own` = 0xF0 (§9.4).
     pub(crate) fn new(
-        buf: DmaRegion,
+        buf: Arc<DmaRegion>,
         size: RingSize,
         dbr: usize,
         registry: Arc<QpRegistry>,
@@ -200,7 +200,7 @@ impl CqRing {
         }
     }
 
-    pub(crate) fn region(&self) -> &DmaRegion {
+    pub(crate) fn region(&self) -> &Arc<DmaRegion> {
         &self.buf
     }
 
@@ -420,7 +420,7 @@ mod tests {
         let reg = Arc::new(QpRegistry::default());
         reg.add(&sh);
         let mut ring = CqRing::new(
-            space.alloc(4096).unwrap(),
+            Arc::new(space.alloc(4096).unwrap()),
             RingSize::new(4, 15).unwrap(),
             256,
             reg,

@@ -68,7 +68,7 @@ impl Rig {
         let reg = Arc::new(QpRegistry::default());
         reg.add(&shadow);
         let cq_buf = space.alloc((CQE_SIZE << LOG) + 64)?;
-        let mut cq = CqRing::new(cq_buf, size, CQE_SIZE << LOG, reg);
+        let mut cq = CqRing::new(Arc::new(cq_buf), size, CQE_SIZE << LOG, reg);
         cq.refresh();
         Ok(Rig {
             sq: SendRing::new(size, 0, QPN),

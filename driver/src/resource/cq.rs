@@ -27,7 +27,7 @@ use crate::cmd::queue_ops;
 use crate::datapath::cq::{CqRing, Poll, QpRegistry};
 use crate::datapath::ring::RingSize;
 use crate::device::{Device, DeviceInner};
-use crate::dma::DmaError;
+use crate::dma::{DmaError, DmaRegion};
 use crate::pci::{Iova, PciError};
 use crate::resource::EqRing;
 
@@ -222,6 +222,8 @@ pub(crate) struct CqObj {
     pub(crate) cqn: u32,
     pub(crate) dev: Arc<DeviceInner>,
     pub(crate) registry: Arc<QpRegistry>,
+    /// The CQE ring and doorbell record: freed only after the firmware CQ is gone.
+    buf: Arc<DmaRegion>,
     eq: Arc<CompEq>,
 }
 
@@ -230,7 +232,10 @@ impl Drop for CqObj {
         if self.dev.is_open()
             && let Err(e) = queue_ops::destroy_cq(&*self.dev, self.cqn)
         {
-            tracing::warn!(cqn = self.cqn, error = %e, "DESTROY_CQ failed");
+            // The device may still write CQEs: keep the memory (leak) rather than free it
+            // under the device.
+            tracing::warn!(cqn = self.cqn, error = %e, "DESTROY_CQ failed; leaking its buffer");
+            std::mem::forget(self.buf.clone());
         }
         let _ = &self.eq; // the EQ goes after the CQ that names it
     }
@@ -270,9 +275,9 @@ impl Device {
             shared_eq(dev)?
         };
         let dbr = dbr_offset(size);
-        let buf = dev.dma.alloc(dbr + 64)?;
+        let buf = Arc::new(dev.dma.alloc(dbr + 64)?);
         let registry = Arc::new(QpRegistry::default());
-        let ring = CqRing::new(buf, size, dbr, registry.clone());
+        let ring = CqRing::new(buf.clone(), size, dbr, registry.clone());
         let region = ring.region();
         let pages: Vec<Iova> = (0..region.len().div_ceil(4096))
             .map(|i| region.iova().add(i as u64 * 4096))
@@ -296,6 +301,7 @@ impl Device {
                 cqn,
                 dev: dev.clone(),
                 registry,
+                buf,
                 eq,
             }),
         })

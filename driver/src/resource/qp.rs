@@ -278,7 +278,8 @@ pub struct SendWr<'a> {
 pub struct Qp {
     qpn: u32,
     state: QpState,
-    buf: DmaRegion,
+    /// RQ, SQ and doorbell record; an `Arc` so a failed destroy can leak it (see `Drop`).
+    buf: Arc<DmaRegion>,
     dbr: usize,
     sq: SendRing,
     rq: RecvRing,
@@ -361,7 +362,7 @@ impl Device {
         let rq_bytes = (rq.entries() as usize) << stride_log;
         let sq_off = rq_bytes;
         let dbr = sq_off + sq.entries() as usize * SEND_WQE_BB;
-        let buf = dev.dma.alloc(dbr + 64)?;
+        let buf = Arc::new(dev.dma.alloc(dbr + 64)?);
         let uar = Uar::alloc(dev).map_err(|e| match e {
             crate::DeviceError::Cmd(c) => QueueError::Cmd(c),
             _ => QueueError::Closed,
@@ -705,14 +706,7 @@ impl Drop for Qp {
             // The device may still write through the QP: keep its memory (leak) rather
             // than free it under the device.
             tracing::warn!(qpn = self.qpn, error = %e, "DESTROY_QP failed; leaking its buffer");
-            let buf = std::mem::replace(
-                &mut self.buf,
-                match self.dev.dma.alloc(64) {
-                    Ok(b) => b,
-                    Err(_) => return,
-                },
-            );
-            std::mem::forget(buf);
+            std::mem::forget(self.buf.clone());
         }
         self.scq.registry.remove(&self.shadow);
         self.rcq.registry.remove(&self.shadow);
