@@ -12,8 +12,9 @@ use gungraun::prelude::*;
 use uhca::datapath::rig::Rig;
 
 /// A rig whose rings have been around once (memory touched, caches of the poller filled).
-fn warm() -> Rig {
-    let mut r = Rig::new().expect("rig");
+/// Boxed, so that handing it to and from the benchmark moves a pointer, not the rig.
+fn warm() -> Box<Rig> {
+    let mut r = Box::new(Rig::new().expect("rig"));
     for i in 0..1024 {
         r.post_write(i).expect("room");
         if i % 64 == 63 {
@@ -26,7 +27,7 @@ fn warm() -> Rig {
 }
 
 /// A warm rig with `n` WRITEs posted, rung and completed: `n` CQEs wait.
-fn with_cqes(n: u64) -> Rig {
+fn with_cqes(n: u64) -> Box<Rig> {
     let mut r = warm();
     for i in 0..n {
         r.post_write(i).expect("room");
@@ -38,14 +39,14 @@ fn with_cqes(n: u64) -> Rig {
 
 #[library_benchmark]
 #[bench::one(warm())]
-fn post_one_write(mut r: Rig) -> Rig {
+fn post_one_write(mut r: Box<Rig>) -> Box<Rig> {
     black_box(r.post_write(black_box(7))).expect("room");
     r
 }
 
 #[library_benchmark]
 #[bench::sixteen(warm())]
-fn post_16_writes_one_doorbell(mut r: Rig) -> Rig {
+fn post_16_writes_one_doorbell(mut r: Box<Rig>) -> Box<Rig> {
     for i in 0..16 {
         black_box(r.post_write(black_box(i))).expect("room");
     }
@@ -55,14 +56,14 @@ fn post_16_writes_one_doorbell(mut r: Rig) -> Rig {
 
 #[library_benchmark]
 #[bench::one(with_cqes(1))]
-fn poll_one_cqe(mut r: Rig) -> Rig {
+fn poll_one_cqe(mut r: Box<Rig>) -> Box<Rig> {
     black_box(r.poll_one()).expect("a CQE").expect("valid");
     r
 }
 
 #[library_benchmark]
 #[bench::sixteen(with_cqes(16))]
-fn poll_16_cqes(mut r: Rig) -> Rig {
+fn poll_16_cqes(mut r: Box<Rig>) -> Box<Rig> {
     let mut n = 0;
     for c in r.poll() {
         black_box(c.expect("valid").wr_id);
