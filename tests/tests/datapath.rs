@@ -719,3 +719,13 @@ fn control_path_errors_are_typed() {
     qp.to_init(Access::ALL).unwrap();
     assert_eq!(qp.query_state().unwrap(), QpState::Init);
 }
+
+/// The threading contract in types: a thread may own (and move) QPs and CQs; posting and
+/// polling take `&mut`, so one thread at a time uses a queue without a lock.
+#[test]
+fn queue_handles_can_move_between_threads() {
+    fn send<T: Send>() {}
+    send::<Qp>();
+    send::<Cq>();
+    send::<Mr>();
+}
