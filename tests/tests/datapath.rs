@@ -536,6 +536,11 @@ fn to_err_flushes_posted_receives() {
             ..
         }
     )));
+    // 2RST: the QP is back in RESET.
+    p.b.reset().unwrap();
+    assert_eq!(p.b.query_state().unwrap(), QpState::Reset);
+    assert_eq!(p.b.state(), QpState::Reset);
+    assert!(p.b.to_init(Access::ALL).is_err(), "not reused after 2RST");
 }
 
 #[test]

@@ -278,6 +278,8 @@ pub struct SendWr<'a> {
 pub struct Qp {
     qpn: u32,
     state: QpState,
+    /// 2RST ran: the device forgot the rings' counters, the driver's shadows did not.
+    was_reset: bool,
     /// RQ, SQ and doorbell record; an `Arc` so a failed destroy can leak it (see `Drop`).
     buf: Arc<DmaRegion>,
     dbr: usize,
@@ -400,6 +402,7 @@ impl Device {
         Ok(Qp {
             qpn,
             state: QpState::Reset,
+            was_reset: false,
             sq: SendRing::new(sq, sq_off, qpn),
             rq: RecvRing::new(rq, stride_log),
             db: Doorbell {
@@ -482,6 +485,11 @@ impl Qp {
     /// RST2INIT with the remote rights `access` (§7.3).
     pub fn to_init(&mut self, access: Access) -> Result<(), QueueError> {
         self.check("RST2INIT", &[QpState::Reset])?;
+        if self.was_reset {
+            return Err(QueueError::Config(
+                "a QP is not reused after 2RST in this version: create a new one",
+            ));
+        }
         let (pdn, s, r, dbr) = (
             self.pdn,
             self.scq.cqn,
@@ -571,10 +579,12 @@ impl Qp {
         Ok(())
     }
 
-    /// 2RST. The rings are not reusable afterwards in this version: create a new QP.
+    /// 2RST. The rings are not reusable afterwards in this version: a later
+    /// [`to_init`](Self::to_init) is refused; create a new QP.
     pub fn reset(&mut self) -> Result<(), QueueError> {
         queue_ops::qp_simple(&*self.dev, Opcode::ToRstQp, self.qpn)?;
         self.state = QpState::Reset;
+        self.was_reset = true;
         Ok(())
     }
 
