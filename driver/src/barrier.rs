@@ -7,6 +7,8 @@
 //! `wc_flush` is a full fence (rdma-core `mmio_flush_writes` is `sfence` on x86).
 //! Sources: prm-subset.md §9.2 (ringing the SQ), §9.3 (doorbell records), §9.7 (owner bit).
 
+#![deny(unsafe_code)]
+
 use std::sync::atomic::{Ordering, fence};
 
 /// Orders WQE (or receive WQE) stores before the doorbell-record store that publishes them

@@ -4,6 +4,8 @@
 //! `resource::{cq, qp}` through closures over the layout views, so this file only knows the
 //! message framing.
 
+#![deny(unsafe_code)]
+
 use uhca_hw::layout::BufMut;
 use uhca_hw::layout::cmd::Opcode;
 use uhca_hw::layout::cmds::{

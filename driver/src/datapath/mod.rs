@@ -6,6 +6,8 @@
 //! take no lock and allocate nothing; device memory is only read through shadow copies
 //! and every index it holds is checked before use (style.md §10, §14).
 
+#![deny(unsafe_code)]
+
 pub mod cq;
 pub mod rig;
 pub mod ring;

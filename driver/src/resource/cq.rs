@@ -10,6 +10,8 @@
 //! Thread contract: `Cq` is `Send` (move it to the polling thread) but not shareable for
 //! polling; the firmware object lives until the `Cq` and every QP using it are dropped.
 
+#![deny(unsafe_code)]
+
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;

@@ -8,6 +8,8 @@
 //! Connection: [`Qp::connect`] runs RST2INIT, INIT2RTR and RTR2RTS with the attributes of
 //! [`ConnectParams`], writing what Linux writes per transition (§7.3).
 
+#![deny(unsafe_code)]
+
 use std::sync::Arc;
 
 use uhca_hw::layout::caps::CmdHcaCap;
