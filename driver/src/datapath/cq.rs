@@ -270,7 +270,7 @@ impl CqRing {
     pub(crate) fn parse(&mut self, cqe: &[u8; CQE_SIZE]) -> Result<Completion, PollError> {
         let c = Cqe::new_unchecked(&cqe[..]);
         let op_own = c.op_own() as u8;
-        let opcode = CqeOpcode::from(op_own >> 4);
+        let raw = op_own >> 4;
         let qpn = c.qpn();
         let counter = c.wqe_counter() as u16;
         let sh = self.shadow(qpn).ok_or(PollError::UnknownQp { qpn })?;
@@ -278,10 +278,18 @@ impl CqRing {
             qpn,
             wqe_counter: counter,
         };
-        match opcode {
-            CqeOpcode::Req | CqeOpcode::ReqErr => {
+        // Matched on the raw value (one compare chain, no enum conversion on the hot path).
+        const REQ: u8 = CqeOpcode::Req.raw();
+        const REQ_ERR: u8 = CqeOpcode::ReqErr.raw();
+        const RESP_WR_IMM: u8 = CqeOpcode::RespWrImm.raw();
+        const RESP_SEND: u8 = CqeOpcode::RespSend.raw();
+        const RESP_SEND_IMM: u8 = CqeOpcode::RespSendImm.raw();
+        const RESP_SEND_INV: u8 = CqeOpcode::RespSendInv.raw();
+        const RESP_ERR: u8 = CqeOpcode::RespErr.raw();
+        match raw {
+            REQ | REQ_ERR => {
                 let wr_id = sh.complete_send(counter).ok_or(bad)?;
-                let (status, wqe_op) = if opcode == CqeOpcode::Req {
+                let (status, wqe_op) = if raw == REQ {
                     (WcStatus::Success, c.sop() as u8)
                 } else {
                     let e = ErrCqe::new_unchecked(&cqe[..]);
@@ -302,26 +310,20 @@ impl CqRing {
                     solicited: false,
                 })
             }
-            CqeOpcode::RespSend
-            | CqeOpcode::RespSendImm
-            | CqeOpcode::RespSendInv
-            | CqeOpcode::RespWrImm
-            | CqeOpcode::RespErr => {
+            RESP_SEND | RESP_SEND_IMM | RESP_SEND_INV | RESP_WR_IMM | RESP_ERR => {
                 let wr_id = sh.complete_recv(counter).ok_or(bad)?;
-                let (status, opcode, imm) = match opcode {
-                    CqeOpcode::RespErr => (
+                let (status, opcode, imm) = match raw {
+                    RESP_ERR => (
                         error_status(&ErrCqe::new_unchecked(&cqe[..])),
                         WcOpcode::Recv,
                         None,
                     ),
-                    CqeOpcode::RespWrImm => (
+                    RESP_WR_IMM => (
                         WcStatus::Success,
                         WcOpcode::RecvRdmaWithImm,
                         Some(c.imm_inval_pkey()),
                     ),
-                    CqeOpcode::RespSendImm => {
-                        (WcStatus::Success, WcOpcode::Recv, Some(c.imm_inval_pkey()))
-                    }
+                    RESP_SEND_IMM => (WcStatus::Success, WcOpcode::Recv, Some(c.imm_inval_pkey())),
                     _ => (WcStatus::Success, WcOpcode::Recv, None),
                 };
                 Ok(Completion {
@@ -334,7 +336,7 @@ impl CqRing {
                     solicited: op_own & 0x02 != 0,
                 })
             }
-            other => Err(PollError::BadOpcode(other)),
+            other => Err(PollError::BadOpcode(CqeOpcode::from(other))),
         }
     }
 

@@ -7,6 +7,8 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingSize {
     log: u32,
+    /// `entries - 1`, kept so that a slot is one AND.
+    mask: u32,
 }
 
 impl RingSize {
@@ -14,6 +16,7 @@ impl RingSize {
     pub fn new(entries: u32, log_max: u32) -> Option<RingSize> {
         (entries.is_power_of_two() && entries.trailing_zeros() <= log_max).then(|| RingSize {
             log: entries.trailing_zeros(),
+            mask: entries - 1,
         })
     }
 
@@ -24,13 +27,13 @@ impl RingSize {
 
     /// Number of entries.
     pub fn entries(self) -> u32 {
-        1 << self.log
+        self.mask + 1
     }
 
     /// The slot of free-running counter `counter`.
     #[inline(always)]
     pub fn slot(self, counter: u32) -> usize {
-        (counter & ((1 << self.log) - 1)) as usize
+        (counter & self.mask) as usize
     }
 }
 

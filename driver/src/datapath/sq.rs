@@ -158,14 +158,25 @@ impl SendRing {
                 return Err(PostError::QueueFull);
             }
         }
+        // Copy what the device reads (ds × 16 bytes) in one run, or two where the WQE wraps
+        // from the end of the ring to its start (§9.4).
         let ring = buf.slice();
-        let bytes = self.wqe.as_bytes();
-        for k in 0..n {
-            let at = self.off + self.size.slot(idx.wrapping_add(k)) * SEND_WQE_BB;
-            let b = k as usize * SEND_WQE_BB;
-            ring.write_words(at, &bytes[b..b + SEND_WQE_BB]);
-        }
+        let used = self.wqe.used_bytes();
         let slot = self.size.slot(idx);
+        let to_end = (self.size.entries() as usize - slot) * SEND_WQE_BB;
+        let at = self.off + slot * SEND_WQE_BB;
+        if n == 1 {
+            // The common one-block WQE: a fixed 64-byte copy (unrolled stores).
+            let block: &[u8; SEND_WQE_BB] = self.wqe.as_bytes()[..SEND_WQE_BB]
+                .try_into()
+                .expect("one basic block");
+            ring.write_words(at, block);
+        } else if used.len() <= to_end {
+            ring.write_words(at, used);
+        } else {
+            ring.write_words(at, &used[..to_end]);
+            ring.write_words(self.off, &used[to_end..]);
+        }
         let next = idx.wrapping_add(n);
         sh.sq_wr_id[slot].store(wr_id, Ordering::Relaxed);
         sh.sq_meta[slot].store(u64::from(idx) << 32 | u64::from(next), Ordering::Relaxed);

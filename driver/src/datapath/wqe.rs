@@ -85,6 +85,8 @@ pub enum PostError {
 pub struct WqeBuf {
     bytes: [u8; MAX_WQE_BYTES],
     len: usize,
+    /// Bytes the device reads (`ds` × 16), set by `finish`.
+    used: usize,
 }
 
 impl Default for WqeBuf {
@@ -92,6 +94,7 @@ impl Default for WqeBuf {
         WqeBuf {
             bytes: [0; MAX_WQE_BYTES],
             len: 0,
+            used: 0,
         }
     }
 }
@@ -180,6 +183,7 @@ impl WqeBuf {
     pub fn finish(&mut self) -> usize {
         let ds = self.len / DS_UNIT;
         CtrlSeg::new_unchecked(&mut self.bytes[..DS_UNIT]).set_ds(ds as u32);
+        self.used = self.len;
         let end = self.len.next_multiple_of(SEND_WQE_BB);
         if end > SEND_WQE_BB {
             // The first block was zeroed by `ctrl`; clear the tail of a later last block.
@@ -193,6 +197,13 @@ impl WqeBuf {
     #[inline(always)]
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
+    }
+
+    /// The bytes the device reads (`ds` × 16, a multiple of 16) after
+    /// [`finish`](Self::finish); the rest of the last basic block is padding.
+    #[inline(always)]
+    pub fn used_bytes(&self) -> &[u8] {
+        &self.bytes[..self.used]
     }
 
     /// The first 8 bytes of the control segment as they sit in memory: the doorbell value
