@@ -94,6 +94,7 @@ pub(crate) fn boot(
         driver_uar: OnceLock::new(),
         state: AtomicU8::new(STATE_OPEN),
         config,
+        dp: Default::default(),
     });
     match boot_commands(&dev) {
         Ok(()) => Ok(dev),

@@ -71,6 +71,8 @@ pub struct DeviceConfig {
     pub cmd_timeout: Option<Duration>,
     /// log2 entries of the control EQ.
     pub control_eq_log_size: u32,
+    /// How memory registration checks pinned memory against RLIMIT_MEMLOCK.
+    pub memlock: crate::dma::MemlockPolicy,
 }
 
 impl Default for DeviceConfig {
@@ -80,6 +82,7 @@ impl Default for DeviceConfig {
             init_timeout: Duration::from_secs(120),
             cmd_timeout: None,
             control_eq_log_size: 7,
+            memlock: crate::dma::MemlockPolicy::default(),
         }
     }
 }
@@ -156,6 +159,8 @@ pub struct DeviceInner {
     pub(crate) driver_uar: OnceLock<u32>,
     pub(crate) state: AtomicU8,
     pub(crate) config: DeviceConfig,
+    /// Completion EQs and interrupt vectors of the data path.
+    pub(crate) dp: crate::resource::cq::DeviceQueues,
 }
 
 impl std::fmt::Debug for DeviceInner {

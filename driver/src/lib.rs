@@ -20,8 +20,10 @@
 //! # Ok::<(), uhca::DeviceError>(())
 //! ```
 
+pub mod barrier;
 mod boot;
 pub mod cmd;
+pub mod datapath;
 mod device;
 pub mod dma;
 pub mod health;

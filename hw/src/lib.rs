@@ -6,10 +6,18 @@
 //! - `model` (feature `model`, on by default): a software ConnectX-class HCA that speaks
 //!   those layouts behind a BAR0 memory region, a config space and a model IOMMU, run by
 //!   its own thread. It is the default device of every uhca tool, example and test.
+//! - `link` (feature `model`): links between model ports that carry RoCEv2 frames, with
+//!   seeded fault injection.
+//! - `rc` (feature `model`): the RC transport engine (requester and responder state
+//!   machines over RoCEv2) that the model's QPs run.
 
 #![deny(unsafe_code)]
 
 pub mod layout;
 
 #[cfg(feature = "model")]
+pub mod link;
+#[cfg(feature = "model")]
 pub mod model;
+#[cfg(feature = "model")]
+pub mod rc;

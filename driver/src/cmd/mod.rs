@@ -12,6 +12,7 @@
 
 mod mailbox;
 pub mod ops;
+pub mod queue_ops;
 
 use std::sync::Arc;
 use std::sync::Mutex;

@@ -303,3 +303,119 @@ pub fn query_roce_address(c: &dyn Exec, index: u32) -> Result<RoceAddress, CmdEr
 pub fn out_header(out: &[u8]) -> (u32, u32) {
     (out.get_bits(0, 31, 24), out.read_be32(4))
 }
+
+/// Parameters of CREATE_MKEY (prm-subset.md §6.7, §7.5).
+#[derive(Clone, Debug)]
+pub struct CreateMkey<'a> {
+    /// Access mode (MTT or MEMIC).
+    pub access_mode: uhca_hw::layout::mkc::AccessMode,
+    /// Owning PD.
+    pub pd: u32,
+    /// `mkey_7_0`: the variant byte of the key.
+    pub variant: u8,
+    /// `lw`, `rr`, `rw`, `a` (local read is always set).
+    pub rights: [bool; 4],
+    /// `start_addr`: the first byte's address (MEMIC: BAR0 offset).
+    pub start_addr: u64,
+    /// `len`.
+    pub len: u64,
+    /// `log_page_size` (absolute, MTT mode).
+    pub log_page_size: u32,
+    /// MTT entries (`address | wr_en << 1 | rd_en`); empty for MEMIC.
+    pub mtts: &'a [u64],
+}
+
+/// CREATE_MKEY with the MTT list inline (a mailbox chain carries long lists): returns the
+/// MKey index.
+pub fn create_mkey(c: &dyn Exec, p: &CreateMkey<'_>) -> Result<u32, CmdError> {
+    use uhca_hw::layout::mkc::Mkc;
+    let octs = p.mtts.len().div_ceil(2);
+    let base = CreateMkeyIn::<()>::KLM_PAS_MTT;
+    let mut i = input(Opcode::CreateMkey, 0, base + 16 * octs);
+    {
+        let mut ci = CreateMkeyIn::new_unchecked(&mut i[..]);
+        // Honour the entries' rd_en/wr_en (§6.7; rdma-core vfio always sets it).
+        ci.set_pg_access(u32::from(!p.mtts.is_empty()));
+        ci.set_translations_octword_actual_size(octs as u32);
+    }
+    {
+        let mode = u32::from(p.access_mode);
+        let mut m = Mkc::new_unchecked(&mut i[CreateMkeyIn::<()>::MEMORY_KEY_MKEY_ENTRY..]);
+        m.set_access_mode_1_0(mode & 3);
+        m.set_access_mode_4_2(mode >> 2);
+        m.set_lr(1);
+        m.set_lw(p.rights[0].into());
+        m.set_rr(p.rights[1].into());
+        m.set_rw(p.rights[2].into());
+        m.set_a(p.rights[3].into());
+        m.set_qpn(0xFF_FFFF);
+        m.set_mkey_7_0(p.variant.into());
+        m.set_pd(p.pd);
+        m.set_start_addr(p.start_addr);
+        m.set_len(p.len);
+        m.set_translations_octword_size(octs as u32);
+        m.set_log_page_size(p.log_page_size);
+    }
+    for (k, e) in p.mtts.iter().enumerate() {
+        i.write_be64(base + 8 * k, *e);
+    }
+    let out = c.exec(&i, CreateMkeyOut::<()>::SIZE)?;
+    Ok(CreateMkeyOut::new_unchecked(&out[..]).mkey_index())
+}
+
+/// DESTROY_MKEY.
+pub fn destroy_mkey(c: &dyn Exec, index: u32) -> Result<(), CmdError> {
+    let mut i = input(Opcode::DestroyMkey, 0, 16);
+    DestroyMkeyIn::new_unchecked(&mut i[..]).set_mkey_index(index);
+    c.exec(&i, 16).map(drop)
+}
+
+/// What QUERY_MKEY reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MkeyInfo {
+    /// The 64-byte mkc.
+    pub mkc: [u8; 64],
+    /// The first four translation entries.
+    pub mtts: [u64; 4],
+}
+
+/// QUERY_MKEY.
+pub fn query_mkey(c: &dyn Exec, index: u32) -> Result<MkeyInfo, CmdError> {
+    let mut i = input(Opcode::QueryMkey, 0, 16);
+    QueryMkeyIn::new_unchecked(&mut i[..]).set_mkey_index(index);
+    let out = c.exec(&i, QueryMkeyOut::<()>::SIZE)?;
+    let mut mkc = [0u8; 64];
+    mkc.copy_from_slice(&out[QueryMkeyOut::<()>::MEMORY_KEY_MKEY_ENTRY..][..64]);
+    let mtts = std::array::from_fn(|k| out.read_be64(0x110 + 8 * k));
+    Ok(MkeyInfo { mkc, mtts })
+}
+
+/// ALLOC_MEMIC: `size` bytes (a multiple of 64) inside `[range_start, range_start +
+/// range_size)` aligned to `64 << log_align`; returns the BAR0 offset (§6.8, §11).
+pub fn alloc_memic(
+    c: &dyn Exec,
+    range_start: u64,
+    range_size: u32,
+    size: u32,
+    log_align: u32,
+) -> Result<u64, CmdError> {
+    let mut i = input(Opcode::AllocMemic, 0, AllocMemicIn::<()>::SIZE);
+    {
+        let mut a = AllocMemicIn::new_unchecked(&mut i[..]);
+        a.set_range_start_addr(range_start);
+        a.set_range_size(range_size);
+        a.set_memic_size(size);
+        a.set_log_memic_addr_alignment(log_align);
+    }
+    let out = c.exec(&i, AllocMemicOut::<()>::SIZE)?;
+    Ok(AllocMemicOut::new_unchecked(&out[..]).memic_start_addr())
+}
+
+/// DEALLOC_MEMIC of an allocation (its address and size as allocated).
+pub fn dealloc_memic(c: &dyn Exec, addr: u64, size: u32) -> Result<(), CmdError> {
+    let mut i = input(Opcode::DeallocMemic, 0, DeallocMemicIn::<()>::SIZE);
+    let mut d = DeallocMemicIn::new_unchecked(&mut i[..]);
+    d.set_memic_start_addr(addr);
+    d.set_memic_size(size);
+    c.exec(&i, 16).map(drop)
+}

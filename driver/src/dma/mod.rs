@@ -7,6 +7,9 @@
 //! - [`DmaSlice`]: a window of a region with volatile accessors. Memory the device writes
 //!   is never exposed as a Rust reference: every access is a volatile load or store.
 //! - [`IovaAllocator`]: hands out device addresses inside the ranges the IOMMU allows.
+//! - [`UserMapping`]: the IOVA window of one memory region over user memory
+//!   ([`MrBuffer`]: `Vec<u8>`, `Box<[u8]>`, [`HostBuffer`], [`RawBuffer`]), and the
+//!   RLIMIT_MEMLOCK accounting of pinned memory ([`PinCharge`], [`MemlockPolicy`]).
 //!
 //! Dependencies: this replaces `hugepage-rs` (no fd, no 1 GiB pages, panics when
 //! `/proc/meminfo` lacks a line; see shared/spec/dependencies.md §1.7) and needs no
@@ -14,9 +17,14 @@
 
 mod iova;
 mod region;
+mod user;
 
 pub use iova::IovaAllocator;
 pub use region::{DmaRegion, DmaSlice, PageSize};
+pub use user::{
+    HostBuffer, HostPages, MemlockExceeded, MemlockPolicy, MrBuffer, PinCharge, RawBuffer,
+    UserMapping, has_cap_ipc_lock, memlock_rlimit, pinned_bytes,
+};
 
 use std::sync::{Arc, Mutex};
 

@@ -208,6 +208,7 @@ impl DmaRegion {
     }
 
     /// The whole region as a volatile slice.
+    #[inline]
     pub fn slice(&self) -> DmaSlice<'_> {
         DmaSlice {
             ptr: self.ptr.as_ptr(),
@@ -280,6 +281,7 @@ impl<'a> DmaSlice<'a> {
     }
 
     /// A sub-window.
+    #[inline]
     pub fn sub(&self, offset: usize, len: usize) -> DmaSlice<'a> {
         assert!(
             offset.checked_add(len).is_some_and(|e| e <= self.len),
@@ -330,6 +332,7 @@ impl<'a> DmaSlice<'a> {
     }
 
     /// Reads one byte.
+    #[inline]
     pub fn read_u8(&self, off: usize) -> u8 {
         self.check(off, 1);
         // SAFETY: in bounds (checked).
@@ -337,6 +340,7 @@ impl<'a> DmaSlice<'a> {
     }
 
     /// Writes one byte.
+    #[inline]
     pub fn write_u8(&self, off: usize, v: u8) {
         self.check(off, 1);
         // SAFETY: in bounds (checked).
@@ -345,6 +349,7 @@ impl<'a> DmaSlice<'a> {
 
     /// The aligned 32-bit word at `off` as an atomic (for ownership bytes and doorbell
     /// records that the device and the driver hand back and forth).
+    #[inline]
     pub fn atomic_u32(&self, off: usize) -> &'a AtomicU32 {
         self.check(off, 4);
         assert_eq!((self.ptr as usize + off) % 4, 0, "misaligned atomic");
@@ -362,13 +367,49 @@ impl<'a> DmaSlice<'a> {
     }
 
     /// Reads a big-endian u32 with acquire ordering (device-produced words).
+    #[inline]
     pub fn load_be32(&self, off: usize) -> u32 {
         u32::from_be(self.atomic_u32(off).load(Ordering::Acquire))
     }
 
     /// Writes a big-endian u32 with release ordering (publishing to the device).
+    #[inline]
     pub fn store_be32(&self, off: usize, v: u32) {
         self.atomic_u32(off).store(v.to_be(), Ordering::Release)
+    }
+
+    /// Copies `src` (a multiple of 8 bytes) to the 8-byte aligned offset `off` with 64-bit
+    /// volatile stores, in order (the data path's WQE copy, prm-subset.md §9.2 step 1).
+    #[inline]
+    pub fn write_words(&self, off: usize, src: &[u8]) {
+        self.check(off, src.len());
+        assert!(
+            (self.ptr as usize + off).is_multiple_of(8) && src.len().is_multiple_of(8),
+            "misaligned word copy"
+        );
+        for (i, w) in src.chunks_exact(8).enumerate() {
+            let v = u64::from_ne_bytes(w.try_into().expect("8 bytes"));
+            // SAFETY: in bounds and 8-byte aligned (checked above); volatile, so no reference
+            // to device-shared memory is created.
+            unsafe { self.ptr.add(off + 8 * i).cast::<u64>().write_volatile(v) }
+        }
+    }
+
+    /// Copies `dst.len()` bytes (a multiple of 8) from the 8-byte aligned offset `off` with
+    /// 64-bit volatile loads (the data path's CQE shadow copy, style.md §10).
+    #[inline]
+    pub fn read_words(&self, off: usize, dst: &mut [u8]) {
+        self.check(off, dst.len());
+        assert!(
+            (self.ptr as usize + off).is_multiple_of(8) && dst.len().is_multiple_of(8),
+            "misaligned word copy"
+        );
+        for (i, w) in dst.chunks_exact_mut(8).enumerate() {
+            // SAFETY: in bounds and 8-byte aligned (checked above); a volatile load of
+            // device-shared memory.
+            let v = unsafe { self.ptr.add(off + 8 * i).cast::<u64>().read_volatile() };
+            w.copy_from_slice(&v.to_ne_bytes());
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 mod bar;
 #[cfg(feature = "model")]
 pub mod model;
+pub mod null;
 pub mod sysfs;
 pub mod vfio;
 

@@ -1,12 +1,21 @@
-//! Device resources created through commands: protection domains, UARs, event queues.
+//! Device resources created through commands: protection domains, UARs, event queues,
+//! memory regions ([`Mr`]) and device memory ([`Dm`]).
 //!
 //! Each handle owns its firmware object and destroys it on `Drop` (errors are logged and
 //! counted, never a panic). Handles keep their device alive.
 
+pub mod cq;
 pub mod eq;
+pub mod memic;
+pub mod mkey;
 pub mod pd;
+pub mod qp;
 pub mod uar;
 
+pub use cq::{Cq, CqConfig, QueueError};
 pub use eq::EqRing;
+pub use memic::{Dm, DmCaps};
+pub use mkey::{Access, MemError, Mr, MrOptions};
 pub use pd::Pd;
+pub use qp::{ConnectParams, Local, Mtu, Qp, QpConfig, QpState, SendFlags, SendOp, SendWr};
 pub use uar::Uar;

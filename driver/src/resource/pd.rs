@@ -1,14 +1,19 @@
 //! Protection domains.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::cmd::ops;
 use crate::device::{DeviceError, DeviceInner};
 
 /// A protection domain: memory keys and queue pairs in one PD may work together.
+///
+/// Memory regions are registered on a PD ([`Pd::reg_mr`], [`Pd::alloc_mr`],
+/// [`Pd::reg_dm`], in `resource/mkey.rs`); drop them before the PD.
 pub struct Pd {
     pdn: u32,
-    dev: Arc<DeviceInner>,
+    pub(crate) dev: Arc<DeviceInner>,
+    /// CAP_2 `max_mkey_log_entity_size_mtt`, read on first registration.
+    pub(crate) max_log_page: OnceLock<u32>,
 }
 
 impl std::fmt::Debug for Pd {
@@ -23,6 +28,7 @@ impl Pd {
         Ok(Pd {
             pdn,
             dev: dev.clone(),
+            max_log_page: OnceLock::new(),
         })
     }
 

@@ -20,7 +20,7 @@
 //!
 //! Module per structure family (style.md §1): [`init_seg`], [`cmd`] (queue entry, mailbox,
 //! headers, codes), [`cmds`] (command in/out messages), [`caps`], [`eqc`], [`cqc`], [`qpc`],
-//! [`mkc`], [`eqe`], [`cqe`], [`wqe`], [`uar`].
+//! [`mkc`], [`eqe`], [`cqe`], [`wqe`], [`uar`], and [`roce`] (RoCEv2 frames between model ports).
 
 pub mod caps;
 pub mod cmd;
@@ -32,6 +32,7 @@ pub mod eqe;
 pub mod init_seg;
 pub mod mkc;
 pub mod qpc;
+pub mod roce;
 pub mod uar;
 pub mod vport;
 pub mod wqe;
@@ -102,22 +103,29 @@ pub const fn mask(msb: u32, lsb: u32) -> u32 {
     }
 }
 
+// `#[inline]`: the data path builds WQEs and parses CQEs through these on stack buffers,
+// from another crate (driver), where they must fold into plain loads and stores.
 impl Buf for [u8] {
+    #[inline]
     fn buf_len(&self) -> usize {
         self.len()
     }
+    #[inline]
     fn read_be32(&self, off: usize) -> u32 {
         u32::from_be_bytes(self[off..off + 4].try_into().expect("4 bytes"))
     }
+    #[inline]
     fn read_bytes(&self, off: usize, out: &mut [u8]) {
         out.copy_from_slice(&self[off..off + out.len()]);
     }
 }
 
 impl BufMut for [u8] {
+    #[inline]
     fn write_be32(&mut self, off: usize, v: u32) {
         self[off..off + 4].copy_from_slice(&v.to_be_bytes());
     }
+    #[inline]
     fn write_bytes(&mut self, off: usize, src: &[u8]) {
         self[off..off + src.len()].copy_from_slice(src);
     }
@@ -301,6 +309,16 @@ macro_rules! enum_with_unknown {
             $( $(#[$vmeta])* $variant, )+
             /// A value this build does not name.
             Unknown($ty),
+        }
+
+        impl $name {
+            /// The raw value (usable in constants and `match` patterns).
+            pub const fn raw(self) -> $ty {
+                match self {
+                    $( $name::$variant => $value, )+
+                    $name::Unknown(other) => other,
+                }
+            }
         }
 
         impl ::core::convert::From<$ty> for $name {

@@ -45,6 +45,8 @@ pub(crate) const PKEY_TABLE_SIZE: u32 = 0;
 pub(crate) const DEVICE_FREQUENCY_KHZ: u32 = 1_000_000;
 /// `local_ca_ack_delay` (2^n * 4.096 us).
 pub(crate) const LOCAL_CA_ACK_DELAY: u32 = 16;
+/// `max_mkey_log_entity_size_mtt` (CAP_2): MTT pages up to 1 GiB (prm-subset.md §7.5).
+pub(crate) const MAX_MKEY_LOG_ENTITY_SIZE_MTT: u32 = 30;
 /// `log_max_memic_addr_alignment`: up to 2^(6 + 12) = 256 KiB alignment.
 pub(crate) const LOG_MAX_MEMIC_ALIGN: u32 = 12;
 /// `log_min_memic_alloc_size`: 64-byte allocation granularity.
@@ -75,7 +77,7 @@ impl CapSet {
         {
             let mut c = CmdHcaCap2::new_unchecked(&mut general2[..]);
             c.set_max_num_eqs_24b(1 << LOG_MAX_EQ);
-            c.set_max_mkey_log_entity_size_mtt(30);
+            c.set_max_mkey_log_entity_size_mtt(MAX_MKEY_LOG_ENTITY_SIZE_MTT);
         }
         let mut dev_mem = page();
         {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::layout::init_seg::reg;
 
 use super::health::Health;
-use super::{Counters, Shared, cmdif, eq};
+use super::{Counters, Shared, cmdif, datapath, eq};
 
 /// Busy-poll window after the last activity.
 pub(crate) const SPIN_FOR: Duration = Duration::from_micros(50);
@@ -62,10 +62,11 @@ impl Backoff {
 pub(crate) fn run(sh: Arc<Shared>) {
     let mut health = Health::new();
     let mut backoff = Backoff::new();
+    let mut port = datapath::Port::new();
     while !sh.stop.load(Ordering::Acquire) {
         Counters::inc(&sh.stats.polls);
         let until_tick = health.tick(&sh);
-        if poll(&sh) {
+        if poll(&sh, &mut port) {
             backoff.reset();
         } else {
             backoff.idle(&sh, until_tick);
@@ -74,7 +75,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
 }
 
 /// One pass over the doorbells; true if anything happened.
-fn poll(sh: &Shared) -> bool {
+fn poll(sh: &Shared, port: &mut datapath::Port) -> bool {
     let mut busy = false;
     // Writes to cmd_dbell from several threads may coalesce (plain shared memory), so any
     // non-zero value means "scan every entry" (cmdif::run_queue).
@@ -87,5 +88,6 @@ fn poll(sh: &Shared) -> bool {
     if !core.eqs.is_empty() {
         busy |= eq::poll_doorbells(sh, &mut core);
     }
+    busy |= datapath::poll(sh, &mut core, port);
     busy
 }

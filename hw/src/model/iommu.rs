@@ -234,6 +234,70 @@ impl Iommu {
         Ok(f(&mut chunks.iter()))
     }
 
+    /// Runs `f` on the host chunks of every segment `(iova, len)` in order, with the read
+    /// lock held, after translating all of them (so a fault anywhere touches nothing).
+    fn with_segments<R>(
+        &self,
+        segs: &[(u64, usize)],
+        f: impl FnOnce(&mut dyn Iterator<Item = (&HostRegion, usize, usize)>) -> R,
+    ) -> Result<R, DmaError> {
+        if !self.bus_master.load(Ordering::Acquire) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(DmaError::BusMasterOff);
+        }
+        let t = self.table.read().expect("iommu lock");
+        let mut chunks: smallvec_lite::Chunks<'_> = smallvec_lite::Chunks::new();
+        for &(iova, len) in segs {
+            let fault = || {
+                self.faults.fetch_add(1, Ordering::Relaxed);
+                DmaError::Fault { iova, len }
+            };
+            let end = iova.checked_add(len as u64).ok_or_else(fault)?;
+            let mut cur = iova;
+            while cur < end {
+                let Some((s, m)) = t.range(..=cur).next_back() else {
+                    return Err(fault());
+                };
+                if cur >= s + m.len {
+                    return Err(fault());
+                }
+                let n = (end.min(s + m.len) - cur) as usize;
+                chunks.push((&m.region, (cur - s) as usize, n));
+                cur += n as u64;
+            }
+        }
+        Ok(f(&mut chunks.iter()))
+    }
+
+    /// Device read of `dst.len()` bytes gathered from `segs` (lengths summing to
+    /// `dst.len()`); all or nothing.
+    pub(crate) fn read_segments(
+        &self,
+        segs: &[(u64, usize)],
+        dst: &mut [u8],
+    ) -> Result<(), DmaError> {
+        debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), dst.len());
+        self.with_segments(segs, |it| {
+            let mut pos = 0;
+            for (r, off, n) in it {
+                r.read(off, &mut dst[pos..pos + n]);
+                pos += n;
+            }
+        })
+    }
+
+    /// Device write of `src` scattered to `segs`; all or nothing.
+    pub(crate) fn write_segments(&self, segs: &[(u64, usize)], src: &[u8]) -> Result<(), DmaError> {
+        debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), src.len());
+        self.with_segments(segs, |it| {
+            let mut pos = 0;
+            for (r, off, n) in it {
+                r.write(off, &src[pos..pos + n]);
+                pos += n;
+            }
+        })
+    }
+
     /// Device read of `dst.len()` bytes at `iova`.
     pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaError> {
         self.with_chunks(iova, dst.len(), |it| {
@@ -275,7 +339,6 @@ impl Iommu {
     }
 
     /// 8-byte atomic at `iova` (8-byte aligned); returns the value before the operation.
-    #[allow(dead_code, reason = "used by the data path and atomics")]
     pub(crate) fn atomic64(
         &self,
         iova: u64,

@@ -137,6 +137,51 @@ impl BarMem {
         }
     }
 
+    /// Device-side copy of BAR bytes at `off` into `dst` (MEMIC reads by the data path).
+    pub(crate) fn read_bytes(&self, off: usize, dst: &mut [u8]) {
+        assert!(off.checked_add(dst.len()).is_some_and(|e| e <= self.len));
+        for (i, b) in dst.iter_mut().enumerate() {
+            *b = self.byte(off + i).load(Ordering::Relaxed);
+        }
+    }
+
+    /// Device-side copy of `src` into BAR bytes at `off` (MEMIC writes by the data path).
+    pub(crate) fn write_bytes(&self, off: usize, src: &[u8]) {
+        assert!(off.checked_add(src.len()).is_some_and(|e| e <= self.len));
+        for (i, b) in src.iter().enumerate() {
+            self.byte(off + i).store(*b, Ordering::Relaxed);
+        }
+    }
+
+    /// An 8-byte atomic on the big-endian value at `off` (8-byte aligned); returns the
+    /// value before the operation (MEMIC atomics, prm-subset.md §11).
+    pub(crate) fn atomic64_be(&self, off: usize, op: super::AtomicOp) -> u64 {
+        assert!(
+            off.is_multiple_of(8) && off + 8 <= self.len,
+            "BAR atomic {off:#x} misaligned or out of range"
+        );
+        // SAFETY: aligned and inside the live mapping (checked above); AtomicU64 has the
+        // layout of u64 and the mapping lives as long as `self`.
+        let a = unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(off).cast::<u64>()) };
+        let mut old = a.load(Ordering::Acquire);
+        loop {
+            let cur = u64::from_be(old);
+            let new = match op {
+                super::AtomicOp::CmpSwap { compare, swap } => {
+                    if cur != compare {
+                        return cur;
+                    }
+                    swap
+                }
+                super::AtomicOp::FetchAdd(add) => cur.wrapping_add(add),
+            };
+            match a.compare_exchange_weak(old, new.to_be(), Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return cur,
+                Err(o) => old = o,
+            }
+        }
+    }
+
     /// A `Buf` window of `len` bytes at `off`, for applying layout views to BAR0.
     pub(crate) fn window(&self, off: usize, len: usize) -> BarWindow<'_> {
         assert!(off + len <= self.len);
@@ -264,7 +309,6 @@ impl HostRegion {
     }
 
     /// The 8-byte word at `off` as an atomic (`off` 8-byte aligned in host memory).
-    #[allow(dead_code, reason = "used by the data path and atomics")]
     pub(crate) fn atomic_u64(&self, off: usize) -> &AtomicU64 {
         self.check(off, 8);
         let p = self.ptr.as_ptr().wrapping_add(off);
@@ -407,5 +451,32 @@ impl BufMut for &DmaBuffer {
         for (i, b) in src.iter().enumerate() {
             self.byte(off + i).store(*b, Ordering::Relaxed);
         }
+    }
+}
+
+/// A [`DmaBuffer`] mapped into a model's IOMMU for the life of the value (unit tests).
+#[cfg(test)]
+pub(crate) struct MappedBuffer<'a> {
+    hca: &'a Hca,
+    pub(crate) buf: DmaBuffer,
+    pub(crate) iova: u64,
+}
+
+#[cfg(test)]
+impl<'a> MappedBuffer<'a> {
+    /// Allocates `len` bytes and maps them at `iova`.
+    pub(crate) fn new(hca: &'a Hca, iova: u64, len: usize) -> MappedBuffer<'a> {
+        let buf = DmaBuffer::new(len);
+        // SAFETY: `buf` is owned by the returned value, whose Drop unmaps before the buffer
+        // is freed; a leaked value leaks the buffer too, so the memory stays valid.
+        unsafe { hca.dma_map(iova, buf.as_mut_ptr(), buf.len()) }.expect("test mapping");
+        MappedBuffer { hca, buf, iova }
+    }
+}
+
+#[cfg(test)]
+impl Drop for MappedBuffer<'_> {
+    fn drop(&mut self) {
+        let _ = self.hca.dma_unmap(self.iova, self.buf.len());
     }
 }

@@ -15,21 +15,39 @@
 //! - `eq` — event queues: EQE posting, owner bits, doorbells, overrun, MSI-X.
 //! - `pages` — firmware pages: the ICM budget and page requests.
 //!
-//! What the model does **not** do yet: CQs, QPs, MKeys, MEMIC commands, the RoCE transport,
+//! - `mkey` — the MKey table and the translation API of the data path (`mem_read`,
+//!   `mem_write`, `mem_atomic`: key, PD, bounds, rights, MTT, IOMMU or MEMIC window).
+//! - `memic` — on-device memory allocations in BAR0's MEMIC window.
+//!
+//! - `wq`, `cq`, `qp`, `sq` — queue buffers, completion queues, RC QP contexts and receive
+//!   queues, send WQE decoding (prm-subset.md §9); `datapath` — the device-thread pass over
+//!   doorbells, the port (loopback and attached link, `link_api`) and the RC engine of
+//!   `crate::rc`.
+//!
+//! What the model does **not** do yet: QUERY_CQ/MODIFY_CQ, RTS2RTS, SRQs, UMR, MEMIC operations (MODIFY_MEMIC is
+//! refused: `memic_operations` = 0),
 //! signatures (never required; see prm-subset.md §3.4), fast teardown, VFs.
 
 mod caps;
 mod cmd;
 mod cmdif;
 mod config;
+mod cq;
+mod datapath;
 mod device;
 mod eq;
 mod health;
 mod iommu;
+mod link_api;
 mod mem;
+mod memic;
+mod mkey;
 mod pages;
+mod qp;
+mod sq;
 mod state;
 mod vport;
+mod wq;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -41,6 +59,7 @@ use vmm_sys_util::eventfd::EventFd;
 pub use cmd::syndrome;
 pub use iommu::{AtomicOp, ByteOrder, DmaError, IOVA_END, IOVA_START};
 pub use mem::DmaBuffer;
+pub use mkey::MemError;
 
 use config::ConfigSpace;
 use mem::BarMem;
@@ -188,6 +207,29 @@ pub struct Stats {
     pub idle_sleeps: u64,
     /// Function-level resets.
     pub resets: u64,
+    /// Live MKeys.
+    pub mkeys: u64,
+    /// Device accesses through an MKey that were refused (bad key, PD, bounds, rights,
+    /// unmapped translation).
+    pub mkey_faults: u64,
+    /// Bytes of MEMIC (on-device memory) allocated.
+    pub memic_bytes: u64,
+    /// Live CQs.
+    pub cqs: u64,
+    /// Live QPs.
+    pub qps: u64,
+    /// CQEs written.
+    pub cqes: u64,
+    /// CQs that overran (CQ_ERROR events with syndrome 1).
+    pub cq_overruns: u64,
+    /// Send WQEs taken from send queues.
+    pub wqes_executed: u64,
+    /// RoCEv2 frames the port sent (loopback included).
+    pub packets_tx: u64,
+    /// Frames the port received (loopback included).
+    pub packets_rx: u64,
+    /// Request packets the RC transport retransmitted.
+    pub retransmits: u64,
 }
 
 /// Live counters (atomics) behind [`Stats`].
@@ -202,6 +244,12 @@ pub(crate) struct Counters {
     pub(crate) polls: AtomicU64,
     pub(crate) idle_sleeps: AtomicU64,
     pub(crate) resets: AtomicU64,
+    pub(crate) mkey_faults: AtomicU64,
+    pub(crate) cqes: AtomicU64,
+    pub(crate) cq_overruns: AtomicU64,
+    pub(crate) wqes_executed: AtomicU64,
+    pub(crate) packets_tx: AtomicU64,
+    pub(crate) packets_rx: AtomicU64,
 }
 
 impl Counters {
@@ -249,6 +297,8 @@ pub(crate) struct Shared {
     pub(crate) epoch: Instant,
     /// Nanoseconds after `epoch` when `initializing` drops to 0.
     pub(crate) boot_done_ns: AtomicU64,
+    /// The link attached to port 1 (`Hca::attach_link`).
+    pub(crate) link: datapath::Attached,
 }
 
 impl Shared {
@@ -319,6 +369,7 @@ impl Hca {
             stop: AtomicBool::new(false),
             epoch: Instant::now(),
             boot_done_ns: AtomicU64::new(0),
+            link: datapath::Attached::default(),
         });
         health::power_on(&shared);
         let sh = shared.clone();
@@ -454,6 +505,17 @@ impl Hca {
             polls: ld(&c.polls),
             idle_sleeps: ld(&c.idle_sleeps),
             resets: ld(&c.resets),
+            mkeys: core.mkeys.len() as u64,
+            mkey_faults: ld(&c.mkey_faults),
+            memic_bytes: core.memic.allocated(),
+            cqs: core.dp.cqs.len() as u64,
+            qps: core.dp.qps.len() as u64,
+            cqes: ld(&c.cqes),
+            cq_overruns: ld(&c.cq_overruns),
+            wqes_executed: ld(&c.wqes_executed),
+            packets_tx: ld(&c.packets_tx),
+            packets_rx: ld(&c.packets_rx),
+            retransmits: core.dp.retransmits(),
         }
     }
 
@@ -474,3 +536,6 @@ impl Drop for Hca {
         }
     }
 }
+
+#[cfg(test)]
+mod dp_tests;

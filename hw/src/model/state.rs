@@ -8,7 +8,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::ModelConfig;
 use super::caps::CapSet;
+use super::datapath::DataPath;
 use super::eq::Eq;
+use super::memic::Memic;
+use super::mkey::MkeyTable;
 use super::pages::Pages;
 use super::vport::Vport;
 
@@ -111,6 +114,16 @@ pub(crate) struct Core {
     pub(crate) host_endianness: u8,
     /// SET_DRIVER_VERSION string.
     pub(crate) driver_version: Vec<u8>,
+    /// CQ numbers (from 1: 0 marks an empty CQ doorbell).
+    pub(crate) cqns: IdAlloc,
+    /// QP numbers (from 1).
+    pub(crate) qpns: IdAlloc,
+    /// CQs and QPs (prm-subset.md §6.5, §6.6).
+    pub(crate) dp: DataPath,
+    /// Memory keys (prm-subset.md §6.7).
+    pub(crate) mkeys: MkeyTable,
+    /// MEMIC allocations (prm-subset.md §11).
+    pub(crate) memic: Memic,
 }
 
 impl Core {
@@ -129,12 +142,21 @@ impl Core {
             vport: Vport::new(cfg),
             host_endianness: 0,
             driver_version: Vec::new(),
+            cqns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_CQ),
+            qpns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_QP),
+            dp: DataPath::default(),
+            mkeys: MkeyTable::new(super::caps::LOG_MAX_MKEY),
+            memic: Memic::new(
+                super::bar_layout::MEMIC_OFFSET as u64,
+                u64::from(cfg.memic_size),
+                super::caps::LOG_MAX_MEMIC_ALIGN,
+            ),
         }
     }
 
     /// Objects that consume an ICM page each (prm-subset.md §10; budget in `pages.rs`).
     pub(crate) fn icm_objects(&self) -> u32 {
-        (self.uars.len() + self.pds.len() + self.eqs.len()) as u32
+        (self.uars.len() + self.pds.len() + self.eqs.len()) as u32 + self.mkeys.len() as u32
     }
 }
 

@@ -9,9 +9,13 @@
 // Every handler has the one signature of the dispatch table; some grow the output `Vec`.
 #![allow(clippy::ptr_arg)]
 
+mod cq;
 mod eq;
 mod hca;
+mod memic;
+mod mkey;
 mod pages;
+mod qp;
 mod resource;
 pub mod syndrome;
 mod vport;
@@ -122,6 +126,23 @@ static HANDLERS: &[Handler] = &[
     h(Opcode::DeallocUar, 16, 16, RUNNING, resource::dealloc_uar),
     h(Opcode::AllocPd, 16, 16, RUNNING, resource::alloc_pd),
     h(Opcode::DeallocPd, 16, 16, RUNNING, resource::dealloc_pd),
+    h(Opcode::CreateMkey, 0x110, 16, RUNNING, mkey::create_mkey),
+    h(Opcode::DestroyMkey, 16, 16, RUNNING, mkey::destroy_mkey),
+    h(Opcode::QueryMkey, 16, 0x130, RUNNING, mkey::query_mkey),
+    h(Opcode::AllocMemic, 32, 16, RUNNING, memic::alloc_memic),
+    h(Opcode::DeallocMemic, 32, 16, RUNNING, memic::dealloc_memic),
+    h(Opcode::ModifyMemic, 64, 64, RUNNING, memic::modify_memic),
+    h(Opcode::CreateCq, 0x110, 16, RUNNING, cq::create_cq),
+    h(Opcode::DestroyCq, 16, 16, RUNNING, cq::destroy_cq),
+    h(Opcode::CreateQp, 0x110, 16, RUNNING, qp::create_qp),
+    h(Opcode::DestroyQp, 16, 16, RUNNING, qp::destroy_qp),
+    h(Opcode::Rst2InitQp, 0x100, 16, RUNNING, qp::rst2init_qp),
+    h(Opcode::Init2InitQp, 0x100, 16, RUNNING, qp::init2init_qp),
+    h(Opcode::Init2RtrQp, 0x100, 16, RUNNING, qp::init2rtr_qp),
+    h(Opcode::Rtr2RtsQp, 0x100, 16, RUNNING, qp::rtr2rts_qp),
+    h(Opcode::ToErrQp, 16, 16, RUNNING, qp::qp_2err),
+    h(Opcode::ToRstQp, 16, 16, RUNNING, qp::qp_2rst),
+    h(Opcode::QueryQp, 16, 0x100, RUNNING, qp::query_qp),
     h(Opcode::CreateEq, 0x110, 16, RUNNING, eq::create_eq),
     h(Opcode::DestroyEq, 16, 16, RUNNING, eq::destroy_eq),
     h(

@@ -2,7 +2,7 @@
 //! prm-subset.md §3.6, §3.8). Real firmware syndromes are not public; these are the
 //! model's. The high 16 bits group the reasons (0x0001 generic checks, 0x0002 lifecycle,
 //! 0x0003 pages, 0x0004 capabilities, 0x0005 resources, 0x0006 EQ, 0x0007 vport/RoCE,
-//! 0x0008 registers); the low 16 bits number them.
+//! 0x0008 registers, 0x0010 MKeys, 0x0011 MEMIC); the low 16 bits number them.
 
 /// BAD_OP_ERR: the opcode is not implemented by the model.
 pub const BAD_OPCODE: u32 = 0x0001_0001;
@@ -86,6 +86,106 @@ pub const BAD_ROCE_ADDRESS: u32 = 0x0007_0003;
 /// BAD_PARAM_ERR: ACCESS_REG of a register the model does not have.
 pub const BAD_REGISTER: u32 = 0x0008_0001;
 
+/// NO_RES_ERR: no free MKey index (`log_max_mkey`).
+pub const NO_FREE_MKEY: u32 = 0x0010_0001;
+/// BAD_RES_ERR: DESTROY_MKEY / QUERY_MKEY of an index that does not exist.
+pub const BAD_MKEY: u32 = 0x0010_0002;
+/// BAD_PARAM_ERR: `access_mode` other than MTT (0x1) or MEMIC (0x5).
+pub const MKEY_BAD_ACCESS_MODE: u32 = 0x0010_0003;
+/// BAD_RES_ERR: the mkc `pd` is not an allocated PD.
+pub const MKEY_BAD_PD: u32 = 0x0010_0004;
+/// BAD_PARAM_ERR: `qpn` is not 0xFFFFFF (binding an MKey to a QP is not supported).
+pub const MKEY_BAD_QPN: u32 = 0x0010_0005;
+/// BAD_PARAM_ERR: `log_page_size` outside 12..=`max_mkey_log_entity_size_mtt`.
+pub const MKEY_BAD_PAGE_SIZE: u32 = 0x0010_0006;
+/// BAD_PARAM_ERR: `start_addr + len` wraps, or `length64` (not supported).
+pub const MKEY_BAD_RANGE: u32 = 0x0010_0007;
+/// BAD_INP_LEN_ERR: `translations_octword_actual_size` does not fit `inlen`.
+pub const MKEY_MTT_INLEN: u32 = 0x0010_0008;
+/// BAD_PARAM_ERR: fewer MTT entries than the region's pages (and the MKey is not `free`).
+pub const MKEY_MTT_TOO_FEW: u32 = 0x0010_0009;
+/// BAD_PARAM_ERR: an MTT address is not aligned to the MKey page size.
+pub const MKEY_MTT_MISALIGNED: u32 = 0x0010_000a;
+/// BAD_PARAM_ERR: `translations_octword_actual_size` above `translations_octword_size`.
+pub const MKEY_MTT_ABOVE_SIZE: u32 = 0x0010_000b;
+/// BAD_PARAM_ERR: `mkey_umem_valid` (UMEM-backed translations are not supported).
+pub const MKEY_UMEM_UNSUPPORTED: u32 = 0x0010_000c;
+/// BAD_PARAM_ERR: a MEMIC MKey's `[start_addr, start_addr + len)` is not inside one
+/// MEMIC allocation.
+pub const MKEY_MEMIC_RANGE: u32 = 0x0010_000d;
+/// BAD_PARAM_ERR: a MEMIC MKey with a translation list.
+pub const MKEY_MEMIC_TRANSLATIONS: u32 = 0x0010_000e;
+
+/// BAD_PARAM_ERR: `memic_size` is 0 or not a multiple of 64 bytes.
+pub const MEMIC_BAD_SIZE: u32 = 0x0011_0001;
+/// BAD_PARAM_ERR: `log_memic_addr_alignment` above `log_max_memic_addr_alignment`.
+pub const MEMIC_BAD_ALIGNMENT: u32 = 0x0011_0002;
+/// BAD_PARAM_ERR: the range is outside the MEMIC window or smaller than `memic_size`.
+pub const MEMIC_BAD_RANGE: u32 = 0x0011_0003;
+/// NO_RES_ERR: no free, aligned device memory in the range.
+pub const MEMIC_NO_SPACE: u32 = 0x0011_0004;
+/// BAD_PARAM_ERR: DEALLOC_MEMIC / MODIFY_MEMIC of an address and size that are not an
+/// allocation.
+pub const MEMIC_BAD_ADDR: u32 = 0x0011_0005;
+/// RES_BUSY: DEALLOC_MEMIC of memory a MEMIC MKey still covers.
+pub const MEMIC_IN_USE: u32 = 0x0011_0006;
+/// BAD_PARAM_ERR: MODIFY_MEMIC of an operation type not in `memic_operations`.
+pub const MEMIC_BAD_OPERATION: u32 = 0x0011_0007;
+
+/// (Group 0x0012: CQs and queue buffers; 0x0013: QPs.)
+/// NO_RES_ERR: no free CQ number.
+pub const NO_FREE_CQ: u32 = 0x0012_0001;
+/// BAD_RES_ERR: the CQ does not exist.
+pub const BAD_CQ: u32 = 0x0012_0002;
+/// BAD_PARAM_ERR: `log_cq_size` above `log_max_cq_sz`.
+pub const CQ_SIZE: u32 = 0x0012_0003;
+/// BAD_PARAM_ERR: 128-byte CQEs, CQE compression, `cc` or `apu_cq` (not modelled).
+pub const CQ_UNSUPPORTED_FORMAT: u32 = 0x0012_0004;
+/// BAD_RES_ERR: the CQ's `uar_page` is not an allocated UAR.
+pub const CQ_BAD_UAR: u32 = 0x0012_0005;
+/// BAD_RES_ERR: the CQ's `c_eqn` is not an EQ.
+pub const CQ_BAD_EQ: u32 = 0x0012_0006;
+/// RES_BUSY: DESTROY_CQ of a CQ a QP still uses.
+pub const CQ_IN_USE: u32 = 0x0012_0007;
+/// BAD_PARAM_ERR: a CQ buffer or DBR in a devx umem (not modelled).
+pub const CQ_UMEM_UNSUPPORTED: u32 = 0x0012_0008;
+/// BAD_PARAM_ERR: a queue buffer's `log_page_size`, `page_offset` or `pas` entry is malformed.
+pub const BAD_PAS: u32 = 0x0012_0009;
+/// BAD_PARAM_ERR: a queue buffer page is not reachable through the IOMMU.
+pub const BUF_UNREACHABLE: u32 = 0x0012_000a;
+/// BAD_PARAM_ERR: a doorbell record is misaligned or unreachable.
+pub const BAD_DBR: u32 = 0x0012_000b;
+/// NO_RES_ERR: no free QP number.
+pub const NO_FREE_QP: u32 = 0x0013_0001;
+/// BAD_RES_ERR: the QP does not exist.
+pub const BAD_QP: u32 = 0x0013_0002;
+/// BAD_PARAM_ERR: a service type other than RC.
+pub const QP_BAD_ST: u32 = 0x0013_0003;
+/// BAD_RES_ERR: the QP's `pd` is not allocated.
+pub const QP_BAD_PD: u32 = 0x0013_0004;
+/// BAD_RES_ERR: `cqn_snd` or `cqn_rcv` is not a CQ.
+pub const QP_BAD_CQ: u32 = 0x0013_0005;
+/// BAD_RES_ERR: the QP's `uar_page` is not an allocated UAR.
+pub const QP_BAD_UAR: u32 = 0x0013_0006;
+/// BAD_PARAM_ERR: `log_sq_size`/`log_rq_size` above `log_max_qp_sz` or an RQ stride above `max_wqe_sz_rq`.
+pub const QP_SIZE: u32 = 0x0013_0007;
+/// BAD_PARAM_ERR: `qpc_ext`, umem buffers, `input_qpn`, SRQ/CRQ receive queues (not modelled).
+pub const QP_UNSUPPORTED: u32 = 0x0013_0008;
+/// BAD_QP_STATE_ERR: RST2INIT of a QP not in RST.
+pub const QP_NOT_RST: u32 = 0x0013_0009;
+/// BAD_QP_STATE_ERR: INIT2INIT or INIT2RTR of a QP not in INIT.
+pub const QP_NOT_INIT: u32 = 0x0013_000a;
+/// BAD_QP_STATE_ERR: RTR2RTS of a QP not in RTR.
+pub const QP_NOT_RTR: u32 = 0x0013_000b;
+/// BAD_PARAM_ERR: INIT2RTR with `mtu` outside 1..=5.
+pub const QP_BAD_MTU: u32 = 0x0013_000c;
+/// BAD_PARAM_ERR: INIT2RTR with `src_addr_index` naming no GID entry.
+pub const QP_BAD_GID_INDEX: u32 = 0x0013_000d;
+/// BAD_PARAM_ERR: `vhca_port_num` other than 0 or 1.
+pub const QP_BAD_PORT: u32 = 0x0013_000e;
+/// BAD_PARAM_ERR: RTR2RTS with attributes the transport cannot use.
+pub const QP_BAD_ATTR: u32 = 0x0013_000f;
+
 /// Every syndrome with its name (for tests and pretty-printers).
 pub const ALL: &[(&str, u32)] = &[
     ("BAD_OPCODE", BAD_OPCODE),
@@ -125,6 +225,53 @@ pub const ALL: &[(&str, u32)] = &[
     ("BAD_PORT", BAD_PORT),
     ("BAD_ROCE_ADDRESS", BAD_ROCE_ADDRESS),
     ("BAD_REGISTER", BAD_REGISTER),
+    ("NO_FREE_MKEY", NO_FREE_MKEY),
+    ("BAD_MKEY", BAD_MKEY),
+    ("MKEY_BAD_ACCESS_MODE", MKEY_BAD_ACCESS_MODE),
+    ("MKEY_BAD_PD", MKEY_BAD_PD),
+    ("MKEY_BAD_QPN", MKEY_BAD_QPN),
+    ("MKEY_BAD_PAGE_SIZE", MKEY_BAD_PAGE_SIZE),
+    ("MKEY_BAD_RANGE", MKEY_BAD_RANGE),
+    ("MKEY_MTT_INLEN", MKEY_MTT_INLEN),
+    ("MKEY_MTT_TOO_FEW", MKEY_MTT_TOO_FEW),
+    ("MKEY_MTT_MISALIGNED", MKEY_MTT_MISALIGNED),
+    ("MKEY_MTT_ABOVE_SIZE", MKEY_MTT_ABOVE_SIZE),
+    ("MKEY_UMEM_UNSUPPORTED", MKEY_UMEM_UNSUPPORTED),
+    ("MKEY_MEMIC_RANGE", MKEY_MEMIC_RANGE),
+    ("MKEY_MEMIC_TRANSLATIONS", MKEY_MEMIC_TRANSLATIONS),
+    ("MEMIC_BAD_SIZE", MEMIC_BAD_SIZE),
+    ("MEMIC_BAD_ALIGNMENT", MEMIC_BAD_ALIGNMENT),
+    ("MEMIC_BAD_RANGE", MEMIC_BAD_RANGE),
+    ("MEMIC_NO_SPACE", MEMIC_NO_SPACE),
+    ("MEMIC_BAD_ADDR", MEMIC_BAD_ADDR),
+    ("MEMIC_IN_USE", MEMIC_IN_USE),
+    ("MEMIC_BAD_OPERATION", MEMIC_BAD_OPERATION),
+    ("NO_FREE_CQ", NO_FREE_CQ),
+    ("BAD_CQ", BAD_CQ),
+    ("CQ_SIZE", CQ_SIZE),
+    ("CQ_UNSUPPORTED_FORMAT", CQ_UNSUPPORTED_FORMAT),
+    ("CQ_BAD_UAR", CQ_BAD_UAR),
+    ("CQ_BAD_EQ", CQ_BAD_EQ),
+    ("CQ_IN_USE", CQ_IN_USE),
+    ("CQ_UMEM_UNSUPPORTED", CQ_UMEM_UNSUPPORTED),
+    ("BAD_PAS", BAD_PAS),
+    ("BUF_UNREACHABLE", BUF_UNREACHABLE),
+    ("BAD_DBR", BAD_DBR),
+    ("NO_FREE_QP", NO_FREE_QP),
+    ("BAD_QP", BAD_QP),
+    ("QP_BAD_ST", QP_BAD_ST),
+    ("QP_BAD_PD", QP_BAD_PD),
+    ("QP_BAD_CQ", QP_BAD_CQ),
+    ("QP_BAD_UAR", QP_BAD_UAR),
+    ("QP_SIZE", QP_SIZE),
+    ("QP_UNSUPPORTED", QP_UNSUPPORTED),
+    ("QP_NOT_RST", QP_NOT_RST),
+    ("QP_NOT_INIT", QP_NOT_INIT),
+    ("QP_NOT_RTR", QP_NOT_RTR),
+    ("QP_BAD_MTU", QP_BAD_MTU),
+    ("QP_BAD_GID_INDEX", QP_BAD_GID_INDEX),
+    ("QP_BAD_PORT", QP_BAD_PORT),
+    ("QP_BAD_ATTR", QP_BAD_ATTR),
 ];
 
 /// The name of a syndrome, if it is one of the model's.

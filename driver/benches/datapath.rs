@@ -1,0 +1,85 @@
+//! Instruction counts of the driver's hot path (gungraun / Callgrind): posting RDMA WRITEs
+//! and polling CQEs against a stand-in device that completes at once
+//! ([`uhca::datapath::rig::Rig`]). Run with `cargo bench -p uhca --bench datapath` after
+//! `cargo install gungraun-runner --version 0.20.0`; needs valgrind.
+
+// gungraun's attribute macros generate undocumented modules.
+#![allow(missing_docs)]
+
+use std::hint::black_box;
+
+use gungraun::prelude::*;
+use uhca::datapath::rig::Rig;
+
+/// A rig whose rings have been around once (memory touched, caches of the poller filled).
+/// Boxed, so that handing it to and from the benchmark moves a pointer, not the rig.
+fn warm() -> Box<Rig> {
+    let mut r = Box::new(Rig::new().expect("rig"));
+    for i in 0..1024 {
+        r.post_write(i).expect("room");
+        if i % 64 == 63 {
+            r.ring_doorbell();
+            r.complete_all();
+            r.poll().for_each(drop);
+        }
+    }
+    r
+}
+
+/// A warm rig with `n` WRITEs posted, rung and completed: `n` CQEs wait.
+fn with_cqes(n: u64) -> Box<Rig> {
+    let mut r = warm();
+    for i in 0..n {
+        r.post_write(i).expect("room");
+    }
+    r.ring_doorbell();
+    r.complete_all();
+    r
+}
+
+#[library_benchmark]
+#[bench::one(warm())]
+fn post_one_write(mut r: Box<Rig>) -> Box<Rig> {
+    black_box(r.post_write(black_box(7))).expect("room");
+    r
+}
+
+#[library_benchmark]
+#[bench::sixteen(warm())]
+fn post_16_writes_one_doorbell(mut r: Box<Rig>) -> Box<Rig> {
+    for i in 0..16 {
+        black_box(r.post_write(black_box(i))).expect("room");
+    }
+    r.ring_doorbell();
+    r
+}
+
+#[library_benchmark]
+#[bench::one(with_cqes(1))]
+fn poll_one_cqe(mut r: Box<Rig>) -> Box<Rig> {
+    black_box(r.poll_one()).expect("a CQE").expect("valid");
+    r
+}
+
+#[library_benchmark]
+#[bench::sixteen(with_cqes(16))]
+fn poll_16_cqes(mut r: Box<Rig>) -> Box<Rig> {
+    let mut n = 0;
+    for c in r.poll() {
+        black_box(c.expect("valid").wr_id);
+        n += 1;
+    }
+    assert_eq!(n, 16);
+    r
+}
+
+library_benchmark_group!(
+    name = hot_path,
+    benchmarks = [
+        post_one_write,
+        post_16_writes_one_doorbell,
+        poll_one_cqe,
+        poll_16_cqes
+    ]
+);
+main!(library_benchmark_groups = hot_path);

@@ -1,0 +1,595 @@
+//! Completion polling (prm-subset.md §9.7): the CQE ring, the ownership rule, shadow copies
+//! of each CQE, index checks against the work queues' shadows, and typed completions.
+//!
+//! The poller owns its consumer index (`&mut`): one thread polls a CQ at a time, with no
+//! lock. It finds the work queue of a CQE in a per-CQ table of [`WqShadow`]s that it caches
+//! locally; the shared table is locked only when a QP is created or destroyed, or the first
+//! time a new QPN is seen.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use uhca_hw::layout::cqe::{
+    CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET, cqe_is_sw_owned,
+};
+use uhca_hw::layout::uar::CQ_DBR_SET_CI;
+use uhca_hw::layout::wqe::WqeOpcode;
+
+use super::ring::RingSize;
+use super::sq::WqShadow;
+use crate::barrier;
+use crate::dma::DmaRegion;
+
+/// The half of a CQE the driver reads.
+const CQE_HALF: usize = CQE_SIZE / 2;
+
+/// How a work request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcStatus {
+    /// It completed successfully.
+    Success,
+    /// It failed (or was flushed: [`CqeSyndrome::WrFlush`]).
+    Error {
+        /// The PRM syndrome (§9.7).
+        syndrome: CqeSyndrome,
+        /// The vendor syndrome.
+        vendor_err: u8,
+    },
+}
+
+impl WcStatus {
+    /// Whether the status is `Success`.
+    pub fn is_ok(self) -> bool {
+        self == WcStatus::Success
+    }
+}
+
+/// What kind of work request completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WcOpcode {
+    /// SEND (with or without immediate).
+    Send,
+    /// RDMA WRITE (with or without immediate).
+    RdmaWrite,
+    /// RDMA READ.
+    RdmaRead,
+    /// Atomic compare-and-swap.
+    CompSwap,
+    /// Atomic fetch-and-add.
+    FetchAdd,
+    /// A receive consumed by a SEND.
+    Recv,
+    /// A receive consumed by an RDMA WRITE with immediate.
+    RecvRdmaWithImm,
+    /// Another send opcode (NOP, ...), raw.
+    Other(u8),
+}
+
+impl WcOpcode {
+    #[inline(always)]
+    fn of_wqe(op: u8) -> WcOpcode {
+        // Matched on the raw value: one jump table, no detour through `WqeOpcode`.
+        const SEND: u8 = WqeOpcode::Send.raw();
+        const SEND_IMM: u8 = WqeOpcode::SendImm.raw();
+        const SEND_INVAL: u8 = WqeOpcode::SendInval.raw();
+        const WRITE: u8 = WqeOpcode::RdmaWrite.raw();
+        const WRITE_IMM: u8 = WqeOpcode::RdmaWriteImm.raw();
+        const READ: u8 = WqeOpcode::RdmaRead.raw();
+        const CS: u8 = WqeOpcode::AtomicCs.raw();
+        const MCS: u8 = WqeOpcode::AtomicMaskedCs.raw();
+        const FA: u8 = WqeOpcode::AtomicFa.raw();
+        const MFA: u8 = WqeOpcode::AtomicMaskedFa.raw();
+        match op {
+            SEND | SEND_IMM | SEND_INVAL => WcOpcode::Send,
+            WRITE | WRITE_IMM => WcOpcode::RdmaWrite,
+            READ => WcOpcode::RdmaRead,
+            CS | MCS => WcOpcode::CompSwap,
+            FA | MFA => WcOpcode::FetchAdd,
+            other => WcOpcode::Other(other),
+        }
+    }
+}
+
+/// One work completion, copied out of the CQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The `wr_id` the work request was posted with.
+    pub wr_id: u64,
+    /// Success or the error syndrome.
+    pub status: WcStatus,
+    /// The kind of work request.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives), read (RDMA READ) or 8 (atomics).
+    pub byte_len: u32,
+    /// Immediate data of a SEND/WRITE with immediate.
+    pub imm: Option<u32>,
+    /// The local QP.
+    pub qpn: u32,
+    /// The sender's solicited-event bit (receives).
+    pub solicited: bool,
+}
+
+/// A CQE the driver cannot accept (device memory is untrusted). It is consumed and reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PollError {
+    /// The CQE names a QP that is not attached to this CQ.
+    #[error("CQE for unknown QP {qpn:#x}")]
+    UnknownQp {
+        /// The QPN in the CQE.
+        qpn: u32,
+    },
+    /// The CQE's WQE counter is not an outstanding work request.
+    #[error("CQE for QP {qpn:#x} names WQE {wqe_counter:#x}, which is not outstanding")]
+    BadIndex {
+        /// The QPN.
+        qpn: u32,
+        /// The WQE counter in the CQE.
+        wqe_counter: u16,
+    },
+    /// A CQE opcode this driver never asks for (resize, compression, signature error).
+    #[error("unexpected CQE opcode {0:?}")]
+    BadOpcode(CqeOpcode),
+}
+
+/// The QPs whose completions go to one CQ; shared between the QPs (which register and
+/// deregister) and the poller (which caches it).
+#[derive(Debug, Default)]
+pub(crate) struct QpRegistry {
+    qps: Mutex<Vec<Arc<WqShadow>>>,
+    generation: AtomicU64,
+}
+
+impl QpRegistry {
+    pub(crate) fn add(&self, s: &Arc<WqShadow>) {
+        let mut q = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+        if !q.iter().any(|x| Arc::ptr_eq(x, s)) {
+            q.push(s.clone());
+        }
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    pub(crate) fn remove(&self, s: &Arc<WqShadow>) {
+        self.qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|x| !Arc::ptr_eq(x, s));
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// The CQE ring and its consumer state.
+#[derive(Debug)]
+pub(crate) struct CqRing {
+    buf: Arc<DmaRegion>,
+    size: RingSize,
+    /// Byte offset of the doorbell record in `buf`.
+    dbr: usize,
+    ci: u32,
+    registry: Arc<QpRegistry>,
+    cache: Vec<Arc<WqShadow>>,
+    cache_gen: u64,
+    last: usize,
+}
+
+impl CqRing {
+    /// A ring over `buf`: `size` CQEs, then the doorbell record at `dbr`. Every entry starts
+    /// as `op_own` = 0xF0 (§9.4).
+    pub(crate) fn new(
+        buf: Arc<DmaRegion>,
+        size: RingSize,
+        dbr: usize,
+        registry: Arc<QpRegistry>,
+    ) -> CqRing {
+        let s = buf.slice();
+        for i in 0..size.entries() as usize {
+            s.write_u8(
+                i * CQE_SIZE + OP_OWN_OFFSET,
+                uhca_hw::layout::cqe::OP_OWN_INIT,
+            );
+        }
+        s.store_be32(dbr + CQ_DBR_SET_CI, 0);
+        CqRing {
+            buf,
+            size,
+            dbr,
+            ci: 0,
+            registry,
+            cache: Vec::new(),
+            cache_gen: u64::MAX,
+            last: 0,
+        }
+    }
+
+    pub(crate) fn region(&self) -> &Arc<DmaRegion> {
+        &self.buf
+    }
+
+    pub(crate) fn ci(&self) -> u32 {
+        self.ci
+    }
+
+    pub(crate) fn dbr_offset(&self) -> usize {
+        self.dbr
+    }
+
+    /// Refreshes the QP cache if QPs were added or removed (one atomic load per poll).
+    #[inline]
+    pub(crate) fn refresh(&mut self) {
+        let g = self.registry.generation.load(Ordering::Acquire);
+        if g != self.cache_gen {
+            self.reload(g);
+        }
+    }
+
+    #[cold]
+    fn reload(&mut self, g: u64) {
+        self.cache = self
+            .registry
+            .qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        self.cache_gen = g;
+        self.last = 0;
+    }
+
+    #[inline(always)]
+    fn shadow(&mut self, qpn: u32) -> Option<&WqShadow> {
+        if self.cache.get(self.last).is_none_or(|s| s.qpn != qpn) {
+            self.last = self.cache.iter().position(|s| s.qpn == qpn)?;
+        }
+        Some(&self.cache[self.last])
+    }
+
+    /// Copies out the next software-owned CQE and advances the consumer index, or `None`.
+    #[inline(always)]
+    pub(crate) fn next_cqe(&mut self) -> Option<[u8; CQE_SIZE]> {
+        let off = self.size.slot(self.ci) * CQE_SIZE;
+        let s = self.buf.slice();
+        if !cqe_is_sw_owned(s.read_u8(off + OP_OWN_OFFSET), self.ci, self.size.log()) {
+            return None;
+        }
+        barrier::rmb_after_owner(); // CQE body after its op_own byte
+        // Everything an RC completion needs lies in the second half (0x20..0x40, §9.7):
+        // copy only that; the first half of the shadow stays zero.
+        let mut cqe = [0u8; CQE_SIZE];
+        s.read_words(off + CQE_HALF, &mut cqe[CQE_HALF..]);
+        self.ci = self.ci.wrapping_add(1);
+        Some(cqe)
+    }
+
+    /// Polls one completion: `None` when the CQ is empty.
+    #[inline(always)]
+    pub(crate) fn poll_one(&mut self) -> Option<Result<Completion, PollError>> {
+        let cqe = self.next_cqe()?;
+        Some(self.parse(&cqe))
+    }
+
+    /// Turns a shadow CQE into a completion, checking its indices (style.md §10).
+    #[inline(always)]
+    pub(crate) fn parse(&mut self, cqe: &[u8; CQE_SIZE]) -> Result<Completion, PollError> {
+        let c = Cqe::new_unchecked(&cqe[..]);
+        let op_own = c.op_own() as u8;
+        let raw = op_own >> 4;
+        let qpn = c.qpn();
+        let counter = c.wqe_counter() as u16;
+        let sh = self.shadow(qpn).ok_or(PollError::UnknownQp { qpn })?;
+        let bad = PollError::BadIndex {
+            qpn,
+            wqe_counter: counter,
+        };
+        // Matched on the raw value (one compare chain, no enum conversion on the hot path).
+        const REQ: u8 = CqeOpcode::Req.raw();
+        const REQ_ERR: u8 = CqeOpcode::ReqErr.raw();
+        const RESP_WR_IMM: u8 = CqeOpcode::RespWrImm.raw();
+        const RESP_SEND: u8 = CqeOpcode::RespSend.raw();
+        const RESP_SEND_IMM: u8 = CqeOpcode::RespSendImm.raw();
+        const RESP_SEND_INV: u8 = CqeOpcode::RespSendInv.raw();
+        const RESP_ERR: u8 = CqeOpcode::RespErr.raw();
+        match raw {
+            REQ | REQ_ERR => {
+                let wr_id = sh.complete_send(counter).ok_or(bad)?;
+                let (status, wqe_op) = if raw == REQ {
+                    (WcStatus::Success, c.sop() as u8)
+                } else {
+                    let e = ErrCqe::new_unchecked(&cqe[..]);
+                    (error_status(&e), e.s_wqe_opcode() as u8)
+                };
+                let op = WcOpcode::of_wqe(wqe_op);
+                let byte_len = match op {
+                    WcOpcode::CompSwap | WcOpcode::FetchAdd => uhca_hw::layout::wqe::ATOMIC_SIZE,
+                    _ => c.byte_cnt(),
+                };
+                Ok(Completion {
+                    wr_id,
+                    status,
+                    opcode: op,
+                    byte_len,
+                    imm: None,
+                    qpn,
+                    solicited: false,
+                })
+            }
+            RESP_SEND | RESP_SEND_IMM | RESP_SEND_INV | RESP_WR_IMM | RESP_ERR => {
+                let wr_id = sh.complete_recv(counter).ok_or(bad)?;
+                let (status, opcode, imm) = match raw {
+                    RESP_ERR => (
+                        error_status(&ErrCqe::new_unchecked(&cqe[..])),
+                        WcOpcode::Recv,
+                        None,
+                    ),
+                    RESP_WR_IMM => (
+                        WcStatus::Success,
+                        WcOpcode::RecvRdmaWithImm,
+                        Some(c.imm_inval_pkey()),
+                    ),
+                    RESP_SEND_IMM => (WcStatus::Success, WcOpcode::Recv, Some(c.imm_inval_pkey())),
+                    _ => (WcStatus::Success, WcOpcode::Recv, None),
+                };
+                Ok(Completion {
+                    wr_id,
+                    status,
+                    opcode,
+                    byte_len: if status.is_ok() { c.byte_cnt() } else { 0 },
+                    imm,
+                    qpn,
+                    solicited: op_own & 0x02 != 0,
+                })
+            }
+            other => Err(PollError::BadOpcode(CqeOpcode::from(other))),
+        }
+    }
+
+    /// Publishes the consumer index to the CQ doorbell record (§9.7).
+    #[inline(always)]
+    pub(crate) fn update_ci(&self) {
+        barrier::mb_before_ci_update(); // consumed CQEs read before their slots are handed back
+        self.buf
+            .slice()
+            .store_be32(self.dbr + CQ_DBR_SET_CI, self.ci & 0xFF_FFFF);
+    }
+}
+
+fn error_status(e: &ErrCqe<&[u8]>) -> WcStatus {
+    WcStatus::Error {
+        syndrome: CqeSyndrome::from(e.syndrome() as u8),
+        vendor_err: e.vendor_err_synd() as u8,
+    }
+}
+
+/// An iterator over the completions available now. Dropping it publishes the consumer
+/// index once for the whole batch.
+#[derive(Debug)]
+pub struct Poll<'a> {
+    ring: &'a mut CqRing,
+    taken: u32,
+}
+
+impl<'a> Poll<'a> {
+    pub(crate) fn new(ring: &'a mut CqRing) -> Poll<'a> {
+        ring.refresh();
+        Poll { ring, taken: 0 }
+    }
+}
+
+impl Iterator for Poll<'_> {
+    type Item = Result<Completion, PollError>;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        let r = self.ring.poll_one()?;
+        self.taken += 1;
+        Some(r)
+    }
+}
+
+impl Drop for Poll<'_> {
+    fn drop(&mut self) {
+        if self.taken > 0 {
+            self.ring.update_ci();
+        }
+    }
+}
+
+#[cfg(all(test, feature = "model"))]
+mod tests {
+    use super::*;
+    use crate::datapath::sq::{Doorbell, SendRing};
+    use crate::datapath::wqe::{Remote, Sge};
+    use crate::dma::DmaSpace;
+    use crate::pci::Bar;
+    use crate::pci::model::ModelFunction;
+    use uhca_hw::layout::cqe::cqe_owner_for;
+    use uhca_hw::layout::wqe::fm_ce_se;
+
+    struct Rig {
+        ring: CqRing,
+        sq: SendRing,
+        qbuf: DmaRegion,
+        sh: Arc<WqShadow>,
+        db: Doorbell,
+        pi: u32,
+    }
+
+    const QPN: u32 = 5;
+
+    fn rig() -> Rig {
+        let f = ModelFunction::with_defaults().unwrap();
+        let bar = Bar::map(&(f.clone() as Arc<dyn crate::pci::PciFunction>), 0).unwrap();
+        let space = DmaSpace::new(f);
+        let sq_size = RingSize::new(16, 15).unwrap();
+        let sh = Arc::new(WqShadow::new(QPN, sq_size, RingSize::new(4, 15).unwrap()));
+        let reg = Arc::new(QpRegistry::default());
+        reg.add(&sh);
+        let mut ring = CqRing::new(
+            Arc::new(space.alloc(4096).unwrap()),
+            RingSize::new(4, 15).unwrap(),
+            256,
+            reg,
+        );
+        ring.refresh();
+        Rig {
+            ring,
+            sq: SendRing::new(sq_size, 0, QPN),
+            qbuf: space.alloc(4096).unwrap(),
+            sh,
+            db: Doorbell {
+                bar,
+                bf_reg: 3 * 4096 + 0x800,
+                bf_half: 256,
+                bf_off: 0,
+            },
+            pi: 0,
+        }
+    }
+
+    impl Rig {
+        /// Posts a signaled WRITE with `sges` data segments and rings the doorbell.
+        fn post(&mut self, wr_id: u64, sges: usize) {
+            let sge = Sge {
+                addr: 0x1000,
+                len: 8,
+                lkey: 1,
+            };
+            self.sq
+                .post(
+                    &self.qbuf,
+                    &self.sh,
+                    wr_id,
+                    WqeOpcode::RdmaWrite,
+                    fm_ce_se::CQ_UPDATE,
+                    0,
+                    |w| {
+                        w.raddr(Remote::default());
+                        w.data(&vec![sge; sges])
+                    },
+                )
+                .unwrap();
+            self.sq
+                .ring_doorbell(&self.qbuf, 4032, &self.sh, &mut self.db);
+        }
+
+        /// Writes a CQE as the device would: body first, `op_own` last with the owner bit.
+        fn cqe(&mut self, opcode: CqeOpcode, qpn: u32, counter: u16, fill: impl Fn(&mut [u8])) {
+            let mut e = [0u8; CQE_SIZE];
+            {
+                let mut c = Cqe::new_unchecked(&mut e[..]);
+                c.set_qpn(qpn);
+                c.set_wqe_counter(counter.into());
+                c.set_sop(0x08);
+                c.set_byte_cnt(8);
+            }
+            fill(&mut e);
+            let own = cqe_owner_for(self.pi, 2);
+            let slot = (self.pi & 3) as usize * CQE_SIZE;
+            let s = self.ring.region().slice();
+            s.write(slot, &e[..OP_OWN_OFFSET]);
+            s.write_u8(slot + OP_OWN_OFFSET, (u8::from(opcode) << 4) | own);
+            self.pi += 1;
+        }
+
+        fn dbr_ci(&self) -> u32 {
+            self.ring.region().slice().load_be32(256)
+        }
+    }
+
+    #[test]
+    fn requester_and_error_cqes_map_to_completions() {
+        let mut r = rig();
+        r.post(11, 1);
+        r.post(12, 6); // 2 basic blocks: counters 1 and 2
+        r.post(13, 1);
+        r.cqe(CqeOpcode::Req, QPN, 0, |_| {});
+        r.cqe(CqeOpcode::ReqErr, QPN, 1, |e| {
+            let mut x = ErrCqe::new_unchecked(e);
+            x.set_syndrome(0x13);
+            x.set_vendor_err_synd(0x88);
+            x.set_s_wqe_opcode(0x12);
+        });
+        let got: Vec<_> = r.ring_poll();
+        assert_eq!(got.len(), 2);
+        let c0 = got[0].unwrap();
+        assert_eq!(
+            (c0.wr_id, c0.status, c0.opcode, c0.qpn),
+            (11, WcStatus::Success, WcOpcode::RdmaWrite, QPN)
+        );
+        let c1 = got[1].unwrap();
+        assert_eq!(c1.wr_id, 12);
+        assert_eq!(c1.opcode, WcOpcode::FetchAdd);
+        assert_eq!(c1.byte_len, 8);
+        assert_eq!(
+            c1.status,
+            WcStatus::Error {
+                syndrome: CqeSyndrome::RemoteAccess,
+                vendor_err: 0x88
+            }
+        );
+        // One consumer-index update for the batch.
+        assert_eq!(r.dbr_ci(), 2);
+        // The send ring got its blocks back up to the end of WQE 12.
+        assert_eq!(r.sq.room(&r.sh), 16 - 1);
+    }
+
+    impl Rig {
+        fn ring_poll(&mut self) -> Vec<Result<Completion, PollError>> {
+            Poll::new(&mut self.ring).collect()
+        }
+    }
+
+    #[test]
+    fn untrusted_indices_and_qpns_are_reported_not_followed() {
+        let mut r = rig();
+        r.post(1, 6); // counters 0..2
+        r.post(2, 1); // counter 2
+        r.cqe(CqeOpcode::Req, QPN, 1, |_| {}); // middle of WQE 1
+        r.cqe(CqeOpcode::Req, QPN, 7, |_| {}); // never posted
+        r.cqe(CqeOpcode::Req, 99, 0, |_| {}); // unknown QP
+        r.cqe(CqeOpcode::Resize, QPN, 0, |_| {});
+        let got = r.ring_poll();
+        assert_eq!(
+            got,
+            vec![
+                Err(PollError::BadIndex {
+                    qpn: QPN,
+                    wqe_counter: 1
+                }),
+                Err(PollError::BadIndex {
+                    qpn: QPN,
+                    wqe_counter: 7
+                }),
+                Err(PollError::UnknownQp { qpn: 99 }),
+                Err(PollError::BadOpcode(CqeOpcode::Resize)),
+            ]
+        );
+        // Nothing was completed by the bad CQEs; a good one still works.
+        r.cqe(CqeOpcode::Req, QPN, 2, |_| {});
+        assert_eq!(r.ring_poll()[0].unwrap().wr_id, 2);
+        assert_eq!(r.dbr_ci(), 5);
+    }
+
+    #[test]
+    fn ownership_parity_follows_the_pass() {
+        let mut r = rig();
+        for i in 0..4 {
+            r.post(i, 1);
+        }
+        for i in 0..4u16 {
+            r.cqe(CqeOpcode::Req, QPN, i, |_| {});
+        }
+        assert_eq!(r.ring_poll().len(), 4);
+        // Slot 0 still holds the first pass's CQE (owner 0): on the second pass it is stale.
+        assert!(r.ring_poll().is_empty());
+        r.post(4, 1);
+        r.cqe(CqeOpcode::Req, QPN, 4, |_| {}); // owner 1
+        assert_eq!(r.ring_poll()[0].unwrap().wr_id, 4);
+        assert_eq!(r.dbr_ci(), 5);
+    }
+
+    #[test]
+    fn empty_poll_writes_no_doorbell_record() {
+        let mut r = rig();
+        r.ring.region().slice().store_be32(256, 0xABCD);
+        assert!(r.ring_poll().is_empty());
+        assert_eq!(r.dbr_ci(), 0xABCD);
+    }
+}

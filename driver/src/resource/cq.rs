@@ -1,0 +1,397 @@
+//! Completion queues (prm-subset.md §6.5 CREATE_CQ/DESTROY_CQ, §7.2 `cqc`, §9.3 arming,
+//! §9.7 CQEs).
+//!
+//! A [`Cq`] is polled by one thread at a time (`&mut self`, no lock): [`Cq::poll`] yields
+//! the completions available now and publishes the consumer index once per batch. CQs that
+//! want to sleep are created with [`CqConfig::events`]: they get their own completion EQ,
+//! MSI-X vector and eventfd, and [`Cq::req_notify`] + [`Cq::wait`] block until the device
+//! posts a completion event. Polled-only CQs share one never-armed completion EQ per device.
+//!
+//! Thread contract: `Cq` is `Send` (move it to the polling thread) but not shareable for
+//! polling; the firmware object lives until the `Cq` and every QP using it are dropped.
+
+#![deny(unsafe_code)]
+
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use uhca_hw::layout::caps::CmdHcaCap;
+use uhca_hw::layout::cqe::CQE_SIZE;
+use uhca_hw::layout::eqe::{EqeComp, EventType};
+use uhca_hw::layout::uar::{CQ_DBR_ARM, CQ_DOORBELL, UAR_SIZE, cq_arm_word};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::cmd::CmdError;
+use crate::cmd::ops::{self, CreateEq};
+use crate::cmd::queue_ops;
+use crate::datapath::cq::{CqRing, Poll, QpRegistry};
+use crate::datapath::ring::RingSize;
+use crate::device::{Device, DeviceInner};
+use crate::dma::{DmaError, DmaRegion};
+use crate::pci::{Iova, PciError};
+use crate::resource::EqRing;
+
+/// Errors of creating, connecting and destroying CQs and QPs (the control path).
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// A command failed.
+    #[error(transparent)]
+    Cmd(#[from] CmdError),
+    /// Queue memory could not be provided.
+    #[error(transparent)]
+    Dma(#[from] DmaError),
+    /// Interrupt setup failed.
+    #[error(transparent)]
+    Pci(#[from] PciError),
+    /// A requested size is not possible.
+    #[error("{what}: {requested} is not a power of two in 1..=2^{log_max}")]
+    Size {
+        /// Which size.
+        what: &'static str,
+        /// The request.
+        requested: u32,
+        /// The device limit (log2).
+        log_max: u32,
+    },
+    /// A configuration value is out of range.
+    #[error("invalid configuration: {0}")]
+    Config(&'static str),
+    /// No free MSI-X vector for another event CQ.
+    #[error("no free interrupt vector for a completion EQ")]
+    NoVector,
+    /// The CQ was created without events.
+    #[error("the CQ was created without events (CqConfig::events)")]
+    NoEvents,
+    /// A QP transition that is not allowed from the current state.
+    #[error("QP transition {op} not allowed from state {state:?}")]
+    State {
+        /// The transition.
+        op: &'static str,
+        /// The current state.
+        state: crate::resource::qp::QpState,
+    },
+    /// Waiting for an event failed.
+    #[error("waiting for a completion event: {0}")]
+    Io(#[source] std::io::Error),
+    /// The device was closed.
+    #[error("device is closed")]
+    Closed,
+}
+
+/// Options of [`Device::create_cq`].
+#[derive(Clone, Copy, Debug)]
+pub struct CqConfig {
+    /// Minimum number of CQEs (rounded up to a power of two).
+    pub entries: u32,
+    /// Give the CQ its own completion EQ and eventfd, for [`Cq::wait`].
+    pub events: bool,
+}
+
+impl Default for CqConfig {
+    fn default() -> Self {
+        CqConfig {
+            entries: 256,
+            events: false,
+        }
+    }
+}
+
+/// Per-device state of the completion machinery (lives in the device).
+#[derive(Debug, Default)]
+pub(crate) struct DeviceQueues {
+    shared_eq: Mutex<Weak<CompEq>>,
+    /// Bit v = MSI-X vector v in use by a completion EQ (vector 0 is the control EQ's).
+    vectors: Mutex<u64>,
+}
+
+/// A completion EQ (its firmware object, ring and optional interrupt).
+#[derive(Debug)]
+struct CompEq {
+    dev: Arc<DeviceInner>,
+    ring: Mutex<EqRing>,
+    irq: Option<(u32, EventFd, Epoll)>,
+}
+
+impl CompEq {
+    fn create(dev: &Arc<DeviceInner>, with_irq: bool) -> Result<CompEq, QueueError> {
+        let uar = *dev.driver_uar.get().ok_or(QueueError::Closed)?;
+        let irq = if with_irq {
+            let v = alloc_vector(dev)?;
+            let setup = || -> Result<(EventFd, Epoll), QueueError> {
+                let fd = EventFd::new(EFD_NONBLOCK).map_err(QueueError::Io)?;
+                let ep = Epoll::new().map_err(QueueError::Io)?;
+                ep.ctl(
+                    ControlOperation::Add,
+                    fd.as_raw_fd(),
+                    EpollEvent::new(EventSet::IN, 0),
+                )
+                .map_err(QueueError::Io)?;
+                dev.function.set_irq(v, Some(&fd))?;
+                Ok((fd, ep))
+            };
+            match setup() {
+                Ok((fd, ep)) => Some((v, fd, ep)),
+                Err(e) => {
+                    free_vector(dev, v);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let mut ring = EqRing::new(&dev.dma, 6)?;
+        let pages = ring.pages();
+        let created = ops::create_eq(
+            &**dev,
+            &CreateEq {
+                log_eq_size: ring.log_size(),
+                uar_page: uar,
+                intr: irq.as_ref().map_or(0, |i| i.0),
+                event_bitmask: 0, // completion events go to the EQ named by c_eqn (§9.3)
+                pages: &pages,
+            },
+        );
+        let eqn = match created {
+            Ok(n) => n,
+            Err(e) => {
+                if let Some((v, _, _)) = &irq {
+                    let _ = dev.function.set_irq(*v, None);
+                    free_vector(dev, *v);
+                }
+                return Err(e.into());
+            }
+        };
+        ring.attach(eqn, uar);
+        if irq.is_some() {
+            ring.update_ci(&dev.bar, true);
+        }
+        Ok(CompEq {
+            dev: dev.clone(),
+            ring: Mutex::new(ring),
+            irq,
+        })
+    }
+
+    fn eqn(&self) -> u32 {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner()).eqn()
+    }
+}
+
+impl Drop for CompEq {
+    fn drop(&mut self) {
+        let eqn = self.eqn();
+        if self.dev.is_open()
+            && let Err(e) = ops::destroy_eq(&*self.dev, eqn)
+        {
+            tracing::warn!(eqn, error = %e, "DESTROY_EQ (completion EQ) failed");
+        }
+        if let Some((v, _, _)) = &self.irq {
+            let _ = self.dev.function.set_irq(*v, None);
+            free_vector(&self.dev, *v);
+        }
+    }
+}
+
+fn alloc_vector(dev: &DeviceInner) -> Result<u32, QueueError> {
+    let n = dev.function.num_irqs().min(64);
+    let mut used = dev.dp.vectors.lock().unwrap_or_else(|e| e.into_inner());
+    let v = (1..n)
+        .find(|v| *used & (1 << v) == 0)
+        .ok_or(QueueError::NoVector)?;
+    *used |= 1 << v;
+    Ok(v)
+}
+
+fn free_vector(dev: &DeviceInner, v: u32) {
+    *dev.dp.vectors.lock().unwrap_or_else(|e| e.into_inner()) &= !(1u64 << v);
+}
+
+fn shared_eq(dev: &Arc<DeviceInner>) -> Result<Arc<CompEq>, QueueError> {
+    let mut w = dev.dp.shared_eq.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(eq) = w.upgrade() {
+        return Ok(eq);
+    }
+    let eq = Arc::new(CompEq::create(dev, false)?);
+    *w = Arc::downgrade(&eq);
+    Ok(eq)
+}
+
+/// The firmware CQ; QPs keep it alive (a CQ is destroyed after the QPs that use it).
+#[derive(Debug)]
+pub(crate) struct CqObj {
+    pub(crate) cqn: u32,
+    pub(crate) dev: Arc<DeviceInner>,
+    pub(crate) registry: Arc<QpRegistry>,
+    /// The CQE ring and doorbell record: freed only after the firmware CQ is gone.
+    buf: Arc<DmaRegion>,
+    eq: Arc<CompEq>,
+}
+
+impl Drop for CqObj {
+    fn drop(&mut self) {
+        if self.dev.is_open()
+            && let Err(e) = queue_ops::destroy_cq(&*self.dev, self.cqn)
+        {
+            // The device may still write CQEs: keep the memory (leak) rather than free it
+            // under the device.
+            tracing::warn!(cqn = self.cqn, error = %e, "DESTROY_CQ failed; leaking its buffer");
+            std::mem::forget(self.buf.clone());
+        }
+        let _ = &self.eq; // the EQ goes after the CQ that names it
+    }
+}
+
+/// A completion queue. See the module docs for the threading contract.
+#[derive(Debug)]
+pub struct Cq {
+    ring: CqRing,
+    /// Completion events seen (the arm sequence number is this mod 4, §9.3).
+    events_seen: u32,
+    obj: Arc<CqObj>,
+}
+
+/// Byte offset of the doorbell record after `entries` CQEs.
+fn dbr_offset(size: RingSize) -> usize {
+    size.entries() as usize * CQE_SIZE
+}
+
+impl Device {
+    /// Creates a completion queue (prm-subset.md §6.5, §7.2).
+    pub fn create_cq(&self, cfg: &CqConfig) -> Result<Cq, QueueError> {
+        let dev = &self.inner;
+        if !dev.is_open() {
+            return Err(QueueError::Closed);
+        }
+        let log_max = CmdHcaCap::new_unchecked(&self.caps().general[..]).log_max_cq_sz();
+        let want = cfg.entries.max(2).checked_next_power_of_two().unwrap_or(0);
+        let size = RingSize::new(want, log_max).ok_or(QueueError::Size {
+            what: "CQ entries",
+            requested: cfg.entries,
+            log_max,
+        })?;
+        let eq = if cfg.events {
+            Arc::new(CompEq::create(dev, true)?)
+        } else {
+            shared_eq(dev)?
+        };
+        let dbr = dbr_offset(size);
+        let buf = Arc::new(dev.dma.alloc(dbr + 64)?);
+        let registry = Arc::new(QpRegistry::default());
+        let ring = CqRing::new(buf.clone(), size, dbr, registry.clone());
+        let region = ring.region();
+        let pages: Vec<Iova> = (0..region.len().div_ceil(4096))
+            .map(|i| region.iova().add(i as u64 * 4096))
+            .collect();
+        let uar = *dev.driver_uar.get().ok_or(QueueError::Closed)?;
+        let eqn = eq.eqn();
+        let dbr_iova = region.iova().add(dbr as u64).0;
+        let cqn = queue_ops::create_cq(&**dev, &pages, |c| {
+            c.set_cqe_sz(0); // 64-byte CQEs
+            c.set_log_cq_size(size.log());
+            c.set_uar_page(uar);
+            c.set_c_eqn_or_apu_element(eqn);
+            c.set_log_page_size(0); // 4 KiB pages
+            c.set_page_offset(0);
+            c.set_dbr_addr(dbr_iova);
+        })?;
+        Ok(Cq {
+            ring,
+            events_seen: 0,
+            obj: Arc::new(CqObj {
+                cqn,
+                dev: dev.clone(),
+                registry,
+                buf,
+                eq,
+            }),
+        })
+    }
+}
+
+impl Cq {
+    /// The CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.obj.cqn
+    }
+
+    /// Number of CQEs.
+    pub fn entries(&self) -> u32 {
+        1 << self.ring_log()
+    }
+
+    fn ring_log(&self) -> u32 {
+        (self.ring.dbr_offset() / CQE_SIZE).trailing_zeros()
+    }
+
+    pub(crate) fn obj(&self) -> &Arc<CqObj> {
+        &self.obj
+    }
+
+    /// The completions available now, as an iterator (no syscall, lock or allocation).
+    /// Dropping the iterator publishes the consumer index (§9.7). Items are `Err` only for
+    /// CQEs the device should never have written; those are consumed and reported.
+    #[inline]
+    pub fn poll(&mut self) -> Poll<'_> {
+        Poll::new(&mut self.ring)
+    }
+
+    /// Arms the CQ (§9.3): the next completion (or the next solicited one) posts an event
+    /// to the CQ's EQ. Poll once more after arming: a completion that arrived before the
+    /// arm raises no event.
+    pub fn req_notify(&mut self, solicited_only: bool) {
+        let word = cq_arm_word(self.events_seen, solicited_only, self.ring.ci());
+        let s = self.ring.region().slice();
+        s.store_be32(self.ring.dbr_offset() + CQ_DBR_ARM, word);
+        crate::barrier::wmb_before_doorbell(); // arm record before the doorbell
+        let uar = self.obj.dev.driver_uar.get().copied().unwrap_or(0);
+        let mut db = [0u8; 8];
+        db[..4].copy_from_slice(&word.to_be_bytes());
+        db[4..].copy_from_slice(&self.obj.cqn.to_be_bytes());
+        self.obj
+            .dev
+            .bar
+            .write64_raw(uar as usize * UAR_SIZE + CQ_DOORBELL, db);
+    }
+
+    /// Blocks until the device posts a completion event for this CQ (after
+    /// [`req_notify`](Self::req_notify)) or `timeout` passes. Returns whether an event came.
+    /// Only for CQs created with [`CqConfig::events`].
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<bool, QueueError> {
+        let eq = self.obj.eq.clone();
+        let Some((_, fd, ep)) = &eq.irq else {
+            return Err(QueueError::NoEvents);
+        };
+        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        loop {
+            let got = {
+                let mut ring = eq.ring.lock().unwrap_or_else(|e| e.into_inner());
+                let mut got = 0;
+                while let Some(e) = ring.next_event() {
+                    let cqn = EqeComp::new_unchecked(&e[..]).cqn();
+                    if EventType::from(e[1]) == EventType::Comp && cqn == self.obj.cqn {
+                        got += 1;
+                    }
+                }
+                ring.update_ci(&self.obj.dev.bar, true);
+                got
+            };
+            if got > 0 {
+                self.events_seen = self.events_seen.wrapping_add(got);
+                return Ok(true);
+            }
+            let mut evs = [EpollEvent::default()];
+            let n = loop {
+                match ep.wait(ms, &mut evs) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    r => break r.map_err(QueueError::Io)?,
+                }
+            };
+            if n == 0 {
+                return Ok(false);
+            }
+            let _ = fd.read(); // non-blocking: clears the counter
+        }
+    }
+}

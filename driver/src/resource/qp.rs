@@ -1,0 +1,726 @@
+//! RC queue pairs (prm-subset.md §6.6 commands, §7.3 `qpc`, §7.4 `ads`, §9.2-9.6 rings).
+//!
+//! A [`Qp`] owns its buffer (receive ring at offset 0, send ring after it, doorbell record
+//! last, §9.4), a UAR page of its own for doorbells and BlueFlame, and the shadows its CQs
+//! read. Posting is `&mut self`: one thread posts on a QP at a time, with no lock,
+//! syscall or allocation; `Qp` is `Send`, so each thread can own its QPs.
+//!
+//! Connection: [`Qp::connect`] runs RST2INIT, INIT2RTR and RTR2RTS with the attributes of
+//! [`ConnectParams`], writing what Linux writes per transition (§7.3).
+
+#![deny(unsafe_code)]
+
+use std::sync::Arc;
+
+use uhca_hw::layout::caps::CmdHcaCap;
+use uhca_hw::layout::cmd::Opcode;
+use uhca_hw::layout::qpc::{Ads, Qpc};
+use uhca_hw::layout::uar::bf_reg_offset;
+use uhca_hw::layout::wqe::{ATOMIC_SIZE, DS_UNIT, SEND_WQE_BB, WqeOpcode, fm_ce_se};
+
+use super::cq::{Cq, CqObj, QueueError};
+use crate::cmd::ops::{self, RoceAddress};
+use crate::cmd::{CmdError, queue_ops};
+use crate::datapath::ring::RingSize;
+use crate::datapath::sq::{Doorbell, MAX_RECV_SGES, RecvRing, SendRing, WqShadow};
+use crate::datapath::wqe::{MAX_INLINE, MAX_WQE_BYTES, PostError, Remote, Sge};
+use crate::device::{Device, DeviceInner};
+use crate::dma::DmaRegion;
+use crate::resource::{Access, Pd, Uar};
+
+/// BlueFlame register used in each QP's own UAR page (Linux's first "fast path" register,
+/// §9.1; the page is not shared, so no lock is needed).
+const BF_REG: usize = 2;
+
+/// QP states (§7.3 `state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpState {
+    /// Reset.
+    Reset,
+    /// Initialized.
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Error.
+    Err,
+    /// A state the driver does not drive to (SQER, SQD, ...), raw.
+    Other(u32),
+}
+
+impl QpState {
+    fn from_raw(v: u32) -> QpState {
+        match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            6 => QpState::Err,
+            o => QpState::Other(o),
+        }
+    }
+}
+
+/// Path MTU (IB encoding, §7.3 `mtu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mtu {
+    /// 256 bytes.
+    M256 = 1,
+    /// 512 bytes.
+    M512 = 2,
+    /// 1024 bytes.
+    M1024 = 3,
+    /// 2048 bytes.
+    M2048 = 4,
+    /// 4096 bytes.
+    M4096 = 5,
+}
+
+/// Sizes of a QP (see [`Device::create_qp`]).
+#[derive(Clone, Copy, Debug)]
+pub struct QpConfig {
+    /// Send work requests the send queue must hold (of the largest size below).
+    pub max_send_wr: u32,
+    /// Receive work requests the receive queue holds (rounded up to a power of two).
+    pub max_recv_wr: u32,
+    /// Most data segments per send work request.
+    pub max_send_sge: u32,
+    /// Most data segments per receive work request.
+    pub max_recv_sge: u32,
+    /// Most inline bytes per send work request (up to [`MAX_INLINE`]).
+    pub max_inline: u32,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        QpConfig {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline: 64,
+        }
+    }
+}
+
+/// Attributes of the RST→INIT→RTR→RTS sequence (the verbs attributes users set).
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectParams {
+    /// The peer's QPN.
+    pub remote_qpn: u32,
+    /// Our first send PSN (`next_send_psn`).
+    pub sq_psn: u32,
+    /// The peer's first send PSN (our `next_rcv_psn`).
+    pub rq_psn: u32,
+    /// The peer's GID (IPv4-mapped for RoCEv2 over IPv4).
+    pub remote_gid: [u8; 16],
+    /// The peer's MAC.
+    pub remote_mac: [u8; 6],
+    /// Our GID table index.
+    pub sgid_index: u8,
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Local ACK timeout (4.096 µs × 2^value; 0 waits forever).
+    pub timeout: u8,
+    /// Transport retries (0-7).
+    pub retry_cnt: u8,
+    /// RNR retries (0-7; 7 = infinite).
+    pub rnr_retry: u8,
+    /// Minimum RNR NAK timer (IB encoding, 0-31).
+    pub min_rnr_timer: u8,
+    /// Outstanding RDMA READ/atomics as requester.
+    pub max_rd_atomic: u8,
+    /// Outstanding RDMA READ/atomics as responder.
+    pub max_dest_rd_atomic: u8,
+    /// What the peer may do to our memory through this QP (remote read/write/atomic).
+    pub access: Access,
+    /// RoCEv2 UDP source port.
+    pub udp_sport: u16,
+    /// IP hop limit.
+    pub hop_limit: u8,
+}
+
+impl ConnectParams {
+    /// Defaults for a peer at `remote_qpn` reachable at `gid`/`mac`: MTU 1024, timeout 14,
+    /// 7 retries, 7 RNR retries, 16 outstanding reads/atomics, every remote right.
+    pub fn new(remote_qpn: u32, gid: [u8; 16], mac: [u8; 6]) -> ConnectParams {
+        ConnectParams {
+            remote_qpn,
+            sq_psn: 0,
+            rq_psn: 0,
+            remote_gid: gid,
+            remote_mac: mac,
+            sgid_index: 0,
+            mtu: Mtu::M1024,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+            access: Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+            udp_sport: 0xC000,
+            hop_limit: 64,
+        }
+    }
+}
+
+/// Send flags of a work request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendFlags(u8);
+
+impl SendFlags {
+    /// No completion unless it fails.
+    pub const NONE: SendFlags = SendFlags(0);
+    /// Write a CQE on success too (`MLX5_WQE_CTRL_CQ_UPDATE`, §9.5).
+    pub const SIGNALED: SendFlags = SendFlags(fm_ce_se::CQ_UPDATE);
+    /// The receiver's CQE carries the solicited-event bit.
+    pub const SOLICITED: SendFlags = SendFlags(fm_ce_se::SOLICITED);
+    /// Wait for earlier READs/atomics before this one (fence mode 2).
+    pub const FENCE: SendFlags = SendFlags(fm_ce_se::FENCE);
+}
+
+impl SendFlags {
+    /// Both sets of flags (usable in constants).
+    pub const fn union(self, other: SendFlags) -> SendFlags {
+        SendFlags(self.0 | other.0)
+    }
+}
+
+impl std::ops::BitOr for SendFlags {
+    type Output = SendFlags;
+    fn bitor(self, rhs: SendFlags) -> SendFlags {
+        SendFlags(self.0 | rhs.0)
+    }
+}
+
+/// Local data of a SEND or WRITE: data segments or inline bytes (copied into the WQE).
+#[derive(Clone, Copy, Debug)]
+pub enum Local<'a> {
+    /// Scatter/gather elements.
+    Sges(&'a [Sge]),
+    /// Bytes carried in the WQE itself (up to the QP's `max_inline`).
+    Inline(&'a [u8]),
+}
+
+/// The operation of a send work request (§9.5 segment table).
+#[derive(Clone, Copy, Debug)]
+pub enum SendOp<'a> {
+    /// RDMA WRITE.
+    Write {
+        /// Local data.
+        local: Local<'a>,
+        /// Remote target.
+        remote: Remote,
+    },
+    /// RDMA WRITE with immediate (consumes a receive at the peer).
+    WriteImm {
+        /// Local data.
+        local: Local<'a>,
+        /// Remote target.
+        remote: Remote,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ into `local`.
+    Read {
+        /// Local scatter list.
+        local: &'a [Sge],
+        /// Remote source.
+        remote: Remote,
+    },
+    /// SEND.
+    Send {
+        /// Local data.
+        local: Local<'a>,
+    },
+    /// SEND with immediate.
+    SendImm {
+        /// Local data.
+        local: Local<'a>,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// Atomic compare-and-swap of the 8 bytes at `remote`; the old value lands in `local`
+    /// (big-endian, §9.5).
+    CompareSwap {
+        /// 8-byte local buffer for the original value.
+        local: Sge,
+        /// 8-byte aligned remote address.
+        remote: Remote,
+        /// Value compared.
+        compare: u64,
+        /// Value swapped in on equality.
+        swap: u64,
+    },
+    /// Atomic fetch-and-add.
+    FetchAdd {
+        /// 8-byte local buffer for the original value.
+        local: Sge,
+        /// 8-byte aligned remote address.
+        remote: Remote,
+        /// Value added.
+        add: u64,
+    },
+}
+
+/// A send work request.
+#[derive(Clone, Copy, Debug)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp<'a>,
+    /// Signaled, solicited, fence.
+    pub flags: SendFlags,
+}
+
+/// The firmware QP plus what must outlive it.
+pub struct Qp {
+    qpn: u32,
+    state: QpState,
+    /// 2RST ran: the device forgot the rings' counters, the driver's shadows did not.
+    was_reset: bool,
+    /// RQ, SQ and doorbell record; an `Arc` so a failed destroy can leak it (see `Drop`).
+    buf: Arc<DmaRegion>,
+    dbr: usize,
+    sq: SendRing,
+    rq: RecvRing,
+    db: Doorbell,
+    shadow: Arc<WqShadow>,
+    max_inline: usize,
+    max_send_sge: usize,
+    max_recv_sge: usize,
+    pdn: u32,
+    scq: Arc<CqObj>,
+    rcq: Arc<CqObj>,
+    dev: Arc<DeviceInner>,
+    _uar: Uar,
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("qpn", &self.qpn)
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+fn ceil_log2(v: u32) -> u32 {
+    v.max(1).next_power_of_two().trailing_zeros()
+}
+
+impl Device {
+    /// Creates an RC QP in RESET on `pd`, completing sends to `send_cq` and receives to
+    /// `recv_cq` (which may be the same CQ), prm-subset.md §6.6.
+    pub fn create_qp(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        cfg: &QpConfig,
+    ) -> Result<Qp, QueueError> {
+        let dev = &self.inner;
+        if !dev.is_open() {
+            return Err(QueueError::Closed);
+        }
+        let cap = CmdHcaCap::new_unchecked(&self.caps().general[..]);
+        let log_max = cap.log_max_qp_sz();
+        if cfg.max_inline as usize > MAX_INLINE {
+            return Err(QueueError::Config("max_inline exceeds the largest WQE"));
+        }
+        if cfg.max_send_sge as usize > crate::datapath::wqe::MAX_SEND_SGES
+            || cfg.max_recv_sge as usize > MAX_RECV_SGES
+            || cfg.max_recv_sge == 0
+        {
+            return Err(QueueError::Config("too many scatter/gather elements"));
+        }
+        // Largest WQE: ctrl + raddr + max(data segments, inline, atomic + 1 data segment).
+        let body = (cfg.max_send_sge as usize * DS_UNIT)
+            .max((4 + cfg.max_inline as usize).next_multiple_of(DS_UNIT))
+            .max(2 * DS_UNIT);
+        let wqe_bbs = (2 * DS_UNIT + body)
+            .div_ceil(SEND_WQE_BB)
+            .min(MAX_WQE_BYTES / SEND_WQE_BB);
+        let sq_bbs = cfg.max_send_wr.max(1).saturating_mul(wqe_bbs as u32);
+        let sq = RingSize::new(sq_bbs.checked_next_power_of_two().unwrap_or(0), log_max).ok_or(
+            QueueError::Size {
+                what: "send queue WQEBBs",
+                requested: sq_bbs,
+                log_max,
+            },
+        )?;
+        let stride_log = ceil_log2(cfg.max_recv_sge * DS_UNIT as u32);
+        // The receive ring is at least one basic block so the send ring stays aligned.
+        let min_rq = (SEND_WQE_BB >> stride_log).max(1) as u32;
+        let rq_want = cfg.max_recv_wr.max(min_rq);
+        let rq = RingSize::new(rq_want.checked_next_power_of_two().unwrap_or(0), log_max).ok_or(
+            QueueError::Size {
+                what: "receive queue",
+                requested: cfg.max_recv_wr,
+                log_max,
+            },
+        )?;
+        let rq_bytes = (rq.entries() as usize) << stride_log;
+        let sq_off = rq_bytes;
+        let dbr = sq_off + sq.entries() as usize * SEND_WQE_BB;
+        let buf = Arc::new(dev.dma.alloc(dbr + 64)?);
+        let uar = Uar::alloc(dev).map_err(|e| match e {
+            crate::DeviceError::Cmd(c) => QueueError::Cmd(c),
+            _ => QueueError::Closed,
+        })?;
+        let pages: Vec<_> = (0..buf.len().div_ceil(4096))
+            .map(|i| buf.iova().add(i as u64 * 4096))
+            .collect();
+        let dbr_iova = buf.iova().add(dbr as u64).0;
+        let (scqn, rcqn) = (send_cq.cqn(), recv_cq.cqn());
+        let qpn = queue_ops::create_qp(&**dev, &pages, |q| {
+            q.set_st(0); // RC
+            q.set_pm_state(3); // migrated, as Linux creates
+            q.set_pd(pd.pdn());
+            q.set_uar_page(uar.index());
+            q.set_log_rq_size(rq.log());
+            q.set_log_rq_stride(stride_log - 4);
+            q.set_log_sq_size(sq.log());
+            q.set_no_sq(0);
+            q.set_rq_type(0);
+            q.set_log_page_size(0);
+            q.set_page_offset(0);
+            q.set_cqn_snd(scqn);
+            q.set_cqn_rcv(rcqn);
+            q.set_dbr_addr(dbr_iova);
+        })?;
+        let log_bf = cap.log_bf_reg_size();
+        let bf_half = if cap.bf() == 1 && log_bf > 0 {
+            (1usize << log_bf) / 2
+        } else {
+            0
+        };
+        let shadow = Arc::new(WqShadow::new(qpn, sq, rq));
+        send_cq.obj().registry.add(&shadow);
+        recv_cq.obj().registry.add(&shadow);
+        Ok(Qp {
+            qpn,
+            state: QpState::Reset,
+            was_reset: false,
+            sq: SendRing::new(sq, sq_off, qpn),
+            rq: RecvRing::new(rq, stride_log),
+            db: Doorbell {
+                bar: dev.bar.clone(),
+                bf_reg: uar.bar_offset() + bf_reg_offset(BF_REG, log_bf),
+                bf_half,
+                bf_off: 0,
+            },
+            buf,
+            dbr,
+            shadow,
+            max_inline: cfg.max_inline as usize,
+            max_send_sge: cfg.max_send_sge as usize,
+            max_recv_sge: cfg.max_recv_sge as usize,
+            pdn: pd.pdn(),
+            scq: send_cq.obj().clone(),
+            rcq: recv_cq.obj().clone(),
+            dev: dev.clone(),
+            _uar: uar,
+        })
+    }
+
+    /// GID table entry `index` of port 1 with its MAC (what a peer needs to reach us).
+    pub fn roce_address(&self, index: u32) -> Result<RoceAddress, CmdError> {
+        ops::query_roce_address(&*self.inner, index)
+    }
+}
+
+impl Qp {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The state as the driver last drove it (the device may have moved it to ERR since;
+    /// [`query_state`](Self::query_state) asks the device).
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// QUERY_QP: the state the device reports.
+    pub fn query_state(&self) -> Result<QpState, QueueError> {
+        let qpc = queue_ops::query_qp(&*self.dev, self.qpn)?;
+        Ok(QpState::from_raw(Qpc::new_unchecked(&qpc[..]).state()))
+    }
+
+    fn common(q: &mut Qpc<&mut [u8]>, pdn: u32, scqn: u32, rcqn: u32) {
+        q.set_st(0);
+        q.set_pm_state(3);
+        q.set_pd(pdn);
+        q.set_cqn_snd(scqn);
+        q.set_cqn_rcv(rcqn);
+        q.set_log_ack_req_freq(8);
+    }
+
+    fn rights(q: &mut Qpc<&mut [u8]>, access: Access) {
+        q.set_rre(access.contains(Access::REMOTE_READ).into());
+        q.set_rwe(access.contains(Access::REMOTE_WRITE).into());
+        let a = access.contains(Access::REMOTE_ATOMIC);
+        q.set_rae(a.into());
+        q.set_atomic_mode(if a { 1 } else { 0 }); // IB_COMP 8-byte atomics
+    }
+
+    fn ads<'a>(q: &'a mut Qpc<&mut [u8]>) -> Ads<&'a mut [u8]> {
+        let o = Qpc::<()>::PRIMARY_ADDRESS_PATH;
+        Ads::new_unchecked(&mut q.buf_mut()[o..o + Ads::<()>::SIZE])
+    }
+
+    fn check(&self, op: &'static str, from: &[QpState]) -> Result<(), QueueError> {
+        if from.contains(&self.state) {
+            Ok(())
+        } else {
+            Err(QueueError::State {
+                op,
+                state: self.state,
+            })
+        }
+    }
+
+    /// RST2INIT with the remote rights `access` (§7.3).
+    pub fn to_init(&mut self, access: Access) -> Result<(), QueueError> {
+        self.check("RST2INIT", &[QpState::Reset])?;
+        if self.was_reset {
+            return Err(QueueError::Config(
+                "a QP is not reused after 2RST in this version: create a new one",
+            ));
+        }
+        let (pdn, s, r, dbr) = (
+            self.pdn,
+            self.scq.cqn,
+            self.rcq.cqn,
+            self.buf.iova().add(self.dbr as u64).0,
+        );
+        queue_ops::modify_qp(&*self.dev, Opcode::Rst2InitQp, self.qpn, 0, |q| {
+            Self::common(q, pdn, s, r);
+            Self::rights(q, access);
+            q.set_dbr_addr(dbr);
+            let mut a = Self::ads(q);
+            a.set_pkey_index(0);
+            a.set_vhca_port_num(1);
+        })?;
+        self.state = QpState::Init;
+        Ok(())
+    }
+
+    /// INIT2RTR: the path to the peer, its QPN and PSN (§7.3, §7.4).
+    pub fn to_rtr(&mut self, p: &ConnectParams) -> Result<(), QueueError> {
+        self.check("INIT2RTR", &[QpState::Init])?;
+        if p.min_rnr_timer > 31 {
+            return Err(QueueError::Config("min_rnr_timer is 5 bits"));
+        }
+        let log_msg =
+            CmdHcaCap::new_unchecked(&self.dev.caps.get().ok_or(QueueError::Closed)?.general[..])
+                .log_max_msg();
+        let (pdn, s, r) = (self.pdn, self.scq.cqn, self.rcq.cqn);
+        queue_ops::modify_qp(&*self.dev, Opcode::Init2RtrQp, self.qpn, 0, |q| {
+            Self::common(q, pdn, s, r);
+            Self::rights(q, p.access);
+            q.set_mtu(p.mtu as u32);
+            q.set_log_msg_max(log_msg);
+            q.set_remote_qpn(p.remote_qpn & 0xFF_FFFF);
+            q.set_next_rcv_psn(p.rq_psn & 0xFF_FFFF);
+            q.set_log_rra_max(ceil_log2(p.max_dest_rd_atomic.into()).min(7));
+            q.set_min_rnr_nak(p.min_rnr_timer.into());
+            let mut a = Self::ads(q);
+            a.set_vhca_port_num(1);
+            a.set_rgid_rip(&p.remote_gid);
+            a.set_rmac_47_32(u32::from(u16::from_be_bytes([
+                p.remote_mac[0],
+                p.remote_mac[1],
+            ])));
+            a.set_rmac_31_0(u32::from_be_bytes(p.remote_mac[2..].try_into().expect("4")));
+            a.set_src_addr_index(p.sgid_index.into());
+            a.set_hop_limit(p.hop_limit.into());
+            a.set_udp_sport(p.udp_sport.into());
+        })?;
+        self.state = QpState::Rtr;
+        Ok(())
+    }
+
+    /// RTR2RTS: timeouts, retries, our first PSN (§7.3).
+    pub fn to_rts(&mut self, p: &ConnectParams) -> Result<(), QueueError> {
+        self.check("RTR2RTS", &[QpState::Rtr])?;
+        if p.retry_cnt > 7 || p.rnr_retry > 7 || p.timeout > 31 {
+            return Err(QueueError::Config(
+                "retry_cnt/rnr_retry are 3 bits, timeout 5",
+            ));
+        }
+        let (pdn, s, r) = (self.pdn, self.scq.cqn, self.rcq.cqn);
+        queue_ops::modify_qp(&*self.dev, Opcode::Rtr2RtsQp, self.qpn, 0, |q| {
+            Self::common(q, pdn, s, r);
+            q.set_retry_count(p.retry_cnt.into());
+            q.set_rnr_retry(p.rnr_retry.into());
+            q.set_log_sra_max(ceil_log2(p.max_rd_atomic.into()).min(7));
+            q.set_next_send_psn(p.sq_psn & 0xFF_FFFF);
+            Self::ads(q).set_ack_timeout(p.timeout.into());
+        })?;
+        self.state = QpState::Rts;
+        Ok(())
+    }
+
+    /// RST→INIT→RTR→RTS in one call.
+    pub fn connect(&mut self, p: &ConnectParams) -> Result<(), QueueError> {
+        self.to_init(p.access)?;
+        self.to_rtr(p)?;
+        self.to_rts(p)
+    }
+
+    /// 2ERR: outstanding work requests complete with flush errors.
+    pub fn to_err(&mut self) -> Result<(), QueueError> {
+        self.ring_doorbell();
+        queue_ops::qp_simple(&*self.dev, Opcode::ToErrQp, self.qpn)?;
+        self.state = QpState::Err;
+        Ok(())
+    }
+
+    /// 2RST. The rings are not reusable afterwards in this version: a later
+    /// [`to_init`](Self::to_init) is refused; create a new QP.
+    pub fn reset(&mut self) -> Result<(), QueueError> {
+        queue_ops::qp_simple(&*self.dev, Opcode::ToRstQp, self.qpn)?;
+        self.state = QpState::Reset;
+        self.was_reset = true;
+        Ok(())
+    }
+
+    /// Posts a send work request: writes its WQE, not yet visible to the device until
+    /// [`ring_doorbell`](Self::ring_doorbell) (or drop). No syscall, lock or allocation.
+    #[inline]
+    pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
+        if !matches!(self.state, QpState::Rts | QpState::Err) {
+            return Err(PostError::BadState);
+        }
+        let (max_sge, max_inline) = (self.max_send_sge, self.max_inline);
+        let local = |w: &mut crate::datapath::wqe::WqeBuf, l: &Local<'_>| match *l {
+            Local::Sges(s) if s.len() > max_sge => Err(PostError::TooManySges),
+            Local::Sges(s) => w.data(s),
+            Local::Inline(d) if d.len() > max_inline => Err(PostError::InlineTooLong),
+            Local::Inline(d) => w.inline(d),
+        };
+        let f = wr.flags.0;
+        let (sq, buf, sh) = (&mut self.sq, &self.buf, &*self.shadow);
+        match wr.op {
+            SendOp::Write { local: l, remote } => {
+                sq.post(buf, sh, wr.wr_id, WqeOpcode::RdmaWrite, f, 0, |w| {
+                    w.raddr(remote);
+                    local(w, &l)
+                })
+            }
+            SendOp::WriteImm {
+                local: l,
+                remote,
+                imm,
+            } => sq.post(buf, sh, wr.wr_id, WqeOpcode::RdmaWriteImm, f, imm, |w| {
+                w.raddr(remote);
+                local(w, &l)
+            }),
+            SendOp::Read { local: l, remote } => {
+                if l.len() > max_sge {
+                    return Err(PostError::TooManySges);
+                }
+                sq.post(buf, sh, wr.wr_id, WqeOpcode::RdmaRead, f, 0, |w| {
+                    w.raddr(remote);
+                    w.data(l)
+                })
+            }
+            SendOp::Send { local: l } => {
+                sq.post(buf, sh, wr.wr_id, WqeOpcode::Send, f, 0, |w| local(w, &l))
+            }
+            SendOp::SendImm { local: l, imm } => {
+                sq.post(buf, sh, wr.wr_id, WqeOpcode::SendImm, f, imm, |w| {
+                    local(w, &l)
+                })
+            }
+            SendOp::CompareSwap {
+                local: l,
+                remote,
+                compare,
+                swap,
+            } => {
+                check_atomic(&l, &remote)?;
+                sq.post(buf, sh, wr.wr_id, WqeOpcode::AtomicCs, f, 0, |w| {
+                    w.raddr(remote);
+                    w.atomic(swap, compare);
+                    w.data(&[l])
+                })
+            }
+            SendOp::FetchAdd {
+                local: l,
+                remote,
+                add,
+            } => {
+                check_atomic(&l, &remote)?;
+                sq.post(buf, sh, wr.wr_id, WqeOpcode::AtomicFa, f, 0, |w| {
+                    w.raddr(remote);
+                    w.atomic(add, 0);
+                    w.data(&[l])
+                })
+            }
+        }
+    }
+
+    /// Publishes the send WQEs posted since the last call with one doorbell (or BlueFlame
+    /// for a single small WQE), prm-subset.md §9.2. Also runs on drop.
+    #[inline]
+    pub fn ring_doorbell(&mut self) {
+        self.sq
+            .ring_doorbell(&self.buf, self.dbr, &self.shadow, &mut self.db);
+    }
+
+    /// Posts a receive work request and publishes it in the doorbell record (§9.6).
+    #[inline]
+    pub fn post_recv(&mut self, wr_id: u64, sges: &[Sge]) -> Result<(), PostError> {
+        if self.state == QpState::Reset {
+            return Err(PostError::BadState);
+        }
+        if sges.len() > self.max_recv_sge {
+            return Err(PostError::TooManySges);
+        }
+        self.rq.post(&self.buf, self.dbr, &self.shadow, wr_id, sges)
+    }
+
+    /// Free send basic blocks (64 bytes each), as of the completions polled so far.
+    pub fn send_room(&self) -> u32 {
+        self.sq.room(&self.shadow)
+    }
+
+    /// Send basic blocks posted so far, and WQEs waiting for a doorbell.
+    pub fn send_counters(&self) -> (u32, u32) {
+        (self.sq.head(), self.sq.pending())
+    }
+
+    /// Receive WQEs posted so far.
+    pub fn recv_posted(&self) -> u32 {
+        self.rq.head()
+    }
+}
+
+fn check_atomic(l: &Sge, r: &Remote) -> Result<(), PostError> {
+    if l.len != ATOMIC_SIZE || !r.addr.is_multiple_of(8) {
+        return Err(PostError::BadAtomic);
+    }
+    Ok(())
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.ring_doorbell();
+        if self.dev.is_open()
+            && let Err(e) = queue_ops::qp_simple(&*self.dev, Opcode::DestroyQp, self.qpn)
+        {
+            // The device may still write through the QP: keep its memory (leak) rather
+            // than free it under the device.
+            tracing::warn!(qpn = self.qpn, error = %e, "DESTROY_QP failed; leaking its buffer");
+            std::mem::forget(self.buf.clone());
+        }
+        self.scq.registry.remove(&self.shadow);
+        self.rcq.registry.remove(&self.shadow);
+    }
+}

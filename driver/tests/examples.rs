@@ -1,0 +1,23 @@
+//! The examples double as smoke tests: each one's `main` runs here on the model HCA.
+
+#[path = "../examples/dm_semaphore.rs"]
+mod dm_semaphore;
+#[path = "../examples/rdma_write.rs"]
+mod rdma_write;
+#[path = "../examples/send_recv.rs"]
+mod send_recv;
+
+#[test]
+fn example_rdma_write() {
+    rdma_write::main().unwrap();
+}
+
+#[test]
+fn example_send_recv() {
+    send_recv::main().unwrap();
+}
+
+#[test]
+fn example_dm_semaphore() {
+    dm_semaphore::main().unwrap();
+}

@@ -1,0 +1,133 @@
+//! The RoCEv2 invariant CRC (ICRC).
+//!
+//! The rule (IBA Vol. 1 §7.8.1 "Invariant CRC" as amended by Annex A17 "RoCEv2"; the same
+//! in Linux rxe `drivers/infiniband/sw/rxe/rxe_icrc.c` `rxe_icrc_hdr`/`rxe_icrc_generate`
+//! and scapy `scapy/contrib/roce.py` `BTH.compute_icrc`):
+//!
+//! - CRC-32 with the Ethernet polynomial 0x04C11DB7, reflected, initial value all-ones,
+//!   final complement (the zlib/IEEE 802.3 CRC-32);
+//! - computed over 8 bytes of 0xFF standing for the LRH that RoCEv2 does not have (rxe
+//!   folds them into its seed `0xdebb20e3`), then the IP header, UDP header, BTH, extension
+//!   headers, payload and pad, up to the ICRC itself;
+//! - with the variant fields replaced by all-ones: IPv4 TOS (DSCP+ECN), TTL and header
+//!   checksum; IPv6 traffic class, flow label and hop limit; UDP checksum; BTH byte 4
+//!   (FECN, BECN and Resv6a, "resv8a" in rxe);
+//! - stored little-endian: the CRC's least significant byte comes first on the wire (rxe
+//!   stores the `crc32_le` result as a native `u32` on little-endian hosts; scapy
+//!   `BTH.pack_icrc` byte-reverses the big-endian packing).
+//!
+//! Golden value (tests): a CNP frame captured on a ConnectX-4 Lx, from scapy
+//! `test/contrib/roce.uts` ("RoCE CNP captured on ConnectX-4 Lx"), ends in the ICRC bytes
+//! `82 fd 00 2a`, which this module reproduces.
+
+use super::WireError;
+use super::headers::{BTH_SIZE, IPV4_SIZE, IPV6_SIZE, UDP_SIZE};
+
+/// Reflected CRC-32 polynomial (0x04C11DB7 bit-reversed).
+const POLY: u32 = 0xEDB8_8320;
+
+/// Byte-at-a-time lookup table, built at compile time.
+const TABLE: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 { POLY ^ (c >> 1) } else { c >> 1 };
+            k += 1;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+};
+
+/// A running CRC-32 (IEEE 802.3 / zlib).
+#[derive(Clone, Copy, Debug)]
+pub struct Crc32 {
+    state: u32,
+}
+
+impl Default for Crc32 {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Crc32 {
+    /// A fresh CRC (state all-ones).
+    pub const fn new() -> Self {
+        Self { state: u32::MAX }
+    }
+    /// Feeds `data`.
+    pub fn update(&mut self, data: &[u8]) {
+        let mut c = self.state;
+        for &b in data {
+            c = TABLE[((c ^ u32::from(b)) & 0xFF) as usize] ^ (c >> 8);
+        }
+        self.state = c;
+    }
+    /// The CRC of everything fed (final complement applied).
+    pub const fn finish(&self) -> u32 {
+        !self.state
+    }
+}
+
+/// CRC-32 (IEEE 802.3 / zlib) of `data`.
+pub fn crc32(data: &[u8]) -> u32 {
+    let mut c = Crc32::new();
+    c.update(data);
+    c.finish()
+}
+
+/// The ICRC of a RoCEv2 packet. `l3` runs from the first byte of the IP header to the
+/// last byte before the ICRC (pad included); the IP version is read from its first nibble.
+/// Only the headers' lengths are checked here: [`RocePacket::parse`](super::RocePacket::parse)
+/// validates the rest. The result goes on the wire as `to_le_bytes()`.
+pub fn icrc(l3: &[u8]) -> Result<u32, WireError> {
+    let ip_len = match l3.first().map(|b| b >> 4) {
+        Some(4) => IPV4_SIZE,
+        Some(6) => IPV6_SIZE,
+        Some(v) => return Err(WireError::BadIpVersion(v)),
+        None => {
+            return Err(WireError::Truncated {
+                layer: "ip",
+                need: 1,
+                len: 0,
+            });
+        }
+    };
+    let hdr_len = ip_len + UDP_SIZE + BTH_SIZE;
+    if l3.len() < hdr_len {
+        return Err(WireError::Truncated {
+            layer: "icrc headers",
+            need: hdr_len,
+            len: l3.len(),
+        });
+    }
+    // The masked copy of IP + UDP + BTH lives on the stack (at most 60 bytes).
+    let mut masked = [0u8; IPV6_SIZE + UDP_SIZE + BTH_SIZE];
+    let m = &mut masked[..hdr_len];
+    m.copy_from_slice(&l3[..hdr_len]);
+    if ip_len == IPV4_SIZE {
+        m[1] = 0xFF; // TOS: DSCP + ECN
+        m[8] = 0xFF; // TTL
+        m[10] = 0xFF; // header checksum
+        m[11] = 0xFF;
+    } else {
+        m[0] |= 0x0F; // traffic class, high nibble
+        m[1] = 0xFF; // traffic class low nibble + flow label
+        m[2] = 0xFF;
+        m[3] = 0xFF;
+        m[7] = 0xFF; // hop limit
+    }
+    m[ip_len + 6] = 0xFF; // UDP checksum
+    m[ip_len + 7] = 0xFF;
+    m[ip_len + UDP_SIZE + 4] = 0xFF; // BTH FECN, BECN, Resv6a
+    let mut c = Crc32::new();
+    c.update(&[0xFF; 8]); // the absent LRH
+    c.update(m);
+    c.update(&l3[hdr_len..]);
+    Ok(c.finish())
+}

@@ -1,0 +1,392 @@
+//! Links between model ports: they carry whole Ethernet frames (RoCEv2 packets built by
+//! [`crate::layout::roce`]).
+//!
+//! [`Link`] is the seam: the model's ports send and poll frames through it. [`pair`] gives
+//! the in-process implementation: two [`LinkEnd`]s joined by one bounded lock-free queue per
+//! direction ([`crossbeam_queue::ArrayQueue`]) of frame buffers that are allocated once in
+//! [`pair`] and recycled through a free list, so steady-state traffic allocates nothing.
+//! A seeded [`FaultConfig`] injects drops, duplicates, reorders and corrupted bytes,
+//! deterministically for a given seed and frame sequence (after smoltcp
+//! `phy/fault_injector.rs`), for the retransmission tests. A UDP implementation (frames
+//! as datagrams between processes) fits the same trait: `send` is one `sendto`, `try_recv`
+//! one non-blocking `recv`, and its socket errors travel in [`LinkError::Io`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_queue::ArrayQueue;
+
+/// Why a frame could not be sent or received.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The frame is longer than the link's maximum frame length.
+    #[error("frame of {len} bytes exceeds the link's {max}-byte maximum")]
+    FrameTooLong {
+        /// Frame length.
+        len: usize,
+        /// Link maximum.
+        max: usize,
+    },
+    /// The receive buffer is shorter than the link's maximum frame length.
+    #[error("receive buffer of {len} bytes is shorter than the link's {max}-byte maximum")]
+    BufferTooSmall {
+        /// Buffer length.
+        len: usize,
+        /// Link maximum.
+        max: usize,
+    },
+    /// The queue toward the peer is full; the frame was not sent (a congested wire).
+    #[error("link queue full, frame not sent")]
+    Full,
+    /// The other end is gone.
+    #[error("the other end of the link is closed")]
+    Disconnected,
+    /// An I/O error of a socket-backed link.
+    #[error("link I/O error")]
+    Io(#[source] std::io::Error),
+}
+
+/// A full-duplex point-to-point link that carries Ethernet frames.
+pub trait Link: Send + Sync {
+    /// The longest frame the link carries.
+    fn max_frame_len(&self) -> usize;
+    /// Sends one frame (copied; `frame` may be reused at once). Delivery is not guaranteed:
+    /// a link may drop, duplicate, reorder or corrupt frames.
+    fn send(&self, frame: &[u8]) -> Result<(), LinkError>;
+    /// Receives one frame into `buf` if one is waiting, returning its length. `buf` must
+    /// hold [`max_frame_len`](Self::max_frame_len) bytes. Never blocks.
+    fn try_recv(&self, buf: &mut [u8]) -> Result<Option<usize>, LinkError>;
+}
+
+/// Seeded fault injection, applied by each sender to the frames it sends. A rate of `n`
+/// means "about one frame in `n`"; 0 turns the fault off. The two directions of a pair
+/// draw from independent generators derived from `seed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultConfig {
+    /// Seed of the generators.
+    pub seed: u64,
+    /// Drop one frame in `n`.
+    pub drop_one_in: u32,
+    /// Deliver one frame in `n` twice.
+    pub duplicate_one_in: u32,
+    /// Hold one frame in `n` back and deliver it after the next frame of that direction
+    /// (or when the receiver finds the queue otherwise empty).
+    pub reorder_one_in: u32,
+    /// Flip bits in one random byte of one frame in `n`.
+    pub corrupt_one_in: u32,
+}
+
+impl FaultConfig {
+    /// True when any fault is enabled.
+    pub const fn any(&self) -> bool {
+        self.drop_one_in | self.duplicate_one_in | self.reorder_one_in | self.corrupt_one_in != 0
+    }
+}
+
+/// Shape of an in-process link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkConfig {
+    /// Frames each direction can hold in flight.
+    pub depth: usize,
+    /// Longest frame.
+    pub max_frame_len: usize,
+    /// Faults to inject.
+    pub faults: FaultConfig,
+}
+
+impl Default for LinkConfig {
+    /// 128 frames of up to 4,352 bytes (a 4,096-byte RoCE MTU plus headers), no faults.
+    fn default() -> Self {
+        Self {
+            depth: 128,
+            max_frame_len: 4096 + 256,
+            faults: FaultConfig::default(),
+        }
+    }
+}
+
+/// Counters of one end (a snapshot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Frames accepted by `send`.
+    pub tx_frames: u64,
+    /// Bytes accepted by `send`.
+    pub tx_bytes: u64,
+    /// Frames refused because the queue was full.
+    pub tx_full: u64,
+    /// Frames returned by `try_recv`.
+    pub rx_frames: u64,
+    /// Bytes returned by `try_recv`.
+    pub rx_bytes: u64,
+    /// Sent frames the injector dropped.
+    pub dropped: u64,
+    /// Sent frames the injector duplicated.
+    pub duplicated: u64,
+    /// Sent frames the injector held back (reordered).
+    pub reordered: u64,
+    /// Sent frames the injector corrupted.
+    pub corrupted: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    tx_frames: AtomicU64,
+    tx_bytes: AtomicU64,
+    tx_full: AtomicU64,
+    rx_frames: AtomicU64,
+    rx_bytes: AtomicU64,
+    dropped: AtomicU64,
+    duplicated: AtomicU64,
+    reordered: AtomicU64,
+    corrupted: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// A frame buffer of the pool: `max_frame_len` bytes of storage and the used length.
+struct Frame {
+    data: Box<[u8]>,
+    len: usize,
+}
+
+/// SplitMix64: a tiny, well-mixed generator; deterministic from its seed.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// True with probability 1/n (never for n = 0).
+    fn one_in(&mut self, n: u32) -> bool {
+        n != 0 && self.next().is_multiple_of(u64::from(n))
+    }
+}
+
+/// The injector of one direction: its generator and the frame held back for reordering.
+struct Injector {
+    cfg: FaultConfig,
+    rng: SplitMix64,
+    held: Option<Frame>,
+}
+
+/// One direction of a pair.
+struct Direction {
+    queue: ArrayQueue<Frame>,
+    free: ArrayQueue<Frame>,
+    injector: Option<Mutex<Injector>>,
+}
+
+impl Direction {
+    fn new(cfg: &LinkConfig, seed: u64) -> Self {
+        let depth = cfg.depth.max(1);
+        // Queue depth, plus one held back for reordering, one for a duplicate being made
+        // and one the receiver is copying out.
+        let buffers = depth + 3;
+        let free = ArrayQueue::new(buffers);
+        for _ in 0..buffers {
+            let frame = Frame {
+                data: vec![0u8; cfg.max_frame_len].into_boxed_slice(),
+                len: 0,
+            };
+            let _ = free.push(frame);
+        }
+        let injector = cfg.faults.any().then(|| {
+            Mutex::new(Injector {
+                cfg: cfg.faults,
+                rng: SplitMix64(seed),
+                held: None,
+            })
+        });
+        Self {
+            queue: ArrayQueue::new(depth),
+            free,
+            injector,
+        }
+    }
+
+    /// Queues a filled frame, recycling it if the queue is full.
+    fn enqueue(&self, frame: Frame, stats: &Counters) -> Result<(), LinkError> {
+        self.queue.push(frame).map_err(|f| {
+            let _ = self.free.push(f);
+            bump(&stats.tx_full, 1);
+            LinkError::Full
+        })
+    }
+
+    /// A free buffer holding a copy of `src`.
+    fn filled(&self, src: &[u8], stats: &Counters) -> Result<Frame, LinkError> {
+        let Some(mut f) = self.free.pop() else {
+            bump(&stats.tx_full, 1);
+            return Err(LinkError::Full);
+        };
+        f.data[..src.len()].copy_from_slice(src);
+        f.len = src.len();
+        Ok(f)
+    }
+
+    fn send(&self, frame: &[u8], stats: &Counters) -> Result<(), LinkError> {
+        let Some(inj) = &self.injector else {
+            let f = self.filled(frame, stats)?;
+            return self.enqueue(f, stats);
+        };
+        let mut inj = inj.lock().unwrap_or_else(|e| e.into_inner());
+        let cfg = inj.cfg;
+        // One draw per fault and frame, in a fixed order, whatever the outcome: the fault
+        // sequence depends only on the seed and the number of frames sent.
+        let drop = inj.rng.one_in(cfg.drop_one_in);
+        let dup = inj.rng.one_in(cfg.duplicate_one_in);
+        let hold = inj.rng.one_in(cfg.reorder_one_in);
+        let corrupt = inj.rng.one_in(cfg.corrupt_one_in);
+        let (pos, bits) = (inj.rng.next(), inj.rng.next());
+        if drop {
+            bump(&stats.dropped, 1);
+            return Ok(());
+        }
+        let mut f = self.filled(frame, stats)?;
+        if corrupt && f.len > 0 {
+            let at = (pos % f.len as u64) as usize;
+            f.data[at] ^= (bits % 255 + 1) as u8; // never 0: the byte always changes
+            bump(&stats.corrupted, 1);
+        }
+        // The duplicate is best effort: without a free buffer it is lost, as on a wire.
+        let copy = if dup { self.free.pop() } else { None };
+        let copy = copy.map(|mut c| {
+            c.data[..f.len].copy_from_slice(&f.data[..f.len]);
+            c.len = f.len;
+            c
+        });
+        if hold && inj.held.is_none() {
+            bump(&stats.reordered, 1);
+            inj.held = Some(f);
+        } else if let Err(f) = self.queue.push(f) {
+            // Refused: nothing of this frame goes out; a frame held back stays held.
+            let _ = self.free.push(f);
+            if let Some(c) = copy {
+                let _ = self.free.push(c);
+            }
+            bump(&stats.tx_full, 1);
+            return Err(LinkError::Full);
+        } else if let Some(h) = inj.held.take() {
+            // The held frame goes after the one that overtook it; if the queue is full it
+            // stays held (the receiver releases it when it finds the queue empty).
+            if let Err(h) = self.queue.push(h) {
+                inj.held = Some(h);
+            }
+        }
+        if let Some(c) = copy {
+            match self.queue.push(c) {
+                Ok(()) => bump(&stats.duplicated, 1),
+                Err(c) => {
+                    let _ = self.free.push(c);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn try_recv(&self, buf: &mut [u8], stats: &Counters) -> Option<usize> {
+        let f = self.queue.pop().or_else(|| {
+            // Nothing else came: release a frame held back for reordering.
+            let inj = self.injector.as_ref()?;
+            inj.lock().unwrap_or_else(|e| e.into_inner()).held.take()
+        })?;
+        let n = f.len;
+        buf[..n].copy_from_slice(&f.data[..n]);
+        let _ = self.free.push(f);
+        bump(&stats.rx_frames, 1);
+        bump(&stats.rx_bytes, n as u64);
+        Some(n)
+    }
+}
+
+/// One end of an in-process link (see [`pair`]).
+pub struct LinkEnd {
+    tx: Arc<Direction>,
+    rx: Arc<Direction>,
+    stats: Counters,
+    max_frame_len: usize,
+}
+
+/// Two connected ends: what one sends, the other receives.
+pub fn pair(cfg: LinkConfig) -> (LinkEnd, LinkEnd) {
+    let seed = cfg.faults.seed;
+    let a_to_b = Arc::new(Direction::new(&cfg, seed));
+    let b_to_a = Arc::new(Direction::new(&cfg, seed ^ 0xA5A5_5A5A_C3C3_3C3C));
+    let end = |tx: &Arc<Direction>, rx: &Arc<Direction>| LinkEnd {
+        tx: Arc::clone(tx),
+        rx: Arc::clone(rx),
+        stats: Counters::default(),
+        max_frame_len: cfg.max_frame_len,
+    };
+    (end(&a_to_b, &b_to_a), end(&b_to_a, &a_to_b))
+}
+
+impl LinkEnd {
+    /// A snapshot of this end's counters.
+    pub fn stats(&self) -> LinkStats {
+        let c = &self.stats;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LinkStats {
+            tx_frames: g(&c.tx_frames),
+            tx_bytes: g(&c.tx_bytes),
+            tx_full: g(&c.tx_full),
+            rx_frames: g(&c.rx_frames),
+            rx_bytes: g(&c.rx_bytes),
+            dropped: g(&c.dropped),
+            duplicated: g(&c.duplicated),
+            reordered: g(&c.reordered),
+            corrupted: g(&c.corrupted),
+        }
+    }
+}
+
+impl Link for LinkEnd {
+    fn max_frame_len(&self) -> usize {
+        self.max_frame_len
+    }
+
+    fn send(&self, frame: &[u8]) -> Result<(), LinkError> {
+        if frame.len() > self.max_frame_len {
+            return Err(LinkError::FrameTooLong {
+                len: frame.len(),
+                max: self.max_frame_len,
+            });
+        }
+        // Each direction is shared by exactly this end and the peer's rx side.
+        if Arc::strong_count(&self.tx) < 2 {
+            return Err(LinkError::Disconnected);
+        }
+        self.tx.send(frame, &self.stats)?;
+        bump(&self.stats.tx_frames, 1);
+        bump(&self.stats.tx_bytes, frame.len() as u64);
+        Ok(())
+    }
+
+    fn try_recv(&self, buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
+        if buf.len() < self.max_frame_len {
+            return Err(LinkError::BufferTooSmall {
+                len: buf.len(),
+                max: self.max_frame_len,
+            });
+        }
+        Ok(self.rx.try_recv(buf, &self.stats))
+    }
+}
+
+impl std::fmt::Debug for LinkEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkEnd")
+            .field("max_frame_len", &self.max_frame_len)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

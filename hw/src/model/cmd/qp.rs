@@ -1,0 +1,279 @@
+//! RC QP commands (prm-subset.md §6.6, §7.3, §7.4): CREATE_QP, the RST → INIT → RTR → RTS
+//! transitions (and INIT2INIT), 2ERR, 2RST, QUERY_QP, DESTROY_QP.
+//!
+//! A transition from the wrong state fails with BAD_QP_STATE_ERR and a syndrome naming the
+//! transition. Each transition copies into the kept context the fields Linux writes in it
+//! (§7.3, "What Linux writes per RC transition"). RTR2RTS builds the RC engine from the
+//! context; WQEs posted before it run then. Not implemented: RTS2RTS, SQERR2RTS, SQD.
+
+use crate::layout::Buf;
+use crate::layout::cmd::CmdStatus;
+use crate::layout::cmds::{CreateQpIn, CreateQpOut, Qp2rstIn, QueryQpIn, QueryQpOut, Rst2initQpIn};
+use crate::layout::qpc::{Ads, Qpc};
+use crate::rc::{AtomicEndianness, RcQp};
+
+use super::super::caps::{LOG_MAX_QP_SZ, MAX_WQE_SZ_RQ};
+use super::super::datapath::{self, uar_ref};
+use super::super::qp::{Qp, QpState};
+use super::super::wq::QueueBuf;
+use super::cq::{buf_err, dbr_ok};
+use super::{CmdErr, CmdResult, Ctx, bad_param, err, syndrome as s};
+
+const QPC: usize = CreateQpIn::<()>::QPC;
+const ADS: usize = Qpc::<()>::PRIMARY_ADDRESS_PATH;
+
+fn qpc_in(input: &[u8]) -> Qpc<&[u8]> {
+    Qpc::new_unchecked(&input[QPC..QPC + 232])
+}
+
+fn no_qp() -> CmdErr {
+    err(CmdStatus::BadResErr, s::BAD_QP)
+}
+
+pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> CmdResult {
+    let cin = CreateQpIn::new_unchecked(input);
+    let c = qpc_in(input);
+    if cin.qpc_ext() != 0 || cin.wq_umem_valid() != 0 || c.dbr_umem_valid() != 0 {
+        return Err(bad_param(s::QP_UNSUPPORTED));
+    }
+    if cin.input_qpn() != 0 {
+        return Err(bad_param(s::QP_UNSUPPORTED));
+    }
+    if c.st() != 0 {
+        return Err(bad_param(s::QP_BAD_ST));
+    }
+    if !ctx.core.pds.contains(c.pd()) {
+        return Err(err(CmdStatus::BadResErr, s::QP_BAD_PD));
+    }
+    let dp = &ctx.core.dp;
+    if !dp.cqs.contains_key(&c.cqn_snd()) || !dp.cqs.contains_key(&c.cqn_rcv()) {
+        return Err(err(CmdStatus::BadResErr, s::QP_BAD_CQ));
+    }
+    let uar = c.uar_page();
+    if !ctx.core.uars.contains(uar) {
+        return Err(err(CmdStatus::BadResErr, s::QP_BAD_UAR));
+    }
+    let has_rq = match c.rq_type() {
+        0 => true,
+        3 => false,
+        _ => return Err(bad_param(s::QP_UNSUPPORTED)),
+    };
+    let no_sq = c.no_sq() != 0;
+    let (log_sq, log_rq, log_stride) = (c.log_sq_size(), c.log_rq_size(), c.log_rq_stride());
+    if (!no_sq && log_sq > LOG_MAX_QP_SZ)
+        || (has_rq && (log_rq > LOG_MAX_QP_SZ || (16u32 << log_stride) > MAX_WQE_SZ_RQ))
+    {
+        return Err(bad_param(s::QP_SIZE));
+    }
+    let dbr = c.dbr_addr();
+    if !dbr_ok(ctx, dbr) {
+        return Err(bad_param(s::BAD_DBR));
+    }
+    let rq_bytes = if has_rq {
+        (1u64 << log_rq) << (log_stride + 4)
+    } else {
+        0
+    };
+    let sq_bytes = if no_sq { 0 } else { 64u64 << log_sq };
+    let buf = QueueBuf::parse(
+        ctx.sh,
+        input,
+        CreateQpIn::<()>::PAS,
+        c.log_page_size(),
+        c.page_offset(),
+        rq_bytes + sq_bytes,
+    )
+    .map_err(buf_err)?;
+    let qpn = ctx
+        .core
+        .qpns
+        .alloc()
+        .ok_or(err(CmdStatus::NoResErr, s::NO_FREE_QP))?;
+    let mut qpc = [0u8; 232];
+    qpc.copy_from_slice(&input[QPC..QPC + 232]);
+    Qpc::new_unchecked(&mut qpc[..]).set_state(0);
+    let qp = Qp {
+        qpn,
+        state: QpState::Rst,
+        qpc,
+        pd: c.pd(),
+        cqn_snd: c.cqn_snd(),
+        cqn_rcv: c.cqn_rcv(),
+        uar,
+        user_index: c.user_index(),
+        log_sq_size: if no_sq { 0 } else { log_sq },
+        log_rq_size: log_rq,
+        log_rq_stride: log_stride,
+        has_rq,
+        buf,
+        sq_off: rq_bytes,
+        dbr,
+        sq_ci: 0,
+        rq_ci: 0,
+        rq_pi: 0,
+        engine: None,
+        active: false,
+        kick: false,
+    };
+    let dp = &mut ctx.core.dp;
+    dp.qps.insert(qpn, qp);
+    uar_ref(&mut dp.qp_uars, uar, true);
+    CreateQpOut::new_unchecked(&mut out[..]).set_qpn(qpn);
+    Ok(())
+}
+
+/// Copies the bit field `[msb:lsb]` of the word at `off` from `src` into `dst`.
+fn copy_bits(dst: &mut [u8], src: &[u8], off: usize, msb: u32, lsb: u32) {
+    let v = src.get_bits(off, msb, lsb);
+    crate::layout::BufMut::set_bits(dst, off, msb, lsb, v);
+}
+
+/// Remote access rights and atomic mode (`rre`, `rwe`, `rae`, `atomic_mode`: 0x90).
+fn copy_access(dst: &mut [u8], src: &[u8]) {
+    copy_bits(dst, src, 0x90, 19, 13);
+}
+
+/// The QP named by a transition input, checked to be in one of `from`.
+fn qp_in<'a>(
+    ctx: &'a mut Ctx<'_>,
+    input: &[u8],
+    from: &[QpState],
+    wrong_state: u32,
+) -> Result<&'a mut Qp, CmdErr> {
+    let qpn = Rst2initQpIn::new_unchecked(input).qpn();
+    let qp = ctx.core.dp.qps.get_mut(&qpn).ok_or_else(no_qp)?;
+    if !from.contains(&qp.state) {
+        return Err(err(CmdStatus::BadQpStateErr, wrong_state));
+    }
+    Ok(qp)
+}
+
+pub(super) fn rst2init_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
+    init_fields(ctx, input, QpState::Rst, s::QP_NOT_RST)
+}
+
+pub(super) fn init2init_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
+    init_fields(ctx, input, QpState::Init, s::QP_NOT_INIT)
+}
+
+/// RST2INIT / INIT2INIT: port, P_Key index, access rights (§7.3).
+fn init_fields(ctx: &mut Ctx<'_>, input: &[u8], from: QpState, synd: u32) -> CmdResult {
+    let src = &input[QPC..QPC + 232];
+    let port = Ads::new_unchecked(&src[ADS..ADS + 44]).vhca_port_num();
+    qp_in(ctx, input, &[from], synd)?; // the state first
+    if port > 1 {
+        return Err(bad_param(s::QP_BAD_PORT));
+    }
+    let qp = qp_in(ctx, input, &[from], synd)?;
+    let dst = &mut qp.qpc[..];
+    copy_access(dst, src);
+    copy_bits(dst, src, ADS, 15, 0); // pkey_index
+    copy_bits(dst, src, ADS + 0x24, 23, 16); // vhca_port_num
+    qp.state = QpState::Init;
+    Ok(())
+}
+
+pub(super) fn init2rtr_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
+    let src = &input[QPC..QPC + 232];
+    let c = Qpc::new_unchecked(src);
+    qp_in(ctx, input, &[QpState::Init], s::QP_NOT_INIT)?; // the state first
+    if !(1..=5).contains(&c.mtu()) {
+        return Err(bad_param(s::QP_BAD_MTU));
+    }
+    let gid = Ads::new_unchecked(&src[ADS..ADS + 44]).src_addr_index() as usize;
+    if ctx.core.vport.gids.get(gid).copied().flatten().is_none() {
+        return Err(bad_param(s::QP_BAD_GID_INDEX));
+    }
+    let qp = qp_in(ctx, input, &[QpState::Init], s::QP_NOT_INIT)?;
+    let dst = &mut qp.qpc[..];
+    copy_bits(dst, src, 0x08, 31, 24); // mtu, log_msg_max
+    copy_bits(dst, src, 0x14, 23, 0); // remote_qpn
+    // The whole primary path except ack_timeout (set at RTR2RTS).
+    let keep_timeout = dst.get_bits(ADS + 8, 31, 27);
+    dst[ADS..ADS + 44].copy_from_slice(&src[ADS..ADS + 44]);
+    crate::layout::BufMut::set_bits(dst, ADS + 8, 31, 27, keep_timeout);
+    copy_bits(dst, src, 0x94, 23, 0); // next_rcv_psn
+    copy_bits(dst, src, 0x94, 28, 24); // min_rnr_nak
+    copy_bits(dst, src, 0x90, 23, 21); // log_rra_max
+    copy_access(dst, src);
+    qp.state = QpState::Rtr;
+    Ok(())
+}
+
+pub(super) fn rtr2rts_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
+    let src = &input[QPC..QPC + 232];
+    let endianness = if ctx.core.caps.atomic().atomic_req_8B_endianness_mode() == 1 {
+        AtomicEndianness::Host
+    } else {
+        AtomicEndianness::Big
+    };
+    let gids = ctx.core.vport.gids.clone();
+    let qp = qp_in(ctx, input, &[QpState::Rtr], s::QP_NOT_RTR)?;
+    let mut next = qp.qpc;
+    {
+        let dst = &mut next[..];
+        copy_bits(dst, src, ADS + 8, 31, 27); // ack_timeout
+        copy_bits(dst, src, 0x70, 18, 13); // retry_count, rnr_retry
+        copy_bits(dst, src, 0x70, 23, 21); // log_sra_max
+        copy_bits(dst, src, 0x78, 23, 0); // next_send_psn
+    }
+    let old = std::mem::replace(&mut qp.qpc, next);
+    let gid = qp.path().src_addr_index() as usize;
+    let engine = gids
+        .get(gid)
+        .copied()
+        .flatten()
+        .and_then(|g| qp.engine_config(&g, endianness))
+        .and_then(|cfg| RcQp::new(cfg).ok());
+    let Some(engine) = engine else {
+        qp.qpc = old;
+        return Err(bad_param(s::QP_BAD_ATTR));
+    };
+    qp.engine = Some(engine);
+    qp.state = QpState::Rts;
+    // WQEs posted before RTS run on the device thread's next pass.
+    qp.kick = true;
+    qp.active = true;
+    Ok(())
+}
+
+pub(super) fn qp_2err(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
+    let qpn = Qp2rstIn::new_unchecked(input).qpn();
+    let qp = ctx.core.dp.qps.get_mut(&qpn).ok_or_else(no_qp)?;
+    datapath::to_error(qp);
+    Ok(())
+}
+
+pub(super) fn qp_2rst(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
+    let qpn = Qp2rstIn::new_unchecked(input).qpn();
+    if !ctx.core.dp.qps.contains_key(&qpn) {
+        return Err(no_qp());
+    }
+    ctx.core.dp.retire_engine(qpn);
+    ctx.core.dp.qps.get_mut(&qpn).expect("checked").reset();
+    Ok(())
+}
+
+pub(super) fn destroy_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
+    let qpn = Qp2rstIn::new_unchecked(input).qpn();
+    if !ctx.core.dp.qps.contains_key(&qpn) {
+        return Err(no_qp());
+    }
+    ctx.core.dp.retire_engine(qpn);
+    let qp = ctx.core.dp.qps.remove(&qpn).expect("checked");
+    uar_ref(&mut ctx.core.dp.qp_uars, qp.uar, false);
+    ctx.core.qpns.free(qpn);
+    Ok(())
+}
+
+pub(super) fn query_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> CmdResult {
+    let qpn = QueryQpIn::new_unchecked(input).qpn();
+    let qp = ctx.core.dp.qps.get(&qpn).ok_or_else(no_qp)?;
+    let q = QueryQpOut::<()>::QPC;
+    out[q..q + 232].copy_from_slice(&qp.qpc);
+    let mut c = Qpc::new_unchecked(&mut out[q..q + 232]);
+    c.set_state(qp.state as u32);
+    c.set_hw_sq_wqebb_counter(qp.sq_ci & 0xFFFF);
+    c.set_hw_rq_counter(qp.rq_ci);
+    Ok(())
+}

@@ -1,0 +1,680 @@
+//! The data path on the device thread: doorbells, send WQE execution, frames in and out of
+//! the port, and completions (prm-subset.md §9), with the RC transport of `crate::rc`.
+//!
+//! One pass ([`poll`]) takes the MKey table by shared reference (for the translation API of
+//! `mkey.rs`) and the QP and CQ tables by moving them out of `Core` for the pass
+//! (`std::mem::take` of empty maps: no allocation). Events for the EQs are collected and
+//! posted after the tables are back. A pass:
+//! 1. CQ arm doorbells (UAR + 0x20) of the UARs that have CQs;
+//! 2. SQ doorbells: the `qpn_ds` word of each BlueFlame half (§9.1, §9.2) of the UARs that
+//!    have QPs; the DBR SQ counter is authoritative, the WQEs are read from host memory
+//!    (BlueFlame copies are not used); new WQEs go to the QP's engine;
+//! 3. until nothing moves (bounded): receive frames (loopback queue and the attached link)
+//!    and hand them to their QP; poll the active QPs (transmit, timers, flushes).
+//!
+//! Frames whose destination MAC is the port's own go to the loopback queue, so one HCA can
+//! run both ends of a connection; others go to the attached link (`Hca::attach_link`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET};
+use crate::layout::eqe::EventType;
+use crate::layout::roce::RocePacket;
+use crate::layout::uar::{BF_REGS_PER_UAR, UAR_SIZE, bf_reg_offset};
+use crate::layout::wqe::SEND_WQE_BB;
+use crate::link::{self, Link, LinkConfig, LinkEnd, LinkError};
+use crate::rc::{
+    self, AccessError, Completion, CompletionSink, Env, MonotonicClock, PostError, WcOpcode,
+    WcStatus,
+};
+
+use super::caps::LOG_BF_REG_SIZE;
+use super::cq::{self, Cq, Event};
+use super::iommu;
+use super::mkey::{self, Access, MemError};
+use super::qp::{Qp, QpState};
+use super::sq::{self, Ctrl, MAX_WQE, WqeError};
+use super::state::Core;
+use super::{Counters, Shared, eq};
+
+/// Passes of receive + transmit in one poll before the thread looks at doorbells again.
+const INNER_PASSES: u32 = 64;
+
+/// The QP and CQ tables and the per-UAR doorbell lists.
+#[derive(Default)]
+pub(crate) struct DataPath {
+    pub(crate) cqs: BTreeMap<u32, Cq>,
+    pub(crate) qps: BTreeMap<u32, Qp>,
+    /// UAR → number of CQs on it.
+    pub(crate) cq_uars: BTreeMap<u32, u32>,
+    /// UAR → number of QPs on it.
+    pub(crate) qp_uars: BTreeMap<u32, u32>,
+    /// Events raised in the current pass.
+    pub(crate) events: Vec<Event>,
+    /// Retransmissions of destroyed or reset QPs.
+    pub(crate) retired_retransmits: u64,
+}
+
+impl DataPath {
+    /// Retransmissions so far.
+    pub(crate) fn retransmits(&self) -> u64 {
+        self.retired_retransmits
+            + self
+                .qps
+                .values()
+                .filter_map(|q| q.engine.as_ref())
+                .map(|e| e.stats().retransmits)
+                .sum::<u64>()
+    }
+
+    /// Forgets `q`'s engine, keeping its retransmission count.
+    pub(crate) fn retire_engine(&mut self, qpn: u32) {
+        if let Some(e) = self.qps.get_mut(&qpn).and_then(|q| q.engine.take()) {
+            self.retired_retransmits += e.stats().retransmits;
+        }
+    }
+}
+
+/// Adds (`+1`) or removes (`-1`) a user of `uar` in a per-UAR count.
+pub(crate) fn uar_ref(map: &mut BTreeMap<u32, u32>, uar: u32, add: bool) {
+    if add {
+        *map.entry(uar).or_insert(0) += 1;
+    } else if let Some(n) = map.get_mut(&uar) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(&uar);
+        }
+    }
+}
+
+/// A link attached through the host API, with a generation so the device thread notices.
+#[derive(Default)]
+pub(crate) struct Attached {
+    pub(crate) generation: AtomicU64,
+    pub(crate) link: std::sync::Mutex<Option<Arc<dyn Link>>>,
+}
+
+/// The port: device-thread state that survives a function reset.
+pub(crate) struct Port {
+    loop_tx: LinkEnd,
+    loop_rx: LinkEnd,
+    peer: Option<Arc<dyn Link>>,
+    generation: u64,
+    rx: Box<[u8]>,
+    clock: MonotonicClock,
+    sent: AtomicU64,
+    full: AtomicU64,
+}
+
+impl Port {
+    pub(crate) fn new() -> Port {
+        let (loop_tx, loop_rx) = link::pair(LinkConfig::default());
+        let rx = vec![0u8; loop_rx.max_frame_len()].into_boxed_slice();
+        Port {
+            loop_tx,
+            loop_rx,
+            peer: None,
+            generation: 0,
+            rx,
+            clock: MonotonicClock::new(),
+            sent: AtomicU64::new(0),
+            full: AtomicU64::new(0),
+        }
+    }
+
+    fn refresh(&mut self, sh: &Shared) {
+        let g = sh.link.generation.load(Ordering::Acquire);
+        if g == self.generation {
+            return;
+        }
+        self.generation = g;
+        self.peer = sh
+            .link
+            .link
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let need = self
+            .peer
+            .as_ref()
+            .map_or(0, |l| l.max_frame_len())
+            .max(self.loop_rx.max_frame_len());
+        if self.rx.len() < need {
+            self.rx = vec![0u8; need].into_boxed_slice();
+        }
+    }
+}
+
+/// What the engine transmits through: loopback by destination MAC, else the peer link.
+struct Wire<'a> {
+    mac: [u8; 6],
+    loop_tx: &'a LinkEnd,
+    peer: Option<&'a dyn Link>,
+    sent: &'a AtomicU64,
+    full: &'a AtomicU64,
+    sh: &'a Shared,
+}
+
+impl Link for Wire<'_> {
+    fn max_frame_len(&self) -> usize {
+        self.peer
+            .map_or(usize::MAX, |p| p.max_frame_len())
+            .min(self.loop_tx.max_frame_len())
+    }
+
+    fn send(&self, frame: &[u8]) -> Result<(), LinkError> {
+        let r = if frame.get(..6) == Some(&self.mac[..]) {
+            self.loop_tx.send(frame)
+        } else if let Some(p) = self.peer {
+            p.send(frame)
+        } else {
+            // No link attached: the frame leaves into nothing, as on an unplugged port.
+            Ok(())
+        };
+        match &r {
+            Ok(()) => {
+                self.sent.fetch_add(1, Ordering::Relaxed);
+                Counters::inc(&self.sh.stats.packets_tx);
+            }
+            Err(LinkError::Full) => {
+                self.full.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {}
+        }
+        r
+    }
+
+    fn try_recv(&self, _buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
+        Ok(None) // the port receives through `Port`, never through the engine
+    }
+}
+
+/// Memory as the engine sees it: the MKey translation with the QP's PD.
+struct Mem<'a> {
+    sh: &'a Shared,
+    core: &'a Core,
+    pd: u32,
+}
+
+fn need(a: rc::Access) -> Access {
+    match a {
+        rc::Access::LocalRead => Access::NONE,
+        rc::Access::LocalWrite => Access::LOCAL_WRITE,
+        rc::Access::RemoteRead => Access::REMOTE_READ,
+        rc::Access::RemoteWrite => Access::REMOTE_WRITE,
+        rc::Access::RemoteAtomic => Access::REMOTE_ATOMIC,
+    }
+}
+
+fn access_error(key: u32, e: MemError) -> AccessError {
+    match e {
+        MemError::BadKey | MemError::NotInPd => AccessError::InvalidKey { key },
+        MemError::OutOfBounds => AccessError::OutOfRange,
+        MemError::NoRight => AccessError::Denied,
+        MemError::Unmapped => AccessError::Fault,
+    }
+}
+
+impl rc::Memory for Mem<'_> {
+    fn check(&self, key: u32, va: u64, len: u64, access: rc::Access) -> Result<(), AccessError> {
+        if len == 0 {
+            return Ok(());
+        }
+        // Key, PD, bounds and rights of the whole range are decided by its first and last
+        // byte (the MKey range is contiguous); holes in the translation show up when the
+        // data moves. Reading moves nothing.
+        let last = va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
+        let mut b = [0u8; 1];
+        for at in [va, last] {
+            mkey::mem_read(self.sh, self.core, key, self.pd, at, &mut b, need(access))
+                .map_err(|e| access_error(key, e))?;
+        }
+        Ok(())
+    }
+
+    fn read(&self, key: u32, va: u64, buf: &mut [u8], a: rc::Access) -> Result<(), AccessError> {
+        mkey::mem_read(self.sh, self.core, key, self.pd, va, buf, need(a))
+            .map_err(|e| access_error(key, e))
+    }
+
+    fn write(&self, key: u32, va: u64, data: &[u8], a: rc::Access) -> Result<(), AccessError> {
+        mkey::mem_write(self.sh, self.core, key, self.pd, va, data, need(a))
+            .map_err(|e| access_error(key, e))
+    }
+
+    fn atomic(&self, key: u32, va: u64, op: rc::AtomicOp) -> Result<u64, AccessError> {
+        if !va.is_multiple_of(8) {
+            return Err(AccessError::Misaligned);
+        }
+        let op = match op {
+            rc::AtomicOp::CompareSwap { compare, swap } => {
+                iommu::AtomicOp::CmpSwap { compare, swap }
+            }
+            rc::AtomicOp::FetchAdd { add } => iommu::AtomicOp::FetchAdd(add),
+        };
+        mkey::mem_atomic(
+            self.sh,
+            self.core,
+            key,
+            self.pd,
+            va,
+            op,
+            Access::REMOTE_ATOMIC,
+        )
+        .map_err(|e| access_error(key, e))
+    }
+}
+
+/// The CQE syndrome of an error status (§9.7).
+fn syndrome(s: WcStatus) -> CqeSyndrome {
+    match s {
+        WcStatus::Success | WcStatus::Flushed => CqeSyndrome::WrFlush,
+        WcStatus::LocalLength => CqeSyndrome::LocalLength,
+        WcStatus::LocalProtection => CqeSyndrome::LocalProt,
+        WcStatus::BadResponse => CqeSyndrome::BadResp,
+        WcStatus::RemoteInvalidRequest => CqeSyndrome::RemoteInvalReq,
+        WcStatus::RemoteAccess => CqeSyndrome::RemoteAccess,
+        WcStatus::RemoteOperational => CqeSyndrome::RemoteOp,
+        WcStatus::RetryExceeded => CqeSyndrome::TransportRetryExc,
+        WcStatus::RnrRetryExceeded => CqeSyndrome::RnrRetryExc,
+    }
+}
+
+/// Where a QP's completions go: CQEs on its send and receive CQs.
+pub(crate) struct Sink<'a> {
+    pub(crate) sh: &'a Shared,
+    pub(crate) cqs: &'a mut BTreeMap<u32, Cq>,
+    pub(crate) events: &'a mut Vec<Event>,
+    pub(crate) qpn: u32,
+    pub(crate) cqn_snd: u32,
+    pub(crate) cqn_rcv: u32,
+    pub(crate) user_index: u32,
+    pub(crate) remote_qpn: u32,
+}
+
+impl<'a> Sink<'a> {
+    pub(crate) fn new(
+        sh: &'a Shared,
+        cqs: &'a mut BTreeMap<u32, Cq>,
+        events: &'a mut Vec<Event>,
+        qp: &Qp,
+    ) -> Sink<'a> {
+        Sink {
+            sh,
+            cqs,
+            events,
+            qpn: qp.qpn,
+            cqn_snd: qp.cqn_snd,
+            cqn_rcv: qp.cqn_rcv,
+            user_index: qp.user_index,
+            remote_qpn: qp.ctx().remote_qpn(),
+        }
+    }
+
+    /// An error CQE for a send WQE (`idx`, `opcode`) or a receive WQE (`recv`).
+    pub(crate) fn error(&mut self, recv: bool, idx: u16, opcode: u8, synd: CqeSyndrome) {
+        let mut cqe = [0u8; CQE_SIZE];
+        let op = if recv {
+            CqeOpcode::RespErr
+        } else {
+            CqeOpcode::ReqErr
+        };
+        {
+            let mut e = ErrCqe::new_unchecked(&mut cqe[..]);
+            e.set_srqn(self.user_index);
+            e.set_syndrome(u8::from(synd).into());
+            e.set_s_wqe_opcode(if recv { 0 } else { opcode.into() });
+            e.set_qpn(self.qpn);
+            e.set_wqe_counter(idx.into());
+        }
+        cqe[OP_OWN_OFFSET] = u8::from(op) << 4;
+        self.push(recv, &mut cqe, true);
+    }
+
+    fn push(&mut self, recv: bool, cqe: &mut [u8; CQE_SIZE], solicited: bool) {
+        let cqn = if recv { self.cqn_rcv } else { self.cqn_snd };
+        if let Some(cq) = self.cqs.get_mut(&cqn) {
+            cq.push(self.sh, cqe, solicited, self.events);
+        }
+    }
+}
+
+impl CompletionSink for Sink<'_> {
+    fn complete(&mut self, c: Completion) {
+        let recv = c.opcode.is_recv();
+        let (idx, wqe_op) = if recv {
+            (c.wr_id as u16, 0)
+        } else {
+            sq::unpack_wr_id(c.wr_id)
+        };
+        if c.status != WcStatus::Success {
+            self.error(recv, idx, wqe_op, syndrome(c.status));
+            return;
+        }
+        let mut cqe = [0u8; CQE_SIZE];
+        let op = match (c.opcode, c.imm) {
+            (WcOpcode::RecvRdmaWithImm, _) => CqeOpcode::RespWrImm,
+            (WcOpcode::Recv, Some(_)) => CqeOpcode::RespSendImm,
+            (WcOpcode::Recv, None) => CqeOpcode::RespSend,
+            _ => CqeOpcode::Req,
+        };
+        {
+            let mut e = Cqe::new_unchecked(&mut cqe[..]);
+            if recv {
+                e.set_rqpn(self.remote_qpn);
+                e.set_srqn_uidx(self.user_index);
+                e.set_imm_inval_pkey(c.imm.unwrap_or(0));
+            } else {
+                e.set_sop(wqe_op.into());
+            }
+            e.set_byte_cnt(c.byte_len);
+            e.set_qpn(self.qpn);
+            e.set_wqe_counter(idx.into());
+        }
+        let se = recv && c.solicited;
+        cqe[OP_OWN_OFFSET] = (u8::from(op) << 4) | (u8::from(se) << 1);
+        self.push(recv, &mut cqe, se);
+    }
+}
+
+/// One pass of the data path; true if anything happened.
+pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port) -> bool {
+    port.refresh(sh);
+    if core.dp.qps.is_empty() && core.dp.cqs.is_empty() && port.peer.is_none() {
+        return false;
+    }
+    let mut dp = std::mem::take(&mut core.dp);
+    let mac = core.vport.mac;
+    let busy = {
+        let core: &Core = core;
+        let mut busy = cq_doorbells(sh, &mut dp);
+        busy |= sq_doorbells(sh, core, &mut dp);
+        for _ in 0..INNER_PASSES {
+            let moved =
+                receive(sh, core, &mut dp, port, mac) | transmit(sh, core, &mut dp, port, mac);
+            if !moved {
+                break;
+            }
+            busy = true;
+        }
+        busy
+    };
+    core.dp = dp;
+    post_events(sh, core);
+    busy
+}
+
+/// Posts the events the pass raised.
+pub(crate) fn post_events(sh: &Shared, core: &mut Core) {
+    if core.dp.events.is_empty() {
+        return;
+    }
+    let mut events = std::mem::take(&mut core.dp.events);
+    for e in events.drain(..) {
+        let mut data = [0u8; 28];
+        match e {
+            Event::Comp { eqn, cqn } => {
+                // EQE byte 0x38 = data byte 0x18: [23:0] CQN (§9.8).
+                data[0x18..0x1c].copy_from_slice(&cqn.to_be_bytes());
+                eq::post_to(sh, core, eqn, EventType::Comp.into(), 0, &data);
+            }
+            Event::CqError { cqn, syndrome } => {
+                // EQE byte 0x20: CQN, byte 0x2B: syndrome (§9.8).
+                data[0..4].copy_from_slice(&cqn.to_be_bytes());
+                data[0x0b] = syndrome;
+                eq::post_event(sh, core, EventType::CqError, 0, &data);
+            }
+        }
+    }
+    core.dp.events = events;
+}
+
+fn cq_doorbells(sh: &Shared, dp: &mut DataPath) -> bool {
+    let mut any = false;
+    for &uar in dp.cq_uars.keys() {
+        if let Some((word, cqn)) = cq::take_doorbell(sh, uar) {
+            any = true;
+            if let Some(c) = dp.cqs.get_mut(&cqn).filter(|c| c.uar == uar) {
+                c.arm(word, &mut dp.events);
+            }
+        }
+    }
+    any
+}
+
+fn sq_doorbells(sh: &Shared, core: &Core, dp: &mut DataPath) -> bool {
+    let mut any = false;
+    let half = (1usize << LOG_BF_REG_SIZE) / 2;
+    let DataPath {
+        qps,
+        cqs,
+        qp_uars,
+        events,
+        ..
+    } = dp;
+    for &uar in qp_uars.keys() {
+        let base = uar as usize * UAR_SIZE;
+        for k in 0..BF_REGS_PER_UAR {
+            for h in 0..2 {
+                // `qpn_ds`, bytes 4-7 of the doorbell (§9.2); 0 = nothing written (ds >= 1).
+                let off = base + bf_reg_offset(k, LOG_BF_REG_SIZE) + h * half + 4;
+                if sh.bar.read_be32(off) == 0 {
+                    continue;
+                }
+                let w = sh.bar.swap_be32(off, 0);
+                any = true;
+                if let Some(qp) = qps.get_mut(&(w >> 8)).filter(|q| q.uar == uar) {
+                    run_sq(sh, core, qp, cqs, events);
+                }
+            }
+        }
+    }
+    any
+}
+
+/// Takes the new WQEs of `qp`'s SQ (§9.2): to the engine in RTS, flushed in ERR, left in
+/// place in RST/INIT/RTR (RTR2RTS runs them).
+pub(crate) fn run_sq(
+    sh: &Shared,
+    core: &Core,
+    qp: &mut Qp,
+    cqs: &mut BTreeMap<u32, Cq>,
+    events: &mut Vec<Event>,
+) {
+    if !matches!(qp.state, QpState::Rts | QpState::Err) {
+        return;
+    }
+    let Some(pi) = qp.sq_pi(sh) else {
+        return;
+    };
+    qp.active = true;
+    let mut w = [0u8; MAX_WQE + SEND_WQE_BB];
+    while (pi.wrapping_sub(qp.sq_ci) as i32) > 0 {
+        let idx = qp.sq_ci as u16;
+        if qp
+            .buf
+            .read(sh, qp.sq_wqebb_off(qp.sq_ci), &mut w[..16])
+            .is_err()
+        {
+            to_error(qp);
+            return;
+        }
+        let ctrl = Ctrl::parse(&w[..16]);
+        let nbb = ctrl.wqebbs();
+        for b in 1..nbb.min((MAX_WQE / SEND_WQE_BB + 1) as u32) {
+            let at = b as usize * SEND_WQE_BB;
+            let off = qp.sq_wqebb_off(qp.sq_ci.wrapping_add(b));
+            if qp.buf.read(sh, off, &mut w[at..at + SEND_WQE_BB]).is_err() {
+                to_error(qp);
+                return;
+            }
+        }
+        if nbb == 1 {
+            // The rest of the first WQEBB (the control segment is already in place).
+            let _ = qp
+                .buf
+                .read(sh, qp.sq_wqebb_off(qp.sq_ci) + 16, &mut w[16..64]);
+        }
+        let decoded = if ctrl.qpn != qp.qpn {
+            Err(WqeError::QpOp)
+        } else {
+            sq::decode(&w, &ctrl, sq::wr_id(idx, ctrl.opcode))
+        };
+        let result = match (decoded, qp.engine.as_mut()) {
+            (Ok(wr), Some(e)) => e.post_send(wr).map_err(|pe| match pe {
+                PostError::QueueFull => None,
+                PostError::BadAtomicLength { .. } | PostError::TooLong { .. } => {
+                    Some(CqeSyndrome::LocalLength)
+                }
+                _ => Some(CqeSyndrome::LocalQpOp),
+            }),
+            (Ok(_), None) => Err(Some(CqeSyndrome::WrFlush)),
+            (Err(WqeError::Length), _) => Err(Some(CqeSyndrome::LocalLength)),
+            (Err(WqeError::QpOp), _) => Err(Some(CqeSyndrome::LocalQpOp)),
+        };
+        match result {
+            Ok(()) => {}
+            Err(None) => return, // engine full: retried on the next pass
+            Err(Some(s)) => {
+                let flush = qp.state == QpState::Err;
+                let s = if flush { CqeSyndrome::WrFlush } else { s };
+                Sink::new(sh, cqs, events, qp).error(false, idx, ctrl.opcode, s);
+                if !flush {
+                    to_error(qp);
+                }
+            }
+        }
+        qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
+        Counters::inc(&sh.stats.wqes_executed);
+    }
+    let _ = core;
+}
+
+/// Moves `qp` to ERR (its engine flushes what it holds).
+pub(crate) fn to_error(qp: &mut Qp) {
+    qp.state = QpState::Err;
+    qp.active = true;
+    if let Some(e) = qp.engine.as_mut() {
+        e.set_error();
+    }
+}
+
+fn receive(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u8; 6]) -> bool {
+    let mut any = false;
+    for src in 0..2 {
+        loop {
+            let got = if src == 0 {
+                port.loop_rx.try_recv(&mut port.rx)
+            } else if let Some(p) = &port.peer {
+                p.try_recv(&mut port.rx)
+            } else {
+                Ok(None)
+            };
+            let Ok(Some(n)) = got else { break };
+            any = true;
+            Counters::inc(&sh.stats.packets_rx);
+            if port.rx.get(..6) != Some(&mac[..]) {
+                continue; // not for this port
+            }
+            let Ok(pkt) = RocePacket::parse(&port.rx[..n]) else {
+                continue; // malformed or bad ICRC: dropped as the wire would
+            };
+            let Some(qp) = dp.qps.get_mut(&pkt.bth.dest_qp) else {
+                continue;
+            };
+            let wire = Wire {
+                mac,
+                loop_tx: &port.loop_tx,
+                peer: port.peer.as_deref(),
+                sent: &port.sent,
+                full: &port.full,
+                sh,
+            };
+            let mem = Mem {
+                sh,
+                core,
+                pd: qp.pd,
+            };
+            let mut sink = Sink::new(sh, &mut dp.cqs, &mut dp.events, qp);
+            let (engine, mut rq) = qp.rq(sh);
+            let Some(engine) = engine else { continue };
+            let mut env = Env {
+                link: &wire,
+                mem: &mem,
+                recv: &mut rq,
+                cq: &mut sink,
+                clock: &port.clock,
+            };
+            engine.receive(&pkt, &mut env);
+            qp.active = true;
+        }
+    }
+    any
+}
+
+fn transmit(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u8; 6]) -> bool {
+    let sent0 = port.sent.load(Ordering::Relaxed);
+    let cqes0 = sh.stats.cqes.load(Ordering::Relaxed);
+    let DataPath {
+        qps, cqs, events, ..
+    } = dp;
+    for qp in qps.values_mut().filter(|q| q.active) {
+        if qp.kick {
+            qp.kick = false;
+            run_sq(sh, core, qp, cqs, events);
+        }
+        let full0 = port.full.load(Ordering::Relaxed);
+        let wire = Wire {
+            mac,
+            loop_tx: &port.loop_tx,
+            peer: port.peer.as_deref(),
+            sent: &port.sent,
+            full: &port.full,
+            sh,
+        };
+        let mem = Mem {
+            sh,
+            core,
+            pd: qp.pd,
+        };
+        let mut sink = Sink::new(sh, cqs, events, qp);
+        let state = qp.state;
+        let (engine, mut rq) = qp.rq(sh);
+        let keep = match engine {
+            Some(engine) => {
+                let mut env = Env {
+                    link: &wire,
+                    mem: &mem,
+                    recv: &mut rq,
+                    cq: &mut sink,
+                    clock: &port.clock,
+                };
+                let deadline = engine.poll(&mut env);
+                let err = engine.state() == rc::QpState::Error;
+                deadline.is_some()
+                    || engine.send_queue_len() > 0
+                    || err
+                    || port.full.load(Ordering::Relaxed) != full0
+            }
+            None if state == QpState::Err => {
+                // Never reached RTS: flush posted receives here (sends flush at their doorbell).
+                while let Some(r) = rc::RecvQueue::take(&mut rq) {
+                    sink.error(true, r.wr_id as u16, 0, CqeSyndrome::WrFlush);
+                }
+                true
+            }
+            None => false,
+        };
+        if qp
+            .engine
+            .as_ref()
+            .is_some_and(|e| e.state() == rc::QpState::Error)
+        {
+            qp.state = QpState::Err;
+        }
+        qp.active = keep;
+    }
+    port.sent.load(Ordering::Relaxed) != sent0 || sh.stats.cqes.load(Ordering::Relaxed) != cqes0
+}

@@ -1,0 +1,271 @@
+//! Operations end to end through the loopback and a link between two models: bytes land
+//! exactly, CQEs carry the PRM fields (prm-subset.md §9.5, §9.7), errors have their
+//! syndromes and nothing moves where it must not.
+
+use super::*;
+use crate::layout::cqe::{CqeOpcode, CqeSyndrome};
+use crate::layout::wqe::{INLINE_SEG, WqeOpcode, fm_ce_se::CQ_UPDATE};
+
+const ALL: (u32, u32, u32, u32) = (1, 1, 1, 1);
+
+fn opcode(e: &[u8; 64]) -> CqeOpcode {
+    CqeOpcode::from(e[63] >> 4)
+}
+fn byte_cnt(e: &[u8; 64]) -> u32 {
+    e.read_be32(0x2c)
+}
+fn wqe_counter(e: &[u8; 64]) -> u32 {
+    e.read_be32(0x3c) >> 16
+}
+
+/// Two QPs of one model connected through the loopback, each with its own CQ.
+fn pair<'a>(r: &mut Rig<'a>) -> (TQp, TQp, TCq, TCq) {
+    let (ca, cb) = (r.cq(6), r.cq(6));
+    let (a, b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
+    let (mac, gid) = r.addr();
+    r.connect(a.qpn, b.qpn, mac, gid);
+    r.connect(b.qpn, a.qpn, mac, gid);
+    (a, b, ca, cb)
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+}
+
+#[test]
+fn rdma_write_read_and_send_move_exact_bytes_over_the_loopback() {
+    let hca = model(1);
+    let mut r = Rig::new(&hca);
+    let (mut a, mut b, mut ca, mut cb) = pair(&mut r);
+    let src = r.mr(3 * PAGE, ALL);
+    let dst = r.mr(3 * PAGE, ALL);
+    let bytes = pattern(5000, 7);
+    let mut s = r.buf(src.idx);
+    s.write_bytes(0, &bytes);
+    // WRITE of two SGEs (1000 + 4000 bytes) into dst + 100: 20 packets of 256 bytes.
+    let segs = cat(&[
+        &raddr(dst.va + 100, dst.key),
+        &data(src.key, src.va, 1000),
+        &data(src.key, src.va + 1000, 4000),
+    ]);
+    r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+    let e = r.wait(&mut ca);
+    assert_eq!((opcode(&e), wqe_counter(&e)), (CqeOpcode::Req, 0));
+    assert_eq!(e[0x38], WqeOpcode::RdmaWrite.into());
+    let mut got = vec![0u8; 5200];
+    r.buf(dst.idx).read_bytes(0, &mut got);
+    assert_eq!(&got[100..5100], &bytes[..]);
+    assert!(got[..100].iter().chain(&got[5100..]).all(|&x| x == 0));
+    // READ it back into src + 6000.
+    let segs = cat(&[
+        &raddr(dst.va + 100, dst.key),
+        &data(src.key, src.va + 6000, 5000),
+    ]);
+    r.post(&mut a, WqeOpcode::RdmaRead.into(), CQ_UPDATE, 0, &segs);
+    let e = r.wait(&mut ca);
+    assert_eq!(
+        (opcode(&e), byte_cnt(&e), wqe_counter(&e)),
+        (CqeOpcode::Req, 5000, 1)
+    );
+    let mut back = vec![0u8; 5000];
+    r.buf(src.idx).read_bytes(6000, &mut back);
+    assert_eq!(back, bytes);
+    // SEND with immediate, inline, into a posted receive of two SGEs.
+    r.post_recv(
+        &mut b,
+        &[(dst.key, dst.va + 6000, 3), (dst.key, dst.va + 7000, 100)],
+    );
+    let mut inl = vec![0u8; 32];
+    inl[..4].copy_from_slice(&(INLINE_SEG | 11).to_be_bytes());
+    inl[4..15].copy_from_slice(b"hello world");
+    r.post(
+        &mut a,
+        WqeOpcode::SendImm.into(),
+        CQ_UPDATE,
+        0xdead_beef,
+        &inl,
+    );
+    let e = r.wait(&mut cb);
+    assert_eq!((opcode(&e), byte_cnt(&e)), (CqeOpcode::RespSendImm, 11));
+    assert_eq!(
+        (e.read_be32(0x24), e.read_be32(0x38) & 0xFF_FFFF),
+        (0xdead_beef, b.qpn)
+    );
+    let mut m = [0u8; 11];
+    r.buf(dst.idx).read_bytes(6000, &mut m[..3]);
+    r.buf(dst.idx).read_bytes(7000, &mut m[3..]);
+    assert_eq!(&m, b"hello world");
+    let e = r.wait(&mut ca);
+    assert_eq!(
+        (opcode(&e), e[0x38]),
+        (CqeOpcode::Req, WqeOpcode::SendImm.into())
+    );
+    // An unsignaled WRITE then a signaled one: one CQE, for the second.
+    let segs = cat(&[&raddr(dst.va, dst.key), &data(src.key, src.va, 8)]);
+    r.post(&mut a, WqeOpcode::RdmaWrite.into(), 0, 0, &segs);
+    r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+    let e = r.wait(&mut ca);
+    assert_eq!(wqe_counter(&e), a.sq_pi - 1);
+    assert!(r.poll(&mut ca).is_none());
+    assert!(hca.stats().packets_tx >= 40 && hca.stats().wqes_executed == 5);
+}
+
+#[test]
+fn atomics_and_write_with_immediate() {
+    let hca = model(2);
+    let mut r = Rig::new(&hca);
+    let (mut a, mut b, mut ca, mut cb) = pair(&mut r);
+    let local = r.mr(PAGE, ALL);
+    let target = r.mr(PAGE, ALL);
+    let mut t = r.buf(target.idx);
+    t.write_be64(64, 40);
+    let atomic = |swap: u64, cmp: u64| {
+        let mut s = [0u8; 16];
+        s.write_be64(0, swap);
+        s.write_be64(8, cmp);
+        s
+    };
+    let fa = cat(&[
+        &raddr(target.va + 64, target.key),
+        &atomic(2, 0),
+        &data(local.key, local.va, 8),
+    ]);
+    r.post(&mut a, WqeOpcode::AtomicFa.into(), CQ_UPDATE, 0, &fa);
+    let e = r.wait(&mut ca);
+    assert_eq!(opcode(&e), CqeOpcode::Req);
+    assert_eq!(r.buf(local.idx).read_be64(0), 40);
+    assert_eq!(r.buf(target.idx).read_be64(64), 42);
+    let cs = cat(&[
+        &raddr(target.va + 64, target.key),
+        &atomic(7, 42),
+        &data(local.key, local.va + 8, 8),
+    ]);
+    r.post(&mut a, WqeOpcode::AtomicCs.into(), CQ_UPDATE, 0, &cs);
+    r.wait(&mut ca);
+    assert_eq!(
+        (
+            r.buf(local.idx).read_be64(8),
+            r.buf(target.idx).read_be64(64)
+        ),
+        (42, 7)
+    );
+    // WRITE with immediate consumes a receive and reports the RETH length.
+    r.post_recv(&mut b, &[]);
+    let w = cat(&[
+        &raddr(target.va + 128, target.key),
+        &data(local.key, local.va, 16),
+    ]);
+    r.post(
+        &mut a,
+        WqeOpcode::RdmaWriteImm.into(),
+        CQ_UPDATE,
+        0x0102_0304,
+        &w,
+    );
+    let e = r.wait(&mut cb);
+    assert_eq!(
+        (opcode(&e), byte_cnt(&e), e.read_be32(0x24)),
+        (CqeOpcode::RespWrImm, 16, 0x0102_0304)
+    );
+    r.wait(&mut ca);
+    assert_eq!(r.buf(target.idx).read_be64(128), 40);
+}
+
+#[test]
+fn a_bad_rkey_fails_with_remote_access_and_later_work_is_flushed() {
+    let hca = model(3);
+    let mut r = Rig::new(&hca);
+    let (mut a, _b, mut ca, _cb) = pair(&mut r);
+    let src = r.mr(PAGE, ALL);
+    let ro = r.mr(PAGE, (1, 1, 0, 0)); // no remote write
+    let mut s = r.buf(src.idx);
+    s.write_bytes(0, &[0xAB; 64]);
+    let segs = cat(&[&raddr(ro.va, ro.key), &data(src.key, src.va, 64)]);
+    r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+    let e = r.wait(&mut ca);
+    assert_eq!(opcode(&e), CqeOpcode::ReqErr);
+    assert_eq!(e[0x37], u8::from(CqeSyndrome::RemoteAccess));
+    assert_eq!((e[0x38], wqe_counter(&e)), (WqeOpcode::RdmaWrite.into(), 0));
+    assert!(
+        (0..64).all(|i| r.buf(ro.idx).load_u8_acquire(i) == 0),
+        "nothing written"
+    );
+    // The QP is in error: the next WQE is flushed.
+    r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+    let e = r.wait(&mut ca);
+    assert_eq!(
+        (opcode(&e), e[0x37]),
+        (CqeOpcode::ReqErr, u8::from(CqeSyndrome::WrFlush))
+    );
+    assert_eq!(wqe_counter(&e), 1);
+    // A bad lkey is a local protection error on the next fresh QP.
+    let (mut c, _d, mut cc, _) = pair(&mut r);
+    let segs = cat(&[&raddr(src.va, src.key), &data(0x999_933, src.va, 8)]);
+    r.post(&mut c, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+    let e = r.wait(&mut cc);
+    assert_eq!(
+        (opcode(&e), e[0x37]),
+        (CqeOpcode::ReqErr, u8::from(CqeSyndrome::LocalProt))
+    );
+}
+
+#[test]
+fn two_models_linked_by_link_pair_carry_a_write() {
+    let (ha, hb) = (model(4), model(5));
+    Hca::link_pair(&ha, &hb).unwrap();
+    assert!(Hca::link_pair(&ha, &ha).is_err(), "same MAC refused");
+    let (mut ra, mut rb) = (Rig::new(&ha), Rig::new(&hb));
+    let mut ca = ra.cq(4);
+    let cb = rb.cq(4);
+    let mut qa = ra.qp(ca.cqn, ca.cqn);
+    let qb = rb.qp(cb.cqn, cb.cqn);
+    let ((ma, ga), (mb, gb)) = (ra.addr(), rb.addr());
+    ra.connect(qa.qpn, qb.qpn, mb, gb);
+    rb.connect(qb.qpn, qa.qpn, ma, ga);
+    let src = ra.mr(PAGE, ALL);
+    let dst = rb.mr(PAGE, ALL);
+    let d = pattern(3000, 9);
+    let mut s = ra.buf(src.idx);
+    s.write_bytes(0, &d);
+    let segs = cat(&[&raddr(dst.va, dst.key), &data(src.key, src.va, 3000)]);
+    ra.post(&mut qa, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+    assert_eq!(opcode(&ra.wait(&mut ca)), CqeOpcode::Req);
+    let mut got = vec![0u8; 3000];
+    rb.buf(dst.idx).read_bytes(0, &mut got);
+    assert_eq!(got, d);
+    assert!(hb.stats().packets_rx >= 12 && ha.stats().packets_rx >= 1);
+}
+
+#[test]
+fn an_armed_cq_raises_one_completion_event_and_overrun_raises_cq_error() {
+    let hca = model(6);
+    let mut r = Rig::new(&hca);
+    let (mut a, _b, mut ca, _cb) = pair(&mut r);
+    let m = r.mr(PAGE, ALL);
+    let segs = cat(&[&raddr(m.va + 512, m.key), &data(m.key, m.va, 8)]);
+    r.arm(&ca, false);
+    r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+    r.wait(&mut ca);
+    let start = std::time::Instant::now();
+    while r.eqes().is_empty() {
+        assert!(start.elapsed().as_secs() < 60, "no EQE");
+        std::thread::yield_now();
+    }
+    assert_eq!(r.eqes()[0].0, 0x00);
+    assert_eq!(r.eqes()[0].2 & 0xFF_FFFF, ca.cqn);
+    // Without consuming, 2^6 + 1 more CQEs overrun the CQ (the first is consumed above).
+    for _ in 0..65 {
+        r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+        if a.sq_pi % 32 == 0 {
+            std::thread::yield_now();
+        }
+    }
+    let start = std::time::Instant::now();
+    while hca.stats().cq_overruns == 0 {
+        assert!(start.elapsed().as_secs() < 60, "no overrun");
+        std::thread::yield_now();
+    }
+    let ev = r.eqes();
+    assert!(ev.iter().any(|e| e.0 == 0x04 && e.1 == ca.cqn), "{ev:?}");
+    assert_eq!(r.eqes().len(), 2, "one completion event, one CQ error");
+}

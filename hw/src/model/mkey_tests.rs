@@ -1,0 +1,664 @@
+//! MKey commands and translation, driven directly (commands through the dispatcher, accesses
+//! through `mem_read` / `mem_write` / `mem_atomic`), with host memory in the model IOMMU.
+
+use super::super::cmd::{dispatch, syndrome as s};
+use super::super::mem::MappedBuffer;
+use super::super::state::Lifecycle;
+use super::super::{Hca, ModelConfig};
+use super::*;
+use crate::layout::cmd::{CmdStatus, InHeader, Opcode, OutHeader};
+use crate::layout::cmds::{
+    AllocMemicIn, AllocMemicOut, CreateMkeyIn, CreateMkeyOut, DeallocMemicIn, DestroyMkeyIn,
+    QueryMkeyIn,
+};
+use crate::layout::mkc::Mkc;
+use crate::layout::{Buf, BufMut};
+
+const PAGE: u64 = 4096;
+/// IOVA of the test buffer (deliberately not the host address).
+const IOVA: u64 = 0x40_0000;
+/// Virtual address of the MKey's first byte (not page aligned).
+const VA: u64 = 0x5555_0000_0123;
+
+struct Rig {
+    hca: Hca,
+    pd: u32,
+    other_pd: u32,
+}
+
+fn rig() -> Rig {
+    let hca = Hca::new(ModelConfig::default()).expect("model");
+    hca.shared.iommu.set_bus_master(true);
+    let (pd, other_pd) = {
+        let mut core = hca.shared.core();
+        core.life = Lifecycle::Initialized;
+        (core.pds.alloc().unwrap(), core.pds.alloc().unwrap())
+    };
+    Rig { hca, pd, other_pd }
+}
+
+impl Rig {
+    /// Runs one command message; returns `(status, syndrome, output)`.
+    fn cmd(&self, input: &[u8], outlen: usize) -> (CmdStatus, u32, Vec<u8>) {
+        let mut core = self.hca.shared.core();
+        let out = dispatch(&self.hca.shared, &mut core, input, input.len(), outlen);
+        let h = OutHeader::new_unchecked(&out[..]);
+        (CmdStatus::from(h.status() as u8), h.syndrome(), out)
+    }
+
+    fn faults(&self) -> u64 {
+        self.hca.stats().mkey_faults
+    }
+
+    fn read(
+        &self,
+        key: u32,
+        pd: u32,
+        va: u64,
+        dst: &mut [u8],
+        need: Access,
+    ) -> Result<(), MemError> {
+        let core = self.hca.shared.core();
+        mem_read(&self.hca.shared, &core, key, pd, va, dst, need)
+    }
+
+    fn write(&self, key: u32, pd: u32, va: u64, src: &[u8], need: Access) -> Result<(), MemError> {
+        let core = self.hca.shared.core();
+        mem_write(&self.hca.shared, &core, key, pd, va, src, need)
+    }
+
+    fn atomic(&self, key: u32, pd: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+        let core = self.hca.shared.core();
+        mem_atomic(
+            &self.hca.shared,
+            &core,
+            key,
+            pd,
+            va,
+            op,
+            Access::REMOTE_ATOMIC,
+        )
+    }
+
+    /// CREATE_MKEY; returns the key (`index << 8 | variant`) or the status and syndrome.
+    fn create(&self, p: &MkeyParams) -> Result<u32, (CmdStatus, u32)> {
+        let mut i = create_input(p);
+        if let Some(f) = &p.tamper {
+            f(&mut i);
+        }
+        let (st, syn, out) = self.cmd(&i, 16);
+        if st != CmdStatus::Ok {
+            return Err((st, syn));
+        }
+        Ok((CreateMkeyOut::new_unchecked(&out[..]).mkey_index() << 8) | u32::from(p.variant))
+    }
+
+    fn destroy(&self, key: u32) -> (CmdStatus, u32) {
+        let mut i = header(Opcode::DestroyMkey, 16);
+        DestroyMkeyIn::new_unchecked(&mut i[..]).set_mkey_index(key >> 8);
+        let (st, syn, _) = self.cmd(&i, 16);
+        (st, syn)
+    }
+}
+
+fn header(op: Opcode, len: usize) -> Vec<u8> {
+    let mut i = vec![0u8; len];
+    InHeader::new_unchecked(&mut i[..]).set_opcode(u16::from(op).into());
+    i
+}
+
+type Tamper = Box<dyn Fn(&mut Vec<u8>)>;
+
+struct MkeyParams {
+    mode: u32,
+    pd: u32,
+    start: u64,
+    len: u64,
+    log_page_size: u32,
+    mtts: Vec<u64>,
+    rights: (u32, u32, u32, u32),
+    variant: u8,
+    pg_access: bool,
+    free: bool,
+    tamper: Option<Tamper>,
+}
+
+impl MkeyParams {
+    /// An MTT MKey over `pages` 4 KiB pages of the test buffer, all rights.
+    fn mtt(pd: u32, pages: u64) -> MkeyParams {
+        MkeyParams {
+            mode: 1,
+            pd,
+            start: VA,
+            len: pages * PAGE - (VA & (PAGE - 1)),
+            log_page_size: 12,
+            mtts: (0..pages).map(|k| (IOVA + k * PAGE) | 3).collect(),
+            rights: (1, 1, 1, 1),
+            variant: 0x5a,
+            pg_access: true,
+            free: false,
+            tamper: None,
+        }
+    }
+}
+
+fn create_input(p: &MkeyParams) -> Vec<u8> {
+    let octs = p.mtts.len().div_ceil(2);
+    let mut i = header(Opcode::CreateMkey, 0x110 + 16 * octs);
+    {
+        let mut c = CreateMkeyIn::new_unchecked(&mut i[..]);
+        c.set_pg_access(p.pg_access.into());
+        c.set_translations_octword_actual_size(octs as u32);
+    }
+    {
+        let mut c = Mkc::new_unchecked(&mut i[CreateMkeyIn::<()>::MEMORY_KEY_MKEY_ENTRY..]);
+        c.set_access_mode_1_0(p.mode & 3);
+        c.set_access_mode_4_2(p.mode >> 2);
+        c.set_free(p.free.into());
+        c.set_lr(1);
+        c.set_lw(p.rights.0);
+        c.set_rr(p.rights.1);
+        c.set_rw(p.rights.2);
+        c.set_a(p.rights.3);
+        c.set_qpn(0xFF_FFFF);
+        c.set_mkey_7_0(p.variant.into());
+        c.set_pd(p.pd);
+        c.set_start_addr(p.start);
+        c.set_len(p.len);
+        c.set_translations_octword_size(octs as u32);
+        c.set_log_page_size(p.log_page_size);
+    }
+    for (k, e) in p.mtts.iter().enumerate() {
+        i.write_be64(0x110 + 8 * k, *e);
+    }
+    i
+}
+
+fn buf_bytes(m: &MappedBuffer<'_>) -> Vec<u8> {
+    let mut v = vec![0u8; m.buf.len()];
+    m.buf.read_bytes(0, &mut v);
+    v
+}
+
+#[test]
+fn mtt_translation_spans_pages_in_any_order() {
+    let r = rig();
+    let mut m = MappedBuffer::new(&r.hca, IOVA, 3 * PAGE as usize);
+    // Pages in reverse order: va page k -> IOVA page 2 - k (the IOMMU sees three runs).
+    let mut p = MkeyParams::mtt(r.pd, 3);
+    p.mtts.reverse();
+    let key = r.create(&p).unwrap();
+    assert_eq!(key & 0xFF, 0x5a);
+    let data: Vec<u8> = (0..9000u32).map(|i| (i * 7) as u8).collect();
+    let va = VA + 100; // page offset 0x187: runs over into the next two pages
+    r.write(key, r.pd, va, &data, Access::LOCAL_WRITE).unwrap();
+    let host = buf_bytes(&m);
+    let first = (PAGE - 0x187) as usize;
+    assert_eq!(
+        &host[2 * PAGE as usize + 0x187..3 * PAGE as usize],
+        &data[..first]
+    );
+    assert_eq!(
+        &host[PAGE as usize..2 * PAGE as usize],
+        &data[first..first + PAGE as usize]
+    );
+    assert_eq!(
+        &host[..data.len() - first - PAGE as usize],
+        &data[first + PAGE as usize..]
+    );
+    let mut back = vec![0u8; data.len()];
+    r.read(key, r.pd, va, &mut back, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(back, data);
+    // The host side writes; the device reads it through the key.
+    m.buf.write_bytes(0x10, b"hello");
+    let mut h = [0u8; 5];
+    r.read(
+        key,
+        r.pd,
+        VA - 0x123 + 2 * PAGE + 0x10,
+        &mut h,
+        Access::NONE,
+    )
+    .unwrap();
+    assert_eq!(&h, b"hello");
+    assert_eq!(r.faults(), 0);
+}
+
+#[test]
+fn every_refusal_touches_nothing_and_is_counted() {
+    let r = rig();
+    let mut m = MappedBuffer::new(&r.hca, IOVA, 2 * PAGE as usize);
+    let key = r.create(&MkeyParams::mtt(r.pd, 2)).unwrap();
+    let mut ro = MkeyParams::mtt(r.pd, 2);
+    ro.rights = (0, 1, 0, 0);
+    ro.variant = 7;
+    let ro_key = r.create(&ro).unwrap();
+    let end = VA + 2 * PAGE - 0x123;
+    let cases: Vec<(&str, u32, u32, u64, usize, Access, MemError)> = vec![
+        (
+            "unknown index",
+            key + 0x100,
+            r.pd,
+            VA,
+            8,
+            Access::NONE,
+            MemError::BadKey,
+        ),
+        (
+            "wrong variant",
+            key ^ 1,
+            r.pd,
+            VA,
+            8,
+            Access::NONE,
+            MemError::BadKey,
+        ),
+        (
+            "foreign PD",
+            key,
+            r.other_pd,
+            VA,
+            8,
+            Access::NONE,
+            MemError::NotInPd,
+        ),
+        (
+            "below start",
+            key,
+            r.pd,
+            VA - 1,
+            8,
+            Access::NONE,
+            MemError::OutOfBounds,
+        ),
+        (
+            "past end",
+            key,
+            r.pd,
+            end - 4,
+            8,
+            Access::NONE,
+            MemError::OutOfBounds,
+        ),
+        (
+            "wraps",
+            key,
+            r.pd,
+            u64::MAX - 2,
+            8,
+            Access::NONE,
+            MemError::OutOfBounds,
+        ),
+        (
+            "no remote write",
+            ro_key,
+            r.pd,
+            VA,
+            8,
+            Access::REMOTE_WRITE,
+            MemError::NoRight,
+        ),
+        (
+            "no local write",
+            ro_key,
+            r.pd,
+            VA,
+            8,
+            Access::LOCAL_WRITE,
+            MemError::NoRight,
+        ),
+        (
+            "no atomic",
+            ro_key,
+            r.pd,
+            VA,
+            8,
+            Access::REMOTE_ATOMIC,
+            MemError::NoRight,
+        ),
+    ];
+    m.buf.write_bytes(0, &[0xEE; 64]);
+    let before = buf_bytes(&m);
+    for (n, (what, k, pd, va, len, need, want)) in cases.into_iter().enumerate() {
+        let src = vec![0x11u8; len];
+        assert_eq!(r.write(k, pd, va, &src, need), Err(want), "{what}: write");
+        let mut dst = vec![0x22u8; len];
+        assert_eq!(r.read(k, pd, va, &mut dst, need), Err(want), "{what}: read");
+        assert_eq!(dst, vec![0x22u8; len], "{what}: nothing read");
+        assert_eq!(buf_bytes(&m), before, "{what}: nothing written");
+        assert_eq!(r.faults(), 2 * (n as u64 + 1), "{what}: counted");
+    }
+    // The last byte is in bounds; one more is not.
+    r.write(key, r.pd, end - 1, &[1], Access::LOCAL_WRITE)
+        .unwrap();
+    assert_eq!(
+        r.write(key, r.pd, end, &[1], Access::LOCAL_WRITE),
+        Err(MemError::OutOfBounds)
+    );
+    // A destroyed key is a bad key, and a new MKey at the same index with another variant
+    // does not revive it.
+    assert_eq!(r.destroy(key).0, CmdStatus::Ok);
+    let f = r.faults();
+    assert_eq!(
+        r.read(key, r.pd, VA, &mut [0; 4], Access::NONE),
+        Err(MemError::BadKey)
+    );
+    let mut again = MkeyParams::mtt(r.pd, 2);
+    again.variant = 0x5b;
+    let new_key = r.create(&again).unwrap();
+    assert_eq!(new_key >> 8, key >> 8, "index reused");
+    assert_eq!(
+        r.read(key, r.pd, VA, &mut [0; 4], Access::NONE),
+        Err(MemError::BadKey)
+    );
+    assert!(r.read(new_key, r.pd, VA, &mut [0; 4], Access::NONE).is_ok());
+    assert_eq!(r.faults(), f + 2);
+}
+
+#[test]
+fn unmapped_translations_fault_without_partial_writes() {
+    let r = rig();
+    let m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
+    // Page 1 of the MKey points at an IOVA nobody mapped.
+    let mut p = MkeyParams::mtt(r.pd, 2);
+    p.mtts[1] = (IOVA + 64 * PAGE) | 3;
+    let key = r.create(&p).unwrap();
+    let src = vec![0x33u8; 2 * PAGE as usize - 0x200];
+    assert_eq!(
+        r.write(key, r.pd, VA, &src, Access::LOCAL_WRITE),
+        Err(MemError::Unmapped)
+    );
+    assert_eq!(
+        buf_bytes(&m),
+        vec![0u8; PAGE as usize],
+        "first page untouched"
+    );
+    // A zeroed entry (a "ZAP"ed translation, prm-subset.md §12) faults; an entry with only
+    // rd_en refuses writes under pg_access.
+    let mut z = MkeyParams::mtt(r.pd, 1);
+    z.mtts[0] = 0;
+    let zkey = r.create(&z).unwrap();
+    assert_eq!(
+        r.read(zkey, r.pd, VA, &mut [0; 4], Access::NONE),
+        Err(MemError::Unmapped)
+    );
+    let mut ro = MkeyParams::mtt(r.pd, 1);
+    ro.mtts[0] = IOVA | 1;
+    let rokey = r.create(&ro).unwrap();
+    assert!(r.read(rokey, r.pd, VA, &mut [0; 4], Access::NONE).is_ok());
+    assert_eq!(
+        r.write(rokey, r.pd, VA, &[1; 4], Access::LOCAL_WRITE),
+        Err(MemError::NoRight)
+    );
+    // A free MKey (waiting for a UMR) is not usable.
+    let mut f = MkeyParams::mtt(r.pd, 1);
+    f.free = true;
+    let fkey = r.create(&f).unwrap();
+    assert_eq!(
+        r.read(fkey, r.pd, VA, &mut [0; 4], Access::NONE),
+        Err(MemError::BadKey)
+    );
+    assert_eq!(r.faults(), 4);
+    assert!(r.hca.stats().iommu_faults >= 1);
+}
+
+#[test]
+fn atomics_are_big_endian_and_aligned() {
+    let r = rig();
+    let mut m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
+    let mut p = MkeyParams::mtt(r.pd, 1);
+    p.start = 0x1000_0000; // page aligned VA
+    p.len = PAGE;
+    let key = r.create(&p).unwrap();
+    m.buf.write_bytes(8, &5u64.to_be_bytes());
+    assert_eq!(
+        r.atomic(key, r.pd, 0x1000_0008, AtomicOp::FetchAdd(3)),
+        Ok(5)
+    );
+    assert_eq!(
+        r.atomic(
+            key,
+            r.pd,
+            0x1000_0008,
+            AtomicOp::CmpSwap {
+                compare: 8,
+                swap: 42
+            }
+        ),
+        Ok(8)
+    );
+    let mut v = [0u8; 8];
+    m.buf.read_bytes(8, &mut v);
+    assert_eq!(u64::from_be_bytes(v), 42);
+    assert_eq!(
+        r.atomic(key, r.pd, 0x1000_0004, AtomicOp::FetchAdd(1)),
+        Err(MemError::OutOfBounds)
+    );
+}
+
+fn alloc_memic(r: &Rig, size: u32, log_align: u32) -> Result<u64, (CmdStatus, u32)> {
+    let base = super::super::bar_layout::MEMIC_OFFSET as u64;
+    let mut i = header(Opcode::AllocMemic, 32);
+    {
+        let mut a = AllocMemicIn::new_unchecked(&mut i[..]);
+        a.set_range_start_addr(base);
+        a.set_range_size(r.hca.config().memic_size);
+        a.set_memic_size(size);
+        a.set_log_memic_addr_alignment(log_align);
+    }
+    let (st, syn, out) = r.cmd(&i, 16);
+    if st != CmdStatus::Ok {
+        return Err((st, syn));
+    }
+    Ok(AllocMemicOut::new_unchecked(&out[..]).memic_start_addr())
+}
+
+fn dealloc_memic(r: &Rig, addr: u64, size: u32) -> (CmdStatus, u32) {
+    let mut i = header(Opcode::DeallocMemic, 32);
+    let mut d = DeallocMemicIn::new_unchecked(&mut i[..]);
+    d.set_memic_start_addr(addr);
+    d.set_memic_size(size);
+    let (st, syn, _) = r.cmd(&i, 16);
+    (st, syn)
+}
+
+#[test]
+fn memic_mkeys_are_zero_based_and_block_dealloc() {
+    let r = rig();
+    let addr = alloc_memic(&r, 256, 0).unwrap();
+    assert_eq!(r.hca.stats().memic_bytes, 256);
+    let memic = |start: u64, len: u64| MkeyParams {
+        mode: 5,
+        start,
+        len,
+        mtts: vec![],
+        ..MkeyParams::mtt(r.pd, 0)
+    };
+    let key = r.create(&memic(addr + 64, 128)).unwrap();
+    r.write(key, r.pd, 0, b"device memory!!!", Access::REMOTE_WRITE)
+        .unwrap();
+    let mut bar = [0u8; 16];
+    r.hca.shared.bar.read_bytes(addr as usize + 64, &mut bar);
+    assert_eq!(&bar, b"device memory!!!");
+    // Atomics on device memory (the RFC's remote atomics on DM).
+    r.hca
+        .shared
+        .bar
+        .write_bytes(addr as usize + 64 + 16, &10u64.to_be_bytes());
+    assert_eq!(r.atomic(key, r.pd, 16, AtomicOp::FetchAdd(5)), Ok(10));
+    assert_eq!(
+        r.atomic(
+            key,
+            r.pd,
+            16,
+            AtomicOp::CmpSwap {
+                compare: 15,
+                swap: 1
+            }
+        ),
+        Ok(15)
+    );
+    let mut v = [0u8; 8];
+    r.read(key, r.pd, 16, &mut v, Access::REMOTE_READ).unwrap();
+    assert_eq!(u64::from_be_bytes(v), 1);
+    // Zero-based bounds: [0, 128).
+    assert_eq!(
+        r.read(key, r.pd, 121, &mut v, Access::NONE),
+        Err(MemError::OutOfBounds)
+    );
+    assert_eq!(
+        r.read(key, r.other_pd, 0, &mut v, Access::NONE),
+        Err(MemError::NotInPd)
+    );
+    // An MKey must stay inside one allocation, with no translation list.
+    assert_eq!(
+        r.create(&memic(addr + 64, 256)),
+        Err((CmdStatus::BadParamErr, s::MKEY_MEMIC_RANGE))
+    );
+    let mut with_list = memic(addr, 64);
+    with_list.mtts = vec![IOVA | 3, IOVA | 3];
+    assert_eq!(
+        r.create(&with_list),
+        Err((CmdStatus::BadParamErr, s::MKEY_MEMIC_TRANSLATIONS))
+    );
+    // Freeing device memory under an MKey is refused; after DESTROY_MKEY it works.
+    assert_eq!(
+        dealloc_memic(&r, addr, 256),
+        (CmdStatus::ResBusy, s::MEMIC_IN_USE)
+    );
+    assert_eq!(r.destroy(key).0, CmdStatus::Ok);
+    assert_eq!(dealloc_memic(&r, addr, 256), (CmdStatus::Ok, 0));
+    assert_eq!(
+        dealloc_memic(&r, addr, 256),
+        (CmdStatus::BadParamErr, s::MEMIC_BAD_ADDR)
+    );
+    assert_eq!(r.hca.stats().memic_bytes, 0);
+}
+
+#[test]
+fn memic_alloc_rules_and_exhaustion() {
+    let r = rig();
+    assert_eq!(
+        alloc_memic(&r, 0, 0),
+        Err((CmdStatus::BadParamErr, s::MEMIC_BAD_SIZE))
+    );
+    assert_eq!(
+        alloc_memic(&r, 65, 0),
+        Err((CmdStatus::BadParamErr, s::MEMIC_BAD_SIZE))
+    );
+    assert_eq!(
+        alloc_memic(&r, 64, 13),
+        Err((CmdStatus::BadParamErr, s::MEMIC_BAD_ALIGNMENT))
+    );
+    let a = alloc_memic(&r, 64, 6).unwrap();
+    assert_eq!(a % 4096, 0);
+    let total = r.hca.config().memic_size;
+    assert_eq!(
+        alloc_memic(&r, total, 0),
+        Err((CmdStatus::NoResErr, s::MEMIC_NO_SPACE))
+    );
+    let b = alloc_memic(&r, total - 4096, 0).unwrap();
+    assert_eq!(
+        alloc_memic(&r, 4096, 0),
+        Err((CmdStatus::NoResErr, s::MEMIC_NO_SPACE))
+    );
+    assert_eq!(dealloc_memic(&r, b, total - 4096).0, CmdStatus::Ok);
+    // Freshly allocated device memory reads as zeros.
+    r.hca.shared.bar.write_bytes(b as usize, &[0xAB; 64]);
+    let c = alloc_memic(&r, 64, 0).unwrap();
+    assert_eq!(c, b);
+    let mut z = [1u8; 64];
+    r.hca.shared.bar.read_bytes(c as usize, &mut z);
+    assert_eq!(z, [0u8; 64]);
+    // MODIFY_MEMIC: no operation is advertised.
+    let mut i = header(Opcode::ModifyMemic, 64);
+    i.write_be64(0x10, a);
+    assert_eq!(r.cmd(&i, 64).1, s::MEMIC_BAD_OPERATION);
+    i.write_be64(0x10, a + 32);
+    assert_eq!(r.cmd(&i, 64).1, s::MEMIC_BAD_ADDR);
+}
+
+#[test]
+fn create_mkey_refuses_malformed_input() {
+    let r = rig();
+    let base = || MkeyParams::mtt(r.pd, 2);
+    let bp = CmdStatus::BadParamErr;
+    let mut cases: Vec<(&str, MkeyParams, (CmdStatus, u32))> = Vec::new();
+    let mut p = base();
+    p.mode = 0;
+    cases.push(("PA mode", p, (bp, s::MKEY_BAD_ACCESS_MODE)));
+    let mut p = base();
+    p.pd = 999;
+    cases.push(("no such PD", p, (CmdStatus::BadResErr, s::MKEY_BAD_PD)));
+    let mut p = base();
+    p.log_page_size = 11;
+    cases.push(("page size", p, (bp, s::MKEY_BAD_PAGE_SIZE)));
+    let mut p = base();
+    p.log_page_size = 31;
+    cases.push(("page size above cap", p, (bp, s::MKEY_BAD_PAGE_SIZE)));
+    let mut p = MkeyParams::mtt(r.pd, 3);
+    p.mtts.truncate(2);
+    cases.push(("too few MTTs", p, (bp, s::MKEY_MTT_TOO_FEW)));
+    let mut p = base();
+    p.mtts[1] |= 0x800;
+    cases.push(("misaligned MTT", p, (bp, s::MKEY_MTT_MISALIGNED)));
+    let mut p = base();
+    p.start = u64::MAX - 10;
+    cases.push(("range wraps", p, (bp, s::MKEY_BAD_RANGE)));
+    let mut p = base();
+    p.tamper = Some(Box::new(|i| i.set_bits(0x14, 31, 8, 5)));
+    cases.push(("qpn", p, (bp, s::MKEY_BAD_QPN)));
+    let mut p = base();
+    p.tamper = Some(Box::new(|i| i.set_bits(0x1c, 31, 31, 1)));
+    cases.push(("length64", p, (bp, s::MKEY_BAD_RANGE)));
+    let mut p = base();
+    p.tamper = Some(Box::new(|i| i.set_bits(0x0c, 30, 30, 1)));
+    cases.push(("umem", p, (bp, s::MKEY_UMEM_UNSUPPORTED)));
+    let mut p = base();
+    p.tamper = Some(Box::new(|i| i.set_bits(0x60, 31, 0, 9)));
+    cases.push(("actual > size", p, (bp, s::MKEY_MTT_ABOVE_SIZE)));
+    let mut p = base();
+    p.tamper = Some(Box::new(|i| {
+        i.set_bits(0x44, 31, 0, 9);
+        i.set_bits(0x60, 31, 0, 9);
+    }));
+    cases.push((
+        "list past inlen",
+        p,
+        (CmdStatus::BadInpLenErr, s::MKEY_MTT_INLEN),
+    ));
+    for (what, p, want) in cases {
+        assert_eq!(r.create(&p), Err(want), "{what}");
+    }
+    assert_eq!(r.hca.stats().mkeys, 0, "nothing created");
+    assert_eq!(r.destroy(0x4200), (CmdStatus::BadResErr, s::BAD_MKEY));
+}
+
+#[test]
+fn query_returns_the_context_and_mkeys_cost_icm() {
+    let r = rig();
+    let objects = r.hca.shared.core().icm_objects();
+    let key = r.create(&MkeyParams::mtt(r.pd, 3)).unwrap();
+    assert_eq!(r.hca.shared.core().icm_objects(), objects + 1);
+    let mut i = header(Opcode::QueryMkey, 16);
+    QueryMkeyIn::new_unchecked(&mut i[..]).set_mkey_index(key >> 8);
+    let (st, _, out) = r.cmd(&i, 0x130);
+    assert_eq!(st, CmdStatus::Ok);
+    let c = Mkc::new_unchecked(&out[0x10..]);
+    assert_eq!(
+        (
+            c.pd(),
+            c.start_addr(),
+            c.mkey_7_0(),
+            c.log_page_size(),
+            c.rw()
+        ),
+        (r.pd, VA, 0x5a, 12, 1)
+    );
+    assert_eq!(out.read_be64(0x110), IOVA | 3);
+    assert_eq!(out.read_be64(0x120), (IOVA + 2 * PAGE) | 3);
+    assert_eq!(r.destroy(key).0, CmdStatus::Ok);
+    assert_eq!(r.cmd(&i, 0x130).1, s::BAD_MKEY);
+    assert_eq!(r.hca.shared.core().icm_objects(), objects);
+}

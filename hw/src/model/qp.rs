@@ -1,0 +1,282 @@
+//! RC queue pairs (prm-subset.md §6.6, §7.3, §7.4, §9.4, §9.6): the QP context the commands
+//! keep, the state machine's states, the receive queue the transport takes WQEs from, and
+//! the translation of the context into the RC engine's attributes at RTR2RTS.
+//!
+//! The context is kept as the 232 qpc bytes the commands wrote (each transition copies the
+//! fields Linux sets in it, §7.3), so QUERY_QP returns what the driver set.
+
+use crate::layout::qpc::{Ads, Qpc};
+use crate::layout::roce::{EthRepr, EtherType, IpRepr, Ipv4Repr, Ipv6Repr};
+use crate::layout::wqe::{DataSeg, INVALID_LKEY};
+use crate::rc::{
+    AtomicEndianness, MAX_SGE, Mtu, PathConfig, QpConfig, RcQp, RecvQueue, RecvWqe, RemoteAccess,
+    Sge, SgeList,
+};
+
+use super::Shared;
+use super::vport::{GidEntry, L3_IPV4};
+use super::wq::{QueueBuf, extend_counter, read_dbr};
+
+/// QP states (qpc `state`, §7.3). SQD, SQER and the drain states are not modelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QpState {
+    /// Reset.
+    Rst = 0,
+    /// Initialized.
+    Init = 1,
+    /// Ready to receive.
+    Rtr = 2,
+    /// Ready to send.
+    Rts = 3,
+    /// Error.
+    Err = 6,
+}
+
+/// Packets the requester sends ahead of the oldest unacknowledged one.
+const MAX_INFLIGHT: u32 = 64;
+/// P_Key of every RoCE QP (the model's P_Key table is empty: the default partition).
+const DEFAULT_PKEY: u16 = 0xFFFF;
+/// Hop limit / TTL when the path leaves it 0.
+const DEFAULT_HOP_LIMIT: u8 = 64;
+
+/// One QP.
+pub(crate) struct Qp {
+    pub(crate) qpn: u32,
+    pub(crate) state: QpState,
+    /// The context as written by the commands (state field kept at 0; see `state`).
+    pub(crate) qpc: [u8; 232],
+    pub(crate) pd: u32,
+    pub(crate) cqn_snd: u32,
+    pub(crate) cqn_rcv: u32,
+    pub(crate) uar: u32,
+    pub(crate) user_index: u32,
+    /// log2 of SQ WQEBBs.
+    pub(crate) log_sq_size: u32,
+    /// log2 of RQ WQEs and of RQ WQE bytes.
+    pub(crate) log_rq_size: u32,
+    pub(crate) log_rq_stride: u32,
+    pub(crate) has_rq: bool,
+    /// The QP buffer: RQ at 0, SQ at `sq_off` (§9.4).
+    pub(crate) buf: QueueBuf,
+    pub(crate) sq_off: u64,
+    /// Doorbell record: RQ counter at 0, SQ counter at 4 (§9.3).
+    pub(crate) dbr: u64,
+    /// SQ consumer counter in WQEBBs.
+    pub(crate) sq_ci: u32,
+    /// RQ consumer counter in WQEs.
+    pub(crate) rq_ci: u32,
+    /// RQ producer counter last read from the DBR.
+    pub(crate) rq_pi: u32,
+    /// The RC engine, from RTR2RTS until 2RST.
+    pub(crate) engine: Option<RcQp>,
+    /// Polled by the device thread on every pass.
+    pub(crate) active: bool,
+    /// The SQ DBR must be read on the next pass (RTR2RTS: WQEs posted earlier).
+    pub(crate) kick: bool,
+}
+
+impl Qp {
+    /// A view of the stored context.
+    pub(crate) fn ctx(&self) -> Qpc<&[u8]> {
+        Qpc::new_unchecked(&self.qpc[..])
+    }
+
+    /// The primary address path.
+    pub(crate) fn path(&self) -> Ads<&[u8]> {
+        Ads::new_unchecked(&self.qpc[Qpc::<()>::PRIMARY_ADDRESS_PATH..])
+    }
+
+    /// The SQ size in WQEBBs.
+    pub(crate) fn sq_size(&self) -> u32 {
+        1 << self.log_sq_size
+    }
+
+    /// Byte offset in the QP buffer of WQEBB `counter`.
+    pub(crate) fn sq_wqebb_off(&self, counter: u32) -> u64 {
+        self.sq_off + u64::from(counter & (self.sq_size() - 1)) * 64
+    }
+
+    /// The SQ producer counter from the DBR (16 bits used, §9.2), extended.
+    pub(crate) fn sq_pi(&self, sh: &Shared) -> Option<u32> {
+        let w = read_dbr(sh, self.dbr + 4).ok()?;
+        Some(extend_counter(self.sq_ci, w & 0xFFFF, 16))
+    }
+
+    /// Back to the state after CREATE_QP (2RST).
+    pub(crate) fn reset(&mut self) {
+        self.state = QpState::Rst;
+        self.engine = None;
+        self.sq_ci = 0;
+        self.rq_ci = 0;
+        self.rq_pi = 0;
+        self.active = false;
+        self.kick = false;
+    }
+
+    /// The receive queue seen by the engine.
+    pub(crate) fn rq<'a>(&'a mut self, sh: &'a Shared) -> (Option<&'a mut RcQp>, Rq<'a>) {
+        let rq = Rq {
+            sh,
+            buf: &self.buf,
+            dbr: self.dbr,
+            has_rq: self.has_rq,
+            log_size: self.log_rq_size,
+            log_stride: self.log_rq_stride,
+            ci: &mut self.rq_ci,
+            pi: &mut self.rq_pi,
+        };
+        (self.engine.as_mut(), rq)
+    }
+
+    /// The engine's attributes from the context (INIT2RTR and RTR2RTS fields, §7.3, §7.4).
+    pub(crate) fn engine_config(
+        &self,
+        src: &GidEntry,
+        endianness: AtomicEndianness,
+    ) -> Option<QpConfig> {
+        let c = self.ctx();
+        let p = self.path();
+        let mtu = Mtu::from_ib(c.mtu() as u8)?;
+        let rgid = p.rgid_rip();
+        let hop = match p.hop_limit() as u8 {
+            0 => DEFAULT_HOP_LIMIT,
+            h => h,
+        };
+        let ip = if src.l3_type == L3_IPV4 {
+            IpRepr::V4(Ipv4Repr {
+                src_addr: src.gid[12..].try_into().ok()?,
+                dst_addr: rgid[12..].try_into().ok()?,
+                dscp: p.dscp() as u8,
+                ecn: p.ecn() as u8,
+                identification: 0,
+                dont_fragment: true,
+                ttl: hop,
+                protocol: 17,
+                payload_len: 0,
+            })
+        } else {
+            IpRepr::V6(Ipv6Repr {
+                src_addr: src.gid,
+                dst_addr: rgid,
+                traffic_class: p.tclass() as u8,
+                flow_label: p.flow_label(),
+                next_header: 17,
+                hop_limit: hop,
+                payload_len: 0,
+            })
+        };
+        let rmac = ((u64::from(p.rmac_47_32()) << 32) | u64::from(p.rmac_31_0())).to_be_bytes();
+        let eth = EthRepr {
+            dst_addr: rmac[2..].try_into().ok()?,
+            src_addr: src.mac,
+            ethertype: match ip {
+                IpRepr::V4(_) => EtherType::Ipv4,
+                IpRepr::V6(_) => EtherType::Ipv6,
+            },
+        };
+        Some(QpConfig {
+            qpn: self.qpn,
+            dest_qpn: c.remote_qpn(),
+            p_key: DEFAULT_PKEY,
+            path: PathConfig {
+                eth,
+                ip,
+                udp_src_port: p.udp_sport() as u16,
+            },
+            mtu,
+            sq_psn: c.next_send_psn(),
+            rq_psn: c.next_rcv_psn(),
+            ack_timeout: p.ack_timeout() as u8,
+            retry_cnt: c.retry_count() as u8,
+            rnr_retry: c.rnr_retry() as u8,
+            min_rnr_timer: c.min_rnr_nak() as u8,
+            max_rd_atomic: 1 << c.log_sra_max(),
+            max_dest_rd_atomic: 1 << c.log_rra_max(),
+            max_inflight: MAX_INFLIGHT,
+            sq_depth: self.sq_size(),
+            remote_access: RemoteAccess {
+                read: c.rre() == 1,
+                write: c.rwe() == 1,
+                atomic: c.rae() == 1,
+            },
+            atomic_endianness: endianness,
+        })
+    }
+}
+
+/// The receive queue of one QP as the engine takes from it (§9.6): the producer counter
+/// is DBR dword 0 (16 bits), read only when the cached value says the queue is empty.
+pub(crate) struct Rq<'a> {
+    sh: &'a Shared,
+    buf: &'a QueueBuf,
+    dbr: u64,
+    has_rq: bool,
+    log_size: u32,
+    log_stride: u32,
+    ci: &'a mut u32,
+    pi: &'a mut u32,
+}
+
+impl Rq<'_> {
+    /// Reads the RQ WQE at counter `n`: data segments up to the stride, ended early by a
+    /// segment with `lkey` = `MLX5_INVALID_LKEY` (§9.6). Zero-length entries are skipped.
+    fn read_wqe(&self, n: u32) -> SgeList {
+        let stride = 16usize << self.log_stride;
+        let at = u64::from(n & ((1 << self.log_size) - 1)) * stride as u64;
+        let mut sges = SgeList::new();
+        let mut seg = [0u8; 16];
+        for k in 0..(stride / 16).min(MAX_SGE) {
+            if self
+                .buf
+                .read(self.sh, at + 16 * k as u64, &mut seg)
+                .is_err()
+            {
+                // An unreachable WQE scatters nothing: the message fails its length check.
+                return SgeList::new();
+            }
+            let d = DataSeg::new_unchecked(&seg[..]);
+            if d.lkey() == INVALID_LKEY && d.byte_count() == 0 {
+                break;
+            }
+            if d.byte_count() == 0 {
+                continue;
+            }
+            // At most MAX_SGE entries are read, so the push cannot fail.
+            let _ = sges.push(Sge {
+                lkey: d.lkey(),
+                addr: d.addr(),
+                len: d.byte_count(),
+            });
+        }
+        sges
+    }
+
+    /// Posted and not yet taken.
+    pub(crate) fn pending(&mut self) -> bool {
+        if !self.has_rq {
+            return false;
+        }
+        if *self.pi == *self.ci {
+            let Ok(w) = read_dbr(self.sh, self.dbr) else {
+                return false;
+            };
+            *self.pi = extend_counter(*self.ci, w & 0xFFFF, 16);
+        }
+        (*self.pi).wrapping_sub(*self.ci) as i32 > 0
+    }
+}
+
+impl RecvQueue for Rq<'_> {
+    fn take(&mut self) -> Option<RecvWqe> {
+        if !self.pending() {
+            return None;
+        }
+        let n = *self.ci;
+        let sges = self.read_wqe(n);
+        *self.ci = n.wrapping_add(1);
+        Some(RecvWqe {
+            wr_id: u64::from(n),
+            sges,
+        })
+    }
+}

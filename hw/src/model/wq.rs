@@ -1,0 +1,159 @@
+//! Queue buffers in host memory (CQ rings, QP buffers) described by a `pas` list, a
+//! `log_page_size` and a `page_offset` (prm-subset.md §6.5, §6.6, §7.2, §7.3, §9.4).
+//!
+//! The buffer is validated once at create time (alignment, `inlen`, every page reachable
+//! through the IOMMU); the data path then reads and writes it through the IOMMU at byte
+//! offsets, splitting accesses at page boundaries, without allocating.
+
+use crate::layout::Buf;
+
+use super::Shared;
+use super::iommu::DmaError;
+
+/// Why a `pas` description was refused at create time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BufError {
+    /// `log_page_size` too large or `page_offset` beyond the page.
+    Geometry,
+    /// The message is too short for the `pas` entries the buffer needs.
+    Inlen,
+    /// A `pas` entry is not aligned to the page size.
+    Misaligned,
+    /// A page is not reachable through the IOMMU.
+    Unreachable,
+}
+
+/// Largest `log_page_size` accepted (relative to 4 KiB: 1 GiB pages).
+const MAX_LOG_PAGE_SIZE: u32 = 18;
+
+/// A buffer of `len` bytes starting `offset` bytes into the first of `pas`.
+#[derive(Debug)]
+pub(crate) struct QueueBuf {
+    pas: Vec<u64>,
+    page_shift: u32,
+    offset: u64,
+    len: u64,
+}
+
+impl QueueBuf {
+    /// Reads and checks the description: `len` bytes, pages of `4096 << log_page_size`
+    /// bytes, `page_offset` in units of page size / 64, `pas` entries at byte `pas_off`
+    /// of `input`.
+    pub(crate) fn parse(
+        sh: &Shared,
+        input: &[u8],
+        pas_off: usize,
+        log_page_size: u32,
+        page_offset: u32,
+        len: u64,
+    ) -> Result<QueueBuf, BufError> {
+        if log_page_size > MAX_LOG_PAGE_SIZE {
+            return Err(BufError::Geometry);
+        }
+        let page_shift = 12 + log_page_size;
+        let page_size = 1u64 << page_shift;
+        let offset = u64::from(page_offset) * (page_size / 64);
+        if offset >= page_size {
+            return Err(BufError::Geometry);
+        }
+        let npages = (offset + len).div_ceil(page_size) as usize;
+        if input.len() < pas_off + 8 * npages {
+            return Err(BufError::Inlen);
+        }
+        let pas: Vec<u64> = (0..npages)
+            .map(|k| input.read_be64(pas_off + 8 * k))
+            .collect();
+        if pas.iter().any(|p| p & (page_size - 1) != 0) {
+            return Err(BufError::Misaligned);
+        }
+        let mut b = [0u8; 1];
+        for p in &pas {
+            if sh.iommu.read(*p, &mut b).is_err()
+                || sh.iommu.read(p + page_size - 1, &mut b).is_err()
+            {
+                return Err(BufError::Unreachable);
+            }
+        }
+        Ok(QueueBuf {
+            pas,
+            page_shift,
+            offset,
+            len,
+        })
+    }
+
+    /// Runs `f(iova, range)` over the page pieces of `[off, off + n)`.
+    fn pieces(
+        &self,
+        off: u64,
+        n: usize,
+        mut f: impl FnMut(u64, std::ops::Range<usize>) -> Result<(), DmaError>,
+    ) -> Result<(), DmaError> {
+        debug_assert!(
+            off + n as u64 <= self.len,
+            "queue buffer access past the end"
+        );
+        let page = 1u64 << self.page_shift;
+        let mut done = 0usize;
+        while done < n {
+            let at = self.offset + off + done as u64;
+            let in_page = at & (page - 1);
+            let chunk = ((page - in_page) as usize).min(n - done);
+            let base = self.pas[(at >> self.page_shift) as usize];
+            f(base + in_page, done..done + chunk)?;
+            done += chunk;
+        }
+        Ok(())
+    }
+
+    /// Device read of `dst.len()` bytes at byte `off`.
+    pub(crate) fn read(&self, sh: &Shared, off: u64, dst: &mut [u8]) -> Result<(), DmaError> {
+        let n = dst.len();
+        self.pieces(off, n, |iova, r| sh.iommu.read(iova, &mut dst[r]))
+    }
+
+    /// Device write of `src` at byte `off`.
+    pub(crate) fn write(&self, sh: &Shared, off: u64, src: &[u8]) -> Result<(), DmaError> {
+        self.pieces(off, src.len(), |iova, r| sh.iommu.write(iova, &src[r]))
+    }
+
+    /// Writes one byte with release ordering (ownership bytes, written last).
+    pub(crate) fn write_u8_release(&self, sh: &Shared, off: u64, v: u8) -> Result<(), DmaError> {
+        self.pieces(off, 1, |iova, _| sh.iommu.write_u8_release(iova, v))
+    }
+}
+
+/// Reads the big-endian dword at `iova` (doorbell records, prm-subset.md §9.3).
+pub(crate) fn read_dbr(sh: &Shared, iova: u64) -> Result<u32, DmaError> {
+    let mut b = [0u8; 4];
+    sh.iommu.read(iova, &mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+
+/// Extends a `bits`-wide counter `low` read from memory to the full counter nearest to
+/// (and not more than half the range away from) `near`.
+pub(crate) fn extend_counter(near: u32, low: u32, bits: u32) -> u32 {
+    let mask = (1u32 << bits) - 1;
+    let mut full = (near & !mask) | (low & mask);
+    let half = 1u32 << (bits - 1);
+    if full.wrapping_sub(near) as i32 > half as i32 {
+        full = full.wrapping_sub(mask + 1);
+    } else if near.wrapping_sub(full) as i32 > half as i32 {
+        full = full.wrapping_add(mask + 1);
+    }
+    full
+}
+
+#[cfg(test)]
+mod tests {
+    use super::extend_counter;
+
+    #[test]
+    fn counters_extend_to_the_nearest_value() {
+        assert_eq!(extend_counter(0x1_0005, 0x0003, 16), 0x1_0003);
+        assert_eq!(extend_counter(0x1_0005, 0x0009, 16), 0x1_0009);
+        assert_eq!(extend_counter(0x1_fffe, 0x0001, 16), 0x2_0001);
+        assert_eq!(extend_counter(0x2_0001, 0xfffe, 16), 0x1_fffe);
+        assert_eq!(extend_counter(0, 0xFF_FFFF, 24), 0xFFFF_FFFF);
+    }
+}

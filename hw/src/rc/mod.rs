@@ -1,0 +1,290 @@
+//! The Reliable Connected (RC) transport engine: per-QP requester and responder state
+//! machines that turn abstract work requests into RoCEv2 packets and back, with
+//! acknowledgement, retransmission and completion semantics of the InfiniBand Architecture
+//! Specification (IBA Vol. 1, Release 1.2.1, chapter 9 "Transport layer", §9.7 "Reliable
+//! service") carried over UDP/IP as RoCEv2 (IBA Annex A17).
+//!
+//! The engine knows nothing of WQE or CQE layouts, MKeys or doorbells. The model's QP layer
+//! plugs it in through seams:
+//!
+//! - [`WorkRequest`] in ([`RcQp::post_send`]): opcode, local SGEs or inline bytes, remote
+//!   address and R_Key, immediate, atomic operands, signaled/solicited/fence flags.
+//! - [`Memory`]: every byte the engine reads or writes, keyed by L_Key/R_Key with the
+//!   [`Access`] it needs, so the model routes it through its MKey/MTT/IOMMU checks.
+//! - [`RecvQueue`]: the next posted receive buffer for an incoming SEND (or none: RNR NAK).
+//! - [`CompletionSink`]: one [`Completion`] per signaled or failed send WR and per receive.
+//! - [`Clock`]: time for the ACK and RNR timers ([`ManualClock`] for deterministic tests).
+//! - [`Link`](crate::link::Link): whole frames out; frames in arrive through
+//!   [`RcQp::receive`] after the port parsed them and demultiplexed them by destination QP.
+//!
+//! One [`RcQp`] is one connected QP in the RTS state; all its methods take `&mut self`
+//! and an [`Env`] borrowed for the call, so the per-QP path has no locks. Steady-state
+//! traffic does not allocate: the frame and payload buffers and the queues are allocated in
+//! [`RcQp::new`].
+//!
+//! Not implemented: SEND with Invalidate (answered with NAK Invalid Request), memory windows,
+//! end-to-end credits (ACKs carry "invalid credit count", so the requester does not wait for
+//! credits), alternate paths/APM, congestion control (ECN/CNP), UC/UD transports.
+
+mod requester;
+mod responder;
+mod sge;
+mod types;
+
+#[cfg(test)]
+mod tests;
+
+pub use sge::{MAX_INLINE, MAX_SGE, Sge, SgeList};
+pub use types::*;
+
+use crate::layout::roce::{BthRepr, EthRepr, ExtHeaders, IpRepr, RocePacket, UdpRepr};
+use crate::link::{Link, LinkError};
+use requester::Requester;
+use responder::Responder;
+
+/// Everything a call into the engine may use, borrowed for that call.
+pub struct Env<'a> {
+    /// Frames out.
+    pub link: &'a dyn Link,
+    /// Local and remote memory.
+    pub mem: &'a dyn Memory,
+    /// The QP's receive queue (or its SRQ).
+    pub recv: &'a mut dyn RecvQueue,
+    /// Completions of both the send and the receive side ([`Completion::opcode`] tells).
+    pub cq: &'a mut dyn CompletionSink,
+    /// Time.
+    pub clock: &'a dyn Clock,
+}
+
+/// Why a frame could not go out.
+enum TxStop {
+    /// The link refused it for now; try again on the next poll.
+    Busy,
+}
+
+/// Frame and payload buffers of one QP, with the fixed header fields of its path.
+struct Tx {
+    frame: Box<[u8]>,
+    payload: Box<[u8]>,
+    eth: EthRepr,
+    ip: IpRepr,
+    udp: UdpRepr,
+    dest_qp: u32,
+    p_key: u16,
+}
+
+impl Tx {
+    fn new(cfg: &QpConfig) -> Self {
+        let mtu = cfg.mtu.bytes() as usize;
+        Self {
+            frame: vec![0; mtu + MAX_HEADERS_LEN].into_boxed_slice(),
+            payload: vec![0; mtu].into_boxed_slice(),
+            eth: cfg.path.eth,
+            ip: cfg.path.ip,
+            udp: UdpRepr {
+                src_port: cfg.path.udp_src_port,
+                dst_port: crate::layout::roce::ROCE_UDP_PORT,
+                payload_len: 0,
+            },
+            dest_qp: cfg.dest_qpn,
+            p_key: cfg.p_key,
+        }
+    }
+
+    /// Emits one packet whose payload is `self.payload[..payload_len]` and sends it. A link
+    /// that is full answers `Busy`; any other link error loses the frame, as a wire would
+    /// (the retransmission timer recovers), and is counted.
+    #[allow(clippy::too_many_arguments)]
+    fn send(
+        &mut self,
+        link: &dyn Link,
+        stats: &mut RcStats,
+        opcode: crate::layout::roce::RcOpcode,
+        psn: crate::layout::roce::Psn,
+        flags: (bool, bool),
+        ext: ExtHeaders,
+        payload_len: usize,
+    ) -> Result<(), TxStop> {
+        let (ack_req, se) = flags;
+        let pkt = RocePacket {
+            eth: self.eth,
+            ip: self.ip,
+            udp: self.udp,
+            bth: BthRepr {
+                opcode: opcode.into(),
+                se,
+                m: false,
+                pad_cnt: 0,
+                tver: 0,
+                p_key: self.p_key,
+                fecn: false,
+                becn: false,
+                dest_qp: self.dest_qp,
+                ack_req,
+                psn: psn.get(),
+            },
+            ext,
+            payload: &self.payload[..payload_len],
+        };
+        let len = match pkt.emit(&mut self.frame) {
+            Ok(len) => len,
+            Err(_) => {
+                // Only a path that cannot carry the packet gets here (validated in `new`).
+                stats.tx_errors += 1;
+                return Ok(());
+            }
+        };
+        match link.send(&self.frame[..len]) {
+            Ok(()) => {
+                stats.tx_packets += 1;
+                Ok(())
+            }
+            Err(LinkError::Full) => Err(TxStop::Busy),
+            Err(_) => {
+                stats.tx_errors += 1;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Bytes of the largest header stack the engine emits around a payload: Ethernet, IPv6, UDP,
+/// BTH, RETH and ImmDt (RDMA WRITE Only with Immediate), pad and ICRC.
+pub const MAX_HEADERS_LEN: usize = 14 + 40 + 8 + 12 + 16 + 4 + 3 + 4;
+
+/// One RC queue pair: a requester (send queue) and a responder (receive side) sharing one
+/// path, in the RTS state until an error moves it to [`QpState::Error`].
+///
+/// Driving it: [`post_send`](Self::post_send) queues work, [`receive`](Self::receive)
+/// takes each parsed frame addressed to this QP, and [`poll`](Self::poll) transmits what
+/// is ready, runs the timers and flushes after an error. `receive` and `post_send` never
+/// transmit; call `poll` after them. `poll` returns the next time it must run even if
+/// nothing arrives, so an idle port can sleep instead of spinning.
+pub struct RcQp {
+    cfg: QpConfig,
+    state: QpState,
+    req: Requester,
+    resp: Responder,
+    tx: Tx,
+    stats: RcStats,
+}
+
+impl RcQp {
+    /// A QP in the RTS state with the given attributes.
+    pub fn new(cfg: QpConfig) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        Ok(Self {
+            req: Requester::new(&cfg),
+            resp: Responder::new(&cfg),
+            tx: Tx::new(&cfg),
+            state: QpState::Rts,
+            stats: RcStats::default(),
+            cfg,
+        })
+    }
+
+    /// The attributes it was made with.
+    pub fn config(&self) -> &QpConfig {
+        &self.cfg
+    }
+
+    /// The QP state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RcStats {
+        self.stats
+    }
+
+    /// Send work requests posted and not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.req.len()
+    }
+
+    /// Queues a send work request. Checked here: the queue has room, the local data fit
+    /// the opcode (inline only for SEND/WRITE, 8 bytes for atomics), the length is at most
+    /// 2^31 bytes. In the error state the request is accepted and completes as flushed on
+    /// the next [`poll`](Self::poll).
+    pub fn post_send(&mut self, wr: WorkRequest) -> Result<(), PostError> {
+        self.req.post(wr, &self.cfg)
+    }
+
+    /// Moves the QP to the error state (a modify-QP to ERR): outstanding and later work
+    /// requests complete as flushed, starting on the next poll.
+    pub fn set_error(&mut self) {
+        self.state = QpState::Error;
+    }
+
+    /// Takes one received packet for this QP. Packets for another QP number or P_Key, and
+    /// every packet in the error state, are dropped (and counted).
+    pub fn receive(&mut self, pkt: &RocePacket<'_>, env: &mut Env<'_>) {
+        self.stats.rx_packets += 1;
+        if pkt.bth.dest_qp != self.cfg.qpn
+            || pkt.bth.p_key & 0x7FFF != self.cfg.p_key & 0x7FFF
+            || self.state == QpState::Error
+        {
+            // IBA §9.6.1.1: a packet failing the QP or P_Key check is silently dropped.
+            self.stats.rx_dropped += 1;
+            return;
+        }
+        let op = pkt.opcode();
+        let now = env.clock.now_ns();
+        let fatal = if op.is_request() {
+            self.resp.on_request(pkt, env, &self.cfg, &mut self.stats)
+        } else if op.is_response() {
+            self.req
+                .on_response(pkt, env, &self.cfg, &mut self.stats, now)
+        } else {
+            self.stats.rx_dropped += 1;
+            false
+        };
+        if fatal {
+            self.state = QpState::Error;
+        }
+    }
+
+    /// Transmits what is ready (responses first, then requests within the send window),
+    /// handles expired timers and, in the error state, flushes. Returns the clock time at
+    /// which it must be called again if nothing else happens (`None`: only new work or a
+    /// received packet can change anything).
+    pub fn poll(&mut self, env: &mut Env<'_>) -> Option<u64> {
+        let now = env.clock.now_ns();
+        if self
+            .resp
+            .transmit(env, &self.cfg, &mut self.tx, &mut self.stats)
+        {
+            self.state = QpState::Error;
+        }
+        if self.state == QpState::Rts
+            && self
+                .req
+                .run(env, &self.cfg, &mut self.tx, &mut self.stats, now)
+        {
+            self.state = QpState::Error;
+        }
+        if self.state == QpState::Error {
+            self.req.flush(env, &self.cfg);
+            self.resp.flush(env, &self.cfg);
+            // The responder still owes the NAK that reported the error, if the link was full.
+            let _ = self
+                .resp
+                .transmit(env, &self.cfg, &mut self.tx, &mut self.stats);
+            return None;
+        }
+        self.req.deadline()
+    }
+}
+
+impl std::fmt::Debug for RcQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RcQp")
+            .field("qpn", &self.cfg.qpn)
+            .field("state", &self.state)
+            .field("stats", &self.stats)
+            .field("requester", &self.req)
+            .field("responder", &self.resp)
+            .finish()
+    }
+}

@@ -1,0 +1,717 @@
+//! The requester: the send queue of an RC QP (IBA Vol. 1 §9.7.4 "Requester: generating
+//! request packets", §9.7.5.1 "Requester: receiving responses", §9.7.6 "Timers",
+//! §9.9.2 "Requester error behavior").
+//!
+//! PSNs are assigned at post time, in order: a SEND or WRITE takes one PSN per packet of
+//! at most one path MTU, a READ as many PSNs as its response has packets, an atomic one.
+//! The queue keeps every posted, uncompleted request; three cursors walk it:
+//!
+//! ```text
+//!   una                    send_psn                max_sent        next_psn
+//!   | acked <-|-> sent, unacknowledged |-> to (re)send |-> never sent |-> next post
+//! ```
+//!
+//! Recovery is go-back-N: a NAK sequence error, a gap in READ responses, an ACK that
+//! covers a READ or atomic whose response never came (implied NAK), or the local ACK
+//! timeout move `send_psn` back to `una`; a retransmitted READ asks only for the data not
+//! yet received (IBA §9.7.4.1.4). Timeouts and sequence errors spend `retry_cnt`, RNR NAKs
+//! spend `rnr_retry`; any forward progress refills both (IBA §9.7.5.1.5, C9-147).
+
+use std::collections::VecDeque;
+
+use super::sge::{CopyError, gather, scatter};
+use super::types::*;
+use super::{Env, RcStats, Tx, TxStop};
+use crate::layout::roce::{
+    AethSyndrome, AtomicEthRepr, ExtHeaders, NakCode, Psn, RcOpcode, RethRepr, RocePacket,
+};
+
+/// A posted send work request with its PSN range.
+struct SendWqe {
+    wr: WorkRequest,
+    first: Psn,
+    npkts: u32,
+    len: u32,
+    /// A local error found while building one of its packets; reported when it reaches
+    /// the front of the queue (completions are in order).
+    failed: Option<WcStatus>,
+}
+
+impl SendWqe {
+    fn end(&self) -> Psn {
+        self.first.add(self.npkts)
+    }
+    fn last(&self) -> Psn {
+        self.first.add(self.npkts - 1)
+    }
+    /// Position of `p` in the request's PSN range.
+    fn index_of(&self, p: Psn) -> Option<u32> {
+        let d = p.diff(self.first);
+        (d >= 0 && (d as u32) < self.npkts).then_some(d as u32)
+    }
+}
+
+/// What a response handler needs besides the requester itself.
+struct Cx<'c, 'e, 'a> {
+    env: &'e mut Env<'a>,
+    cfg: &'c QpConfig,
+    stats: &'c mut RcStats,
+    now: u64,
+}
+
+/// The send side of one QP.
+pub(super) struct Requester {
+    wqes: VecDeque<SendWqe>,
+    cap: usize,
+    /// First PSN of the next posted request.
+    next_psn: Psn,
+    /// Next PSN to transmit, inside `wqes[send_idx]` (or `next_psn`).
+    send_psn: Psn,
+    send_idx: usize,
+    /// One past the highest PSN ever transmitted.
+    max_sent: Psn,
+    /// Oldest PSN not yet acknowledged.
+    una: Psn,
+    retry_left: u8,
+    rnr_left: u8,
+    /// Local ACK timer.
+    deadline: Option<u64>,
+    /// RNR wait: no transmission before this time.
+    rnr_until: Option<u64>,
+    /// The PSN of the last go-back, until progress: repeated NAKs or gaps for the same
+    /// PSN do not retransmit again (the timer still does).
+    goback_guard: Option<Psn>,
+    /// A fatal NAK for a PSN behind an unfinished READ/atomic, reported when that PSN
+    /// reaches the front.
+    pending_nak: Option<(Psn, WcStatus)>,
+    since_ack_req: u32,
+}
+
+impl Requester {
+    pub(super) fn new(cfg: &QpConfig) -> Self {
+        let psn = Psn::new(cfg.sq_psn);
+        Self {
+            wqes: VecDeque::with_capacity(cfg.sq_depth as usize),
+            cap: cfg.sq_depth as usize,
+            next_psn: psn,
+            send_psn: psn,
+            send_idx: 0,
+            max_sent: psn,
+            una: psn,
+            retry_left: cfg.retry_cnt,
+            rnr_left: cfg.rnr_retry,
+            deadline: None,
+            rnr_until: None,
+            goback_guard: None,
+            pending_nak: None,
+            since_ack_req: 0,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.wqes.len()
+    }
+
+    /// The next time `run` must be called: the ACK timer or the end of an RNR wait.
+    pub(super) fn deadline(&self) -> Option<u64> {
+        match (self.deadline, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub(super) fn post(&mut self, wr: WorkRequest, cfg: &QpConfig) -> Result<(), PostError> {
+        if self.wqes.len() >= self.cap {
+            return Err(PostError::QueueFull);
+        }
+        let len = wr.local.len();
+        if wr.op.needs_response() && matches!(wr.local, LocalData::Inline { .. }) {
+            return Err(PostError::InlineNotAllowed);
+        }
+        if matches!(wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. }) && len != 8 {
+            return Err(PostError::BadAtomicLength { len });
+        }
+        if len > 1 << 31 {
+            return Err(PostError::TooLong { len });
+        }
+        let mtu = u64::from(cfg.mtu.bytes());
+        let npkts = len.div_ceil(mtu).max(1) as u32;
+        let first = self.next_psn;
+        self.next_psn = first.add(npkts);
+        self.wqes.push_back(SendWqe {
+            wr,
+            first,
+            npkts,
+            len: len as u32,
+            failed: None,
+        });
+        Ok(())
+    }
+
+    /// Index of the request holding `p` (or the queue length).
+    fn locate(&self, p: Psn) -> usize {
+        self.wqes
+            .iter()
+            .position(|w| w.end().after(p))
+            .unwrap_or(self.wqes.len())
+    }
+
+    /// Restarts transmission at `p`.
+    fn rewind(&mut self, p: Psn) {
+        self.send_psn = p;
+        self.send_idx = self.locate(p);
+        self.goback_guard = Some(p);
+        self.deadline = None;
+    }
+
+    /// Go-back-N to `una`, once per PSN until progress; `counted` spends a retry. Returns
+    /// true when retries are exhausted (the QP goes to error).
+    fn go_back(&mut self, cx: &mut Cx<'_, '_, '_>, counted: bool) -> bool {
+        if self.goback_guard == Some(self.una) {
+            return false;
+        }
+        if counted {
+            if self.retry_left == 0 {
+                return self.fail_front(cx, WcStatus::RetryExceeded);
+            }
+            self.retry_left -= 1;
+        }
+        self.rewind(self.una);
+        false
+    }
+
+    /// Forward progress: refill the retry counters and restart the ACK timer.
+    fn progressed(&mut self, cfg: &QpConfig, now: u64) {
+        self.retry_left = cfg.retry_cnt;
+        self.rnr_left = cfg.rnr_retry;
+        self.goback_guard = None;
+        self.deadline = match cfg.ack_timeout_ns() {
+            Some(t) if self.una.before(self.max_sent) => Some(now + t),
+            _ => None,
+        };
+    }
+
+    /// Completes the front request with `status` and keeps the cursors consistent.
+    fn complete_front(&mut self, env: &mut Env<'_>, cfg: &QpConfig, status: WcStatus) {
+        let Some(w) = self.wqes.pop_front() else {
+            return;
+        };
+        self.una = w.end();
+        if self.send_psn.before(self.una) || self.send_idx == 0 {
+            self.send_psn = if self.send_psn.before(self.una) {
+                self.una
+            } else {
+                self.send_psn
+            };
+            self.send_idx = self.locate(self.send_psn);
+        } else {
+            self.send_idx -= 1;
+        }
+        if status != WcStatus::Success || w.wr.signaled {
+            env.cq.complete(Completion {
+                qpn: cfg.qpn,
+                wr_id: w.wr.wr_id,
+                opcode: w.wr.op.wc_opcode(),
+                status,
+                byte_len: w.len,
+                imm: None,
+                solicited: false,
+            });
+        }
+    }
+
+    /// Fails the front request; the QP goes to error. Always returns true.
+    fn fail_front(&mut self, cx: &mut Cx<'_, '_, '_>, status: WcStatus) -> bool {
+        self.complete_front(cx.env, cx.cfg, status);
+        true
+    }
+
+    /// Completes every SEND/WRITE acknowledged by a response for PSN `q` (inclusive), up
+    /// to the first READ/atomic, which only its own response completes. Returns whether
+    /// `una` moved.
+    fn retire_through(&mut self, cx: &mut Cx<'_, '_, '_>, q: Psn) -> bool {
+        let mut progress = false;
+        while let Some(w) = self.wqes.front() {
+            if q.before(self.una) || w.failed.is_some() || w.wr.op.needs_response() {
+                break;
+            }
+            if w.last().after(q) {
+                self.una = q.next(); // part of a multi-packet message
+                progress = true;
+                break;
+            }
+            self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+            progress = true;
+        }
+        if self.send_psn.before(self.una) {
+            self.send_psn = self.una;
+            self.send_idx = self.locate(self.una);
+        }
+        progress
+    }
+
+    /// Completes what a response for PSN `p` implies: everything before it.
+    fn retire_before(&mut self, cx: &mut Cx<'_, '_, '_>, p: Psn) -> bool {
+        p.after(self.una) && self.retire_through(cx, p.add(Psn::MASK))
+    }
+
+    /// Reports a failed request or a deferred fatal NAK once it is at the front.
+    fn check_front(&mut self, cx: &mut Cx<'_, '_, '_>) -> bool {
+        let Some(w) = self.wqes.front() else {
+            return false;
+        };
+        if let Some(st) = w.failed {
+            return self.fail_front(cx, st);
+        }
+        if let Some((p, st)) = self.pending_nak
+            && w.index_of(p).is_some()
+        {
+            self.pending_nak = None;
+            return self.fail_front(cx, st);
+        }
+        false
+    }
+
+    /// Completes everything as flushed (the QP is in the error state).
+    pub(super) fn flush(&mut self, env: &mut Env<'_>, cfg: &QpConfig) {
+        while !self.wqes.is_empty() {
+            self.complete_front(env, cfg, WcStatus::Flushed);
+        }
+        self.deadline = None;
+        self.rnr_until = None;
+    }
+
+    /// Timers and transmission. Returns true when the QP must go to error.
+    pub(super) fn run(
+        &mut self,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+        tx: &mut Tx,
+        stats: &mut RcStats,
+        now: u64,
+    ) -> bool {
+        let mut cx = Cx {
+            env,
+            cfg,
+            stats,
+            now,
+        };
+        if self.check_front(&mut cx) {
+            return true;
+        }
+        if let Some(t) = self.rnr_until {
+            if now < t {
+                return false;
+            }
+            self.rnr_until = None;
+        }
+        if let Some(d) = self.deadline
+            && now >= d
+        {
+            self.deadline = None;
+            if self.una.before(self.max_sent) {
+                // IBA §9.7.6.1.3: the local ACK timeout expired; retry from the oldest
+                // unacknowledged packet.
+                cx.stats.timeouts += 1;
+                if self.retry_left == 0 {
+                    return self.fail_front(&mut cx, WcStatus::RetryExceeded);
+                }
+                self.retry_left -= 1;
+                self.rewind(self.una);
+            }
+        }
+        while self.send_psn.before(self.next_psn) {
+            match self.transmit_one(&mut cx, tx) {
+                Ok(true) => {}
+                Ok(false) | Err(TxStop::Busy) => break,
+            }
+        }
+        if self.deadline.is_none() && self.una.before(self.max_sent) {
+            self.deadline = cfg.ack_timeout_ns().map(|t| now + t);
+        }
+        self.check_front(&mut cx)
+    }
+
+    /// Sends the packet at `send_psn` if the window, the READ/atomic limit and fences
+    /// allow. `Ok(false)`: not now.
+    fn transmit_one(&mut self, cx: &mut Cx<'_, '_, '_>, tx: &mut Tx) -> Result<bool, TxStop> {
+        let idx = self.send_idx;
+        let w = &self.wqes[idx];
+        if w.failed.is_some() {
+            return Ok(false);
+        }
+        let psn = self.send_psn;
+        let k = psn.diff(w.first) as u32;
+        let inflight = psn.diff(self.una) as u32;
+        let cost = if matches!(w.wr.op, WrOp::Read { .. }) {
+            w.npkts - k
+        } else {
+            1
+        };
+        if inflight > 0 && inflight + cost > cx.cfg.max_inflight {
+            return Ok(false);
+        }
+        let outstanding_rd = || {
+            self.wqes
+                .range(..idx)
+                .filter(|o| o.wr.op.needs_response())
+                .count()
+        };
+        if w.wr.op.needs_response() && outstanding_rd() >= usize::from(cx.cfg.max_rd_atomic) {
+            return Ok(false);
+        }
+        if w.wr.fence && outstanding_rd() > 0 {
+            return Ok(false);
+        }
+        let mtu = cx.cfg.mtu.bytes();
+        let off = u64::from(k) * u64::from(mtu);
+        let last = k + 1 == w.npkts;
+        let (opcode, ext, n, ack_req, se, next) = match w.wr.op {
+            WrOp::Read { remote } => {
+                let reth = RethRepr {
+                    va: remote.addr.wrapping_add(off),
+                    r_key: remote.rkey,
+                    dma_length: w.len - off as u32,
+                };
+                let ext = ExtHeaders {
+                    reth: Some(reth),
+                    ..Default::default()
+                };
+                (RcOpcode::RdmaReadRequest, ext, 0, false, false, w.end())
+            }
+            WrOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => {
+                let a = AtomicEthRepr {
+                    va: remote.addr,
+                    r_key: remote.rkey,
+                    swap_add_data: swap,
+                    compare_data: compare,
+                };
+                let ext = ExtHeaders {
+                    atomic_eth: Some(a),
+                    ..Default::default()
+                };
+                (RcOpcode::CompareSwap, ext, 0, false, false, w.end())
+            }
+            WrOp::FetchAdd { remote, add } => {
+                let a = AtomicEthRepr {
+                    va: remote.addr,
+                    r_key: remote.rkey,
+                    swap_add_data: add,
+                    compare_data: 0,
+                };
+                let ext = ExtHeaders {
+                    atomic_eth: Some(a),
+                    ..Default::default()
+                };
+                (RcOpcode::FetchAdd, ext, 0, false, false, w.end())
+            }
+            op => {
+                let n = (w.len - off as u32).min(mtu) as usize;
+                let copied = match &w.wr.local {
+                    LocalData::Inline { data, .. } => {
+                        tx.payload[..n].copy_from_slice(&data[off as usize..off as usize + n]);
+                        Ok(())
+                    }
+                    LocalData::Sges(s) => gather(cx.env.mem, s, off, &mut tx.payload[..n]),
+                };
+                if let Err(e) = copied {
+                    self.wqes[idx].failed = Some(match e {
+                        CopyError::Length => WcStatus::LocalLength,
+                        CopyError::Access(_) => WcStatus::LocalProtection,
+                    });
+                    return Ok(false);
+                }
+                let (opcode, ext) = data_opcode(op, w, k, last);
+                // AckReq (IBA §9.7.2, C9-98): on the last packet of a signaled message or
+                // of the last message posted, when the window is about to fill, and every
+                // half window; the responder acknowledges nothing else (coalescing).
+                let ack_every = (cx.cfg.max_inflight / 2).max(1);
+                let ack_req = (last && (w.wr.signaled || w.end() == self.next_psn))
+                    || inflight + 1 >= cx.cfg.max_inflight
+                    || self.since_ack_req + 1 >= ack_every;
+                let se = last && w.wr.solicited && matches!(op, WrOp::Send | WrOp::SendImm { .. });
+                (opcode, ext, n, ack_req, se, psn.next())
+            }
+        };
+        tx.send(cx.env.link, cx.stats, opcode, psn, (ack_req, se), ext, n)?;
+        if psn.before(self.max_sent) {
+            cx.stats.retransmits += 1;
+        }
+        self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + 1 };
+        self.send_psn = next;
+        if !next.before(self.wqes[idx].end()) {
+            self.send_idx += 1;
+        }
+        if next.after(self.max_sent) {
+            self.max_sent = next;
+        }
+        if self.deadline.is_none() {
+            self.deadline = cx.cfg.ack_timeout_ns().map(|t| cx.now + t);
+        }
+        Ok(true)
+    }
+
+    /// Handles a response packet. Returns true when the QP must go to error.
+    pub(super) fn on_response(
+        &mut self,
+        pkt: &RocePacket<'_>,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+        stats: &mut RcStats,
+        now: u64,
+    ) -> bool {
+        let p = Psn::new(pkt.bth.psn);
+        // IBA §9.7.5.1.1: a response outside [oldest unacknowledged, highest sent] is a
+        // duplicate or a ghost and is dropped.
+        if p.before(self.una) || !p.before(self.max_sent) {
+            stats.rx_dropped += 1;
+            return false;
+        }
+        let mut cx = Cx {
+            env,
+            cfg,
+            stats,
+            now,
+        };
+        match (pkt.opcode(), pkt.ext.aeth) {
+            (RcOpcode::Acknowledge, Some(aeth)) => self.on_ack(&mut cx, p, aeth.syndrome),
+            (RcOpcode::AtomicAcknowledge, _) => {
+                let orig = pkt.ext.atomic_ack_eth.map_or(0, |a| a.orig_remote_data);
+                self.on_atomic_ack(&mut cx, p, orig)
+            }
+            (op, _) => self.on_read_response(&mut cx, p, op, pkt.payload),
+        }
+    }
+
+    fn on_ack(&mut self, cx: &mut Cx<'_, '_, '_>, p: Psn, syndrome: AethSyndrome) -> bool {
+        match syndrome {
+            AethSyndrome::Ack { .. } => {
+                if self.retire_through(cx, p) {
+                    self.progressed(cx.cfg, cx.now);
+                }
+                // An ACK past a READ/atomic whose response never came is an implied NAK
+                // (IBA §9.7.5.1.2): ask again.
+                if self
+                    .wqes
+                    .front()
+                    .is_some_and(|w| w.wr.op.needs_response() && !p.before(w.first))
+                {
+                    return self.go_back(cx, false);
+                }
+                self.check_front(cx)
+            }
+            AethSyndrome::RnrNak { timer } => {
+                cx.stats.rnr_naks_received += 1;
+                if self.retire_before(cx, p) {
+                    self.progressed(cx.cfg, cx.now);
+                }
+                if self.una != p {
+                    return self.go_back(cx, false);
+                }
+                // IBA §9.7.5.2.8: wait the RNR timer, then resend from the NAKed packet.
+                if self.rnr_left == 0 {
+                    return self.fail_front(cx, WcStatus::RnrRetryExceeded);
+                }
+                if cx.cfg.rnr_retry != 7 {
+                    self.rnr_left -= 1;
+                }
+                self.rewind(p);
+                self.rnr_until = Some(cx.now + rnr_timer_ns(timer));
+                false
+            }
+            AethSyndrome::Nak(NakCode::PsnSequenceError) => {
+                cx.stats.seq_naks_received += 1;
+                if self.retire_before(cx, p) {
+                    self.progressed(cx.cfg, cx.now);
+                }
+                if self.rnr_until.is_some() {
+                    return false; // the RNR wait goes on; its retransmission covers this
+                }
+                self.go_back(cx, true)
+            }
+            AethSyndrome::Nak(code) => {
+                if self.retire_before(cx, p) {
+                    self.progressed(cx.cfg, cx.now);
+                }
+                // IBA §9.9.2.2: a NAK other than sequence error fails the request; the QP
+                // goes to error.
+                let status = match code {
+                    NakCode::InvalidRequest => WcStatus::RemoteInvalidRequest,
+                    NakCode::RemoteAccessError => WcStatus::RemoteAccess,
+                    _ => WcStatus::RemoteOperational,
+                };
+                self.pending_nak = Some((p, status));
+                if self.una != p {
+                    // An unfinished READ/atomic comes first: get its response again.
+                    return self.go_back(cx, false);
+                }
+                self.check_front(cx)
+            }
+            AethSyndrome::Reserved(_) => {
+                cx.stats.rx_dropped += 1;
+                false
+            }
+        }
+    }
+
+    fn on_read_response(
+        &mut self,
+        cx: &mut Cx<'_, '_, '_>,
+        p: Psn,
+        op: RcOpcode,
+        data: &[u8],
+    ) -> bool {
+        if self.retire_before(cx, p) {
+            self.progressed(cx.cfg, cx.now);
+        }
+        let Some(w) = self.wqes.front() else {
+            return false;
+        };
+        let Some(k) = w
+            .index_of(p)
+            .filter(|_| matches!(w.wr.op, WrOp::Read { .. }) && p == self.una)
+        else {
+            cx.stats.rx_dropped += 1;
+            if p.after(self.una) {
+                // A gap: an earlier response (or the request) was lost (IBA §9.7.5.1.3).
+                return self.go_back(cx, true);
+            }
+            return false;
+        };
+        let mtu = cx.cfg.mtu.bytes();
+        let last = k + 1 == w.npkts;
+        let want = if last { w.len - k * mtu } else { mtu };
+        let op_fits = if last {
+            matches!(
+                op,
+                RcOpcode::RdmaReadResponseLast | RcOpcode::RdmaReadResponseOnly
+            )
+        } else {
+            matches!(
+                op,
+                RcOpcode::RdmaReadResponseFirst | RcOpcode::RdmaReadResponseMiddle
+            )
+        };
+        if !op_fits || data.len() != want as usize {
+            return self.fail_front(cx, WcStatus::BadResponse);
+        }
+        let LocalData::Sges(sges) = &w.wr.local else {
+            unreachable!("checked at post")
+        };
+        if scatter(cx.env.mem, sges, u64::from(k) * u64::from(mtu), data).is_err() {
+            return self.fail_front(cx, WcStatus::LocalProtection);
+        }
+        self.una = p.next();
+        if last {
+            self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+        }
+        self.progressed(cx.cfg, cx.now);
+        self.check_front(cx)
+    }
+
+    fn on_atomic_ack(&mut self, cx: &mut Cx<'_, '_, '_>, p: Psn, orig: u64) -> bool {
+        if self.retire_before(cx, p) {
+            self.progressed(cx.cfg, cx.now);
+        }
+        let Some(w) = self.wqes.front() else {
+            return false;
+        };
+        let is_atomic = matches!(w.wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. });
+        if !is_atomic || w.first != p || p != self.una {
+            cx.stats.rx_dropped += 1;
+            if p.after(self.una) {
+                return self.go_back(cx, true);
+            }
+            return false;
+        }
+        let bytes = match cx.cfg.atomic_endianness {
+            AtomicEndianness::Big => orig.to_be_bytes(),
+            AtomicEndianness::Host => orig.to_ne_bytes(),
+        };
+        let LocalData::Sges(sges) = &w.wr.local else {
+            unreachable!("checked at post")
+        };
+        if scatter(cx.env.mem, sges, 0, &bytes).is_err() {
+            return self.fail_front(cx, WcStatus::LocalProtection);
+        }
+        self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+        self.progressed(cx.cfg, cx.now);
+        self.check_front(cx)
+    }
+}
+
+impl std::fmt::Debug for Requester {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Requester")
+            .field("queued", &self.wqes.len())
+            .field("una", &self.una.get())
+            .field("send_psn", &self.send_psn.get())
+            .field("max_sent", &self.max_sent.get())
+            .field("next_psn", &self.next_psn.get())
+            .field("retry_left", &self.retry_left)
+            .field("rnr_left", &self.rnr_left)
+            .field("deadline", &self.deadline)
+            .field("rnr_until", &self.rnr_until)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opcode and extension headers of packet `k` of a SEND or WRITE (IBA Vol. 1 Table 38;
+/// RETH on the first packet of a WRITE, ImmDt on the last with immediate).
+fn data_opcode(op: WrOp, w: &SendWqe, k: u32, last: bool) -> (RcOpcode, ExtHeaders) {
+    use RcOpcode::*;
+    let only = w.npkts == 1;
+    let first = k == 0;
+    let mut ext = ExtHeaders::default();
+    let opcode = match op {
+        WrOp::Send | WrOp::SendImm { .. } => {
+            let imm = if let WrOp::SendImm { imm } = op {
+                Some(imm)
+            } else {
+                None
+            };
+            if last {
+                ext.imm_dt = imm;
+            }
+            match (only, first, last, imm.is_some()) {
+                (true, _, _, false) => SendOnly,
+                (true, _, _, true) => SendOnlyImm,
+                (_, true, _, _) => SendFirst,
+                (_, _, true, false) => SendLast,
+                (_, _, true, true) => SendLastImm,
+                _ => SendMiddle,
+            }
+        }
+        WrOp::Write { remote } | WrOp::WriteImm { remote, .. } => {
+            let imm = if let WrOp::WriteImm { imm, .. } = op {
+                Some(imm)
+            } else {
+                None
+            };
+            if first {
+                ext.reth = Some(RethRepr {
+                    va: remote.addr,
+                    r_key: remote.rkey,
+                    dma_length: w.len,
+                });
+            }
+            if last {
+                ext.imm_dt = imm;
+            }
+            match (only, first, last, imm.is_some()) {
+                (true, _, _, false) => RdmaWriteOnly,
+                (true, _, _, true) => RdmaWriteOnlyImm,
+                (_, true, _, _) => RdmaWriteFirst,
+                (_, _, true, false) => RdmaWriteLast,
+                (_, _, true, true) => RdmaWriteLastImm,
+                _ => RdmaWriteMiddle,
+            }
+        }
+        _ => unreachable!("READ and atomics are built by the caller"),
+    };
+    (opcode, ext)
+}

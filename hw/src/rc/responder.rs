@@ -1,0 +1,699 @@
+//! The responder: the receive side of an RC QP (IBA Vol. 1 §9.7.5.2 "Responder: receiving
+//! request packets", §9.7.5.2.x validation order, §9.9.3 "Responder error behavior").
+//!
+//! Each request is checked in the IBA order: PSN (in sequence, duplicate or ahead), opcode
+//! sequence, length, access, then executed. In-sequence requests advance the expected PSN;
+//! a packet ahead of it gets one NAK PSN sequence error per expected PSN (C9-101); a
+//! duplicate SEND/WRITE gets an ACK, a duplicate READ is executed again from the replay
+//! cache and a duplicate atomic is answered with its saved original value, never executed
+//! twice (§9.7.5.2.9, C9-110). Responses leave in PSN order through one queue; consecutive
+//! ACKs in it coalesce into the newest.
+
+use std::collections::VecDeque;
+
+use super::sge::{CopyError, scatter};
+use super::types::*;
+use super::{Env, RcStats, Tx, TxStop};
+use crate::layout::roce::{
+    AethRepr, AethSyndrome, AtomicAckEthRepr, ExtHeaders, NakCode, Psn, RcOpcode, RocePacket,
+};
+
+/// ACK syndrome with "invalid credit count": this end does not do end-to-end flow
+/// control (IBA Vol. 1 §9.7.7.2.6, Table 43).
+const NO_CREDITS: AethSyndrome = AethSyndrome::Ack { credits: 0x1F };
+
+/// The message being received.
+// One per QP, kept in place: boxing the receive WR would allocate per message.
+#[allow(clippy::large_enum_variant)]
+enum InMsg {
+    Idle,
+    Send {
+        wqe: RecvWqe,
+        off: u64,
+    },
+    Write {
+        va: u64,
+        rkey: u32,
+        left: u32,
+        total: u32,
+    },
+}
+
+/// A remembered READ or atomic, for duplicates.
+struct Replay {
+    first: Psn,
+    npkts: u32,
+    kind: ReplayKind,
+}
+
+enum ReplayKind {
+    Read { va: u64, rkey: u32, len: u32 },
+    Atomic { orig: u64 },
+}
+
+/// A response waiting for the link.
+enum Resp {
+    Ack {
+        psn: Psn,
+        syndrome: AethSyndrome,
+        msn: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+    Read {
+        psn: Psn,
+        last: Psn,
+        va: u64,
+        rkey: u32,
+        left: u32,
+        started: bool,
+        msn: u32,
+    },
+}
+
+/// What an in-sequence request did.
+enum Outcome {
+    /// Executed: advance the expected PSN by this many and ACK if asked.
+    Done(u32),
+    /// No receive WR posted.
+    Rnr,
+}
+
+/// The receive side of one QP.
+pub(super) struct Responder {
+    epsn: Psn,
+    msn: u32,
+    nak_sent: bool,
+    msg: InMsg,
+    replay: VecDeque<Replay>,
+    replay_cap: usize,
+    out: VecDeque<Resp>,
+    out_cap: usize,
+}
+
+impl Responder {
+    pub(super) fn new(cfg: &QpConfig) -> Self {
+        let replay_cap = usize::from(cfg.max_dest_rd_atomic);
+        let out_cap = 2 * replay_cap + 8;
+        Self {
+            epsn: Psn::new(cfg.rq_psn),
+            msn: 0,
+            nak_sent: false,
+            msg: InMsg::Idle,
+            replay: VecDeque::with_capacity(replay_cap),
+            replay_cap,
+            out: VecDeque::with_capacity(4 * out_cap),
+            out_cap,
+        }
+    }
+
+    /// Queues a response. ACKs and NAKs beyond `out_cap` are lost like on a wire (the
+    /// next request brings another); READ and atomic responses, which nothing else would
+    /// bring back, are kept up to four times that (a bound against a flooding peer). A NAK
+    /// that reports an error always goes in.
+    fn push(&mut self, r: Resp, must: bool) {
+        let cap = match r {
+            Resp::Ack { .. } => self.out_cap,
+            Resp::Read { .. } | Resp::Atomic { .. } => 4 * self.out_cap,
+        };
+        if must || self.out.len() < cap {
+            self.out.push_back(r);
+        }
+    }
+
+    /// Queues an ACK of `psn`, merged into an ACK already waiting last in the queue.
+    fn push_ack(&mut self, psn: Psn) {
+        let msn = self.msn;
+        if let Some(Resp::Ack {
+            psn: p,
+            syndrome: NO_CREDITS,
+            msn: m,
+        }) = self.out.back_mut()
+        {
+            *p = psn;
+            *m = msn;
+            return;
+        }
+        self.push(
+            Resp::Ack {
+                psn,
+                syndrome: NO_CREDITS,
+                msn,
+            },
+            false,
+        );
+    }
+
+    fn remember(&mut self, r: Replay) {
+        if self.replay.len() == self.replay_cap {
+            self.replay.pop_front();
+        }
+        self.replay.push_back(r);
+    }
+
+    /// Handles a request packet. Returns true when the QP must go to error.
+    pub(super) fn on_request(
+        &mut self,
+        pkt: &RocePacket<'_>,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+        stats: &mut RcStats,
+    ) -> bool {
+        let p = Psn::new(pkt.bth.psn);
+        let d = p.diff(self.epsn);
+        if d > 0 {
+            // Ahead of the expected PSN: a packet was lost (IBA §9.7.5.2.2). One NAK until
+            // the expected packet arrives.
+            if !self.nak_sent {
+                self.nak_sent = true;
+                stats.seq_naks_sent += 1;
+                let nak = AethSyndrome::Nak(NakCode::PsnSequenceError);
+                self.push(
+                    Resp::Ack {
+                        psn: self.epsn,
+                        syndrome: nak,
+                        msn: self.msn,
+                    },
+                    false,
+                );
+            }
+            return false;
+        }
+        if d < 0 {
+            stats.duplicates += 1;
+            self.duplicate(pkt, p, cfg);
+            return false;
+        }
+        match self.execute(pkt, p, env, cfg) {
+            Ok(Outcome::Done(n)) => {
+                self.epsn = self.epsn.add(n);
+                self.nak_sent = false;
+                // READ and atomic requests are answered by their responses; a SEND or
+                // WRITE packet is acknowledged only when it asks (AckReq, C9-98).
+                let answered = matches!(
+                    pkt.opcode(),
+                    RcOpcode::RdmaReadRequest | RcOpcode::CompareSwap | RcOpcode::FetchAdd
+                );
+                if pkt.bth.ack_req && !answered {
+                    self.push_ack(p);
+                }
+                false
+            }
+            Ok(Outcome::Rnr) => {
+                // IBA §9.7.5.2.8: no receive WR; the requester retries after the timer.
+                stats.rnr_naks_sent += 1;
+                let syndrome = AethSyndrome::RnrNak {
+                    timer: cfg.min_rnr_timer,
+                };
+                self.push(
+                    Resp::Ack {
+                        psn: p,
+                        syndrome,
+                        msn: self.msn,
+                    },
+                    false,
+                );
+                false
+            }
+            Err(code) => {
+                self.push(
+                    Resp::Ack {
+                        psn: p,
+                        syndrome: AethSyndrome::Nak(code),
+                        msn: self.msn,
+                    },
+                    true,
+                );
+                true
+            }
+        }
+    }
+
+    /// A request before the expected PSN.
+    fn duplicate(&mut self, pkt: &RocePacket<'_>, p: Psn, cfg: &QpConfig) {
+        let msn = self.msn;
+        match (pkt.opcode(), pkt.ext.reth) {
+            (RcOpcode::RdmaReadRequest, Some(reth)) => {
+                let mtu = u64::from(cfg.mtu.bytes());
+                let hit = self.replay.iter().find_map(|r| match r.kind {
+                    ReplayKind::Read { va, rkey, len } => {
+                        let k = p.diff(r.first);
+                        let off = k as u64 * mtu;
+                        let same = k >= 0
+                            && (k as u32) < r.npkts
+                            && rkey == reth.r_key
+                            && va.wrapping_add(off) == reth.va
+                            && u64::from(len) - off.min(u64::from(len))
+                                == u64::from(reth.dma_length);
+                        same.then(|| r.first.add(r.npkts - 1))
+                    }
+                    ReplayKind::Atomic { .. } => None,
+                });
+                if let Some(last) = hit {
+                    let (va, rkey, left) = (reth.va, reth.r_key, reth.dma_length);
+                    self.push(
+                        Resp::Read {
+                            psn: p,
+                            last,
+                            va,
+                            rkey,
+                            left,
+                            started: false,
+                            msn,
+                        },
+                        false,
+                    );
+                }
+            }
+            (RcOpcode::CompareSwap | RcOpcode::FetchAdd, _) => {
+                let hit = self.replay.iter().find_map(|r| match r.kind {
+                    ReplayKind::Atomic { orig } if r.first == p => Some(orig),
+                    _ => None,
+                });
+                if let Some(orig) = hit {
+                    self.push(Resp::Atomic { psn: p, orig, msn }, false);
+                }
+            }
+            _ => self.push_ack(self.epsn.add(Psn::MASK)),
+        }
+    }
+
+    /// Validates and executes an in-sequence request.
+    fn execute(
+        &mut self,
+        pkt: &RocePacket<'_>,
+        p: Psn,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+    ) -> Result<Outcome, NakCode> {
+        use RcOpcode::*;
+        let op = pkt.opcode();
+        let data = pkt.payload;
+        let len = data.len();
+        let mtu = cfg.mtu.bytes() as usize;
+        let idle = matches!(self.msg, InMsg::Idle);
+        // Opcode sequence (IBA §9.7.5.2.3, C9-102): Middle/Last only inside a message of
+        // the same kind, everything else only between messages.
+        let fits = match op {
+            SendMiddle | SendLast | SendLastImm => matches!(self.msg, InMsg::Send { .. }),
+            RdmaWriteMiddle | RdmaWriteLast | RdmaWriteLastImm => {
+                matches!(self.msg, InMsg::Write { .. })
+            }
+            SendFirst | SendOnly | SendOnlyImm | RdmaWriteFirst | RdmaWriteOnly
+            | RdmaWriteOnlyImm | RdmaReadRequest | CompareSwap | FetchAdd => idle,
+            _ => false, // SEND with Invalidate and anything unknown: not supported
+        };
+        if !fits {
+            return Err(NakCode::InvalidRequest);
+        }
+        // Length (C9-103..105): First and Middle carry exactly one MTU, Last 1..=MTU,
+        // Only 0..=MTU.
+        let full = matches!(
+            op,
+            SendFirst | SendMiddle | RdmaWriteFirst | RdmaWriteMiddle
+        );
+        let last = matches!(
+            op,
+            SendLast | SendLastImm | RdmaWriteLast | RdmaWriteLastImm
+        );
+        let only = matches!(
+            op,
+            SendOnly | SendOnlyImm | RdmaWriteOnly | RdmaWriteOnlyImm
+        );
+        if (full && len != mtu) || (last && (len == 0 || len > mtu)) || (only && len > mtu) {
+            return Err(NakCode::InvalidRequest);
+        }
+        let ends = last || only;
+        let imm = pkt.ext.imm_dt;
+        match op {
+            SendFirst | SendMiddle | SendLast | SendLastImm | SendOnly | SendOnlyImm => {
+                if idle {
+                    let Some(wqe) = env.recv.take() else {
+                        return Ok(Outcome::Rnr);
+                    };
+                    self.msg = InMsg::Send { wqe, off: 0 };
+                }
+                let InMsg::Send { wqe, off } = &mut self.msg else {
+                    unreachable!("set above")
+                };
+                let (wr_id, at) = (wqe.wr_id, *off);
+                let res = scatter(env.mem, &wqe.sges, at, data);
+                if let Err(e) = res {
+                    let (status, code) = match e {
+                        CopyError::Length => (WcStatus::LocalLength, NakCode::InvalidRequest),
+                        CopyError::Access(_) => {
+                            (WcStatus::LocalProtection, NakCode::RemoteOperationalError)
+                        }
+                    };
+                    self.msg = InMsg::Idle;
+                    recv_completion(
+                        env,
+                        cfg,
+                        wr_id,
+                        WcOpcode::Recv,
+                        status,
+                        at as u32,
+                        None,
+                        false,
+                    );
+                    return Err(code);
+                }
+                *off += len as u64;
+                if ends {
+                    let byte_len = (at + len as u64) as u32;
+                    self.msg = InMsg::Idle;
+                    self.msn = (self.msn + 1) & Psn::MASK;
+                    let (op, st) = (WcOpcode::Recv, WcStatus::Success);
+                    recv_completion(env, cfg, wr_id, op, st, byte_len, imm, pkt.bth.se);
+                }
+                Ok(Outcome::Done(1))
+            }
+            RdmaWriteFirst | RdmaWriteMiddle | RdmaWriteLast | RdmaWriteLastImm | RdmaWriteOnly
+            | RdmaWriteOnlyImm => {
+                let (va, rkey, left, total) = match self.msg {
+                    InMsg::Write {
+                        va,
+                        rkey,
+                        left,
+                        total,
+                    } => (va, rkey, left, total),
+                    _ => {
+                        if !cfg.remote_access.write {
+                            return Err(NakCode::InvalidRequest);
+                        }
+                        let reth = pkt.ext.reth.ok_or(NakCode::InvalidRequest)?;
+                        let n = reth.dma_length;
+                        if n > 1 << 31 {
+                            return Err(NakCode::InvalidRequest);
+                        }
+                        // IBA §9.7.5.2.4 (C9-88): the R_Key is checked for the whole
+                        // RETH range before any data is placed; zero-length needs none.
+                        if n > 0 {
+                            env.mem
+                                .check(reth.r_key, reth.va, u64::from(n), Access::RemoteWrite)
+                                .map_err(|_| NakCode::RemoteAccessError)?;
+                        }
+                        (reth.va, reth.r_key, n, n)
+                    }
+                };
+                if len as u64 > u64::from(left) || (ends && len as u32 != left) {
+                    return Err(NakCode::InvalidRequest);
+                }
+                if len > 0 {
+                    env.mem
+                        .write(rkey, va, data, Access::RemoteWrite)
+                        .map_err(|_| NakCode::RemoteAccessError)?;
+                }
+                // WRITE with immediate consumes a receive WR after the data is placed; if
+                // none is posted the packet is NAKed and placed again on its retry.
+                let recv = if imm.is_some() {
+                    let Some(wqe) = env.recv.take() else {
+                        return Ok(Outcome::Rnr);
+                    };
+                    Some(wqe)
+                } else {
+                    None
+                };
+                if ends {
+                    self.msg = InMsg::Idle;
+                    self.msn = (self.msn + 1) & Psn::MASK;
+                    if let Some(wqe) = recv {
+                        let (op, st) = (WcOpcode::RecvRdmaWithImm, WcStatus::Success);
+                        recv_completion(env, cfg, wqe.wr_id, op, st, total, imm, false);
+                    }
+                } else {
+                    let va = va.wrapping_add(len as u64);
+                    self.msg = InMsg::Write {
+                        va,
+                        rkey,
+                        left: left - len as u32,
+                        total,
+                    };
+                }
+                Ok(Outcome::Done(1))
+            }
+            RdmaReadRequest => {
+                if !cfg.remote_access.read {
+                    return Err(NakCode::InvalidRequest);
+                }
+                let reth = pkt.ext.reth.ok_or(NakCode::InvalidRequest)?;
+                let n = reth.dma_length;
+                if n > 1 << 31 {
+                    return Err(NakCode::InvalidRequest);
+                }
+                if n > 0 {
+                    env.mem
+                        .check(reth.r_key, reth.va, u64::from(n), Access::RemoteRead)
+                        .map_err(|_| NakCode::RemoteAccessError)?;
+                }
+                let npkts = n.div_ceil(mtu as u32).max(1);
+                let kind = ReplayKind::Read {
+                    va: reth.va,
+                    rkey: reth.r_key,
+                    len: n,
+                };
+                self.remember(Replay {
+                    first: p,
+                    npkts,
+                    kind,
+                });
+                self.msn = (self.msn + 1) & Psn::MASK;
+                let last = p.add(npkts - 1);
+                let (va, rkey, msn) = (reth.va, reth.r_key, self.msn);
+                self.push(
+                    Resp::Read {
+                        psn: p,
+                        last,
+                        va,
+                        rkey,
+                        left: n,
+                        started: false,
+                        msn,
+                    },
+                    false,
+                );
+                Ok(Outcome::Done(npkts))
+            }
+            CompareSwap | FetchAdd => {
+                if !cfg.remote_access.atomic {
+                    return Err(NakCode::InvalidRequest);
+                }
+                let a = pkt.ext.atomic_eth.ok_or(NakCode::InvalidRequest)?;
+                // IBA §9.4.5 (C9-30): the address must be naturally aligned.
+                if a.va % 8 != 0 {
+                    return Err(NakCode::InvalidRequest);
+                }
+                let aop = if op == CompareSwap {
+                    AtomicOp::CompareSwap {
+                        compare: a.compare_data,
+                        swap: a.swap_add_data,
+                    }
+                } else {
+                    AtomicOp::FetchAdd {
+                        add: a.swap_add_data,
+                    }
+                };
+                let orig = env.mem.atomic(a.r_key, a.va, aop).map_err(|e| match e {
+                    AccessError::Misaligned => NakCode::InvalidRequest,
+                    _ => NakCode::RemoteAccessError,
+                })?;
+                self.remember(Replay {
+                    first: p,
+                    npkts: 1,
+                    kind: ReplayKind::Atomic { orig },
+                });
+                self.msn = (self.msn + 1) & Psn::MASK;
+                self.push(
+                    Resp::Atomic {
+                        psn: p,
+                        orig,
+                        msn: self.msn,
+                    },
+                    false,
+                );
+                Ok(Outcome::Done(1))
+            }
+            _ => Err(NakCode::InvalidRequest),
+        }
+    }
+
+    /// Sends queued responses until the link is busy. Returns true when a READ response
+    /// could not read its memory (the QP goes to error after the NAK).
+    pub(super) fn transmit(
+        &mut self,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+        tx: &mut Tx,
+        stats: &mut RcStats,
+    ) -> bool {
+        let mut fatal = false;
+        let mtu = cfg.mtu.bytes();
+        while let Some(r) = self.out.front_mut() {
+            let sent = match *r {
+                Resp::Ack { psn, syndrome, msn } => {
+                    let ext = ExtHeaders {
+                        aeth: Some(AethRepr { syndrome, msn }),
+                        ..Default::default()
+                    };
+                    let res = tx.send(
+                        env.link,
+                        stats,
+                        RcOpcode::Acknowledge,
+                        psn,
+                        (false, false),
+                        ext,
+                        0,
+                    );
+                    if res.is_ok() && syndrome == NO_CREDITS {
+                        stats.acks_sent += 1;
+                    }
+                    res.map(|()| true)
+                }
+                Resp::Atomic { psn, orig, msn } => {
+                    let ext = ExtHeaders {
+                        aeth: Some(AethRepr {
+                            syndrome: NO_CREDITS,
+                            msn,
+                        }),
+                        atomic_ack_eth: Some(AtomicAckEthRepr {
+                            orig_remote_data: orig,
+                        }),
+                        ..Default::default()
+                    };
+                    let op = RcOpcode::AtomicAcknowledge;
+                    tx.send(env.link, stats, op, psn, (false, false), ext, 0)
+                        .map(|()| true)
+                }
+                Resp::Read {
+                    psn,
+                    last,
+                    va,
+                    rkey,
+                    left,
+                    started,
+                    msn,
+                } => {
+                    let n = left.min(mtu) as usize;
+                    if env
+                        .mem
+                        .read(rkey, va, &mut tx.payload[..n], Access::RemoteRead)
+                        .is_err()
+                    {
+                        // The region went away after the request was checked.
+                        let nak = AethSyndrome::Nak(NakCode::RemoteOperationalError);
+                        *r = Resp::Ack {
+                            psn,
+                            syndrome: nak,
+                            msn,
+                        };
+                        fatal = true;
+                        continue;
+                    }
+                    let end = psn == last;
+                    let op = match (started, end) {
+                        (false, true) => RcOpcode::RdmaReadResponseOnly,
+                        (false, false) => RcOpcode::RdmaReadResponseFirst,
+                        (true, true) => RcOpcode::RdmaReadResponseLast,
+                        (true, false) => RcOpcode::RdmaReadResponseMiddle,
+                    };
+                    // AETH on First, Last and Only (IBA Vol. 1 Table 38).
+                    let aeth = (!started || end).then_some(AethRepr {
+                        syndrome: NO_CREDITS,
+                        msn,
+                    });
+                    let ext = ExtHeaders {
+                        aeth,
+                        ..Default::default()
+                    };
+                    match tx.send(env.link, stats, op, psn, (false, false), ext, n) {
+                        Ok(()) => {
+                            let Resp::Read {
+                                psn,
+                                va,
+                                left,
+                                started,
+                                ..
+                            } = r
+                            else {
+                                unreachable!()
+                            };
+                            *psn = psn.next();
+                            *va = va.wrapping_add(n as u64);
+                            *left -= n as u32;
+                            *started = true;
+                            Ok(end)
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            match sent {
+                Ok(true) => {
+                    self.out.pop_front();
+                }
+                Ok(false) => {}
+                Err(TxStop::Busy) => break,
+            }
+        }
+        fatal
+    }
+
+    /// The QP is in the error state: the message in progress and every posted receive
+    /// complete as flushed; only ACK/NAK packets stay queued.
+    pub(super) fn flush(&mut self, env: &mut Env<'_>, cfg: &QpConfig) {
+        let (op, st) = (WcOpcode::Recv, WcStatus::Flushed);
+        if let InMsg::Send { wqe, .. } = std::mem::replace(&mut self.msg, InMsg::Idle) {
+            recv_completion(env, cfg, wqe.wr_id, op, st, 0, None, false);
+        }
+        self.msg = InMsg::Idle;
+        while let Some(wqe) = env.recv.take() {
+            recv_completion(env, cfg, wqe.wr_id, op, st, 0, None, false);
+        }
+        self.out.retain(|r| matches!(r, Resp::Ack { .. }));
+    }
+}
+
+impl std::fmt::Debug for Responder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Responder")
+            .field("epsn", &self.epsn.get())
+            .field("msn", &self.msn)
+            .field("nak_sent", &self.nak_sent)
+            .field("in_message", &!matches!(self.msg, InMsg::Idle))
+            .field(
+                "replay",
+                &self
+                    .replay
+                    .iter()
+                    .map(|r| r.first.get())
+                    .collect::<Vec<_>>(),
+            )
+            .field("responses_queued", &self.out.len())
+            .finish()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn recv_completion(
+    env: &mut Env<'_>,
+    cfg: &QpConfig,
+    wr_id: u64,
+    opcode: WcOpcode,
+    status: WcStatus,
+    byte_len: u32,
+    imm: Option<u32>,
+    solicited: bool,
+) {
+    env.cq.complete(Completion {
+        qpn: cfg.qpn,
+        wr_id,
+        opcode,
+        status,
+        byte_len,
+        imm,
+        solicited,
+    });
+}

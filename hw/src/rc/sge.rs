@@ -1,0 +1,131 @@
+//! Scatter/gather lists and the copies between them and packet payloads.
+
+use super::types::{Access, AccessError, Memory, PostError};
+
+/// Most SGEs in one list (a send WQE of 16 data segments; the model may advertise fewer).
+pub const MAX_SGE: usize = 16;
+/// Most inline bytes in one work request.
+pub const MAX_INLINE: usize = 512;
+
+/// One scatter/gather entry: `len` bytes at `addr` under `lkey`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Sge {
+    /// Local key.
+    pub lkey: u32,
+    /// Virtual address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// A fixed-capacity list of up to [`MAX_SGE`] entries (no allocation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SgeList {
+    len: u8,
+    sges: [Sge; MAX_SGE],
+}
+
+impl SgeList {
+    /// An empty list.
+    pub const fn new() -> Self {
+        Self {
+            len: 0,
+            sges: [Sge {
+                lkey: 0,
+                addr: 0,
+                len: 0,
+            }; MAX_SGE],
+        }
+    }
+    /// A list of the given entries.
+    pub fn from_slice(sges: &[Sge]) -> Result<Self, PostError> {
+        let mut l = Self::new();
+        for s in sges {
+            l.push(*s)?;
+        }
+        Ok(l)
+    }
+    /// Appends an entry.
+    pub fn push(&mut self, sge: Sge) -> Result<(), PostError> {
+        let slot = self
+            .sges
+            .get_mut(usize::from(self.len))
+            .ok_or(PostError::TooManySges { max: MAX_SGE })?;
+        *slot = sge;
+        self.len += 1;
+        Ok(())
+    }
+    /// The entries.
+    pub fn as_slice(&self) -> &[Sge] {
+        &self.sges[..usize::from(self.len)]
+    }
+    /// Total bytes.
+    pub fn total_len(&self) -> u64 {
+        self.as_slice().iter().map(|s| u64::from(s.len)).sum()
+    }
+}
+
+/// Why a copy between an SGE list and a payload failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CopyError {
+    /// The list is shorter than `offset + len`.
+    Length,
+    /// A key check failed.
+    Access(AccessError),
+}
+
+/// Visits the pieces of `sges` that cover `len` bytes from byte `offset` of the list, as
+/// (entry, address, piece offset in the span, piece length).
+fn pieces(
+    sges: &SgeList,
+    offset: u64,
+    len: usize,
+    mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), AccessError>,
+) -> Result<(), CopyError> {
+    let mut skip = offset;
+    let mut done = 0usize;
+    for s in sges.as_slice() {
+        if done == len {
+            break;
+        }
+        let sl = u64::from(s.len);
+        if skip >= sl {
+            skip -= sl;
+            continue;
+        }
+        let n = ((sl - skip) as usize).min(len - done);
+        f(s, s.addr + skip, done, n).map_err(CopyError::Access)?;
+        done += n;
+        skip = 0;
+    }
+    if done == len {
+        Ok(())
+    } else {
+        Err(CopyError::Length)
+    }
+}
+
+/// Copies `buf.len()` bytes from byte `offset` of the list into `buf`.
+pub(super) fn gather(
+    mem: &dyn Memory,
+    sges: &SgeList,
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<(), CopyError> {
+    let len = buf.len();
+    pieces(sges, offset, len, |s, va, at, n| {
+        mem.read(s.lkey, va, &mut buf[at..at + n], Access::LocalRead)
+    })
+}
+
+/// Copies `data` to byte `offset` of the list.
+pub(super) fn scatter(
+    mem: &dyn Memory,
+    sges: &SgeList,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), CopyError> {
+    pieces(sges, offset, data.len(), |s, va, at, n| {
+        mem.write(s.lkey, va, &data[at..at + n], Access::LocalWrite)
+    })
+}

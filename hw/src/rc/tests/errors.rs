@@ -1,0 +1,393 @@
+//! Error paths: NAKs, RNR, retry exhaustion, local errors and the flush after an error.
+
+use super::*;
+
+const SRC: u32 = 0x100;
+const DST: u32 = 0x200;
+const VA_SRC: u64 = 0x10_0000;
+const VA_DST: u64 = 0x7F00_0000;
+
+fn setup_with(a: QpConfig, b: QpConfig, faults: FaultConfig) -> Pair {
+    let mut p = Pair::with(a, b, faults);
+    for s in [&mut p.a, &mut p.b] {
+        s.mem.register(SRC, VA_SRC, 1 << 16, false);
+        s.mem.register(DST, VA_DST, 1 << 16, true);
+    }
+    p
+}
+
+fn setup() -> Pair {
+    setup_with(
+        config(QPN_A, QPN_B, Mtu::Mtu1024),
+        config(QPN_B, QPN_A, Mtu::Mtu1024),
+        FaultConfig::default(),
+    )
+}
+
+fn remote(off: u64) -> RemoteAddr {
+    RemoteAddr {
+        addr: VA_DST + off,
+        rkey: DST,
+    }
+}
+
+fn statuses(s: &Side) -> Vec<(u64, WcStatus)> {
+    s.send_cqes().iter().map(|c| (c.wr_id, c.status)).collect()
+}
+
+/// A good WRITE, then `bad`, then two more that must be flushed.
+fn fails_with(bad: WorkRequest, want: WcStatus) -> Pair {
+    let mut p = setup();
+    p.a.post(wr(
+        0,
+        WrOp::Write { remote: remote(0) },
+        &split(SRC, VA_SRC, 3000),
+    ));
+    p.a.post(bad);
+    p.a.post(wr(
+        2,
+        WrOp::Write { remote: remote(0) },
+        &split(SRC, VA_SRC, 10),
+    ));
+    let mut w = wr(3, WrOp::Send, &split(SRC, VA_SRC, 10));
+    w.signaled = false; // flushed requests complete even when unsignaled
+    p.a.post(w);
+    p.settle();
+    assert_eq!(
+        statuses(&p.a),
+        [
+            (0, WcStatus::Success),
+            (1, want),
+            (2, WcStatus::Flushed),
+            (3, WcStatus::Flushed)
+        ]
+    );
+    assert_eq!(p.a.qp.state(), QpState::Error);
+    p
+}
+
+#[test]
+fn a_bad_rkey_is_a_remote_access_error() {
+    let bad = RemoteAddr {
+        addr: VA_DST,
+        rkey: 0xDEAD,
+    };
+    let p = fails_with(
+        wr(1, WrOp::Write { remote: bad }, &split(SRC, VA_SRC, 5000)),
+        WcStatus::RemoteAccess,
+    );
+    assert_eq!(
+        p.b.qp.state(),
+        QpState::Error,
+        "the responder goes to error too"
+    );
+    fails_with(
+        wr(1, WrOp::Read { remote: bad }, &split(SRC, VA_SRC, 100)),
+        WcStatus::RemoteAccess,
+    );
+    let outside = remote((1 << 16) - 8);
+    fails_with(
+        wr(1, WrOp::Write { remote: outside }, &split(SRC, VA_SRC, 100)),
+        WcStatus::RemoteAccess,
+    );
+    let sge = [Sge {
+        lkey: SRC,
+        addr: VA_SRC,
+        len: 8,
+    }];
+    fails_with(
+        wr(
+            1,
+            WrOp::FetchAdd {
+                remote: bad,
+                add: 1,
+            },
+            &sge,
+        ),
+        WcStatus::RemoteAccess,
+    );
+    // A region registered without remote access.
+    let local_only = RemoteAddr {
+        addr: VA_SRC,
+        rkey: SRC,
+    };
+    fails_with(
+        wr(
+            1,
+            WrOp::Read { remote: local_only },
+            &split(SRC, VA_SRC, 100),
+        ),
+        WcStatus::RemoteAccess,
+    );
+}
+
+#[test]
+fn a_misaligned_atomic_is_an_invalid_request() {
+    let sge = [Sge {
+        lkey: SRC,
+        addr: VA_SRC,
+        len: 8,
+    }];
+    fails_with(
+        wr(
+            1,
+            WrOp::CompareSwap {
+                remote: remote(4),
+                compare: 0,
+                swap: 1,
+            },
+            &sge,
+        ),
+        WcStatus::RemoteInvalidRequest,
+    );
+}
+
+#[test]
+fn an_operation_the_qp_does_not_allow_is_an_invalid_request() {
+    let mut b = config(QPN_B, QPN_A, Mtu::Mtu1024);
+    b.remote_access = RemoteAccess {
+        read: false,
+        ..RemoteAccess::ALL
+    };
+    let mut p = setup_with(
+        config(QPN_A, QPN_B, Mtu::Mtu1024),
+        b,
+        FaultConfig::default(),
+    );
+    p.a.post(wr(
+        1,
+        WrOp::Read { remote: remote(0) },
+        &split(SRC, VA_SRC, 100),
+    ));
+    p.settle();
+    assert_eq!(statuses(&p.a), [(1, WcStatus::RemoteInvalidRequest)]);
+}
+
+#[test]
+fn a_send_larger_than_the_receive_buffer_is_a_length_error() {
+    let mut p = setup();
+    let sges = SgeList::from_slice(&[Sge {
+        lkey: DST,
+        addr: VA_DST,
+        len: 1500,
+    }])
+    .unwrap();
+    p.b.rq.push_back(RecvWqe { wr_id: 9, sges });
+    p.b.rq.push_back(RecvWqe { wr_id: 10, sges });
+    p.a.post(wr(1, WrOp::Send, &split(SRC, VA_SRC, 2000)));
+    p.settle();
+    assert_eq!(statuses(&p.a), [(1, WcStatus::RemoteInvalidRequest)]);
+    let r: Vec<_> =
+        p.b.recv_cqes()
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect();
+    assert_eq!(r, [(9, WcStatus::LocalLength), (10, WcStatus::Flushed)]);
+    assert_eq!(p.b.qp.state(), QpState::Error);
+}
+
+#[test]
+fn a_bad_receive_key_is_a_remote_operational_error() {
+    let mut p = setup();
+    let sges = SgeList::from_slice(&[Sge {
+        lkey: 0xBAD,
+        addr: VA_DST,
+        len: 1500,
+    }])
+    .unwrap();
+    p.b.rq.push_back(RecvWqe { wr_id: 9, sges });
+    p.a.post(wr(1, WrOp::Send, &split(SRC, VA_SRC, 20)));
+    p.settle();
+    assert_eq!(statuses(&p.a), [(1, WcStatus::RemoteOperational)]);
+    assert_eq!(p.b.recv_cqes()[0].status, WcStatus::LocalProtection);
+}
+
+#[test]
+fn a_bad_local_key_is_a_local_protection_error() {
+    let bad = [Sge {
+        lkey: 0xBAD,
+        addr: VA_SRC,
+        len: 100,
+    }];
+    fails_with(
+        wr(1, WrOp::Write { remote: remote(0) }, &bad),
+        WcStatus::LocalProtection,
+    );
+    // The READ's destination is checked when the response arrives.
+    fails_with(
+        wr(1, WrOp::Read { remote: remote(0) }, &bad),
+        WcStatus::LocalProtection,
+    );
+}
+
+#[test]
+fn retries_exhausted_give_retry_exceeded() {
+    for retry_cnt in [0, 3, 7] {
+        let mut a = config(QPN_A, QPN_B, Mtu::Mtu1024);
+        a.retry_cnt = retry_cnt;
+        // Nothing from A reaches B.
+        let dead = FaultConfig {
+            seed: 1,
+            drop_one_in: 1,
+            ..Default::default()
+        };
+        let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::Mtu1024), dead);
+        p.a.post(wr(
+            0,
+            WrOp::Write { remote: remote(0) },
+            &split(SRC, VA_SRC, 3000),
+        ));
+        p.a.post(wr(
+            1,
+            WrOp::Read { remote: remote(0) },
+            &split(SRC, VA_SRC, 10),
+        ));
+        let start = p.clock.now_ns();
+        p.settle();
+        assert_eq!(
+            statuses(&p.a),
+            [(0, WcStatus::RetryExceeded), (1, WcStatus::Flushed)]
+        );
+        let s = p.a.qp.stats();
+        assert_eq!(s.timeouts, u64::from(retry_cnt) + 1);
+        // Three packets of the WRITE and the READ request, sent 1 + retry_cnt times.
+        assert_eq!(s.tx_packets, 4 * (u64::from(retry_cnt) + 1));
+        let waited = p.clock.now_ns() - start;
+        let t = a.ack_timeout_ns().unwrap();
+        assert!(
+            waited >= t * (u64::from(retry_cnt) + 1),
+            "waited {waited} ns"
+        );
+    }
+}
+
+#[test]
+fn an_infinite_ack_timeout_never_retransmits() {
+    let mut a = config(QPN_A, QPN_B, Mtu::Mtu1024);
+    a.ack_timeout = 0;
+    let dead = FaultConfig {
+        seed: 1,
+        drop_one_in: 1,
+        ..Default::default()
+    };
+    let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::Mtu1024), dead);
+    p.a.post(wr(
+        0,
+        WrOp::Write { remote: remote(0) },
+        &split(SRC, VA_SRC, 10),
+    ));
+    assert!(!p.run_until(10_000, |p| !p.a.cq.is_empty()));
+    assert_eq!(p.a.qp.stats().tx_packets, 1);
+    assert_eq!(p.a.qp.stats().timeouts, 0);
+}
+
+#[test]
+fn rnr_waits_for_a_receive_then_succeeds() {
+    let mut p = setup();
+    p.a.post(wr(0, WrOp::Send, &split(SRC, VA_SRC, 2500)));
+    // A few RNR rounds with no receive posted.
+    let start = p.clock.now_ns();
+    assert!(p.run_until(100_000, |p| p.a.qp.stats().rnr_naks_received >= 3));
+    assert!(
+        p.clock.now_ns() - start >= 2 * rnr_timer_ns(1),
+        "the requester waited the RNR timer"
+    );
+    assert!(p.a.cq.is_empty());
+    let sges = SgeList::from_slice(&[Sge {
+        lkey: DST,
+        addr: VA_DST,
+        len: 4096,
+    }])
+    .unwrap();
+    p.b.rq.push_back(RecvWqe { wr_id: 5, sges });
+    p.settle();
+    assert_eq!(statuses(&p.a), [(0, WcStatus::Success)]);
+    assert_eq!(p.b.recv_cqes()[0].byte_len, 2500);
+    assert_eq!(
+        p.b.mem.bytes(DST, VA_DST, 2500),
+        p.a.mem.bytes(SRC, VA_SRC, 2500)
+    );
+    assert!(p.b.qp.stats().rnr_naks_sent >= 3);
+}
+
+#[test]
+fn write_with_immediate_waits_for_a_receive_too() {
+    let mut p = setup();
+    p.a.post(wr(
+        0,
+        WrOp::WriteImm {
+            remote: remote(0),
+            imm: 3,
+        },
+        &split(SRC, VA_SRC, 2500),
+    ));
+    assert!(p.run_until(100_000, |p| p.a.qp.stats().rnr_naks_received >= 2));
+    p.b.rq.push_back(RecvWqe {
+        wr_id: 5,
+        sges: SgeList::new(),
+    });
+    p.settle();
+    assert_eq!(statuses(&p.a), [(0, WcStatus::Success)]);
+    assert_eq!(p.b.recv_cqes()[0].imm, Some(3));
+}
+
+#[test]
+fn rnr_retries_exhausted_give_rnr_retry_exceeded() {
+    for rnr_retry in [0, 2, 6] {
+        let mut a = config(QPN_A, QPN_B, Mtu::Mtu1024);
+        a.rnr_retry = rnr_retry;
+        let mut p = setup_with(
+            a,
+            config(QPN_B, QPN_A, Mtu::Mtu1024),
+            FaultConfig::default(),
+        );
+        p.b.rq.push_back(RecvWqe {
+            wr_id: 1,
+            sges: SgeList::from_slice(&[Sge {
+                lkey: DST,
+                addr: VA_DST,
+                len: 64,
+            }])
+            .unwrap(),
+        });
+        p.a.post(wr(0, WrOp::Send, &split(SRC, VA_SRC, 10))); // uses the one receive
+        p.a.post(wr(1, WrOp::Send, &split(SRC, VA_SRC, 10)));
+        p.a.post(wr(
+            2,
+            WrOp::Write { remote: remote(0) },
+            &split(SRC, VA_SRC, 10),
+        ));
+        p.settle();
+        assert_eq!(
+            statuses(&p.a),
+            [
+                (0, WcStatus::Success),
+                (1, WcStatus::RnrRetryExceeded),
+                (2, WcStatus::Flushed)
+            ]
+        );
+        assert_eq!(p.a.qp.stats().rnr_naks_received, u64::from(rnr_retry) + 1);
+        // The responder is fine: an RNR is not its error.
+        assert_eq!(p.b.qp.state(), QpState::Rts);
+    }
+}
+
+#[test]
+fn requests_posted_in_the_error_state_are_flushed() {
+    let mut p = setup();
+    p.a.qp.set_error();
+    p.a.post(wr(0, WrOp::Send, &split(SRC, VA_SRC, 10)));
+    p.a.rq.push_back(RecvWqe {
+        wr_id: 7,
+        sges: SgeList::new(),
+    });
+    p.settle();
+    assert_eq!(statuses(&p.a), [(0, WcStatus::Flushed)]);
+    let r: Vec<_> =
+        p.a.recv_cqes()
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect();
+    assert_eq!(r, [(7, WcStatus::Flushed)]);
+    assert_eq!(p.a.qp.stats().tx_packets, 0);
+}

@@ -1,0 +1,258 @@
+//! Every operation still completes exactly once, with the right bytes, over a link that
+//! drops, duplicates, reorders and corrupts frames (corrupted frames fail the ICRC in the
+//! parser and are dropped).
+
+use proptest::prelude::*;
+
+use super::*;
+
+const SRC: u32 = 0x100;
+const DST: u32 = 0x200;
+const RCV: u32 = 0x300;
+const VA_SRC: u64 = 0x10_0000;
+const VA_DST: u64 = 0x7F00_0000;
+const VA_RCV: u64 = 0x5000_0000;
+const SLOT: u64 = 0x4000; // bytes per request slot
+const N: u64 = 48; // requests per direction
+const COUNTER: u64 = N * SLOT; // the FETCH_ADD target, after the WRITE slots
+
+/// What request `i` of a workload does with `len` bytes.
+fn op(i: u64, kinds: u8) -> WrOp {
+    let r = RemoteAddr {
+        addr: VA_DST + i * SLOT,
+        rkey: DST,
+    };
+    match (i + u64::from(kinds)) % 7 {
+        0 | 1 => WrOp::Write { remote: r },
+        2 => WrOp::Read { remote: r },
+        3 => WrOp::Send,
+        4 => WrOp::SendImm { imm: i as u32 },
+        5 => WrOp::FetchAdd {
+            remote: RemoteAddr {
+                addr: VA_DST + COUNTER,
+                rkey: DST,
+            },
+            add: i + 1,
+        },
+        _ => WrOp::WriteImm {
+            remote: r,
+            imm: !(i as u32),
+        },
+    }
+}
+
+/// Runs `N` requests each way with sizes from `sizes` (cycled) and checks every byte.
+fn run_workload(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) -> Pair {
+    let mut p = Pair::new(mtu, faults);
+    for s in [&mut p.a, &mut p.b] {
+        s.mem.register(SRC, VA_SRC, (N * SLOT) as usize, false);
+        s.mem.register(DST, VA_DST, (N * SLOT + 8) as usize, true);
+        s.mem.register(RCV, VA_RCV, (N * SLOT) as usize, false);
+        s.mem.fill(DST, VA_DST + COUNTER, &0u64.to_le_bytes());
+        for i in 0..N {
+            let sges = SgeList::from_slice(&[Sge {
+                lkey: RCV,
+                addr: VA_RCV + i * SLOT,
+                len: SLOT as u32,
+            }])
+            .unwrap();
+            s.rq.push_back(RecvWqe { wr_id: i, sges });
+        }
+    }
+    let len = |i: u64, w: &WrOp| match w {
+        WrOp::FetchAdd { .. } => 8,
+        _ => sizes[i as usize % sizes.len()].min(SLOT as u32),
+    };
+    for s in [&mut p.a, &mut p.b] {
+        for i in 0..N {
+            let w = op(i, kinds);
+            let mut r = wr(i, w, &split(SRC, VA_SRC + i * SLOT, len(i, &w)));
+            r.signaled = i % 2 == 0 || i == N - 1;
+            s.post(r);
+        }
+    }
+    p.settle();
+    let fresh = TestMem::default();
+    fresh.register(SRC, VA_SRC, (N * SLOT) as usize, false);
+    fresh.register(DST, VA_DST, (N * SLOT + 8) as usize, true);
+    for (me, peer) in [(&p.a, &p.b), (&p.b, &p.a)] {
+        let ids: Vec<_> = me.send_cqes().iter().map(|c| (c.wr_id, c.status)).collect();
+        let want: Vec<_> = (0..N)
+            .filter(|i| i % 2 == 0 || *i == N - 1)
+            .map(|i| (i, WcStatus::Success))
+            .collect();
+        assert_eq!(
+            ids, want,
+            "send completions of {:#?} with {:#?}",
+            me.qp, peer.qp
+        );
+        assert_eq!(me.qp.state(), QpState::Rts);
+        let mut adds = 0;
+        let mut recvs = Vec::new();
+        for i in 0..N {
+            let w = op(i, kinds);
+            let n = len(i, &w) as usize;
+            let src = me.mem.bytes(SRC, VA_SRC + i * SLOT, n);
+            match w {
+                WrOp::Write { .. } | WrOp::WriteImm { .. } => {
+                    assert_eq!(peer.mem.bytes(DST, VA_DST + i * SLOT, n), src, "write {i}");
+                    let tail = peer.mem.bytes(DST, VA_DST + i * SLOT + n as u64, 4);
+                    assert_eq!(
+                        tail,
+                        fresh.bytes(DST, VA_DST + i * SLOT + n as u64, 4),
+                        "write {i} overran"
+                    );
+                }
+                WrOp::Read { .. } => {
+                    assert_eq!(src, fresh.bytes(DST, VA_DST + i * SLOT, n), "read {i}");
+                }
+                WrOp::Send | WrOp::SendImm { .. } => recvs.push((i, n, src)),
+                WrOp::FetchAdd { add, .. } => adds += add,
+                WrOp::CompareSwap { .. } => unreachable!(),
+            }
+            if matches!(w, WrOp::WriteImm { .. }) {
+                recvs.push((i, n, Vec::new()));
+            }
+        }
+        let counter =
+            u64::from_le_bytes(peer.mem.bytes(DST, VA_DST + COUNTER, 8).try_into().unwrap());
+        assert_eq!(counter, adds, "each FETCH_ADD applied exactly once");
+        let got = peer.recv_cqes();
+        assert_eq!(
+            got.len(),
+            recvs.len(),
+            "one receive completion per SEND/WRITE with immediate"
+        );
+        for (k, (c, (i, n, data))) in got.iter().zip(&recvs).enumerate() {
+            assert_eq!(
+                (c.status, c.byte_len),
+                (WcStatus::Success, *n as u32),
+                "recv {k} for request {i}"
+            );
+            if !data.is_empty() {
+                assert_eq!(&peer.mem.bytes(RCV, VA_RCV + k as u64 * SLOT, *n), data);
+            }
+        }
+    }
+    p
+}
+
+fn all_faults(seed: u64, one_in: u32) -> FaultConfig {
+    FaultConfig {
+        seed,
+        drop_one_in: one_in,
+        duplicate_one_in: one_in,
+        reorder_one_in: one_in,
+        corrupt_one_in: one_in,
+    }
+}
+
+const SIZES: [u32; 9] = [0, 1, 255, 256, 257, 1024, 3000, 4097, 9000];
+
+#[test]
+fn a_clean_link_needs_no_retransmission() {
+    let p = run_workload(Mtu::Mtu1024, FaultConfig::default(), &SIZES, 0);
+    for s in [&p.a, &p.b] {
+        let st = s.qp.stats();
+        assert_eq!(
+            (st.retransmits, st.timeouts, st.duplicates, s.bad_frames),
+            (0, 0, 0, 0),
+            "{st:?}"
+        );
+    }
+}
+
+#[test]
+fn each_fault_alone_is_recovered() {
+    let kinds: [fn(u64) -> FaultConfig; 4] = [
+        |seed| FaultConfig {
+            seed,
+            drop_one_in: 8,
+            ..Default::default()
+        },
+        |seed| FaultConfig {
+            seed,
+            duplicate_one_in: 4,
+            ..Default::default()
+        },
+        |seed| FaultConfig {
+            seed,
+            reorder_one_in: 4,
+            ..Default::default()
+        },
+        |seed| FaultConfig {
+            seed,
+            corrupt_one_in: 8,
+            ..Default::default()
+        },
+    ];
+    for (k, f) in kinds.iter().enumerate() {
+        let p = run_workload(Mtu::Mtu256, f(k as u64 + 10), &SIZES, k as u8);
+        let (a, b) = (p.a.link.stats(), p.b.link.stats());
+        match k {
+            0 => assert!(
+                a.dropped + b.dropped > 0
+                    && p.a.qp.stats().retransmits + p.b.qp.stats().retransmits > 0
+            ),
+            1 => assert!(
+                a.duplicated + b.duplicated > 0
+                    && p.a.qp.stats().duplicates + p.b.qp.stats().duplicates > 0
+            ),
+            2 => assert!(a.reordered + b.reordered > 0),
+            // A flipped byte in a MAC address or the UDP checksum is not covered by any
+            // check; everything else fails the IPv4 checksum or the ICRC.
+            _ => {
+                let bad = p.a.bad_frames + p.b.bad_frames;
+                assert!(bad > 0 && bad <= a.corrupted + b.corrupted)
+            }
+        }
+    }
+}
+
+#[test]
+fn all_faults_together_over_many_seeds() {
+    for seed in 0..12 {
+        let mtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][seed as usize % 3];
+        run_workload(mtu, all_faults(seed, 10), &SIZES, seed as u8);
+    }
+}
+
+proptest! {
+    // A fixed generator seed: the same cases on every run (tests stay deterministic).
+    #![proptest_config(ProptestConfig {
+        cases: 24,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x005E_ED4C),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn any_seed_sizes_and_mix_complete_correctly(
+        seed in any::<u64>(),
+        one_in in 10u32..40,
+        mtu in 1u8..=5,
+        kinds in any::<u8>(),
+        sizes in proptest::collection::vec(0u32..12_000, 1..8),
+    ) {
+        run_workload(Mtu::from_ib(mtu).unwrap(), all_faults(seed, one_in), &sizes, kinds);
+    }
+}
+
+/// A longer soak over many seeds: `RC_SOAK_SEEDS=500 cargo test --release -- --ignored soak`
+/// (`RC_SOAK_FROM`, `RC_SOAK_ONE_IN` pick the seeds and the fault rate). At one fault of
+/// each kind in 10 frames about 20% of frames are lost, so a request and its response both
+/// get through a retry round only ~2/3 of the time and 8 failed rounds in a row
+/// (`retry_cnt` 7) is expected about once per few hundred runs: seed 1056 ends in
+/// RETRY_EXC_ERR that way, as the protocol prescribes. 1057..1549 and, at 1 in 25,
+/// 1000..1299 complete.
+#[test]
+#[ignore = "soak test; run on demand"]
+fn soak_many_seeds() {
+    let n: u64 = std::env::var("RC_SOAK_SEEDS").map_or(200, |s| s.parse().unwrap());
+    let one_in: u32 = std::env::var("RC_SOAK_ONE_IN").map_or(10, |s| s.parse().unwrap());
+    let from: u64 = std::env::var("RC_SOAK_FROM").map_or(1000, |s| s.parse().unwrap());
+    for seed in from..from + n {
+        eprintln!("soak seed {seed}");
+        let mtu = Mtu::from_ib((seed % 5) as u8 + 1).unwrap();
+        run_workload(mtu, all_faults(seed, one_in), &SIZES, seed as u8);
+    }
+}

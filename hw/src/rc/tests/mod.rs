@@ -1,0 +1,345 @@
+//! Tests of the RC engine: two QPs joined by an in-process link, with memory, receive
+//! queues and completion queues as recording doubles, and a manual clock that jumps to the
+//! next timer whenever the wire falls idle (so timeouts fire only when nothing moves, and
+//! runs are deterministic). `RC_TRACE=1` prints every frame each QP receives.
+
+mod basic;
+mod errors;
+mod faults;
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+
+use super::*;
+use crate::layout::roce::{EtherType, Ipv4Repr, RocePacket};
+use crate::link::{FaultConfig, LinkConfig, LinkEnd, pair};
+
+/// A registered region: `data` at `va`, reachable through its key.
+struct Region {
+    va: u64,
+    data: Vec<u8>,
+    remote: bool,
+}
+
+/// Keyed memory: L_Key = R_Key = the region's key. Remote access only where registered
+/// so; atomics operate on little-endian u64s.
+#[derive(Default)]
+pub(super) struct TestMem {
+    regions: RefCell<HashMap<u32, Region>>,
+}
+
+impl TestMem {
+    /// Registers `len` bytes at `va` under `key`, filled with a pattern of `key`.
+    pub(super) fn register(&self, key: u32, va: u64, len: usize, remote: bool) {
+        let data = (0..len)
+            .map(|i| (i as u32 ^ key).wrapping_mul(2_654_435_761) as u8)
+            .collect();
+        self.regions
+            .borrow_mut()
+            .insert(key, Region { va, data, remote });
+    }
+    pub(super) fn bytes(&self, key: u32, va: u64, len: usize) -> Vec<u8> {
+        let r = self.regions.borrow();
+        let r = &r[&key];
+        let at = (va - r.va) as usize;
+        r.data[at..at + len].to_vec()
+    }
+    pub(super) fn fill(&self, key: u32, va: u64, data: &[u8]) {
+        let mut r = self.regions.borrow_mut();
+        let r = r.get_mut(&key).unwrap();
+        let at = (va - r.va) as usize;
+        r.data[at..at + data.len()].copy_from_slice(data);
+    }
+    fn span(&self, key: u32, va: u64, len: u64, access: Access) -> Result<usize, AccessError> {
+        let r = self.regions.borrow();
+        let r = r.get(&key).ok_or(AccessError::InvalidKey { key })?;
+        let remote = matches!(
+            access,
+            Access::RemoteRead | Access::RemoteWrite | Access::RemoteAtomic
+        );
+        if remote && !r.remote {
+            return Err(AccessError::Denied);
+        }
+        let end = va.checked_add(len).ok_or(AccessError::OutOfRange)?;
+        if va < r.va || end > r.va + r.data.len() as u64 {
+            return Err(AccessError::OutOfRange);
+        }
+        Ok((va - r.va) as usize)
+    }
+}
+
+impl Memory for TestMem {
+    fn check(&self, key: u32, va: u64, len: u64, access: Access) -> Result<(), AccessError> {
+        self.span(key, va, len, access).map(drop)
+    }
+    fn read(&self, key: u32, va: u64, buf: &mut [u8], access: Access) -> Result<(), AccessError> {
+        let at = self.span(key, va, buf.len() as u64, access)?;
+        buf.copy_from_slice(&self.regions.borrow()[&key].data[at..at + buf.len()]);
+        Ok(())
+    }
+    fn write(&self, key: u32, va: u64, data: &[u8], access: Access) -> Result<(), AccessError> {
+        let at = self.span(key, va, data.len() as u64, access)?;
+        self.regions.borrow_mut().get_mut(&key).unwrap().data[at..at + data.len()]
+            .copy_from_slice(data);
+        Ok(())
+    }
+    fn atomic(&self, key: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
+        if !va.is_multiple_of(8) {
+            return Err(AccessError::Misaligned);
+        }
+        let at = self.span(key, va, 8, Access::RemoteAtomic)?;
+        let mut regions = self.regions.borrow_mut();
+        let cell = &mut regions.get_mut(&key).unwrap().data[at..at + 8];
+        let orig = u64::from_le_bytes(cell.try_into().unwrap());
+        let new = match op {
+            AtomicOp::CompareSwap { compare, swap } => {
+                if orig == compare {
+                    swap
+                } else {
+                    orig
+                }
+            }
+            AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
+        };
+        cell.copy_from_slice(&new.to_le_bytes());
+        Ok(orig)
+    }
+}
+
+impl RecvQueue for VecDeque<RecvWqe> {
+    fn take(&mut self) -> Option<RecvWqe> {
+        self.pop_front()
+    }
+}
+
+impl CompletionSink for Vec<Completion> {
+    fn complete(&mut self, c: Completion) {
+        self.push(c);
+    }
+}
+
+/// One end: a QP with its link end, memory, receive queue and completions.
+pub(super) struct Side {
+    pub qp: RcQp,
+    pub link: LinkEnd,
+    pub mem: TestMem,
+    pub rq: VecDeque<RecvWqe>,
+    pub cq: Vec<Completion>,
+    /// Frames the packet parser refused (corrupted on the wire: bad ICRC and the like).
+    pub bad_frames: u64,
+    buf: Vec<u8>,
+}
+
+impl Side {
+    fn new(cfg: QpConfig, link: LinkEnd) -> Self {
+        let buf = vec![0; link.max_frame_len()];
+        Self {
+            qp: RcQp::new(cfg).unwrap(),
+            link,
+            mem: TestMem::default(),
+            rq: VecDeque::new(),
+            cq: Vec::new(),
+            bad_frames: 0,
+            buf,
+        }
+    }
+
+    /// Receives every waiting frame, then polls. Returns (frames moved, next deadline).
+    fn step(&mut self, clock: &ManualClock) -> (u64, Option<u64>) {
+        let before = self.link.stats();
+        let mut env = Env {
+            link: &self.link,
+            mem: &self.mem,
+            recv: &mut self.rq,
+            cq: &mut self.cq,
+            clock,
+        };
+        while let Some(n) = self.link.try_recv(&mut self.buf).unwrap() {
+            match RocePacket::parse(&self.buf[..n]) {
+                Ok(pkt) => {
+                    if std::env::var_os("RC_TRACE").is_some() {
+                        eprintln!(
+                            "t={} {:#x} <- {}",
+                            clock.now_ns(),
+                            self.qp.config().qpn,
+                            *pkt
+                        );
+                    }
+                    self.qp.receive(&pkt, &mut env)
+                }
+                Err(e) => {
+                    if std::env::var_os("RC_TRACE").is_some() {
+                        eprintln!(
+                            "t={} {:#x} <- bad frame: {e}",
+                            clock.now_ns(),
+                            self.qp.config().qpn
+                        );
+                    }
+                    self.bad_frames += 1
+                }
+            }
+        }
+        let deadline = self.qp.poll(&mut env);
+        let after = self.link.stats();
+
+        (
+            after.tx_frames + after.rx_frames - before.tx_frames - before.rx_frames,
+            deadline,
+        )
+    }
+
+    /// Posts a work request (panics on a post error: tests of those call `post_send`).
+    pub(super) fn post(&mut self, wr: WorkRequest) {
+        self.qp.post_send(wr).unwrap();
+    }
+
+    /// Send-side completions.
+    pub(super) fn send_cqes(&self) -> Vec<Completion> {
+        self.cq
+            .iter()
+            .filter(|c| !c.opcode.is_recv())
+            .copied()
+            .collect()
+    }
+
+    /// Receive-side completions.
+    pub(super) fn recv_cqes(&self) -> Vec<Completion> {
+        self.cq
+            .iter()
+            .filter(|c| c.opcode.is_recv())
+            .copied()
+            .collect()
+    }
+}
+
+/// Two connected QPs and the clock they share.
+pub(super) struct Pair {
+    pub a: Side,
+    pub b: Side,
+    pub clock: ManualClock,
+}
+
+pub(super) const QPN_A: u32 = 0x11;
+pub(super) const QPN_B: u32 = 0x22;
+
+/// Attributes of one end of a test connection.
+pub(super) fn config(qpn: u32, dest: u32, mtu: Mtu) -> QpConfig {
+    let ip = |last: u8| [10, 0, 0, last];
+    let (src, dst) = if qpn == QPN_A { (1, 2) } else { (2, 1) };
+    QpConfig {
+        qpn,
+        dest_qpn: dest,
+        p_key: 0xFFFF,
+        path: PathConfig {
+            eth: EthRepr {
+                dst_addr: [2, 0, 0, 0, 0, dst],
+                src_addr: [2, 0, 0, 0, 0, src],
+                ethertype: EtherType::Ipv4,
+            },
+            ip: IpRepr::V4(Ipv4Repr {
+                src_addr: ip(src),
+                dst_addr: ip(dst),
+                dscp: 26,
+                ecn: 0,
+                identification: 0,
+                dont_fragment: true,
+                ttl: 64,
+                protocol: 17,
+                payload_len: 0,
+            }),
+            udp_src_port: 0xC000 | qpn as u16,
+        },
+        mtu,
+        // Different start PSNs per direction, one close to the wrap.
+        sq_psn: if qpn == QPN_A { 0xFF_FFF0 } else { 100 },
+        rq_psn: if qpn == QPN_A { 100 } else { 0xFF_FFF0 },
+        ack_timeout: 14, // 67 ms of the manual clock
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        max_rd_atomic: 4,
+        max_dest_rd_atomic: 4,
+        max_inflight: 32,
+        sq_depth: 256,
+        remote_access: RemoteAccess::ALL,
+        atomic_endianness: AtomicEndianness::Host,
+    }
+}
+
+impl Pair {
+    pub(super) fn new(mtu: Mtu, faults: FaultConfig) -> Self {
+        Self::with(config(QPN_A, QPN_B, mtu), config(QPN_B, QPN_A, mtu), faults)
+    }
+
+    pub(super) fn with(a: QpConfig, b: QpConfig, faults: FaultConfig) -> Self {
+        let (la, lb) = pair(LinkConfig {
+            faults,
+            ..LinkConfig::default()
+        });
+        Self {
+            a: Side::new(a, la),
+            b: Side::new(b, lb),
+            clock: ManualClock::new(1_000_000),
+        }
+    }
+
+    /// Runs both ends until `done` holds, jumping the clock to the next timer whenever no
+    /// frame moved. Returns false if the pair went idle for good or `max_steps` passed.
+    pub(super) fn run_until(&mut self, max_steps: usize, done: impl Fn(&Pair) -> bool) -> bool {
+        for _ in 0..max_steps {
+            if done(self) {
+                return true;
+            }
+            let (ma, da) = self.a.step(&self.clock);
+            let (mb, db) = self.b.step(&self.clock);
+            if ma + mb == 0 {
+                let next = match (da, db) {
+                    (Some(x), Some(y)) => x.min(y),
+                    (x, y) => match x.or(y) {
+                        Some(t) => t,
+                        None => return done(self),
+                    },
+                };
+                let now = self.clock.now_ns();
+                self.clock.advance(next.saturating_sub(now).max(1));
+            }
+        }
+        done(self)
+    }
+
+    /// Runs until both send queues are empty.
+    pub(super) fn settle(&mut self) {
+        let ok = self.run_until(1_000_000, |p| {
+            p.a.qp.send_queue_len() == 0 && p.b.qp.send_queue_len() == 0
+        });
+        assert!(ok, "did not settle: a {:?} b {:?}", self.a.qp, self.b.qp);
+    }
+}
+
+/// A work request over `sges` of `local`, signaled.
+pub(super) fn wr(wr_id: u64, op: WrOp, sges: &[Sge]) -> WorkRequest {
+    WorkRequest {
+        wr_id,
+        op,
+        local: LocalData::Sges(SgeList::from_slice(sges).unwrap()),
+        signaled: true,
+        solicited: false,
+        fence: false,
+    }
+}
+
+/// `len` bytes at `va` under `key` split into up to three SGEs of uneven sizes.
+pub(super) fn split(key: u32, va: u64, len: u32) -> Vec<Sge> {
+    let a = len / 3;
+    let b = len / 2 - len / 7;
+    let c = len - a - b;
+    [(0, a), (a, b), (a + b, c)]
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .map(|(off, n)| Sge {
+            lkey: key,
+            addr: va + u64::from(off),
+            len: n,
+        })
+        .collect()
+}

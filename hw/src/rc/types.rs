@@ -1,0 +1,611 @@
+//! The RC engine's public vocabulary: QP attributes, work requests, completions, the
+//! memory/receive-queue/completion/clock seams and their errors.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::sge::{MAX_INLINE, SgeList};
+use crate::layout::roce::{EthRepr, IpRepr, Psn};
+
+/// Path MTU (IBA Vol. 1 §9.7.7.2; the qpc `mtu` encoding 1..=5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256 = 1,
+    /// 512 bytes.
+    Mtu512 = 2,
+    /// 1024 bytes.
+    Mtu1024 = 3,
+    /// 2048 bytes.
+    Mtu2048 = 4,
+    /// 4096 bytes.
+    Mtu4096 = 5,
+}
+
+impl Mtu {
+    /// Payload bytes per packet.
+    pub const fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+    /// From the IB encoding (1 = 256 ... 5 = 4096).
+    pub const fn from_ib(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Mtu::Mtu256,
+            2 => Mtu::Mtu512,
+            3 => Mtu::Mtu1024,
+            4 => Mtu::Mtu2048,
+            5 => Mtu::Mtu4096,
+            _ => return None,
+        })
+    }
+}
+
+/// Byte order in which the original remote value of an atomic is written to the
+/// requester's local buffer (prm-subset.md §8.4 `atomic_req_8B_endianness_mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtomicEndianness {
+    /// Big-endian, as on the wire (IB mode 0).
+    #[default]
+    Big,
+    /// The host's byte order (mode 1; little-endian on the hosts we run on).
+    Host,
+}
+
+/// The addressing of the path: fixed header fields of every packet the QP sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathConfig {
+    /// Ethernet source and destination MACs (the EtherType is derived).
+    pub eth: EthRepr,
+    /// IP source/destination, TTL or hop limit, DSCP/ECN or traffic class and flow label
+    /// (lengths, protocol and checksum are derived).
+    pub ip: IpRepr,
+    /// RoCEv2 UDP source port (prm-subset.md §7.4 `udp_sport`; used for ECMP entropy).
+    pub udp_src_port: u16,
+}
+
+/// Attributes of a connected RC QP: what INIT2RTR and RTR2RTS set (prm-subset.md §7.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpConfig {
+    /// This QP's number (24 bits).
+    pub qpn: u32,
+    /// The peer QP's number (24 bits).
+    pub dest_qpn: u32,
+    /// Partition key sent in every BTH and required of every packet received.
+    pub p_key: u16,
+    /// Path addressing.
+    pub path: PathConfig,
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// First PSN the requester sends (`next_send_psn`).
+    pub sq_psn: u32,
+    /// First PSN the responder expects (`next_rcv_psn`).
+    pub rq_psn: u32,
+    /// Local ACK timeout exponent: 4.096 us * 2^`ack_timeout`; 0 waits forever
+    /// (IBA Vol. 1 §9.7.6.1.3, prm-subset.md §7.4 `ack_timeout`). 5 bits.
+    pub ack_timeout: u8,
+    /// Retries after a timeout or a NAK sequence error before the WR fails (0..=7).
+    pub retry_cnt: u8,
+    /// Retries after an RNR NAK before the WR fails (0..=7; 7 retries forever).
+    pub rnr_retry: u8,
+    /// RNR NAK timer this responder asks for (5-bit IBA encoding, Table 45).
+    pub min_rnr_timer: u8,
+    /// RDMA READ and atomic requests the requester keeps outstanding (at least 1;
+    /// `2^log_sra_max`). Should not exceed the peer's `max_dest_rd_atomic`.
+    pub max_rd_atomic: u8,
+    /// READ/atomic requests the responder remembers for duplicates (at least 1;
+    /// `2^log_rra_max`).
+    pub max_dest_rd_atomic: u8,
+    /// Packets (PSNs) the requester sends ahead of the oldest unacknowledged one.
+    pub max_inflight: u32,
+    /// Send work requests that can be outstanding.
+    pub sq_depth: u32,
+    /// Remote operations this responder allows (qpc `rre`, `rwe`, `rae`).
+    pub remote_access: RemoteAccess,
+    /// Byte order of atomic results written locally.
+    pub atomic_endianness: AtomicEndianness,
+}
+
+/// Remote operations a responder QP allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteAccess {
+    /// RDMA READ.
+    pub read: bool,
+    /// RDMA WRITE.
+    pub write: bool,
+    /// Atomics.
+    pub atomic: bool,
+}
+
+impl RemoteAccess {
+    /// Everything allowed.
+    pub const ALL: Self = Self {
+        read: true,
+        write: true,
+        atomic: true,
+    };
+}
+
+/// A QP attribute out of range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A field is outside its range.
+    #[error("QP attribute {field} = {value} is out of range")]
+    OutOfRange {
+        /// The attribute.
+        field: &'static str,
+        /// Its value.
+        value: u32,
+    },
+}
+
+impl QpConfig {
+    /// Checks every attribute against its range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let check = |field, value: u32, ok: bool| {
+            if ok {
+                Ok(())
+            } else {
+                Err(ConfigError::OutOfRange { field, value })
+            }
+        };
+        check("qpn", self.qpn, self.qpn <= Psn::MASK)?;
+        check("dest_qpn", self.dest_qpn, self.dest_qpn <= Psn::MASK)?;
+        check("sq_psn", self.sq_psn, self.sq_psn <= Psn::MASK)?;
+        check("rq_psn", self.rq_psn, self.rq_psn <= Psn::MASK)?;
+        check(
+            "ack_timeout",
+            self.ack_timeout.into(),
+            self.ack_timeout < 32,
+        )?;
+        check("retry_cnt", self.retry_cnt.into(), self.retry_cnt < 8)?;
+        check("rnr_retry", self.rnr_retry.into(), self.rnr_retry < 8)?;
+        check(
+            "min_rnr_timer",
+            self.min_rnr_timer.into(),
+            self.min_rnr_timer < 32,
+        )?;
+        check(
+            "max_rd_atomic",
+            self.max_rd_atomic.into(),
+            self.max_rd_atomic > 0,
+        )?;
+        let v = self.max_dest_rd_atomic;
+        check("max_dest_rd_atomic", v.into(), v > 0)?;
+        let v = self.max_inflight;
+        check("max_inflight", v, v > 0 && v < Psn::HALF)?;
+        check(
+            "sq_depth",
+            self.sq_depth,
+            self.sq_depth > 0 && self.sq_depth <= 1 << 16,
+        )?;
+        Ok(())
+    }
+
+    /// The local ACK timeout in nanoseconds, `None` for "forever".
+    pub fn ack_timeout_ns(&self) -> Option<u64> {
+        (self.ack_timeout != 0).then(|| 4096u64 << self.ack_timeout)
+    }
+}
+
+/// The RNR NAK timer of a 5-bit encoding, in nanoseconds (IBA Vol. 1 §9.7.5.2.8,
+/// Table 45 "Encoding for RNR NAK Timer Field": 0 = 655.36 ms, 1 = 0.01 ms ... 31 = 491.52 ms).
+pub const fn rnr_timer_ns(code: u8) -> u64 {
+    // The table in units of 10 us.
+    const UNITS: [u32; 32] = [
+        65536, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+        1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152,
+    ];
+    UNITS[(code & 0x1F) as usize] as u64 * 10_000
+}
+
+/// The remote side of an RDMA or atomic operation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoteAddr {
+    /// Remote virtual address.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// What a send work request does (IBA Vol. 1 §10.8.3, verbs `ibv_wr_opcode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WrOp {
+    /// RDMA WRITE of the local data to `remote`.
+    Write {
+        /// Target.
+        remote: RemoteAddr,
+    },
+    /// RDMA WRITE with immediate: also consumes a receive WR at the peer.
+    WriteImm {
+        /// Target.
+        remote: RemoteAddr,
+        /// Immediate data (delivered in the peer's receive completion).
+        imm: u32,
+    },
+    /// SEND of the local data into the peer's next receive buffer.
+    Send,
+    /// SEND with immediate.
+    SendImm {
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ of `remote` into the local SGEs.
+    Read {
+        /// Source.
+        remote: RemoteAddr,
+    },
+    /// 64-bit compare and swap at `remote`; the original value lands in the local SGE.
+    CompareSwap {
+        /// Target (8-byte aligned).
+        remote: RemoteAddr,
+        /// Value compared with.
+        compare: u64,
+        /// Value stored when equal.
+        swap: u64,
+    },
+    /// 64-bit fetch and add at `remote`; the original value lands in the local SGE.
+    FetchAdd {
+        /// Target (8-byte aligned).
+        remote: RemoteAddr,
+        /// Value added.
+        add: u64,
+    },
+}
+
+impl WrOp {
+    /// The completion opcode of this request.
+    pub const fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            WrOp::Write { .. } | WrOp::WriteImm { .. } => WcOpcode::RdmaWrite,
+            WrOp::Send | WrOp::SendImm { .. } => WcOpcode::Send,
+            WrOp::Read { .. } => WcOpcode::RdmaRead,
+            WrOp::CompareSwap { .. } => WcOpcode::CompareSwap,
+            WrOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+    /// READ and atomics: completed by response data rather than an ACK.
+    pub const fn needs_response(&self) -> bool {
+        matches!(
+            self,
+            WrOp::Read { .. } | WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. }
+        )
+    }
+}
+
+/// The local data of a work request: a gather/scatter list or inline bytes.
+// Stored in place in the preallocated send queue: boxing would allocate per request.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalData {
+    /// Data in registered memory.
+    Sges(SgeList),
+    /// Data carried in the request itself (SEND and WRITE only).
+    Inline {
+        /// Bytes used.
+        len: u16,
+        /// The bytes (`..len`).
+        data: [u8; MAX_INLINE],
+    },
+}
+
+impl LocalData {
+    /// Inline data from a slice, or `None` if longer than [`MAX_INLINE`].
+    pub fn inline(bytes: &[u8]) -> Option<Self> {
+        let mut data = [0u8; MAX_INLINE];
+        data.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(LocalData::Inline {
+            len: bytes.len() as u16,
+            data,
+        })
+    }
+    /// Total bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            LocalData::Sges(s) => s.total_len(),
+            LocalData::Inline { len, .. } => u64::from(*len),
+        }
+    }
+    /// True when there are no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A send work request, as the QP layer decodes it from a send WQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkRequest {
+    /// The caller's identifier (WQE index or `wr_id`), returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: WrOp,
+    /// Local data: the source of SEND/WRITE, the destination of READ/atomic results.
+    pub local: LocalData,
+    /// Generate a completion on success (failures always complete).
+    pub signaled: bool,
+    /// Set the BTH SE bit on the last packet of a SEND (solicited event).
+    pub solicited: bool,
+    /// Start only after every earlier READ and atomic has completed (IBA §10.8.3.3 fence).
+    pub fence: bool,
+}
+
+/// Why a work request was refused at post time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// The send queue is full.
+    #[error("send queue full")]
+    QueueFull,
+    /// Inline data on READ or an atomic.
+    #[error("inline data is allowed only for SEND and RDMA WRITE")]
+    InlineNotAllowed,
+    /// The local buffer of an atomic is not 8 bytes.
+    #[error("atomic local buffer of {len} bytes, must be 8")]
+    BadAtomicLength {
+        /// Bytes given.
+        len: u64,
+    },
+    /// The message is longer than 2^31 bytes (IBA Vol. 1 §9.4 message size limit).
+    #[error("message of {len} bytes exceeds 2^31")]
+    TooLong {
+        /// Bytes given.
+        len: u64,
+    },
+    /// More SGEs than [`MAX_SGE`](super::MAX_SGE).
+    #[error("more than {max} scatter/gather entries")]
+    TooManySges {
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// What a completion reports (verbs `ibv_wc_opcode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// SEND or SEND with immediate.
+    Send,
+    /// RDMA WRITE (with or without immediate).
+    RdmaWrite,
+    /// RDMA READ.
+    RdmaRead,
+    /// Compare and swap.
+    CompareSwap,
+    /// Fetch and add.
+    FetchAdd,
+    /// A SEND received.
+    Recv,
+    /// An RDMA WRITE with immediate received.
+    RecvRdmaWithImm,
+}
+
+impl WcOpcode {
+    /// A receive-side completion.
+    pub const fn is_recv(self) -> bool {
+        matches!(self, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+    }
+}
+
+/// The outcome of a work request (IBA Vol. 1 §10.10.2.2 completion status, verbs names in
+/// parentheses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    /// Completed (`IBV_WC_SUCCESS`).
+    Success,
+    /// A received message did not fit the receive buffers (`LOC_LEN_ERR`).
+    LocalLength,
+    /// A local buffer failed its L_Key check (`LOC_PROT_ERR`).
+    LocalProtection,
+    /// The responder sent a response that does not fit the request (`BAD_RESP_ERR`).
+    BadResponse,
+    /// NAK Invalid Request (`REM_INV_REQ_ERR`).
+    RemoteInvalidRequest,
+    /// NAK Remote Access Error (`REM_ACCESS_ERR`).
+    RemoteAccess,
+    /// NAK Remote Operational Error (`REM_OP_ERR`).
+    RemoteOperational,
+    /// Transport retries (timeouts, sequence errors) exhausted (`RETRY_EXC_ERR`).
+    RetryExceeded,
+    /// RNR retries exhausted (`RNR_RETRY_EXC_ERR`).
+    RnrRetryExceeded,
+    /// Flushed: the QP was in the error state (`WR_FLUSH_ERR`).
+    Flushed,
+}
+
+/// One completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The QP.
+    pub qpn: u32,
+    /// The work request's identifier.
+    pub wr_id: u64,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// How.
+    pub status: WcStatus,
+    /// Bytes transferred: the message length (receives: bytes placed; WRITE with
+    /// immediate: the RETH length).
+    pub byte_len: u32,
+    /// Immediate data of a received SEND/WRITE with immediate.
+    pub imm: Option<u32>,
+    /// The SE bit of a received SEND (request a solicited event).
+    pub solicited: bool,
+}
+
+/// QP states the engine distinguishes (IBA Vol. 1 §10.3.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Ready to send (and receive).
+    Rts,
+    /// Error: all work requests complete as flushed.
+    Error,
+}
+
+/// Counters of one QP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RcStats {
+    /// Packets handed to the link.
+    pub tx_packets: u64,
+    /// Packets lost to a link error or an unsendable packet.
+    pub tx_errors: u64,
+    /// Packets given to `receive`.
+    pub rx_packets: u64,
+    /// Received packets dropped (wrong QP or P_Key, error state, stale or unexpected).
+    pub rx_dropped: u64,
+    /// Request packets retransmitted.
+    pub retransmits: u64,
+    /// Local ACK timeouts.
+    pub timeouts: u64,
+    /// Duplicate requests the responder saw.
+    pub duplicates: u64,
+    /// NAK PSN sequence errors sent.
+    pub seq_naks_sent: u64,
+    /// NAK PSN sequence errors received.
+    pub seq_naks_received: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// ACKs (including coalesced) sent.
+    pub acks_sent: u64,
+}
+
+/// The access a memory operation needs (IBA Vol. 1 §10.6.3 access rights).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Local read through an L_Key (gather for SEND/WRITE).
+    LocalRead,
+    /// Local write through an L_Key (receive buffers, READ and atomic results).
+    LocalWrite,
+    /// Remote read through an R_Key.
+    RemoteRead,
+    /// Remote write through an R_Key.
+    RemoteWrite,
+    /// Remote atomic through an R_Key.
+    RemoteAtomic,
+}
+
+/// Why a memory access failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum AccessError {
+    /// No such key (or the key's tag does not match).
+    #[error("invalid key {key:#x}")]
+    InvalidKey {
+        /// The key.
+        key: u32,
+    },
+    /// The range is outside the region the key covers.
+    #[error("range outside the memory region")]
+    OutOfRange,
+    /// The key does not grant the access.
+    #[error("access not permitted by the key")]
+    Denied,
+    /// An atomic target is not 8-byte aligned.
+    #[error("misaligned atomic address")]
+    Misaligned,
+    /// The translation behind the key failed (IOMMU fault, revoked memory).
+    #[error("translation fault")]
+    Fault,
+}
+
+/// A 64-bit atomic operation on remote memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    /// Store `swap` if the value equals `compare`.
+    CompareSwap {
+        /// Compared with.
+        compare: u64,
+        /// Stored when equal.
+        swap: u64,
+    },
+    /// Add `add`.
+    FetchAdd {
+        /// Added.
+        add: u64,
+    },
+}
+
+/// Memory as the engine sees it: keyed, checked, byte-addressed. Implemented by the model
+/// over its MKeys, MTTs and IOMMU. `key` is an L_Key for local and an R_Key for remote
+/// accesses. Ranges never wrap.
+pub trait Memory {
+    /// Whether `len` bytes at `va` may be accessed with `access` (checked before a
+    /// READ or WRITE is accepted, so a bad R_Key is NAKed before any data moves).
+    fn check(&self, key: u32, va: u64, len: u64, access: Access) -> Result<(), AccessError>;
+    /// Reads `buf.len()` bytes at `va`.
+    fn read(&self, key: u32, va: u64, buf: &mut [u8], access: Access) -> Result<(), AccessError>;
+    /// Writes `data` at `va`.
+    fn write(&self, key: u32, va: u64, data: &[u8], access: Access) -> Result<(), AccessError>;
+    /// Performs `op` on the 8 bytes at `va` atomically with respect to other atomics of
+    /// the device ([`Access::RemoteAtomic`] required) and returns the original value. The
+    /// byte order of the target is the model's choice.
+    fn atomic(&self, key: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
+}
+
+/// A posted receive work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvWqe {
+    /// The caller's identifier.
+    pub wr_id: u64,
+    /// Where the message goes.
+    pub sges: SgeList,
+}
+
+/// The receive queue of a QP (or its SRQ).
+pub trait RecvQueue {
+    /// Takes the next posted receive WR, or `None` when none is posted (the responder
+    /// then answers with an RNR NAK).
+    fn take(&mut self) -> Option<RecvWqe>;
+}
+
+/// Where completions go (the model writes CQEs).
+pub trait CompletionSink {
+    /// One completion, in the order the QP completes work requests.
+    fn complete(&mut self, c: Completion);
+}
+
+/// Time in nanoseconds from an arbitrary origin, never going back.
+pub trait Clock {
+    /// Now.
+    fn now_ns(&self) -> u64;
+}
+
+/// A clock that moves only when told: deterministic tests, scaled time.
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    /// A clock at `ns`.
+    pub const fn new(ns: u64) -> Self {
+        Self(AtomicU64::new(ns))
+    }
+    /// Moves the clock forward by `ns`.
+    pub fn advance(&self, ns: u64) {
+        self.0.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ns(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The host's monotonic clock.
+#[derive(Debug)]
+pub struct MonotonicClock(std::time::Instant);
+
+impl MonotonicClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        Self(std::time::Instant::now())
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ns(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}

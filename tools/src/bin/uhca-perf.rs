@@ -1,0 +1,270 @@
+//! `uhca-perf`: perftest-like bandwidth and latency tests over uhca RC QPs.
+//!
+//! ```text
+//! uhca-perf write_bw -s 65536 -n 5000      # or: ln -s uhca-perf write_bw; ./write_bw -s 65536
+//! uhca-perf write_lat -s 2 -n 10000
+//! uhca-perf read_bw -a --report_gbits
+//! ```
+//!
+//! Both ends run in this process on the built-in model HCA (loopback through the port's own
+//! MAC), or on two model HCAs joined by the model's in-process link with `--pair`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use uhca_tools::perf::{Bench, BwResult, LatResult, Op, Settings};
+
+/// The test to run (perftest's program names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[allow(non_camel_case_types)]
+#[value(rename_all = "snake_case")]
+enum Mode {
+    write_bw,
+    write_lat,
+    read_bw,
+    read_lat,
+    send_bw,
+    send_lat,
+    atomic_bw,
+    atomic_lat,
+}
+
+impl Mode {
+    fn op(self) -> Op {
+        match self {
+            Mode::write_bw | Mode::write_lat => Op::Write,
+            Mode::read_bw | Mode::read_lat => Op::Read,
+            Mode::send_bw | Mode::send_lat => Op::Send,
+            Mode::atomic_bw | Mode::atomic_lat => Op::Atomic,
+        }
+    }
+    fn is_bw(self) -> bool {
+        matches!(
+            self,
+            Mode::write_bw | Mode::read_bw | Mode::send_bw | Mode::atomic_bw
+        )
+    }
+    fn title(self) -> &'static str {
+        match self.op() {
+            Op::Write => "RDMA_Write",
+            Op::Read => "RDMA_Read",
+            Op::Send => "Send",
+            Op::Atomic => "Atomic FETCH_AND_ADD",
+        }
+    }
+}
+
+/// perftest-like RDMA benchmarks on uhca (default device: the built-in model HCA).
+#[derive(Parser, Debug)]
+#[command(name = "uhca-perf", version, about)]
+struct Args {
+    /// Test to run (or invoke the binary under that name).
+    mode: Mode,
+    /// Message size in bytes (default: 65536 for bandwidth, 2 for latency; atomics are 8).
+    #[arg(short = 's', long = "size")]
+    size: Option<u64>,
+    /// Number of messages (default: 5000 for bandwidth, 1000 for latency).
+    #[arg(short = 'n', long = "iters")]
+    iters: Option<u64>,
+    /// Run every size from 2 to 2^23.
+    #[arg(short = 'a', long = "all")]
+    all: bool,
+    /// Number of QPs (bandwidth tests).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: u32,
+    /// Outstanding send work requests per QP.
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    tx_depth: u32,
+    /// Messages up to this size are sent inline (at most 220).
+    #[arg(short = 'I', long = "inline_size", default_value_t = 0)]
+    inline_size: u32,
+    /// Report bandwidth in Gb/s instead of MB/s.
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// Run each size for this many seconds instead of a number of messages.
+    #[arg(short = 'D', long = "duration")]
+    duration: Option<u64>,
+    /// Accepted for perftest compatibility (CPU frequency warnings do not apply).
+    #[arg(short = 'F')]
+    no_freq_check: bool,
+    /// Put the local buffers in device memory (MEMIC); bandwidth tests.
+    #[arg(long = "use_dm")]
+    use_dm: bool,
+    /// Use two model HCAs joined by an in-process link instead of one in loopback.
+    #[arg(long)]
+    pair: bool,
+}
+
+const LINE: &str =
+    "---------------------------------------------------------------------------------------";
+
+fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
+    let op = a.mode.op();
+    let sizes: Vec<usize> = if op == Op::Atomic {
+        if a.size.is_some_and(|s| s != 8) {
+            return Err("atomics are 8 bytes: -s must be 8 or absent".into());
+        }
+        vec![8]
+    } else if a.all {
+        if a.size.is_some() {
+            return Err("-a and -s exclude each other".into());
+        }
+        (1..=23).map(|k| 1usize << k).collect()
+    } else {
+        let s = a.size.unwrap_or(if a.mode.is_bw() { 65536 } else { 2 });
+        if s == 0 || s > 1 << 30 {
+            return Err(format!("-s {s}: the size must be 1..=2^30 bytes"));
+        }
+        vec![s as usize]
+    };
+    let iters = a.iters.unwrap_or(if a.mode.is_bw() { 5000 } else { 1000 });
+    if iters == 0 {
+        return Err("-n must be at least 1".into());
+    }
+    if a.duration == Some(0) {
+        return Err("-D must be at least 1 second".into());
+    }
+    if !(1..=8192).contains(&a.tx_depth) {
+        return Err(format!("-t {}: the depth must be 1..=8192", a.tx_depth));
+    }
+    if !(1..=64).contains(&a.qps) {
+        return Err(format!("-q {}: 1..=64 QPs", a.qps));
+    }
+    if a.inline_size as usize > uhca::datapath::MAX_INLINE {
+        return Err(format!(
+            "-I {}: at most {} inline bytes",
+            a.inline_size,
+            uhca::datapath::MAX_INLINE
+        ));
+    }
+    if a.use_dm && !a.mode.is_bw() {
+        return Err("--use_dm is supported by the bandwidth tests".into());
+    }
+    Ok((
+        sizes,
+        Settings {
+            op,
+            size: 0,
+            iters,
+            duration: a.duration.map(Duration::from_secs),
+            qps: if a.mode.is_bw() { a.qps } else { 1 },
+            tx_depth: a.tx_depth,
+            inline_size: a.inline_size,
+            use_dm: a.use_dm,
+        },
+    ))
+}
+
+fn header(a: &Args, s: &Settings) {
+    let kind = if a.mode.is_bw() { "BW" } else { "Latency" };
+    println!("{LINE}");
+    println!("                    {} {kind} Test", a.mode.title());
+    println!(
+        " Device         : {}",
+        if a.pair {
+            "uhca model x2 (linked)"
+        } else {
+            "uhca model (loopback)"
+        }
+    );
+    println!(" Number of qps  : {}\t\tTransport type : IB", s.qps);
+    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(" TX depth        : {}", s.tx_depth);
+    println!(" Max inline data : {}[B]", s.inline_size);
+    println!(
+        " Use device memory: {}",
+        if s.use_dm { "ON" } else { "OFF" }
+    );
+    println!("{LINE}");
+}
+
+fn bw_line(r: &BwResult, gbits: bool) {
+    let conv = |b: f64| {
+        if gbits {
+            b * 8.0 / 1e9
+        } else {
+            b / (1 << 20) as f64
+        }
+    };
+    println!(
+        " {:<10} {:<10}     {:<18.2} {:<20.2} {:.6}",
+        r.size,
+        r.iters,
+        conv(r.peak),
+        conv(r.avg),
+        r.msg_rate / 1e6
+    );
+}
+
+fn lat_line(r: &LatResult) {
+    println!(
+        " {:<7} {:<11}  {:<13.2} {:<12.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
+        r.size, r.iters, r.min, r.max, r.typical, r.avg, r.stdev, r.p99, r.p999
+    );
+}
+
+fn run(a: &Args) -> Result<(), String> {
+    let (sizes, settings) = validate(a)?;
+    let max = *sizes.iter().max().expect("at least one size");
+    let mut bench = Bench::new(&settings, max, a.pair).map_err(|e| e.to_string())?;
+    header(a, &settings);
+    if a.mode.is_bw() {
+        let unit = if a.report_gbits { "Gb/sec" } else { "MB/sec" };
+        println!(
+            " #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]"
+        );
+        for &s in &sizes {
+            bw_line(
+                &bench.bandwidth(s).map_err(|e| e.to_string())?,
+                a.report_gbits,
+            );
+        }
+    } else {
+        println!(
+            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
+        );
+        for &s in &sizes {
+            lat_line(&bench.latency(s).map_err(|e| e.to_string())?);
+        }
+    }
+    println!("{LINE}");
+    Ok(())
+}
+
+/// Arguments with the mode taken from the program name when invoked as `write_bw` etc.
+fn argv() -> Vec<String> {
+    let mut v: Vec<String> = std::env::args().collect();
+    let name = v
+        .first()
+        .and_then(|p| std::path::Path::new(p).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("")
+        .trim_start_matches("uhca_")
+        .to_owned();
+    if Mode::from_str(&name, false).is_ok() {
+        v.insert(1, name);
+    }
+    v
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse_from(argv()) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uhca-perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

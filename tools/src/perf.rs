@@ -1,0 +1,673 @@
+//! The `uhca-perf` engine: perftest-style bandwidth and latency runs over RC QPs.
+//!
+//! Both ends live in this process: two QPs on one model HCA in loopback (default), or on two
+//! model HCAs joined by the model's in-process link (`pair`). One application thread drives
+//! both ends; each model HCA has its own device thread, which is the data mover.
+
+use std::time::{Duration, Instant};
+
+use uhca::datapath::{Completion, PollError, PostError, Remote, Sge, WcOpcode};
+use uhca::hw::model::{Hca, ModelConfig};
+use uhca::pci::model::ModelFunction;
+use uhca::resource::{
+    Access, ConnectParams, Cq, CqConfig, Dm, Local, Mr, Pd, Qp, QpConfig, SendFlags, SendOp, SendWr,
+};
+use uhca::{Device, DeviceConfig};
+
+/// The operation under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// RDMA WRITE.
+    Write,
+    /// RDMA READ.
+    Read,
+    /// SEND/RECV.
+    Send,
+    /// Atomic fetch-and-add.
+    Atomic,
+}
+
+/// One run's settings (perftest flags).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Operation.
+    pub op: Op,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Iterations (messages), unless `duration` is set.
+    pub iters: u64,
+    /// Run for this long instead of `iters`.
+    pub duration: Option<Duration>,
+    /// Queue pairs.
+    pub qps: u32,
+    /// Outstanding send work requests per QP.
+    pub tx_depth: u32,
+    /// Messages up to this size go inline.
+    pub inline_size: u32,
+    /// Local buffers in device memory (MEMIC).
+    pub use_dm: bool,
+}
+
+/// Why a run could not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum PerfError {
+    /// Setting up devices, memory or queues failed.
+    #[error("setup: {0}")]
+    Setup(String),
+    /// A work request failed.
+    #[error("work request {wr_id} failed: {status:?}")]
+    Completion {
+        /// Its id.
+        wr_id: u64,
+        /// Its status.
+        status: uhca::datapath::WcStatus,
+    },
+    /// A malformed CQE.
+    #[error("bad CQE: {0}")]
+    Poll(#[from] PollError),
+    /// Posting failed for a reason other than a full queue.
+    #[error("post: {0}")]
+    Post(#[from] PostError),
+    /// No progress for a long time.
+    #[error("no completion for {0:?}: the device stalled")]
+    Stalled(Duration),
+}
+
+fn setup<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> PerfError {
+    move |e| PerfError::Setup(format!("{what}: {e}"))
+}
+
+const STALL: Duration = Duration::from_secs(30);
+
+/// One end: device, PD, CQ, QPs and a buffer per QP.
+struct End {
+    qps: Vec<Qp>,
+    cq: Cq,
+    bufs: Vec<Mr>,
+    _dm: Vec<Dm>,
+    _pd: Pd,
+    dev: Device,
+}
+
+/// Both ends of a run, connected.
+pub struct Bench {
+    /// Offset of the half of each buffer that the peer writes into.
+    rx_off: usize,
+    client: End,
+    server: End,
+    _models: Vec<std::sync::Arc<ModelFunction>>,
+    settings: Settings,
+}
+
+fn model(mac_last: u8) -> Result<std::sync::Arc<ModelFunction>, PerfError> {
+    let mut cfg = ModelConfig::default();
+    cfg.mac[5] = mac_last;
+    ModelFunction::new(cfg).map_err(setup("starting the model"))
+}
+
+impl Bench {
+    /// Boots the model(s), creates and connects the QPs for `s` with buffers of `max_size`.
+    pub fn new(s: &Settings, max_size: usize, pair: bool) -> Result<Bench, PerfError> {
+        let mut models = vec![model(0x10)?];
+        if pair {
+            models.push(model(0x20)?);
+            Hca::link_pair(models[0].hca(), models[1].hca()).map_err(setup("linking models"))?;
+        }
+        let open = |m: &std::sync::Arc<ModelFunction>| {
+            Device::open(m.clone(), DeviceConfig::default()).map_err(setup("booting"))
+        };
+        let dev_c = open(&models[0])?;
+        let dev_s = if pair {
+            open(&models[1])?
+        } else {
+            dev_c.clone()
+        };
+        let rx_depth = s.tx_depth.max(2);
+        let mk = |dev: &Device, local_dm: bool| -> Result<End, PerfError> {
+            let pd = dev.alloc_pd().map_err(setup("PD"))?;
+            let cq = dev
+                .create_cq(&CqConfig {
+                    entries: (2 * (s.tx_depth + rx_depth) * s.qps).max(64),
+                    events: false,
+                })
+                .map_err(setup("CQ"))?;
+            let cfg = QpConfig {
+                max_send_wr: s.tx_depth,
+                max_recv_wr: rx_depth,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline: s.inline_size,
+            };
+            let mut qps = Vec::new();
+            let mut bufs = Vec::new();
+            let mut dms = Vec::new();
+            for _ in 0..s.qps {
+                qps.push(dev.create_qp(&pd, &cq, &cq, &cfg).map_err(setup("QP"))?);
+                // Two halves: what this end sends from, and what its peer writes into.
+                let len = 2 * max_size.max(64);
+                let mr = if local_dm {
+                    let dm = dev
+                        .alloc_dm(len)
+                        .map_err(setup("device memory (--use_dm)"))?;
+                    let mr = pd
+                        .reg_dm(&dm, 0, len, Access::ALL)
+                        .map_err(setup("reg_dm"))?;
+                    dms.push(dm);
+                    mr
+                } else {
+                    pd.alloc_mr(len, Access::ALL)
+                        .map_err(setup("memory region"))?
+                };
+                bufs.push(mr);
+            }
+            Ok(End {
+                qps,
+                cq,
+                bufs,
+                _dm: dms,
+                _pd: pd,
+                dev: dev.clone(),
+            })
+        };
+        let mut client = mk(&dev_c, s.use_dm)?;
+        let mut server = mk(&dev_s, false)?;
+        let ca = client.dev.roce_address(0).map_err(setup("GID"))?;
+        let sa = server.dev.roce_address(0).map_err(setup("GID"))?;
+        for (i, (c, sv)) in client.qps.iter_mut().zip(server.qps.iter_mut()).enumerate() {
+            let psn = 0x1000 * (i as u32 + 1);
+            let mut pc = ConnectParams::new(sv.qpn(), sa.gid, sa.mac);
+            (pc.sq_psn, pc.rq_psn) = (psn, psn + 7);
+            let mut ps = ConnectParams::new(c.qpn(), ca.gid, ca.mac);
+            (ps.sq_psn, ps.rq_psn) = (psn + 7, psn);
+            c.connect(&pc).map_err(setup("connecting"))?;
+            sv.connect(&ps).map_err(setup("connecting"))?;
+        }
+        Ok(Bench {
+            rx_off: max_size.max(64),
+            client,
+            server,
+            _models: models,
+            settings: s.clone(),
+        })
+    }
+
+    fn wr<'a>(
+        &self,
+        qp: usize,
+        size: usize,
+        wr_id: u64,
+        flags: SendFlags,
+        local: &'a [Sge; 1],
+        inline: &'a [u8],
+    ) -> SendWr<'a> {
+        let remote = Remote::of(&self.server.bufs[qp], self.rx_off as u64);
+        let data = if size <= self.settings.inline_size as usize && self.settings.op != Op::Read {
+            Local::Inline(&inline[..size])
+        } else {
+            Local::Sges(local)
+        };
+        let op = match self.settings.op {
+            Op::Write => SendOp::Write {
+                local: data,
+                remote,
+            },
+            Op::Read => SendOp::Read { local, remote },
+            Op::Send => SendOp::Send { local: data },
+            Op::Atomic => SendOp::FetchAdd {
+                local: local[0],
+                remote,
+                add: 1,
+            },
+        };
+        SendWr { wr_id, op, flags }
+    }
+
+    fn local(&self, qp: usize, size: usize) -> [Sge; 1] {
+        let mr = &self.client.bufs[qp];
+        [Sge {
+            addr: mr.addr(),
+            len: size as u32,
+            lkey: mr.lkey(),
+        }]
+    }
+
+    /// Posts receives until the receive queue is full.
+    fn fill_recvs(end: &mut End, qp: usize, size: usize) -> Result<(), PerfError> {
+        let mr = &end.bufs[qp];
+        let sge = [Sge {
+            addr: mr.addr(),
+            len: size as u32,
+            lkey: mr.lkey(),
+        }];
+        loop {
+            match end.qps[qp].post_recv(0, &sge) {
+                Ok(()) => {}
+                Err(PostError::QueueFull) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn post_recvs(end: &mut End, qp: usize, size: usize, n: u32) -> Result<(), PerfError> {
+        let mr = &end.bufs[qp];
+        let sge = [Sge {
+            addr: mr.addr(),
+            len: size as u32,
+            lkey: mr.lkey(),
+        }];
+        for _ in 0..n {
+            end.qps[qp].post_recv(0, &sge)?;
+        }
+        Ok(())
+    }
+}
+
+fn check(c: Result<Completion, PollError>) -> Result<Completion, PerfError> {
+    let c = c?;
+    if !c.status.is_ok() {
+        return Err(PerfError::Completion {
+            wr_id: c.wr_id,
+            status: c.status,
+        });
+    }
+    Ok(c)
+}
+
+/// A bandwidth result.
+#[derive(Clone, Copy, Debug)]
+pub struct BwResult {
+    /// Message size.
+    pub size: usize,
+    /// Messages completed.
+    pub iters: u64,
+    /// Best bandwidth over a window of messages, bytes/s.
+    pub peak: f64,
+    /// Average bandwidth, bytes/s.
+    pub avg: f64,
+    /// Messages per second.
+    pub msg_rate: f64,
+}
+
+/// A latency result, in microseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct LatResult {
+    /// Message size.
+    pub size: usize,
+    /// Samples.
+    pub iters: u64,
+    /// Minimum.
+    pub min: f64,
+    /// Maximum.
+    pub max: f64,
+    /// Median.
+    pub typical: f64,
+    /// Mean.
+    pub avg: f64,
+    /// Standard deviation.
+    pub stdev: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+}
+
+impl Bench {
+    /// Streams messages of `size` on every QP, `tx_depth` outstanding, one signaled WQE per
+    /// quarter of the depth, one doorbell per batch.
+    pub fn bandwidth(&mut self, size: usize) -> Result<BwResult, PerfError> {
+        let s = self.settings.clone();
+        let nq = s.qps as usize;
+        let sig_every = u64::from((s.tx_depth / 4).max(1));
+        let inline = vec![0xA5u8; s.inline_size as usize];
+        let iters = if s.duration.is_some() {
+            u64::MAX
+        } else {
+            s.iters
+        };
+        if s.op == Op::Send {
+            for q in 0..nq {
+                Bench::fill_recvs(&mut self.server, q, size)?;
+            }
+        }
+        let mut posted = vec![0u64; nq];
+        let mut done = vec![0u64; nq];
+        let mut total_done = 0u64;
+        let qpn_index: Vec<u32> = self.client.qps.iter().map(|q| q.qpn()).collect();
+        let start = Instant::now();
+        let mut last_progress = start;
+        let window = (s.iters / 20).max(sig_every).max(1);
+        let (mut win_start, mut win_done, mut peak) = (start, 0u64, 0f64);
+        let deadline = s.duration.map(|d| start + d);
+        loop {
+            let stop = deadline.is_some_and(|d| Instant::now() >= d);
+            for q in 0..nq {
+                let local = self.local(q, size);
+                let cap = done[q] + u64::from(s.tx_depth);
+                let limit = if stop { posted[q] } else { cap.min(iters) };
+                while posted[q] < limit {
+                    let last = posted[q] + 1 == iters;
+                    let flags = if (posted[q] + 1).is_multiple_of(sig_every) || last {
+                        SendFlags::SIGNALED
+                    } else {
+                        SendFlags::NONE
+                    };
+                    let wr = self.wr(q, size, posted[q], flags, &local, &inline);
+                    match self.client.qps[q].post_send(&wr) {
+                        Ok(()) => posted[q] += 1,
+                        Err(PostError::QueueFull) => break,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                self.client.qps[q].ring_doorbell();
+            }
+            let mut progressed = false;
+            for c in self.client.cq.poll() {
+                let c = check(c)?;
+                let q = qpn_index.iter().position(|&n| n == c.qpn).unwrap_or(0);
+                total_done += c.wr_id + 1 - done[q];
+                win_done += c.wr_id + 1 - done[q];
+                done[q] = c.wr_id + 1;
+                progressed = true;
+            }
+            if s.op == Op::Send {
+                let mut refill = vec![0u32; nq];
+                for c in self.server.cq.poll() {
+                    let c = check(c)?;
+                    if c.opcode == WcOpcode::Recv {
+                        let q = self
+                            .server
+                            .qps
+                            .iter()
+                            .position(|x| x.qpn() == c.qpn)
+                            .unwrap_or(0);
+                        refill[q] += 1;
+                    }
+                }
+                for (q, n) in refill.into_iter().enumerate() {
+                    Bench::post_recvs(&mut self.server, q, size, n)?;
+                }
+            }
+            let now = Instant::now();
+            if progressed {
+                last_progress = now;
+                // Peak: the best window of at least `window` messages and 1 ms (shorter
+                // windows measure completion bursts, not bandwidth).
+                let dt = now.duration_since(win_start).as_secs_f64();
+                if win_done >= window && dt >= 1e-3 {
+                    peak = peak.max((win_done * size as u64) as f64 / dt);
+                    (win_start, win_done) = (now, 0);
+                }
+            } else if now.duration_since(last_progress) > STALL {
+                return Err(PerfError::Stalled(STALL));
+            }
+            let all_done = (0..nq).all(|q| done[q] == posted[q]);
+            if all_done && (stop || (deadline.is_none() && done.iter().all(|&d| d >= iters))) {
+                break;
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let avg = (total_done * size as u64) as f64 / secs;
+        Ok(BwResult {
+            size,
+            iters: total_done,
+            peak: peak.max(avg),
+            avg,
+            msg_rate: total_done as f64 / secs,
+        })
+    }
+
+    /// Latency of `size`-byte messages on QP 0: ping-pong (half the round trip) for WRITE and
+    /// SEND, request to completion for READ and atomics.
+    pub fn latency(&mut self, size: usize) -> Result<LatResult, PerfError> {
+        let s = self.settings.clone();
+        let iters = if s.duration.is_some() {
+            u64::MAX
+        } else {
+            s.iters.max(1)
+        };
+        let mut samples = Vec::with_capacity(s.iters.min(10_000_000) as usize);
+        let start = Instant::now();
+        let inline = vec![0u8; s.inline_size.max(1) as usize];
+        if s.op == Op::Send {
+            Bench::fill_recvs(&mut self.server, 0, size)?;
+            Bench::fill_recvs(&mut self.client, 0, size)?;
+        }
+        let mut i = 0u64;
+        while i < iters && s.duration.is_none_or(|d| start.elapsed() < d) {
+            let t0 = Instant::now();
+            match s.op {
+                Op::Write => self.pingpong_write(size, i, &inline)?,
+                Op::Send => self.pingpong_send(size, i, &inline)?,
+                Op::Read | Op::Atomic => {
+                    let local = self.local(0, size);
+                    let wr = self.wr(0, size, i, SendFlags::SIGNALED, &local, &inline);
+                    self.client.qps[0].post_send(&wr)?;
+                    self.client.qps[0].ring_doorbell();
+                    wait_one(&mut self.client.cq)?;
+                }
+            }
+            let dt = t0.elapsed().as_secs_f64() * 1e6;
+            samples.push(if matches!(s.op, Op::Write | Op::Send) {
+                dt / 2.0
+            } else {
+                dt
+            });
+            i += 1;
+        }
+        Ok(lat_stats(size, &mut samples))
+    }
+
+    /// Client writes `size` bytes ending in the iteration's tag into the server's buffer; the
+    /// server sees the tag and writes back; the client sees it.
+    fn pingpong_write(&mut self, size: usize, i: u64, inline: &[u8]) -> Result<(), PerfError> {
+        // Consecutive tags differ and are never 0 (the buffers start zeroed).
+        let tag = (i % 255) as u8 + 1;
+        let sig = u64::from((self.settings.tx_depth / 2).max(1));
+        let s = self.settings.inline_size as usize;
+        let rx = self.rx_off;
+        for from_client in [true, false] {
+            let (src, dst) = if from_client {
+                (&mut self.client, &self.server)
+            } else {
+                (&mut self.server, &self.client)
+            };
+            src.bufs[0]
+                .write(size - 1, &[tag])
+                .map_err(setup("buffer"))?;
+            let mut data = [0u8; 1024];
+            let local_inline = size <= s && size <= data.len();
+            if local_inline {
+                data[..size - 1].copy_from_slice(&inline[..(size - 1).min(inline.len())]);
+                data[size - 1] = tag;
+            }
+            let mr = &src.bufs[0];
+            let sge = [Sge {
+                addr: mr.addr(),
+                len: size as u32,
+                lkey: mr.lkey(),
+            }];
+            let local = if local_inline {
+                Local::Inline(&data[..size])
+            } else {
+                Local::Sges(&sge)
+            };
+            let flags = if i % sig == sig - 1 {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::NONE
+            };
+            let wr = SendWr {
+                wr_id: i,
+                op: SendOp::Write {
+                    local,
+                    remote: Remote::of(&dst.bufs[0], rx as u64),
+                },
+                flags,
+            };
+            src.qps[0].post_send(&wr)?;
+            src.qps[0].ring_doorbell();
+            for c in src.cq.poll() {
+                check(c)?;
+            }
+            let t = Instant::now();
+            let mut b = [0u8; 1];
+            loop {
+                dst.bufs[0]
+                    .read(rx + size - 1, &mut b)
+                    .map_err(setup("buffer"))?;
+                if b[0] == tag {
+                    break;
+                }
+                if t.elapsed() > STALL {
+                    return Err(PerfError::Stalled(STALL));
+                }
+                std::hint::spin_loop();
+            }
+        }
+        Ok(())
+    }
+
+    fn pingpong_send(&mut self, size: usize, i: u64, inline: &[u8]) -> Result<(), PerfError> {
+        let sig = u64::from((self.settings.tx_depth / 2).max(1));
+        let s = self.settings.inline_size as usize;
+        for from_client in [true, false] {
+            let (src, dst) = if from_client {
+                (&mut self.client, &mut self.server)
+            } else {
+                (&mut self.server, &mut self.client)
+            };
+            let mr = &src.bufs[0];
+            let sge = [Sge {
+                addr: mr.addr(),
+                len: size as u32,
+                lkey: mr.lkey(),
+            }];
+            let local = if size <= s {
+                Local::Inline(&inline[..size])
+            } else {
+                Local::Sges(&sge)
+            };
+            let flags = if i % sig == sig - 1 {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::NONE
+            };
+            src.qps[0].post_send(&SendWr {
+                wr_id: i,
+                op: SendOp::Send { local },
+                flags,
+            })?;
+            src.qps[0].ring_doorbell();
+            for c in src.cq.poll() {
+                check(c)?;
+            }
+            loop {
+                let c = wait_one(&mut dst.cq)?;
+                if c.opcode == WcOpcode::Recv {
+                    break;
+                }
+            }
+            Bench::post_recvs(dst, 0, size, 1)?;
+        }
+        Ok(())
+    }
+}
+
+fn wait_one(cq: &mut Cq) -> Result<Completion, PerfError> {
+    let t = Instant::now();
+    loop {
+        if let Some(c) = cq.poll().next() {
+            return check(c);
+        }
+        if t.elapsed() > STALL {
+            return Err(PerfError::Stalled(STALL));
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// min, max, median, mean, standard deviation and percentiles of `v` (sorted in place).
+pub fn lat_stats(size: usize, v: &mut [f64]) -> LatResult {
+    v.sort_by(f64::total_cmp);
+    let n = v.len().max(1) as f64;
+    let at = |p: f64| {
+        v.get(
+            ((v.len() as f64 * p).ceil() as usize)
+                .saturating_sub(1)
+                .min(v.len().saturating_sub(1)),
+        )
+        .copied()
+        .unwrap_or(0.0)
+    };
+    let avg = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n;
+    LatResult {
+        size,
+        iters: v.len() as u64,
+        min: v.first().copied().unwrap_or(0.0),
+        max: v.last().copied().unwrap_or(0.0),
+        typical: at(0.5),
+        avg,
+        stdev: var.sqrt(),
+        p99: at(0.99),
+        p999: at(0.999),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_statistics() {
+        let mut v: Vec<f64> = (1..=1000).rev().map(f64::from).collect();
+        let r = lat_stats(2, &mut v);
+        assert_eq!(
+            (r.min, r.max, r.typical, r.p99, r.p999),
+            (1.0, 1000.0, 500.0, 990.0, 999.0)
+        );
+        assert!((r.avg - 500.5).abs() < 1e-9);
+        let r = lat_stats(2, &mut []);
+        assert_eq!(r.iters, 0);
+    }
+
+    #[test]
+    fn write_bw_and_lat_run_on_the_model() {
+        let s = Settings {
+            op: Op::Write,
+            size: 4096,
+            iters: 200,
+            duration: None,
+            qps: 2,
+            tx_depth: 16,
+            inline_size: 0,
+            use_dm: false,
+        };
+        let mut b = Bench::new(&s, 4096, false).unwrap();
+        let r = b.bandwidth(4096).unwrap();
+        assert_eq!(r.iters, 400);
+        let l = b.latency(2).unwrap();
+        assert_eq!(l.iters, 200);
+        assert!(l.min <= l.typical && l.typical <= l.max);
+    }
+
+    #[test]
+    fn every_operation_completes_between_two_linked_models() {
+        for op in [Op::Read, Op::Send, Op::Atomic] {
+            let size = if op == Op::Atomic { 8 } else { 64 };
+            let s = Settings {
+                op,
+                size,
+                iters: 50,
+                duration: None,
+                qps: 1,
+                tx_depth: 8,
+                inline_size: 16,
+                use_dm: false,
+            };
+            let mut b = Bench::new(&s, size, true).unwrap();
+            assert_eq!(b.bandwidth(size).unwrap().iters, 50, "{op:?}");
+            assert_eq!(b.latency(size).unwrap().iters, 50, "{op:?}");
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! `uhca-perf` from the outside: bad flags get a message and a failing exit status, never a
+//! panic; a small run prints perftest's table.
+
+use std::process::Command;
+
+fn perf(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_uhca-perf"))
+        .args(args)
+        .output()
+        .expect("runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_flags_are_messages_not_panics() {
+    for (args, want) in [
+        (&["write_bw", "-s", "0"][..], "size"),
+        (&["write_bw", "-s", "99999999999"], "size"),
+        (&["write_bw", "-t", "0"], "depth"),
+        (&["write_bw", "-n", "0"], "-n"),
+        (&["write_bw", "-q", "0"], "QPs"),
+        (&["write_bw", "-I", "4096"], "inline"),
+        (&["write_bw", "-a", "-s", "64"], "exclude"),
+        (&["write_lat", "--use_dm"], "use_dm"),
+        (&["atomic_bw", "-s", "16"], "8 bytes"),
+        (&["write_bw", "-s", "banana"], "invalid value"),
+        (&["no_such_test"], "invalid value"),
+        (&["write_bw", "--no-such-flag"], "unexpected argument"),
+    ] {
+        let (code, _, err) = perf(args);
+        assert_ne!(code, 0, "{args:?} should fail");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn small_runs_print_perftest_tables() {
+    let (code, out, err) = perf(&["write_bw", "-s", "4096", "-n", "100", "-t", "16"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "#bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("4096       100 ")),
+        "{out}"
+    );
+    let (code, out, err) = perf(&["send_lat", "-s", "2", "-n", "100", "--pair"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("t_typical[usec]") && out.contains("99.9% percentile[usec]"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("2       100 ")),
+        "{out}"
+    );
+}
