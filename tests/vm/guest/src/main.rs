@@ -10,6 +10,7 @@
 mod edu;
 mod kmsg;
 
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -511,6 +512,10 @@ fn dma_and_irqs(t: &mut Tally, f: Arc<VfioFunction>, dev: &Edu) {
     if let Some(c) = c {
         let ci = c.iova();
         round_trip(t, dev, &c, 0x800, 21, "4 KiB region");
+        // Keep the region's memfd: its pages outlive the region, so we can see afterwards
+        // that the device did not reach them through the old IOVA.
+        let mem = c.fd().try_clone_to_owned().map(std::fs::File::from);
+        c.slice().fill(0, c.len(), 0x5a);
         drop(c);
         let u = dynf.dma_unmap(ci, 4096);
         t.check(
@@ -519,12 +524,15 @@ fn dma_and_irqs(t: &mut Tally, f: Arc<VfioFunction>, dev: &Edu) {
         );
         let done = dev.dma(edu::DMA_BUF, ci.0, XFER as u64, edu::DMA_TO_RAM);
         let fault = log.wait_for(&format!("fault addr {:#x}", ci.0), Duration::from_secs(3));
+        let mut old = vec![0u8; 4096];
+        let kept = mem.and_then(|m| m.read_exact_at(&mut old, 0)).is_ok();
         t.check(
-            done.is_some() && fault.is_some() && all_bytes(&a, 0xaa),
-            format!(
-                "DMA to the unmapped IOVA {ci:?} blocked: {}",
-                fault.unwrap_or_default()
-            ),
+            done.is_some() && kept && old.iter().all(|&b| b == 0x5a) && all_bytes(&a, 0xaa),
+            format!("DMA to the dropped region's IOVA {ci:?}: its memory (memfd) untouched"),
+        );
+        t.check(
+            fault.is_some(),
+            format!("IOMMU fault logged: {}", fault.unwrap_or_default()),
         );
     }
     let unmapped_never = dynf.dma_unmap(Iova(0x0800_0000), 4096);
