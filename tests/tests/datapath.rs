@@ -397,8 +397,6 @@ fn small_inline_writes_by_blueflame_with_unsignaled_wqes() {
 }
 
 #[test]
-#[ignore = "model (dpm 47c61bc) does not read bytes 16..64 of a multi-block WQE: \
-            hw/src/model/datapath.rs reads them only when nbb == 1"]
 fn large_inline_writes_span_several_basic_blocks() {
     inline_writes(150, 64);
 }

@@ -314,12 +314,11 @@ fn randomized_mixed_operations_match_a_reference_copy() {
     // READs and atomics are ordered before later operations only by a fence (verbs
     // IBV_SEND_FENCE, prm-subset.md §9.5): every operation here carries one.
     const SIG: SendFlags = SendFlags::SIGNALED.union(SendFlags::FENCE);
-    // Inline WRITEs that fit one basic block: the model (dpm 47c61bc) misreads multi-block
-    // WQEs (see datapath.rs `large_inline_writes_span_several_basic_blocks`).
-    const MAX_1BB_INLINE: usize = 28;
+    // Inline WRITEs up to the QP's inline limit, so some WQEs span several basic blocks.
+    const MAX_INLINE: usize = 64;
     let cfg = QpConfig {
         max_send_wr: 64,
-        max_inline: 64,
+        max_inline: MAX_INLINE as u32,
         ..QpConfig::default()
     };
     let mut p = pair_with(cfg, |_| {});
@@ -338,12 +337,16 @@ fn randomized_mixed_operations_match_a_reference_copy() {
             let id = done + k;
             let kind = rng.below(10);
             let wr = if kind < 4 {
-                let len = 1 + rng.below(2048) as usize;
+                let len = if kind == 0 {
+                    1 + rng.below(MAX_INLINE as u64) as usize
+                } else {
+                    1 + rng.below(2048) as usize
+                };
                 let off = rng.below((RLEN - len) as u64) as usize;
                 let roff = rng.below((RLEN - len) as u64) as usize;
                 reference[roff..roff + len].copy_from_slice(&src_bytes[off..off + len]);
                 expect.push(Expect::None);
-                if len <= MAX_1BB_INLINE && kind == 0 {
+                if kind == 0 {
                     // Inline: the data is copied into the WQE now.
                     let data = src_bytes[off..off + len].to_vec();
                     let wr = SendWr {

@@ -225,7 +225,10 @@ fn delivery_errors_leave_no_side_effects() {
     // An output longer than the largest message the model accepts: the delivery status
     // says so (prm-subset.md §3.7) and the command does not run.
     let e = raw
-        .exec(&input(Opcode::QueryIssi, 0, 16), 16 + 8 * 65536 + 4096)
+        .exec(
+            &input(Opcode::QueryIssi, 0, 16),
+            uhca_hw::model::MAX_MSG + 1,
+        )
         .unwrap_err();
     assert!(
         matches!(

@@ -20,7 +20,7 @@ const STRIDE: u64 = 1 << LOG_CMDQ_STRIDE;
 /// Largest message the model accepts in either direction: CREATE_MKEY with 2^20 MTT
 /// entries (a 4 GiB MR of 4 KiB pages, 8 MiB of mailboxes) fits, and so does MANAGE_PAGES
 /// of 64 Ki pages; longer `inlen`/`outlen` get IN/OUT_LENGTH_ERR.
-pub(crate) const MAX_MSG: usize = 0x110 + 8 * (1 << 20);
+pub const MAX_MSG: usize = 0x110 + 8 * (1 << 20);
 
 /// Base IOVA of the command queue as programmed in BAR0 (0 if not programmed).
 fn queue_base(sh: &Shared) -> u64 {

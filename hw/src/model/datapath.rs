@@ -493,9 +493,10 @@ pub(crate) fn run_sq(
     let mut w = [0u8; MAX_WQE + SEND_WQE_BB];
     while (pi.wrapping_sub(qp.sq_ci) as i32) > 0 {
         let idx = qp.sq_ci as u16;
+        // The whole first WQEBB: the control segment and whatever follows it (§9.5).
         if qp
             .buf
-            .read(sh, qp.sq_wqebb_off(qp.sq_ci), &mut w[..16])
+            .read(sh, qp.sq_wqebb_off(qp.sq_ci), &mut w[..SEND_WQE_BB])
             .is_err()
         {
             to_error(qp);
@@ -510,12 +511,6 @@ pub(crate) fn run_sq(
                 to_error(qp);
                 return;
             }
-        }
-        if nbb == 1 {
-            // The rest of the first WQEBB (the control segment is already in place).
-            let _ = qp
-                .buf
-                .read(sh, qp.sq_wqebb_off(qp.sq_ci) + 16, &mut w[16..64]);
         }
         let decoded = if ctrl.qpn != qp.qpn {
             Err(WqeError::QpOp)

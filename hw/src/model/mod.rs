@@ -57,6 +57,7 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::EventFd;
 
 pub use cmd::syndrome;
+pub use cmdif::MAX_MSG;
 pub use iommu::{AtomicOp, ByteOrder, DmaError, IOVA_END, IOVA_START};
 pub use mem::DmaBuffer;
 pub use mkey::MemError;
