@@ -9,9 +9,15 @@ use uhca_hw::model::ModelConfig;
 
 /// A model with a short boot delay and a fast health counter, for tests.
 pub fn model() -> Arc<ModelFunction> {
+    model_with_mac(ModelConfig::default().mac)
+}
+
+/// [`model`] with port MAC `mac` (models joined by a link need distinct MACs).
+pub fn model_with_mac(mac: [u8; 6]) -> Arc<ModelFunction> {
     ModelFunction::new(ModelConfig {
         boot_delay: Duration::from_millis(2),
         health_period: Duration::from_millis(1),
+        mac,
         ..ModelConfig::default()
     })
     .expect("model starts")
