@@ -1,5 +1,7 @@
 //! Shared helpers for the integration tests in `tests/tests/`.
 
+pub mod datapath;
+
 use std::sync::Arc;
 use std::time::Duration;
 

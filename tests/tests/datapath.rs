@@ -1,102 +1,21 @@
 //! The driver's data path against the model: CQs, RC QPs in loopback on one model HCA, every
 //! operation with its bytes checked, error completions, flush, many in flight, two threads.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use uhca::Device;
-use uhca::datapath::{Completion, Remote, Sge, WcOpcode, WcStatus};
+use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, Mr, Pd, Qp, QpConfig, QpState, SendFlags, SendOp,
+    Access, ConnectParams, Cq, CqConfig, Local, Mr, Qp, QpConfig, QpState, SendFlags, SendOp,
     SendWr,
 };
+use uhca_tests::datapath::{Pair, mr, pair_with, read, wait_n};
 use uhca_tests::device;
 
 const SIG: SendFlags = SendFlags::SIGNALED;
 
-/// Two connected QPs on one device (loopback by the port's own MAC), each with its own CQ.
-struct Pair {
-    a: Qp,
-    b: Qp,
-    cq_a: Cq,
-    cq_b: Cq,
-    pd: Pd,
-    _dev: Device,
-    _m: std::sync::Arc<uhca::pci::model::ModelFunction>,
-}
-
-fn pair_with(cfg: QpConfig, tune: impl Fn(&mut ConnectParams)) -> Pair {
-    let (dev, m) = device();
-    let pd = dev.alloc_pd().unwrap();
-    let cq_a = dev
-        .create_cq(&CqConfig {
-            entries: 512,
-            events: false,
-        })
-        .unwrap();
-    let cq_b = dev
-        .create_cq(&CqConfig {
-            entries: 512,
-            events: false,
-        })
-        .unwrap();
-    let mut a = dev.create_qp(&pd, &cq_a, &cq_a, &cfg).unwrap();
-    let mut b = dev.create_qp(&pd, &cq_b, &cq_b, &cfg).unwrap();
-    let addr = dev.roce_address(0).unwrap();
-    let mut pa = ConnectParams::new(b.qpn(), addr.gid, addr.mac);
-    pa.sq_psn = 100;
-    pa.rq_psn = 200;
-    tune(&mut pa);
-    let mut pb = ConnectParams::new(a.qpn(), addr.gid, addr.mac);
-    pb.sq_psn = 200;
-    pb.rq_psn = 100;
-    tune(&mut pb);
-    a.connect(&pa).unwrap();
-    b.connect(&pb).unwrap();
-    Pair {
-        a,
-        b,
-        cq_a,
-        cq_b,
-        pd,
-        _dev: dev,
-        _m: m,
-    }
-}
-
 fn pair() -> Pair {
-    pair_with(QpConfig::default(), |_| {})
-}
-
-/// Polls until `n` completions arrived (bounded by a generous deadline, never a timing
-/// assertion: the deadline only turns a hang into a failure).
-fn wait_n(cq: &mut Cq, n: usize) -> Vec<Completion> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut out = Vec::new();
-    while out.len() < n {
-        for c in cq.poll() {
-            out.push(c.expect("well-formed CQE"));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} completions: {out:?}",
-            out.len()
-        );
-        std::thread::yield_now();
-    }
-    out
-}
-
-fn mr(pd: &Pd, len: usize, fill: u8) -> Mr {
-    let m = pd.alloc_mr(len, Access::ALL).unwrap();
-    m.write(0, &vec![fill; len]).unwrap();
-    m
-}
-
-fn read(m: &Mr, off: usize, len: usize) -> Vec<u8> {
-    let mut v = vec![0; len];
-    m.read(off, &mut v).unwrap();
-    v
+    pair_with(512, QpConfig::default(), |_| {})
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -161,6 +80,7 @@ fn write_with_immediate_consumes_a_receive() {
 #[test]
 fn rdma_read_with_two_sges() {
     let mut p = pair_with(
+        512,
         QpConfig {
             max_send_sge: 2,
             ..QpConfig::default()
@@ -212,7 +132,7 @@ fn send_recv_with_and_without_immediate_and_inline() {
         max_recv_sge: 2,
         ..QpConfig::default()
     };
-    let mut p = pair_with(cfg, |_| {});
+    let mut p = pair_with(512, cfg, |_| {});
     let src = mr(&p.pd, 4096, 0);
     let dst = mr(&p.pd, 4096, 0);
     let data = pattern(1500, 9);
@@ -349,7 +269,7 @@ fn inline_writes(len: usize, n: u64) {
         max_inline: 200,
         ..QpConfig::default()
     };
-    let mut p = pair_with(cfg, |_| {});
+    let mut p = pair_with(512, cfg, |_| {});
     let dst = mr(&p.pd, 4096, 0);
     for i in 0..n {
         let data = pattern(len, i as u8);
@@ -548,7 +468,7 @@ fn many_in_flight_wrap_the_rings() {
         max_recv_wr: 64,
         ..QpConfig::default()
     };
-    let mut p = pair_with(cfg, |_| {});
+    let mut p = pair_with(512, cfg, |_| {});
     let src = mr(&p.pd, 1 << 16, 0);
     let dst = mr(&p.pd, 1 << 16, 0);
     src.write(0, &pattern(1 << 16, 1)).unwrap();

@@ -16,39 +16,10 @@ use uhca::resource::{
     SendWr,
 };
 use uhca::{AsyncEvent, Device};
+use uhca_tests::datapath::{mr, read, wait_n};
 use uhca_tests::{config, device, model_with_mac};
 
 const SIG: SendFlags = SendFlags::SIGNALED;
-
-/// Polls until `n` completions arrived. The deadline only turns a hang into a failure.
-fn wait_n(cq: &mut Cq, n: usize) -> Vec<Completion> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut out = Vec::new();
-    while out.len() < n {
-        for c in cq.poll() {
-            out.push(c.expect("well-formed CQE"));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} completions: {out:?}",
-            out.len()
-        );
-        std::thread::yield_now();
-    }
-    out
-}
-
-fn read(m: &Mr, off: usize, len: usize) -> Vec<u8> {
-    let mut v = vec![0; len];
-    m.read(off, &mut v).unwrap();
-    v
-}
-
-fn mr(pd: &Pd, len: usize, fill: u8) -> Mr {
-    let m = pd.alloc_mr(len, Access::ALL).unwrap();
-    m.write(0, &vec![fill; len]).unwrap();
-    m
-}
 
 fn syndrome(c: &Completion) -> Option<CqeSyndrome> {
     match c.status {

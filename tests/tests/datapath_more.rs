@@ -1,86 +1,12 @@
 //! More of the data path against the model: rights, RNR exhaustion, long messages, device
 //! memory, and a seeded randomized run of mixed operations against a reference copy.
 
-use std::time::{Duration, Instant};
-
-use uhca::Device;
 use uhca::datapath::{Completion, Remote, Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, Mr, Mtu, Pd, Qp, QpConfig, SendFlags, SendOp,
-    SendWr,
-};
-use uhca_tests::device;
+use uhca::resource::{Access, Local, Mtu, QpConfig, SendFlags, SendOp, SendWr};
+use uhca_tests::datapath::{Pair, pair_with, read, wait_n};
 
 const SIG: SendFlags = SendFlags::SIGNALED;
-
-struct Pair {
-    a: Qp,
-    b: Qp,
-    cq_a: Cq,
-    cq_b: Cq,
-    pd: Pd,
-    dev: Device,
-    _m: std::sync::Arc<uhca::pci::model::ModelFunction>,
-}
-
-fn pair_with(cfg: QpConfig, tune: impl Fn(&mut ConnectParams)) -> Pair {
-    let (dev, m) = device();
-    let pd = dev.alloc_pd().unwrap();
-    let cq_a = dev
-        .create_cq(&CqConfig {
-            entries: 1024,
-            events: false,
-        })
-        .unwrap();
-    let cq_b = dev
-        .create_cq(&CqConfig {
-            entries: 1024,
-            events: false,
-        })
-        .unwrap();
-    let mut a = dev.create_qp(&pd, &cq_a, &cq_a, &cfg).unwrap();
-    let mut b = dev.create_qp(&pd, &cq_b, &cq_b, &cfg).unwrap();
-    let addr = dev.roce_address(0).unwrap();
-    let mut pa = ConnectParams::new(b.qpn(), addr.gid, addr.mac);
-    tune(&mut pa);
-    let mut pb = ConnectParams::new(a.qpn(), addr.gid, addr.mac);
-    tune(&mut pb);
-    a.connect(&pa).unwrap();
-    b.connect(&pb).unwrap();
-    Pair {
-        a,
-        b,
-        cq_a,
-        cq_b,
-        pd,
-        dev,
-        _m: m,
-    }
-}
-
-fn wait_n(cq: &mut Cq, n: usize) -> Vec<Completion> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut out = Vec::new();
-    while out.len() < n {
-        for c in cq.poll() {
-            out.push(c.expect("well-formed CQE"));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} completions: {out:?}",
-            out.len()
-        );
-        std::thread::yield_now();
-    }
-    out
-}
-
-fn read(m: &Mr, off: usize, len: usize) -> Vec<u8> {
-    let mut v = vec![0; len];
-    m.read(off, &mut v).unwrap();
-    v
-}
 
 fn one(p: &mut Pair, wr: SendWr<'_>) -> Completion {
     p.a.post_send(&wr).unwrap();
@@ -94,7 +20,7 @@ fn is_err(c: &Completion, s: CqeSyndrome) -> bool {
 
 #[test]
 fn missing_remote_rights_are_remote_access_errors() {
-    let mut p = pair_with(QpConfig::default(), |_| {});
+    let mut p = pair_with(1024, QpConfig::default(), |_| {});
     let src = p.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
     src.write(0, &[7; 64]).unwrap();
     // Readable but not writable remotely.
@@ -116,7 +42,7 @@ fn missing_remote_rights_are_remote_access_errors() {
     assert!(is_err(&c, CqeSyndrome::RemoteAccess), "{c:?}");
     assert_eq!(read(&ro, 0, 64), vec![0; 64]);
 
-    let mut p = pair_with(QpConfig::default(), |_| {});
+    let mut p = pair_with(1024, QpConfig::default(), |_| {});
     let dst = p.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
     let wo =
         p.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
@@ -136,7 +62,7 @@ fn missing_remote_rights_are_remote_access_errors() {
     assert!(is_err(&c, CqeSyndrome::RemoteAccess), "{c:?}");
 
     // A READ into a local region the device may not write is a local protection error.
-    let mut p = pair_with(QpConfig::default(), |_| {});
+    let mut p = pair_with(1024, QpConfig::default(), |_| {});
     let local_ro = p.pd.alloc_mr(64, Access::NONE).unwrap();
     let remote =
         p.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_READ)
@@ -159,7 +85,7 @@ fn missing_remote_rights_are_remote_access_errors() {
 
 #[test]
 fn rnr_retry_exhaustion_without_a_posted_receive() {
-    let mut p = pair_with(QpConfig::default(), |c| {
+    let mut p = pair_with(1024, QpConfig::default(), |c| {
         c.rnr_retry = 0;
         c.min_rnr_timer = 1;
     });
@@ -183,7 +109,7 @@ fn megabyte_messages_span_many_mtus() {
         max_send_sge: 2,
         ..QpConfig::default()
     };
-    let mut p = pair_with(cfg, |c| c.mtu = Mtu::M1024);
+    let mut p = pair_with(1024, cfg, |c| c.mtu = Mtu::M1024);
     let len = 1 << 20;
     let src = p.pd.alloc_mr(len, Access::ALL).unwrap();
     let dst = p.pd.alloc_mr(len, Access::ALL).unwrap();
@@ -225,7 +151,7 @@ fn megabyte_messages_span_many_mtus() {
 
 #[test]
 fn device_memory_as_source_target_and_atomic_operand() {
-    let mut p = pair_with(QpConfig::default(), |_| {});
+    let mut p = pair_with(1024, QpConfig::default(), |_| {});
     let dm = p.dev.alloc_dm(4096).unwrap();
     let dmr = p.pd.reg_dm(&dm, 0, 4096, Access::ALL).unwrap();
     let host = p.pd.alloc_mr(4096, Access::ALL).unwrap();
@@ -321,7 +247,7 @@ fn randomized_mixed_operations_match_a_reference_copy() {
         max_inline: MAX_INLINE as u32,
         ..QpConfig::default()
     };
-    let mut p = pair_with(cfg, |_| {});
+    let mut p = pair_with(1024, cfg, |_| {});
     let mut rng = Rng(0x5EED_1234_ABCD_0001);
     let remote = p.pd.alloc_mr(RLEN, Access::ALL).unwrap();
     let src = p.pd.alloc_mr(RLEN, Access::ALL).unwrap();
