@@ -11,6 +11,7 @@
 use crate::layout::eqe::{EQE_SIZE, EventType, eqe_owner_for};
 use crate::layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM, UAR_SIZE};
 
+use super::caps::LOG_MAX_EQ;
 use super::state::Core;
 use super::{Counters, Shared};
 
@@ -138,10 +139,18 @@ fn signal(sh: &Shared, vector: u32) {
 
 /// Takes the EQ doorbells of every UAR that has an EQ; true if any was written.
 pub(crate) fn poll_doorbells(sh: &Shared, core: &mut Core) -> bool {
-    let mut uars: Vec<u32> = core.eqs.values().map(|e| e.uar).collect();
-    uars.dedup();
+    // Runs on every device-thread pass: the distinct UARs go in a stack array (one per EQ
+    // at most), not a heap Vec.
+    let mut uars = [0u32; 1 << LOG_MAX_EQ];
+    let mut n = 0;
+    for e in core.eqs.values() {
+        if !uars[..n].contains(&e.uar) {
+            uars[n] = e.uar;
+            n += 1;
+        }
+    }
     let mut any = false;
-    for uar in uars {
+    for &uar in &uars[..n] {
         let base = uar as usize * UAR_SIZE;
         for (off, arm) in [(EQ_DOORBELL_NOARM, false), (EQ_DOORBELL_ARM, true)] {
             let w = sh.bar.swap_be32(base + off, DB_EMPTY);
