@@ -16,7 +16,8 @@
 //!   carves that page out of the mmap since the region has no `MSIX_MAPPABLE` capability).
 //!   Regions 1-6 and 8 are absent (BAR1 is BAR0's upper half).
 //! - **Interrupts**: MSI-X (index 2) with [`Hca::num_irqs`] vectors, eventfds by SET_IRQS
-//!   ([`Hca::set_irq`]); INTx, MSI, ERR and REQ have no vectors.
+//!   ([`Hca::set_irq`]); an eventfd SET_IRQS with no fd attached disconnects its vectors;
+//!   INTx, MSI, ERR and REQ have no vectors.
 //! - **DMA**: DMA_MAP with a file (memfd, hugetlbfs) is mapped here and handed to the model
 //!   IOMMU ([`Hca::dma_map`]); DMA_UNMAP removes it from the IOMMU (which waits for
 //!   in-flight device accesses) and then unmaps it. A DMA_MAP without a file is accepted
@@ -399,6 +400,14 @@ impl ServerBackend for ModelDevice {
         if flags & VFIO_IRQ_SET_DATA_EVENTFD == 0 {
             return Err(invalid(format!("SET_IRQS data type {flags:#x}")));
         }
+        if fds.is_empty() && count > 0 {
+            // A vfio-user client cannot send fd -1 ("disconnect") over SCM_RIGHTS: an
+            // eventfd SET_IRQS with none attached disconnects the vectors (uhca's client).
+            for v in start..end {
+                self.hca.set_irq(v, None).map_err(model_err)?;
+            }
+            return Ok(());
+        }
         if fds.len() != count as usize {
             return Err(invalid(format!(
                 "SET_IRQS: {count} vectors but {} eventfds",
@@ -504,5 +513,14 @@ mod tests {
             )
             .is_err()
         );
+        // Eventfd trigger with no fds: disconnect (vectors in range).
+        d.set_irqs(
+            VFIO_PCI_MSIX_IRQ_INDEX,
+            VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_EVENTFD,
+            3,
+            2,
+            Vec::new(),
+        )
+        .unwrap();
     }
 }
