@@ -31,6 +31,22 @@ impl ModelProc {
     fn spawn(args: &[&str]) -> ModelProc {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("model.sock");
+        Self::spawn_in(dir, sock, args)
+    }
+
+    /// A process on `sock`, a path that may exist already (a stale socket).
+    fn spawn_at(sock: PathBuf, args: &[&str]) -> ModelProc {
+        Self::spawn_in(tempfile::tempdir().unwrap(), sock, args)
+    }
+
+    fn spawn_in(dir: tempfile::TempDir, sock: PathBuf, args: &[&str]) -> ModelProc {
+        use std::os::unix::fs::MetadataExt;
+        let inode = |p: &PathBuf| {
+            std::fs::symlink_metadata(p)
+                .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
+                .ok()
+        };
+        let stale = inode(&sock);
         let child = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
             .arg("--socket")
             .arg(&sock)
@@ -45,7 +61,8 @@ impl ModelProc {
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !p.sock.exists() {
+        // Until the socket exists and is not the stale one it replaces.
+        while inode(&p.sock).is_none() || inode(&p.sock) == stale {
             assert!(
                 p.child.try_wait().unwrap().is_none(),
                 "uhca-model exited early"
@@ -413,4 +430,49 @@ fn a_killed_model_process_is_reported_as_device_lost() {
         drop((a, b, cq_a, src, dst, pd));
         assert!(dev.close().is_err());
     });
+}
+
+#[test]
+fn uhca_info_reads_a_model_process_and_persist_serves_clients_in_turn() {
+    let mut model = ModelProc::spawn(&["--persist"]);
+    for _ in 0..2 {
+        let out = Command::new(env!("CARGO_BIN_EXE_uhca-info"))
+            .arg("--vfio-user")
+            .arg(&model.sock)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["vendor_id"], 0x15b3);
+        assert_eq!(v["ports"][0]["state"], "PORT_ACTIVE");
+    }
+    // A second server on the same path is refused, and so is a stale path without --replace.
+    let out = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
+        .arg("--socket")
+        .arg(&model.sock)
+        .arg("--replace")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
+    let sock = model.sock.clone();
+    model.child.kill().unwrap(); // killed: the socket stays behind
+    model.child.wait().unwrap();
+    assert!(sock.exists());
+    let out = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
+        .arg("--socket")
+        .arg(&sock)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--replace"));
+    // With --replace the stale socket is taken over.
+    let mut again = ModelProc::spawn_at(sock, &["--replace"]);
+    drop(again.connect());
+    assert!(again.wait_exit().success());
 }
