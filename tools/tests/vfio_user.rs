@@ -476,3 +476,58 @@ fn uhca_info_reads_a_model_process_and_persist_serves_clients_in_turn() {
     drop(again.connect());
     assert!(again.wait_exit().success());
 }
+
+#[test]
+fn refused_requests_leave_the_connection_usable() {
+    use std::os::fd::AsRawFd;
+    use uhca::pci::{DmaMapping, FileBacking, Iova, PciFunction};
+
+    let model = ModelProc::spawn(&[]);
+    let f = model.connect();
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(8192).unwrap();
+    let mut host = vec![0u8; 8192];
+    let vaddr = host.as_mut_ptr();
+    let m = |iova: u64| DmaMapping {
+        vaddr,
+        len: 4096,
+        iova: Iova(iova),
+        backing: Some(FileBacking {
+            fd: file.as_raw_fd(),
+            offset: 4096,
+        }),
+    };
+    // SAFETY: the device only reaches the file's pages through the server's own mapping;
+    // `host` and `file` outlive the mapping (unmapped below).
+    let refused = unsafe { f.dma_map(&m(0)) }.unwrap_err();
+    assert!(
+        matches!(refused, PciError::DmaMap { reason, .. } if reason.contains("server")),
+        "{refused}"
+    );
+    // SAFETY: as above.
+    unsafe { f.dma_map(&m(0x10_0000)) }.unwrap();
+    assert!(matches!(
+        f.dma_unmap(Iova(0x10_0000), 8192),
+        Err(PciError::NotMapped { .. })
+    ));
+    f.dma_unmap(Iova(0x10_0000), 4096).unwrap();
+    let without_fd = DmaMapping {
+        backing: None,
+        ..m(0x20_0000)
+    };
+    // SAFETY: refused before anything is shared.
+    let e = unsafe { f.dma_map(&without_fd) }.unwrap_err();
+    assert!(e.to_string().contains("file descriptor"), "{e}");
+    let mut b = [0u8; 4];
+    assert!(matches!(
+        f.config_read(4094, &mut b),
+        Err(PciError::ConfigRange { .. })
+    ));
+    assert!(matches!(f.set_irq(999, None), Err(PciError::NoVector(999))));
+    f.set_irq(0, None).unwrap();
+    f.reset().unwrap();
+    f.config_read(0, &mut b).unwrap();
+    assert_eq!(b, [0xb3, 0x15, 0x17, 0x10]);
+    f.check().unwrap();
+    assert!(!f.is_lost());
+}
