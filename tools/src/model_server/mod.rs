@@ -5,7 +5,7 @@
 //! `vfio_user` crate's [`vfio_user::Server`], to uhca's vfio-user backend
 //! (`uhca::pci::vfio_user`) or to QEMU's `vfio-user-pci` (qemu-vfio.md §3, §6.C). What the
 //! client sees:
-//! - **Config space** (region 7, 4 KiB): the model's ([`Hca::config_read`] /
+//! - **Config space** (region 7, the 256-byte PCI header): the model's ([`Hca::config_read`] /
 //!   [`Hca::config_write`]): vendor 0x15b3, device 0x1017, class 0x020000, a 64-bit BAR0
 //!   and an MSI-X capability whose table and PBA live in BAR0.
 //! - **BAR0** (region 0): the model's BAR0 memfd, declared with one sparse mmap area over the
@@ -51,8 +51,11 @@ use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion
 use host::ClientMemory;
 use uhca::hw::model::{Hca, ModelError};
 
-/// Size of the config-space region (PCI Express: 4 KiB).
-pub const CONFIG_REGION_SIZE: u64 = 4096;
+/// Size of the config-space region: the conventional 256 bytes. The model's space is 4 KiB
+/// but has no PCI Express capability and nothing past 0x100; a 256-byte region makes QEMU's
+/// vfio-pci treat the function as conventional PCI, as the proven edu recipe does
+/// (qemu-vfio.md Appendix C), instead of a PCIe function without a PCIe capability.
+pub const CONFIG_REGION_SIZE: u64 = 256;
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
