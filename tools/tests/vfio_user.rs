@@ -472,9 +472,19 @@ fn uhca_info_reads_a_model_process_and_persist_serves_clients_in_turn() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--replace"));
     // With --replace the stale socket is taken over.
-    let mut again = ModelProc::spawn_at(sock, &["--replace"]);
+    let mut again = ModelProc::spawn_at(sock.clone(), &["--replace"]);
     drop(again.connect());
     assert!(again.wait_exit().success());
+    assert!(!sock.exists(), "a server that ends removes its socket");
+    // SIGTERM stops a persistent server and removes its socket.
+    let mut p = ModelProc::spawn_at(sock.clone(), &["--persist"]);
+    let st = Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    p.wait_exit();
+    assert!(!sock.exists(), "SIGTERM removes the socket");
 }
 
 #[test]

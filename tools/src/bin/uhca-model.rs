@@ -3,15 +3,19 @@
 //! (`uhca-info --vfio-user SOCKET`), or QEMU with `-device vfio-user-pci`.
 //!
 //! It serves one client and exits when that client disconnects; with `--persist` it resets
-//! the model and waits for the next client instead (stop it with SIGINT/SIGTERM). An
-//! existing socket path is refused unless `--replace` is given and nobody listens on it.
+//! the model and waits for the next client instead. SIGINT and SIGTERM stop it and remove
+//! the socket. An existing socket path (left by a server killed with SIGKILL) is refused
+//! unless `--replace` is given and nobody listens on it.
 //! With `--link-local ADDR --link-peer ADDR` its port is joined to another `uhca-model`'s
 //! by a UDP link carrying the RoCEv2 frames (give the two processes distinct `--mac`s).
 //! Logs go to stderr, filtered by `RUST_LOG` (default `info`).
 
+use std::ffi::CString;
 use std::net::SocketAddr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use clap::Parser;
 use uhca::hw::link::udp::UdpLink;
@@ -59,7 +63,29 @@ fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     Ok(mac)
 }
 
+/// The socket path, for the signal handler.
+static SOCKET: OnceLock<CString> = OnceLock::new();
+
+extern "C" fn on_stop_signal(_sig: libc::c_int) {
+    if let Some(p) = SOCKET.get() {
+        // SAFETY: unlink and _exit are async-signal-safe; `p` is a NUL-terminated string
+        // set once before the handler was installed and never freed.
+        unsafe { libc::unlink(p.as_ptr()) };
+    }
+    // SAFETY: _exit is async-signal-safe and ends the process at once.
+    unsafe { libc::_exit(0) };
+}
+
+/// Stops the process on SIGINT/SIGTERM, removing the socket once [`SOCKET`] is set.
+fn install_stop_handler() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: installs a handler that only calls async-signal-safe functions.
+        unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
+    }
+}
+
 fn run(args: Args) -> Result<(), String> {
+    install_stop_handler();
     let hca = Hca::new(ModelConfig {
         mac: args.mac,
         name: args.name.clone(),
@@ -73,6 +99,9 @@ fn run(args: Args) -> Result<(), String> {
     }
     let mut server =
         ModelServer::bind(hca, &args.socket, args.replace).map_err(|e| e.to_string())?;
+    if let Ok(c) = CString::new(args.socket.as_os_str().as_bytes()) {
+        let _ = SOCKET.set(c);
+    }
     loop {
         let r = server.serve_one();
         if !args.persist {
