@@ -687,6 +687,74 @@ mod tests {
         assert!(!covers(&[(0, 99)], 100));
     }
 
+    /// A fake server on a fresh socket: answers the first request with `reply` (header
+    /// fields from the request, then `flags`/`error`/`body`), then does nothing.
+    fn fake_server(
+        flags: u32,
+        error: u32,
+        body: Vec<u8>,
+    ) -> (tempfile::TempDir, PathBuf, std::thread::JoinHandle<()>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fake.sock");
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let h = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut hb = [0u8; HEADER_LEN];
+            s.read_exact(&mut hb).unwrap();
+            let req = Header::parse(&hb);
+            let mut rest = vec![0u8; req.size as usize - HEADER_LEN];
+            s.read_exact(&mut rest).unwrap();
+            let reply = Header {
+                id: req.id,
+                command: req.command,
+                size: (HEADER_LEN + body.len()) as u32,
+                flags,
+                error,
+            };
+            s.write_all(&reply.emit()).unwrap();
+            s.write_all(&body).unwrap();
+            // Take whatever comes next without answering, until the client closes.
+            let _ = std::io::copy(&mut s, &mut std::io::sink());
+        });
+        (dir, path, h)
+    }
+
+    fn opts() -> VfioUserOptions {
+        VfioUserOptions {
+            reply_timeout: Duration::from_millis(200),
+            ..VfioUserOptions::default()
+        }
+    }
+
+    #[test]
+    fn a_silent_server_times_out_instead_of_hanging() {
+        let mut version = proto::Payload::default().u16(0).u16(0).0;
+        version.extend_from_slice(b"{}\0");
+        let (_d, path, h) = fake_server(proto::FLAG_REPLY, 0, version);
+        let e = VfioUserFunction::connect_with(&path, &opts()).unwrap_err();
+        assert!(
+            matches!(e, PciError::DeviceLost(ref m) if m.contains("no reply")),
+            "{e}"
+        );
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn error_replies_and_wrong_replies_are_reported() {
+        let (_d, path, h) = fake_server(proto::FLAG_REPLY | proto::FLAG_ERROR, 22, Vec::new());
+        let e = VfioUserFunction::connect_with(&path, &opts()).unwrap_err();
+        assert!(
+            matches!(e, PciError::VfioUser(ref b) if matches!(**b, VfioUserError::Refused { errno: 22, .. })),
+            "{e}"
+        );
+        h.join().unwrap();
+        // A "reply" that is a command is a protocol violation.
+        let (_d, path, h) = fake_server(0, 0, Vec::new());
+        let e = VfioUserFunction::connect_with(&path, &opts()).unwrap_err();
+        assert!(e.to_string().contains("protocol"), "{e}");
+        h.join().unwrap();
+    }
+
     #[test]
     fn connect_to_nothing_is_a_clear_error() {
         let e = VfioUserFunction::connect(Path::new("/nonexistent/uhca.sock")).unwrap_err();
