@@ -9,16 +9,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use uhca_hw::layout::cqe::{
-    CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET, cqe_is_sw_owned,
-};
+use uhca_hw::layout::cqe::fast::{BYTE_CNT, OP_OWN, QPN, SOP, TAIL_WORD, WQE_COUNTER};
+use uhca_hw::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET};
 use uhca_hw::layout::uar::CQ_DBR_SET_CI;
 use uhca_hw::layout::wqe::WqeOpcode;
 
 use super::ring::RingSize;
 use super::sq::WqShadow;
 use crate::barrier;
-use crate::dma::DmaRegion;
+use crate::dma::{DmaRegion, DmaRing};
 
 /// The half of a CQE the driver reads.
 const CQE_HALF: usize = CQE_SIZE / 2;
@@ -160,26 +159,39 @@ impl QpRegistry {
 /// The CQE ring and its consumer state.
 #[derive(Debug)]
 pub(crate) struct CqRing {
-    buf: Arc<DmaRegion>,
-    size: RingSize,
-    /// Byte offset of the doorbell record in `buf`.
+    ring: CqMem,
+    /// log2 of the number of CQEs: `ci >> log` is the pass whose parity the owner bit has.
+    log: u32,
+    /// Byte offset of the doorbell record in the ring's region.
     dbr: usize,
     ci: u32,
     registry: Arc<QpRegistry>,
+    /// The shadow of the QP that the last CQE named (a QP with QPN `u32::MAX`, which no
+    /// CQE can name, until then). Switching QPs swaps it with an entry of `cache`, so no
+    /// reference count changes on the poll path.
+    hot: Arc<WqShadow>,
     cache: Vec<Arc<WqShadow>>,
     cache_gen: u64,
-    last: usize,
+}
+
+/// The CQE ring memory: 64-byte entries.
+pub(crate) type CqMem = DmaRing<{ CQE_SIZE / 8 }>;
+
+/// The shadow standing in for "no QP yet" in [`CqRing::hot`].
+fn no_qp() -> Arc<WqShadow> {
+    let one = RingSize::new(1, 0).expect("1 is a power of two");
+    Arc::new(WqShadow::new(u32::MAX, one, one))
 }
 
 impl CqRing {
     /// A ring over `buf`: `size` CQEs, then the doorbell record at `dbr`. Every entry starts
-    /// as `op_own` = 0xF0 (§9.4).
+    /// as `op_own` = 0xF0 (§9.4). `None` if `buf` is too small for `size` CQEs.
     pub(crate) fn new(
         buf: Arc<DmaRegion>,
         size: RingSize,
         dbr: usize,
         registry: Arc<QpRegistry>,
-    ) -> CqRing {
+    ) -> Option<CqRing> {
         let s = buf.slice();
         for i in 0..size.entries() as usize {
             s.write_u8(
@@ -188,20 +200,20 @@ impl CqRing {
             );
         }
         s.store_be32(dbr + CQ_DBR_SET_CI, 0);
-        CqRing {
-            buf,
-            size,
+        Some(CqRing {
+            ring: CqMem::new(buf, 0, size.log())?,
+            log: size.log(),
             dbr,
             ci: 0,
             registry,
+            hot: no_qp(),
             cache: Vec::new(),
             cache_gen: u64::MAX,
-            last: 0,
-        }
+        })
     }
 
     pub(crate) fn region(&self) -> &Arc<DmaRegion> {
-        &self.buf
+        self.ring.region()
     }
 
     pub(crate) fn ci(&self) -> u32 {
@@ -230,43 +242,78 @@ impl CqRing {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         self.cache_gen = g;
-        self.last = 0;
+        self.hot = no_qp();
     }
 
-    #[inline(always)]
+    /// The shadow of `qpn`, made the hot one.
+    #[inline]
     fn shadow(&mut self, qpn: u32) -> Option<&WqShadow> {
-        if self.cache.get(self.last).is_none_or(|s| s.qpn != qpn) {
-            self.last = self.cache.iter().position(|s| s.qpn == qpn)?;
+        if self.hot.qpn != qpn {
+            let i = self.cache.iter().position(|s| s.qpn == qpn)?;
+            std::mem::swap(&mut self.hot, &mut self.cache[i]);
         }
-        Some(&self.cache[self.last])
-    }
-
-    /// Copies out the next software-owned CQE and advances the consumer index, or `None`.
-    #[inline(always)]
-    pub(crate) fn next_cqe(&mut self) -> Option<[u8; CQE_SIZE]> {
-        let off = self.size.slot(self.ci) * CQE_SIZE;
-        let s = self.buf.slice();
-        if !cqe_is_sw_owned(s.read_u8(off + OP_OWN_OFFSET), self.ci, self.size.log()) {
-            return None;
-        }
-        barrier::rmb_after_owner(); // CQE body after its op_own byte
-        // Everything an RC completion needs lies in the second half (0x20..0x40, §9.7):
-        // copy only that; the first half of the shadow stays zero.
-        let mut cqe = [0u8; CQE_SIZE];
-        s.read_words(off + CQE_HALF, &mut cqe[CQE_HALF..]);
-        self.ci = self.ci.wrapping_add(1);
-        Some(cqe)
+        Some(&self.hot)
     }
 
     /// Polls one completion: `None` when the CQ is empty.
+    ///
+    /// The fast path is a successful requester CQE of the hot QP naming the oldest
+    /// outstanding WQE: one 8-byte load gives the owner bit, opcode, QPN, WQE counter and
+    /// send opcode (`cqe::fast::TAIL_WORD`), one more the byte count. Everything else
+    /// (responder CQEs, errors, another QP, unsignaled WQEs completed in passing, bad
+    /// CQEs) goes through [`poll_other`](Self::poll_other), which copies the CQE out first.
     #[inline(always)]
     pub(crate) fn poll_one(&mut self) -> Option<Result<Completion, PollError>> {
-        let cqe = self.next_cqe()?;
+        let ci = self.ci;
+        let tail = u64::from_be(self.ring.load(ci, TAIL_WORD));
+        // The owner bit must match the pass (§9.7); the INVALID opcode of a never-written
+        // entry is caught below, with the other opcodes.
+        if (tail ^ u64::from(ci >> self.log)) & 1 != 0 {
+            return None;
+        }
+        barrier::rmb_after_owner(); // CQE body after its op_own byte
+        let op_own = OP_OWN.get(tail) as u8;
+        let qpn = QPN.get(tail) as u32;
+        if op_own >> 4 == CqeOpcode::Req.raw()
+            && qpn == self.hot.qpn
+            && let Some(wr_id) = self.hot.complete_send(WQE_COUNTER.get(tail) as u16)
+        {
+            self.ci = ci.wrapping_add(1);
+            let opcode = WcOpcode::of_wqe(SOP.get(tail) as u8);
+            let byte_len = match opcode {
+                WcOpcode::CompSwap | WcOpcode::FetchAdd => uhca_hw::layout::wqe::ATOMIC_SIZE,
+                _ => BYTE_CNT.get(u64::from_be(self.ring.load(ci, BYTE_CNT.word))) as u32,
+            };
+            return Some(Ok(Completion {
+                wr_id,
+                status: WcStatus::Success,
+                opcode,
+                byte_len,
+                imm: None,
+                qpn,
+                solicited: false,
+            }));
+        }
+        self.poll_other(op_own)
+    }
+
+    /// Every CQE but the fast path's: copied out, then parsed and checked.
+    #[inline(never)]
+    fn poll_other(&mut self, op_own: u8) -> Option<Result<Completion, PollError>> {
+        if op_own >> 4 == CqeOpcode::Invalid.raw() {
+            return None; // never written (first pass)
+        }
+        // Everything an RC completion needs lies in the second half (0x20..0x40, §9.7):
+        // copy only that; the first half of the shadow stays zero.
+        let mut cqe = [0u8; CQE_SIZE];
+        for (w, b) in cqe.chunks_exact_mut(8).enumerate().skip(CQE_HALF / 8) {
+            b.copy_from_slice(&self.ring.load(self.ci, w).to_ne_bytes());
+        }
+        self.ci = self.ci.wrapping_add(1);
         Some(self.parse(&cqe))
     }
 
     /// Turns a shadow CQE into a completion, checking its indices (style.md §10).
-    #[inline(always)]
     pub(crate) fn parse(&mut self, cqe: &[u8; CQE_SIZE]) -> Result<Completion, PollError> {
         let c = Cqe::new_unchecked(&cqe[..]);
         let op_own = c.op_own() as u8;
@@ -278,7 +325,7 @@ impl CqRing {
             qpn,
             wqe_counter: counter,
         };
-        // Matched on the raw value (one compare chain, no enum conversion on the hot path).
+        // Matched on the raw value (one compare chain, no enum conversion).
         const REQ: u8 = CqeOpcode::Req.raw();
         const REQ_ERR: u8 = CqeOpcode::ReqErr.raw();
         const RESP_WR_IMM: u8 = CqeOpcode::RespWrImm.raw();
@@ -341,10 +388,10 @@ impl CqRing {
     }
 
     /// Publishes the consumer index to the CQ doorbell record (§9.7).
-    #[inline(always)]
+    #[inline]
     pub(crate) fn update_ci(&self) {
         barrier::mb_before_ci_update(); // consumed CQEs read before their slots are handed back
-        self.buf
+        self.region()
             .slice()
             .store_be32(self.dbr + CQ_DBR_SET_CI, self.ci & 0xFF_FFFF);
     }
@@ -362,13 +409,15 @@ fn error_status(e: &ErrCqe<&[u8]>) -> WcStatus {
 #[derive(Debug)]
 pub struct Poll<'a> {
     ring: &'a mut CqRing,
-    taken: u32,
+    /// The consumer index when polling began.
+    start: u32,
 }
 
 impl<'a> Poll<'a> {
     pub(crate) fn new(ring: &'a mut CqRing) -> Poll<'a> {
         ring.refresh();
-        Poll { ring, taken: 0 }
+        let start = ring.ci;
+        Poll { ring, start }
     }
 }
 
@@ -377,15 +426,13 @@ impl Iterator for Poll<'_> {
 
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
-        let r = self.ring.poll_one()?;
-        self.taken += 1;
-        Some(r)
+        self.ring.poll_one()
     }
 }
 
 impl Drop for Poll<'_> {
     fn drop(&mut self) {
-        if self.taken > 0 {
+        if self.ring.ci != self.start {
             self.ring.update_ci();
         }
     }
@@ -394,7 +441,7 @@ impl Drop for Poll<'_> {
 #[cfg(all(test, feature = "model"))]
 mod tests {
     use super::*;
-    use crate::datapath::sq::{Doorbell, SendRing};
+    use crate::datapath::sq::{Doorbell, SendRing, SqMem};
     use crate::datapath::wqe::{Remote, Sge};
     use crate::dma::DmaSpace;
     use crate::pci::Bar;
@@ -405,7 +452,6 @@ mod tests {
     struct Rig {
         ring: CqRing,
         sq: SendRing,
-        qbuf: DmaRegion,
         sh: Arc<WqShadow>,
         db: Doorbell,
         pi: u32,
@@ -426,12 +472,13 @@ mod tests {
             RingSize::new(4, 15).unwrap(),
             256,
             reg,
-        );
+        )
+        .unwrap();
         ring.refresh();
+        let qbuf = Arc::new(space.alloc(4096).unwrap());
         Rig {
             ring,
-            sq: SendRing::new(sq_size, 0, QPN),
-            qbuf: space.alloc(4096).unwrap(),
+            sq: SendRing::new(SqMem::new(qbuf, 0, sq_size.log()).unwrap(), 4032, QPN),
             sh,
             db: Doorbell {
                 bar,
@@ -453,7 +500,6 @@ mod tests {
             };
             self.sq
                 .post(
-                    &self.qbuf,
                     &self.sh,
                     wr_id,
                     WqeOpcode::RdmaWrite,
@@ -465,8 +511,7 @@ mod tests {
                     },
                 )
                 .unwrap();
-            self.sq
-                .ring_doorbell(&self.qbuf, 4032, &self.sh, &mut self.db);
+            self.sq.ring_doorbell(&self.sh, &mut self.db);
         }
 
         /// Writes a CQE as the device would: body first, `op_own` last with the owner bit.
