@@ -33,9 +33,12 @@ pub(crate) struct DmaBufInner {
     state: Mutex<BufState>,
 }
 
-/// The registry of live model dma-bufs by (st_dev, st_ino) of their fd.
-fn registry() -> &'static Mutex<HashMap<(u64, u64), Weak<DmaBufInner>>> {
-    static R: OnceLock<Mutex<HashMap<(u64, u64), Weak<DmaBufInner>>>> = OnceLock::new();
+/// Live model dma-bufs by (st_dev, st_ino) of their fd.
+type Registry = Mutex<HashMap<(u64, u64), Weak<DmaBufInner>>>;
+
+/// The process-wide registry of model dma-bufs.
+fn registry() -> &'static Registry {
+    static R: OnceLock<Registry> = OnceLock::new();
     R.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
