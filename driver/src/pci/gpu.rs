@@ -159,8 +159,7 @@ unsafe impl PciFunction for ModelGpuFunction {
 }
 
 impl ModelGpuFunction {
-    /// A borrowed view of an exported buffer's fd is all an importer needs; this names the
-    /// BAR that holds device memory.
+    /// The BAR that holds device memory (what [`PciFunction::export_dmabuf`] exports from).
     pub const MEM_BAR: u8 = GPU_MEM_BAR;
 
     /// Exported buffers still held.
