@@ -187,10 +187,11 @@ pub enum DmaBufRefusal {
     )]
     Revoked,
     /// The kernel cannot take a dma-buf here: `IOMMU_IOAS_MAP_FILE` exists from 6.13 and
-    /// accepts dma-bufs from 6.19.
+    /// accepts dma-bufs from 6.19 (`ENOTTY`, or `EINVAL`, which a 6.19+ kernel also returns
+    /// for a range outside the buffer).
     #[error(
         "kernel too old: IOMMU_IOAS_MAP_FILE exists from Linux 6.13 and accepts VFIO dma-bufs \
-         from 6.19"
+         from 6.19 (on 6.19+, EINVAL means the range is outside the dma-buf)"
     )]
     KernelTooOld,
     /// The exporter cannot export this BAR: no `VFIO_DEVICE_FEATURE_DMA_BUF` (before 6.19,

@@ -91,17 +91,22 @@ pub(crate) fn import(
             None,
         ));
     }
-    match f.map_dmabuf(fd, offset, len, iova) {
-        Err(PciError::Vfio(v)) => match *v {
+    f.map_dmabuf(fd, offset, len, iova).map_err(classify_import)
+}
+
+/// Turns a failed `IOMMU_IOAS_MAP_FILE` of a dma-buf into its refusal class (others pass).
+fn classify_import(e: PciError) -> PciError {
+    match e {
+        PciError::Vfio(v) => match *v {
             VfioError::Ioctl { source, what } => {
                 match source.raw_os_error().and_then(import_refusal) {
-                    Some(r) => Err(refused("dma-buf import", r, source.raw_os_error())),
-                    None => Err(VfioError::Ioctl { what, source }.into()),
+                    Some(r) => refused("dma-buf import", r, source.raw_os_error()),
+                    None => VfioError::Ioctl { what, source }.into(),
                 }
             }
-            v => Err(PciError::Vfio(Box::new(v))),
+            v => PciError::Vfio(Box::new(v)),
         },
-        r => r,
+        e => e,
     }
 }
 
@@ -166,6 +171,29 @@ mod tests {
         assert_eq!(export_refusal(libc::EIO), None);
         let e = refused("dma-buf import", DmaBufRefusal::NotVfioDmaBuf, Some(95)).to_string();
         assert!(e.contains("6.19") && e.contains("EOPNOTSUPP"), "{e}");
+    }
+
+    #[test]
+    fn map_file_on_a_kernel_without_it_is_refused_as_too_old() {
+        let fake = super::super::iommufd::Iommufd::fake(tempfile::tempfile().unwrap().into());
+        let buf = tempfile::tempfile().unwrap();
+        let e = fake
+            .map_file(buf.as_fd(), 0, 4096, 0x10_0000)
+            .map_err(PciError::from)
+            .map_err(classify_import)
+            .unwrap_err();
+        match &e {
+            PciError::DmaBuf {
+                refusal: DmaBufRefusal::KernelTooOld,
+                errno: Some(libc::ENOTTY),
+                ..
+            } => {}
+            e => panic!("{e:?}"),
+        }
+        assert!(e.to_string().contains("6.13"), "{e}");
+        // Errors that are not refusals pass through.
+        let other = PciError::NoBar(3);
+        assert!(matches!(classify_import(other), PciError::NoBar(3)));
     }
 
     #[test]
