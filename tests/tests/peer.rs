@@ -94,6 +94,7 @@ fn rdma_write_and_read_through_the_gpu_bar() {
     assert_eq!(pmr.len(), BUF);
     assert!(!pmr.is_revoked());
     assert_eq!(dev.registrations(), 1);
+    assert_eq!(g.exports_held(), 1);
     let q = pmr.query().unwrap();
     // mkc start_addr (0x10, §7.5) is the IOVA; one MTT entry covers the 1 MiB window.
     let start = u64::from_be_bytes(q.mkc[0x10..0x18].try_into().unwrap());

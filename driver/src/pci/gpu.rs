@@ -3,7 +3,7 @@
 //! `VFIO_DEVICE_FEATURE_DMA_BUF`, vfio-kernel.md §2.5). It masters no DMA and has no
 //! interrupts; it exists to be the exporter in peer-memory tests, tools and examples.
 
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use uhca_hw::model::peer::{GPU_MEM_BAR, GpuConfig, GpuError, ModelDmaBuf, ModelGpu};
@@ -15,7 +15,8 @@ use super::{BarRegion, DmaBufRefusal, DmaMapping, Iova, IovaRange, PciError, Pci
 pub struct ModelGpuFunction {
     gpu: ModelGpu,
     /// Exported buffers: a model dma-buf lives while its handle does, so the function keeps
-    /// the handles of the fds it gave out (pruned once revoked and no longer imported).
+    /// the handles of the fds it gave out until it is dropped (a revoked buffer can come
+    /// back when decoding is turned on again, so none is dropped earlier).
     exports: Mutex<Vec<ModelDmaBuf>>,
 }
 
@@ -151,9 +152,10 @@ unsafe impl PciFunction for ModelGpuFunction {
             what: "dup dma-buf fd",
             source,
         })?;
-        let mut ex = self.exports.lock().unwrap_or_else(|e| e.into_inner());
-        ex.retain(|b| !b.is_revoked() || b.imports() > 0);
-        ex.push(buf);
+        self.exports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(buf);
         Ok(fd)
     }
 }
@@ -165,20 +167,5 @@ impl ModelGpuFunction {
     /// Exported buffers still held.
     pub fn exports_held(&self) -> usize {
         self.exports.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// Whether `fd` names a buffer this GPU exported and that is revoked now.
-    pub fn is_revoked(&self, fd: BorrowedFd<'_>) -> Option<bool> {
-        use std::os::unix::fs::MetadataExt;
-        let key = |f: BorrowedFd<'_>| {
-            let f = std::fs::File::from(f.try_clone_to_owned().ok()?);
-            let m = f.metadata().ok()?;
-            Some((m.dev(), m.ino()))
-        };
-        let want = key(fd)?;
-        let ex = self.exports.lock().unwrap_or_else(|e| e.into_inner());
-        ex.iter()
-            .find(|b| key(b.fd()) == Some(want))
-            .map(|b| b.is_revoked())
     }
 }
