@@ -22,7 +22,7 @@
 //!
 //! # Registration
 //!
-//! [`Pd::reg_peer_mr`] acquires the range, calls `get_pages`, allocates an IOVA window,
+//! [`Pd::reg_peer_mr`](crate::resource::Pd::reg_peer_mr) acquires the range, calls `get_pages`, allocates an IOVA window,
 //! calls `dma_map`, builds the MTT from the returned blocks (the largest page size every
 //! block boundary lines up with, prm-subset.md §7.5, §12 "pinned flow") and creates the
 //! MKey (CREATE_MKEY, MTT mode). The MR's [`addr`](PeerMr::addr) is the IOVA of its first
