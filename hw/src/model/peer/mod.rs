@@ -19,7 +19,7 @@
 //!   in-flight accesses) and **never remaps them**: after the exporter comes back, the
 //!   importer must unmap and map again. Memory decoding on again (or the end of a reset)
 //!   un-revokes the buffer for new imports; close is permanent.
-//! - [`Hca::dma_map_dmabuf`] is the importer: it accepts only single-range model dma-bufs
+//! - [`Hca::dma_map_dmabuf`](crate::model::Hca::dma_map_dmabuf) is the importer: it accepts only single-range model dma-bufs
 //!   (as iommufd accepts only single-range VFIO dma-bufs, §2.2); any other fd is
 //!   [`GpuError::NotADmaBuf`], a revoked one [`GpuError::Revoked`] (the kernel's `ENODEV`).
 
