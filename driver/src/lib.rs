@@ -10,6 +10,8 @@
 //! - [`boot`](Device::open): the PRM boot and teardown order, firmware pages, the control
 //!   EQ and health monitoring, behind one [`Device`] handle.
 //! - [`resource`]: PDs, UARs, EQs.
+//! - [`peer`]: peer memory (dma-bufs of another device's BAR): clients, registration,
+//!   revocation.
 //!
 //! ```
 //! let dev = uhca::Device::open_model()?;
@@ -30,6 +32,7 @@ pub mod health;
 pub mod info;
 pub mod pages;
 pub mod pci;
+pub mod peer;
 pub mod resource;
 
 pub use boot::cap_word;
