@@ -10,6 +10,8 @@
 //! - [`boot`](Device::open): the PRM boot and teardown order, firmware pages, the control
 //!   EQ and health monitoring, behind one [`Device`] handle.
 //! - [`resource`]: PDs, UARs, EQs.
+//! - `cuda` (feature `gpu`): the CUDA client for peer memory: GPU memory exported as a
+//!   dma-buf, with libcuda loaded at run time.
 //!
 //! ```
 //! let dev = uhca::Device::open_model()?;
@@ -23,6 +25,8 @@
 pub mod barrier;
 mod boot;
 pub mod cmd;
+#[cfg(feature = "gpu")]
+pub mod cuda;
 pub mod datapath;
 mod device;
 pub mod dma;
