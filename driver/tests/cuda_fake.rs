@@ -95,6 +95,7 @@ fn fake_driver_modes() {
     build(old.path(), &["-DOMIT_EXPORT"]).unwrap();
     run_child(full.path(), "gpu", "gpu");
     run_child(full.path(), "nodmabuf", "nodmabuf");
+    run_child(full.path(), "olddriver", "olddriver");
     run_child(full.path(), "noinit", "noinit");
     run_child(full.path(), "nodevice", "nodevice");
     run_child(old.path(), "gpu", "missing_symbol");
@@ -115,6 +116,19 @@ fn fake_inner() {
             let buf = cuda.alloc(1).unwrap();
             assert_eq!(
                 buf.export_dmabuf().unwrap_err(),
+                CudaError::DmaBufUnsupported { ordinal: 0 }
+            );
+        }
+        "olddriver" => {
+            let cuda = Cuda::open(0).unwrap();
+            let f = cuda.facts().unwrap();
+            assert_eq!(f.compute_capability, (9, 0));
+            assert!(!f.dma_buf_supported && !f.gpu_direct_rdma_supported);
+            assert!(!f.gpu_direct_rdma_with_vmm);
+            assert_eq!(f.gpu_direct_rdma_flush_writes_options, 0);
+            assert_eq!(f.gpu_direct_rdma_writes_ordering, WritesOrdering::None);
+            assert_eq!(
+                cuda.alloc(1).unwrap().export_dmabuf().unwrap_err(),
                 CudaError::DmaBufUnsupported { ordinal: 0 }
             );
         }

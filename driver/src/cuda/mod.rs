@@ -475,13 +475,25 @@ fn device_handle(ordinal: u32) -> Result<sys::CUdevice, CudaError> {
     Ok(dev)
 }
 
-/// One device attribute.
+/// One device attribute. The peer-memory attributes are newer than some drivers: one the
+/// driver does not know (`CUDA_ERROR_INVALID_VALUE`) reads as 0, "not supported".
 fn attribute(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32, CudaError> {
+    use sys::CUdevice_attribute as A;
+    let optional = matches!(
+        a,
+        A::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+            | A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
+            | A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+            | A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
+            | A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING
+    );
     let mut v: c_int = 0;
     // SAFETY: writes one int; `dev` is a valid handle and the driver checks `a`.
-    check("cuDeviceGetAttribute", unsafe {
-        sys::cuDeviceGetAttribute(&mut v, a, dev)
-    })?;
+    let r = unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) };
+    if optional && r == sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+        return Ok(0);
+    }
+    check("cuDeviceGetAttribute", r)?;
     Ok(v)
 }
 

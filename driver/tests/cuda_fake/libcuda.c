@@ -3,6 +3,7 @@
  * NVIDIA code. FAKE_CUDA_MODE picks the behaviour:
  *   gpu       one device that exports dma-bufs (exported as a memfd of the range's size)
  *   nodmabuf  the same device, but CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0
+ *   olddriver the same device, but the peer-memory attributes are unknown (INVALID_VALUE)
  *   noinit    cuInit fails with CUDA_ERROR_NO_DEVICE
  *   nodevice  cuInit works, no device
  * Built with -DOMIT_EXPORT it lacks cuMemGetHandleForAddressRange (a too-old driver).
@@ -55,6 +56,8 @@ int cuDeviceGetName(char *s, int len, int d) { if (d) return INVALID_DEVICE; str
 int cuDeviceGetPCIBusId(char *s, int len, int d) { if (d) return INVALID_DEVICE; strncpy(s, "0000:3B:00.0", len); s[len - 1] = 0; return OK; }
 int cuDeviceGetAttribute(int *v, int a, int d) {
     if (d) return INVALID_DEVICE;
+    if (!strcmp(mode(), "olddriver") && (a == 110 || (a >= 116 && a <= 118) || a == 124))
+        return INVALID_VALUE;
     switch (a) {
     case 75: *v = 9; return OK;                                  /* compute capability major */
     case 76: *v = 0; return OK;                                  /* minor */
