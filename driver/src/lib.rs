@@ -12,6 +12,8 @@
 //! - [`resource`]: PDs, UARs, EQs.
 //! - [`peer`]: peer memory (dma-bufs of another device's BAR): clients, registration,
 //!   revocation.
+//! - `cuda` (feature `gpu`): the CUDA client for peer memory: GPU memory exported as a
+//!   dma-buf, with libcuda loaded at run time.
 //!
 //! ```
 //! let dev = uhca::Device::open_model()?;
@@ -25,6 +27,8 @@
 pub mod barrier;
 mod boot;
 pub mod cmd;
+#[cfg(feature = "gpu")]
+pub mod cuda;
 pub mod datapath;
 mod device;
 pub mod dma;
