@@ -1,6 +1,9 @@
 //! Wall-clock cost of the driver's hot path in ns per operation (no device thread in the
 //! loop: [`uhca::datapath::rig::Rig`] completes every WQE at once).
 //! `cargo bench -p uhca --bench datapath_ns`
+//!
+//! On the 2-core development VM (three runs each; the machine is noisy): before (524bdfa)
+//! 17-19 ns per post and 22-25 ns per CQE; now 5-8 ns per post and 4-6 ns per CQE.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -10,6 +10,10 @@
 //! - [`boot`](Device::open): the PRM boot and teardown order, firmware pages, the control
 //!   EQ and health monitoring, behind one [`Device`] handle.
 //! - [`resource`]: PDs, UARs, EQs.
+//! - [`peer`]: peer memory (dma-bufs of another device's BAR): clients, registration,
+//!   revocation.
+//! - `cuda` (feature `gpu`): the CUDA client for peer memory: GPU memory exported as a
+//!   dma-buf, with libcuda loaded at run time.
 //!
 //! ```
 //! let dev = uhca::Device::open_model()?;
@@ -23,6 +27,8 @@
 pub mod barrier;
 mod boot;
 pub mod cmd;
+#[cfg(feature = "gpu")]
+pub mod cuda;
 pub mod datapath;
 mod device;
 pub mod dma;
@@ -30,6 +36,7 @@ pub mod health;
 pub mod info;
 pub mod pages;
 pub mod pci;
+pub mod peer;
 pub mod resource;
 
 pub use boot::cap_word;

@@ -21,3 +21,11 @@ fn example_send_recv() {
 fn example_dm_semaphore() {
     dm_semaphore::main().unwrap();
 }
+
+#[path = "../examples/peer_memory.rs"]
+mod peer_memory;
+
+#[test]
+fn example_peer_memory() {
+    peer_memory::main().unwrap();
+}

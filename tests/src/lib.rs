@@ -25,10 +25,12 @@ pub fn model_with_mac(mac: [u8; 6]) -> Arc<ModelFunction> {
     .expect("model starts")
 }
 
-/// Device options for tests: health polled every 5 ms, short command timeout.
+/// Device options for tests: health polled every 50 ms (three misses span at least 100 ms, so a
+/// device thread descheduled on a loaded 2-core machine is not declared dead), short command
+/// timeout.
 pub fn config() -> DeviceConfig {
     DeviceConfig {
-        health_interval: Duration::from_millis(5),
+        health_interval: Duration::from_millis(50),
         cmd_timeout: Some(Duration::from_secs(20)),
         ..DeviceConfig::default()
     }

@@ -4,13 +4,17 @@
 //! model HCAs joined by the model's in-process link (`pair`). One application thread drives
 //! both ends; each model HCA has its own device thread, which is the data mover.
 
+mod placement;
+
+pub use placement::{GpuPlacement, GpuReg, GpuSource};
+
 use std::time::{Duration, Instant};
 
-use uhca::datapath::{Completion, PollError, PostError, Remote, Sge, WcOpcode};
+use uhca::datapath::{Completion, PollError, PostError, Sge, WcOpcode};
 use uhca::hw::model::{Hca, ModelConfig};
 use uhca::pci::model::ModelFunction;
 use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Dm, Local, Mr, Pd, Qp, QpConfig, SendFlags, SendOp, SendWr,
+    ConnectParams, Cq, CqConfig, Dm, Local, Pd, Qp, QpConfig, SendFlags, SendOp, SendWr,
 };
 use uhca::{Device, DeviceConfig};
 
@@ -46,6 +50,8 @@ pub struct Settings {
     pub inline_size: u32,
     /// Local buffers in device memory (MEMIC).
     pub use_dm: bool,
+    /// Both ends' buffers in GPU memory (`--use_cuda`, `--use_cuda_dmabuf`).
+    pub gpu: Option<GpuPlacement>,
 }
 
 /// Why a run could not happen.
@@ -83,7 +89,7 @@ const STALL: Duration = Duration::from_secs(30);
 struct End {
     qps: Vec<Qp>,
     cq: Cq,
-    bufs: Vec<Mr>,
+    bufs: Vec<placement::Buf>,
     _dm: Vec<Dm>,
     _pd: Pd,
     dev: Device,
@@ -139,27 +145,13 @@ impl Bench {
                 max_inline: s.inline_size,
             };
             let mut qps = Vec::new();
-            let mut bufs = Vec::new();
-            let mut dms = Vec::new();
             for _ in 0..s.qps {
                 qps.push(dev.create_qp(&pd, &cq, &cq, &cfg).map_err(setup("QP"))?);
-                // Two halves: what this end sends from, and what its peer writes into.
-                let len = 2 * max_size.max(64);
-                let mr = if local_dm {
-                    let dm = dev
-                        .alloc_dm(len)
-                        .map_err(setup("device memory (--use_dm)"))?;
-                    let mr = pd
-                        .reg_dm(&dm, 0, len, Access::ALL)
-                        .map_err(setup("reg_dm"))?;
-                    dms.push(dm);
-                    mr
-                } else {
-                    pd.alloc_mr(len, Access::ALL)
-                        .map_err(setup("memory region"))?
-                };
-                bufs.push(mr);
             }
+            // Two halves per buffer: what this end sends from, and what its peer writes into.
+            let len = 2 * max_size.max(64);
+            let (bufs, dms) = placement::alloc_bufs(dev, &pd, s.qps as usize, len, local_dm, s.gpu)
+                .map_err(PerfError::Setup)?;
             Ok(End {
                 qps,
                 cq,
@@ -200,7 +192,7 @@ impl Bench {
         local: &'a [Sge; 1],
         inline: &'a [u8],
     ) -> SendWr<'a> {
-        let remote = Remote::of(&self.server.bufs[qp], self.rx_off as u64);
+        let remote = self.server.bufs[qp].remote(self.rx_off as u64);
         let data = if size <= self.settings.inline_size as usize && self.settings.op != Op::Read {
             Local::Inline(&inline[..size])
         } else {
@@ -500,7 +492,7 @@ impl Bench {
                 wr_id: i,
                 op: SendOp::Write {
                     local,
-                    remote: Remote::of(&dst.bufs[0], rx as u64),
+                    remote: dst.bufs[0].remote(rx as u64),
                 },
                 flags,
             };
@@ -642,6 +634,7 @@ mod tests {
             tx_depth: 16,
             inline_size: 0,
             use_dm: false,
+            gpu: None,
         };
         let mut b = Bench::new(&s, 4096, false).unwrap();
         let r = b.bandwidth(4096).unwrap();
@@ -664,6 +657,7 @@ mod tests {
                 tx_depth: 8,
                 inline_size: 16,
                 use_dm: false,
+                gpu: None,
             };
             let mut b = Bench::new(&s, size, true).unwrap();
             assert_eq!(b.bandwidth(size).unwrap().iters, 50, "{op:?}");

@@ -221,3 +221,78 @@ fn uhca_info_device_errors_are_clear() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn status_reports_p2p_topology_between_nic_and_gpu() {
+    let d = tempfile::tempdir().unwrap();
+    let f = FakeSysfs::new(d.path().join("sys")).unwrap();
+    f.load_vfio(false).unwrap();
+    f.add_iommu("dmar0").unwrap();
+    let h = "pci0000:00";
+    f.add_function_at(h, &[], "0000:00:01.0", 0x8086, 1, 0x060400)
+        .unwrap();
+    f.add_function_at(h, &["0000:00:01.0"], "0000:01:00.0", 0x10b5, 2, 0x060400)
+        .unwrap();
+    let sw = ["0000:00:01.0", "0000:01:00.0"];
+    f.add_function_at(h, &sw, "0000:02:08.0", 0x10b5, 2, 0x060400)
+        .unwrap();
+    f.add_function_at(h, &sw, "0000:02:10.0", 0x10b5, 2, 0x060400)
+        .unwrap();
+    f.add_function_at(
+        h,
+        &[sw[0], sw[1], "0000:02:08.0"],
+        A,
+        MLX5_VENDOR,
+        0x101d,
+        0x020000,
+    )
+    .unwrap();
+    f.add_function_at(
+        h,
+        &[sw[0], sw[1], "0000:02:10.0"],
+        "0000:03:00.0",
+        0x10de,
+        0x2330,
+        0x030200,
+    )
+    .unwrap();
+    // ACS with RR+CR on the NIC's downstream port; none on the switch upstream port.
+    let mut acs = vec![0u8; 4096];
+    acs[0x100..0x104].copy_from_slice(&(0x000Du32 | (1 << 16)).to_le_bytes());
+    acs[0x104..0x106].copy_from_slice(&0x5fu16.to_le_bytes());
+    acs[0x106..0x108].copy_from_slice(&0x0du16.to_le_bytes());
+    f.set_config("0000:02:08.0", &acs).unwrap();
+    f.set_config("0000:02:10.0", &acs).unwrap();
+    f.set_config("0000:01:00.0", &[0u8; 4096]).unwrap();
+    f.set_group(A, "17").unwrap();
+    f.set_group("0000:03:00.0", "21").unwrap();
+
+    let o = bind_tool(d.path(), &["status", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let p = &v["p2p"][0];
+    assert_eq!(p["nic"], A);
+    assert_eq!(p["peer"], "0000:03:00.0");
+    assert_eq!(p["iommu_groups"][0], "17");
+    assert_eq!(p["iommu_groups"][1], "21");
+    assert_eq!(p["same_iommu_group"], false);
+    assert_eq!(p["same_root_port"], true);
+    assert_eq!(p["path"][0]["bdf"], "0000:02:08.0");
+    assert_eq!(p["path"][0]["acs"]["redirect"], true);
+    assert_eq!(
+        p["path"][0]["acs"]["ctrl_bits"],
+        serde_json::json!(["SV", "RR", "CR"])
+    );
+    assert_eq!(p["path"][1]["acs"], "not capable");
+
+    let o = bind_tool(d.path(), &["status"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("P2P 0000:3b:00.0 <-> 0000:03:00.0"), "{out}");
+    assert!(out.contains("(same root port)"), "{out}");
+    assert!(
+        out.contains("bridge 0000:02:08.0 ACS cap 0x005f ctrl 0x000d [SV RR CR]"),
+        "{out}"
+    );
+    assert!(out.contains("ACS redirect on"), "{out}");
+}

@@ -65,3 +65,54 @@ fn small_runs_print_perftest_tables() {
         "{out}"
     );
 }
+
+#[test]
+fn gpu_placement_runs_on_the_model_gpu_and_says_so() {
+    for extra in [&[][..], &["--use_cuda_dmabuf"][..]] {
+        let mut args = vec![
+            "write_bw",
+            "-s",
+            "4096",
+            "-n",
+            "100",
+            "-t",
+            "16",
+            "--use_cuda",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = perf(&args);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("model GPU BAR1"), "{out}");
+        assert!(
+            out.lines()
+                .any(|l| l.trim_start().starts_with("4096       100 ")),
+            "{out}"
+        );
+    }
+    let (code, out, err) = perf(&[
+        "read_lat",
+        "-s",
+        "64",
+        "-n",
+        "50",
+        "--use_cuda",
+        "0",
+        "--pair",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("model GPU BAR1") && out.contains("t_typical[usec]"),
+        "{out}"
+    );
+    for (args, want) in [
+        (&["write_bw", "--use_cuda", "1"][..], "model GPU 0"),
+        (&["write_bw", "--use_cuda_dmabuf"], "needs --use_cuda"),
+        (&["write_bw", "--use_cuda", "0", "--use_dm"], "exclude"),
+        (&["atomic_bw", "--use_cuda", "0"], "atomics"),
+    ] {
+        let (code, _, err) = perf(args);
+        assert_ne!(code, 0, "{args:?} should fail");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

@@ -9,16 +9,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use uhca_hw::layout::cqe::{
-    CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET, cqe_is_sw_owned,
-};
+use uhca_hw::layout::cqe::fast::{BYTE_CNT, OP_OWN, QPN, SOP, TAIL_WORD, WQE_COUNTER};
+use uhca_hw::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET};
 use uhca_hw::layout::uar::CQ_DBR_SET_CI;
 use uhca_hw::layout::wqe::WqeOpcode;
 
 use super::ring::RingSize;
 use super::sq::WqShadow;
 use crate::barrier;
-use crate::dma::DmaRegion;
+use crate::dma::{DmaEntry, DmaRegion, DmaRing, DmaRingView};
 
 /// The half of a CQE the driver reads.
 const CQE_HALF: usize = CQE_SIZE / 2;
@@ -66,9 +65,22 @@ pub enum WcOpcode {
 }
 
 impl WcOpcode {
+    /// The completion opcode of a send WQE opcode: one load from a table of all 256.
     #[inline(always)]
     fn of_wqe(op: u8) -> WcOpcode {
-        // Matched on the raw value: one jump table, no detour through `WqeOpcode`.
+        const TABLE: [WcOpcode; 256] = {
+            let mut t = [WcOpcode::Other(0); 256];
+            let mut i = 0;
+            while i < 256 {
+                t[i] = WcOpcode::classify(i as u8);
+                i += 1;
+            }
+            t
+        };
+        TABLE[op as usize]
+    }
+
+    const fn classify(op: u8) -> WcOpcode {
         const SEND: u8 = WqeOpcode::Send.raw();
         const SEND_IMM: u8 = WqeOpcode::SendImm.raw();
         const SEND_INVAL: u8 = WqeOpcode::SendInval.raw();
@@ -160,26 +172,45 @@ impl QpRegistry {
 /// The CQE ring and its consumer state.
 #[derive(Debug)]
 pub(crate) struct CqRing {
-    buf: Arc<DmaRegion>,
-    size: RingSize,
-    /// Byte offset of the doorbell record in `buf`.
+    ring: CqMem,
+    /// log2 of the number of CQEs: `ci >> log` is the pass whose parity the owner bit has.
+    log: u32,
+    /// Byte offset of the doorbell record in the ring's region.
     dbr: usize,
     ci: u32,
+    qps: QpCache,
+}
+
+/// The poller's copy of the CQ's QP registry.
+#[derive(Debug)]
+struct QpCache {
     registry: Arc<QpRegistry>,
-    cache: Vec<Arc<WqShadow>>,
-    cache_gen: u64,
-    last: usize,
+    /// The shadow of the QP that the last CQE named (a QP with QPN `u32::MAX`, which no
+    /// CQE can name, until then). Switching QPs swaps it with an entry of `others`, so no
+    /// reference count changes on the poll path.
+    hot: Arc<WqShadow>,
+    others: Vec<Arc<WqShadow>>,
+    generation: u64,
+}
+
+/// The CQE ring memory: 64-byte entries.
+pub(crate) type CqMem = DmaRing<{ CQE_SIZE / 8 }>;
+
+/// The shadow standing in for "no QP yet" in [`QpCache::hot`].
+fn no_qp() -> Arc<WqShadow> {
+    let one = RingSize::new(1, 0).expect("1 is a power of two");
+    Arc::new(WqShadow::new(u32::MAX, one, one))
 }
 
 impl CqRing {
     /// A ring over `buf`: `size` CQEs, then the doorbell record at `dbr`. Every entry starts
-    /// as `op_own` = 0xF0 (§9.4).
+    /// as `op_own` = 0xF0 (§9.4). `None` if `buf` is too small for `size` CQEs.
     pub(crate) fn new(
         buf: Arc<DmaRegion>,
         size: RingSize,
         dbr: usize,
         registry: Arc<QpRegistry>,
-    ) -> CqRing {
+    ) -> Option<CqRing> {
         let s = buf.slice();
         for i in 0..size.entries() as usize {
             s.write_u8(
@@ -188,20 +219,22 @@ impl CqRing {
             );
         }
         s.store_be32(dbr + CQ_DBR_SET_CI, 0);
-        CqRing {
-            buf,
-            size,
+        Some(CqRing {
+            ring: CqMem::new(buf, 0, size.log())?,
+            log: size.log(),
             dbr,
             ci: 0,
-            registry,
-            cache: Vec::new(),
-            cache_gen: u64::MAX,
-            last: 0,
-        }
+            qps: QpCache {
+                registry,
+                hot: no_qp(),
+                others: Vec::new(),
+                generation: u64::MAX,
+            },
+        })
     }
 
     pub(crate) fn region(&self) -> &Arc<DmaRegion> {
-        &self.buf
+        self.ring.region()
     }
 
     pub(crate) fn ci(&self) -> u32 {
@@ -215,59 +248,64 @@ impl CqRing {
     /// Refreshes the QP cache if QPs were added or removed (one atomic load per poll).
     #[inline]
     pub(crate) fn refresh(&mut self) {
+        self.qps.refresh();
+    }
+}
+
+impl QpCache {
+    #[inline]
+    fn refresh(&mut self) {
         let g = self.registry.generation.load(Ordering::Acquire);
-        if g != self.cache_gen {
+        if g != self.generation {
             self.reload(g);
         }
     }
 
     #[cold]
     fn reload(&mut self, g: u64) {
-        self.cache = self
+        self.others = self
             .registry
             .qps
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        self.cache_gen = g;
-        self.last = 0;
+        self.generation = g;
+        self.hot = no_qp();
     }
 
-    #[inline(always)]
+    /// The shadow of `qpn`, made the hot one.
+    #[inline]
     fn shadow(&mut self, qpn: u32) -> Option<&WqShadow> {
-        if self.cache.get(self.last).is_none_or(|s| s.qpn != qpn) {
-            self.last = self.cache.iter().position(|s| s.qpn == qpn)?;
+        if self.hot.qpn != qpn {
+            let i = self.others.iter().position(|s| s.qpn == qpn)?;
+            std::mem::swap(&mut self.hot, &mut self.others[i]);
         }
-        Some(&self.cache[self.last])
+        Some(&self.hot)
     }
 
-    /// Copies out the next software-owned CQE and advances the consumer index, or `None`.
-    #[inline(always)]
-    pub(crate) fn next_cqe(&mut self) -> Option<[u8; CQE_SIZE]> {
-        let off = self.size.slot(self.ci) * CQE_SIZE;
-        let s = self.buf.slice();
-        if !cqe_is_sw_owned(s.read_u8(off + OP_OWN_OFFSET), self.ci, self.size.log()) {
-            return None;
+    /// Every CQE but the fast path's (entry `e`, whose `op_own` is `op_own` and whose
+    /// owner bit is right): copied out, then parsed and checked. `None` (not consumed) for
+    /// a never-written entry.
+    #[inline(never)]
+    fn poll_other(
+        &mut self,
+        e: DmaEntry<'_, { CQE_SIZE / 8 }>,
+        op_own: u8,
+    ) -> Option<Result<Completion, PollError>> {
+        if op_own >> 4 == CqeOpcode::Invalid.raw() {
+            return None; // never written (first pass)
         }
-        barrier::rmb_after_owner(); // CQE body after its op_own byte
         // Everything an RC completion needs lies in the second half (0x20..0x40, §9.7):
         // copy only that; the first half of the shadow stays zero.
         let mut cqe = [0u8; CQE_SIZE];
-        s.read_words(off + CQE_HALF, &mut cqe[CQE_HALF..]);
-        self.ci = self.ci.wrapping_add(1);
-        Some(cqe)
-    }
-
-    /// Polls one completion: `None` when the CQ is empty.
-    #[inline(always)]
-    pub(crate) fn poll_one(&mut self) -> Option<Result<Completion, PollError>> {
-        let cqe = self.next_cqe()?;
+        for (w, b) in cqe.chunks_exact_mut(8).enumerate().skip(CQE_HALF / 8) {
+            b.copy_from_slice(&e.load(w).to_ne_bytes());
+        }
         Some(self.parse(&cqe))
     }
 
     /// Turns a shadow CQE into a completion, checking its indices (style.md §10).
-    #[inline(always)]
-    pub(crate) fn parse(&mut self, cqe: &[u8; CQE_SIZE]) -> Result<Completion, PollError> {
+    fn parse(&mut self, cqe: &[u8; CQE_SIZE]) -> Result<Completion, PollError> {
         let c = Cqe::new_unchecked(&cqe[..]);
         let op_own = c.op_own() as u8;
         let raw = op_own >> 4;
@@ -278,7 +316,7 @@ impl CqRing {
             qpn,
             wqe_counter: counter,
         };
-        // Matched on the raw value (one compare chain, no enum conversion on the hot path).
+        // Matched on the raw value (one compare chain, no enum conversion).
         const REQ: u8 = CqeOpcode::Req.raw();
         const REQ_ERR: u8 = CqeOpcode::ReqErr.raw();
         const RESP_WR_IMM: u8 = CqeOpcode::RespWrImm.raw();
@@ -339,15 +377,15 @@ impl CqRing {
             other => Err(PollError::BadOpcode(CqeOpcode::from(other))),
         }
     }
+}
 
-    /// Publishes the consumer index to the CQ doorbell record (§9.7).
-    #[inline(always)]
-    pub(crate) fn update_ci(&self) {
-        barrier::mb_before_ci_update(); // consumed CQEs read before their slots are handed back
-        self.buf
-            .slice()
-            .store_be32(self.dbr + CQ_DBR_SET_CI, self.ci & 0xFF_FFFF);
-    }
+/// Publishes consumer index `ci` to the CQ doorbell record at `dbr` of `mem`'s region (§9.7).
+#[inline]
+fn update_ci(mem: &CqMem, dbr: usize, ci: u32) {
+    barrier::mb_before_ci_update(); // consumed CQEs read before their slots are handed back
+    mem.region()
+        .slice()
+        .store_be32(dbr + CQ_DBR_SET_CI, ci & 0xFF_FFFF);
 }
 
 fn error_status(e: &ErrCqe<&[u8]>) -> WcStatus {
@@ -359,34 +397,102 @@ fn error_status(e: &ErrCqe<&[u8]>) -> WcStatus {
 
 /// An iterator over the completions available now. Dropping it publishes the consumer
 /// index once for the whole batch.
+///
+/// It keeps the ring's address, size and consumer index by value, so that a polling loop
+/// holds them in registers rather than reloading them after every store.
 #[derive(Debug)]
 pub struct Poll<'a> {
-    ring: &'a mut CqRing,
-    taken: u32,
+    view: DmaRingView<'a, { CQE_SIZE / 8 }>,
+    log: u32,
+    ci: u32,
+    /// The consumer index when polling began.
+    start: u32,
+    mem: &'a CqMem,
+    dbr: usize,
+    ring_ci: &'a mut u32,
+    qps: &'a mut QpCache,
 }
 
 impl<'a> Poll<'a> {
+    #[inline]
     pub(crate) fn new(ring: &'a mut CqRing) -> Poll<'a> {
-        ring.refresh();
-        Poll { ring, taken: 0 }
+        let CqRing {
+            ring: mem,
+            log,
+            dbr,
+            ci,
+            qps,
+        } = ring;
+        qps.refresh();
+        Poll {
+            view: mem.view(),
+            log: *log,
+            ci: *ci,
+            start: *ci,
+            mem,
+            dbr: *dbr,
+            ring_ci: ci,
+            qps,
+        }
     }
 }
 
 impl Iterator for Poll<'_> {
     type Item = Result<Completion, PollError>;
 
+    /// The fast path is a successful requester CQE of the hot QP naming the oldest
+    /// outstanding WQE: one 8-byte load gives the owner bit, opcode, QPN, WQE counter and
+    /// send opcode (`cqe::fast::TAIL_WORD`), one more the byte count. Everything else
+    /// (responder CQEs, errors, another QP, unsignaled WQEs completed in passing, bad
+    /// CQEs) goes through `QpCache::poll_other`, which copies the CQE out first.
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
-        let r = self.ring.poll_one()?;
-        self.taken += 1;
+        let ci = self.ci;
+        let e = self.view.entry(ci);
+        let tail = u64::from_be(e.load(TAIL_WORD));
+        // The owner bit must match the pass (§9.7); the INVALID opcode of a never-written
+        // entry is caught below, with the other opcodes.
+        if (tail ^ u64::from(ci >> self.log)) & 1 != 0 {
+            return None;
+        }
+        barrier::rmb_after_owner(); // CQE body after its op_own byte
+        let op_own = OP_OWN.get(tail) as u8;
+        let qpn = QPN.get(tail) as u32;
+        if op_own >> 4 == CqeOpcode::Req.raw()
+            && qpn == self.qps.hot.qpn
+            && let Some(wr_id) = self.qps.hot.complete_send(WQE_COUNTER.get(tail) as u16)
+        {
+            self.ci = ci.wrapping_add(1);
+            let opcode = WcOpcode::of_wqe(SOP.get(tail) as u8);
+            // Loaded either way (same cache line), so that the choice is a select.
+            let count = BYTE_CNT.get(u64::from_be(e.load(BYTE_CNT.word))) as u32;
+            let byte_len = if matches!(opcode, WcOpcode::CompSwap | WcOpcode::FetchAdd) {
+                uhca_hw::layout::wqe::ATOMIC_SIZE
+            } else {
+                count
+            };
+            return Some(Ok(Completion {
+                wr_id,
+                status: WcStatus::Success,
+                opcode,
+                byte_len,
+                imm: None,
+                qpn,
+                solicited: false,
+            }));
+        }
+        let r = self.qps.poll_other(e, op_own)?;
+        self.ci = ci.wrapping_add(1);
         Some(r)
     }
 }
 
 impl Drop for Poll<'_> {
+    #[inline]
     fn drop(&mut self) {
-        if self.taken > 0 {
-            self.ring.update_ci();
+        *self.ring_ci = self.ci;
+        if self.ci != self.start {
+            update_ci(self.mem, self.dbr, self.ci);
         }
     }
 }
@@ -394,7 +500,7 @@ impl Drop for Poll<'_> {
 #[cfg(all(test, feature = "model"))]
 mod tests {
     use super::*;
-    use crate::datapath::sq::{Doorbell, SendRing};
+    use crate::datapath::sq::{Doorbell, SendRing, SqMem};
     use crate::datapath::wqe::{Remote, Sge};
     use crate::dma::DmaSpace;
     use crate::pci::Bar;
@@ -405,10 +511,10 @@ mod tests {
     struct Rig {
         ring: CqRing,
         sq: SendRing,
-        qbuf: DmaRegion,
         sh: Arc<WqShadow>,
         db: Doorbell,
         pi: u32,
+        space: Arc<DmaSpace>,
     }
 
     const QPN: u32 = 5;
@@ -426,12 +532,13 @@ mod tests {
             RingSize::new(4, 15).unwrap(),
             256,
             reg,
-        );
+        )
+        .unwrap();
         ring.refresh();
+        let qbuf = Arc::new(space.alloc(4096).unwrap());
         Rig {
             ring,
-            sq: SendRing::new(sq_size, 0, QPN),
-            qbuf: space.alloc(4096).unwrap(),
+            sq: SendRing::new(SqMem::new(qbuf, 0, sq_size.log()).unwrap(), 4032, QPN),
             sh,
             db: Doorbell {
                 bar,
@@ -440,6 +547,7 @@ mod tests {
                 bf_off: 0,
             },
             pi: 0,
+            space,
         }
     }
 
@@ -453,7 +561,6 @@ mod tests {
             };
             self.sq
                 .post(
-                    &self.qbuf,
                     &self.sh,
                     wr_id,
                     WqeOpcode::RdmaWrite,
@@ -465,8 +572,7 @@ mod tests {
                     },
                 )
                 .unwrap();
-            self.sq
-                .ring_doorbell(&self.qbuf, 4032, &self.sh, &mut self.db);
+            self.sq.ring_doorbell(&self.sh, &mut self.db);
         }
 
         /// Writes a CQE as the device would: body first, `op_own` last with the owner bit.
@@ -583,6 +689,50 @@ mod tests {
         r.cqe(CqeOpcode::Req, QPN, 4, |_| {}); // owner 1
         assert_eq!(r.ring_poll()[0].unwrap().wr_id, 4);
         assert_eq!(r.dbr_ci(), 5);
+    }
+
+    #[test]
+    fn two_qps_on_one_cq_and_unsignaled_wqes_completed_in_passing() {
+        let mut r = rig();
+        let size = RingSize::new(16, 15).unwrap();
+        let other = Arc::new(WqShadow::new(6, size, RingSize::new(4, 15).unwrap()));
+        r.ring.qps.registry.add(&other);
+        let region = Arc::new(r.space.alloc(4096).unwrap());
+        let mut sq6 = SendRing::new(SqMem::new(region, 0, size.log()).unwrap(), 4032, 6);
+        let sge = Sge {
+            addr: 0x1000,
+            len: 8,
+            lkey: 1,
+        };
+        for id in [60, 61] {
+            sq6.post_one_sge::<true>(
+                &other,
+                id,
+                WqeOpcode::RdmaWrite,
+                fm_ce_se::CQ_UPDATE,
+                0,
+                Remote::default(),
+                &sge,
+            )
+            .unwrap();
+        }
+        sq6.ring_doorbell(&other, &mut r.db);
+        for id in [50, 51, 52] {
+            r.post(id, 1);
+        }
+        r.cqe(CqeOpcode::Req, QPN, 0, |_| {});
+        r.cqe(CqeOpcode::Req, 6, 0, |_| {});
+        // WQE 51 was (in effect) unsignaled: the CQE of 52 completes both.
+        r.cqe(CqeOpcode::Req, QPN, 2, |_| {});
+        r.cqe(CqeOpcode::Req, 6, 1, |_| {});
+        let ids: Vec<_> = r
+            .ring_poll()
+            .into_iter()
+            .map(|c| c.unwrap().wr_id)
+            .collect();
+        assert_eq!(ids, [50, 60, 52, 61]);
+        assert_eq!(r.sq.room(&r.sh), 16);
+        assert_eq!(sq6.room(&other), 16);
     }
 
     #[test]

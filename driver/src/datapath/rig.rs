@@ -8,23 +8,29 @@
 use std::sync::Arc;
 
 use uhca_hw::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, OP_OWN_OFFSET, cqe_owner_for};
-use uhca_hw::layout::wqe::{WqeOpcode, fm_ce_se};
+use uhca_hw::layout::wqe::WqeOpcode;
 
 use super::cq::{Completion, CqRing, Poll, PollError, QpRegistry};
 use super::ring::RingSize;
-use super::sq::{Doorbell, SendRing, WqShadow};
+use super::sq::{Doorbell, SendRing, SqMem, WqShadow};
 use super::wqe::{PostError, Remote, Sge};
-use crate::dma::{DmaRegion, DmaSpace};
+use crate::dma::DmaSpace;
 use crate::pci::null::NullFunction;
 use crate::pci::{Bar, PciError, PciFunction};
+use crate::resource::qp::{SendLimits, post_wr};
+use crate::resource::{Local, SendFlags, SendOp, SendWr};
 
 const QPN: u32 = 0x42;
 const LOG: u32 = 10;
+/// The rig's QP takes one element and no inline data (`QpConfig`'s defaults but inline).
+const LIMITS: SendLimits = SendLimits {
+    max_sge: 1,
+    max_inline: 0,
+};
 
 /// Rings on DMA memory of a device-less PCI function ([`NullFunction`]).
 pub struct Rig {
     sq: SendRing,
-    sq_buf: DmaRegion,
     shadow: Arc<WqShadow>,
     db: Doorbell,
     cq: CqRing,
@@ -44,6 +50,9 @@ pub enum RigError {
     /// DMA memory failed.
     #[error(transparent)]
     Dma(#[from] crate::dma::DmaError),
+    /// A ring did not fit its memory (a bug of the rig).
+    #[error("ring does not fit its memory")]
+    Geometry,
 }
 
 impl std::fmt::Debug for Rig {
@@ -68,11 +77,13 @@ impl Rig {
         let reg = Arc::new(QpRegistry::default());
         reg.add(&shadow);
         let cq_buf = space.alloc((CQE_SIZE << LOG) + 64)?;
-        let mut cq = CqRing::new(Arc::new(cq_buf), size, CQE_SIZE << LOG, reg);
+        let mut cq =
+            CqRing::new(Arc::new(cq_buf), size, CQE_SIZE << LOG, reg).ok_or(RigError::Geometry)?;
         cq.refresh();
+        let sq_buf = Arc::new(space.alloc((64 << LOG) + 64)?);
+        let sq_mem = SqMem::new(sq_buf, 0, LOG).ok_or(RigError::Geometry)?;
         Ok(Rig {
-            sq: SendRing::new(size, 0, QPN),
-            sq_buf: space.alloc((64 << LOG) + 64)?,
+            sq: SendRing::new(sq_mem, 64 << LOG, QPN),
             shadow,
             db: Doorbell {
                 bar,
@@ -87,7 +98,9 @@ impl Rig {
         })
     }
 
-    /// Posts a signaled one-SGE RDMA WRITE (no doorbell).
+    /// Posts a signaled one-SGE RDMA WRITE (no doorbell) of a fixed element to a fixed
+    /// remote buffer (constants the compiler may fold into the WQE words; see
+    /// [`post_write_to`](Self::post_write_to) for run-time operands).
     #[inline]
     pub fn post_write(&mut self, wr_id: u64) -> Result<(), PostError> {
         let sge = Sge {
@@ -99,26 +112,33 @@ impl Rig {
             addr: 0x2000,
             rkey: 0x200,
         };
-        self.sq.post(
-            &self.sq_buf,
-            &self.shadow,
+        self.post_write_to(wr_id, &sge, remote)
+    }
+
+    /// Posts a signaled RDMA WRITE of `sge` to `remote` (no doorbell) through the code of
+    /// [`Qp::post_send`](crate::resource::Qp::post_send) after its state check.
+    #[inline]
+    pub fn post_write_to(
+        &mut self,
+        wr_id: u64,
+        sge: &Sge,
+        remote: Remote,
+    ) -> Result<(), PostError> {
+        let wr = SendWr {
             wr_id,
-            WqeOpcode::RdmaWrite,
-            fm_ce_se::CQ_UPDATE,
-            0,
-            |w| {
-                w.raddr(remote);
-                w.data(std::slice::from_ref(&sge))
+            op: SendOp::Write {
+                local: Local::Sges(std::slice::from_ref(sge)),
+                remote,
             },
-        )
+            flags: SendFlags::SIGNALED,
+        };
+        post_wr(&mut self.sq, &self.shadow, LIMITS, &wr)
     }
 
     /// Publishes the posted WQEs (doorbell record, then doorbell or BlueFlame).
     #[inline]
     pub fn ring_doorbell(&mut self) {
-        let dbr = 64 << LOG;
-        self.sq
-            .ring_doorbell(&self.sq_buf, dbr, &self.shadow, &mut self.db);
+        self.sq.ring_doorbell(&self.shadow, &mut self.db);
     }
 
     /// The stand-in device: one REQ CQE per posted WQE, at once.

@@ -1,35 +1,60 @@
 //! The send and receive rings of a QP (prm-subset.md §9.2-9.6) and their shadows.
 //!
-//! `post` writes a WQE and advances a local producer counter; [`SendRing::ring_doorbell`]
-//! publishes a whole batch: doorbell record, then one doorbell (or BlueFlame) write. The
-//! [`WqShadow`] records each work request's `wr_id` and size where the CQ poller (possibly
-//! another thread) can find them; its words are atomics, written once per operation with
-//! plain stores on x86-64.
+//! Posting writes a WQE into the ring with whole 8-byte stores and advances a local
+//! producer counter; [`SendRing::ring_doorbell`] publishes a whole batch: doorbell record,
+//! then one doorbell (or BlueFlame) write. The common one-SGE WRITE/SEND has its own
+//! path (`SendRing::post_one_sge`): the control segment's constant part (QPN) is
+//! precomputed, and the three segments are six stores of values built in registers. Other
+//! WQEs are built in a stack buffer by [`WqeBuf`] and copied in.
+//!
+//! The [`WqShadow`] records each work request's `wr_id` and size where the CQ poller
+//! (possibly another thread) can find them; its words are atomics, written once per
+//! operation with plain stores on x86-64.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 use uhca_hw::layout::uar::{QP_DBR_RCV, QP_DBR_SND};
-use uhca_hw::layout::wqe::{DS_UNIT, DataSeg, INVALID_LKEY, SEND_WQE_BB};
+use uhca_hw::layout::wqe::fast::{
+    CTRL_DS, CTRL_FM_CE_SE, CTRL_IMM, CTRL_OPCODE, CTRL_QPN, CTRL_WQE_INDEX, DATA_ADDR,
+    DATA_BYTE_COUNT, DATA_LKEY, RADDR_RADDR, RADDR_RKEY,
+};
+use uhca_hw::layout::wqe::{DS_UNIT, INVALID_LKEY, SEND_WQE_BB, WqeOpcode};
 
 use super::ring::{RingSize, in_flight, widen_index16};
-use super::wqe::{PostError, Sge, WqeBuf};
+use super::wqe::{PostError, Remote, Sge, WqeBuf};
 use crate::barrier;
-use crate::dma::DmaRegion;
+use crate::dma::DmaRing;
 use crate::pci::Bar;
+
+/// 8-byte words per send basic block.
+const BB_WORDS: usize = SEND_WQE_BB / 8;
+/// 8-byte words per data segment (the receive ring's unit).
+const DS_WORDS: usize = DS_UNIT / 8;
+
+/// The send queue memory: basic blocks.
+pub(crate) type SqMem = DmaRing<BB_WORDS>;
+/// The receive queue memory, in 16-byte data segments.
+pub(crate) type RqMem = DmaRing<DS_WORDS>;
+
+/// What the poller knows of the send WQE starting at one slot.
+#[derive(Debug, Default)]
+struct SqSlot {
+    wr_id: AtomicU64,
+    /// `start << 32 | next`: the WQE's first and one-past-last basic-block counters.
+    meta: AtomicU64,
+}
 
 /// Per-QP records shared by the poster and the CQ poller.
 #[derive(Debug)]
 pub(crate) struct WqShadow {
     pub(crate) qpn: u32,
     sq: RingSize,
-    /// `wr_id` of the WQE starting at each send slot.
-    sq_wr_id: Box<[AtomicU64]>,
-    /// `start << 32 | next` counters of the WQE starting at each send slot.
-    sq_meta: Box<[AtomicU64]>,
+    /// One entry per send basic block, used at the block where a WQE starts.
+    sq_slots: Box<[SqSlot]>,
     /// Send producer counter as published by the last doorbell.
     sq_head: CachePadded<AtomicU32>,
-    /// Send counter up to which WQEs have completed.
+    /// Send counter up to which WQEs have completed (always a WQE start).
     sq_tail: CachePadded<AtomicU32>,
     rq: RingSize,
     rq_wr_id: Box<[AtomicU64]>,
@@ -37,40 +62,60 @@ pub(crate) struct WqShadow {
     rq_tail: CachePadded<AtomicU32>,
 }
 
-fn atomics(n: u32) -> Box<[AtomicU64]> {
-    (0..n).map(|_| AtomicU64::new(0)).collect()
-}
-
 impl WqShadow {
     pub(crate) fn new(qpn: u32, sq: RingSize, rq: RingSize) -> WqShadow {
         WqShadow {
             qpn,
             sq,
-            sq_wr_id: atomics(sq.entries()),
-            sq_meta: atomics(sq.entries()),
+            sq_slots: (0..sq.entries()).map(|_| SqSlot::default()).collect(),
             sq_head: Default::default(),
             sq_tail: Default::default(),
             rq,
-            rq_wr_id: atomics(rq.entries()),
+            rq_wr_id: (0..rq.entries()).map(|_| AtomicU64::new(0)).collect(),
             rq_head: Default::default(),
             rq_tail: Default::default(),
         }
     }
 
+    /// Records the send WQE of basic blocks `[start, next)`.
+    #[inline(always)]
+    fn record_send(&self, start: u32, next: u32, wr_id: u64) {
+        let s = &self.sq_slots[self.sq.slot(start)];
+        s.wr_id.store(wr_id, Ordering::Relaxed);
+        s.meta
+            .store(u64::from(start) << 32 | u64::from(next), Ordering::Relaxed);
+    }
+
     /// A requester CQE for the WQE whose control segment holds `index`: everything up to
-    /// and including it has completed. `None` unless it names an outstanding WQE's start.
+    /// and including it has completed. `None` unless it names an outstanding WQE's start
+    /// (device memory is untrusted, style.md §10).
     #[inline(always)]
     pub(crate) fn complete_send(&self, index: u16) -> Option<u64> {
         let tail = self.sq_tail.load(Ordering::Relaxed);
         let head = self.sq_head.load(Ordering::Acquire);
+        // The common case, every WQE signaled: the CQE names the oldest outstanding WQE,
+        // and `tail` is always a WQE start, so one compare (and "anything outstanding")
+        // checks it. Otherwise (unsignaled WQEs before it, or a bad index) the full check.
+        let start = if index == tail as u16 && tail != head {
+            tail
+        } else {
+            self.find_send_start(index, tail, head)?
+        };
+        let s = &self.sq_slots[self.sq.slot(start)];
+        self.sq_tail
+            .store(s.meta.load(Ordering::Relaxed) as u32, Ordering::Release);
+        Some(s.wr_id.load(Ordering::Relaxed))
+    }
+
+    /// `index` widened to the counter of an outstanding WQE's first block, if it is one.
+    #[cold]
+    #[inline(never)]
+    fn find_send_start(&self, index: u16, tail: u32, head: u32) -> Option<u32> {
         let start = widen_index16(index, tail, head)?;
-        let slot = self.sq.slot(start);
-        let meta = self.sq_meta[slot].load(Ordering::Relaxed);
-        if (meta >> 32) as u32 != start {
-            return None;
-        }
-        self.sq_tail.store(meta as u32, Ordering::Release);
-        Some(self.sq_wr_id[slot].load(Ordering::Relaxed))
+        let meta = self.sq_slots[self.sq.slot(start)]
+            .meta
+            .load(Ordering::Relaxed);
+        ((meta >> 32) as u32 == start).then_some(start)
     }
 
     /// A responder CQE for receive WQE counter `index`.
@@ -96,31 +141,39 @@ pub(crate) struct Doorbell {
     pub(crate) bf_off: usize,
 }
 
-/// The send ring: 64-byte basic blocks at `off` of the QP buffer.
+/// The send ring: 64-byte basic blocks.
 #[derive(Debug)]
 pub(crate) struct SendRing {
-    size: RingSize,
-    off: usize,
-    qpn: u32,
+    ring: SqMem,
+    /// Byte offset of the QP's doorbell record in the ring's region.
+    dbr: usize,
+    /// Ring size (entries of the ring).
+    entries: u32,
+    /// `qpn` placed in the control segment's first word (big-endian value): the part of
+    /// that word that never changes.
+    ctrl_qpn: u64,
     head: u32,
+    /// Completed counter as last read from the shadow (refreshed when the ring looks full).
     tail: u32,
+    /// First block of the last WQE posted (its control segment is the doorbell value).
+    last: u32,
     pending: u32,
-    bf_valid: bool,
-    last_ctrl: [u8; 8],
     wqe: WqeBuf,
 }
 
 impl SendRing {
-    pub(crate) fn new(size: RingSize, off: usize, qpn: u32) -> SendRing {
+    /// A send ring over `ring` for QP `qpn`, whose doorbell record is at byte `dbr` of the
+    /// ring's region.
+    pub(crate) fn new(ring: SqMem, dbr: usize, qpn: u32) -> SendRing {
         SendRing {
-            size,
-            off,
-            qpn,
+            entries: ring.entries(),
+            ring,
+            dbr,
+            ctrl_qpn: CTRL_QPN.put(qpn.into()),
             head: 0,
             tail: 0,
+            last: 0,
             pending: 0,
-            bf_valid: false,
-            last_ctrl: [0; 8],
             wqe: WqeBuf::default(),
         }
     }
@@ -128,97 +181,155 @@ impl SendRing {
     /// Free basic blocks, as of the last look at the shadow.
     pub(crate) fn room(&self, sh: &WqShadow) -> u32 {
         let tail = sh.sq_tail.load(Ordering::Acquire);
-        self.size.entries() - in_flight(self.head, tail)
+        self.entries - in_flight(self.head, tail)
     }
 
-    /// Builds a WQE with `build` (after the control segment) and writes it to the ring.
+    /// Whether `blocks` more basic blocks fit, looking at the shadow again if the cached
+    /// tail says no.
     #[inline(always)]
+    fn fits(&mut self, sh: &WqShadow, blocks: u32) -> bool {
+        in_flight(self.head.wrapping_add(blocks), self.tail) <= self.entries
+            || self.refresh_tail(sh, blocks)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refresh_tail(&mut self, sh: &WqShadow, blocks: u32) -> bool {
+        self.tail = sh.sq_tail.load(Ordering::Acquire);
+        in_flight(self.head.wrapping_add(blocks), self.tail) <= self.entries
+    }
+
+    /// Posts a one-basic-block WQE of a control segment, an optional remote address
+    /// segment (`RADDR`) and one data segment. The hot path of RDMA WRITE and SEND (§9.5):
+    /// six 8-byte stores, no stack buffer. A zero-length element is written but left out
+    /// of `ds`, so the device skips it as the general path does (rdma-core skips them).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn post_one_sge<const RADDR: bool>(
+        &mut self,
+        sh: &WqShadow,
+        wr_id: u64,
+        opcode: WqeOpcode,
+        fm_ce_se: u8,
+        imm: u32,
+        remote: Remote,
+        sge: &Sge,
+    ) -> Result<(), PostError> {
+        if !self.fits(sh, 1) {
+            return Err(PostError::QueueFull);
+        }
+        let idx = self.head;
+        let ds = if RADDR { 2 } else { 1 } + u64::from(sge.len != 0);
+        let e = self.ring.entry(idx);
+        e.store(
+            0,
+            (self.ctrl_qpn
+                | CTRL_DS.put(ds)
+                | CTRL_OPCODE.put(opcode.raw().into())
+                | CTRL_WQE_INDEX.put(idx.into()))
+            .to_be(),
+        );
+        e.store(
+            1,
+            (CTRL_FM_CE_SE.put(fm_ce_se.into()) | CTRL_IMM.put(imm.into())).to_be(),
+        );
+        let data = if RADDR {
+            e.store(2, RADDR_RADDR.put(remote.addr).to_be());
+            e.store(3, RADDR_RKEY.put(remote.rkey.into()).to_be());
+            4
+        } else {
+            2
+        };
+        e.store(
+            data,
+            (DATA_BYTE_COUNT.put(sge.len.into()) | DATA_LKEY.put(sge.lkey.into())).to_be(),
+        );
+        e.store(data + 1, DATA_ADDR.put(sge.addr).to_be());
+        self.commit(sh, idx, 1, wr_id);
+        Ok(())
+    }
+
+    /// Builds a WQE with `build` (after the control segment) in the stack buffer and
+    /// copies it into the ring: any send WQE.
+    #[inline]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn post(
         &mut self,
-        buf: &DmaRegion,
         sh: &WqShadow,
         wr_id: u64,
-        opcode: uhca_hw::layout::wqe::WqeOpcode,
+        opcode: WqeOpcode,
         fm_ce_se: u8,
         imm: u32,
         build: impl FnOnce(&mut WqeBuf) -> Result<(), PostError>,
     ) -> Result<(), PostError> {
         let idx = self.head;
-        self.wqe.ctrl(opcode, idx as u16, self.qpn, fm_ce_se, imm);
-        if let Err(e) = build(&mut self.wqe) {
-            self.bf_valid = false;
-            return Err(e);
-        }
+        let qpn = CTRL_QPN.get(self.ctrl_qpn) as u32;
+        self.wqe.ctrl(opcode, idx as u16, qpn, fm_ce_se, imm);
+        build(&mut self.wqe)?;
         let n = self.wqe.finish() as u32;
-        if in_flight(idx.wrapping_add(n), self.tail) > self.size.entries() {
-            self.tail = sh.sq_tail.load(Ordering::Acquire);
-            if in_flight(idx.wrapping_add(n), self.tail) > self.size.entries() {
-                self.bf_valid = false;
-                return Err(PostError::QueueFull);
-            }
+        if !self.fits(sh, n) {
+            return Err(PostError::QueueFull);
         }
-        // Copy what the device reads (ds × 16 bytes) in one run, or two where the WQE wraps
-        // from the end of the ring to its start (§9.4).
-        let ring = buf.slice();
-        let used = self.wqe.used_bytes();
-        let slot = self.size.slot(idx);
-        let to_end = (self.size.entries() as usize - slot) * SEND_WQE_BB;
-        let at = self.off + slot * SEND_WQE_BB;
-        if n == 1 {
-            // The common one-block WQE: a fixed 64-byte copy (unrolled stores).
-            let block: &[u8; SEND_WQE_BB] = self.wqe.as_bytes()[..SEND_WQE_BB]
-                .try_into()
-                .expect("one basic block");
-            ring.write_words(at, block);
-        } else if used.len() <= to_end {
-            ring.write_words(at, used);
-        } else {
-            ring.write_words(at, &used[..to_end]);
-            ring.write_words(self.off, &used[to_end..]);
+        // What the device reads (ds × 16 bytes), block by block; a WQE that runs past the
+        // end of the ring continues at its start (§9.4), which the counter does by itself.
+        for (j, w) in self.wqe.used_bytes().chunks_exact(8).enumerate() {
+            let v = u64::from_ne_bytes(w.try_into().expect("8 bytes"));
+            self.ring
+                .store(idx.wrapping_add((j / BB_WORDS) as u32), j % BB_WORDS, v);
         }
-        let next = idx.wrapping_add(n);
-        sh.sq_wr_id[slot].store(wr_id, Ordering::Relaxed);
-        sh.sq_meta[slot].store(u64::from(idx) << 32 | u64::from(next), Ordering::Relaxed);
-        self.last_ctrl = self.wqe.doorbell_bytes();
+        self.commit(sh, idx, n, wr_id);
+        Ok(())
+    }
+
+    /// Takes the WQE of `blocks` blocks at `idx` as posted.
+    #[inline(always)]
+    fn commit(&mut self, sh: &WqShadow, idx: u32, blocks: u32, wr_id: u64) {
+        let next = idx.wrapping_add(blocks);
+        sh.record_send(idx, next, wr_id);
+        self.last = idx;
         self.head = next;
         self.pending += 1;
-        self.bf_valid = true;
-        Ok(())
     }
 
     /// Publishes the WQEs posted since the last call (§9.2): shadow head, doorbell record,
     /// then the doorbell, or BlueFlame when the batch is one WQE that fits half a register.
     #[inline(always)]
-    pub(crate) fn ring_doorbell(
-        &mut self,
-        buf: &DmaRegion,
-        dbr: usize,
-        sh: &WqShadow,
-        db: &mut Doorbell,
-    ) {
+    pub(crate) fn ring_doorbell(&mut self, sh: &WqShadow, db: &mut Doorbell) {
         if self.pending == 0 {
             return;
         }
         sh.sq_head.store(self.head, Ordering::Release);
         barrier::wmb_before_dbr(); // WQEs written before the counter that publishes them
-        buf.slice().store_be32(dbr + QP_DBR_SND, self.head & 0xFFFF);
+        self.ring
+            .region()
+            .slice()
+            .store_be32(self.dbr + QP_DBR_SND, self.head & 0xFFFF);
         barrier::wmb_before_doorbell(); // record visible before the device is told to read it
         let at = db.bf_reg + db.bf_off;
-        let bytes = self.wqe.as_bytes();
-        if self.pending == 1 && self.bf_valid && db.bf_half != 0 && bytes.len() <= db.bf_half {
-            let mut words = [0u64; MAX_BF_WORDS];
-            let n = bytes.len() / 8;
-            for (w, c) in words.iter_mut().zip(bytes.chunks_exact(8)) {
-                *w = u64::from_ne_bytes(c.try_into().expect("8 bytes"));
-            }
-            db.bar.copy_to_u64(at, &words[..n]);
+        let blocks = in_flight(self.head, self.last) as usize;
+        if self.pending == 1 && db.bf_half != 0 && blocks * SEND_WQE_BB <= db.bf_half {
+            self.blueflame(db, at, blocks);
         } else {
-            db.bar.write64_raw(at, self.last_ctrl);
+            // The doorbell is the first 8 bytes of the last WQE's control segment.
+            db.bar
+                .write64_raw(at, self.ring.load(self.last, 0).to_ne_bytes());
         }
         barrier::wc_flush(); // the BlueFlame copy done before the next doorbell
         db.bf_off ^= db.bf_half;
         self.pending = 0;
+    }
+
+    /// Copies the single pending WQE (`blocks` basic blocks) to the BlueFlame half at `at`.
+    #[cold]
+    fn blueflame(&self, db: &Doorbell, at: usize, blocks: usize) {
+        let mut words = [0u64; MAX_BF_WORDS];
+        let n = (blocks * BB_WORDS).min(MAX_BF_WORDS);
+        for (j, w) in words[..n].iter_mut().enumerate() {
+            *w = self
+                .ring
+                .load(self.last.wrapping_add((j / BB_WORDS) as u32), j % BB_WORDS);
+        }
+        db.bar.copy_to_u64(at, &words[..n]);
     }
 
     /// Producer counter (basic blocks posted).
@@ -234,11 +345,16 @@ impl SendRing {
 
 const MAX_BF_WORDS: usize = super::wqe::MAX_WQE_BYTES / 8;
 
-/// The receive ring: `2^stride_log`-byte WQEs of data segments at offset 0 of the QP buffer.
+/// The receive ring: `2^stride_log`-byte WQEs of data segments.
 #[derive(Debug)]
 pub(crate) struct RecvRing {
+    /// The ring in data segments: WQE `n` is segments `n << seg_log ..`.
+    ring: RqMem,
+    /// Byte offset of the QP's doorbell record in the ring's region.
+    dbr: usize,
     size: RingSize,
-    stride_log: u32,
+    /// log2 of data segments per WQE.
+    seg_log: u32,
     head: u32,
     tail: u32,
 }
@@ -247,10 +363,14 @@ pub(crate) struct RecvRing {
 pub const MAX_RECV_SGES: usize = 16;
 
 impl RecvRing {
-    pub(crate) fn new(size: RingSize, stride_log: u32) -> RecvRing {
+    /// A receive ring of `size` WQEs of `2^stride_log` bytes (at least one data segment)
+    /// over `ring`, whose region holds the doorbell record at byte `dbr`.
+    pub(crate) fn new(ring: RqMem, dbr: usize, size: RingSize, stride_log: u32) -> RecvRing {
         RecvRing {
+            ring,
+            dbr,
             size,
-            stride_log,
+            seg_log: stride_log.saturating_sub(DS_UNIT.trailing_zeros()),
             head: 0,
             tail: 0,
         }
@@ -260,14 +380,12 @@ impl RecvRing {
     #[inline(always)]
     pub(crate) fn post(
         &mut self,
-        buf: &DmaRegion,
-        dbr: usize,
         sh: &WqShadow,
         wr_id: u64,
         sges: &[Sge],
     ) -> Result<(), PostError> {
-        let stride = 1usize << self.stride_log;
-        if sges.len() * DS_UNIT > stride {
+        let segs = 1usize << self.seg_log;
+        if sges.len() > segs {
             return Err(PostError::TooManySges);
         }
         if in_flight(self.head, self.tail) >= self.size.entries() {
@@ -276,30 +394,31 @@ impl RecvRing {
                 return Err(PostError::QueueFull);
             }
         }
-        let mut w = [0u8; MAX_RECV_SGES * DS_UNIT];
-        let mut n = 0;
-        for s in sges {
-            let mut d = DataSeg::new_unchecked(&mut w[n * DS_UNIT..(n + 1) * DS_UNIT]);
-            d.set_byte_count(s.len);
-            d.set_lkey(s.lkey);
-            d.set_addr(s.addr);
-            n += 1;
+        let base = self.head << self.seg_log;
+        let r = &self.ring;
+        for (k, s) in sges.iter().enumerate() {
+            let at = base.wrapping_add(k as u32);
+            r.store(
+                at,
+                0,
+                (DATA_BYTE_COUNT.put(s.len.into()) | DATA_LKEY.put(s.lkey.into())).to_be(),
+            );
+            r.store(at, 1, DATA_ADDR.put(s.addr).to_be());
         }
-        if n * DS_UNIT < stride {
+        if sges.len() < segs {
             // A short list ends with a segment of byte_count 0 and the invalid lkey (§9.6).
-            DataSeg::new_unchecked(&mut w[n * DS_UNIT..(n + 1) * DS_UNIT]).set_lkey(INVALID_LKEY);
-            n += 1;
+            let at = base.wrapping_add(sges.len() as u32);
+            r.store(at, 0, DATA_LKEY.put(INVALID_LKEY.into()).to_be());
+            r.store(at, 1, 0);
         }
-        let slot = self.size.slot(self.head);
-        buf.slice().write_words(
-            slot << self.stride_log,
-            &w[..(n * DS_UNIT).next_multiple_of(8)],
-        );
-        sh.rq_wr_id[slot].store(wr_id, Ordering::Relaxed);
+        sh.rq_wr_id[self.size.slot(self.head)].store(wr_id, Ordering::Relaxed);
         self.head = self.head.wrapping_add(1);
         sh.rq_head.store(self.head, Ordering::Release);
         barrier::wmb_before_dbr(); // receive WQE written before the counter publishes it
-        buf.slice().store_be32(dbr + QP_DBR_RCV, self.head & 0xFFFF);
+        self.ring
+            .region()
+            .slice()
+            .store_be32(self.dbr + QP_DBR_RCV, self.head & 0xFFFF);
         Ok(())
     }
 
@@ -314,139 +433,230 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::datapath::wqe::Remote;
-    use crate::dma::DmaSpace;
+    use crate::dma::{DmaRegion, DmaSpace};
     use crate::pci::model::ModelFunction;
-    use uhca_hw::layout::wqe::WqeOpcode;
 
     const BF: usize = 3 * 4096 + 0x800 + 2 * 512;
+    const SQ_OFF: usize = 1024;
+    const DBR: usize = 2048;
 
-    fn setup() -> (DmaRegion, WqShadow, SendRing, Doorbell) {
+    struct Setup {
+        buf: Arc<DmaRegion>,
+        sh: WqShadow,
+        sq: SendRing,
+        db: Doorbell,
+    }
+
+    fn setup() -> Setup {
         let f = ModelFunction::with_defaults().unwrap();
         let bar = Bar::map(&(f.clone() as Arc<dyn crate::pci::PciFunction>), 0).unwrap();
         let space = DmaSpace::new(f);
-        let sq = RingSize::new(8, 15).unwrap();
-        let sh = WqShadow::new(9, sq, RingSize::new(4, 15).unwrap());
+        let size = RingSize::new(8, 15).unwrap();
+        let sh = WqShadow::new(9, size, RingSize::new(4, 15).unwrap());
         let db = Doorbell {
             bar,
             bf_reg: BF,
             bf_half: 256,
             bf_off: 0,
         };
-        (
-            space.alloc(4096).unwrap(),
+        let buf = Arc::new(space.alloc(4096).unwrap());
+        let ring = SqMem::new(buf.clone(), SQ_OFF, size.log()).unwrap();
+        Setup {
+            buf,
             sh,
-            SendRing::new(sq, 1024, 9),
+            sq: SendRing::new(ring, DBR, 9),
             db,
-        )
+        }
     }
 
-    fn post(
-        r: &mut SendRing,
-        buf: &DmaRegion,
-        sh: &WqShadow,
-        id: u64,
-        sges: usize,
-    ) -> Result<(), PostError> {
-        let sge = Sge {
-            addr: id,
-            len: 4,
-            lkey: 7,
-        };
-        r.post(buf, sh, id, WqeOpcode::RdmaWrite, 0, 0, |w| {
-            w.raddr(Remote {
-                addr: 0x10,
-                rkey: 3,
-            });
-            w.data(&vec![sge; sges])
-        })
+    impl Setup {
+        /// A WRITE of `sges` elements through the general path.
+        fn post(&mut self, id: u64, sges: usize) -> Result<(), PostError> {
+            let sge = Sge {
+                addr: id,
+                len: 4,
+                lkey: 7,
+            };
+            self.sq.post(&self.sh, id, WqeOpcode::RdmaWrite, 0, 0, |w| {
+                w.raddr(Remote {
+                    addr: 0x10,
+                    rkey: 3,
+                });
+                w.data(&vec![sge; sges])
+            })
+        }
+
+        fn ring(&mut self) {
+            self.sq.ring_doorbell(&self.sh, &mut self.db);
+        }
+
+        fn block(&self, slot: usize) -> [u8; 64] {
+            let mut b = [0u8; 64];
+            self.buf.slice().read(SQ_OFF + slot * 64, &mut b);
+            b
+        }
     }
 
     #[test]
     fn doorbell_record_then_blueflame_or_doorbell_with_alternating_halves() {
-        let (buf, sh, mut r, mut db) = setup();
-        post(&mut r, &buf, &sh, 1, 1).unwrap();
-        r.ring_doorbell(&buf, 2048, &sh, &mut db);
-        assert_eq!(buf.slice().load_be32(2048 + QP_DBR_SND), 1);
+        let mut s = setup();
+        s.post(1, 1).unwrap();
+        s.ring();
+        assert_eq!(s.buf.slice().load_be32(DBR + QP_DBR_SND), 1);
         // BlueFlame: the whole WQE went to the first half.
-        let mut ring = [0u8; 64];
-        buf.slice().read(1024, &mut ring);
-        assert_eq!(db.bar.read64_raw(BF), ring[..8]);
-        assert_eq!(db.bar.read64_raw(BF + 16), ring[16..24]);
-        assert_eq!(db.bf_off, 256);
+        let ring = s.block(0);
+        assert_eq!(s.db.bar.read64_raw(BF), ring[..8]);
+        assert_eq!(s.db.bar.read64_raw(BF + 16), ring[16..24]);
+        assert_eq!(s.db.bf_off, 256);
         // A batch of two: a plain 8-byte doorbell with the last WQE's control segment, to
         // the second half.
-        post(&mut r, &buf, &sh, 2, 1).unwrap();
-        post(&mut r, &buf, &sh, 3, 1).unwrap();
-        r.ring_doorbell(&buf, 2048, &sh, &mut db);
-        assert_eq!(buf.slice().load_be32(2048 + QP_DBR_SND), 3);
-        let mut last = [0u8; 8];
-        buf.slice().read(1024 + 2 * 64, &mut last);
-        assert_eq!(db.bar.read64_raw(BF + 256), last);
+        s.post(2, 1).unwrap();
+        s.post(3, 1).unwrap();
+        s.ring();
+        assert_eq!(s.buf.slice().load_be32(DBR + QP_DBR_SND), 3);
+        let last = s.block(2);
+        assert_eq!(s.db.bar.read64_raw(BF + 256), last[..8]);
         assert_eq!(last[1..3], [0, 2], "WQE index 2 in the control segment");
-        assert_eq!(db.bf_off, 0);
+        assert_eq!(s.db.bf_off, 0);
         // Nothing pending: no doorbell at all.
-        r.ring_doorbell(&buf, 2048, &sh, &mut db);
-        assert_eq!(db.bf_off, 0);
+        s.ring();
+        assert_eq!(s.db.bf_off, 0);
+    }
+
+    #[test]
+    fn the_one_sge_path_writes_what_the_general_path_writes() {
+        let mut s = setup();
+        let sge = Sge {
+            addr: 0x0102_0304_0506_0708,
+            len: 0x40,
+            lkey: 0x55,
+        };
+        let remote = Remote {
+            addr: 0x1122_3344_5566_7788,
+            rkey: 0xDEAD_BEEF,
+        };
+        for (imm, op, f) in [
+            (0, WqeOpcode::RdmaWrite, 0x08),
+            (0xA1B2_C3D4, WqeOpcode::RdmaWriteImm, 0x62),
+        ] {
+            s.sq.post(&s.sh, 1, op, f, imm, |w| {
+                w.raddr(remote);
+                w.data(&[sge])
+            })
+            .unwrap();
+            s.sq.post_one_sge::<true>(&s.sh, 2, op, f, imm, remote, &sge)
+                .unwrap();
+            let (a, b) = (
+                s.block(s.sq.head() as usize - 2),
+                s.block(s.sq.head() as usize - 1),
+            );
+            assert_eq!(a[..3], [0, 0, a[2]]);
+            assert_eq!(b[2], a[2] + 1, "consecutive WQE indices");
+            assert_eq!(a[3..48], b[3..48], "{op:?}");
+        }
+        for op in [WqeOpcode::Send, WqeOpcode::SendImm] {
+            s.sq.post(&s.sh, 1, op, 0x08, 7, |w| w.data(&[sge]))
+                .unwrap();
+            s.sq.post_one_sge::<false>(&s.sh, 2, op, 0x08, 7, remote, &sge)
+                .unwrap();
+            let (a, b) = (
+                s.block(s.sq.head() as usize - 2),
+                s.block(s.sq.head() as usize - 1),
+            );
+            assert_eq!(a[7] & 0x3F, 2, "ds");
+            assert_eq!(a[3..32], b[3..32], "{op:?}");
+        }
+        s.ring();
+        // The shadow has both wr_ids: the first WQE completes as 1, the next as 2.
+        assert_eq!(s.sh.complete_send(0), Some(1));
+        assert_eq!(s.sh.complete_send(1), Some(2));
+        // A zero-length element is left out of `ds`, as the general path skips it.
+        let empty = Sge { len: 0, ..sge };
+        s.sq.post_one_sge::<true>(&s.sh, 8, WqeOpcode::RdmaWrite, 0, 0, remote, &empty)
+            .unwrap();
+        assert_eq!(s.block(0)[7] & 0x3F, 2, "ds = ctrl + raddr");
+        // Full ring (tail 2, head 9: one more fits): the fast path refuses the next one
+        // without writing anything.
+        s.sq.post_one_sge::<true>(&s.sh, 9, WqeOpcode::RdmaWrite, 0, 0, remote, &sge)
+            .unwrap();
+        let before = s.block(2);
+        assert_eq!(
+            s.sq.post_one_sge::<true>(&s.sh, 9, WqeOpcode::RdmaWrite, 0, 0, remote, &sge),
+            Err(PostError::QueueFull)
+        );
+        assert_eq!((s.sq.head(), s.sq.pending()), (10, 2));
+        assert_eq!(s.block(2), before);
     }
 
     #[test]
     fn multi_block_wqe_wraps_and_full_ring_is_an_error() {
-        let (buf, sh, mut r, mut db) = setup();
+        let mut s = setup();
         for id in 0..7 {
-            post(&mut r, &buf, &sh, id, 1).unwrap();
+            s.post(id, 1).unwrap();
         }
         // 7 of 8 blocks used: a 2-block WQE does not fit until completions come back.
-        assert_eq!(post(&mut r, &buf, &sh, 7, 6), Err(PostError::QueueFull));
-        r.ring_doorbell(&buf, 2048, &sh, &mut db);
-        assert_eq!(sh.complete_send(6), Some(6));
-        post(&mut r, &buf, &sh, 7, 6).unwrap(); // blocks 7 and 8 (slot 0): wraps
-        let mut first = [0u8; 64];
-        let mut second = [0u8; 64];
-        buf.slice().read(1024 + 7 * 64, &mut first);
-        buf.slice().read(1024, &mut second);
+        assert_eq!(s.post(7, 6), Err(PostError::QueueFull));
+        s.ring();
+        assert_eq!(s.sh.complete_send(6), Some(6));
+        s.post(7, 6).unwrap(); // blocks 7 and 8 (slot 0): wraps
+        let (first, second) = (s.block(7), s.block(0));
         assert_eq!(first[3], 0x08);
         assert_eq!(first[7] & 0x3F, 8, "ds = ctrl + raddr + 6 data");
         // The sixth data segment sits at byte 16 of the wrapped block.
         assert_eq!(second[16..20], 4u32.to_be_bytes());
         assert_eq!(second[24..32], 7u64.to_be_bytes());
-        r.ring_doorbell(&buf, 2048, &sh, &mut db);
-        assert_eq!(sh.complete_send(7), Some(7));
-        assert_eq!(r.room(&sh), 8);
+        s.ring();
+        assert_eq!(s.sh.complete_send(7), Some(7));
+        assert_eq!(s.sq.room(&s.sh), 8);
+    }
+
+    #[test]
+    fn completions_check_the_index_in_and_out_of_order() {
+        let mut s = setup();
+        s.post(1, 6).unwrap(); // blocks 0..2
+        s.post(2, 1).unwrap(); // block 2
+        s.post(3, 1).unwrap(); // block 3
+        assert_eq!(s.sh.complete_send(0), None, "not published yet");
+        s.ring();
+        assert_eq!(s.sh.complete_send(1), None, "middle of WQE 1");
+        assert_eq!(s.sh.complete_send(4), None, "never posted");
+        // WQE 2's CQE (WQE 1 unsignaled): both complete.
+        assert_eq!(s.sh.complete_send(2), Some(2));
+        assert_eq!(s.sh.complete_send(2), None, "already completed");
+        assert_eq!(s.sh.complete_send(3), Some(3));
+        assert_eq!(s.sh.complete_send(3), None, "nothing outstanding");
     }
 
     #[test]
     fn receive_wqes_end_short_lists_and_publish_the_counter() {
-        let (buf, sh, _, _) = setup();
-        let mut rq = RecvRing::new(RingSize::new(4, 15).unwrap(), 5); // 32-byte WQEs
-        let s = Sge {
+        let s = setup();
+        let rq_size = RingSize::new(4, 15).unwrap();
+        // 32-byte WQEs: 2 data segments each.
+        let mem = RqMem::new(s.buf.clone(), 0, rq_size.log() + 1).unwrap();
+        let mut rq = RecvRing::new(mem, DBR, rq_size, 5);
+        let sh = &s.sh;
+        let e = Sge {
             addr: 0x1234,
             len: 100,
             lkey: 6,
         };
-        rq.post(&buf, 2048, &sh, 50, &[s]).unwrap();
+        rq.post(sh, 50, &[e]).unwrap();
         let mut w = [0u8; 32];
-        buf.slice().read(0, &mut w);
+        s.buf.slice().read(0, &mut w);
         assert_eq!(
             w[..16],
             [0, 0, 0, 100, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0x12, 0x34]
         );
         assert_eq!(w[16..], [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(buf.slice().load_be32(2048 + QP_DBR_RCV), 1);
-        assert_eq!(
-            rq.post(&buf, 2048, &sh, 0, &[s; 3]),
-            Err(PostError::TooManySges)
-        );
+        assert_eq!(s.buf.slice().load_be32(DBR + QP_DBR_RCV), 1);
+        assert_eq!(rq.post(sh, 0, &[e; 3]), Err(PostError::TooManySges));
         for id in 51..54 {
-            rq.post(&buf, 2048, &sh, id, &[s, s]).unwrap();
+            rq.post(sh, id, &[e, e]).unwrap();
         }
-        assert_eq!(
-            rq.post(&buf, 2048, &sh, 99, &[s]),
-            Err(PostError::QueueFull)
-        );
+        assert_eq!(rq.post(sh, 99, &[e]), Err(PostError::QueueFull));
         assert_eq!(sh.complete_recv(0), Some(50));
         assert_eq!(sh.complete_recv(0), None, "already completed");
-        rq.post(&buf, 2048, &sh, 54, &[s]).unwrap();
-        assert_eq!(buf.slice().load_be32(2048 + QP_DBR_RCV), 5);
+        rq.post(sh, 54, &[e]).unwrap();
+        assert_eq!(s.buf.slice().load_be32(DBR + QP_DBR_RCV), 5);
     }
 }

@@ -1,9 +1,11 @@
 //! Send WQE building (prm-subset.md §9.5): a cursor over a 64-byte aligned stack buffer with
-//! one method per segment, copied into the send ring (and to BlueFlame) once it is complete.
+//! one method per segment, copied into the send ring once it is complete.
 //!
-//! Building on the stack keeps the ring write to whole 64-bit stores and gives BlueFlame the
-//! copy it needs anyway (style.md §5). The segment layouts are the shared ones in
-//! `uhca_hw::layout::wqe`.
+//! This is the general path (several SGEs, inline data, READ, atomics). The common
+//! one-SGE WRITE/SEND skips the buffer and writes its three segments straight into the
+//! ring as 8-byte words (`SendRing::post_one_sge` in `sq`).
+//! Both use the shared layouts of `uhca_hw::layout::wqe`: the setters here, the
+//! `wqe::fast` word positions (derived from the same tables) there.
 
 use uhca_hw::layout::BufMut;
 use uhca_hw::layout::wqe::{

@@ -6,6 +6,8 @@
 //!   share memory by fd (vfio-user, `IOMMU_IOAS_MAP_FILE`) can use it.
 //! - [`DmaSlice`]: a window of a region with volatile accessors. Memory the device writes
 //!   is never exposed as a Rust reference: every access is a volatile load or store.
+//! - [`DmaRing`]: a ring of fixed-size entries in a region, checked once at construction
+//!   and then accessed by (counter, word) with no per-access range check (the data path).
 //! - [`IovaAllocator`]: hands out device addresses inside the ranges the IOMMU allows.
 //! - [`UserMapping`]: the IOVA window of one memory region over user memory
 //!   ([`MrBuffer`]: `Vec<u8>`, `Box<[u8]>`, [`HostBuffer`], [`RawBuffer`]), and the
@@ -17,10 +19,12 @@
 
 mod iova;
 mod region;
+mod ring;
 mod user;
 
 pub use iova::IovaAllocator;
 pub use region::{DmaRegion, DmaSlice, PageSize};
+pub use ring::{DmaEntry, DmaRing, DmaRingView};
 pub use user::{
     HostBuffer, HostPages, MemlockExceeded, MemlockPolicy, MrBuffer, PinCharge, RawBuffer,
     UserMapping, has_cap_ipc_lock, memlock_rlimit, pinned_bytes,

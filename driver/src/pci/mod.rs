@@ -4,6 +4,7 @@
 //! into our address space), its DMA address space (the IOMMU domain the device sits behind)
 //! and its MSI-X vectors. Backends:
 //! - [`model`] (feature `model`): the software HCA in this process, the default device.
+//! - [`gpu`] (feature `model`): a model GPU whose BAR1 exports dma-bufs (peer memory tests).
 //! - [`vfio`]: real kernel VFIO (container/group or iommufd + cdev), for a ConnectX bound to
 //!   vfio-pci; [`sysfs`] discovers candidate functions and their IOMMU groups.
 //! - [`vfio_user`]: a device served by another process over vfio-user (`uhca-model`).
@@ -14,6 +15,8 @@
 
 mod bar;
 #[cfg(feature = "model")]
+pub mod gpu;
+#[cfg(feature = "model")]
 pub mod model;
 pub mod null;
 pub mod sysfs;
@@ -23,7 +26,7 @@ pub mod vfio_user;
 pub use bar::Bar;
 
 use std::fmt;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 
 use vmm_sys_util::eventfd::EventFd;
 
@@ -131,6 +134,16 @@ pub enum PciError {
     /// A vfio-user backend error (connecting, an unsupported device, a refused request).
     #[error(transparent)]
     VfioUser(Box<vfio_user::VfioUserError>),
+    /// A dma-buf import or export was refused; the refusal names the kernel limit.
+    #[error("{op} refused: {refusal}")]
+    DmaBuf {
+        /// What was attempted ("dma-buf import", "dma-buf export").
+        op: &'static str,
+        /// Why, with the kernel requirement.
+        refusal: DmaBufRefusal,
+        /// The errno the kernel returned, when it was the kernel.
+        errno: Option<i32>,
+    },
     /// An OS call failed.
     #[error("{what}: {source}")]
     Os {
@@ -140,6 +153,62 @@ pub enum PciError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why a dma-buf could not be imported into (or exported from) a function's IOMMU domain
+/// (vfio-kernel.md §1.3, §2.1, §2.2, §8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DmaBufRefusal {
+    /// The backend has no dma-buf support at all.
+    #[error("this backend has no dma-buf support")]
+    Unsupported,
+    /// Legacy VFIO container (type1) path: no dma-buf import exists there.
+    #[error(
+        "the legacy VFIO container (type1) path cannot import dma-bufs: use iommufd + the VFIO \
+         device cdev (IOMMU_IOAS_MAP_FILE, kernel 6.19+); the only type1 alternative, \
+         VFIO_IOMMU_MAP_DMA of an mmap of the peer BAR, has no revocation and is available \
+         only through the unsafe VfioFunction::map_peer_bar_unrevocable"
+    )]
+    LegacyContainer,
+    /// Not a dma-buf the IOMMU importer takes (`EOPNOTSUPP`): iommufd accepts only
+    /// single-range dma-bufs exported by vfio-pci; CUDA, ROCm and DRM dma-bufs are refused.
+    #[error(
+        "not an importable dma-buf (EOPNOTSUPP): IOMMU_IOAS_MAP_FILE accepts only single-range \
+         dma-bufs exported by vfio-pci (VFIO_DEVICE_FEATURE_DMA_BUF, kernel 6.19+); GPU-driver \
+         dma-bufs (CUDA, ROCm, DRM) are refused by iommufd: register those through the kernel \
+         RDMA stack (ibv_reg_dmabuf_mr) or bind the GPU to vfio-pci"
+    )]
+    NotVfioDmaBuf,
+    /// A dma-buf with more than one range (`EOPNOTSUPP`).
+    #[error(
+        "multi-range dma-buf (EOPNOTSUPP): IOMMU_IOAS_MAP_FILE takes single-range dma-bufs only"
+    )]
+    MultiRange,
+    /// The dma-buf is revoked (`ENODEV`): the exporter's memory decoding is off, it is being
+    /// reset, or it was closed.
+    #[error(
+        "dma-buf revoked (ENODEV): the exporter's memory decoding is off, a reset is in progress \
+         or the exporter closed it; re-export once the exporter is back"
+    )]
+    Revoked,
+    /// The kernel cannot take a dma-buf here: `IOMMU_IOAS_MAP_FILE` exists from 6.13 and
+    /// accepts dma-bufs from 6.19 (`ENOTTY`, or `EINVAL`, which a 6.19+ kernel also returns
+    /// for a range outside the buffer).
+    #[error(
+        "kernel too old: IOMMU_IOAS_MAP_FILE exists from Linux 6.13 and accepts VFIO dma-bufs \
+         from 6.19 (on 6.19+, EINVAL means the range is outside the dma-buf)"
+    )]
+    KernelTooOld,
+    /// The exporter cannot export this BAR: no `VFIO_DEVICE_FEATURE_DMA_BUF` (before 6.19,
+    /// or `CONFIG_PCI_P2PDMA` off), or the BAR has no P2PDMA provider.
+    #[error(
+        "the exporter cannot export this BAR as a dma-buf: VFIO_DEVICE_FEATURE_DMA_BUF needs \
+         Linux 6.19+, CONFIG_PCI_P2PDMA and a mappable 64-bit MMIO BAR (BAR0-5)"
+    )]
+    ExportUnsupported,
+    /// A range that is empty, not page aligned or outside the BAR or buffer.
+    #[error("range is empty, not page aligned, or outside the BAR or buffer")]
+    BadRange,
 }
 
 /// A PCI function the driver owns (style.md §20: this is the test seam).
@@ -170,6 +239,39 @@ pub unsafe trait PciFunction: Send + Sync + 'static {
     fn dma_unmap(&self, iova: Iova, len: usize) -> Result<(), PciError>;
     /// Function-level reset.
     fn reset(&self) -> Result<(), PciError>;
+    /// Makes `len` bytes at `offset` of the dma-buf `fd` reachable by the device at `iova`
+    /// (page aligned), e.g. a peer BAR slice exported by another vfio-pci function: iommufd
+    /// `IOMMU_IOAS_MAP_FILE` (kernel 6.19+), or the model's own import. Undo with
+    /// [`dma_unmap`](Self::dma_unmap). The importer holds its own reference on the buffer,
+    /// so `fd` may be closed afterwards. If the exporter revokes the buffer, the mapping
+    /// goes away by itself and is not restored (vfio-kernel.md §2.3). The default refuses
+    /// with [`DmaBufRefusal::Unsupported`].
+    fn dma_map_dmabuf(
+        &self,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        iova: Iova,
+    ) -> Result<(), PciError> {
+        let _ = (fd, offset, len, iova);
+        Err(PciError::DmaBuf {
+            op: "dma-buf import",
+            refusal: DmaBufRefusal::Unsupported,
+            errno: None,
+        })
+    }
+    /// Exports `len` bytes at `offset` of BAR `bar` as a dma-buf (vfio-pci:
+    /// `VFIO_DEVICE_FEATURE_DMA_BUF`, 6.19+); the fd is what
+    /// [`dma_map_dmabuf`](Self::dma_map_dmabuf) of another function takes. The default
+    /// refuses with [`DmaBufRefusal::Unsupported`].
+    fn export_dmabuf(&self, bar: u8, offset: u64, len: u64) -> Result<OwnedFd, PciError> {
+        let _ = (bar, offset, len);
+        Err(PciError::DmaBuf {
+            op: "dma-buf export",
+            refusal: DmaBufRefusal::Unsupported,
+            errno: None,
+        })
+    }
     /// Number of MSI-X vectors.
     fn num_irqs(&self) -> u32;
     /// Routes MSI-X `vector` to `fd` (or disables it with `None`).

@@ -10,6 +10,7 @@ use uhca_hw::model::{Hca, ModelConfig, ModelError};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{BarRegion, DmaMapping, Iova, IovaRange, PciError, PciFunction};
+use std::os::fd::BorrowedFd;
 
 /// A model HCA in this process, as a PCI function.
 pub struct ModelFunction {
@@ -105,6 +106,18 @@ unsafe impl PciFunction for ModelFunction {
     fn reset(&self) -> Result<(), PciError> {
         self.hca.reset();
         Ok(())
+    }
+
+    fn dma_map_dmabuf(
+        &self,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        iova: Iova,
+    ) -> Result<(), PciError> {
+        self.hca
+            .dma_map_dmabuf(fd, offset, len, iova.0)
+            .map_err(|e| super::gpu::import_error(e, iova, len))
     }
 
     fn num_irqs(&self) -> u32 {

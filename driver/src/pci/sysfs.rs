@@ -558,6 +558,7 @@ impl Sysfs {
 
 pub mod bind;
 pub mod fake;
+pub mod topology;
 
 #[cfg(test)]
 mod tests;

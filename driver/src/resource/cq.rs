@@ -279,7 +279,8 @@ impl Device {
         let dbr = dbr_offset(size);
         let buf = Arc::new(dev.dma.alloc(dbr + 64)?);
         let registry = Arc::new(QpRegistry::default());
-        let ring = CqRing::new(buf.clone(), size, dbr, registry.clone());
+        let ring = CqRing::new(buf.clone(), size, dbr, registry.clone())
+            .ok_or(QueueError::Config("CQ ring does not fit its buffer"))?;
         let region = ring.region();
         let pages: Vec<Iova> = (0..region.len().div_ceil(4096))
             .map(|i| region.iova().add(i as u64 * 4096))

@@ -377,7 +377,7 @@ const DEFAULT_MAX_LOG_PAGE: u32 = 31;
 impl Pd {
     /// The largest MKey page size the device accepts (CAP_2 `max_mkey_log_entity_size_mtt`,
     /// queried once per PD).
-    fn max_log_page(&self) -> u32 {
+    pub(crate) fn max_log_page(&self) -> u32 {
         let cell: &OnceLock<u32> = &self.max_log_page;
         *cell.get_or_init(|| {
             ops::query_hca_cap(&*self.dev, CapType::General2, true)

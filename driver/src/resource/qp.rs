@@ -22,8 +22,8 @@ use super::cq::{Cq, CqObj, QueueError};
 use crate::cmd::ops::{self, RoceAddress};
 use crate::cmd::{CmdError, queue_ops};
 use crate::datapath::ring::RingSize;
-use crate::datapath::sq::{Doorbell, MAX_RECV_SGES, RecvRing, SendRing, WqShadow};
-use crate::datapath::wqe::{MAX_INLINE, MAX_WQE_BYTES, PostError, Remote, Sge};
+use crate::datapath::sq::{Doorbell, MAX_RECV_SGES, RecvRing, RqMem, SendRing, SqMem, WqShadow};
+use crate::datapath::wqe::{MAX_INLINE, MAX_WQE_BYTES, PostError, Remote, Sge, WqeBuf};
 use crate::device::{Device, DeviceInner};
 use crate::dma::DmaRegion;
 use crate::resource::{Access, Pd, Uar};
@@ -289,8 +289,7 @@ pub struct Qp {
     rq: RecvRing,
     db: Doorbell,
     shadow: Arc<WqShadow>,
-    max_inline: usize,
-    max_send_sge: usize,
+    limits: SendLimits,
     max_recv_sge: usize,
     pdn: u32,
     scq: Arc<CqObj>,
@@ -367,6 +366,11 @@ impl Device {
         let sq_off = rq_bytes;
         let dbr = sq_off + sq.entries() as usize * SEND_WQE_BB;
         let buf = Arc::new(dev.dma.alloc(dbr + 64)?);
+        // The rings in the buffer (receive WQEs counted in data segments); they always fit.
+        let geometry = || QueueError::Config("queue rings do not fit their buffer");
+        let sq_mem = SqMem::new(buf.clone(), sq_off, sq.log()).ok_or_else(geometry)?;
+        let rq_log = rq.log() + stride_log - DS_UNIT.trailing_zeros();
+        let rq_mem = RqMem::new(buf.clone(), 0, rq_log).ok_or_else(geometry)?;
         let uar = Uar::alloc(dev).map_err(|e| match e {
             crate::DeviceError::Cmd(c) => QueueError::Cmd(c),
             _ => QueueError::Closed,
@@ -405,8 +409,8 @@ impl Device {
             qpn,
             state: QpState::Reset,
             was_reset: false,
-            sq: SendRing::new(sq, sq_off, qpn),
-            rq: RecvRing::new(rq, stride_log),
+            sq: SendRing::new(sq_mem, dbr, qpn),
+            rq: RecvRing::new(rq_mem, dbr, rq, stride_log),
             db: Doorbell {
                 bar: dev.bar.clone(),
                 bf_reg: uar.bar_offset() + bf_reg_offset(BF_REG, log_bf),
@@ -416,8 +420,10 @@ impl Device {
             buf,
             dbr,
             shadow,
-            max_inline: cfg.max_inline as usize,
-            max_send_sge: cfg.max_send_sge as usize,
+            limits: SendLimits {
+                max_sge: cfg.max_send_sge as usize,
+                max_inline: cfg.max_inline as usize,
+            },
             max_recv_sge: cfg.max_recv_sge as usize,
             pdn: pd.pdn(),
             scq: send_cq.obj().clone(),
@@ -597,81 +603,14 @@ impl Qp {
         if !matches!(self.state, QpState::Rts | QpState::Err) {
             return Err(PostError::BadState);
         }
-        let (max_sge, max_inline) = (self.max_send_sge, self.max_inline);
-        let local = |w: &mut crate::datapath::wqe::WqeBuf, l: &Local<'_>| match *l {
-            Local::Sges(s) if s.len() > max_sge => Err(PostError::TooManySges),
-            Local::Sges(s) => w.data(s),
-            Local::Inline(d) if d.len() > max_inline => Err(PostError::InlineTooLong),
-            Local::Inline(d) => w.inline(d),
-        };
-        let f = wr.flags.0;
-        let (sq, buf, sh) = (&mut self.sq, &self.buf, &*self.shadow);
-        match wr.op {
-            SendOp::Write { local: l, remote } => {
-                sq.post(buf, sh, wr.wr_id, WqeOpcode::RdmaWrite, f, 0, |w| {
-                    w.raddr(remote);
-                    local(w, &l)
-                })
-            }
-            SendOp::WriteImm {
-                local: l,
-                remote,
-                imm,
-            } => sq.post(buf, sh, wr.wr_id, WqeOpcode::RdmaWriteImm, f, imm, |w| {
-                w.raddr(remote);
-                local(w, &l)
-            }),
-            SendOp::Read { local: l, remote } => {
-                if l.len() > max_sge {
-                    return Err(PostError::TooManySges);
-                }
-                sq.post(buf, sh, wr.wr_id, WqeOpcode::RdmaRead, f, 0, |w| {
-                    w.raddr(remote);
-                    w.data(l)
-                })
-            }
-            SendOp::Send { local: l } => {
-                sq.post(buf, sh, wr.wr_id, WqeOpcode::Send, f, 0, |w| local(w, &l))
-            }
-            SendOp::SendImm { local: l, imm } => {
-                sq.post(buf, sh, wr.wr_id, WqeOpcode::SendImm, f, imm, |w| {
-                    local(w, &l)
-                })
-            }
-            SendOp::CompareSwap {
-                local: l,
-                remote,
-                compare,
-                swap,
-            } => {
-                check_atomic(&l, &remote)?;
-                sq.post(buf, sh, wr.wr_id, WqeOpcode::AtomicCs, f, 0, |w| {
-                    w.raddr(remote);
-                    w.atomic(swap, compare);
-                    w.data(&[l])
-                })
-            }
-            SendOp::FetchAdd {
-                local: l,
-                remote,
-                add,
-            } => {
-                check_atomic(&l, &remote)?;
-                sq.post(buf, sh, wr.wr_id, WqeOpcode::AtomicFa, f, 0, |w| {
-                    w.raddr(remote);
-                    w.atomic(add, 0);
-                    w.data(&[l])
-                })
-            }
-        }
+        post_wr(&mut self.sq, &self.shadow, self.limits, wr)
     }
 
     /// Publishes the send WQEs posted since the last call with one doorbell (or BlueFlame
     /// for a single small WQE), prm-subset.md §9.2. Also runs on drop.
     #[inline]
     pub fn ring_doorbell(&mut self) {
-        self.sq
-            .ring_doorbell(&self.buf, self.dbr, &self.shadow, &mut self.db);
+        self.sq.ring_doorbell(&self.shadow, &mut self.db);
     }
 
     /// Posts a receive work request and publishes it in the doorbell record (§9.6).
@@ -683,7 +622,7 @@ impl Qp {
         if sges.len() > self.max_recv_sge {
             return Err(PostError::TooManySges);
         }
-        self.rq.post(&self.buf, self.dbr, &self.shadow, wr_id, sges)
+        self.rq.post(&self.shadow, wr_id, sges)
     }
 
     /// Free send basic blocks (64 bytes each), as of the completions polled so far.
@@ -699,6 +638,138 @@ impl Qp {
     /// Receive WQEs posted so far.
     pub fn recv_posted(&self) -> u32 {
         self.rq.head()
+    }
+}
+
+/// Per-QP limits of send work requests (from [`QpConfig`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SendLimits {
+    /// Most data segments.
+    pub(crate) max_sge: usize,
+    /// Most inline bytes.
+    pub(crate) max_inline: usize,
+}
+
+/// Writes the WQE of `wr` into `sq` (the body of [`Qp::post_send`] after the state check;
+/// the benchmark rig runs it too). A WRITE or SEND (with or without immediate) of one
+/// SGE takes the straight path ([`SendRing::post_one_sge`]); the rest is built
+/// segment by segment.
+#[inline(always)]
+pub(crate) fn post_wr(
+    sq: &mut SendRing,
+    sh: &WqShadow,
+    lim: SendLimits,
+    wr: &SendWr<'_>,
+) -> Result<(), PostError> {
+    let (id, f) = (wr.wr_id, wr.flags.0);
+    if lim.max_sge >= 1 {
+        let none = Remote::default();
+        match wr.op {
+            SendOp::Write {
+                local: Local::Sges([sge]),
+                remote,
+            } => {
+                return sq.post_one_sge::<true>(sh, id, WqeOpcode::RdmaWrite, f, 0, remote, sge);
+            }
+            SendOp::WriteImm {
+                local: Local::Sges([sge]),
+                remote,
+                imm,
+            } => {
+                return sq.post_one_sge::<true>(
+                    sh,
+                    id,
+                    WqeOpcode::RdmaWriteImm,
+                    f,
+                    imm,
+                    remote,
+                    sge,
+                );
+            }
+            SendOp::Send {
+                local: Local::Sges([sge]),
+            } => {
+                return sq.post_one_sge::<false>(sh, id, WqeOpcode::Send, f, 0, none, sge);
+            }
+            SendOp::SendImm {
+                local: Local::Sges([sge]),
+                imm,
+            } => {
+                return sq.post_one_sge::<false>(sh, id, WqeOpcode::SendImm, f, imm, none, sge);
+            }
+            _ => {}
+        }
+    }
+    post_built(sq, sh, lim, wr)
+}
+
+/// Every other send work request: segments built in the stack buffer, then copied.
+#[inline(never)]
+fn post_built(
+    sq: &mut SendRing,
+    sh: &WqShadow,
+    lim: SendLimits,
+    wr: &SendWr<'_>,
+) -> Result<(), PostError> {
+    let (max_sge, max_inline) = (lim.max_sge, lim.max_inline);
+    let local = |w: &mut WqeBuf, l: &Local<'_>| match *l {
+        Local::Sges(s) if s.len() > max_sge => Err(PostError::TooManySges),
+        Local::Sges(s) => w.data(s),
+        Local::Inline(d) if d.len() > max_inline => Err(PostError::InlineTooLong),
+        Local::Inline(d) => w.inline(d),
+    };
+    let (id, f) = (wr.wr_id, wr.flags.0);
+    match wr.op {
+        SendOp::Write { local: l, remote } => sq.post(sh, id, WqeOpcode::RdmaWrite, f, 0, |w| {
+            w.raddr(remote);
+            local(w, &l)
+        }),
+        SendOp::WriteImm {
+            local: l,
+            remote,
+            imm,
+        } => sq.post(sh, id, WqeOpcode::RdmaWriteImm, f, imm, |w| {
+            w.raddr(remote);
+            local(w, &l)
+        }),
+        SendOp::Read { local: l, remote } => {
+            if l.len() > max_sge {
+                return Err(PostError::TooManySges);
+            }
+            sq.post(sh, id, WqeOpcode::RdmaRead, f, 0, |w| {
+                w.raddr(remote);
+                w.data(l)
+            })
+        }
+        SendOp::Send { local: l } => sq.post(sh, id, WqeOpcode::Send, f, 0, |w| local(w, &l)),
+        SendOp::SendImm { local: l, imm } => {
+            sq.post(sh, id, WqeOpcode::SendImm, f, imm, |w| local(w, &l))
+        }
+        SendOp::CompareSwap {
+            local: l,
+            remote,
+            compare,
+            swap,
+        } => {
+            check_atomic(&l, &remote)?;
+            sq.post(sh, id, WqeOpcode::AtomicCs, f, 0, |w| {
+                w.raddr(remote);
+                w.atomic(swap, compare);
+                w.data(&[l])
+            })
+        }
+        SendOp::FetchAdd {
+            local: l,
+            remote,
+            add,
+        } => {
+            check_atomic(&l, &remote)?;
+            sq.post(sh, id, WqeOpcode::AtomicFa, f, 0, |w| {
+                w.raddr(remote);
+                w.atomic(add, 0);
+                w.data(&[l])
+            })
+        }
     }
 }
 

@@ -52,6 +52,68 @@ layout! {
     op_own, set_op_own: 0x3c [7:0],
 }
 
+/// The CQE fields that the data path reads out of whole big-endian 8-byte words
+/// ([`WordField::get`](crate::layout::WordField::get)), looked up in the tables above at
+/// compile time: one definition of each field, no second table.
+pub mod fast {
+    use super::{Cqe, ErrCqe};
+    use crate::layout::{Field, WordField};
+
+    /// `cqe64.op_own` (the last byte, written last by the device).
+    pub const OP_OWN: WordField = WordField::of(Field::named(Cqe::<()>::FIELDS, "op_own"));
+    /// `cqe64.wqe_counter`.
+    pub const WQE_COUNTER: WordField =
+        WordField::of(Field::named(Cqe::<()>::FIELDS, "wqe_counter"));
+    /// `cqe64.qpn`.
+    pub const QPN: WordField = WordField::of(Field::named(Cqe::<()>::FIELDS, "qpn"));
+    /// `cqe64.sop` (the send opcode of a requester CQE).
+    pub const SOP: WordField = WordField::of(Field::named(Cqe::<()>::FIELDS, "sop"));
+    /// `cqe64.byte_cnt`.
+    pub const BYTE_CNT: WordField = WordField::of(Field::named(Cqe::<()>::FIELDS, "byte_cnt"));
+    /// `cqe64.imm_inval_pkey`.
+    pub const IMM_INVAL_PKEY: WordField =
+        WordField::of(Field::named(Cqe::<()>::FIELDS, "imm_inval_pkey"));
+    /// `err_cqe.syndrome`.
+    pub const ERR_SYNDROME: WordField =
+        WordField::of(Field::named(ErrCqe::<()>::FIELDS, "syndrome"));
+
+    /// The 8-byte word holding `op_own`, `wqe_counter`, `qpn` and `sop`: one load gives
+    /// the owner bit and everything a requester completion needs.
+    pub const TAIL_WORD: usize = OP_OWN.word;
+    const _: () = assert!(
+        WQE_COUNTER.word == TAIL_WORD
+            && QPN.word == TAIL_WORD
+            && SOP.word == TAIL_WORD
+            && OP_OWN.shift == 0
+    );
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::layout::cqe::CQE_SIZE;
+
+        #[test]
+        fn word_reads_match_the_getters() {
+            let mut b = [0u8; CQE_SIZE];
+            for (i, x) in b.iter_mut().enumerate() {
+                *x = (i as u8).wrapping_mul(37) ^ 0xA5;
+            }
+            let c = Cqe::new_unchecked(&b[..]);
+            let w = |f: WordField| {
+                let k = f.word * 8;
+                f.get(u64::from_be_bytes(b[k..k + 8].try_into().unwrap())) as u32
+            };
+            assert_eq!(w(OP_OWN), c.op_own());
+            assert_eq!(w(WQE_COUNTER), c.wqe_counter());
+            assert_eq!(w(QPN), c.qpn());
+            assert_eq!(w(SOP), c.sop());
+            assert_eq!(w(BYTE_CNT), c.byte_cnt());
+            assert_eq!(w(IMM_INVAL_PKEY), c.imm_inval_pkey());
+            assert_eq!(w(ERR_SYNDROME), ErrCqe::new_unchecked(&b[..]).syndrome());
+        }
+    }
+}
+
 crate::enum_with_unknown! {
     /// CQE opcodes, `op_own >> 4` (§9.7).
     pub enum CqeOpcode(u8) {

@@ -269,6 +269,89 @@ impl Field {
     }
 }
 
+impl Field {
+    /// The field called `name` in `fields`. Meant for `const` items, where a missing name
+    /// is a compile-time error.
+    pub const fn named(fields: &[Field], name: &str) -> Field {
+        let mut i = 0;
+        while i < fields.len() {
+            if str_eq(fields[i].name, name) {
+                return fields[i];
+            }
+            i += 1;
+        }
+        panic!("no such field in the layout table");
+    }
+}
+
+/// A field as part of a big-endian 64-bit word, for hot paths that build or parse a
+/// structure with whole 8-byte stores and loads instead of per-field setters (the data
+/// path's WQEs and CQEs). It is derived from the layout table, so there is still one
+/// definition of each field: `WordField::of(Field::named(CtrlSeg::<()>::FIELDS, "qpn"))`
+/// in a `const` looks the row up at compile time, and `put`/`get` are a shift and a mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WordField {
+    /// Index of the 8-byte word (counted from byte 0 of the structure) holding the field.
+    pub word: usize,
+    /// Shift of the field's least significant bit in the word read as a big-endian `u64`.
+    pub shift: u32,
+    /// The field's value mask (not shifted).
+    pub mask: u64,
+}
+
+impl WordField {
+    /// The word position of `f`: a bit field, or an 8-byte aligned `u64`. Anything else
+    /// does not lie in one aligned word (a compile-time error in a `const`).
+    pub const fn of(f: Field) -> WordField {
+        match f.kind {
+            FieldKind::Bits { msb, lsb } => WordField {
+                word: f.offset / 8,
+                // prm-subset.md §1: a BE32 word at an 8-aligned offset is the high half.
+                shift: if f.offset.is_multiple_of(8) {
+                    lsb + 32
+                } else {
+                    lsb
+                },
+                mask: (mask(msb, lsb) >> lsb) as u64,
+            },
+            FieldKind::U64 if f.offset.is_multiple_of(8) => WordField {
+                word: f.offset / 8,
+                shift: 0,
+                mask: u64::MAX,
+            },
+            _ => panic!("field does not lie in one aligned 8-byte word"),
+        }
+    }
+
+    /// `v` placed in the field, as part of its big-endian 8-byte word (bits of `v` that
+    /// do not fit are dropped).
+    #[inline(always)]
+    pub const fn put(self, v: u64) -> u64 {
+        (v & self.mask) << self.shift
+    }
+
+    /// The field's value in its big-endian 8-byte word `word`.
+    #[inline(always)]
+    pub const fn get(self, word: u64) -> u64 {
+        (word >> self.shift) & self.mask
+    }
+}
+
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
 /// A buffer was too short for the layout applied to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LengthError {

@@ -82,6 +82,115 @@ pub const fn inline_ds(len: usize) -> usize {
     (4 + len).div_ceil(DS_UNIT)
 }
 
+/// The send-WQE fields that the data path writes as whole big-endian 8-byte words
+/// ([`WordField::put`](crate::layout::WordField::put)), looked up in the tables above at
+/// compile time: one definition of each field, no second table.
+pub mod fast {
+    use super::{CtrlSeg, DataSeg, RaddrSeg};
+    use crate::layout::{Field, WordField};
+
+    /// `wqe_ctrl_seg.opcode`.
+    pub const CTRL_OPCODE: WordField = WordField::of(Field::named(CtrlSeg::<()>::FIELDS, "opcode"));
+    /// `wqe_ctrl_seg.wqe_index`.
+    pub const CTRL_WQE_INDEX: WordField =
+        WordField::of(Field::named(CtrlSeg::<()>::FIELDS, "wqe_index"));
+    /// `wqe_ctrl_seg.qpn`.
+    pub const CTRL_QPN: WordField = WordField::of(Field::named(CtrlSeg::<()>::FIELDS, "qpn"));
+    /// `wqe_ctrl_seg.ds`.
+    pub const CTRL_DS: WordField = WordField::of(Field::named(CtrlSeg::<()>::FIELDS, "ds"));
+    /// `wqe_ctrl_seg.fm_ce_se`.
+    pub const CTRL_FM_CE_SE: WordField =
+        WordField::of(Field::named(CtrlSeg::<()>::FIELDS, "fm_ce_se"));
+    /// `wqe_ctrl_seg.imm`.
+    pub const CTRL_IMM: WordField = WordField::of(Field::named(CtrlSeg::<()>::FIELDS, "imm"));
+    /// `wqe_raddr_seg.raddr`.
+    pub const RADDR_RADDR: WordField = WordField::of(Field::named(RaddrSeg::<()>::FIELDS, "raddr"));
+    /// `wqe_raddr_seg.rkey`.
+    pub const RADDR_RKEY: WordField = WordField::of(Field::named(RaddrSeg::<()>::FIELDS, "rkey"));
+    /// `wqe_data_seg.byte_count`.
+    pub const DATA_BYTE_COUNT: WordField =
+        WordField::of(Field::named(DataSeg::<()>::FIELDS, "byte_count"));
+    /// `wqe_data_seg.lkey`.
+    pub const DATA_LKEY: WordField = WordField::of(Field::named(DataSeg::<()>::FIELDS, "lkey"));
+    /// `wqe_data_seg.addr`.
+    pub const DATA_ADDR: WordField = WordField::of(Field::named(DataSeg::<()>::FIELDS, "addr"));
+
+    // The word packing in the driver relies on these sharing words as below.
+    const _: () = assert!(
+        CTRL_OPCODE.word == 0
+            && CTRL_WQE_INDEX.word == 0
+            && CTRL_QPN.word == 0
+            && CTRL_DS.word == 0
+            && CTRL_FM_CE_SE.word == 1
+            && CTRL_IMM.word == 1
+            && RADDR_RADDR.word == 0
+            && RADDR_RKEY.word == 1
+            && DATA_BYTE_COUNT.word == 0
+            && DATA_LKEY.word == 0
+            && DATA_ADDR.word == 1
+    );
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::layout::wqe::{DS_UNIT, WqeOpcode};
+
+        /// The 8-byte words of `b` as big-endian values.
+        fn words(b: &[u8]) -> Vec<u64> {
+            b.chunks_exact(8)
+                .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
+                .collect()
+        }
+
+        #[test]
+        fn word_packing_matches_the_setters() {
+            for (i, seed) in [
+                0u64,
+                1,
+                0x5555_5555_5555_5555,
+                u64::MAX,
+                0x0123_4567_89AB_CDEF,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let v32 = seed as u32 ^ (i as u32 * 0x9E37_79B9);
+                let mut b = [0u8; 3 * DS_UNIT];
+                let mut c = CtrlSeg::new_unchecked(&mut b[..DS_UNIT]);
+                c.set_opcode(u8::from(WqeOpcode::RdmaWrite).into());
+                c.set_wqe_index(v32 & 0xFFFF);
+                c.set_qpn(v32 >> 8);
+                c.set_ds(v32 & 0x3F);
+                c.set_fm_ce_se(v32 & 0xFF);
+                c.set_imm(!v32);
+                let mut r = RaddrSeg::new_unchecked(&mut b[DS_UNIT..2 * DS_UNIT]);
+                r.set_raddr(seed);
+                r.set_rkey(v32);
+                let mut d = DataSeg::new_unchecked(&mut b[2 * DS_UNIT..]);
+                d.set_byte_count(!v32);
+                d.set_lkey(v32.rotate_left(7));
+                d.set_addr(!seed);
+                let v = u64::from(v32);
+                let want = [
+                    CTRL_OPCODE.put(0x08)
+                        | CTRL_WQE_INDEX.put(v)
+                        | CTRL_QPN.put(v >> 8)
+                        | CTRL_DS.put(v),
+                    CTRL_FM_CE_SE.put(v) | CTRL_IMM.put(u64::from(!v32)),
+                    RADDR_RADDR.put(seed),
+                    RADDR_RKEY.put(v),
+                    DATA_BYTE_COUNT.put(u64::from(!v32))
+                        | DATA_LKEY.put(u64::from(v32.rotate_left(7))),
+                    DATA_ADDR.put(!seed),
+                ];
+                assert_eq!(words(&b), want, "seed {seed:#x}");
+                assert_eq!(CTRL_WQE_INDEX.get(want[0]), v & 0xFFFF);
+                assert_eq!(CTRL_QPN.get(want[0]), (v >> 8) & 0xFF_FFFF);
+            }
+        }
+    }
+}
+
 crate::enum_with_unknown! {
     /// Send WQE opcodes (§9.5).
     pub enum WqeOpcode(u8) {

@@ -46,12 +46,37 @@ pub enum DmaError {
 pub(crate) struct HostMapping {
     region: HostRegion,
     len: u64,
+    /// Keeps the memory behind `region` alive while it is mapped (a peer BAR imported as a
+    /// dma-buf, `peer.rs`); `None` for host memory, whose lifetime the mapper guarantees.
+    _owner: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+    /// Non-zero for a dma-buf import: lets its exporter remove exactly this mapping.
+    tag: u64,
 }
 
 impl HostMapping {
     pub(crate) fn new(region: HostRegion) -> HostMapping {
         let len = region_len(&region);
-        HostMapping { region, len }
+        HostMapping {
+            region,
+            len,
+            _owner: None,
+            tag: 0,
+        }
+    }
+
+    /// A mapping of `region`, which lies in memory `owner` keeps alive, tagged `tag`.
+    pub(crate) fn owned(
+        region: HostRegion,
+        owner: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+        tag: u64,
+    ) -> HostMapping {
+        let len = region_len(&region);
+        HostMapping {
+            region,
+            len,
+            _owner: Some(owner),
+            tag,
+        }
     }
 }
 
@@ -190,6 +215,24 @@ impl Iommu {
             t.remove(&s);
         }
         Ok(())
+    }
+
+    /// Removes the mapping at `iova` if it carries `tag` (a revoked dma-buf import; waits
+    /// for in-flight accesses). Returns whether it was there.
+    pub(crate) fn unmap_tagged(&self, iova: u64, tag: u64) -> bool {
+        let mut t = self.table.write().expect("iommu lock");
+        if t.get(&iova).is_some_and(|m| m.tag == tag) {
+            t.remove(&iova);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether the mapping at `iova` carries `tag`.
+    pub(crate) fn has_tagged(&self, iova: u64, tag: u64) -> bool {
+        let t = self.table.read().expect("iommu lock");
+        t.get(&iova).is_some_and(|m| m.tag == tag)
     }
 
     /// Runs `f` on each host chunk of `[iova, iova + len)` with the read lock held, after

@@ -319,6 +319,38 @@ impl HostRegion {
     }
 }
 
+/// A fresh, empty memfd named `name` (close-on-exec): a unique inode, used as the identity
+/// of a model dma-buf (`peer`).
+pub(crate) fn new_memfd(name: &str) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name.replace('\0', "?")).expect("no NUL");
+    // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
+    let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor we own exclusively.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// A mapping of `len` bytes of `bar` at `off` (a peer BAR slice imported as a dma-buf):
+/// the mapping holds `bar`, so the memory stays valid while the IOMMU can reach it.
+pub(crate) fn bar_mapping(
+    bar: &std::sync::Arc<BarMem>,
+    off: usize,
+    len: usize,
+    tag: u64,
+) -> HostMapping {
+    assert!(
+        off.checked_add(len).is_some_and(|e| e <= bar.len),
+        "BAR slice {off:#x}+{len:#x} outside the BAR"
+    );
+    // Inside the live mapping (checked above); HostRegion accesses rely on `bar` outliving
+    // the mapping, which holds it.
+    let ptr = NonNull::new(bar.ptr.as_ptr().wrapping_add(off)).expect("non-null BAR pointer");
+    let region = HostRegion { ptr, len };
+    HostMapping::owned(region, bar.clone(), tag)
+}
+
 impl Hca {
     /// Makes `len` bytes of host memory at `host` reachable by the device at `iova`
     /// (page-aligned `iova`, `host` and `len`; no overlap with an existing mapping).

@@ -18,6 +18,7 @@
 //! - `mkey` — the MKey table and the translation API of the data path (`mem_read`,
 //!   `mem_write`, `mem_atomic`: key, PD, bounds, rights, MTT, IOMMU or MEMIC window).
 //! - `memic` — on-device memory allocations in BAR0's MEMIC window.
+//! - [`peer`] — a model GPU whose BAR exports dma-bufs, and the HCA's dma-buf import.
 //!
 //! - `wq`, `cq`, `qp`, `sq` — queue buffers, completion queues, RC QP contexts and receive
 //!   queues, send WQE decoding (prm-subset.md §9); `datapath` — the device-thread pass over
@@ -43,6 +44,7 @@ mod mem;
 mod memic;
 mod mkey;
 mod pages;
+pub mod peer;
 mod qp;
 mod sq;
 mod state;

@@ -1,12 +1,14 @@
 //! `uhca-bind`: prepare a host for uhca. Lists mlx5-family functions and what stands
 //! between them and VFIO, binds a function to vfio-pci and back (with safety checks), and
-//! reserves hugepages. Every path root is a flag so the tool can run against a fake tree.
+//! reserves hugepages; `status` also reports the P2P topology between each NIC and each GPU
+//! (IOMMU groups, root ports, ACS on the bridges between them). Every path root is a flag so the tool can run against a fake tree.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use uhca::pci::sysfs::bind::{self, BindOptions, FileWriter, HugepageSize, Outcome};
+use uhca::pci::sysfs::topology::{Acs, P2pTopology};
 use uhca::pci::sysfs::{FunctionInfo, HostNet, Sysfs};
 use uhca::pci::vfio;
 
@@ -111,6 +113,7 @@ fn status(args: &Args, json: bool) -> Result<(), String> {
     let vfio_loaded = sys.module_loaded("vfio_pci", bind::VFIO_PCI);
     let dev_iommu = args.dev_root.join("iommu").exists();
     let pools = sys.hugepages();
+    let p2p = p2p_topologies(&sys, &fns);
     if json {
         let v = serde_json::json!({
             "iommu": iommu,
@@ -140,6 +143,7 @@ fn status(args: &Args, json: bool) -> Result<(), String> {
                     "routes": n.routes, "active": n.is_active(),
                 })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
+            "p2p": p2p.iter().map(p2p_json).collect::<Vec<_>>(),
         });
         println!(
             "{}",
@@ -232,7 +236,84 @@ fn status(args: &Args, json: bool) -> Result<(), String> {
             );
         }
     }
+    print_p2p(&p2p);
     Ok(())
+}
+
+/// The P2P topology between every mlx5 function and every GPU (display-class function).
+fn p2p_topologies(sys: &Sysfs, fns: &[FunctionInfo]) -> Vec<P2pTopology> {
+    let gpus = sys.gpu_functions().unwrap_or_default();
+    let mut v = Vec::new();
+    for f in fns {
+        for g in &gpus {
+            match sys.p2p_topology(&f.bdf, g) {
+                Ok(t) => v.push(t),
+                Err(e) => eprintln!("uhca-bind: warning: P2P topology {} - {g}: {e}", f.bdf),
+            }
+        }
+    }
+    v
+}
+
+fn acs_text(a: &Acs) -> String {
+    match a {
+        Acs::NotCapable => "no ACS capability".into(),
+        Acs::Unknown(why) => format!("ACS unknown ({why})"),
+        Acs::Present { cap, ctrl } => format!(
+            "ACS cap {cap:#06x} ctrl {ctrl:#06x} [{}]",
+            Acs::ctrl_names(*ctrl).join(" ")
+        ),
+    }
+}
+
+fn p2p_json(t: &P2pTopology) -> serde_json::Value {
+    serde_json::json!({
+        "nic": t.nic,
+        "peer": t.peer,
+        "iommu_groups": [t.groups.0, t.groups.1],
+        "same_iommu_group": t.same_group(),
+        "root_ports": [t.root_ports.0, t.root_ports.1],
+        "same_root_port": t.same_root_port(),
+        "host_bridges": [t.host_bridges.0, t.host_bridges.1],
+        "path": t.path.iter().map(|b| serde_json::json!({
+            "bdf": b.bdf,
+            "acs": match &b.acs {
+                Acs::NotCapable => serde_json::json!("not capable"),
+                Acs::Unknown(why) => serde_json::json!({ "unknown": why }),
+                Acs::Present { cap, ctrl } => serde_json::json!({
+                    "cap": cap, "ctrl": ctrl, "ctrl_bits": Acs::ctrl_names(*ctrl),
+                    "redirect": b.acs.redirects(),
+                }),
+            },
+        })).collect::<Vec<_>>(),
+        "caveats": t.caveats(),
+    })
+}
+
+fn print_p2p(v: &[P2pTopology]) {
+    for t in v {
+        println!(
+            "\nP2P {} <-> {}: groups {}/{}{}, root ports {}/{}{}",
+            t.nic,
+            t.peer,
+            t.groups.0.as_deref().unwrap_or("-"),
+            t.groups.1.as_deref().unwrap_or("-"),
+            if t.same_group() { " (shared)" } else { "" },
+            t.root_ports.0.as_deref().unwrap_or("-"),
+            t.root_ports.1.as_deref().unwrap_or("-"),
+            if t.same_root_port() {
+                " (same root port)"
+            } else {
+                " (different root ports)"
+            },
+        );
+        for b in &t.path {
+            println!("    bridge {} {}", b.bdf, acs_text(&b.acs));
+        }
+        for c in t.caveats() {
+            println!("    note: {c}");
+        }
+    }
 }
 
 fn opts(args: &Args, force: bool, dry_run: bool) -> BindOptions {

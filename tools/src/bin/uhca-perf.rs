@@ -8,12 +8,15 @@
 //!
 //! Both ends run in this process on the built-in model HCA (loopback through the port's own
 //! MAC), or on two model HCAs joined by the model's in-process link with `--pair`.
+//! `--use_cuda 0` puts both ends' buffers in the model GPU's BAR (peer memory registered
+//! through the peer-memory client; `--use_cuda_dmabuf` registers the dma-buf fd instead):
+//! the header says "model GPU", as it is not GPU hardware.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use uhca_tools::perf::{Bench, BwResult, LatResult, Op, Settings};
+use uhca_tools::perf::{Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, Op, Settings};
 
 /// The test to run (perftest's program names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -91,6 +94,13 @@ struct Args {
     /// Put the local buffers in device memory (MEMIC); bandwidth tests.
     #[arg(long = "use_dm")]
     use_dm: bool,
+    /// Put both ends' buffers in GPU memory: GPU index (only 0, the model GPU, exists in
+    /// this build), registered through the peer-memory client.
+    #[arg(long = "use_cuda", value_name = "GPU")]
+    use_cuda: Option<u32>,
+    /// With --use_cuda: register the GPU memory as a dma-buf fd (reg_dmabuf_mr).
+    #[arg(long = "use_cuda_dmabuf")]
+    use_cuda_dmabuf: bool,
     /// Use two model HCAs joined by an in-process link instead of one in loopback.
     #[arg(long)]
     pair: bool,
@@ -141,6 +151,7 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
     if a.use_dm && !a.mode.is_bw() {
         return Err("--use_dm is supported by the bandwidth tests".into());
     }
+    let gpu = gpu_placement(a)?;
     Ok((
         sizes,
         Settings {
@@ -152,8 +163,38 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             tx_depth: a.tx_depth,
             inline_size: a.inline_size,
             use_dm: a.use_dm,
+            gpu,
         },
     ))
+}
+
+/// `--use_cuda` / `--use_cuda_dmabuf`: GPU memory for both ends (the model GPU here).
+fn gpu_placement(a: &Args) -> Result<Option<GpuPlacement>, String> {
+    let Some(id) = a.use_cuda else {
+        if a.use_cuda_dmabuf {
+            return Err("--use_cuda_dmabuf needs --use_cuda <GPU>".into());
+        }
+        return Ok(None);
+    };
+    if a.use_dm {
+        return Err("--use_dm and --use_cuda exclude each other".into());
+    }
+    if a.mode.op() == Op::Atomic {
+        return Err("atomics on GPU memory are not supported by this tool".into());
+    }
+    if id != 0 {
+        return Err(format!(
+            "--use_cuda {id}: this build has one GPU, the model GPU 0 (no CUDA support)"
+        ));
+    }
+    Ok(Some(GpuPlacement {
+        source: GpuSource::Model,
+        reg: if a.use_cuda_dmabuf {
+            GpuReg::DmaBuf
+        } else {
+            GpuReg::PeerClient
+        },
+    }))
 }
 
 fn header(a: &Args, s: &Settings) {
@@ -176,6 +217,9 @@ fn header(a: &Args, s: &Settings) {
         " Use device memory: {}",
         if s.use_dm { "ON" } else { "OFF" }
     );
+    if let Some(g) = &s.gpu {
+        println!(" GPU memory     : {} (both ends)", g.describe());
+    }
     println!("{LINE}");
 }
 

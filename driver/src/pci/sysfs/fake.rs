@@ -67,6 +67,39 @@ impl FakeSysfs {
         Ok(())
     }
 
+    /// Adds a PCI function placed in the device tree as on a real host:
+    /// `devices/<host>/<chain...>/<bdf>` (e.g. host `pci0000:00`, chain = root port, switch
+    /// ports), with `bus/pci/devices/<bdf>` a symlink to it. Add the bridges of `chain`
+    /// first, the same way, so that their directories are the ancestors.
+    pub fn add_function_at(
+        &self,
+        host: &str,
+        chain: &[&str],
+        bdf: &str,
+        vendor: u16,
+        device: u16,
+        class: u32,
+    ) -> io::Result<()> {
+        let mut d = self.root.join("devices").join(host);
+        for c in chain {
+            d.push(c);
+        }
+        d.push(bdf);
+        fs::create_dir_all(&d)?;
+        fs::write(d.join("vendor"), format!("{vendor:#06x}\n"))?;
+        fs::write(d.join("device"), format!("{device:#06x}\n"))?;
+        fs::write(d.join("class"), format!("{class:#08x}\n"))?;
+        fs::write(d.join("numa_node"), "0\n")?;
+        fs::write(d.join("driver_override"), "(null)\n")?;
+        symlink(&d, self.dev(bdf))
+    }
+
+    /// Writes the binary `config` file of `bdf` (what a root reader sees: 4 KiB with the
+    /// extended capabilities, or 64 bytes for an unprivileged one).
+    pub fn set_config(&self, bdf: &str, bytes: &[u8]) -> io::Result<()> {
+        fs::write(self.dev(bdf).join("config"), bytes)
+    }
+
     /// Makes sure driver `driver` exists (its directory with `bind`/`unbind` files).
     pub fn add_driver(&self, driver: &str) -> io::Result<()> {
         let d = self.root.join("bus/pci/drivers").join(driver);

@@ -213,6 +213,19 @@ impl Iommufd {
         Ok(())
     }
 
+    /// A context over any fd, attached to nothing (tests of the ioctl error paths: a
+    /// regular file answers every ioctl with `ENOTTY`, as a kernel without the call does).
+    #[cfg(test)]
+    pub(super) fn fake(fd: OwnedFd) -> Iommufd {
+        Iommufd {
+            fd: Some(fd),
+            ioas: 1,
+            ranges: Vec::new(),
+            alignment: 4096,
+            attached: false,
+        }
+    }
+
     /// Destroys the IOAS and closes iommufd (after the device fd is closed).
     pub fn close(&mut self) -> Vec<VfioError> {
         let mut errs = Vec::new();

@@ -27,6 +27,7 @@
 
 mod container;
 mod device;
+mod dmabuf;
 mod iommufd;
 pub mod iova;
 pub mod noiommu;
@@ -669,6 +670,25 @@ unsafe impl PciFunction for VfioFunction {
 
     fn reset(&self) -> Result<(), PciError> {
         Ok(self.dev()?.reset()?)
+    }
+
+    fn dma_map_dmabuf(
+        &self,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        iova: Iova,
+    ) -> Result<(), PciError> {
+        dmabuf::import(self, fd, offset, len, iova)
+    }
+
+    fn export_dmabuf(
+        &self,
+        bar: u8,
+        offset: u64,
+        len: u64,
+    ) -> Result<std::os::fd::OwnedFd, PciError> {
+        dmabuf::export(self.dev()?.fd(), bar, offset, len)
     }
 
     fn num_irqs(&self) -> u32 {

@@ -143,7 +143,32 @@ pub(super) fn open_rw(path: &Path, hint: &'static str) -> Result<OwnedFd, VfioEr
         .map(OwnedFd::from)
         .map_err(|source| VfioError::Open {
             path: path.to_path_buf(),
+            hint: open_hint(&source, hint),
             source,
-            hint,
         })
+}
+
+/// The fix to show for a failed open: EBUSY always means another open holder (a VFIO group
+/// node, a device cdev and a bound device each admit one opener: another uhca instance, QEMU,
+/// or this process's own earlier open), whatever the caller's setup hint says.
+fn open_hint(e: &std::io::Error, setup_hint: &'static str) -> &'static str {
+    if e.raw_os_error() == Some(libc::EBUSY) {
+        "already open: a VFIO group or device admits one user at a time; close the other user \
+         (another uhca process, QEMU, DPDK) or reuse this process's open handle"
+    } else {
+        setup_hint
+    }
+}
+
+#[cfg(test)]
+mod open_hint_tests {
+    use super::open_hint;
+
+    #[test]
+    fn ebusy_names_the_other_user_and_others_keep_the_setup_hint() {
+        let busy = std::io::Error::from_raw_os_error(libc::EBUSY);
+        assert!(open_hint(&busy, "setup").starts_with("already open"));
+        let perm = std::io::Error::from_raw_os_error(libc::EACCES);
+        assert_eq!(open_hint(&perm, "setup"), "setup");
+    }
 }

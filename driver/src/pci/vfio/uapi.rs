@@ -51,6 +51,8 @@ pub const VFIO_DEVICE_BIND_IOMMUFD: u64 = io(118);
 pub const VFIO_DEVICE_ATTACH_IOMMUFD_PT: u64 = io(119);
 /// Device cdev: `VFIO_DEVICE_DETACH_IOMMUFD_PT`.
 pub const VFIO_DEVICE_DETACH_IOMMUFD_PT: u64 = io(120);
+/// Device: `VFIO_DEVICE_FEATURE` (5.7+; vfio-kernel.md §2.1, §8).
+pub const VFIO_DEVICE_FEATURE: u64 = io(117);
 /// iommufd: `IOMMU_DESTROY`.
 pub const IOMMU_DESTROY: u64 = io(0x80);
 /// iommufd: `IOMMU_IOAS_ALLOC`.
@@ -118,6 +120,14 @@ pub const IOMMU_IOAS_MAP_FIXED_IOVA: u32 = 1 << 0;
 pub const IOMMU_IOAS_MAP_WRITEABLE: u32 = 1 << 1;
 /// iommufd map flag: device may read.
 pub const IOMMU_IOAS_MAP_READABLE: u32 = 1 << 2;
+/// `vfio_device_feature.flags`: the feature number's bits.
+pub const VFIO_DEVICE_FEATURE_MASK: u32 = 0xffff;
+/// `vfio_device_feature.flags`: get the feature.
+pub const VFIO_DEVICE_FEATURE_GET: u32 = 1 << 16;
+/// `vfio_device_feature.flags`: only probe whether the feature exists.
+pub const VFIO_DEVICE_FEATURE_PROBE: u32 = 1 << 18;
+/// Feature: export BAR ranges as a dma-buf (6.19+; the ioctl returns the new fd, §2.1).
+pub const VFIO_DEVICE_FEATURE_DMA_BUF: u32 = 11;
 
 /// `struct vfio_group_status`.
 #[repr(C)]
@@ -388,6 +398,81 @@ pub struct IommuIoasUnmap {
 }
 
 // Sizes fixed by the uAPI (vfio-kernel.md §1.1-§1.3).
+/// `struct vfio_device_feature` header: `argsz`, `flags`, then the feature's data.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct VfioDeviceFeature {
+    /// Size of the header plus the data.
+    pub argsz: u32,
+    /// `VFIO_DEVICE_FEATURE_GET | feature` (or `SET`, `PROBE`).
+    pub flags: u32,
+}
+
+/// `struct vfio_device_feature_dma_buf` (without its flexible `dma_ranges[]`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct VfioDeviceFeatureDmaBuf {
+    /// BAR index (0-5; the kernel refuses the ROM and config regions with `ENODEV`).
+    pub region_index: u32,
+    /// open(2) flags of the new fd (`O_RDWR | O_CLOEXEC`).
+    pub open_flags: u32,
+    /// Must be 0.
+    pub flags: u32,
+    /// Number of `dma_ranges` that follow (at least 1).
+    pub nr_ranges: u32,
+}
+
+/// `struct vfio_region_dma_range`: one page-aligned slice of the BAR.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct VfioRegionDmaRange {
+    /// Offset in the BAR.
+    pub offset: u64,
+    /// Length.
+    pub length: u64,
+}
+
+/// The argument of `VFIO_DEVICE_FEATURE(GET | DMA_BUF)` for `ranges` of BAR
+/// `region_index`: header, dma-buf struct, ranges (argsz = 8 + 16 + 16 n), as u64 words so
+/// the buffer is 8-byte aligned for the kernel. Refuses no ranges or too many to count.
+pub fn dma_buf_feature(
+    region_index: u32,
+    open_flags: u32,
+    ranges: &[VfioRegionDmaRange],
+) -> Result<Vec<u64>, VfioError> {
+    let n = u32::try_from(ranges.len())
+        .ok()
+        .filter(|&n| n > 0 && n < 1 << 16)
+        .ok_or(VfioError::Unsupported(
+            "a VFIO dma-buf needs between 1 and 65535 ranges",
+        ))?;
+    let argsz =
+        size_of::<VfioDeviceFeature>() + size_of::<VfioDeviceFeatureDmaBuf>() + 16 * ranges.len();
+    let lo = |a: u32, b: u32| u64::from(a) | (u64::from(b) << 32);
+    let lo = |a: u32, b: u32| {
+        if cfg!(target_endian = "little") {
+            lo(a, b)
+        } else {
+            lo(b, a)
+        }
+    };
+    let mut w = Vec::with_capacity(argsz / 8);
+    w.push(lo(
+        argsz as u32,
+        VFIO_DEVICE_FEATURE_GET | VFIO_DEVICE_FEATURE_DMA_BUF,
+    ));
+    w.push(lo(region_index, open_flags));
+    w.push(lo(0, n));
+    for r in ranges {
+        w.push(r.offset);
+        w.push(r.length);
+    }
+    Ok(w)
+}
+
+const _: () = assert!(size_of::<VfioDeviceFeature>() == 8);
+const _: () = assert!(size_of::<VfioDeviceFeatureDmaBuf>() == 16);
+const _: () = assert!(size_of::<VfioRegionDmaRange>() == 16);
 const _: () = assert!(size_of::<VfioDeviceInfo>() == 24);
 const _: () = assert!(size_of::<VfioRegionInfo>() == 32);
 const _: () = assert!(size_of::<VfioIrqSetHead>() == 20);
@@ -676,5 +761,34 @@ mod tests {
         assert_eq!(IOMMU_IOAS_IOVA_RANGES, 0x3B84);
         assert_eq!(IOMMU_IOAS_UNMAP, 0x3B86);
         assert_eq!(IOMMU_IOAS_MAP_FILE, 0x3B8F);
+        assert_eq!(VFIO_DEVICE_FEATURE, 0x3B75);
+    }
+
+    #[test]
+    fn dma_buf_feature_bytes() {
+        let r = [
+            VfioRegionDmaRange {
+                offset: 0x10_0000,
+                length: 0x20_0000,
+            },
+            VfioRegionDmaRange {
+                offset: 0x80_0000,
+                length: 0x1000,
+            },
+        ];
+        let w = dma_buf_feature(1, 0o2000002, &r).unwrap();
+        let b: Vec<u8> = w.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+        assert_eq!(b.len(), 8 + 16 + 32);
+        assert_eq!(u32_at(0) as usize, b.len()); // argsz
+        assert_eq!(u32_at(4), (1 << 16) | 11); // GET | DMA_BUF
+        assert_eq!(u32_at(8), 1); // region_index
+        assert_eq!(u32_at(12), 0o2000002); // O_RDWR | O_CLOEXEC
+        assert_eq!(u32_at(16), 0); // flags
+        assert_eq!(u32_at(20), 2); // nr_ranges
+        assert_eq!((u64_at(24), u64_at(32)), (0x10_0000, 0x20_0000));
+        assert_eq!((u64_at(40), u64_at(48)), (0x80_0000, 0x1000));
+        assert!(dma_buf_feature(1, 0, &[]).is_err());
     }
 }

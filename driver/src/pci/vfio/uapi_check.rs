@@ -263,3 +263,37 @@ fn constants_match_bindgen() {
         ifd::iommufd_ioas_map_flags_IOMMU_IOAS_MAP_READABLE
     );
 }
+
+#[test]
+fn dma_buf_feature_matches_bindgen() {
+    // vfio-kernel.md §2.1 (6.19+).
+    assert_eq!(VFIO_DEVICE_FEATURE, io(vb::VFIO_BASE + 17));
+    assert_eq!(VFIO_DEVICE_FEATURE_GET, vb::VFIO_DEVICE_FEATURE_GET);
+    assert_eq!(VFIO_DEVICE_FEATURE_PROBE, vb::VFIO_DEVICE_FEATURE_PROBE);
+    assert_eq!(VFIO_DEVICE_FEATURE_MASK, vb::VFIO_DEVICE_FEATURE_MASK);
+    assert_eq!(VFIO_DEVICE_FEATURE_DMA_BUF, vb::VFIO_DEVICE_FEATURE_DMA_BUF);
+    assert_eq!(
+        size_of::<VfioDeviceFeature>(),
+        size_of::<vb::vfio_device_feature>()
+    );
+    assert_eq!(
+        size_of::<VfioDeviceFeatureDmaBuf>(),
+        size_of::<vb::vfio_device_feature_dma_buf>()
+    );
+    assert_eq!(
+        offset_of!(VfioDeviceFeatureDmaBuf, nr_ranges),
+        offset_of!(vb::vfio_device_feature_dma_buf, nr_ranges)
+    );
+    assert_eq!(
+        offset_of!(VfioDeviceFeatureDmaBuf, open_flags),
+        offset_of!(vb::vfio_device_feature_dma_buf, open_flags)
+    );
+    assert_eq!(
+        size_of::<VfioRegionDmaRange>(),
+        size_of::<vb::vfio_region_dma_range>()
+    );
+    assert_eq!(
+        offset_of!(VfioRegionDmaRange, length),
+        offset_of!(vb::vfio_region_dma_range, length)
+    );
+}
