@@ -12,6 +12,7 @@
 # (shared/spec/qemu-vfio.md §3, §6.C). Runs as root on Debian bookworm. Environment:
 #   VFIO_VM_WORK   work dir (default target/vfio-vm); kernel and trixie tree are cached there
 #   VFIO_USER_TIMEOUT  seconds the guest may run (default 420)
+#   UHCA_MODEL_BIN     a prebuilt uhca-model to serve instead of building it here
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -56,9 +57,13 @@ fi
 say "$("${IN_TREE[@]}" qemu-system-x86_64 --version | head -1) in $TR"
 
 # 3. The model server (host binary) and the static guest binaries.
-say "building uhca-model"
-cargo build -q --release --locked --manifest-path "$ROOT/Cargo.toml" --bin uhca-model
-MODEL=$ROOT/target/release/uhca-model
+if [ -n "${UHCA_MODEL_BIN:-}" ]; then
+  MODEL=$UHCA_MODEL_BIN
+else
+  say "building uhca-model"
+  cargo build -q --release --locked --manifest-path "$ROOT/Cargo.toml" -p uhca-tools --bin uhca-model
+  MODEL=$ROOT/target/release/uhca-model
+fi
 vm_build_guest
 vm_mkinitrd "$K/modules" "$HERE/init-hca" "$W/initrd-hca.gz" "$GUEST_BIN_DIR/uhca-vm-hca"
 
@@ -71,9 +76,10 @@ SOCK=$V/hca.sock
 LOG=$W/model.log
 CONSOLE=$W/console-hca.log
 say "starting uhca-model on $SOCK"
-RUST_LOG=${RUST_LOG:-info} timeout $((GUEST_TIMEOUT + 60)) "$MODEL" --socket "$SOCK" > "$LOG" 2>&1 &
+NO_COLOR=1 RUST_LOG=${RUST_LOG:-info,uhca_tools=debug} timeout $((GUEST_TIMEOUT + 60)) "$MODEL" --socket "$SOCK" > "$LOG" 2>&1 &
 SRV=$!
-stop_model() {
+stop_model() { # it exits by itself when QEMU hangs up; give it a moment, then stop it
+  for _ in $(seq 50); do kill -0 "$SRV" 2>/dev/null && sleep 0.1 || break; done
   if kill -0 "$SRV" 2>/dev/null; then kill "$SRV" 2>/dev/null || true; fi
   wait "$SRV" 2>/dev/null || true
 }
@@ -104,10 +110,15 @@ say "guest ran $((SECONDS - t))s (console: $CONSOLE)"
 # 6. Stop the server and summarise its log.
 stop_model
 trap - EXIT
-say "uhca-model log ($LOG): $(wc -l < "$LOG") lines"
-grep -aE 'listening|DMA_MAP|dma_map|SET_IRQS|set_irqs|client|ERROR|WARN|panicked' "$LOG" \
-  | awk '{ k = $0; gsub(/(0x)?[0-9a-f]{4,}/, "#", k); n[k]++; if (n[k] <= 3) print } END { }' \
-  | tail -40 || true
+plain=$(sed 's/\x1b\[[0-9;]*m//g' "$LOG")
+count() { grep -c "$1" <<< "$plain" || true; }
+say "uhca-model log ($LOG): $(wc -l <<< "$plain") lines; DMA regions mapped with an fd:" \
+  "$(count 'DMA region mapped'), unmapped: $(count 'DMA unmapped'), without an fd:" \
+  "$(count 'DMA_MAP without a file'), SET_IRQS: $(count 'SET_IRQS'), resets: $(count 'device reset')," \
+  "warnings: $(count ' WARN '), errors: $(count ' ERROR ')"
+# Each distinct error once (addresses and sizes folded), then how the session ended.
+grep -E ' ERROR |panicked' <<< "$plain" | sed -E 's/^[^ ]+ +//; s/0x[0-9a-f]+/0x_/g' | sort | uniq -c || true
+grep -E 'session ended|listening' <<< "$plain" | sed -E 's/^[^ ]+ +//' || true
 vm_verdict "$CONSOLE" 1
 rm -rf "$V"
 say "PASSED"

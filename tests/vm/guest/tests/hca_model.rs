@@ -17,7 +17,7 @@ fn hca_sequence_passes_on_the_in_process_model() {
         quiet: true,
         ..Tally::default()
     };
-    hca::run(&mut t, f);
+    hca::run(&mut t, f, None);
     assert_eq!(t.failed, 0, "{t:?}");
     // Every step above counted: a sequence that stopped early would have fewer.
     assert_eq!(t.passed, 25, "{t:?}");

@@ -61,7 +61,11 @@ fn run(t: &mut Tally, bdf: Option<String>) {
     );
     let f = Arc::new(f);
     let errs = report::driver_errors();
-    hca::run(t, f.clone() as Arc<dyn PciFunction>);
+    hca::run(
+        t,
+        f.clone() as Arc<dyn PciFunction>,
+        Some(hca::vfio_msix_interrupts),
+    );
     match Arc::try_unwrap(f) {
         Ok(f) => drop(f),
         Err(_) => {
