@@ -183,6 +183,10 @@ impl DeviceInner {
 
     /// Runs health checks and services the control EQ; called while commands wait.
     fn on_wait(&self, service_events: bool) -> Result<(), CmdError> {
+        if let Err(e) = self.function.check() {
+            self.declare_dead();
+            return Err(CmdError::DeviceDead(e.to_string()));
+        }
         let health = self
             .health
             .lock()
@@ -382,6 +386,10 @@ impl Device {
 
     /// Checks the device's health now (subject to the poll interval).
     pub fn check_health(&self) -> Result<(), DeviceError> {
+        if let Err(e) = self.inner.function.check() {
+            self.inner.declare_dead();
+            return Err(e.into());
+        }
         let r = self
             .inner
             .health

@@ -390,3 +390,4 @@ impl std::fmt::Debug for LinkEnd {
 
 #[cfg(test)]
 mod tests;
+pub mod udp;

@@ -1,5 +1,9 @@
-//! Shared code of the uhca tools. [`perf`] is the engine behind `uhca-perf`.
+//! Shared code of the uhca tools. [`perf`] is the engine behind `uhca-perf`;
+//! `model_server` (feature `vfio-user`) serves the model HCA over vfio-user for
+//! `uhca-model`.
 
 #![deny(unsafe_code)]
 
+#[cfg(feature = "vfio-user")]
+pub mod model_server;
 pub mod perf;

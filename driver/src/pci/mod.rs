@@ -6,6 +6,7 @@
 //! - [`model`] (feature `model`): the software HCA in this process, the default device.
 //! - [`vfio`]: real kernel VFIO (container/group or iommufd + cdev), for a ConnectX bound to
 //!   vfio-pci; [`sysfs`] discovers candidate functions and their IOMMU groups.
+//! - [`vfio_user`]: a device served by another process over vfio-user (`uhca-model`).
 //!
 //! Everything above this layer (DMA memory, command interface, resources, data path) is the
 //! same for every backend: it only sees BAR memory through [`Bar`] and device addresses as
@@ -17,6 +18,7 @@ pub mod model;
 pub mod null;
 pub mod sysfs;
 pub mod vfio;
+pub mod vfio_user;
 
 pub use bar::Bar;
 
@@ -126,6 +128,9 @@ pub enum PciError {
     /// A kernel VFIO backend error (setup, permissions, memlock, teardown), with the fix.
     #[error(transparent)]
     Vfio(Box<vfio::VfioError>),
+    /// A vfio-user backend error (connecting, an unsupported device, a refused request).
+    #[error(transparent)]
+    VfioUser(Box<vfio_user::VfioUserError>),
     /// An OS call failed.
     #[error("{what}: {source}")]
     Os {
@@ -169,6 +174,12 @@ pub unsafe trait PciFunction: Send + Sync + 'static {
     fn num_irqs(&self) -> u32;
     /// Routes MSI-X `vector` to `fd` (or disables it with `None`).
     fn set_irq(&self, vector: u32, fd: Option<&EventFd>) -> Result<(), PciError>;
+    /// Whether the device is still reachable; [`PciError::DeviceLost`] once it is not (a
+    /// vfio-user server process that died). Cheap enough for wait loops; the default is
+    /// always reachable (the BAR-based health checks cover the other backends).
+    fn check(&self) -> Result<(), PciError> {
+        Ok(())
+    }
 }
 
 /// PCI config-space registers the driver uses (PCI Local Bus spec, type 0 header).

@@ -2,7 +2,8 @@
 //!
 //! With no `--device`, it starts the built-in model HCA, boots it, prints and tears down.
 //! With `--device BDF` it opens that function through the kernel VFIO backend
-//! (`uhca-bind bind BDF` first).
+//! (`uhca-bind bind BDF` first); with `--vfio-user SOCKET` the device served there over
+//! vfio-user (a `uhca-model` process).
 
 use std::process::ExitCode;
 
@@ -16,8 +17,16 @@ use uhca::{Device, DeviceConfig};
 struct Args {
     /// Device to open: `model` (the built-in software HCA, default) or a PCI address
     /// (`0000:3b:00.0`) bound to vfio-pci.
-    #[arg(short = 'd', long = "device", default_value = "model")]
+    #[arg(
+        short = 'd',
+        long = "device",
+        default_value = "model",
+        conflicts_with = "vfio_user"
+    )]
     device: String,
+    /// Open the device served over vfio-user on this UNIX socket (`uhca-model --socket`).
+    #[arg(long, value_name = "SOCKET")]
+    vfio_user: Option<std::path::PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -26,8 +35,11 @@ struct Args {
     verbose: bool,
 }
 
-fn open(spec: &str) -> Result<Device, String> {
-    match spec {
+fn open(args: &Args) -> Result<Device, String> {
+    if let Some(sock) = &args.vfio_user {
+        return open_vfio_user(sock);
+    }
+    match args.device.as_str() {
         "model" => open_model(),
         bdf => open_vfio(bdf),
     }
@@ -53,6 +65,14 @@ fn open_vfio(bdf: &str) -> Result<Device, String> {
     let f = uhca::pci::vfio::open(bdf, &uhca::pci::vfio::VfioOptions::default())
         .map_err(|e| format!("cannot open {bdf}: {e}"))?;
     Device::open(f, DeviceConfig::default()).map_err(|e| format!("booting {bdf}: {e}"))
+}
+
+/// Connects to a vfio-user server (uhca-model) and boots the device it serves.
+fn open_vfio_user(sock: &std::path::Path) -> Result<Device, String> {
+    let f = uhca::pci::vfio_user::VfioUserFunction::connect(sock)
+        .map_err(|e| format!("cannot open vfio-user device {}: {e}", sock.display()))?;
+    Device::open(f, DeviceConfig::default())
+        .map_err(|e| format!("booting the vfio-user device {}: {e}", sock.display()))
 }
 
 fn print_text(s: &DeviceSummary, verbose: bool) {
@@ -143,7 +163,7 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .try_init();
-    let dev = match open(&args.device) {
+    let dev = match open(&args) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("uhca-info: {e}");

@@ -1,0 +1,198 @@
+//! A [`Link`] between processes: each Ethernet frame (a whole RoCEv2 packet as the model
+//! builds it) travels as one UDP datagram between two sockets, so two `uhca-model`
+//! processes (or machines) can be joined port to port. RoCEv2 itself is UDP port 4791;
+//! this is a tunnel of those frames, on whatever ports the user gives.
+//!
+//! The socket is non-blocking and connected to the peer, so `send` is one `send` and
+//! `try_recv` one `recv`, and datagrams from anyone else are dropped by the kernel. Like a
+//! wire it may lose frames (a full socket buffer, a peer not started yet): the RC transport
+//! retransmits. No frame is ever split: a frame longer than the link's maximum is refused.
+
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{Link, LinkError, LinkStats};
+
+/// A UDP-backed link end.
+#[derive(Debug)]
+pub struct UdpLink {
+    sock: UdpSocket,
+    local: SocketAddr,
+    peer: SocketAddr,
+    max_frame_len: usize,
+    tx_frames: AtomicU64,
+    tx_bytes: AtomicU64,
+    tx_full: AtomicU64,
+    rx_frames: AtomicU64,
+    rx_bytes: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl UdpLink {
+    /// Binds `local` and talks to `peer` only, carrying frames of up to `max_frame_len`
+    /// bytes (at most 65,507, the largest UDP payload over IPv4).
+    pub fn new(local: SocketAddr, peer: SocketAddr, max_frame_len: usize) -> io::Result<UdpLink> {
+        if max_frame_len == 0 || max_frame_len > 65_507 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("maximum frame length {max_frame_len} is not a UDP payload size"),
+            ));
+        }
+        let sock = UdpSocket::bind(local)?;
+        sock.connect(peer)?;
+        sock.set_nonblocking(true)?;
+        let local = sock.local_addr()?;
+        Ok(UdpLink {
+            sock,
+            local,
+            peer,
+            max_frame_len,
+            tx_frames: AtomicU64::new(0),
+            tx_bytes: AtomicU64::new(0),
+            tx_full: AtomicU64::new(0),
+            rx_frames: AtomicU64::new(0),
+            rx_bytes: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    /// [`new`](Self::new) with the in-process link's frame size
+    /// ([`LinkConfig::default`](super::LinkConfig)).
+    pub fn bind(local: SocketAddr, peer: SocketAddr) -> io::Result<UdpLink> {
+        UdpLink::new(local, peer, super::LinkConfig::default().max_frame_len)
+    }
+
+    /// The bound local address (with the port the kernel chose for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The peer address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// A snapshot of the counters (`dropped`: frames the peer's socket refused, e.g.
+    /// before it was started).
+    pub fn stats(&self) -> LinkStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LinkStats {
+            tx_frames: g(&self.tx_frames),
+            tx_bytes: g(&self.tx_bytes),
+            tx_full: g(&self.tx_full),
+            rx_frames: g(&self.rx_frames),
+            rx_bytes: g(&self.rx_bytes),
+            dropped: g(&self.dropped),
+            ..LinkStats::default()
+        }
+    }
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Link for UdpLink {
+    fn max_frame_len(&self) -> usize {
+        self.max_frame_len
+    }
+
+    fn send(&self, frame: &[u8]) -> Result<(), LinkError> {
+        if frame.len() > self.max_frame_len {
+            return Err(LinkError::FrameTooLong {
+                len: frame.len(),
+                max: self.max_frame_len,
+            });
+        }
+        match self.sock.send(frame) {
+            Ok(_) => {
+                bump(&self.tx_frames, 1);
+                bump(&self.tx_bytes, frame.len() as u64);
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                bump(&self.tx_full, 1);
+                Err(LinkError::Full)
+            }
+            // An ICMP "port unreachable" from an earlier datagram: the peer is not (yet)
+            // listening. The frame is lost, as on a wire with nobody at the other end.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                bump(&self.dropped, 1);
+                Ok(())
+            }
+            Err(e) => Err(LinkError::Io(e)),
+        }
+    }
+
+    fn try_recv(&self, buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
+        if buf.len() < self.max_frame_len {
+            return Err(LinkError::BufferTooSmall {
+                len: buf.len(),
+                max: self.max_frame_len,
+            });
+        }
+        loop {
+            match self.sock.recv(buf) {
+                Ok(n) => {
+                    bump(&self.rx_frames, 1);
+                    bump(&self.rx_bytes, n as u64);
+                    return Ok(Some(n));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                // A pending ICMP error of an earlier send; look again for a frame.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+                Err(e) => return Err(LinkError::Io(e)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn any() -> SocketAddr {
+        "127.0.0.1:0".parse().unwrap()
+    }
+
+    #[test]
+    fn frames_cross_between_two_sockets() {
+        // Bind both first (port 0), then connect each to the other's real address.
+        let a0 = UdpSocket::bind(any()).unwrap();
+        let b0 = UdpSocket::bind(any()).unwrap();
+        let (pa, pb) = (a0.local_addr().unwrap(), b0.local_addr().unwrap());
+        drop((a0, b0));
+        let a = UdpLink::new(pa, pb, 128).unwrap();
+        let b = UdpLink::new(pb, pa, 128).unwrap();
+        a.send(&[1, 2, 3]).unwrap();
+        a.send(&[4; 128]).unwrap();
+        let mut buf = [0u8; 128];
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while got.len() < 2 {
+            if let Some(n) = b.try_recv(&mut buf).unwrap() {
+                got.push(buf[..n].to_vec());
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "frames lost on loopback"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(got[0], vec![1, 2, 3]);
+        assert_eq!(got[1], vec![4; 128]);
+        assert_eq!(b.try_recv(&mut buf).unwrap(), None);
+        assert!(matches!(
+            a.send(&[0; 129]),
+            Err(LinkError::FrameTooLong { len: 129, max: 128 })
+        ));
+        assert!(matches!(
+            b.try_recv(&mut [0u8; 10]),
+            Err(LinkError::BufferTooSmall { .. })
+        ));
+        assert_eq!(a.stats().tx_frames, 2);
+        assert_eq!(b.stats().rx_bytes, 131);
+        assert!(UdpLink::new(any(), pa, 0).is_err());
+    }
+}

@@ -1,0 +1,114 @@
+//! `uhca-model`: the software HCA as its own process, a PCI device served over vfio-user on
+//! a UNIX socket (`uhca_tools::model_server`). Point uhca at it with `--vfio-user SOCKET`
+//! (`uhca-info --vfio-user SOCKET`), or QEMU with `-device vfio-user-pci`.
+//!
+//! It serves one client and exits when that client disconnects; with `--persist` it resets
+//! the model and waits for the next client instead (stop it with SIGINT/SIGTERM). An
+//! existing socket path is refused unless `--replace` is given and nobody listens on it.
+//! With `--link-local ADDR --link-peer ADDR` its port is joined to another `uhca-model`'s
+//! by a UDP link carrying the RoCEv2 frames (give the two processes distinct `--mac`s).
+//! Logs go to stderr, filtered by `RUST_LOG` (default `info`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use uhca::hw::link::udp::UdpLink;
+use uhca::hw::model::{Hca, ModelConfig};
+use uhca_tools::model_server::ModelServer;
+
+/// Serve the model HCA over vfio-user.
+#[derive(Parser, Debug)]
+#[command(name = "uhca-model", version, about)]
+struct Args {
+    /// UNIX socket path to listen on.
+    #[arg(short, long)]
+    socket: PathBuf,
+    /// Model name (logs, memfd names).
+    #[arg(long, default_value = "model0")]
+    name: String,
+    /// Port MAC address (linked models need distinct MACs).
+    #[arg(long, value_parser = parse_mac, default_value = "02:00:00:00:00:01")]
+    mac: [u8; 6],
+    /// Local UDP address of the port's link (with --link-peer).
+    #[arg(long, requires = "link_peer")]
+    link_local: Option<SocketAddr>,
+    /// The peer model's UDP address (with --link-local).
+    #[arg(long, requires = "link_local")]
+    link_peer: Option<SocketAddr>,
+    /// Serve clients one after another instead of exiting after the first.
+    #[arg(long)]
+    persist: bool,
+    /// Remove a stale socket left at the path (never one a server still listens on).
+    #[arg(long)]
+    replace: bool,
+}
+
+fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return Err(format!(
+            "`{s}` is not a MAC address (six hex bytes, `:`-separated)"
+        ));
+    }
+    let mut mac = [0u8; 6];
+    for (m, p) in mac.iter_mut().zip(parts) {
+        *m = u8::from_str_radix(p, 16).map_err(|_| format!("`{p}` is not a hex byte"))?;
+    }
+    Ok(mac)
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let hca = Hca::new(ModelConfig {
+        mac: args.mac,
+        name: args.name.clone(),
+        ..ModelConfig::default()
+    })
+    .map_err(|e| format!("starting the model: {e}"))?;
+    if let (Some(local), Some(peer)) = (args.link_local, args.link_peer) {
+        let link = UdpLink::bind(local, peer).map_err(|e| format!("link on {local}: {e}"))?;
+        tracing::info!(local = %link.local_addr(), %peer, "port linked over UDP");
+        hca.attach_link(Box::new(link));
+    }
+    let mut server =
+        ModelServer::bind(hca, &args.socket, args.replace).map_err(|e| e.to_string())?;
+    loop {
+        let r = server.serve_one();
+        if !args.persist {
+            return r.map_err(|e| format!("session: {e}"));
+        }
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "client session failed; waiting for the next client");
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("uhca-model: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_mac;
+
+    #[test]
+    fn mac_parsing() {
+        assert_eq!(parse_mac("02:00:00:00:0a:ff"), Ok([2, 0, 0, 0, 10, 255]));
+        assert!(parse_mac("02:00:00:00:0a").is_err());
+        assert!(parse_mac("02:00:00:00:0a:zz").is_err());
+    }
+}

@@ -1,0 +1,526 @@
+//! The model HCA as a PCI device over vfio-user (feature `vfio-user`): what the
+//! `uhca-model` binary runs.
+//!
+//! A [`ModelServer`] owns one [`Hca`] and serves it on a UNIX socket with the rust-vmm
+//! `vfio_user` crate's [`vfio_user::Server`], to uhca's vfio-user backend
+//! (`uhca::pci::vfio_user`) or to QEMU's `vfio-user-pci` (qemu-vfio.md §3, §6.C). What the
+//! client sees:
+//! - **Config space** (region 7, 4 KiB): the model's ([`Hca::config_read`] /
+//!   [`Hca::config_write`]): vendor 0x15b3, device 0x1017, class 0x020000, a 64-bit BAR0
+//!   and an MSI-X capability whose table and PBA live in BAR0.
+//! - **BAR0** (region 0): the model's BAR0 memfd, declared with one sparse mmap area over the
+//!   whole BAR, so the client receives the fd and maps it: doorbells, UARs and the init
+//!   segment are then plain shared memory that the model's device thread polls, exactly as
+//!   in-process. REGION_READ/REGION_WRITE of BAR0 reach the same memory; QEMU uses them
+//!   for the page of the MSI-X table, which its vfio-pci traps and emulates itself (it
+//!   carves that page out of the mmap since the region has no `MSIX_MAPPABLE` capability).
+//!   Regions 1-6 and 8 are absent (BAR1 is BAR0's upper half).
+//! - **Interrupts**: MSI-X (index 2) with [`Hca::num_irqs`] vectors, eventfds by SET_IRQS
+//!   ([`Hca::set_irq`]); an eventfd SET_IRQS with no fd attached disconnects its vectors;
+//!   INTx, MSI, ERR and REQ have no vectors.
+//! - **DMA**: DMA_MAP with a file (memfd, hugetlbfs) is mapped here and handed to the model
+//!   IOMMU ([`Hca::dma_map`]); DMA_UNMAP removes it from the IOMMU (which waits for
+//!   in-flight device accesses) and then unmaps it. A DMA_MAP without a file is accepted
+//!   (QEMU sends them for ROM and VGA memory) but not DMA-able: the `vfio_user` crate has no
+//!   DMA_READ/DMA_WRITE messages, so a device access there faults in the model IOMMU.
+//! - **Reset**: DEVICE_RESET is [`Hca::reset`].
+//!
+//! The crate's server serves one client per [`ModelServer::serve_one`]; between clients
+//! every DMA mapping is dropped, every vector disconnected and the model reset, so the next
+//! client finds a power-on device.
+
+mod host;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use vfio_bindings::bindings::vfio::{
+    VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_NORESIZE, VFIO_IRQ_SET_ACTION_MASK,
+    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_EVENTFD,
+    VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX,
+    VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_NUM_IRQS, VFIO_PCI_NUM_REGIONS, VFIO_REGION_INFO_FLAG_MMAP,
+    VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE, vfio_region_info,
+    vfio_region_sparse_mmap_area,
+};
+use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion, SparseArea};
+
+use host::ClientMemory;
+use uhca::hw::model::{Hca, ModelError};
+
+/// Size of the config-space region (PCI Express: 4 KiB).
+pub const CONFIG_REGION_SIZE: u64 = 4096;
+
+/// Why the server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Something exists at the socket path and replacing it was not asked for.
+    #[error(
+        "{0} already exists (a stale socket of a server that died?); remove it or pass --replace"
+    )]
+    SocketExists(PathBuf),
+    /// Another server accepts connections on the socket path.
+    #[error("{0} is in use: another server is listening on it")]
+    SocketInUse(PathBuf),
+    /// The path exists and is not a socket; it is never removed.
+    #[error("{0} exists and is not a socket; refusing to remove it")]
+    NotASocket(PathBuf),
+    /// An OS call failed.
+    #[error("{what} {path}: {source}")]
+    Os {
+        /// What was attempted.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The vfio-user transport failed (bind, accept, a broken message).
+    #[error("vfio-user: {0}")]
+    VfioUser(#[source] vfio_user::Error),
+}
+
+/// A model HCA served over vfio-user on a UNIX socket.
+pub struct ModelServer {
+    server: vfio_user::Server,
+    device: ModelDevice,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for ModelServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelServer")
+            .field("path", &self.path)
+            .field("hca", &self.device.hca)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ModelServer {
+    /// Binds `path` for `hca`. An existing path is an error unless `replace_stale` is set
+    /// and it is a socket nobody listens on, which is then removed.
+    pub fn bind(hca: Hca, path: &Path, replace_stale: bool) -> Result<ModelServer, ServerError> {
+        prepare_path(path, replace_stale)?;
+        let server = vfio_user::Server::new(path, true, irq_table(&hca), region_table(&hca))
+            .map_err(ServerError::VfioUser)?;
+        tracing::info!(socket = %path.display(), name = %hca.config().name, "vfio-user server listening");
+        Ok(ModelServer {
+            server,
+            device: ModelDevice::new(hca),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The model being served.
+    pub fn hca(&self) -> &Hca {
+        &self.device.hca
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits for one client and serves it until it disconnects; then drops its DMA
+    /// mappings and interrupt routes and resets the model for the next one. A transport
+    /// error of the client's connection ends the session the same way and is returned.
+    pub fn serve_one(&mut self) -> Result<(), ServerError> {
+        let r = self.server.run(&mut self.device);
+        tracing::info!(result = ?r, "client session ended");
+        self.device.release_client();
+        r.map_err(ServerError::VfioUser)
+    }
+}
+
+/// Refuses or clears an existing socket path.
+fn prepare_path(path: &Path, replace_stale: bool) -> Result<(), ServerError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(ServerError::Os {
+                what: "stat",
+                path: path.into(),
+                source,
+            });
+        }
+    };
+    if !meta.file_type().is_socket() {
+        return Err(ServerError::NotASocket(path.into()));
+    }
+    if !replace_stale {
+        return Err(ServerError::SocketExists(path.into()));
+    }
+    if UnixStream::connect(path).is_ok() {
+        return Err(ServerError::SocketInUse(path.into()));
+    }
+    tracing::warn!(socket = %path.display(), "removing stale socket");
+    std::fs::remove_file(path).map_err(|source| ServerError::Os {
+        what: "remove stale socket",
+        path: path.into(),
+        source,
+    })
+}
+
+/// The PCI regions: config space and BAR0 (whole-BAR sparse mmap area with the BAR fd).
+fn region_table(hca: &Hca) -> Vec<ServerRegion> {
+    let bar_len = hca.bar0().len as u64;
+    (0..VFIO_PCI_NUM_REGIONS)
+        .map(|index| {
+            let mut info = vfio_region_info {
+                argsz: std::mem::size_of::<vfio_region_info>() as u32,
+                index,
+                ..Default::default()
+            };
+            let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+            let mut region = ServerRegion {
+                region_info: info,
+                sparse_areas: Vec::new(),
+                mmap_fd: None,
+            };
+            if index == VFIO_PCI_CONFIG_REGION_INDEX {
+                info.size = CONFIG_REGION_SIZE;
+                info.flags = rw;
+            } else if index == VFIO_PCI_BAR0_REGION_INDEX {
+                info.size = bar_len;
+                info.flags = rw | VFIO_REGION_INFO_FLAG_MMAP;
+                info.offset = 0; // offset of the region in the mmap fd
+                region.sparse_areas.push(SparseArea {
+                    area: vfio_region_sparse_mmap_area {
+                        offset: 0,
+                        size: bar_len,
+                    },
+                });
+                region.mmap_fd = Some(hca.bar0_fd());
+            }
+            region.region_info = info;
+            region
+        })
+        .collect()
+}
+
+/// The interrupt indexes: MSI-X only.
+fn irq_table(hca: &Hca) -> Vec<IrqInfo> {
+    (0..VFIO_PCI_NUM_IRQS)
+        .map(|index| {
+            let msix = index == VFIO_PCI_MSIX_IRQ_INDEX;
+            IrqInfo {
+                index,
+                flags: if msix {
+                    VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_NORESIZE
+                } else {
+                    0
+                },
+                count: if msix { hca.num_irqs() } else { 0 },
+            }
+        })
+        .collect()
+}
+
+/// The vfio-user device: the model plus what the current client gave it.
+struct ModelDevice {
+    hca: Hca,
+    /// Client regions mapped here and in the model IOMMU.
+    mem: ClientMemory,
+    /// DMA_MAPs without a file (accepted, not DMA-able), by IOVA: length.
+    unbacked: BTreeMap<u64, u64>,
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+fn model_err(e: ModelError) -> io::Error {
+    invalid(e.to_string())
+}
+
+impl ModelDevice {
+    fn new(hca: Hca) -> ModelDevice {
+        ModelDevice {
+            hca,
+            mem: ClientMemory::default(),
+            unbacked: BTreeMap::new(),
+        }
+    }
+
+    /// Unmaps the regions that start inside `[iova, iova + len)`; `len` = 0: all of them.
+    fn unmap_range(&mut self, iova: u64, len: u64) -> io::Result<()> {
+        let (start, end) = if len == 0 {
+            (0, u64::MAX)
+        } else {
+            (iova, iova.saturating_add(len))
+        };
+        let n = self.mem.unmap(&self.hca, start, end)?;
+        tracing::debug!(iova, len, regions = n, "DMA unmapped");
+        let gone: Vec<u64> = self.unbacked.range(start..end).map(|(k, _)| *k).collect();
+        for k in gone {
+            self.unbacked.remove(&k);
+        }
+        Ok(())
+    }
+
+    /// Forgets the client: DMA mappings, interrupt routes; resets the model.
+    fn release_client(&mut self) {
+        if let Err(e) = self.unmap_range(0, 0) {
+            tracing::error!(error = %e, "dropping the client's DMA mappings");
+        }
+        for v in 0..self.hca.num_irqs() {
+            let _ = self.hca.set_irq(v, None);
+        }
+        self.hca.reset();
+    }
+}
+
+impl Drop for ModelDevice {
+    fn drop(&mut self) {
+        // The IOMMU must forget the client's memory before it is unmapped.
+        let _ = self.unmap_range(0, 0);
+    }
+}
+
+impl ServerBackend for ModelDevice {
+    fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
+        match region {
+            VFIO_PCI_CONFIG_REGION_INDEX => {
+                let off = u16::try_from(offset)
+                    .map_err(|_| invalid(format!("config read at {offset:#x}")))?;
+                self.hca.config_read(off, data).map_err(model_err)
+            }
+            VFIO_PCI_BAR0_REGION_INDEX => host::bar_read(&self.hca, offset, data),
+            _ => Err(invalid(format!("region {region} does not exist"))),
+        }
+    }
+
+    fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> io::Result<()> {
+        match region {
+            VFIO_PCI_CONFIG_REGION_INDEX => {
+                let off = u16::try_from(offset)
+                    .map_err(|_| invalid(format!("config write at {offset:#x}")))?;
+                tracing::trace!(offset = off, len = data.len(), "config write");
+                self.hca.config_write(off, data).map_err(model_err)
+            }
+            VFIO_PCI_BAR0_REGION_INDEX => host::bar_write(&self.hca, offset, data),
+            _ => Err(invalid(format!("region {region} does not exist"))),
+        }
+    }
+
+    fn dma_map(
+        &mut self,
+        flags: DmaMapFlags,
+        offset: u64,
+        address: u64,
+        size: u64,
+        fd: Option<File>,
+    ) -> io::Result<()> {
+        let Some(file) = fd else {
+            tracing::warn!(
+                iova = address,
+                size,
+                "DMA_MAP without a file: accepted but not DMA-able (no DMA_READ/DMA_WRITE)"
+            );
+            self.unbacked.insert(address, size);
+            return Ok(());
+        };
+        let len = usize::try_from(size).map_err(|_| invalid(format!("size {size:#x}")))?;
+        let writable = flags.contains(DmaMapFlags::WRITE);
+        let private = self
+            .mem
+            .map(&self.hca, &file, offset, address, len, writable)?;
+        tracing::debug!(
+            iova = address,
+            size,
+            offset,
+            ?flags,
+            private,
+            regions = self.mem.len(),
+            "DMA region mapped"
+        );
+        Ok(())
+    }
+
+    fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
+        if flags.contains(DmaUnmapFlags::UNMAP_ALL) {
+            tracing::debug!("DMA_UNMAP all");
+            return self.unmap_range(0, 0);
+        }
+        if size == 0 {
+            return Err(invalid("DMA_UNMAP of zero bytes".into()));
+        }
+        self.unmap_range(address, size)
+    }
+
+    fn reset(&mut self) -> io::Result<()> {
+        tracing::info!("device reset");
+        self.hca.reset();
+        Ok(())
+    }
+
+    fn set_irqs(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<File>,
+    ) -> io::Result<()> {
+        tracing::debug!(index, flags, start, count, fds = fds.len(), "SET_IRQS");
+        if index != VFIO_PCI_MSIX_IRQ_INDEX {
+            return if count == 0 {
+                Ok(())
+            } else {
+                Err(invalid(format!("interrupt index {index} has no vectors")))
+            };
+        }
+        if flags & (VFIO_IRQ_SET_ACTION_MASK | VFIO_IRQ_SET_ACTION_UNMASK) != 0 {
+            return Ok(()); // MSI-X masking is the client's (QEMU emulates the table)
+        }
+        if flags & VFIO_IRQ_SET_ACTION_TRIGGER == 0 {
+            return Err(invalid(format!("SET_IRQS flags {flags:#x}")));
+        }
+        let n = self.hca.num_irqs();
+        let end = start
+            .checked_add(count)
+            .filter(|e| *e <= n)
+            .ok_or_else(|| invalid(format!("vectors {start}+{count} of {n}")))?;
+        if flags & VFIO_IRQ_SET_DATA_NONE != 0 {
+            // count 0: disable every vector (VFIO semantics); else a software trigger,
+            // which the model does not offer.
+            if count == 0 {
+                for v in 0..n {
+                    let _ = self.hca.set_irq(v, None);
+                }
+                return Ok(());
+            }
+            return Err(invalid("software-triggered MSI-X is not supported".into()));
+        }
+        if flags & VFIO_IRQ_SET_DATA_EVENTFD == 0 {
+            return Err(invalid(format!("SET_IRQS data type {flags:#x}")));
+        }
+        if fds.is_empty() && count > 0 {
+            // A vfio-user client cannot send fd -1 ("disconnect") over SCM_RIGHTS: an
+            // eventfd SET_IRQS with none attached disconnects the vectors (uhca's client).
+            for v in start..end {
+                self.hca.set_irq(v, None).map_err(model_err)?;
+            }
+            return Ok(());
+        }
+        if fds.len() != count as usize {
+            return Err(invalid(format!(
+                "SET_IRQS: {count} vectors but {} eventfds",
+                fds.len()
+            )));
+        }
+        for (v, f) in (start..end).zip(fds) {
+            self.hca
+                .set_irq(v, Some(host::eventfd_from_file(f)))
+                .map_err(model_err)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uhca::hw::model::ModelConfig;
+
+    #[test]
+    fn regions_and_irqs_describe_the_model() {
+        let hca = Hca::new(ModelConfig::default()).unwrap();
+        let regions = region_table(&hca);
+        assert_eq!(regions.len(), VFIO_PCI_NUM_REGIONS as usize);
+        let bar = &regions[VFIO_PCI_BAR0_REGION_INDEX as usize];
+        assert_eq!(bar.region_info.size, hca.bar0().len as u64);
+        assert_eq!(bar.sparse_areas.len(), 1);
+        assert_eq!(bar.sparse_areas[0].area.size, bar.region_info.size);
+        assert_eq!(bar.mmap_fd, Some(hca.bar0_fd()));
+        let cfg = &regions[VFIO_PCI_CONFIG_REGION_INDEX as usize];
+        assert_eq!(cfg.region_info.size, CONFIG_REGION_SIZE);
+        assert_eq!(regions[1].region_info.size, 0);
+        let irqs = irq_table(&hca);
+        assert_eq!(irqs[VFIO_PCI_MSIX_IRQ_INDEX as usize].count, hca.num_irqs());
+        assert_eq!(irqs[0].count, 0);
+    }
+
+    #[test]
+    fn stale_socket_is_refused_unless_replaced() {
+        let dir = std::env::temp_dir().join(format!("uhca-srv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let _ = std::fs::remove_file(&path);
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap()); // leaves a stale socket
+        assert!(matches!(
+            prepare_path(&path, false),
+            Err(ServerError::SocketExists(_))
+        ));
+        let live = dir.join("live.sock");
+        let _ = std::fs::remove_file(&live);
+        let _l = std::os::unix::net::UnixListener::bind(&live).unwrap();
+        assert!(matches!(
+            prepare_path(&live, true),
+            Err(ServerError::SocketInUse(_))
+        ));
+        prepare_path(&path, true).unwrap();
+        assert!(!path.exists());
+        let file = dir.join("plain");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(matches!(
+            prepare_path(&file, true),
+            Err(ServerError::NotASocket(_))
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn backend_config_bar_and_irq_errors() {
+        let hca = Hca::new(ModelConfig::default()).unwrap();
+        let mut d = ModelDevice::new(hca);
+        let mut id = [0u8; 4];
+        d.region_read(VFIO_PCI_CONFIG_REGION_INDEX, 0, &mut id)
+            .unwrap();
+        assert_eq!(id, [0xb3, 0x15, 0x17, 0x10]);
+        assert!(
+            d.region_read(VFIO_PCI_CONFIG_REGION_INDEX, 4095, &mut id)
+                .is_err()
+        );
+        assert!(d.region_read(3, 0, &mut id).is_err());
+        // BAR0 through messages is the same memory as the mapped BAR.
+        d.region_write(VFIO_PCI_BAR0_REGION_INDEX, 0x3000, &[1, 2, 3, 4])
+            .unwrap();
+        d.region_read(VFIO_PCI_BAR0_REGION_INDEX, 0x3000, &mut id)
+            .unwrap();
+        assert_eq!(id, [1, 2, 3, 4]);
+        let len = d.hca.bar0().len as u64;
+        assert!(
+            d.region_read(VFIO_PCI_BAR0_REGION_INDEX, len - 2, &mut id)
+                .is_err()
+        );
+        // A DMA_MAP without a file is accepted but maps nothing.
+        d.dma_map(DmaMapFlags::READ_WRITE, 0, 0x10_0000, 0x1000, None)
+            .unwrap();
+        assert!(d.hca.dma_mappings().is_empty());
+        assert!(
+            d.set_irqs(
+                VFIO_PCI_MSIX_IRQ_INDEX,
+                VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_EVENTFD,
+                31,
+                2,
+                Vec::new()
+            )
+            .is_err()
+        );
+        // Eventfd trigger with no fds: disconnect (vectors in range).
+        d.set_irqs(
+            VFIO_PCI_MSIX_IRQ_INDEX,
+            VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_EVENTFD,
+            3,
+            2,
+            Vec::new(),
+        )
+        .unwrap();
+    }
+}

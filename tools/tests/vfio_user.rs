@@ -1,0 +1,533 @@
+//! The driver against `uhca-model` processes through the vfio-user backend: boot, memory
+//! registration, every RC operation with its bytes checked and teardown with every page
+//! returned; two model processes joined by a UDP link; and a model process killed under
+//! the driver (the device is reported lost, nothing hangs).
+
+use std::net::UdpSocket;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use uhca::datapath::{Completion, Remote, Sge, WcOpcode, WcStatus};
+use uhca::pci::PciError;
+use uhca::pci::vfio_user::VfioUserFunction;
+use uhca::resource::{
+    Access, ConnectParams, Cq, CqConfig, Local, Mr, Pd, Qp, QpConfig, SendFlags, SendOp, SendWr,
+};
+use uhca::{Device, DeviceConfig, DeviceError};
+
+const SIG: SendFlags = SendFlags::SIGNALED;
+
+/// A running `uhca-model`, killed on drop.
+struct ModelProc {
+    child: Child,
+    sock: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ModelProc {
+    fn spawn(args: &[&str]) -> ModelProc {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("model.sock");
+        Self::spawn_in(dir, sock, args)
+    }
+
+    /// A process on `sock`, a path that may exist already (a stale socket).
+    fn spawn_at(sock: PathBuf, args: &[&str]) -> ModelProc {
+        Self::spawn_in(tempfile::tempdir().unwrap(), sock, args)
+    }
+
+    fn spawn_in(dir: tempfile::TempDir, sock: PathBuf, args: &[&str]) -> ModelProc {
+        use std::os::unix::fs::MetadataExt;
+        let inode = |p: &PathBuf| {
+            std::fs::symlink_metadata(p)
+                .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
+                .ok()
+        };
+        let stale = inode(&sock);
+        let child = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
+            .arg("--socket")
+            .arg(&sock)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("uhca-model starts");
+        let mut p = ModelProc {
+            child,
+            sock,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Until the socket exists and is not the stale one it replaces.
+        while inode(&p.sock).is_none() || inode(&p.sock) == stale {
+            assert!(
+                p.child.try_wait().unwrap().is_none(),
+                "uhca-model exited early"
+            );
+            assert!(Instant::now() < deadline, "uhca-model never listened");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        p
+    }
+
+    fn connect(&self) -> Arc<VfioUserFunction> {
+        VfioUserFunction::connect(&self.sock).expect("connect to uhca-model")
+    }
+
+    /// Waits (bounded) for the process to exit by itself.
+    fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "uhca-model did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for ModelProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn config() -> DeviceConfig {
+    DeviceConfig {
+        health_interval: Duration::from_millis(5),
+        cmd_timeout: Some(Duration::from_secs(20)),
+        init_timeout: Duration::from_secs(20),
+        ..DeviceConfig::default()
+    }
+}
+
+/// Runs `f` on its own thread and fails (instead of hanging) if it takes over a minute.
+fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    let h = std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(v) => {
+            h.join().unwrap();
+            v
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(h.join().unwrap_err())
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("the scenario hung"),
+    }
+}
+
+fn wait_n(cq: &mut Cq, n: usize) -> Vec<Completion> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut out = Vec::new();
+    while out.len() < n {
+        for c in cq.poll() {
+            out.push(c.expect("well-formed CQE"));
+        }
+        assert!(Instant::now() < deadline, "only {out:?} of {n} completions");
+        std::thread::yield_now();
+    }
+    out
+}
+
+fn mr(pd: &Pd, len: usize, fill: u8) -> Mr {
+    let m = pd.alloc_mr(len, Access::ALL).unwrap();
+    m.write(0, &vec![fill; len]).unwrap();
+    m
+}
+
+fn read(m: &Mr, off: usize, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    m.read(off, &mut v).unwrap();
+    v
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+        .collect()
+}
+
+/// A QP with its own CQ.
+fn qp(dev: &Device, pd: &Pd) -> (Qp, Cq) {
+    let cq = dev.create_cq(&CqConfig::default()).unwrap();
+    let qp = dev.create_qp(pd, &cq, &cq, &QpConfig::default()).unwrap();
+    (qp, cq)
+}
+
+/// Connects `a` (on `da`) and `b` (on `db`; the same device for loopback).
+fn connect(a: &mut Qp, da: &Device, b: &mut Qp, db: &Device) {
+    let (aa, ab) = (da.roce_address(0).unwrap(), db.roce_address(0).unwrap());
+    let mut pa = ConnectParams::new(b.qpn(), ab.gid, ab.mac);
+    pa.sq_psn = 100;
+    pa.rq_psn = 200;
+    let mut pb = ConnectParams::new(a.qpn(), aa.gid, aa.mac);
+    pb.sq_psn = 200;
+    pb.rq_psn = 100;
+    a.connect(&pa).unwrap();
+    b.connect(&pb).unwrap();
+}
+
+fn write(a: &mut Qp, cq: &mut Cq, src: &Mr, dst: &Mr, len: usize) {
+    a.post_send(&SendWr {
+        wr_id: 1,
+        op: SendOp::Write {
+            local: Local::Sges(&[Sge::of(src, 0, len).unwrap()]),
+            remote: Remote::of(dst, 0),
+        },
+        flags: SIG,
+    })
+    .unwrap();
+    a.ring_doorbell();
+    let c = wait_n(cq, 1);
+    assert_eq!(
+        (c[0].status, c[0].opcode),
+        (WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+}
+
+#[test]
+fn every_operation_over_vfio_user_and_teardown_returns_every_page() {
+    let mut model = ModelProc::spawn(&[]);
+    let f = model.connect();
+    let dev = bounded({
+        let f = f.clone();
+        move || Device::open(f, config()).expect("boot over vfio-user")
+    });
+    assert!(dev.fw_pages() > 0);
+    assert_eq!(dev.info().pci_id, (0x15b3, 0x1017));
+    let pd = dev.alloc_pd().unwrap();
+    // Memory without a file descriptor cannot be shared with another process.
+    let e = pd.reg_mr(vec![0u8; 4096], Access::ALL).unwrap_err();
+    assert!(e.to_string().contains("file descriptor"), "{e}");
+
+    let (mut a, mut cq_a) = qp(&dev, &pd);
+    let (mut b, mut cq_b) = qp(&dev, &pd);
+    connect(&mut a, &dev, &mut b, &dev);
+
+    // RDMA WRITE.
+    let src = mr(&pd, 8192, 0);
+    let dst = mr(&pd, 8192, 0xEE);
+    let data = pattern(6000, 3);
+    src.write(0, &data).unwrap();
+    write(&mut a, &mut cq_a, &src, &dst, 6000);
+    assert_eq!(read(&dst, 0, 6000), data);
+    assert_eq!(read(&dst, 6000, 2192), vec![0xEE; 2192]);
+
+    // RDMA READ back into a fresh buffer.
+    let back = mr(&pd, 8192, 0);
+    a.post_send(&SendWr {
+        wr_id: 2,
+        op: SendOp::Read {
+            local: &[Sge::of(&back, 0, 6000).unwrap()],
+            remote: Remote::of(&dst, 0),
+        },
+        flags: SIG,
+    })
+    .unwrap();
+    a.ring_doorbell();
+    let c = wait_n(&mut cq_a, 1);
+    assert_eq!(
+        (c[0].status, c[0].opcode, c[0].byte_len),
+        (WcStatus::Success, WcOpcode::RdmaRead, 6000)
+    );
+    assert_eq!(read(&back, 0, 6000), data);
+
+    // SEND / RECV.
+    let rbuf = mr(&pd, 4096, 0);
+    b.post_recv(7, &[Sge::of(&rbuf, 0, 4096).unwrap()]).unwrap();
+    a.post_send(&SendWr {
+        wr_id: 3,
+        op: SendOp::Send {
+            local: Local::Sges(&[Sge::of(&src, 0, 3000).unwrap()]),
+        },
+        flags: SIG,
+    })
+    .unwrap();
+    a.ring_doorbell();
+    assert_eq!(wait_n(&mut cq_a, 1)[0].opcode, WcOpcode::Send);
+    let r = wait_n(&mut cq_b, 1);
+    assert_eq!(
+        (r[0].wr_id, r[0].byte_len, r[0].status),
+        (7, 3000, WcStatus::Success)
+    );
+    assert_eq!(read(&rbuf, 0, 3000), data[..3000]);
+
+    // Atomics: fetch-and-add, then a compare-and-swap that hits.
+    let target = mr(&pd, 64, 0);
+    target.write(8, &40u64.to_be_bytes()).unwrap();
+    let old = mr(&pd, 64, 0xFF);
+    a.post_send(&SendWr {
+        wr_id: 4,
+        op: SendOp::FetchAdd {
+            local: Sge::of(&old, 0, 8).unwrap(),
+            remote: Remote::of(&target, 8),
+            add: 2,
+        },
+        flags: SIG,
+    })
+    .unwrap();
+    a.post_send(&SendWr {
+        wr_id: 5,
+        op: SendOp::CompareSwap {
+            local: Sge::of(&old, 8, 8).unwrap(),
+            remote: Remote::of(&target, 8),
+            compare: 42,
+            swap: 0xABCD,
+        },
+        flags: SIG | SendFlags::FENCE,
+    })
+    .unwrap();
+    a.ring_doorbell();
+    let c = wait_n(&mut cq_a, 2);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    assert_eq!(read(&old, 0, 8), 40u64.to_be_bytes());
+    assert_eq!(read(&old, 8, 8), 42u64.to_be_bytes());
+    assert_eq!(read(&target, 8, 8), 0xABCDu64.to_be_bytes());
+
+    // Teardown: resources, then the HCA with every firmware page taken back.
+    drop((a, b, cq_a, cq_b, src, dst, back, rbuf, target, old, pd));
+    let keep = dev.clone();
+    bounded(move || dev.close()).expect("teardown");
+    assert_eq!(keep.fw_pages(), 0, "every firmware page returned");
+    assert!(!f.is_lost());
+    drop((keep, f));
+    // The client is gone: the model process ends by itself, successfully.
+    assert!(model.wait_exit().success());
+}
+
+/// A free UDP port on localhost (bound and released: good enough for a test).
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn two_model_processes_linked_over_udp() {
+    let (pa, pb) = (free_port(), free_port());
+    let (la, lb) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
+    let _ma = ModelProc::spawn(&[
+        "--name",
+        "ma",
+        "--mac",
+        "02:00:00:00:00:0a",
+        "--link-local",
+        &la,
+        "--link-peer",
+        &lb,
+    ]);
+    let _mb = ModelProc::spawn(&[
+        "--name",
+        "mb",
+        "--mac",
+        "02:00:00:00:00:0b",
+        "--link-local",
+        &lb,
+        "--link-peer",
+        &la,
+    ]);
+    let (fa, fb) = (_ma.connect(), _mb.connect());
+    bounded(move || {
+        let da = Device::open(fa, config()).unwrap();
+        let db = Device::open(fb, config()).unwrap();
+        let (pda, pdb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
+        let (mut a, mut cq_a) = qp(&da, &pda);
+        let (mut b, mut cq_b) = qp(&db, &pdb);
+        connect(&mut a, &da, &mut b, &db);
+        assert_ne!(
+            da.roce_address(0).unwrap().mac,
+            db.roce_address(0).unwrap().mac
+        );
+
+        // WRITE from process a's HCA into memory behind process b's HCA.
+        let src = mr(&pda, 16384, 0);
+        let dst = mr(&pdb, 16384, 0);
+        let data = pattern(12000, 5);
+        src.write(0, &data).unwrap();
+        write(&mut a, &mut cq_a, &src, &dst, 12000);
+        assert_eq!(read(&dst, 0, 12000), data);
+
+        // SEND the other way.
+        let rbuf = mr(&pda, 4096, 0);
+        a.post_recv(9, &[Sge::of(&rbuf, 0, 4096).unwrap()]).unwrap();
+        b.post_send(&SendWr {
+            wr_id: 1,
+            op: SendOp::Send {
+                local: Local::Inline(b"across two processes"),
+            },
+            flags: SIG,
+        })
+        .unwrap();
+        b.ring_doorbell();
+        assert_eq!(wait_n(&mut cq_b, 1)[0].status, WcStatus::Success);
+        let r = wait_n(&mut cq_a, 1);
+        assert_eq!((r[0].wr_id, r[0].byte_len), (9, 20));
+        assert_eq!(read(&rbuf, 0, 20), b"across two processes");
+        drop((a, b, cq_a, cq_b, src, dst, rbuf, pda, pdb));
+        da.close().unwrap();
+        db.close().unwrap();
+    });
+}
+
+#[test]
+fn a_killed_model_process_is_reported_as_device_lost() {
+    let mut model = ModelProc::spawn(&[]);
+    let f = model.connect();
+    let dev = Device::open(f.clone(), config()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let (mut a, mut cq_a) = qp(&dev, &pd);
+    let (mut b, _cq_b) = qp(&dev, &pd);
+    connect(&mut a, &dev, &mut b, &dev);
+    let src = mr(&pd, 4096, 1);
+    let dst = mr(&pd, 4096, 0);
+    write(&mut a, &mut cq_a, &src, &dst, 4096);
+
+    model.child.kill().unwrap();
+    model.child.wait().unwrap();
+
+    bounded(move || {
+        // The next command ends in a device-lost error, well before its timeout.
+        let t = Instant::now();
+        let e = dev.alloc_pd().unwrap_err();
+        assert!(
+            e.to_string().contains("lost") || e.to_string().contains("dead"),
+            "{e}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "waited out the command timeout"
+        );
+        assert!(f.is_lost());
+        match dev.check_health() {
+            Err(DeviceError::Pci(PciError::DeviceLost(why))) => {
+                assert!(why.contains("closed"), "{why}")
+            }
+            other => panic!("expected DeviceLost, got {other:?}"),
+        }
+        // Posting still works locally, nothing completes, and nothing blocks.
+        a.post_send(&SendWr {
+            wr_id: 2,
+            op: SendOp::Write {
+                local: Local::Sges(&[Sge::of(&src, 0, 64).unwrap()]),
+                remote: Remote::of(&dst, 0),
+            },
+            flags: SIG,
+        })
+        .unwrap();
+        a.ring_doorbell();
+        assert_eq!(cq_a.poll().count(), 0);
+        // Teardown of a lost device reports it and returns; DMA memory is released.
+        drop((a, b, cq_a, src, dst, pd));
+        assert!(dev.close().is_err());
+    });
+}
+
+#[test]
+fn uhca_info_reads_a_model_process_and_persist_serves_clients_in_turn() {
+    let mut model = ModelProc::spawn(&["--persist"]);
+    for _ in 0..2 {
+        let out = Command::new(env!("CARGO_BIN_EXE_uhca-info"))
+            .arg("--vfio-user")
+            .arg(&model.sock)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["vendor_id"], 0x15b3);
+        assert_eq!(v["ports"][0]["state"], "PORT_ACTIVE");
+    }
+    // A second server on the same path is refused, and so is a stale path without --replace.
+    let out = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
+        .arg("--socket")
+        .arg(&model.sock)
+        .arg("--replace")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
+    let sock = model.sock.clone();
+    model.child.kill().unwrap(); // killed: the socket stays behind
+    model.child.wait().unwrap();
+    assert!(sock.exists());
+    let out = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
+        .arg("--socket")
+        .arg(&sock)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--replace"));
+    // With --replace the stale socket is taken over.
+    let mut again = ModelProc::spawn_at(sock, &["--replace"]);
+    drop(again.connect());
+    assert!(again.wait_exit().success());
+}
+
+#[test]
+fn refused_requests_leave_the_connection_usable() {
+    use std::os::fd::AsRawFd;
+    use uhca::pci::{DmaMapping, FileBacking, Iova, PciFunction};
+
+    let model = ModelProc::spawn(&[]);
+    let f = model.connect();
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(8192).unwrap();
+    let mut host = vec![0u8; 8192];
+    let vaddr = host.as_mut_ptr();
+    let m = |iova: u64| DmaMapping {
+        vaddr,
+        len: 4096,
+        iova: Iova(iova),
+        backing: Some(FileBacking {
+            fd: file.as_raw_fd(),
+            offset: 4096,
+        }),
+    };
+    // SAFETY: the device only reaches the file's pages through the server's own mapping;
+    // `host` and `file` outlive the mapping (unmapped below).
+    let refused = unsafe { f.dma_map(&m(0)) }.unwrap_err();
+    assert!(
+        matches!(refused, PciError::DmaMap { reason, .. } if reason.contains("server")),
+        "{refused}"
+    );
+    // SAFETY: as above.
+    unsafe { f.dma_map(&m(0x10_0000)) }.unwrap();
+    assert!(matches!(
+        f.dma_unmap(Iova(0x10_0000), 8192),
+        Err(PciError::NotMapped { .. })
+    ));
+    f.dma_unmap(Iova(0x10_0000), 4096).unwrap();
+    let without_fd = DmaMapping {
+        backing: None,
+        ..m(0x20_0000)
+    };
+    // SAFETY: refused before anything is shared.
+    let e = unsafe { f.dma_map(&without_fd) }.unwrap_err();
+    assert!(e.to_string().contains("file descriptor"), "{e}");
+    let mut b = [0u8; 4];
+    assert!(matches!(
+        f.config_read(4094, &mut b),
+        Err(PciError::ConfigRange { .. })
+    ));
+    assert!(matches!(f.set_irq(999, None), Err(PciError::NoVector(999))));
+    f.set_irq(0, None).unwrap();
+    f.reset().unwrap();
+    f.config_read(0, &mut b).unwrap();
+    assert_eq!(b, [0xb3, 0x15, 0x17, 0x10]);
+    f.check().unwrap();
+    assert!(!f.is_lost());
+}
