@@ -12,7 +12,6 @@ mod kmsg;
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use uhca::dma::{DmaRegion, DmaSpace, PageSize};
@@ -21,6 +20,7 @@ use uhca::pci::{Bar, Iova, PciError, PciFunction, config, config_read_u16};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use edu::Edu;
+use uhca_vm_guest::report::{self, Tally};
 
 /// Bytes per edu transfer: below 4096, since QEMU 7.2's edu refuses a transfer that ends
 /// exactly at the end of its buffer (off-by-one fixed upstream in 8.2.1).
@@ -29,60 +29,6 @@ const XFER: usize = 2048;
 const EDU_DMA_LIMIT: u64 = 1 << 28;
 /// A 2 MiB region: large enough for `DmaRegion` to try a 2 MiB hugepage first.
 const TWO_MIB: usize = 2 << 20;
-
-/// ERROR events the driver logged through `tracing` (teardown reports its errors there).
-static DRIVER_ERRORS: AtomicUsize = AtomicUsize::new(0);
-
-/// Sends tracing output to stderr and counts ERROR events.
-struct CountErrors;
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CountErrors {
-    type Writer = std::io::Stderr;
-    fn make_writer(&'a self) -> std::io::Stderr {
-        std::io::stderr()
-    }
-    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> std::io::Stderr {
-        if *meta.level() == tracing::Level::ERROR {
-            DRIVER_ERRORS.fetch_add(1, Ordering::Relaxed);
-        }
-        std::io::stderr()
-    }
-}
-
-/// The PASS/FAIL tally.
-#[derive(Default)]
-struct Tally {
-    passed: u32,
-    failed: u32,
-}
-
-impl Tally {
-    /// Records one check and prints its line.
-    fn check(&mut self, ok: bool, what: impl AsRef<str>) -> bool {
-        if ok {
-            self.passed += 1;
-            println!("PASS: {}", what.as_ref());
-        } else {
-            self.failed += 1;
-            println!("FAIL: {}", what.as_ref());
-        }
-        ok
-    }
-
-    /// Records a `Result` as one check; returns the value on success.
-    fn ok<T, E: std::fmt::Display>(&mut self, r: Result<T, E>, what: &str) -> Option<T> {
-        match r {
-            Ok(v) => {
-                self.check(true, what);
-                Some(v)
-            }
-            Err(e) => {
-                self.check(false, format!("{what}: {e}"));
-                None
-            }
-        }
-    }
-}
 
 /// Command-line options.
 struct Args {
@@ -215,11 +161,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_writer(CountErrors)
-        .without_time()
-        .with_ansi(false)
-        .init();
+    report::init_tracing();
     let mut t = Tally::default();
     let t0 = Instant::now();
     run(&mut t, &args);
@@ -228,7 +170,7 @@ fn main() {
         t.passed + t.failed,
         t0.elapsed().as_secs_f64()
     );
-    println!("RESULT: {} passed, {} failed", t.passed, t.failed);
+    t.print_result();
     std::process::exit(if t.failed == 0 { 0 } else { 1 });
 }
 
@@ -344,14 +286,14 @@ fn run(t: &mut Tally, args: &Args) {
         cmd & config::COMMAND_MASTER == 0,
         format!("bus master cleared by quiesce (command = {cmd:#06x})"),
     );
-    let errs = DRIVER_ERRORS.load(Ordering::Relaxed);
+    let errs = report::driver_errors();
     match Arc::try_unwrap(f) {
         Ok(f) => drop(f),
         Err(_) => {
             t.check(false, "the function is still referenced at teardown");
         }
     }
-    let errs = DRIVER_ERRORS.load(Ordering::Relaxed) - errs;
+    let errs = report::driver_errors() - errs;
     t.check(errs == 0, format!("close: {errs} teardown errors logged"));
 
     // The group was released: the function opens again (the automatic mode choice).
@@ -371,7 +313,7 @@ fn run(t: &mut Tally, args: &Args) {
             t.check(false, format!("reopen after close: {e}"));
         }
     }
-    let total = DRIVER_ERRORS.load(Ordering::Relaxed);
+    let total = report::driver_errors();
     t.check(
         total == 0,
         format!("{total} errors logged by the driver in all"),
