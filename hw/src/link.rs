@@ -4,7 +4,8 @@
 //! [`Link`] is the seam: the model's ports send and poll frames through it. [`pair`] gives
 //! the in-process implementation: two [`LinkEnd`]s joined by one bounded lock-free queue per
 //! direction ([`crossbeam_queue::ArrayQueue`]) of frame buffers that are allocated once in
-//! [`pair`] and recycled through a free list, so steady-state traffic allocates nothing.
+//! [`pair`] and recycled through a free list, so steady-state traffic allocates nothing;
+//! [`Link::recv_with`] lends a received frame in its buffer instead of copying it out.
 //! A seeded [`FaultConfig`] injects drops, duplicates, reorders and corrupted bytes,
 //! deterministically for a given seed and frame sequence (after smoltcp
 //! `phy/fault_injector.rs`), for the retransmission tests. A UDP implementation (frames
@@ -56,6 +57,20 @@ pub trait Link: Send + Sync {
     /// Receives one frame into `buf` if one is waiting, returning its length. `buf` must
     /// hold [`max_frame_len`](Self::max_frame_len) bytes. Never blocks.
     fn try_recv(&self, buf: &mut [u8]) -> Result<Option<usize>, LinkError>;
+    /// Receives one frame if one is waiting and hands it to `f`, returning whether there
+    /// was one. The provided version receives into `scratch` (which must hold
+    /// [`max_frame_len`](Self::max_frame_len) bytes) with [`try_recv`](Self::try_recv); a
+    /// link that holds frames in its own buffers (the in-process pair) lends them to `f`
+    /// instead, saving a copy of every frame. Never blocks.
+    fn recv_with(&self, scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
+        match self.try_recv(scratch)? {
+            Some(n) => {
+                f(&scratch[..n]);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
 }
 
 /// Seeded fault injection, applied by each sender to the frames it sends. A rate of `n`
@@ -290,18 +305,30 @@ impl Direction {
         Ok(())
     }
 
-    fn try_recv(&self, buf: &mut [u8], stats: &Counters) -> Option<usize> {
-        let f = self.queue.pop().or_else(|| {
+    /// Takes the next frame, lends it to `f` and recycles it.
+    fn recv_with(&self, stats: &Counters, f: &mut dyn FnMut(&[u8])) -> bool {
+        let Some(frame) = self.queue.pop().or_else(|| {
             // Nothing else came: release a frame held back for reordering.
             let inj = self.injector.as_ref()?;
             inj.lock().unwrap_or_else(|e| e.into_inner()).held.take()
-        })?;
-        let n = f.len;
-        buf[..n].copy_from_slice(&f.data[..n]);
-        let _ = self.free.push(f);
+        }) else {
+            return false;
+        };
+        let n = frame.len;
+        f(&frame.data[..n]);
+        let _ = self.free.push(frame);
         bump(&stats.rx_frames, 1);
         bump(&stats.rx_bytes, n as u64);
-        Some(n)
+        true
+    }
+
+    fn try_recv(&self, buf: &mut [u8], stats: &Counters) -> Option<usize> {
+        let mut got = None;
+        self.recv_with(stats, &mut |frame| {
+            buf[..frame.len()].copy_from_slice(frame);
+            got = Some(frame.len());
+        });
+        got
     }
 }
 
@@ -376,6 +403,11 @@ impl Link for LinkEnd {
             });
         }
         Ok(self.rx.try_recv(buf, &self.stats))
+    }
+
+    /// Lends the frame in the link's own buffer: no copy, no scratch needed.
+    fn recv_with(&self, _scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
+        Ok(self.rx.recv_with(&self.stats, f))
     }
 }
 

@@ -557,56 +557,84 @@ pub(crate) fn to_error(qp: &mut Qp) {
 }
 
 fn receive(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u8; 6]) -> bool {
+    let Port {
+        loop_tx,
+        loop_rx,
+        peer,
+        rx,
+        clock,
+        sent,
+        full,
+        ..
+    } = port;
+    let wire = Wire {
+        mac,
+        loop_tx,
+        peer: peer.as_deref(),
+        sent,
+        full,
+        sh,
+    };
     let mut any = false;
+    // Frames are handled in the link's own buffer where it lends it (`Link::recv_with`).
+    let mut handle = |frame: &[u8]| {
+        any = true;
+        Counters::inc(&sh.stats.packets_rx);
+        deliver(sh, core, dp, &wire, &*clock, mac, frame);
+    };
     for src in 0..2 {
         loop {
             let got = if src == 0 {
-                port.loop_rx.try_recv(&mut port.rx)
-            } else if let Some(p) = &port.peer {
-                p.try_recv(&mut port.rx)
+                loop_rx.recv_with(rx, &mut handle)
+            } else if let Some(p) = &peer {
+                p.recv_with(rx, &mut handle)
             } else {
-                Ok(None)
+                Ok(false)
             };
-            let Ok(Some(n)) = got else { break };
-            any = true;
-            Counters::inc(&sh.stats.packets_rx);
-            if port.rx.get(..6) != Some(&mac[..]) {
-                continue; // not for this port
+            if !matches!(got, Ok(true)) {
+                break;
             }
-            let Ok(pkt) = RocePacket::parse(&port.rx[..n]) else {
-                continue; // malformed or bad ICRC: dropped as the wire would
-            };
-            let Some(qp) = dp.qps.get_mut(&pkt.bth.dest_qp) else {
-                continue;
-            };
-            let wire = Wire {
-                mac,
-                loop_tx: &port.loop_tx,
-                peer: port.peer.as_deref(),
-                sent: &port.sent,
-                full: &port.full,
-                sh,
-            };
-            let mem = Mem {
-                sh,
-                core,
-                pd: qp.pd,
-            };
-            let mut sink = Sink::new(sh, &mut dp.cqs, &mut dp.events, qp);
-            let (engine, mut rq) = qp.rq(sh);
-            let Some(engine) = engine else { continue };
-            let mut env = Env {
-                link: &wire,
-                mem: &mem,
-                recv: &mut rq,
-                cq: &mut sink,
-                clock: &port.clock,
-            };
-            engine.receive(&pkt, &mut env);
-            qp.active = true;
         }
     }
     any
+}
+
+/// Hands one received frame to its QP's engine.
+fn deliver(
+    sh: &Shared,
+    core: &Core,
+    dp: &mut DataPath,
+    wire: &Wire<'_>,
+    clock: &MonotonicClock,
+    mac: [u8; 6],
+    frame: &[u8],
+) {
+    if frame.get(..6) != Some(&mac[..]) {
+        return; // not for this port
+    }
+    let Ok(pkt) = RocePacket::parse(frame) else {
+        return; // malformed or bad ICRC: dropped as the wire would
+    };
+    let Some(qp) = dp.qps.get_mut(&pkt.bth.dest_qp) else {
+        return;
+    };
+    let mem = Mem {
+        sh,
+        core,
+        pd: qp.pd,
+    };
+    let mut sink = Sink::new(sh, &mut dp.cqs, &mut dp.events, qp);
+    let (engine, mut rq) = qp.rq(sh);
+    let Some(engine) = engine else { return };
+    let mut env = Env {
+        link: wire,
+        mem: &mem,
+        recv: &mut rq,
+        cq: &mut sink,
+        clock,
+    };
+    engine.receive(&pkt, &mut env);
+    qp.active = true;
 }
 
 fn transmit(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u8; 6]) -> bool {

@@ -62,10 +62,11 @@ enum TxStop {
     Busy,
 }
 
-/// Frame and payload buffers of one QP, with the fixed header fields of its path.
+/// The frame buffer of one QP, with the fixed header fields of its path. Payloads are
+/// gathered straight into the frame ([`Tx::payload_mut`]), then the headers and ICRC are
+/// written around them: each payload byte is written once on the way out.
 struct Tx {
     frame: Box<[u8]>,
-    payload: Box<[u8]>,
     eth: EthRepr,
     ip: IpRepr,
     udp: UdpRepr,
@@ -78,7 +79,6 @@ impl Tx {
         let mtu = cfg.mtu.bytes() as usize;
         Self {
             frame: vec![0; mtu + MAX_HEADERS_LEN].into_boxed_slice(),
-            payload: vec![0; mtu].into_boxed_slice(),
             eth: cfg.path.eth,
             ip: cfg.path.ip,
             udp: UdpRepr {
@@ -91,7 +91,15 @@ impl Tx {
         }
     }
 
-    /// Emits one packet whose payload is `self.payload[..payload_len]` and sends it. A link
+    /// Where the `n`-byte payload of a packet with extension headers `ext` goes (`n` is at
+    /// most the MTU); fill it, then [`send`](Self::send) with the same `ext` and `n`.
+    fn payload_mut(&mut self, ext: &ExtHeaders, n: usize) -> &mut [u8] {
+        let at = RocePacket::payload_offset(&self.ip, ext);
+        &mut self.frame[at..at + n]
+    }
+
+    /// Emits one packet around the payload in place (`payload_mut(&ext, payload_len)`) and
+    /// sends it. A link
     /// that is full answers `Busy`; any other link error loses the frame, as a wire would
     /// (the retransmission timer recovers), and is counted.
     #[allow(clippy::too_many_arguments)]
@@ -124,9 +132,9 @@ impl Tx {
                 psn: psn.get(),
             },
             ext,
-            payload: &self.payload[..payload_len],
+            payload: &[],
         };
-        let len = match pkt.emit(&mut self.frame) {
+        let len = match pkt.emit_in_place(&mut self.frame, payload_len) {
             Ok(len) => len,
             Err(_) => {
                 // Only a path that cannot carry the packet gets here (validated in `new`).

@@ -411,12 +411,14 @@ impl Requester {
             }
             op => {
                 let n = (w.len - off as u32).min(mtu) as usize;
+                let (opcode, ext) = data_opcode(op, w, k, last);
+                let payload = tx.payload_mut(&ext, n);
                 let copied = match &w.wr.local {
                     LocalData::Inline { data, .. } => {
-                        tx.payload[..n].copy_from_slice(&data[off as usize..off as usize + n]);
+                        payload.copy_from_slice(&data[off as usize..off as usize + n]);
                         Ok(())
                     }
-                    LocalData::Sges(s) => gather(cx.env.mem, s, off, &mut tx.payload[..n]),
+                    LocalData::Sges(s) => gather(cx.env.mem, s, off, payload),
                 };
                 if let Err(e) = copied {
                     self.wqes[idx].failed = Some(match e {
@@ -425,7 +427,6 @@ impl Requester {
                     });
                     return Ok(false);
                 }
-                let (opcode, ext) = data_opcode(op, w, k, last);
                 // AckReq (IBA §9.7.2, C9-98): on the last packet of a signaled message or
                 // of the last message posted, when the window is about to fill, and every
                 // half window; the responder acknowledges nothing else (coalescing).

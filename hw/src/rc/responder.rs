@@ -577,21 +577,6 @@ impl Responder {
                     msn,
                 } => {
                     let n = left.min(mtu) as usize;
-                    if env
-                        .mem
-                        .read(rkey, va, &mut tx.payload[..n], Access::RemoteRead)
-                        .is_err()
-                    {
-                        // The region went away after the request was checked.
-                        let nak = AethSyndrome::Nak(NakCode::RemoteOperationalError);
-                        *r = Resp::Ack {
-                            psn,
-                            syndrome: nak,
-                            msn,
-                        };
-                        fatal = true;
-                        continue;
-                    }
                     let end = psn == last;
                     let op = match (started, end) {
                         (false, true) => RcOpcode::RdmaReadResponseOnly,
@@ -608,6 +593,21 @@ impl Responder {
                         aeth,
                         ..Default::default()
                     };
+                    if env
+                        .mem
+                        .read(rkey, va, tx.payload_mut(&ext, n), Access::RemoteRead)
+                        .is_err()
+                    {
+                        // The region went away after the request was checked.
+                        let nak = AethSyndrome::Nak(NakCode::RemoteOperationalError);
+                        *r = Resp::Ack {
+                            psn,
+                            syndrome: nak,
+                            msn,
+                        };
+                        fatal = true;
+                        continue;
+                    }
                     match tx.send(env.link, stats, op, psn, (false, false), ext, n) {
                         Ok(()) => {
                             let Resp::Read {
