@@ -173,7 +173,59 @@ impl Link for Wire<'_> {
             // No link attached: the frame leaves into nothing, as on an unplugged port.
             Ok(())
         };
-        match &r {
+        self.account(&r);
+        r
+    }
+
+    /// Builds the frame in the buffer of the likelier link (the peer if one is attached,
+    /// else the loopback queue) and, if its destination MAC says it belongs on the other,
+    /// copies it there instead: in the common cases each frame is written once.
+    fn send_with(
+        &self,
+        scratch: &mut [u8],
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<(), LinkError> {
+        let mac = self.mac;
+        let mut built = false;
+        let mut other = None;
+        let r = match self.peer {
+            Some(p) => p.send_with(scratch, &mut |buf: &mut [u8]| {
+                let n = build(buf)?;
+                built = true;
+                if buf.get(..6) == Some(&mac[..]) {
+                    other = Some(self.loop_tx.send(&buf[..n]));
+                    return None;
+                }
+                Some(n)
+            }),
+            None => self.loop_tx.send_with(scratch, &mut |buf: &mut [u8]| {
+                let n = build(buf)?;
+                built = true;
+                if buf.get(..6) == Some(&mac[..]) {
+                    return Some(n);
+                }
+                // No link attached: the frame leaves into nothing, as on an unplugged port.
+                other = Some(Ok(()));
+                None
+            }),
+        };
+        if !built && r.is_ok() {
+            return Ok(()); // the builder sent nothing
+        }
+        let r = other.unwrap_or(r);
+        self.account(&r);
+        r
+    }
+
+    fn try_recv(&self, _buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
+        Ok(None) // the port receives through `Port`, never through the engine
+    }
+}
+
+impl Wire<'_> {
+    /// Counts a send's outcome.
+    fn account(&self, r: &Result<(), LinkError>) {
+        match r {
             Ok(()) => {
                 self.sent.fetch_add(1, Ordering::Relaxed);
                 Counters::inc(&self.sh.stats.packets_tx);
@@ -183,11 +235,6 @@ impl Link for Wire<'_> {
             }
             Err(_) => {}
         }
-        r
-    }
-
-    fn try_recv(&self, _buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
-        Ok(None) // the port receives through `Port`, never through the engine
     }
 }
 

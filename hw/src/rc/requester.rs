@@ -412,21 +412,6 @@ impl Requester {
             op => {
                 let n = (w.len - off as u32).min(mtu) as usize;
                 let (opcode, ext) = data_opcode(op, w, k, last);
-                let payload = tx.payload_mut(&ext, n);
-                let copied = match &w.wr.local {
-                    LocalData::Inline { data, .. } => {
-                        payload.copy_from_slice(&data[off as usize..off as usize + n]);
-                        Ok(())
-                    }
-                    LocalData::Sges(s) => gather(cx.env.mem, s, off, payload),
-                };
-                if let Err(e) = copied {
-                    self.wqes[idx].failed = Some(match e {
-                        CopyError::Length => WcStatus::LocalLength,
-                        CopyError::Access(_) => WcStatus::LocalProtection,
-                    });
-                    return Ok(false);
-                }
                 // AckReq (IBA §9.7.2, C9-98): on the last packet of a signaled message or
                 // of the last message posted, when the window is about to fill, and every
                 // half window; the responder acknowledges nothing else (coalescing).
@@ -438,7 +423,34 @@ impl Requester {
                 (opcode, ext, n, ack_req, se, psn.next())
             }
         };
-        tx.send(cx.env.link, cx.stats, opcode, psn, (ack_req, se), ext, n)?;
+        // The payload (none for READ requests and atomics) is gathered straight into the
+        // frame.
+        let (local, mem) = (&w.wr.local, cx.env.mem);
+        let fill = |payload: &mut [u8]| match local {
+            LocalData::Inline { data, .. } => {
+                let at = off as usize;
+                payload.copy_from_slice(&data[at..at + payload.len()]);
+                Ok(())
+            }
+            LocalData::Sges(s) => gather(mem, s, off, payload),
+        };
+        let filled = tx.send_filled(
+            cx.env.link,
+            cx.stats,
+            opcode,
+            psn,
+            (ack_req, se),
+            ext,
+            n,
+            fill,
+        )?;
+        if let Err(e) = filled {
+            self.wqes[idx].failed = Some(match e {
+                CopyError::Length => WcStatus::LocalLength,
+                CopyError::Access(_) => WcStatus::LocalProtection,
+            });
+            return Ok(false);
+        }
         if psn.before(self.max_sent) {
             cx.stats.retransmits += 1;
         }
