@@ -59,7 +59,14 @@ impl Mode {
 
 /// perftest-like RDMA benchmarks on uhca (default device: the built-in model HCA).
 #[derive(Parser, Debug)]
-#[command(name = "uhca-perf", version, about)]
+#[command(
+    name = "uhca-perf",
+    version,
+    about,
+    after_help = "Reference figures of the machine: `uhca-perf cacheline [-n ROUND_TRIPS] \
+                  [--cpus A,B]` (one-way cross-core cache-line transfer), `uhca-perf memcpy \
+                  [-s SIZE] [-n COPIES]` (single-thread memcpy bandwidth)."
+)]
 struct Args {
     /// Test to run (or invoke the binary under that name).
     mode: Mode,
@@ -123,24 +130,25 @@ struct RefArgs {
     iters: Option<u64>,
     /// The two CPUs of the ping-pong (cacheline), e.g. `--cpus 0,1` (default: the first two
     /// available).
-    #[arg(long, value_delimiter = ',', num_args = 2)]
+    #[arg(long, value_delimiter = ',')]
     cpus: Option<Vec<usize>>,
 }
 
 fn run_reference(a: &RefArgs) -> Result<(), String> {
     use uhca_tools::reference;
-    println!("{LINE}");
     match a.mode {
         RefMode::cacheline => {
             let cpus = match a.cpus.as_deref() {
                 Some(&[x, y]) => (x, y),
-                _ => match reference::available_cpus()[..] {
+                Some(_) => return Err("--cpus takes two CPUs: --cpus A,B".into()),
+                None => match reference::available_cpus()[..] {
                     [x, y, ..] => (x, y),
                     _ => return Err("cacheline needs two CPUs".into()),
                 },
             };
             let r = reference::cacheline(cpus, a.iters.unwrap_or(1_000_000))
                 .map_err(|e| e.to_string())?;
+            println!("{LINE}");
             println!("                    Cache-line transfer (one way, ping-pong)");
             println!(" CPUs            : {} <-> {}", r.cpus.0, r.cpus.1);
             println!("{LINE}");
@@ -156,6 +164,7 @@ fn run_reference(a: &RefArgs) -> Result<(), String> {
                 .unwrap_or(((1u64 << 30) / a.size.max(1) as u64).max(1));
             let r = reference::memcpy(a.size, n).map_err(|e| e.to_string())?;
             let mb = |b: f64| b / (1 << 20) as f64;
+            println!("{LINE}");
             println!("                    memcpy BW (one thread)");
             println!("{LINE}");
             println!(
