@@ -4,8 +4,8 @@
 //! about [`SPIN_FOR`], then yields a few times, then sleeps with exponential backoff from
 //! [`SLEEP_MIN`] up to [`SLEEP_MAX`] (never past the next health tick). Any activity resets
 //! the backoff. `Hca::drop` unparks the thread, so a sleeping thread exits at once. While
-//! spinning, a pass reads no clock except every [`CLOCK_EVERY`]th (the spin window's end
-//! and the health timer are checked then), so doorbells are seen sooner.
+//! spinning, an idle pass reads no clock except the first and every [`CLOCK_EVERY`]th (the
+//! spin window's end and the health timer are checked then), so doorbells are seen sooner.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,11 +27,12 @@ pub(crate) const SLEEP_MAX: Duration = Duration::from_millis(1);
 
 /// While spinning, the clock is read (and the health timer advanced) once per this many
 /// passes: a clock read costs about as much as an idle pass, and a spinning pass is what
-/// a doorbell waits for.
-const CLOCK_EVERY: u32 = 64;
+/// a doorbell waits for. Small, so the spin window still ends on time when passes are
+/// slow (several device threads sharing cores).
+const CLOCK_EVERY: u32 = 8;
 
 struct Backoff {
-    /// Start of the spin window; taken at the first clock read after the last activity.
+    /// Start of the spin window: the first idle pass after the last activity.
     last_activity: Option<Instant>,
     /// Idle passes since the last activity.
     spins: u32,
@@ -64,12 +65,18 @@ impl Backoff {
 
     fn idle(&mut self, sh: &Shared, until_tick: Duration) {
         if self.yields == 0 {
+            // The window starts at the first idle pass; then the clock is read every
+            // CLOCK_EVERY-th.
+            let Some(since) = self.last_activity else {
+                self.last_activity = Some(Instant::now());
+                std::hint::spin_loop();
+                return;
+            };
             self.spins = self.spins.wrapping_add(1);
             if !self.spins.is_multiple_of(CLOCK_EVERY) {
                 std::hint::spin_loop();
                 return;
             }
-            let since = *self.last_activity.get_or_insert_with(Instant::now);
             if since.elapsed() < SPIN_FOR {
                 std::hint::spin_loop();
                 return;
