@@ -140,6 +140,18 @@ fn sliced(mut c: u32, data: &[u8]) -> u32 {
     c
 }
 
+/// The CRC state after the 8 bytes of 0xFF that stand for the absent LRH (every ICRC
+/// starts there; it is rxe's seed `0xdebb20e3`, fed to the kernel's uncomplemented `crc32_le`).
+const LRH_STATE: u32 = {
+    let mut c = u32::MAX;
+    let mut i = 0;
+    while i < 8 {
+        c = step(c, 0xFF);
+        i += 1;
+    }
+    c
+};
+
 /// CRC-32 (IEEE 802.3 / zlib) of `data`.
 pub fn crc32(data: &[u8]) -> u32 {
     let mut c = Crc32::new();
@@ -191,8 +203,7 @@ pub fn icrc(l3: &[u8]) -> Result<u32, WireError> {
     m[ip_len + 6] = 0xFF; // UDP checksum
     m[ip_len + 7] = 0xFF;
     m[ip_len + UDP_SIZE + 4] = 0xFF; // BTH FECN, BECN, Resv6a
-    let mut c = Crc32::new();
-    c.update(&[0xFF; 8]); // the absent LRH
+    let mut c = Crc32 { state: LRH_STATE };
     c.update(m);
     c.update(&l3[hdr_len..]);
     Ok(c.finish())
@@ -223,6 +234,14 @@ mod tests {
                 "sliced, {len} bytes at {at}"
             );
         }
+    }
+
+    #[test]
+    fn the_lrh_state_is_eight_ones_bytes_and_rxes_seed() {
+        let mut c = Crc32::new();
+        c.update(&[0xFF; 8]);
+        assert_eq!(c.state, LRH_STATE);
+        assert_eq!(LRH_STATE, 0xDEBB_20E3, "rxe_icrc.c seed");
     }
 
     #[test]
