@@ -16,6 +16,8 @@
 pub mod layout;
 
 #[cfg(feature = "model")]
+mod copy;
+#[cfg(feature = "model")]
 pub mod link;
 #[cfg(feature = "model")]
 pub mod model;

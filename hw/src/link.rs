@@ -4,7 +4,9 @@
 //! [`Link`] is the seam: the model's ports send and poll frames through it. [`pair`] gives
 //! the in-process implementation: two [`LinkEnd`]s joined by one bounded lock-free queue per
 //! direction ([`crossbeam_queue::ArrayQueue`]) of frame buffers that are allocated once in
-//! [`pair`] and recycled through a free list, so steady-state traffic allocates nothing.
+//! [`pair`] and recycled through a free list, so steady-state traffic allocates nothing;
+//! [`Link::send_with`] builds a frame in one of those buffers and [`Link::recv_with`]
+//! lends a received one, so a frame is never copied on its way through the pair.
 //! A seeded [`FaultConfig`] injects drops, duplicates, reorders and corrupted bytes,
 //! deterministically for a given seed and frame sequence (after smoltcp
 //! `phy/fault_injector.rs`), for the retransmission tests. A UDP implementation (frames
@@ -56,6 +58,37 @@ pub trait Link: Send + Sync {
     /// Receives one frame into `buf` if one is waiting, returning its length. `buf` must
     /// hold [`max_frame_len`](Self::max_frame_len) bytes. Never blocks.
     fn try_recv(&self, buf: &mut [u8]) -> Result<Option<usize>, LinkError>;
+    /// Sends one frame that `build` writes in place: `build` gets a buffer of at least
+    /// [`max_frame_len`](Self::max_frame_len) bytes and returns the frame's length, or
+    /// `None` to send nothing (then `Ok(())`). The provided version builds in `scratch`
+    /// (which must hold `max_frame_len` bytes) and sends it with [`send`](Self::send); a
+    /// link that owns its frame buffers (the in-process pair) lends one instead, saving a
+    /// copy of every frame. `build` may not run when the link refuses at once (`Full`).
+    fn send_with(
+        &self,
+        scratch: &mut [u8],
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<(), LinkError> {
+        let max = self.max_frame_len().min(scratch.len());
+        match build(&mut scratch[..max]) {
+            Some(n) => self.send(&scratch[..n]),
+            None => Ok(()),
+        }
+    }
+    /// Receives one frame if one is waiting and hands it to `f`, returning whether there
+    /// was one. The provided version receives into `scratch` (which must hold
+    /// [`max_frame_len`](Self::max_frame_len) bytes) with [`try_recv`](Self::try_recv); a
+    /// link that holds frames in its own buffers (the in-process pair) lends them to `f`
+    /// instead, saving a copy of every frame. Never blocks.
+    fn recv_with(&self, scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
+        match self.try_recv(scratch)? {
+            Some(n) => {
+                f(&scratch[..n]);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
 }
 
 /// Seeded fault injection, applied by each sender to the frames it sends. A rate of `n`
@@ -225,9 +258,28 @@ impl Direction {
             bump(&stats.tx_full, 1);
             return Err(LinkError::Full);
         };
-        f.data[..src.len()].copy_from_slice(src);
+        crate::copy::copy_bytes(&mut f.data[..src.len()], src);
         f.len = src.len();
         Ok(f)
+    }
+
+    /// Builds a frame in a free buffer and queues it (no fault injection: the caller
+    /// checked).
+    fn send_built(
+        &self,
+        stats: &Counters,
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<Option<usize>, LinkError> {
+        let Some(mut f) = self.free.pop() else {
+            bump(&stats.tx_full, 1);
+            return Err(LinkError::Full);
+        };
+        let Some(n) = build(&mut f.data).filter(|&n| n <= f.data.len()) else {
+            let _ = self.free.push(f);
+            return Ok(None);
+        };
+        f.len = n;
+        self.enqueue(f, stats).map(|()| Some(n))
     }
 
     fn send(&self, frame: &[u8], stats: &Counters) -> Result<(), LinkError> {
@@ -290,18 +342,30 @@ impl Direction {
         Ok(())
     }
 
-    fn try_recv(&self, buf: &mut [u8], stats: &Counters) -> Option<usize> {
-        let f = self.queue.pop().or_else(|| {
+    /// Takes the next frame, lends it to `f` and recycles it.
+    fn recv_with(&self, stats: &Counters, f: &mut dyn FnMut(&[u8])) -> bool {
+        let Some(frame) = self.queue.pop().or_else(|| {
             // Nothing else came: release a frame held back for reordering.
             let inj = self.injector.as_ref()?;
             inj.lock().unwrap_or_else(|e| e.into_inner()).held.take()
-        })?;
-        let n = f.len;
-        buf[..n].copy_from_slice(&f.data[..n]);
-        let _ = self.free.push(f);
+        }) else {
+            return false;
+        };
+        let n = frame.len;
+        f(&frame.data[..n]);
+        let _ = self.free.push(frame);
         bump(&stats.rx_frames, 1);
         bump(&stats.rx_bytes, n as u64);
-        Some(n)
+        true
+    }
+
+    fn try_recv(&self, buf: &mut [u8], stats: &Counters) -> Option<usize> {
+        let mut got = None;
+        self.recv_with(stats, &mut |frame| {
+            crate::copy::copy_bytes(&mut buf[..frame.len()], frame);
+            got = Some(frame.len());
+        });
+        got
     }
 }
 
@@ -368,6 +432,30 @@ impl Link for LinkEnd {
         Ok(())
     }
 
+    /// Builds the frame in one of the link's own buffers, unless faults are injected (then
+    /// as the provided version: the injector works on copies).
+    fn send_with(
+        &self,
+        scratch: &mut [u8],
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<(), LinkError> {
+        if self.tx.injector.is_some() {
+            let max = self.max_frame_len.min(scratch.len());
+            return match build(&mut scratch[..max]) {
+                Some(n) => self.send(&scratch[..n]),
+                None => Ok(()),
+            };
+        }
+        if Arc::strong_count(&self.tx) < 2 {
+            return Err(LinkError::Disconnected);
+        }
+        if let Some(n) = self.tx.send_built(&self.stats, build)? {
+            bump(&self.stats.tx_frames, 1);
+            bump(&self.stats.tx_bytes, n as u64);
+        }
+        Ok(())
+    }
+
     fn try_recv(&self, buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
         if buf.len() < self.max_frame_len {
             return Err(LinkError::BufferTooSmall {
@@ -376,6 +464,11 @@ impl Link for LinkEnd {
             });
         }
         Ok(self.rx.try_recv(buf, &self.stats))
+    }
+
+    /// Lends the frame in the link's own buffer: no copy, no scratch needed.
+    fn recv_with(&self, _scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
+        Ok(self.rx.recv_with(&self.stats, f))
     }
 }
 

@@ -274,3 +274,102 @@ fn ends_work_from_two_threads() {
     }
     rx.join().unwrap();
 }
+
+/// A link with only the required methods, so the provided `send_with`/`recv_with` run.
+struct Plain(LinkEnd);
+
+impl Link for Plain {
+    fn max_frame_len(&self) -> usize {
+        self.0.max_frame_len()
+    }
+    fn send(&self, frame: &[u8]) -> Result<(), LinkError> {
+        self.0.send(frame)
+    }
+    fn try_recv(&self, buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
+        self.0.try_recv(buf)
+    }
+}
+
+/// Builds frame `i` in place; `None` for odd `i` (the builder declines).
+fn build_even(i: u32) -> impl FnMut(&mut [u8]) -> Option<usize> {
+    move |buf: &mut [u8]| {
+        assert!(buf.len() >= 64, "the builder gets max_frame_len bytes");
+        buf[..8].copy_from_slice(&frame(i));
+        i.is_multiple_of(2).then_some(8)
+    }
+}
+
+/// Everything waiting at `end`, through `recv_with`.
+fn drain_with(end: &dyn Link) -> Vec<Vec<u8>> {
+    let mut scratch = [0u8; 64];
+    let mut out = Vec::new();
+    while end
+        .recv_with(&mut scratch, &mut |f| out.push(f.to_vec()))
+        .unwrap()
+    {}
+    out
+}
+
+#[test]
+fn frames_built_and_received_in_place_match_copies() {
+    let (a, b) = pair(cfg(8, FaultConfig::default()));
+    let (pa, pb) = pair(cfg(8, FaultConfig::default()));
+    let (pa, pb) = (Plain(pa), Plain(pb));
+    let mut scratch = [0u8; 64];
+    for i in 0..6 {
+        a.send_with(&mut scratch, &mut build_even(i)).unwrap();
+        pa.send_with(&mut scratch, &mut build_even(i)).unwrap();
+    }
+    let want: Vec<Vec<u8>> = [0, 2, 4].iter().map(|&i| frame(i).to_vec()).collect();
+    assert_eq!(drain_with(&b), want, "lent buffers");
+    assert_eq!(drain_with(&pb), want, "provided versions");
+    let (s, p) = (a.stats(), pa.0.stats());
+    assert_eq!(
+        (s.tx_frames, s.tx_bytes),
+        (3, 24),
+        "declined frames are not counted"
+    );
+    assert_eq!((p.tx_frames, p.tx_bytes), (3, 24));
+    assert_eq!(b.stats().rx_frames, 3);
+}
+
+#[test]
+fn a_full_queue_refuses_in_place_sends_and_recovers() {
+    let (a, b) = pair(cfg(2, FaultConfig::default()));
+    let mut scratch = [0u8; 64];
+    for i in [0, 2] {
+        a.send_with(&mut scratch, &mut build_even(i)).unwrap();
+    }
+    let r = a.send_with(&mut scratch, &mut build_even(4));
+    assert!(matches!(r, Err(LinkError::Full)), "{r:?}");
+    assert_eq!(a.stats().tx_full, 1);
+    assert_eq!(drain_with(&b).len(), 2);
+    // Recovered: every buffer went back to the free list.
+    for i in 0..2 {
+        a.send_with(&mut scratch, &mut build_even(2 * i)).unwrap();
+    }
+    assert_eq!(drain_with(&b).len(), 2);
+    drop(b);
+    assert!(matches!(
+        a.send_with(&mut scratch, &mut build_even(0)),
+        Err(LinkError::Disconnected)
+    ));
+}
+
+#[test]
+fn in_place_sends_still_meet_the_fault_injector() {
+    let faults = FaultConfig {
+        seed: 7,
+        drop_one_in: 3,
+        ..FaultConfig::default()
+    };
+    let (a, b) = pair(cfg(64, faults));
+    let mut scratch = [0u8; 64];
+    for i in 0..30 {
+        a.send_with(&mut scratch, &mut build_even(2 * i)).unwrap();
+    }
+    let got = drain_with(&b).len() as u64;
+    let s = a.stats();
+    assert!(s.dropped > 0, "{s:?}");
+    assert_eq!(got + s.dropped, 30);
+}

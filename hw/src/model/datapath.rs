@@ -173,7 +173,59 @@ impl Link for Wire<'_> {
             // No link attached: the frame leaves into nothing, as on an unplugged port.
             Ok(())
         };
-        match &r {
+        self.account(&r);
+        r
+    }
+
+    /// Builds the frame in the buffer of the likelier link (the peer if one is attached,
+    /// else the loopback queue) and, if its destination MAC says it belongs on the other,
+    /// copies it there instead: in the common cases each frame is written once.
+    fn send_with(
+        &self,
+        scratch: &mut [u8],
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<(), LinkError> {
+        let mac = self.mac;
+        let mut built = false;
+        let mut other = None;
+        let r = match self.peer {
+            Some(p) => p.send_with(scratch, &mut |buf: &mut [u8]| {
+                let n = build(buf)?;
+                built = true;
+                if buf.get(..6) == Some(&mac[..]) {
+                    other = Some(self.loop_tx.send(&buf[..n]));
+                    return None;
+                }
+                Some(n)
+            }),
+            None => self.loop_tx.send_with(scratch, &mut |buf: &mut [u8]| {
+                let n = build(buf)?;
+                built = true;
+                if buf.get(..6) == Some(&mac[..]) {
+                    return Some(n);
+                }
+                // No link attached: the frame leaves into nothing, as on an unplugged port.
+                other = Some(Ok(()));
+                None
+            }),
+        };
+        if !built && r.is_ok() {
+            return Ok(()); // the builder sent nothing
+        }
+        let r = other.unwrap_or(r);
+        self.account(&r);
+        r
+    }
+
+    fn try_recv(&self, _buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
+        Ok(None) // the port receives through `Port`, never through the engine
+    }
+}
+
+impl Wire<'_> {
+    /// Counts a send's outcome.
+    fn account(&self, r: &Result<(), LinkError>) {
+        match r {
             Ok(()) => {
                 self.sent.fetch_add(1, Ordering::Relaxed);
                 Counters::inc(&self.sh.stats.packets_tx);
@@ -183,11 +235,6 @@ impl Link for Wire<'_> {
             }
             Err(_) => {}
         }
-        r
-    }
-
-    fn try_recv(&self, _buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
-        Ok(None) // the port receives through `Port`, never through the engine
     }
 }
 
@@ -557,56 +604,84 @@ pub(crate) fn to_error(qp: &mut Qp) {
 }
 
 fn receive(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u8; 6]) -> bool {
+    let Port {
+        loop_tx,
+        loop_rx,
+        peer,
+        rx,
+        clock,
+        sent,
+        full,
+        ..
+    } = port;
+    let wire = Wire {
+        mac,
+        loop_tx,
+        peer: peer.as_deref(),
+        sent,
+        full,
+        sh,
+    };
     let mut any = false;
+    // Frames are handled in the link's own buffer where it lends it (`Link::recv_with`).
+    let mut handle = |frame: &[u8]| {
+        any = true;
+        Counters::inc(&sh.stats.packets_rx);
+        deliver(sh, core, dp, &wire, &*clock, mac, frame);
+    };
     for src in 0..2 {
         loop {
             let got = if src == 0 {
-                port.loop_rx.try_recv(&mut port.rx)
-            } else if let Some(p) = &port.peer {
-                p.try_recv(&mut port.rx)
+                loop_rx.recv_with(rx, &mut handle)
+            } else if let Some(p) = &peer {
+                p.recv_with(rx, &mut handle)
             } else {
-                Ok(None)
+                Ok(false)
             };
-            let Ok(Some(n)) = got else { break };
-            any = true;
-            Counters::inc(&sh.stats.packets_rx);
-            if port.rx.get(..6) != Some(&mac[..]) {
-                continue; // not for this port
+            if !matches!(got, Ok(true)) {
+                break;
             }
-            let Ok(pkt) = RocePacket::parse(&port.rx[..n]) else {
-                continue; // malformed or bad ICRC: dropped as the wire would
-            };
-            let Some(qp) = dp.qps.get_mut(&pkt.bth.dest_qp) else {
-                continue;
-            };
-            let wire = Wire {
-                mac,
-                loop_tx: &port.loop_tx,
-                peer: port.peer.as_deref(),
-                sent: &port.sent,
-                full: &port.full,
-                sh,
-            };
-            let mem = Mem {
-                sh,
-                core,
-                pd: qp.pd,
-            };
-            let mut sink = Sink::new(sh, &mut dp.cqs, &mut dp.events, qp);
-            let (engine, mut rq) = qp.rq(sh);
-            let Some(engine) = engine else { continue };
-            let mut env = Env {
-                link: &wire,
-                mem: &mem,
-                recv: &mut rq,
-                cq: &mut sink,
-                clock: &port.clock,
-            };
-            engine.receive(&pkt, &mut env);
-            qp.active = true;
         }
     }
     any
+}
+
+/// Hands one received frame to its QP's engine.
+fn deliver(
+    sh: &Shared,
+    core: &Core,
+    dp: &mut DataPath,
+    wire: &Wire<'_>,
+    clock: &MonotonicClock,
+    mac: [u8; 6],
+    frame: &[u8],
+) {
+    if frame.get(..6) != Some(&mac[..]) {
+        return; // not for this port
+    }
+    let Ok(pkt) = RocePacket::parse(frame) else {
+        return; // malformed or bad ICRC: dropped as the wire would
+    };
+    let Some(qp) = dp.qps.get_mut(&pkt.bth.dest_qp) else {
+        return;
+    };
+    let mem = Mem {
+        sh,
+        core,
+        pd: qp.pd,
+    };
+    let mut sink = Sink::new(sh, &mut dp.cqs, &mut dp.events, qp);
+    let (engine, mut rq) = qp.rq(sh);
+    let Some(engine) = engine else { return };
+    let mut env = Env {
+        link: wire,
+        mem: &mem,
+        recv: &mut rq,
+        cq: &mut sink,
+        clock,
+    };
+    engine.receive(&pkt, &mut env);
+    qp.active = true;
 }
 
 fn transmit(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u8; 6]) -> bool {

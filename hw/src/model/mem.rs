@@ -241,6 +241,29 @@ impl BufMut for BarWindow<'_> {
     }
 }
 
+/// `copy_nonoverlapping` of `len` bytes, by fixed 64-byte moves where `memcpy` would be
+/// slow (`crate::copy`).
+///
+/// # Safety
+///
+/// As for [`std::ptr::copy_nonoverlapping`]: `src` readable and `dst` writable for `len`
+/// bytes, the two ranges disjoint.
+#[inline]
+unsafe fn copy_raw(src: *const u8, dst: *mut u8, len: usize) {
+    if !crate::copy::avoid_memcpy(dst as usize, src as usize, len) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        return;
+    }
+    let whole = len - len % 64;
+    for at in (0..whole).step_by(64) {
+        // SAFETY: `at + 64 <= len`: inside both ranges (the caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), 64) };
+    }
+    // SAFETY: the tail `whole..len`, inside both ranges.
+    unsafe { std::ptr::copy_nonoverlapping(src.add(whole), dst.add(whole), len - whole) };
+}
+
 /// Host memory reachable by the device: created only by `Hca::dma_map`, whose caller
 /// guarantees validity until the unmap of the range returns.
 pub(crate) struct HostRegion {
@@ -279,18 +302,14 @@ impl HostRegion {
         // SAFETY: inside the region, which the dma_map contract keeps valid while the IOMMU
         // holds it; `dst` is a distinct Rust buffer. The host only touches buffers it handed
         // to the device under the DMA ownership protocol (like real DMA).
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
-        }
+        unsafe { copy_raw(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) }
     }
 
     /// Copies `src` to `off`.
     pub(crate) fn write(&self, off: usize, src: &[u8]) {
         self.check(off, src.len());
         // SAFETY: as in `read`, in the other direction.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len())
-        }
+        unsafe { copy_raw(src.as_ptr(), self.ptr.as_ptr().add(off), src.len()) }
     }
 
     /// Stores one byte with release ordering: everything written before is visible to a

@@ -179,10 +179,62 @@ impl MkeyTable {
     }
 }
 
+/// Segments kept inline: an MTU-sized access spans at most two pages, so the data path
+/// never spills to the heap.
+const INLINE_SEGS: usize = 8;
+
+/// IOVA segments `(iova, len)` of one access, contiguous runs coalesced, in order: inline
+/// up to [`INLINE_SEGS`], on the heap beyond (only for accesses over many scattered pages).
+struct Segs {
+    inline: [(u64, usize); INLINE_SEGS],
+    n: usize,
+    spill: Vec<(u64, usize)>,
+}
+
+impl Segs {
+    const fn new() -> Segs {
+        Segs {
+            inline: [(0, 0); INLINE_SEGS],
+            n: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    /// Appends `len` bytes at `iova`, extending the last segment when they follow it.
+    fn push(&mut self, iova: u64, len: usize) {
+        if self.spill.is_empty() {
+            if let Some((s, l)) = self.inline[..self.n].last_mut()
+                && *s + *l as u64 == iova
+            {
+                *l += len;
+                return;
+            }
+            if self.n < INLINE_SEGS {
+                self.inline[self.n] = (iova, len);
+                self.n += 1;
+                return;
+            }
+            self.spill.extend_from_slice(&self.inline[..self.n]);
+        }
+        match self.spill.last_mut() {
+            Some((s, l)) if *s + *l as u64 == iova => *l += len,
+            _ => self.spill.push((iova, len)),
+        }
+    }
+
+    fn as_slice(&self) -> &[(u64, usize)] {
+        if self.spill.is_empty() {
+            &self.inline[..self.n]
+        } else {
+            &self.spill
+        }
+    }
+}
+
 /// Where a checked access lands.
 enum Target {
-    /// IOVA segments (contiguous runs coalesced), in order.
-    Host(Vec<(u64, usize)>),
+    /// IOVA segments, in order.
+    Host(Segs),
     /// A BAR0 offset (MEMIC window).
     Bar(usize),
 }
@@ -245,7 +297,7 @@ fn resolve(
                 Dir::Atomic => MTT_RD_EN | MTT_WR_EN,
             };
             let first = m.start >> lps;
-            let mut segs: Vec<(u64, usize)> = Vec::with_capacity(1);
+            let mut segs = Segs::new();
             let (mut cur, end) = (va, va + n);
             loop {
                 let e = *mtts
@@ -260,10 +312,7 @@ fn resolve(
                 }
                 let iova = (e & MTT_ADDR_MASK) + (cur & (page - 1));
                 let chunk = ((cur | (page - 1)) + 1).min(end) - cur;
-                match segs.last_mut() {
-                    Some((s, l)) if *s + *l as u64 == iova => *l += chunk as usize,
-                    _ => segs.push((iova, chunk as usize)),
-                }
+                segs.push(iova, chunk as usize);
                 cur += chunk;
                 if cur >= end {
                     break;
@@ -296,7 +345,7 @@ pub(crate) fn mem_read(
         }
         Ok(Target::Host(segs)) => sh
             .iommu
-            .read_segments(&segs, dst)
+            .read_segments(segs.as_slice(), dst)
             .map_err(|_| fault(sh, MemError::Unmapped)),
         Err(e) => Err(fault(sh, e)),
     }
@@ -319,7 +368,7 @@ pub(crate) fn mem_write(
         }
         Ok(Target::Host(segs)) => sh
             .iommu
-            .write_segments(&segs, src)
+            .write_segments(segs.as_slice(), src)
             .map_err(|_| fault(sh, MemError::Unmapped)),
         Err(e) => Err(fault(sh, e)),
     }
@@ -340,7 +389,7 @@ pub(crate) fn mem_atomic(
         Ok(Target::Bar(off)) => Ok(sh.bar.atomic64_be(off, op)),
         Ok(Target::Host(segs)) => sh
             .iommu
-            .atomic64(segs[0].0, op, ByteOrder::Big)
+            .atomic64(segs.as_slice()[0].0, op, ByteOrder::Big)
             .map_err(|_| fault(sh, MemError::Unmapped)),
         Err(e) => Err(fault(sh, e)),
     }
@@ -412,3 +461,31 @@ pub(crate) fn rights_of(lw: u32, rr: u32, rw: u32, a: u32) -> Access {
 #[cfg(test)]
 #[path = "mkey_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+mod segs_tests {
+    use super::{INLINE_SEGS, Segs};
+
+    #[test]
+    fn segments_coalesce_and_spill_past_the_inline_capacity() {
+        let mut s = Segs::new();
+        s.push(0x1000, 0x800);
+        s.push(0x1800, 0x800); // follows: merged
+        assert_eq!(s.as_slice(), &[(0x1000, 0x1000)]);
+        // Scattered pages, in descending order so none merge.
+        let far: Vec<(u64, usize)> = (0..2 * INLINE_SEGS as u64)
+            .map(|i| (0x10_0000 - i * 0x2000, 0x1000))
+            .collect();
+        for &(iova, len) in &far {
+            s.push(iova, len);
+        }
+        let mut want = vec![(0x1000, 0x1000)];
+        want.extend_from_slice(&far);
+        assert_eq!(s.as_slice(), &want[..], "spilled, in order");
+        // Merging still works once spilled.
+        let (last, len) = *far.last().expect("pages");
+        s.push(last + len as u64, 16);
+        assert_eq!(s.as_slice().last(), Some(&(last, len + 16)));
+        assert_eq!(s.as_slice().len(), want.len());
+    }
+}

@@ -62,10 +62,13 @@ enum TxStop {
     Busy,
 }
 
-/// Frame and payload buffers of one QP, with the fixed header fields of its path.
+/// The frame scratch buffer of one QP, with the fixed header fields of its path. A packet
+/// is built in place in the buffer the link lends ([`Link::send_with`]; this QP's scratch
+/// buffer for links that do not lend one): the payload is gathered straight into the
+/// frame, then the headers and ICRC are written around it, so each payload byte is written
+/// once on the way out.
 struct Tx {
     frame: Box<[u8]>,
-    payload: Box<[u8]>,
     eth: EthRepr,
     ip: IpRepr,
     udp: UdpRepr,
@@ -78,7 +81,6 @@ impl Tx {
         let mtu = cfg.mtu.bytes() as usize;
         Self {
             frame: vec![0; mtu + MAX_HEADERS_LEN].into_boxed_slice(),
-            payload: vec![0; mtu].into_boxed_slice(),
             eth: cfg.path.eth,
             ip: cfg.path.ip,
             udp: UdpRepr {
@@ -91,10 +93,7 @@ impl Tx {
         }
     }
 
-    /// Emits one packet whose payload is `self.payload[..payload_len]` and sends it. A link
-    /// that is full answers `Busy`; any other link error loses the frame, as a wire would
-    /// (the retransmission timer recovers), and is counted.
-    #[allow(clippy::too_many_arguments)]
+    /// Sends one packet without payload (see [`send_filled`](Self::send_filled)).
     fn send(
         &mut self,
         link: &dyn Link,
@@ -103,8 +102,28 @@ impl Tx {
         psn: crate::layout::roce::Psn,
         flags: (bool, bool),
         ext: ExtHeaders,
-        payload_len: usize,
     ) -> Result<(), TxStop> {
+        let none = |_: &mut [u8]| Ok::<(), std::convert::Infallible>(());
+        self.send_filled(link, stats, opcode, psn, flags, ext, 0, none)
+            .map(|r| r.unwrap_or_else(|never| match never {}))
+    }
+
+    /// Builds one packet with a `payload_len`-byte payload that `fill` writes in place, and
+    /// sends it. `Ok(Err(e))`: `fill` failed and nothing was sent. A link that is full
+    /// answers `Busy` (`fill` may not have run); any other link error loses the frame, as
+    /// a wire would (the retransmission timer recovers), and is counted.
+    #[allow(clippy::too_many_arguments)]
+    fn send_filled<E>(
+        &mut self,
+        link: &dyn Link,
+        stats: &mut RcStats,
+        opcode: crate::layout::roce::RcOpcode,
+        psn: crate::layout::roce::Psn,
+        flags: (bool, bool),
+        ext: ExtHeaders,
+        payload_len: usize,
+        mut fill: impl FnMut(&mut [u8]) -> Result<(), E>,
+    ) -> Result<Result<(), E>, TxStop> {
         let (ack_req, se) = flags;
         let pkt = RocePacket {
             eth: self.eth,
@@ -124,25 +143,41 @@ impl Tx {
                 psn: psn.get(),
             },
             ext,
-            payload: &self.payload[..payload_len],
+            payload: &[],
         };
-        let len = match pkt.emit(&mut self.frame) {
-            Ok(len) => len,
-            Err(_) => {
-                // Only a path that cannot carry the packet gets here (validated in `new`).
-                stats.tx_errors += 1;
-                return Ok(());
+        let at = RocePacket::payload_offset(&self.ip, &ext);
+        let mut fill_err = None;
+        let mut emit_err = false;
+        let sent = link.send_with(&mut self.frame, &mut |buf: &mut [u8]| {
+            let Some(payload) = buf.get_mut(at..at + payload_len) else {
+                emit_err = true;
+                return None;
+            };
+            if let Err(e) = fill(payload) {
+                fill_err = Some(e);
+                return None;
             }
-        };
-        match link.send(&self.frame[..len]) {
+            // Only a path that cannot carry the packet fails here (validated in `new`).
+            pkt.emit_in_place(buf, payload_len)
+                .map_err(|_| emit_err = true)
+                .ok()
+        });
+        if let Some(e) = fill_err {
+            return Ok(Err(e));
+        }
+        match sent {
+            Ok(()) if emit_err => {
+                stats.tx_errors += 1;
+                Ok(Ok(()))
+            }
             Ok(()) => {
                 stats.tx_packets += 1;
-                Ok(())
+                Ok(Ok(()))
             }
             Err(LinkError::Full) => Err(TxStop::Busy),
             Err(_) => {
                 stats.tx_errors += 1;
-                Ok(())
+                Ok(Ok(()))
             }
         }
     }

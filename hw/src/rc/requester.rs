@@ -411,20 +411,6 @@ impl Requester {
             }
             op => {
                 let n = (w.len - off as u32).min(mtu) as usize;
-                let copied = match &w.wr.local {
-                    LocalData::Inline { data, .. } => {
-                        tx.payload[..n].copy_from_slice(&data[off as usize..off as usize + n]);
-                        Ok(())
-                    }
-                    LocalData::Sges(s) => gather(cx.env.mem, s, off, &mut tx.payload[..n]),
-                };
-                if let Err(e) = copied {
-                    self.wqes[idx].failed = Some(match e {
-                        CopyError::Length => WcStatus::LocalLength,
-                        CopyError::Access(_) => WcStatus::LocalProtection,
-                    });
-                    return Ok(false);
-                }
                 let (opcode, ext) = data_opcode(op, w, k, last);
                 // AckReq (IBA §9.7.2, C9-98): on the last packet of a signaled message or
                 // of the last message posted, when the window is about to fill, and every
@@ -437,7 +423,34 @@ impl Requester {
                 (opcode, ext, n, ack_req, se, psn.next())
             }
         };
-        tx.send(cx.env.link, cx.stats, opcode, psn, (ack_req, se), ext, n)?;
+        // The payload (none for READ requests and atomics) is gathered straight into the
+        // frame.
+        let (local, mem) = (&w.wr.local, cx.env.mem);
+        let fill = |payload: &mut [u8]| match local {
+            LocalData::Inline { data, .. } => {
+                let at = off as usize;
+                payload.copy_from_slice(&data[at..at + payload.len()]);
+                Ok(())
+            }
+            LocalData::Sges(s) => gather(mem, s, off, payload),
+        };
+        let filled = tx.send_filled(
+            cx.env.link,
+            cx.stats,
+            opcode,
+            psn,
+            (ack_req, se),
+            ext,
+            n,
+            fill,
+        )?;
+        if let Err(e) = filled {
+            self.wqes[idx].failed = Some(match e {
+                CopyError::Length => WcStatus::LocalLength,
+                CopyError::Access(_) => WcStatus::LocalProtection,
+            });
+            return Ok(false);
+        }
         if psn.before(self.max_sent) {
             cx.stats.retransmits += 1;
         }

@@ -545,7 +545,6 @@ impl Responder {
                         psn,
                         (false, false),
                         ext,
-                        0,
                     );
                     if res.is_ok() && syndrome == NO_CREDITS {
                         stats.acks_sent += 1;
@@ -564,7 +563,7 @@ impl Responder {
                         ..Default::default()
                     };
                     let op = RcOpcode::AtomicAcknowledge;
-                    tx.send(env.link, stats, op, psn, (false, false), ext, 0)
+                    tx.send(env.link, stats, op, psn, (false, false), ext)
                         .map(|()| true)
                 }
                 Resp::Read {
@@ -577,21 +576,6 @@ impl Responder {
                     msn,
                 } => {
                     let n = left.min(mtu) as usize;
-                    if env
-                        .mem
-                        .read(rkey, va, &mut tx.payload[..n], Access::RemoteRead)
-                        .is_err()
-                    {
-                        // The region went away after the request was checked.
-                        let nak = AethSyndrome::Nak(NakCode::RemoteOperationalError);
-                        *r = Resp::Ack {
-                            psn,
-                            syndrome: nak,
-                            msn,
-                        };
-                        fatal = true;
-                        continue;
-                    }
                     let end = psn == last;
                     let op = match (started, end) {
                         (false, true) => RcOpcode::RdmaReadResponseOnly,
@@ -608,8 +592,23 @@ impl Responder {
                         aeth,
                         ..Default::default()
                     };
-                    match tx.send(env.link, stats, op, psn, (false, false), ext, n) {
-                        Ok(()) => {
+                    let mem = env.mem;
+                    let read = |payload: &mut [u8]| mem.read(rkey, va, payload, Access::RemoteRead);
+                    let sent =
+                        tx.send_filled(env.link, stats, op, psn, (false, false), ext, n, read);
+                    match sent {
+                        Ok(Err(_)) => {
+                            // The region went away after the request was checked.
+                            let nak = AethSyndrome::Nak(NakCode::RemoteOperationalError);
+                            *r = Resp::Ack {
+                                psn,
+                                syndrome: nak,
+                                msn,
+                            };
+                            fatal = true;
+                            continue;
+                        }
+                        Ok(Ok(())) => {
                             let Resp::Read {
                                 psn,
                                 va,

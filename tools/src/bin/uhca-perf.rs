@@ -4,6 +4,8 @@
 //! uhca-perf write_bw -s 65536 -n 5000      # or: ln -s uhca-perf write_bw; ./write_bw -s 65536
 //! uhca-perf write_lat -s 2 -n 10000
 //! uhca-perf read_bw -a --report_gbits
+//! uhca-perf cacheline -n 1000000            # reference: one-way cross-core cache-line transfer
+//! uhca-perf memcpy -s 65536 -n 200000       # reference: single-thread memcpy bandwidth
 //! ```
 //!
 //! Both ends run in this process on the built-in model HCA (loopback through the port's own
@@ -60,7 +62,14 @@ impl Mode {
 
 /// perftest-like RDMA benchmarks on uhca (default device: the built-in model HCA).
 #[derive(Parser, Debug)]
-#[command(name = "uhca-perf", version, about)]
+#[command(
+    name = "uhca-perf",
+    version,
+    about,
+    after_help = "Reference figures of the machine: `uhca-perf cacheline [-n ROUND_TRIPS] \
+                  [--cpus A,B]` (one-way cross-core cache-line transfer), `uhca-perf memcpy \
+                  [-s SIZE] [-n COPIES]` (single-thread memcpy bandwidth)."
+)]
 struct Args {
     /// Test to run (or invoke the binary under that name).
     mode: Mode,
@@ -104,6 +113,85 @@ struct Args {
     /// Use two model HCAs joined by an in-process link instead of one in loopback.
     #[arg(long)]
     pair: bool,
+}
+
+/// The machine's reference figures (`uhca_tools::reference`), which the RDMA tests'
+/// results are compared with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[allow(non_camel_case_types)]
+enum RefMode {
+    /// One-way cross-core cache-line transfer time (ping-pong between two pinned threads).
+    cacheline,
+    /// Single-thread memcpy bandwidth between two buffers of the message size.
+    memcpy,
+}
+
+/// Reference measurements of the machine.
+#[derive(Parser, Debug)]
+#[command(name = "uhca-perf", version)]
+struct RefArgs {
+    /// What to measure.
+    mode: RefMode,
+    /// Bytes per copy (memcpy).
+    #[arg(short = 's', long = "size", default_value_t = 65536)]
+    size: usize,
+    /// Round trips (cacheline, default 1,000,000) or copies (memcpy, default 1 GiB worth).
+    #[arg(short = 'n', long = "iters")]
+    iters: Option<u64>,
+    /// The two CPUs of the ping-pong (cacheline), e.g. `--cpus 0,1` (default: the first two
+    /// available).
+    #[arg(long, value_delimiter = ',')]
+    cpus: Option<Vec<usize>>,
+}
+
+fn run_reference(a: &RefArgs) -> Result<(), String> {
+    use uhca_tools::reference;
+    match a.mode {
+        RefMode::cacheline => {
+            let cpus = match a.cpus.as_deref() {
+                Some(&[x, y]) => (x, y),
+                Some(_) => return Err("--cpus takes two CPUs: --cpus A,B".into()),
+                None => match reference::available_cpus()[..] {
+                    [x, y, ..] => (x, y),
+                    _ => return Err("cacheline needs two CPUs".into()),
+                },
+            };
+            let r = reference::cacheline(cpus, a.iters.unwrap_or(1_000_000))
+                .map_err(|e| e.to_string())?;
+            println!("{LINE}");
+            println!("                    Cache-line transfer (one way, ping-pong)");
+            println!(" CPUs            : {} <-> {}", r.cpus.0, r.cpus.1);
+            println!("{LINE}");
+            println!(" #round_trips    t_typical[nsec]    t_min[nsec]");
+            println!(
+                " {:<15} {:<18.1} {:.1}",
+                r.round_trips, r.typical_ns, r.min_ns
+            );
+        }
+        RefMode::memcpy => {
+            let n = a
+                .iters
+                .unwrap_or(((1u64 << 30) / a.size.max(1) as u64).max(1));
+            let r = reference::memcpy(a.size, n).map_err(|e| e.to_string())?;
+            let mb = |b: f64| b / (1 << 20) as f64;
+            println!("{LINE}");
+            println!("                    memcpy BW (one thread)");
+            println!("{LINE}");
+            println!(
+                " #bytes     #iterations    BW peak[MB/sec]    BW typical[MB/sec]   BW average[MB/sec]"
+            );
+            println!(
+                " {:<10} {:<10}     {:<18.2} {:<20.2} {:.2}",
+                r.size,
+                r.copies,
+                mb(r.peak),
+                mb(r.typical),
+                mb(r.avg)
+            );
+        }
+    }
+    println!("{LINE}");
+    Ok(())
 }
 
 const LINE: &str =
@@ -293,7 +381,24 @@ fn argv() -> Vec<String> {
 }
 
 fn main() -> ExitCode {
-    let args = match Args::try_parse_from(argv()) {
+    let argv = argv();
+    if argv
+        .get(1)
+        .is_some_and(|m| RefMode::from_str(m, false).is_ok())
+    {
+        return match RefArgs::try_parse_from(argv).map(|a| run_reference(&a)) {
+            Ok(Ok(())) => ExitCode::SUCCESS,
+            Ok(Err(e)) => {
+                eprintln!("uhca-perf: {e}");
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                let _ = e.print();
+                ExitCode::from(2)
+            }
+        };
+    }
+    let args = match Args::try_parse_from(argv) {
         Ok(a) => a,
         Err(e) => {
             let _ = e.print();

@@ -19,6 +19,10 @@
 //! Golden value (tests): a CNP frame captured on a ConnectX-4 Lx, from scapy
 //! `test/contrib/roce.uts` ("RoCE CNP captured on ConnectX-4 Lx"), ends in the ICRC bytes
 //! `82 fd 00 2a`, which this module reproduces.
+//!
+//! The ICRC covers every payload byte, so it is the model's data-path hot spot: with the
+//! `fast-crc` feature (on with `model`) the CRC runs through crc32fast's carry-less
+//! multiplication; without it (the dependency-free layouts), through a slicing-by-16 table.
 
 use super::WireError;
 use super::headers::{BTH_SIZE, IPV4_SIZE, IPV6_SIZE, UDP_SIZE};
@@ -29,8 +33,7 @@ const POLY: u32 = 0xEDB8_8320;
 /// Slicing-by-16 lookup tables, built at compile time: `TABLES[0]` is the classic
 /// byte-at-a-time table; `TABLES[k][i]` is the CRC of byte `i` followed by `k` zero bytes,
 /// so 16 input bytes are folded with 16 independent lookups (the "slicing-by-N" method of
-/// Kounavis and Berry, Intel 2005). The ICRC covers every payload byte, so this is the
-/// model's data-path hot spot.
+/// Kounavis and Berry, Intel 2005). Also the reference the fast backend is tested against.
 const TABLES: [[u32; 256]; 16] = {
     let mut t = [[0u32; 256]; 16];
     let mut i = 0;
@@ -82,38 +85,72 @@ impl Crc32 {
     }
     /// Feeds `data`.
     pub fn update(&mut self, data: &[u8]) {
-        let mut c = self.state;
-        let mut chunks = data.chunks_exact(16);
-        for w in &mut chunks {
-            let b = |i: usize| w[i] as usize;
-            let x = c ^ u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-            c = TABLES[15][(x & 0xFF) as usize]
-                ^ TABLES[14][((x >> 8) & 0xFF) as usize]
-                ^ TABLES[13][((x >> 16) & 0xFF) as usize]
-                ^ TABLES[12][(x >> 24) as usize]
-                ^ TABLES[11][b(4)]
-                ^ TABLES[10][b(5)]
-                ^ TABLES[9][b(6)]
-                ^ TABLES[8][b(7)]
-                ^ TABLES[7][b(8)]
-                ^ TABLES[6][b(9)]
-                ^ TABLES[5][b(10)]
-                ^ TABLES[4][b(11)]
-                ^ TABLES[3][b(12)]
-                ^ TABLES[2][b(13)]
-                ^ TABLES[1][b(14)]
-                ^ TABLES[0][b(15)];
-        }
-        for &b in chunks.remainder() {
-            c = step(c, b);
-        }
-        self.state = c;
+        self.state = update(self.state, data);
     }
     /// The CRC of everything fed (final complement applied).
     pub const fn finish(&self) -> u32 {
         !self.state
     }
 }
+
+/// Folds `data` into the reflected state `c` with crc32fast, which uses carry-less
+/// multiplication (PCLMULQDQ on x86-64, the CRC instructions on AArch64) when the CPU has
+/// it and its own table otherwise. crc32fast keeps the complemented ("finished") value as
+/// its state, hence the complements on the way in and out.
+#[cfg(feature = "fast-crc")]
+fn update(c: u32, data: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new_with_initial(!c);
+    h.update(data);
+    !h.finalize()
+}
+
+/// Folds `data` into the reflected state `c`, 16 bytes at a time with the sliced tables.
+#[cfg(not(feature = "fast-crc"))]
+fn update(c: u32, data: &[u8]) -> u32 {
+    sliced(c, data)
+}
+
+/// Slicing-by-16: folds `data` into the reflected state `c`.
+#[cfg_attr(feature = "fast-crc", allow(dead_code))]
+fn sliced(mut c: u32, data: &[u8]) -> u32 {
+    let mut chunks = data.chunks_exact(16);
+    for w in &mut chunks {
+        let b = |i: usize| w[i] as usize;
+        let x = c ^ u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        c = TABLES[15][(x & 0xFF) as usize]
+            ^ TABLES[14][((x >> 8) & 0xFF) as usize]
+            ^ TABLES[13][((x >> 16) & 0xFF) as usize]
+            ^ TABLES[12][(x >> 24) as usize]
+            ^ TABLES[11][b(4)]
+            ^ TABLES[10][b(5)]
+            ^ TABLES[9][b(6)]
+            ^ TABLES[8][b(7)]
+            ^ TABLES[7][b(8)]
+            ^ TABLES[6][b(9)]
+            ^ TABLES[5][b(10)]
+            ^ TABLES[4][b(11)]
+            ^ TABLES[3][b(12)]
+            ^ TABLES[2][b(13)]
+            ^ TABLES[1][b(14)]
+            ^ TABLES[0][b(15)];
+    }
+    for &b in chunks.remainder() {
+        c = step(c, b);
+    }
+    c
+}
+
+/// The CRC state after the 8 bytes of 0xFF that stand for the absent LRH (every ICRC
+/// starts there; it is rxe's seed `0xdebb20e3`, fed to the kernel's uncomplemented `crc32_le`).
+const LRH_STATE: u32 = {
+    let mut c = u32::MAX;
+    let mut i = 0;
+    while i < 8 {
+        c = step(c, 0xFF);
+        i += 1;
+    }
+    c
+};
 
 /// CRC-32 (IEEE 802.3 / zlib) of `data`.
 pub fn crc32(data: &[u8]) -> u32 {
@@ -166,8 +203,7 @@ pub fn icrc(l3: &[u8]) -> Result<u32, WireError> {
     m[ip_len + 6] = 0xFF; // UDP checksum
     m[ip_len + 7] = 0xFF;
     m[ip_len + UDP_SIZE + 4] = 0xFF; // BTH FECN, BECN, Resv6a
-    let mut c = Crc32::new();
-    c.update(&[0xFF; 8]); // the absent LRH
+    let mut c = Crc32 { state: LRH_STATE };
     c.update(m);
     c.update(&l3[hdr_len..]);
     Ok(c.finish())
@@ -180,6 +216,32 @@ mod tests {
     /// The plain byte-at-a-time definition, to check the sliced one against.
     fn bytewise(data: &[u8]) -> u32 {
         !data.iter().fold(u32::MAX, |c, &b| step(c, b))
+    }
+
+    #[test]
+    fn both_backends_match_the_definition_on_long_inputs() {
+        // Lengths around the carry-less-multiplication block sizes (16, 64, 128 bytes) and
+        // a whole 4 KiB MTU, at odd offsets.
+        let data: Vec<u8> = (0..5000u32)
+            .map(|i| (i.wrapping_mul(2_246_822_519) >> 11) as u8)
+            .collect();
+        for (at, len) in [(0, 4096), (1, 4097), (3, 63), (5, 64), (7, 129), (11, 4900)] {
+            let d = &data[at..at + len];
+            assert_eq!(crc32(d), bytewise(d), "crc32, {len} bytes at {at}");
+            assert_eq!(
+                !sliced(u32::MAX, d),
+                bytewise(d),
+                "sliced, {len} bytes at {at}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_lrh_state_is_eight_ones_bytes_and_rxes_seed() {
+        let mut c = Crc32::new();
+        c.update(&[0xFF; 8]);
+        assert_eq!(c.state, LRH_STATE);
+        assert_eq!(LRH_STATE, 0xDEBB_20E3, "rxe_icrc.c seed");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! calls for, the payload, zero pad and the ICRC into a caller buffer. [`RocePacket::parse`]
 //! validates a received frame (lengths, IPv4 checksum, UDP port, ICRC, BTH version, opcode
 //! against headers, pad) and returns a [`RocePacketRef`] whose payload borrows the frame.
-//! Neither allocates.
+//! Neither allocates. [`RocePacket::emit_in_place`] builds a frame around a payload the
+//! caller already put in place, so the data path writes each payload byte once.
 //!
 //! Derived fields are computed by `emit` and filled in by `parse`: the EtherType, the IP
 //! and UDP lengths, the IP protocol / next header (17), the IPv4 checksum, the BTH PadCnt
@@ -189,20 +190,43 @@ impl<'a> RocePacket<'a> {
     }
 
     /// Bytes after the UDP header: BTH, extension headers, payload, pad, ICRC.
-    fn udp_payload_len(&self) -> usize {
-        let padded = self.payload.len() + usize::from(pad_count(self.payload.len()));
+    fn udp_payload_len(&self, payload_len: usize) -> usize {
+        let padded = payload_len + usize::from(pad_count(payload_len));
         BTH_SIZE + self.ext.set().len() + padded + ICRC_SIZE
     }
 
     /// Bytes of the whole frame `emit` writes.
     pub fn buffer_len(&self) -> usize {
-        ETH_SIZE + self.ip.buffer_len() + UDP_SIZE + self.udp_payload_len()
+        ETH_SIZE + self.ip.buffer_len() + UDP_SIZE + self.udp_payload_len(self.payload.len())
     }
 
     /// Writes the frame into `buf` and returns its length. Fails, writing nothing, if the
     /// opcode is not implemented, the extension headers or payload do not fit the opcode, the
     /// packet exceeds the IP length field, or `buf` is too small.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        self.emit_inner(buf, self.payload.len(), true)
+    }
+
+    /// Where the payload starts in a frame with these headers: after Ethernet, IP, UDP, BTH
+    /// and the extension headers of `ext`.
+    pub fn payload_offset(ip: &IpRepr, ext: &ExtHeaders) -> usize {
+        ETH_SIZE + ip.buffer_len() + UDP_SIZE + BTH_SIZE + ext.set().len()
+    }
+
+    /// [`emit`](Self::emit) for a payload of `payload_len` bytes that is already in place at
+    /// [`payload_offset`](Self::payload_offset) of `buf` (gathered there by the caller, so
+    /// the payload is written once); `self.payload` is not used. Writes the headers, the pad
+    /// and the ICRC around it, with the same checks as `emit`.
+    pub fn emit_in_place(&self, buf: &mut [u8], payload_len: usize) -> Result<usize, WireError> {
+        self.emit_inner(buf, payload_len, false)
+    }
+
+    fn emit_inner(
+        &self,
+        buf: &mut [u8],
+        payload_len: usize,
+        copy_payload: bool,
+    ) -> Result<usize, WireError> {
         let op = self.opcode();
         let want = op
             .headers()
@@ -212,13 +236,13 @@ impl<'a> RocePacket<'a> {
                 opcode: self.bth.opcode,
             });
         }
-        if !op.has_payload() && !self.payload.is_empty() {
+        if !op.has_payload() && payload_len != 0 {
             return Err(WireError::UnexpectedPayload {
                 opcode: self.bth.opcode,
-                len: self.payload.len(),
+                len: payload_len,
             });
         }
-        let udp_len = UDP_SIZE + self.udp_payload_len();
+        let udp_len = UDP_SIZE + self.udp_payload_len(payload_len);
         let ip_payload = match self.ip {
             IpRepr::V4(_) => IPV4_SIZE + udp_len,
             IpRepr::V6(_) => udp_len,
@@ -229,7 +253,7 @@ impl<'a> RocePacket<'a> {
                 value: ip_payload,
             });
         }
-        let total = self.buffer_len();
+        let total = ETH_SIZE + self.ip.buffer_len() + udp_len;
         if buf.len() < total {
             return Err(WireError::BufferTooSmall {
                 need: total,
@@ -269,7 +293,7 @@ impl<'a> RocePacket<'a> {
         };
         udp.emit(&mut UdpHdr::new_unchecked(&mut buf[off..off + UDP_SIZE]));
         off += UDP_SIZE;
-        let pad = pad_count(self.payload.len());
+        let pad = pad_count(payload_len);
         let bth = BthRepr {
             pad_cnt: pad,
             ..self.bth
@@ -279,8 +303,10 @@ impl<'a> RocePacket<'a> {
         let ext_len = want.len();
         self.ext.emit(&mut buf[off..off + ext_len]);
         off += ext_len;
-        buf[off..off + self.payload.len()].copy_from_slice(self.payload);
-        off += self.payload.len();
+        if copy_payload {
+            buf[off..off + payload_len].copy_from_slice(self.payload);
+        }
+        off += payload_len;
         buf[off..off + usize::from(pad)].fill(0);
         off += usize::from(pad);
         let crc = icrc(&buf[ETH_SIZE..off])?;

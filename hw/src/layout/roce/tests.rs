@@ -417,6 +417,18 @@ fn every_rc_opcode_round_trips() {
                 padded[n..n + 8].fill(0xEE);
                 let again = RocePacket::parse(&padded[..n + 8]).unwrap();
                 assert_eq!((again.packet.payload, again.frame_len), (parsed.payload, n));
+                // Built around a payload already in place: the same bytes. The buffer
+                // starts dirty, so every byte emit_in_place must write is checked.
+                let mut inplace = [0x5Au8; 256];
+                let at = RocePacket::payload_offset(&ip, &p.ext);
+                inplace[at..at + len].copy_from_slice(p.payload);
+                let hollow = RocePacket { payload: &[], ..p };
+                assert_eq!(
+                    hollow.emit_in_place(&mut inplace, len),
+                    Ok(n),
+                    "{op:?} {len}"
+                );
+                assert_eq!(inplace[..n], buf[..n], "{op:?} {len}");
                 count += 1;
             }
         }
@@ -494,6 +506,23 @@ fn emit_refuses_inconsistent_packets() {
     let need = p.buffer_len();
     assert_eq!(
         p.emit(&mut buf[..need - 1]),
+        Err(WireError::BufferTooSmall {
+            need,
+            len: need - 1
+        })
+    );
+    let p = packet(RcOpcode::Acknowledge, v4(), b"");
+    assert_eq!(
+        p.emit_in_place(&mut buf, 4),
+        Err(WireError::UnexpectedPayload {
+            opcode: 0x11,
+            len: 4
+        })
+    );
+    let p = packet(RcOpcode::SendOnly, v6(), b"");
+    let need = p.buffer_len() + 4;
+    assert_eq!(
+        p.emit_in_place(&mut buf[..need - 1], 4),
         Err(WireError::BufferTooSmall {
             need,
             len: need - 1
