@@ -14,7 +14,7 @@ use uhca::datapath::{Completion, PollError, PostError, Sge, WcOpcode};
 use uhca::hw::model::{Hca, ModelConfig};
 use uhca::pci::model::ModelFunction;
 use uhca::resource::{
-    ConnectParams, Cq, CqConfig, Dm, Local, Pd, Qp, QpConfig, SendFlags, SendOp, SendWr,
+    ConnectParams, Cq, CqConfig, Dm, Local, Mtu, Pd, Qp, QpConfig, SendFlags, SendOp, SendWr,
 };
 use uhca::{Device, DeviceConfig};
 
@@ -52,6 +52,8 @@ pub struct Settings {
     pub use_dm: bool,
     /// Both ends' buffers in GPU memory (`--use_cuda`, `--use_cuda_dmabuf`).
     pub gpu: Option<GpuPlacement>,
+    /// Path MTU of the connection (`-m`); RDMA messages are cut into packets of this size.
+    pub mtu: Mtu,
 }
 
 /// Why a run could not happen.
@@ -171,6 +173,7 @@ impl Bench {
             (pc.sq_psn, pc.rq_psn) = (psn, psn + 7);
             let mut ps = ConnectParams::new(c.qpn(), ca.gid, ca.mac);
             (ps.sq_psn, ps.rq_psn) = (psn + 7, psn);
+            (pc.mtu, ps.mtu) = (s.mtu, s.mtu);
             c.connect(&pc).map_err(setup("connecting"))?;
             sv.connect(&ps).map_err(setup("connecting"))?;
         }
@@ -635,6 +638,7 @@ mod tests {
             inline_size: 0,
             use_dm: false,
             gpu: None,
+            mtu: Mtu::M4096,
         };
         let mut b = Bench::new(&s, 4096, false).unwrap();
         let r = b.bandwidth(4096).unwrap();
@@ -658,6 +662,7 @@ mod tests {
                 inline_size: 16,
                 use_dm: false,
                 gpu: None,
+                mtu: Mtu::M1024,
             };
             let mut b = Bench::new(&s, size, true).unwrap();
             assert_eq!(b.bandwidth(size).unwrap().iters, 50, "{op:?}");

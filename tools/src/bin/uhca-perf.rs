@@ -18,6 +18,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use uhca::resource::Mtu;
 use uhca_tools::perf::{Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, Op, Settings};
 
 /// The test to run (perftest's program names).
@@ -91,6 +92,10 @@ struct Args {
     /// Messages up to this size are sent inline (at most 220).
     #[arg(short = 'I', long = "inline_size", default_value_t = 0)]
     inline_size: u32,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096 (perftest's `-m`; the model port's
+    /// active MTU, 1024 for its 1500-byte Ethernet MTU, when not given).
+    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
+    mtu: u32,
     /// Report bandwidth in Gb/s instead of MB/s.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
@@ -229,6 +234,18 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
     if !(1..=64).contains(&a.qps) {
         return Err(format!("-q {}: 1..=64 QPs", a.qps));
     }
+    let mtu = match a.mtu {
+        256 => Mtu::M256,
+        512 => Mtu::M512,
+        1024 => Mtu::M1024,
+        2048 => Mtu::M2048,
+        4096 => Mtu::M4096,
+        m => {
+            return Err(format!(
+                "-m {m}: the MTU is one of 256, 512, 1024, 2048, 4096"
+            ));
+        }
+    };
     if a.inline_size as usize > uhca::datapath::MAX_INLINE {
         return Err(format!(
             "-I {}: at most {} inline bytes",
@@ -252,6 +269,7 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             inline_size: a.inline_size,
             use_dm: a.use_dm,
             gpu,
+            mtu,
         },
     ))
 }
@@ -300,6 +318,7 @@ fn header(a: &Args, s: &Settings) {
     println!(" Number of qps  : {}\t\tTransport type : IB", s.qps);
     println!(" Connection type : RC\t\tUsing SRQ      : OFF");
     println!(" TX depth        : {}", s.tx_depth);
+    println!(" Mtu             : {}[B]", 128u32 << s.mtu as u32);
     println!(" Max inline data : {}[B]", s.inline_size);
     println!(
         " Use device memory: {}",

@@ -194,6 +194,7 @@ mod tests {
                     source: GpuSource::Model,
                     reg,
                 }),
+                mtu: uhca::resource::Mtu::M1024,
             };
             let mut b = Bench::new(&s, 4096, false).unwrap();
             assert_eq!(b.bandwidth(4096).unwrap().iters, 100, "{op:?}");
