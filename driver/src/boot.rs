@@ -18,7 +18,7 @@ use crate::device::{
 use crate::dma::DmaSpace;
 use crate::health::HealthMonitor;
 use crate::pages::FwPages;
-use crate::pci::{self, Bar, PciFunction};
+use crate::pci::{self, Bar, PciError, PciFunction};
 use crate::resource::EqRing;
 
 /// Event types the control EQ subscribes to: command completions, page requests and the
@@ -49,7 +49,7 @@ pub(crate) fn boot(
         return Err(DeviceError::CmdIfRev(rev));
     }
     // §4 step 1: wait for `initializing` = 0 before touching the queue ("pre-init").
-    wait_initializing(&bar, config.init_timeout)?;
+    wait_initializing(&*function, &bar, config.init_timeout)?;
     // §3.1: queue geometry, as Linux checks it.
     let sz = bar.read32_be(reg::CMDQ_ADDR_L_SZ);
     let (log_size, log_stride) = ((sz >> 4) & 0xF, sz & 0xF);
@@ -77,6 +77,7 @@ pub(crate) fn boot(
         },
     )?;
     wait_initializing(
+        &*function,
         &bar,
         Duration::from_millis(init_to).max(config.init_timeout),
     )?;
@@ -140,16 +141,30 @@ fn boot_commands(dev: &Arc<DeviceInner>) -> Result<(), DeviceError> {
     Ok(())
 }
 
-fn wait_initializing(bar: &Bar, limit: Duration) -> Result<(), DeviceError> {
+/// Waits for `initializing` to clear. A function that reports itself lost (a dead model
+/// process) or an init segment that reads all ones (the device fell off the bus) ends the
+/// wait at once instead of after `limit` (120 s by default).
+fn wait_initializing(
+    function: &dyn PciFunction,
+    bar: &Bar,
+    limit: Duration,
+) -> Result<(), DeviceError> {
     let start = Instant::now();
-    while bar.read32_be(reg::INITIALIZING) >> 31 == 1 {
+    loop {
+        let word = bar.read32_be(reg::INITIALIZING);
+        if word >> 31 == 0 {
+            return Ok(());
+        }
+        function.check()?;
+        if word == u32::MAX && bar.read32_be(reg::HEALTH_FW_VER) == u32::MAX {
+            return Err(PciError::DeviceLost("the init segment reads all ones".into()).into());
+        }
         if start.elapsed() > limit {
             return Err(DeviceError::InitTimeout(limit));
         }
         // Linux polls every 2 ms; a model drops the bit within milliseconds.
         std::thread::sleep(Duration::from_micros(200));
     }
-    Ok(())
 }
 
 fn give_query_pages(dev: &Arc<DeviceInner>, phase: QueryPagesOpMod) -> Result<(), DeviceError> {

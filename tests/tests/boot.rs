@@ -330,3 +330,84 @@ fn an_idle_model_sleeps() {
         end.polls - start.polls
     );
 }
+
+/// A model function whose owner "loses" it after a few `check` calls, as the vfio-user
+/// backend does when the server process dies.
+struct Vanishing {
+    inner: Arc<uhca::pci::model::ModelFunction>,
+    checks_left: std::sync::atomic::AtomicU32,
+}
+
+// SAFETY: every method forwards to the model function, which keeps the PciFunction contract.
+unsafe impl uhca::pci::PciFunction for Vanishing {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn config_read(&self, offset: u16, buf: &mut [u8]) -> Result<(), uhca::pci::PciError> {
+        self.inner.config_read(offset, buf)
+    }
+    fn config_write(&self, offset: u16, data: &[u8]) -> Result<(), uhca::pci::PciError> {
+        self.inner.config_write(offset, data)
+    }
+    fn map_bar(&self, index: u8) -> Result<uhca::pci::BarRegion, uhca::pci::PciError> {
+        self.inner.map_bar(index)
+    }
+    fn iova_ranges(&self) -> Vec<uhca::pci::IovaRange> {
+        self.inner.iova_ranges()
+    }
+    unsafe fn dma_map(&self, m: &uhca::pci::DmaMapping) -> Result<(), uhca::pci::PciError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.dma_map(m) }
+    }
+    fn dma_unmap(&self, iova: uhca::pci::Iova, len: usize) -> Result<(), uhca::pci::PciError> {
+        self.inner.dma_unmap(iova, len)
+    }
+    fn reset(&self) -> Result<(), uhca::pci::PciError> {
+        self.inner.reset()
+    }
+    fn num_irqs(&self) -> u32 {
+        self.inner.num_irqs()
+    }
+    fn set_irq(
+        &self,
+        vector: u32,
+        fd: Option<&vmm_sys_util::eventfd::EventFd>,
+    ) -> Result<(), uhca::pci::PciError> {
+        self.inner.set_irq(vector, fd)
+    }
+    fn check(&self) -> Result<(), uhca::pci::PciError> {
+        use std::sync::atomic::Ordering;
+        let left = self.checks_left.load(Ordering::Relaxed);
+        if left == 0 {
+            return Err(uhca::pci::PciError::DeviceLost("server gone".into()));
+        }
+        self.checks_left.store(left - 1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_device_lost_while_firmware_initializes_ends_the_wait_with_device_lost() {
+    use uhca::pci::model::ModelFunction;
+    // The firmware stays in `initializing` far longer than the boot's limit would wait; the
+    // function reports itself lost after three checks.
+    let inner = ModelFunction::new(uhca::hw::model::ModelConfig {
+        boot_delay: Duration::from_secs(600),
+        ..uhca::hw::model::ModelConfig::default()
+    })
+    .unwrap();
+    let f = Arc::new(Vanishing {
+        inner,
+        checks_left: 3.into(),
+    });
+    let cfg = uhca::DeviceConfig {
+        init_timeout: Duration::from_secs(300),
+        ..config()
+    };
+    match Device::open(f, cfg) {
+        Err(DeviceError::Pci(uhca::pci::PciError::DeviceLost(why))) => {
+            assert_eq!(why, "server gone")
+        }
+        other => panic!("expected DeviceLost, got {:?}", other.map(|_| ())),
+    }
+}
