@@ -134,6 +134,8 @@ static HANDLERS: &[Handler] = &[
     h(Opcode::ModifyMemic, 64, 64, RUNNING, memic::modify_memic),
     h(Opcode::CreateCq, 0x110, 16, RUNNING, cq::create_cq),
     h(Opcode::DestroyCq, 16, 16, RUNNING, cq::destroy_cq),
+    h(Opcode::QueryCq, 16, 0x110, RUNNING, cq::query_cq),
+    h(Opcode::ModifyCq, 0x110, 16, RUNNING, cq::modify_cq),
     h(Opcode::CreateQp, 0x110, 16, RUNNING, qp::create_qp),
     h(Opcode::DestroyQp, 16, 16, RUNNING, qp::destroy_qp),
     h(Opcode::Rst2InitQp, 0x100, 16, RUNNING, qp::rst2init_qp),

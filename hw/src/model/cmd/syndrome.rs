@@ -155,6 +155,8 @@ pub const BAD_PAS: u32 = 0x0012_0009;
 pub const BUF_UNREACHABLE: u32 = 0x0012_000a;
 /// BAD_PARAM_ERR: a doorbell record is misaligned or unreachable.
 pub const BAD_DBR: u32 = 0x0012_000b;
+/// BAD_PARAM_ERR: MODIFY_CQ `modify_field_select` names a field other than period, count, `oi`.
+pub const CQ_BAD_FIELD_SELECT: u32 = 0x0012_000c;
 /// NO_RES_ERR: no free QP number.
 pub const NO_FREE_QP: u32 = 0x0013_0001;
 /// BAD_RES_ERR: the QP does not exist.
@@ -254,6 +256,7 @@ pub const ALL: &[(&str, u32)] = &[
     ("CQ_BAD_EQ", CQ_BAD_EQ),
     ("CQ_IN_USE", CQ_IN_USE),
     ("CQ_UMEM_UNSUPPORTED", CQ_UMEM_UNSUPPORTED),
+    ("CQ_BAD_FIELD_SELECT", CQ_BAD_FIELD_SELECT),
     ("BAD_PAS", BAD_PAS),
     ("BUF_UNREACHABLE", BUF_UNREACHABLE),
     ("BAD_DBR", BAD_DBR),
