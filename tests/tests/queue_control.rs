@@ -1,9 +1,12 @@
 //! Control-path operations on live queues: QUERY_CQ / MODIFY_CQ through [`Cq::query`] and
 //! [`Cq::modify_moderation`], and reusing a QP after 2RST.
 
-use uhca::datapath::{Remote, Sge, WcStatus};
+use std::time::{Duration, Instant};
+
+use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
 use uhca::resource::{
-    CqArmState, CqStatus, Local, QpConfig, QueueError, SendFlags, SendOp, SendWr,
+    ConnectParams, CqArmState, CqStatus, Local, QpConfig, QpState, QueueError, SendFlags, SendOp,
+    SendWr,
 };
 use uhca_tests::datapath::{Pair, mr, pair_with, read, wait_n};
 
@@ -59,4 +62,94 @@ fn query_cq_reports_size_counters_and_moderation() {
     // Completions still flow with moderation set.
     writes(&mut p, 2, 64, 9);
     assert_eq!(p.cq_a.query().unwrap().producer_counter, 5);
+}
+
+/// Sends `len` bytes from `a` into a receive posted on `b` (wr_id `rid`), checks both
+/// completions and the bytes. Unless `recv_first`, the receive is posted after the send's
+/// doorbell: the send may meet an empty RQ (RNR, retried without limit) and must not
+/// consume a stale receive WQE.
+fn send_recv(p: &mut Pair, rid: u64, len: usize, seed: u8, recv_first: bool) {
+    let src = mr(&p.pd, len, 0);
+    let dst = mr(&p.pd, len, 0);
+    let data: Vec<u8> = (0..len).map(|i| (i as u8) ^ seed).collect();
+    src.write(0, &data).unwrap();
+    let sge = [Sge::of(&dst, 0, len).unwrap()];
+    if recv_first {
+        p.b.post_recv(rid, &sge).unwrap();
+    }
+    p.a.post_send(&SendWr {
+        wr_id: 1000 + rid,
+        op: SendOp::Send {
+            local: Local::Sges(&[Sge::of(&src, 0, len).unwrap()]),
+        },
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    let rx = p.model.hca().stats().packets_rx;
+    p.a.ring_doorbell();
+    if !recv_first {
+        // Let the request reach `b` and its answer (RNR NAK with an empty RQ) come back
+        // before the receive is posted. The deadline only turns a hang into a failure.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while p.model.hca().stats().packets_rx < rx + 2 {
+            assert!(Instant::now() < deadline, "the send never reached b");
+            std::thread::yield_now();
+        }
+        p.b.post_recv(rid, &sge).unwrap();
+    }
+    let c = wait_n(&mut p.cq_a, 1);
+    assert_eq!((c[0].status, c[0].wr_id), (WcStatus::Success, 1000 + rid));
+    let c = wait_n(&mut p.cq_b, 1);
+    assert_eq!((c[0].status, c[0].wr_id), (WcStatus::Success, rid));
+    assert_eq!(c[0].opcode, WcOpcode::Recv);
+    assert_eq!(c[0].byte_len, len as u32);
+    assert_eq!(read(&dst, 0, len), data);
+}
+
+/// Connects `a` and `b` of `p` to each other with fresh PSNs.
+fn reconnect(p: &mut Pair, psn: u32) {
+    let addr = p.dev.roce_address(0).unwrap();
+    let mut pa = ConnectParams::new(p.b.qpn(), addr.gid, addr.mac);
+    pa.sq_psn = psn;
+    pa.rq_psn = psn + 1000;
+    let mut pb = ConnectParams::new(p.a.qpn(), addr.gid, addr.mac);
+    pb.sq_psn = psn + 1000;
+    pb.rq_psn = psn;
+    p.a.connect(&pa).unwrap();
+    p.b.connect(&pb).unwrap();
+}
+
+#[test]
+fn a_qp_is_reused_after_2rst() {
+    let mut p = pair_with(64, QpConfig::default(), |_| {});
+    // Move every ring counter away from 0 (and the send ring past one wrap), and leave
+    // receives posted but unconsumed.
+    writes(&mut p, 70, 200, 3);
+    for k in 0..3 {
+        send_recv(&mut p, k, 300, k as u8, true);
+    }
+    let dst = mr(&p.pd, 64, 0);
+    for k in 0..2 {
+        p.b.post_recv(50 + k, &[Sge::of(&dst, 0, 64).unwrap()])
+            .unwrap();
+    }
+    let (qa, qb) = (p.a.qpn(), p.b.qpn());
+    for round in 0..2u32 {
+        p.a.reset().unwrap();
+        p.b.reset().unwrap();
+        assert_eq!(p.a.query_state().unwrap(), QpState::Reset);
+        assert_eq!(p.b.query_state().unwrap(), QpState::Reset);
+        assert_eq!((p.a.send_counters(), p.b.recv_posted()), ((0, 0), 0));
+        reconnect(&mut p, 5000 + 100 * round);
+        assert_eq!(p.a.query_state().unwrap(), QpState::Rts);
+        assert_eq!((p.a.qpn(), p.b.qpn()), (qa, qb));
+        // Traffic again: the dropped receives are gone (a send finds the RQ empty, not a
+        // stale WQE), the rings start over.
+        send_recv(&mut p, 9, 128, 0x77, false);
+        writes(&mut p, 20, 1000, 40 + round as u8);
+        for k in 0..4 {
+            send_recv(&mut p, 10 + k, 500 + k as usize, 0x5A ^ k as u8, true);
+        }
+    }
+    assert!(p.cq_a.poll().next().is_none() && p.cq_b.poll().next().is_none());
 }

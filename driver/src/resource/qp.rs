@@ -15,7 +15,7 @@ use std::sync::Arc;
 use uhca_hw::layout::caps::CmdHcaCap;
 use uhca_hw::layout::cmd::Opcode;
 use uhca_hw::layout::qpc::{Ads, Qpc};
-use uhca_hw::layout::uar::bf_reg_offset;
+use uhca_hw::layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
 use uhca_hw::layout::wqe::{ATOMIC_SIZE, DS_UNIT, SEND_WQE_BB, WqeOpcode, fm_ce_se};
 
 use super::cq::{Cq, CqObj, QueueError};
@@ -280,8 +280,6 @@ pub struct SendWr<'a> {
 pub struct Qp {
     qpn: u32,
     state: QpState,
-    /// 2RST ran: the device forgot the rings' counters, the driver's shadows did not.
-    was_reset: bool,
     /// RQ, SQ and doorbell record; an `Arc` so a failed destroy can leak it (see `Drop`).
     buf: Arc<DmaRegion>,
     dbr: usize,
@@ -408,7 +406,6 @@ impl Device {
         Ok(Qp {
             qpn,
             state: QpState::Reset,
-            was_reset: false,
             sq: SendRing::new(sq_mem, dbr, qpn),
             rq: RecvRing::new(rq_mem, dbr, rq, stride_log),
             db: Doorbell {
@@ -493,11 +490,6 @@ impl Qp {
     /// RST2INIT with the remote rights `access` (§7.3).
     pub fn to_init(&mut self, access: Access) -> Result<(), QueueError> {
         self.check("RST2INIT", &[QpState::Reset])?;
-        if self.was_reset {
-            return Err(QueueError::Config(
-                "a QP is not reused after 2RST in this version: create a new one",
-            ));
-        }
         let (pdn, s, r, dbr) = (
             self.pdn,
             self.scq.cqn,
@@ -587,12 +579,35 @@ impl Qp {
         Ok(())
     }
 
-    /// 2RST. The rings are not reusable afterwards in this version: a later
-    /// [`to_init`](Self::to_init) is refused; create a new QP.
+    /// 2RST: the QP forgets its connection and its rings start over, so it can be connected
+    /// again ([`to_init`](Self::to_init) or [`connect`](Self::connect)). The device resets
+    /// its ring counters; the driver does the same for its producer and consumer counters
+    /// and zeroes the doorbell record (prm-subset.md §9.3), as a fresh QP has them.
+    ///
+    /// Work requests still outstanding (or posted without a doorbell) are dropped without
+    /// completions. Completions of this
+    /// QP still unpolled in its CQs no longer match a posted request: poll the CQs empty
+    /// before resetting, or such completions come back from [`Cq::poll`](crate::resource::Cq::poll)
+    /// as errors.
     pub fn reset(&mut self) -> Result<(), QueueError> {
         queue_ops::qp_simple(&*self.dev, Opcode::ToRstQp, self.qpn)?;
         self.state = QpState::Reset;
-        self.was_reset = true;
+        self.sq.reset();
+        self.rq.reset();
+        let s = self.buf.slice();
+        s.store_be32(self.dbr + QP_DBR_RCV, 0);
+        s.store_be32(self.dbr + QP_DBR_SND, 0);
+        // A fresh shadow: the pollers drop their cached copy of the old one.
+        let fresh = Arc::new(WqShadow::new(
+            self.qpn,
+            self.shadow.sq_size(),
+            self.shadow.rq_size(),
+        ));
+        for cq in [&self.scq, &self.rcq] {
+            cq.registry.remove(&self.shadow);
+            cq.registry.add(&fresh);
+        }
+        self.shadow = fresh;
         Ok(())
     }
 
