@@ -1,12 +1,13 @@
 //! Control-path operations on live queues: QUERY_CQ / MODIFY_CQ through [`Cq::query`] and
-//! [`Cq::modify_moderation`], and reusing a QP after 2RST.
+//! [`Cq::modify_moderation`], reusing a QP after 2RST, and RTS2RTS.
 
 use std::time::{Duration, Instant};
 
 use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
+use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::resource::{
-    ConnectParams, CqArmState, CqStatus, Local, QpConfig, QpState, QueueError, SendFlags, SendOp,
-    SendWr,
+    ConnectParams, CqArmState, CqStatus, Local, QpConfig, QpState, QueueError, RtsAttrs, SendFlags,
+    SendOp, SendWr,
 };
 use uhca_tests::datapath::{Pair, mr, pair_with, read, wait_n};
 
@@ -152,4 +153,59 @@ fn a_qp_is_reused_after_2rst() {
         }
     }
     assert!(p.cq_a.poll().next().is_none() && p.cq_b.poll().next().is_none());
+}
+
+#[test]
+fn rts2rts_changes_the_rnr_retry_count() {
+    let mut p = pair_with(64, QpConfig::default(), |_| {});
+    let bad = RtsAttrs {
+        rnr_retry: Some(8),
+        ..Default::default()
+    };
+    assert!(matches!(p.a.modify_rts(&bad), Err(QueueError::Config(_))));
+    // Every attribute at once, then only the RNR retry count: 0, so the first RNR NAK
+    // fails the request (with the connect default, 7, it would retry forever).
+    p.a.modify_rts(&RtsAttrs {
+        timeout: Some(16),
+        retry_cnt: Some(6),
+        rnr_retry: Some(5),
+        min_rnr_timer: Some(3),
+    })
+    .unwrap();
+    p.a.modify_rts(&RtsAttrs {
+        rnr_retry: Some(0),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(p.a.query_state().unwrap(), QpState::Rts);
+    // Progress: the retry budgets take the new counts.
+    writes(&mut p, 1, 64, 0);
+    let src = mr(&p.pd, 64, 0x33);
+    p.a.post_send(&SendWr {
+        wr_id: 77,
+        op: SendOp::Send {
+            local: Local::Sges(&[Sge::of(&src, 0, 64).unwrap()]),
+        },
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    p.a.ring_doorbell();
+    let c = wait_n(&mut p.cq_a, 1);
+    assert_eq!(c[0].wr_id, 77);
+    assert!(
+        matches!(
+            c[0].status,
+            WcStatus::Error {
+                syndrome: CqeSyndrome::RnrRetryExc,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    // Outside RTS the transition is refused before any command.
+    p.a.to_err().unwrap();
+    assert!(matches!(
+        p.a.modify_rts(&RtsAttrs::default()),
+        Err(QueueError::State { .. })
+    ));
 }

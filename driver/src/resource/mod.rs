@@ -17,5 +17,7 @@ pub use eq::EqRing;
 pub use memic::{Dm, DmCaps};
 pub use mkey::{Access, MemError, Mr, MrOptions};
 pub use pd::Pd;
-pub use qp::{ConnectParams, Local, Mtu, Qp, QpConfig, QpState, SendFlags, SendOp, SendWr};
+pub use qp::{
+    ConnectParams, Local, Mtu, Qp, QpConfig, QpState, RtsAttrs, SendFlags, SendOp, SendWr,
+};
 pub use uar::Uar;

@@ -276,6 +276,25 @@ pub struct SendWr<'a> {
     pub flags: SendFlags,
 }
 
+/// Attributes [`Qp::modify_rts`] changes (RTS2RTS); `None` keeps the current value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RtsAttrs {
+    /// Local ACK timeout exponent (4.096 us * 2^timeout; 0 = infinite), 5 bits.
+    pub timeout: Option<u8>,
+    /// Transport retries, 3 bits.
+    pub retry_cnt: Option<u8>,
+    /// RNR retries, 3 bits (7 = infinite).
+    pub rnr_retry: Option<u8>,
+    /// Minimum RNR NAK timer code sent by our responder, 5 bits.
+    pub min_rnr_timer: Option<u8>,
+}
+
+/// `opt_param_mask` bits of RTS2RTS (Linux `enum mlx5_qp_optpar`, prm-subset.md §6.6).
+const OPTPAR_RNR_TIMEOUT: u32 = 1 << 6;
+const OPTPAR_RETRY_COUNT: u32 = 1 << 12;
+const OPTPAR_RNR_RETRY: u32 = 1 << 13;
+const OPTPAR_ACK_TIMEOUT: u32 = 1 << 14;
+
 /// The firmware QP plus what must outlive it.
 pub struct Qp {
     qpn: u32,
@@ -561,6 +580,35 @@ impl Qp {
             Self::ads(q).set_ack_timeout(p.timeout.into());
         })?;
         self.state = QpState::Rts;
+        Ok(())
+    }
+
+    /// RTS2RTS: changes the timer and retry attributes of a connected QP (§6.6; the
+    /// `opt_param_mask` bits of Linux `enum mlx5_qp_optpar`). `None` leaves an attribute
+    /// as it is. The new retry counts apply from the next acknowledged progress.
+    pub fn modify_rts(&mut self, m: &RtsAttrs) -> Result<(), QueueError> {
+        self.check("RTS2RTS", &[QpState::Rts])?;
+        if m.retry_cnt.is_some_and(|v| v > 7)
+            || m.rnr_retry.is_some_and(|v| v > 7)
+            || m.timeout.is_some_and(|v| v > 31)
+            || m.min_rnr_timer.is_some_and(|v| v > 31)
+        {
+            return Err(QueueError::Config(
+                "retry_cnt/rnr_retry are 3 bits, timeout and min_rnr_timer 5",
+            ));
+        }
+        let mask = m.min_rnr_timer.map_or(0, |_| OPTPAR_RNR_TIMEOUT)
+            | m.retry_cnt.map_or(0, |_| OPTPAR_RETRY_COUNT)
+            | m.rnr_retry.map_or(0, |_| OPTPAR_RNR_RETRY)
+            | m.timeout.map_or(0, |_| OPTPAR_ACK_TIMEOUT);
+        let (pdn, s, r) = (self.pdn, self.scq.cqn, self.rcq.cqn);
+        queue_ops::modify_qp(&*self.dev, Opcode::Rts2RtsQp, self.qpn, mask, |q| {
+            Self::common(q, pdn, s, r);
+            q.set_min_rnr_nak(m.min_rnr_timer.unwrap_or(0).into());
+            q.set_retry_count(m.retry_cnt.unwrap_or(0).into());
+            q.set_rnr_retry(m.rnr_retry.unwrap_or(0).into());
+            Self::ads(q).set_ack_timeout(m.timeout.unwrap_or(0).into());
+        })?;
         Ok(())
     }
 

@@ -15,7 +15,7 @@ mod hca;
 mod memic;
 mod mkey;
 mod pages;
-mod qp;
+pub(crate) mod qp;
 mod resource;
 pub mod syndrome;
 mod vport;
@@ -142,6 +142,7 @@ static HANDLERS: &[Handler] = &[
     h(Opcode::Init2InitQp, 0x100, 16, RUNNING, qp::init2init_qp),
     h(Opcode::Init2RtrQp, 0x100, 16, RUNNING, qp::init2rtr_qp),
     h(Opcode::Rtr2RtsQp, 0x100, 16, RUNNING, qp::rtr2rts_qp),
+    h(Opcode::Rts2RtsQp, 0x100, 16, RUNNING, qp::rts2rts_qp),
     h(Opcode::ToErrQp, 16, 16, RUNNING, qp::qp_2err),
     h(Opcode::ToRstQp, 16, 16, RUNNING, qp::qp_2rst),
     h(Opcode::QueryQp, 16, 0x100, RUNNING, qp::query_qp),

@@ -205,3 +205,68 @@ fn a_connected_qp_reports_its_attributes() {
         (14, gid, 0xC000)
     );
 }
+
+#[test]
+fn rts2rts_changes_only_the_selected_timers() {
+    use crate::layout::cmds::Rst2initQpIn;
+    use crate::model::cmd::qp::{
+        RTS2RTS_OPTPAR_ACK_TIMEOUT, RTS2RTS_OPTPAR_RETRY_COUNT, RTS2RTS_OPTPAR_RNR_RETRY,
+        RTS2RTS_OPTPAR_RNR_TIMEOUT,
+    };
+    let hca = model(1);
+    let mut r = Rig::new(&hca);
+    let cq = r.cq(4);
+    let q = r.qp(cq.cqn, cq.cqn);
+    let rts2rts = |r: &Rig<'_>, mask: u32| {
+        let mut i = header(Opcode::Rts2RtsQp, 0x110);
+        let mut m = Rst2initQpIn::new_unchecked(&mut i[..]);
+        m.set_qpn(q.qpn);
+        m.set_opt_param_mask(mask);
+        {
+            let mut c = Qpc::new_unchecked(&mut i[0x18..0x18 + 232]);
+            c.set_retry_count(3);
+            c.set_rnr_retry(2);
+            c.set_min_rnr_nak(9);
+        }
+        Ads::new_unchecked(&mut i[0x30..0x30 + 44]).set_ack_timeout(20);
+        r.cmd(&i, 16)
+    };
+    // Not in RTS yet.
+    let (st, syn, _) = rts2rts(&r, RTS2RTS_OPTPAR_RETRY_COUNT);
+    assert_eq!((st, syn), (CmdStatus::BadQpStateErr, s::QP_NOT_RTS));
+    let (mac, gid) = r.addr();
+    r.connect(q.qpn, 0x42, mac, gid);
+    // Attributes the model cannot change in RTS (here PRIMARY_ADDR_PATH) are refused.
+    let (st, syn, _) = rts2rts(&r, 1 << 7);
+    assert_eq!((st, syn), (CmdStatus::BadParamErr, s::QP_BAD_OPT_PARAM));
+    let attrs = |r: &Rig<'_>| {
+        let (_, _, out) = r.simple(Opcode::QueryQp, q.qpn);
+        let c = Qpc::new_unchecked(&out[QueryQpOut::<()>::QPC..]);
+        let a = Ads::new_unchecked(&out[QueryQpOut::<()>::QPC + 0x18..]);
+        (
+            c.retry_count(),
+            c.rnr_retry(),
+            c.min_rnr_nak(),
+            a.ack_timeout(),
+            c.state(),
+        )
+    };
+    assert_eq!(attrs(&r), (7, 7, 1, 14, 3));
+    let (st, _, _) = rts2rts(&r, RTS2RTS_OPTPAR_RETRY_COUNT | RTS2RTS_OPTPAR_ACK_TIMEOUT);
+    assert_eq!(st, CmdStatus::Ok);
+    assert_eq!(attrs(&r), (3, 7, 1, 20, 3));
+    let (st, _, _) = rts2rts(&r, RTS2RTS_OPTPAR_RNR_RETRY | RTS2RTS_OPTPAR_RNR_TIMEOUT);
+    assert_eq!(st, CmdStatus::Ok);
+    assert_eq!(attrs(&r), (3, 2, 9, 20, 3));
+    let dp = &hca.shared.core().dp;
+    let cfg = *dp.qps[&q.qpn].engine.as_ref().expect("engine").config();
+    assert_eq!(
+        (
+            cfg.retry_cnt,
+            cfg.rnr_retry,
+            cfg.min_rnr_timer,
+            cfg.ack_timeout
+        ),
+        (3, 2, 9, 20)
+    );
+}
