@@ -458,7 +458,9 @@ fn to_err_flushes_posted_receives() {
     p.b.reset().unwrap();
     assert_eq!(p.b.query_state().unwrap(), QpState::Reset);
     assert_eq!(p.b.state(), QpState::Reset);
-    assert!(p.b.to_init(Access::ALL).is_err(), "not reused after 2RST");
+    // ... and can be initialized again.
+    p.b.to_init(Access::ALL).unwrap();
+    assert_eq!(p.b.query_state().unwrap(), QpState::Init);
 }
 
 #[test]

@@ -55,8 +55,8 @@ fn syndrome(c: &Completion) -> Option<CqeSyndrome> {
     }
 }
 
-/// Replaces both (errored) QPs of `p` with new connected ones on the same CQs (this
-/// driver version does not reuse a QP after 2RST).
+/// Replaces both (errored) QPs of `p` with new connected ones on the same CQs (reuse
+/// after 2RST is tested in `queue_control.rs`).
 fn reconnect(p: &mut Pair) {
     let cfg = QpConfig::default();
     p.a = p.dev.create_qp(&p.pd, &p.cq_a, &p.cq_a, &cfg).unwrap();

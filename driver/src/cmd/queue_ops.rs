@@ -9,8 +9,8 @@
 use uhca_hw::layout::BufMut;
 use uhca_hw::layout::cmd::Opcode;
 use uhca_hw::layout::cmds::{
-    CreateCqIn, CreateCqOut, CreateQpIn, CreateQpOut, DestroyCqIn, Qp2rstIn, QueryQpIn, QueryQpOut,
-    Rst2initQpIn,
+    CreateCqIn, CreateCqOut, CreateQpIn, CreateQpOut, DestroyCqIn, MODIFY_CQ_OP_MOD_MODIFY,
+    ModifyCqIn, Qp2rstIn, QueryCqIn, QueryCqOut, QueryQpIn, QueryQpOut, Rst2initQpIn,
 };
 use uhca_hw::layout::cqc::Cqc;
 use uhca_hw::layout::qpc::Qpc;
@@ -49,6 +49,42 @@ pub fn create_cq(
 pub fn destroy_cq(c: &dyn Exec, cqn: u32) -> Result<(), CmdError> {
     let mut i = input(Opcode::DestroyCq, 0, DestroyCqIn::<()>::SIZE);
     DestroyCqIn::new_unchecked(&mut i[..]).set_cqn(cqn);
+    c.exec(&i, 16).map(drop)
+}
+
+/// QUERY_CQ (layout: Linux `mlx5_ifc.h`): returns the 64-byte `cqc`.
+pub fn query_cq(c: &dyn Exec, cqn: u32) -> Result<Vec<u8>, CmdError> {
+    let mut i = input(Opcode::QueryCq, 0, QueryCqIn::<()>::SIZE);
+    QueryCqIn::new_unchecked(&mut i[..]).set_cqn(cqn);
+    let out = c.exec(&i, QueryCqOut::<()>::SIZE)?;
+    let q = QueryCqOut::<()>::CQ_CONTEXT;
+    Ok(out[q..q + Cqc::<()>::SIZE].to_vec())
+}
+
+/// MODIFY_CQ with `op_mod` 0 (layout: Linux `mlx5_ifc.h`): changes the `cqc` fields named
+/// by `select` (`MODIFY_CQ_PERIOD`, `MODIFY_CQ_COUNT`, `MODIFY_CQ_OVERRUN`) to what `fill`
+/// sets.
+pub fn modify_cq(
+    c: &dyn Exec,
+    cqn: u32,
+    select: u32,
+    fill: impl FnOnce(&mut Cqc<&mut [u8]>),
+) -> Result<(), CmdError> {
+    let mut i = input(
+        Opcode::ModifyCq,
+        MODIFY_CQ_OP_MOD_MODIFY,
+        ModifyCqIn::<()>::SIZE,
+    );
+    {
+        let mut m = ModifyCqIn::new_unchecked(&mut i[..]);
+        m.set_cqn(cqn);
+        m.set_modify_field_select(select);
+    }
+    {
+        let ctx =
+            &mut i[ModifyCqIn::<()>::CQ_CONTEXT..ModifyCqIn::<()>::CQ_CONTEXT + Cqc::<()>::SIZE];
+        fill(&mut Cqc::new_unchecked(ctx));
+    }
     c.exec(&i, 16).map(drop)
 }
 

@@ -77,6 +77,16 @@ impl WqShadow {
         }
     }
 
+    /// The send ring size (basic blocks).
+    pub(crate) fn sq_size(&self) -> RingSize {
+        self.sq
+    }
+
+    /// The receive ring size (WQEs).
+    pub(crate) fn rq_size(&self) -> RingSize {
+        self.rq
+    }
+
     /// Records the send WQE of basic blocks `[start, next)`.
     #[inline(always)]
     fn record_send(&self, start: u32, next: u32, wr_id: u64) {
@@ -337,6 +347,15 @@ impl SendRing {
         self.head
     }
 
+    /// Back to the state after creation (the QP went through 2RST): counters 0, nothing
+    /// pending. The caller zeroes the doorbell record and replaces the shadow.
+    pub(crate) fn reset(&mut self) {
+        self.head = 0;
+        self.tail = 0;
+        self.last = 0;
+        self.pending = 0;
+    }
+
     /// WQEs posted since the last doorbell.
     pub(crate) fn pending(&self) -> u32 {
         self.pending
@@ -425,6 +444,12 @@ impl RecvRing {
     /// Receive WQEs posted.
     pub(crate) fn head(&self) -> u32 {
         self.head
+    }
+
+    /// Back to the state after creation (the QP went through 2RST): counters 0.
+    pub(crate) fn reset(&mut self) {
+        self.head = 0;
+        self.tail = 0;
     }
 }
 

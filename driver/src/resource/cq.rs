@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use uhca_hw::layout::caps::CmdHcaCap;
+use uhca_hw::layout::cmds::{MODIFY_CQ_COUNT, MODIFY_CQ_PERIOD};
+use uhca_hw::layout::cqc::Cqc;
 use uhca_hw::layout::cqe::CQE_SIZE;
 use uhca_hw::layout::eqe::{EqeComp, EventType};
 use uhca_hw::layout::uar::{CQ_DBR_ARM, CQ_DOORBELL, UAR_SIZE, cq_arm_word};
@@ -96,6 +98,53 @@ impl Default for CqConfig {
             events: false,
         }
     }
+}
+
+/// The CQ's error status as the device reports it (`cqc.status`, prm-subset.md §7.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CqStatus {
+    /// 0: no error.
+    Ok,
+    /// 0x9: the CQ overran (CQ_OVERFLOW).
+    Overflow,
+    /// 0xA: a CQE could not be written (CQ_WRITE_FAIL).
+    WriteFail,
+    /// Any other value.
+    Other(u8),
+}
+
+/// The CQ's arming state (`cqc.st`, prm-subset.md §7.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CqArmState {
+    /// 0x6: armed for the next solicited (or error) completion.
+    Solicited,
+    /// 0x9: armed for the next completion.
+    Armed,
+    /// 0xA: not armed (the event fired, or the CQ was never armed).
+    Fired,
+    /// Any other value.
+    Other(u8),
+}
+
+/// What QUERY_CQ reports about a CQ ([`Cq::query`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqInfo {
+    /// Number of CQEs (`2^log_cq_size`).
+    pub entries: u32,
+    /// Consumer counter (24 bits): CQEs the driver has consumed, from the doorbell record.
+    pub consumer_counter: u32,
+    /// Producer counter (24 bits): CQEs the device has written.
+    pub producer_counter: u32,
+    /// Error status.
+    pub status: CqStatus,
+    /// Arming state.
+    pub arm: CqArmState,
+    /// Moderation period (`cq_period`, 12 bits; 0 = off).
+    pub period: u16,
+    /// Moderation count (`cq_max_count`; 0 = off).
+    pub max_count: u16,
+    /// Overrun ignore (`oi`).
+    pub overrun_ignore: bool,
 }
 
 /// Per-device state of the completion machinery (lives in the device).
@@ -328,6 +377,57 @@ impl Cq {
 
     pub(crate) fn obj(&self) -> &Arc<CqObj> {
         &self.obj
+    }
+
+    /// QUERY_CQ: the device's view of this CQ (size, counters, status, arming, moderation).
+    pub fn query(&self) -> Result<CqInfo, QueueError> {
+        if !self.obj.dev.is_open() {
+            return Err(QueueError::Closed);
+        }
+        let raw = queue_ops::query_cq(&*self.obj.dev, self.obj.cqn)?;
+        let c = Cqc::new_unchecked(&raw[..]);
+        Ok(CqInfo {
+            entries: 1 << c.log_cq_size(),
+            consumer_counter: c.consumer_counter(),
+            producer_counter: c.producer_counter(),
+            status: match c.status() {
+                0 => CqStatus::Ok,
+                0x9 => CqStatus::Overflow,
+                0xA => CqStatus::WriteFail,
+                v => CqStatus::Other(v as u8),
+            },
+            arm: match c.st() {
+                0x6 => CqArmState::Solicited,
+                0x9 => CqArmState::Armed,
+                0xA => CqArmState::Fired,
+                v => CqArmState::Other(v as u8),
+            },
+            period: c.cq_period() as u16,
+            max_count: c.cq_max_count() as u16,
+            overrun_ignore: c.oi() != 0,
+        })
+    }
+
+    /// MODIFY_CQ: sets the completion-event moderation (`cq_period` up to 4095, `cq_max_count`;
+    /// 0 and 0 turn it off). The software model records and reports the values but does not
+    /// delay events by them.
+    pub fn modify_moderation(&mut self, period: u16, count: u16) -> Result<(), QueueError> {
+        if period > 0xFFF {
+            return Err(QueueError::Config("CQ moderation period above 4095"));
+        }
+        if !self.obj.dev.is_open() {
+            return Err(QueueError::Closed);
+        }
+        queue_ops::modify_cq(
+            &*self.obj.dev,
+            self.obj.cqn,
+            MODIFY_CQ_PERIOD | MODIFY_CQ_COUNT,
+            |c| {
+                c.set_cq_period(u32::from(period));
+                c.set_cq_max_count(u32::from(count));
+            },
+        )?;
+        Ok(())
     }
 
     /// The completions available now, as an iterator (no syscall, lock or allocation).

@@ -12,10 +12,12 @@ pub mod pd;
 pub mod qp;
 pub mod uar;
 
-pub use cq::{Cq, CqConfig, QueueError};
+pub use cq::{Cq, CqArmState, CqConfig, CqInfo, CqStatus, QueueError};
 pub use eq::EqRing;
 pub use memic::{Dm, DmCaps};
 pub use mkey::{Access, MemError, Mr, MrOptions};
 pub use pd::Pd;
-pub use qp::{ConnectParams, Local, Mtu, Qp, QpConfig, QpState, SendFlags, SendOp, SendWr};
+pub use qp::{
+    ConnectParams, Local, Mtu, Qp, QpConfig, QpState, RtsAttrs, SendFlags, SendOp, SendWr,
+};
 pub use uar::Uar;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use uhca_hw::layout::caps::CmdHcaCap;
 use uhca_hw::layout::cmd::Opcode;
 use uhca_hw::layout::qpc::{Ads, Qpc};
-use uhca_hw::layout::uar::bf_reg_offset;
+use uhca_hw::layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
 use uhca_hw::layout::wqe::{ATOMIC_SIZE, DS_UNIT, SEND_WQE_BB, WqeOpcode, fm_ce_se};
 
 use super::cq::{Cq, CqObj, QueueError};
@@ -276,12 +276,29 @@ pub struct SendWr<'a> {
     pub flags: SendFlags,
 }
 
+/// Attributes [`Qp::modify_rts`] changes (RTS2RTS); `None` keeps the current value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RtsAttrs {
+    /// Local ACK timeout exponent (4.096 us * 2^timeout; 0 = infinite), 5 bits.
+    pub timeout: Option<u8>,
+    /// Transport retries, 3 bits.
+    pub retry_cnt: Option<u8>,
+    /// RNR retries, 3 bits (7 = infinite).
+    pub rnr_retry: Option<u8>,
+    /// Minimum RNR NAK timer code sent by our responder, 5 bits.
+    pub min_rnr_timer: Option<u8>,
+}
+
+/// `opt_param_mask` bits of RTS2RTS (Linux `enum mlx5_qp_optpar`, prm-subset.md §6.6).
+const OPTPAR_RNR_TIMEOUT: u32 = 1 << 6;
+const OPTPAR_RETRY_COUNT: u32 = 1 << 12;
+const OPTPAR_RNR_RETRY: u32 = 1 << 13;
+const OPTPAR_ACK_TIMEOUT: u32 = 1 << 14;
+
 /// The firmware QP plus what must outlive it.
 pub struct Qp {
     qpn: u32,
     state: QpState,
-    /// 2RST ran: the device forgot the rings' counters, the driver's shadows did not.
-    was_reset: bool,
     /// RQ, SQ and doorbell record; an `Arc` so a failed destroy can leak it (see `Drop`).
     buf: Arc<DmaRegion>,
     dbr: usize,
@@ -408,7 +425,6 @@ impl Device {
         Ok(Qp {
             qpn,
             state: QpState::Reset,
-            was_reset: false,
             sq: SendRing::new(sq_mem, dbr, qpn),
             rq: RecvRing::new(rq_mem, dbr, rq, stride_log),
             db: Doorbell {
@@ -493,11 +509,6 @@ impl Qp {
     /// RST2INIT with the remote rights `access` (§7.3).
     pub fn to_init(&mut self, access: Access) -> Result<(), QueueError> {
         self.check("RST2INIT", &[QpState::Reset])?;
-        if self.was_reset {
-            return Err(QueueError::Config(
-                "a QP is not reused after 2RST in this version: create a new one",
-            ));
-        }
         let (pdn, s, r, dbr) = (
             self.pdn,
             self.scq.cqn,
@@ -572,6 +583,35 @@ impl Qp {
         Ok(())
     }
 
+    /// RTS2RTS: changes the timer and retry attributes of a connected QP (§6.6; the
+    /// `opt_param_mask` bits of Linux `enum mlx5_qp_optpar`). `None` leaves an attribute
+    /// as it is. The new retry counts apply from the next acknowledged progress.
+    pub fn modify_rts(&mut self, m: &RtsAttrs) -> Result<(), QueueError> {
+        self.check("RTS2RTS", &[QpState::Rts])?;
+        if m.retry_cnt.is_some_and(|v| v > 7)
+            || m.rnr_retry.is_some_and(|v| v > 7)
+            || m.timeout.is_some_and(|v| v > 31)
+            || m.min_rnr_timer.is_some_and(|v| v > 31)
+        {
+            return Err(QueueError::Config(
+                "retry_cnt/rnr_retry are 3 bits, timeout and min_rnr_timer 5",
+            ));
+        }
+        let mask = m.min_rnr_timer.map_or(0, |_| OPTPAR_RNR_TIMEOUT)
+            | m.retry_cnt.map_or(0, |_| OPTPAR_RETRY_COUNT)
+            | m.rnr_retry.map_or(0, |_| OPTPAR_RNR_RETRY)
+            | m.timeout.map_or(0, |_| OPTPAR_ACK_TIMEOUT);
+        let (pdn, s, r) = (self.pdn, self.scq.cqn, self.rcq.cqn);
+        queue_ops::modify_qp(&*self.dev, Opcode::Rts2RtsQp, self.qpn, mask, |q| {
+            Self::common(q, pdn, s, r);
+            q.set_min_rnr_nak(m.min_rnr_timer.unwrap_or(0).into());
+            q.set_retry_count(m.retry_cnt.unwrap_or(0).into());
+            q.set_rnr_retry(m.rnr_retry.unwrap_or(0).into());
+            Self::ads(q).set_ack_timeout(m.timeout.unwrap_or(0).into());
+        })?;
+        Ok(())
+    }
+
     /// RST→INIT→RTR→RTS in one call.
     pub fn connect(&mut self, p: &ConnectParams) -> Result<(), QueueError> {
         self.to_init(p.access)?;
@@ -587,12 +627,35 @@ impl Qp {
         Ok(())
     }
 
-    /// 2RST. The rings are not reusable afterwards in this version: a later
-    /// [`to_init`](Self::to_init) is refused; create a new QP.
+    /// 2RST: the QP forgets its connection and its rings start over, so it can be connected
+    /// again ([`to_init`](Self::to_init) or [`connect`](Self::connect)). The device resets
+    /// its ring counters; the driver does the same for its producer and consumer counters
+    /// and zeroes the doorbell record (prm-subset.md §9.3), as a fresh QP has them.
+    ///
+    /// Work requests still outstanding (or posted without a doorbell) are dropped without
+    /// completions. Completions of this
+    /// QP still unpolled in its CQs no longer match a posted request: poll the CQs empty
+    /// before resetting, or such completions come back from [`Cq::poll`](crate::resource::Cq::poll)
+    /// as errors.
     pub fn reset(&mut self) -> Result<(), QueueError> {
         queue_ops::qp_simple(&*self.dev, Opcode::ToRstQp, self.qpn)?;
         self.state = QpState::Reset;
-        self.was_reset = true;
+        self.sq.reset();
+        self.rq.reset();
+        let s = self.buf.slice();
+        s.store_be32(self.dbr + QP_DBR_RCV, 0);
+        s.store_be32(self.dbr + QP_DBR_SND, 0);
+        // A fresh shadow: the pollers drop their cached copy of the old one.
+        let fresh = Arc::new(WqShadow::new(
+            self.qpn,
+            self.shadow.sq_size(),
+            self.shadow.rq_size(),
+        ));
+        for cq in [&self.scq, &self.rcq] {
+            cq.registry.remove(&self.shadow);
+            cq.registry.add(&fresh);
+        }
+        self.shadow = fresh;
         Ok(())
     }
 

@@ -254,6 +254,51 @@ layout! {
 }
 
 layout! {
+    /// `query_cq_in` (16 bytes). Not in prm-subset.md: Linux `mlx5_ifc.h`
+    /// (`mlx5_ifc_query_cq_in_bits`).
+    pub struct QueryCqIn, "query_cq_in", size 16;
+    opcode, set_opcode: 0x000 [31:16],
+    op_mod, set_op_mod: 0x004 [15:0],
+    cqn, set_cqn: 0x008 [23:0],
+}
+
+layout! {
+    /// `query_cq_out` (272 bytes). Not in prm-subset.md: Linux `mlx5_ifc.h`
+    /// (`mlx5_ifc_query_cq_out_bits`; the `cqc` at byte 0x10, then reserved up to 0x110).
+    pub struct QueryCqOut, "query_cq_out", size 272;
+    status, set_status: 0x000 [31:24],
+    syndrome, set_syndrome: 0x004 [31:0],
+    cq_context, CQ_CONTEXT: 0x010 nested 64,
+}
+
+layout! {
+    /// `modify_cq_in` (272 bytes). Not in prm-subset.md: Linux `mlx5_ifc.h`
+    /// (`mlx5_ifc_modify_cq_in_bits`, with `cq_umem_valid` at 0x5c after the 2019 fix).
+    /// `op_mod` 0 modifies the fields named by `modify_field_select`
+    /// ([`MODIFY_CQ_PERIOD`], [`MODIFY_CQ_COUNT`], [`MODIFY_CQ_OVERRUN`]); 1 resizes.
+    pub struct ModifyCqIn, "modify_cq_in", size 272;
+    opcode, set_opcode: 0x000 [31:16],
+    uid, set_uid: 0x000 [15:0],
+    op_mod, set_op_mod: 0x004 [15:0],
+    cqn, set_cqn: 0x008 [23:0],
+    modify_field_select, set_modify_field_select: 0x00c [31:0],
+    cq_context, CQ_CONTEXT: 0x010 nested 64,
+    cq_umem_valid, set_cq_umem_valid: 0x05c [31:31],
+    pas, PAS: 0x110 flex,
+}
+
+/// MODIFY_CQ `op_mod`: modify the selected fields (Linux `mlx5_core_modify_cq_moderation`).
+pub const MODIFY_CQ_OP_MOD_MODIFY: u16 = 0;
+/// MODIFY_CQ `op_mod`: resize (Linux `MLX5_CQ_OPMOD_RESIZE`).
+pub const MODIFY_CQ_OP_MOD_RESIZE: u16 = 1;
+/// `modify_field_select` bit: `cq_period` (Linux `MLX5_CQ_MODIFY_PERIOD`).
+pub const MODIFY_CQ_PERIOD: u32 = 1 << 0;
+/// `modify_field_select` bit: `cq_max_count` (Linux `MLX5_CQ_MODIFY_COUNT`).
+pub const MODIFY_CQ_COUNT: u32 = 1 << 1;
+/// `modify_field_select` bit: `oi` (Linux `MLX5_CQ_MODIFY_OVERRUN`).
+pub const MODIFY_CQ_OVERRUN: u32 = 1 << 2;
+
+layout! {
     /// `create_qp_in` (272 bytes), prm-subset.md.
     pub struct CreateQpIn, "create_qp_in", size 272;
     opcode, set_opcode: 0x000 [31:16],

@@ -60,6 +60,12 @@ pub(crate) struct Cq {
     pub(crate) last_solicited: u32,
     /// Overrun or unreachable: no more CQEs.
     pub(crate) error: bool,
+    /// The CQ_ERROR syndrome that put the CQ in error (1 overrun, 2 write failure).
+    pub(crate) error_syndrome: u8,
+    /// `cq_period` (moderation period; recorded and reported, events are not delayed).
+    pub(crate) period: u32,
+    /// `cq_max_count` (moderation count; recorded and reported, events are not delayed).
+    pub(crate) max_count: u32,
 }
 
 impl Cq {
@@ -122,6 +128,7 @@ impl Cq {
 
     fn fail(&mut self, events: &mut Vec<Event>, syndrome: u8) -> bool {
         self.error = true;
+        self.error_syndrome = syndrome;
         events.push(Event::CqError {
             cqn: self.cqn,
             syndrome,

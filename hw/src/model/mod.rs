@@ -25,8 +25,8 @@
 //!   doorbells, the port (loopback and attached link, `link_api`) and the RC engine of
 //!   `crate::rc`.
 //!
-//! What the model does **not** do yet: QUERY_CQ/MODIFY_CQ, RTS2RTS, SRQs, UMR, MEMIC operations (MODIFY_MEMIC is
-//! refused: `memic_operations` = 0),
+//! What the model does **not** do yet: CQ resize and CQ event moderation, SRQs, UMR,
+//! MEMIC operations (MODIFY_MEMIC is refused: `memic_operations` = 0),
 //! signatures (never required; see prm-subset.md §3.4), fast teardown, VFs.
 
 mod caps;

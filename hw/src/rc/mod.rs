@@ -223,6 +223,26 @@ impl RcQp {
         &self.cfg
     }
 
+    /// Changes the timer and retry attributes in RTS (a modify-QP RTS2RTS): `ack_timeout`,
+    /// `retry_cnt`, `rnr_retry`, `min_rnr_timer`. Checked like [`new`](Self::new); on error
+    /// nothing changes. The retry budgets take the new counts at the next forward progress.
+    pub fn modify_timers(
+        &mut self,
+        ack_timeout: u8,
+        retry_cnt: u8,
+        rnr_retry: u8,
+        min_rnr_timer: u8,
+    ) -> Result<(), ConfigError> {
+        let mut cfg = self.cfg;
+        cfg.ack_timeout = ack_timeout;
+        cfg.retry_cnt = retry_cnt;
+        cfg.rnr_retry = rnr_retry;
+        cfg.min_rnr_timer = min_rnr_timer;
+        cfg.validate()?;
+        self.cfg = cfg;
+        Ok(())
+    }
+
     /// The QP state.
     pub fn state(&self) -> QpState {
         self.state

@@ -1,15 +1,27 @@
-//! CREATE_CQ and DESTROY_CQ (prm-subset.md §6.5, §7.2). QUERY_CQ and MODIFY_CQ have
-//! opcodes in the fact sheet but no layouts, so the model does not implement them.
+//! CREATE_CQ, DESTROY_CQ (prm-subset.md §6.5, §7.2), QUERY_CQ and MODIFY_CQ.
+//!
+//! QUERY_CQ and MODIFY_CQ have opcodes in the fact sheet but no tables; their layouts follow
+//! Linux `mlx5_ifc.h` (see `layout::cmds::{QueryCqOut, ModifyCqIn}`). QUERY_CQ reports the
+//! `cqc` as created plus the live state: `status` (0 OK, 0x9 overflow, 0xA write failure),
+//! `st` (0x6 armed for a solicited completion, 0x9 armed, 0xA otherwise, i.e. fired or never
+//! armed), `last_solicit_index`, `consumer_counter` (read from the doorbell record, §9.3) and
+//! `producer_counter` (CQEs written), all 24-bit counters. MODIFY_CQ supports `op_mod` 0 with
+//! the period, count and overrun-ignore fields; resizing (`op_mod` 1) is not modelled and is
+//! refused with BAD_OP_MOD. The model records the moderation values and reports them, but
+//! does not delay completion events by them.
 
 use crate::layout::cmd::CmdStatus;
-use crate::layout::cmds::{CreateCqIn, CreateCqOut, DestroyCqIn};
+use crate::layout::cmds::{
+    CreateCqIn, CreateCqOut, DestroyCqIn, MODIFY_CQ_COUNT, MODIFY_CQ_OP_MOD_MODIFY,
+    MODIFY_CQ_OVERRUN, MODIFY_CQ_PERIOD, ModifyCqIn, QueryCqIn, QueryCqOut,
+};
 use crate::layout::cqc::Cqc;
 use crate::layout::cqe::CQE_SIZE;
 
 use super::super::caps::LOG_MAX_CQ_SZ;
 use super::super::cq::Cq;
 use super::super::datapath::uar_ref;
-use super::super::wq::{BufError, QueueBuf};
+use super::super::wq::{BufError, QueueBuf, read_dbr};
 use super::{CmdResult, Ctx, bad_param, err, syndrome as s};
 
 /// The command error of a refused queue buffer.
@@ -85,6 +97,9 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
             arm: None,
             last_solicited: 0,
             error: false,
+            error_syndrome: 0,
+            period: c.cq_period(),
+            max_count: c.cq_max_count(),
         },
     );
     uar_ref(&mut dp.cq_uars, uar, true);
@@ -108,5 +123,72 @@ pub(super) fn destroy_cq(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
     let cq = dp.cqs.remove(&cqn).expect("checked above");
     uar_ref(&mut dp.cq_uars, cq.uar, false);
     ctx.core.cqns.free(cqn);
+    Ok(())
+}
+
+pub(super) fn query_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> CmdResult {
+    let cqn = QueryCqIn::new_unchecked(input).cqn();
+    let cq = ctx
+        .core
+        .dp
+        .cqs
+        .get(&cqn)
+        .ok_or(err(CmdStatus::BadResErr, s::BAD_CQ))?;
+    // The consumer counter lives in the doorbell record; an unreachable one reports the
+    // value last read.
+    let ci = read_dbr(ctx.sh, cq.dbr).map_or(cq.ci, |w| w & 0xFF_FFFF);
+    let q = QueryCqOut::<()>::CQ_CONTEXT;
+    let mut c = Cqc::new_unchecked(&mut out[q..q + 64]);
+    c.set_status(match (cq.error, cq.error_syndrome) {
+        (false, _) => 0,
+        (true, 1) => 0x9,
+        (true, _) => 0xA,
+    });
+    c.set_oi(u32::from(cq.oi));
+    c.set_st(match cq.arm {
+        Some(true) => 0x6,
+        Some(false) => 0x9,
+        None => 0xA,
+    });
+    c.set_log_cq_size(cq.log_size);
+    c.set_uar_page(cq.uar);
+    c.set_cq_period(cq.period);
+    c.set_cq_max_count(cq.max_count);
+    c.set_c_eqn_or_apu_element(cq.eqn);
+    c.set_last_solicit_index(cq.last_solicited & 0xFF_FFFF);
+    c.set_consumer_counter(ci);
+    c.set_producer_counter(cq.pi & 0xFF_FFFF);
+    c.set_dbr_addr(cq.dbr);
+    Ok(())
+}
+
+pub(super) fn modify_cq(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
+    if ctx.op_mod != MODIFY_CQ_OP_MOD_MODIFY {
+        // Resize (op_mod 1) is not modelled; nothing else is defined.
+        return Err(bad_param(s::BAD_OP_MOD));
+    }
+    let m = ModifyCqIn::new_unchecked(input);
+    let cqn = m.cqn();
+    let select = m.modify_field_select();
+    let c =
+        Cqc::new_unchecked(&input[ModifyCqIn::<()>::CQ_CONTEXT..ModifyCqIn::<()>::CQ_CONTEXT + 64]);
+    let cq = ctx
+        .core
+        .dp
+        .cqs
+        .get_mut(&cqn)
+        .ok_or(err(CmdStatus::BadResErr, s::BAD_CQ))?;
+    if select & !(MODIFY_CQ_PERIOD | MODIFY_CQ_COUNT | MODIFY_CQ_OVERRUN) != 0 {
+        return Err(bad_param(s::CQ_BAD_FIELD_SELECT));
+    }
+    if select & MODIFY_CQ_PERIOD != 0 {
+        cq.period = c.cq_period();
+    }
+    if select & MODIFY_CQ_COUNT != 0 {
+        cq.max_count = c.cq_max_count();
+    }
+    if select & MODIFY_CQ_OVERRUN != 0 {
+        cq.oi = c.oi() != 0;
+    }
     Ok(())
 }

@@ -15,7 +15,7 @@ mod hca;
 mod memic;
 mod mkey;
 mod pages;
-mod qp;
+pub(crate) mod qp;
 mod resource;
 pub mod syndrome;
 mod vport;
@@ -134,12 +134,15 @@ static HANDLERS: &[Handler] = &[
     h(Opcode::ModifyMemic, 64, 64, RUNNING, memic::modify_memic),
     h(Opcode::CreateCq, 0x110, 16, RUNNING, cq::create_cq),
     h(Opcode::DestroyCq, 16, 16, RUNNING, cq::destroy_cq),
+    h(Opcode::QueryCq, 16, 0x110, RUNNING, cq::query_cq),
+    h(Opcode::ModifyCq, 0x110, 16, RUNNING, cq::modify_cq),
     h(Opcode::CreateQp, 0x110, 16, RUNNING, qp::create_qp),
     h(Opcode::DestroyQp, 16, 16, RUNNING, qp::destroy_qp),
     h(Opcode::Rst2InitQp, 0x100, 16, RUNNING, qp::rst2init_qp),
     h(Opcode::Init2InitQp, 0x100, 16, RUNNING, qp::init2init_qp),
     h(Opcode::Init2RtrQp, 0x100, 16, RUNNING, qp::init2rtr_qp),
     h(Opcode::Rtr2RtsQp, 0x100, 16, RUNNING, qp::rtr2rts_qp),
+    h(Opcode::Rts2RtsQp, 0x100, 16, RUNNING, qp::rts2rts_qp),
     h(Opcode::ToErrQp, 16, 16, RUNNING, qp::qp_2err),
     h(Opcode::ToRstQp, 16, 16, RUNNING, qp::qp_2rst),
     h(Opcode::QueryQp, 16, 0x100, RUNNING, qp::query_qp),

@@ -237,6 +237,60 @@ pub(super) fn rtr2rts_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
     Ok(())
 }
 
+/// RTS2RTS `opt_param_mask` bits the model takes (Linux `enum mlx5_qp_optpar`,
+/// prm-subset.md §6.6): RNR_TIMEOUT, RETRY_COUNT, RNR_RETRY, ACK_TIMEOUT.
+pub(crate) const RTS2RTS_OPTPAR_RNR_TIMEOUT: u32 = 1 << 6;
+/// RETRY_COUNT.
+pub(crate) const RTS2RTS_OPTPAR_RETRY_COUNT: u32 = 1 << 12;
+/// RNR_RETRY.
+pub(crate) const RTS2RTS_OPTPAR_RNR_RETRY: u32 = 1 << 13;
+/// ACK_TIMEOUT.
+pub(crate) const RTS2RTS_OPTPAR_ACK_TIMEOUT: u32 = 1 << 14;
+
+/// RTS2RTS: the attributes named by `opt_param_mask` (timers and retry counts) change in
+/// the context and in the running transport engine; nothing else does.
+pub(super) fn rts2rts_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
+    let src = &input[QPC..QPC + 232];
+    let mask = Rst2initQpIn::new_unchecked(input).opt_param_mask();
+    let qp = qp_in(ctx, input, &[QpState::Rts], s::QP_NOT_RTS)?;
+    let known = RTS2RTS_OPTPAR_RNR_TIMEOUT
+        | RTS2RTS_OPTPAR_RETRY_COUNT
+        | RTS2RTS_OPTPAR_RNR_RETRY
+        | RTS2RTS_OPTPAR_ACK_TIMEOUT;
+    if mask & !known != 0 {
+        return Err(bad_param(s::QP_BAD_OPT_PARAM));
+    }
+    let mut next = qp.qpc;
+    {
+        let dst = &mut next[..];
+        if mask & RTS2RTS_OPTPAR_RNR_TIMEOUT != 0 {
+            copy_bits(dst, src, 0x94, 28, 24); // min_rnr_nak
+        }
+        if mask & RTS2RTS_OPTPAR_RETRY_COUNT != 0 {
+            copy_bits(dst, src, 0x70, 18, 16); // retry_count
+        }
+        if mask & RTS2RTS_OPTPAR_RNR_RETRY != 0 {
+            copy_bits(dst, src, 0x70, 15, 13); // rnr_retry
+        }
+        if mask & RTS2RTS_OPTPAR_ACK_TIMEOUT != 0 {
+            copy_bits(dst, src, ADS + 8, 31, 27); // ack_timeout
+        }
+    }
+    let c = Qpc::new_unchecked(&next[..]);
+    let ack_timeout = Ads::new_unchecked(&next[ADS..ADS + 44]).ack_timeout() as u8;
+    let (retry, rnr_retry, min_rnr) = (
+        c.retry_count() as u8,
+        c.rnr_retry() as u8,
+        c.min_rnr_nak() as u8,
+    );
+    if let Some(e) = qp.engine.as_mut() {
+        e.modify_timers(ack_timeout, retry, rnr_retry, min_rnr)
+            .map_err(|_| bad_param(s::QP_BAD_ATTR))?;
+    }
+    qp.qpc = next;
+    Ok(())
+}
+
 pub(super) fn qp_2err(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
     let qpn = Qp2rstIn::new_unchecked(input).qpn();
     let qp = ctx.core.dp.qps.get_mut(&qpn).ok_or_else(no_qp)?;

@@ -155,6 +155,8 @@ pub const BAD_PAS: u32 = 0x0012_0009;
 pub const BUF_UNREACHABLE: u32 = 0x0012_000a;
 /// BAD_PARAM_ERR: a doorbell record is misaligned or unreachable.
 pub const BAD_DBR: u32 = 0x0012_000b;
+/// BAD_PARAM_ERR: MODIFY_CQ `modify_field_select` names a field other than period, count, `oi`.
+pub const CQ_BAD_FIELD_SELECT: u32 = 0x0012_000c;
 /// NO_RES_ERR: no free QP number.
 pub const NO_FREE_QP: u32 = 0x0013_0001;
 /// BAD_RES_ERR: the QP does not exist.
@@ -177,6 +179,11 @@ pub const QP_NOT_RST: u32 = 0x0013_0009;
 pub const QP_NOT_INIT: u32 = 0x0013_000a;
 /// BAD_QP_STATE_ERR: RTR2RTS of a QP not in RTR.
 pub const QP_NOT_RTR: u32 = 0x0013_000b;
+/// BAD_QP_STATE_ERR: RTS2RTS of a QP not in RTS.
+pub const QP_NOT_RTS: u32 = 0x0013_0010;
+/// BAD_PARAM_ERR: RTS2RTS `opt_param_mask` names an attribute the model cannot change in RTS
+/// (it takes RNR_TIMEOUT, RETRY_COUNT, RNR_RETRY and ACK_TIMEOUT).
+pub const QP_BAD_OPT_PARAM: u32 = 0x0013_0011;
 /// BAD_PARAM_ERR: INIT2RTR with `mtu` outside 1..=5.
 pub const QP_BAD_MTU: u32 = 0x0013_000c;
 /// BAD_PARAM_ERR: INIT2RTR with `src_addr_index` naming no GID entry.
@@ -254,6 +261,7 @@ pub const ALL: &[(&str, u32)] = &[
     ("CQ_BAD_EQ", CQ_BAD_EQ),
     ("CQ_IN_USE", CQ_IN_USE),
     ("CQ_UMEM_UNSUPPORTED", CQ_UMEM_UNSUPPORTED),
+    ("CQ_BAD_FIELD_SELECT", CQ_BAD_FIELD_SELECT),
     ("BAD_PAS", BAD_PAS),
     ("BUF_UNREACHABLE", BUF_UNREACHABLE),
     ("BAD_DBR", BAD_DBR),
@@ -272,6 +280,8 @@ pub const ALL: &[(&str, u32)] = &[
     ("QP_BAD_GID_INDEX", QP_BAD_GID_INDEX),
     ("QP_BAD_PORT", QP_BAD_PORT),
     ("QP_BAD_ATTR", QP_BAD_ATTR),
+    ("QP_NOT_RTS", QP_NOT_RTS),
+    ("QP_BAD_OPT_PARAM", QP_BAD_OPT_PARAM),
 ];
 
 /// The name of a syndrome, if it is one of the model's.

@@ -1,7 +1,10 @@
 //! CQ and QP command validation and the QP state machine (prm-subset.md §6.5, §6.6, §7.3).
 
 use super::*;
-use crate::layout::cmds::{DestroyCqIn, QueryQpOut};
+use crate::layout::cmds::{
+    DestroyCqIn, MODIFY_CQ_COUNT, MODIFY_CQ_OVERRUN, MODIFY_CQ_PERIOD, ModifyCqIn, QueryCqIn,
+    QueryCqOut, QueryQpOut,
+};
 use crate::model::cmd::syndrome as s;
 
 fn query_state(r: &Rig<'_>, qpn: u32) -> u32 {
@@ -33,6 +36,82 @@ fn create_cq_checks_its_context() {
     let mut d = header(Opcode::DestroyCq, 16);
     DestroyCqIn::new_unchecked(&mut d[..]).set_cqn(5);
     assert_eq!(r.cmd(&d, 16).1, s::BAD_CQ);
+}
+
+fn query_cq(r: &Rig<'_>, cqn: u32) -> Out {
+    let mut i = header(Opcode::QueryCq, 16);
+    QueryCqIn::new_unchecked(&mut i[..]).set_cqn(cqn);
+    r.cmd(&i, QueryCqOut::<()>::SIZE)
+}
+
+fn modify_cq_input(
+    cqn: u32,
+    op_mod: u16,
+    select: u32,
+    f: impl FnOnce(&mut Cqc<&mut [u8]>),
+) -> Vec<u8> {
+    let mut i = header(Opcode::ModifyCq, ModifyCqIn::<()>::SIZE);
+    let mut m = ModifyCqIn::new_unchecked(&mut i[..]);
+    m.set_op_mod(u32::from(op_mod));
+    m.set_cqn(cqn);
+    m.set_modify_field_select(select);
+    let c = ModifyCqIn::<()>::CQ_CONTEXT;
+    f(&mut Cqc::new_unchecked(&mut i[c..c + 64]));
+    i
+}
+
+#[test]
+fn query_and_modify_cq_report_and_change_the_context() {
+    let hca = model(1);
+    let mut r = Rig::new(&hca);
+    let cq = r.cq(5);
+    let (st, _, out) = query_cq(&r, cq.cqn);
+    assert_eq!(st, CmdStatus::Ok);
+    let c = Cqc::new_unchecked(&out[QueryCqOut::<()>::CQ_CONTEXT..]);
+    assert_eq!(c.log_cq_size(), 5);
+    assert_eq!(c.uar_page(), r.uar);
+    assert_eq!(c.c_eqn_or_apu_element(), r.eqn);
+    assert_eq!((c.status(), c.st(), c.oi()), (0, 0xA, 0));
+    assert_eq!((c.producer_counter(), c.consumer_counter()), (0, 0));
+    assert_eq!((c.cq_period(), c.cq_max_count()), (0, 0));
+    // The consumer counter is the doorbell record's (§9.3).
+    r.buf(cq.dbr).write_be32(0, 0x0100_0007);
+    let (_, _, out) = query_cq(&r, cq.cqn);
+    assert_eq!(Cqc::new_unchecked(&out[0x10..]).consumer_counter(), 7);
+
+    let sel = MODIFY_CQ_PERIOD | MODIFY_CQ_COUNT | MODIFY_CQ_OVERRUN;
+    let i = modify_cq_input(cq.cqn, 0, sel, |c| {
+        c.set_cq_period(0x123);
+        c.set_cq_max_count(0x4567);
+        c.set_oi(1);
+    });
+    assert_eq!(r.cmd(&i, 16).0, CmdStatus::Ok);
+    // Only the selected fields change.
+    let i = modify_cq_input(cq.cqn, 0, MODIFY_CQ_COUNT, |c| {
+        c.set_cq_period(0x999);
+        c.set_cq_max_count(9);
+    });
+    assert_eq!(r.cmd(&i, 16).0, CmdStatus::Ok);
+    let (_, _, out) = query_cq(&r, cq.cqn);
+    let c = Cqc::new_unchecked(&out[0x10..]);
+    assert_eq!((c.cq_period(), c.cq_max_count(), c.oi()), (0x123, 9, 1));
+
+    // Bad input: unknown CQN, resize / unknown op_mod, unknown field bits, short messages.
+    let (st, syn, _) = query_cq(&r, cq.cqn + 100);
+    assert_eq!((st, syn), (CmdStatus::BadResErr, s::BAD_CQ));
+    let i = modify_cq_input(cq.cqn + 100, 0, MODIFY_CQ_PERIOD, |_| {});
+    assert_eq!(r.cmd(&i, 16).1, s::BAD_CQ);
+    for op_mod in [1, 2] {
+        let i = modify_cq_input(cq.cqn, op_mod, MODIFY_CQ_PERIOD, |_| {});
+        let (st, syn, _) = r.cmd(&i, 16);
+        assert_eq!((st, syn), (CmdStatus::BadParamErr, s::BAD_OP_MOD));
+    }
+    let i = modify_cq_input(cq.cqn, 0, 1 << 3, |_| {});
+    assert_eq!(r.cmd(&i, 16).1, s::CQ_BAD_FIELD_SELECT);
+    assert_eq!(r.cmd(&i[..0x100], 16).0, CmdStatus::BadInpLenErr);
+    let mut q = header(Opcode::QueryCq, 16);
+    QueryCqIn::new_unchecked(&mut q[..]).set_cqn(cq.cqn);
+    assert_eq!(r.cmd(&q, 16).0, CmdStatus::BadOutpLenErr);
 }
 
 #[test]
@@ -124,5 +203,70 @@ fn a_connected_qp_reports_its_attributes() {
     assert_eq!(
         (a.ack_timeout(), a.rgid_rip(), a.udp_sport()),
         (14, gid, 0xC000)
+    );
+}
+
+#[test]
+fn rts2rts_changes_only_the_selected_timers() {
+    use crate::layout::cmds::Rst2initQpIn;
+    use crate::model::cmd::qp::{
+        RTS2RTS_OPTPAR_ACK_TIMEOUT, RTS2RTS_OPTPAR_RETRY_COUNT, RTS2RTS_OPTPAR_RNR_RETRY,
+        RTS2RTS_OPTPAR_RNR_TIMEOUT,
+    };
+    let hca = model(1);
+    let mut r = Rig::new(&hca);
+    let cq = r.cq(4);
+    let q = r.qp(cq.cqn, cq.cqn);
+    let rts2rts = |r: &Rig<'_>, mask: u32| {
+        let mut i = header(Opcode::Rts2RtsQp, 0x110);
+        let mut m = Rst2initQpIn::new_unchecked(&mut i[..]);
+        m.set_qpn(q.qpn);
+        m.set_opt_param_mask(mask);
+        {
+            let mut c = Qpc::new_unchecked(&mut i[0x18..0x18 + 232]);
+            c.set_retry_count(3);
+            c.set_rnr_retry(2);
+            c.set_min_rnr_nak(9);
+        }
+        Ads::new_unchecked(&mut i[0x30..0x30 + 44]).set_ack_timeout(20);
+        r.cmd(&i, 16)
+    };
+    // Not in RTS yet.
+    let (st, syn, _) = rts2rts(&r, RTS2RTS_OPTPAR_RETRY_COUNT);
+    assert_eq!((st, syn), (CmdStatus::BadQpStateErr, s::QP_NOT_RTS));
+    let (mac, gid) = r.addr();
+    r.connect(q.qpn, 0x42, mac, gid);
+    // Attributes the model cannot change in RTS (here PRIMARY_ADDR_PATH) are refused.
+    let (st, syn, _) = rts2rts(&r, 1 << 7);
+    assert_eq!((st, syn), (CmdStatus::BadParamErr, s::QP_BAD_OPT_PARAM));
+    let attrs = |r: &Rig<'_>| {
+        let (_, _, out) = r.simple(Opcode::QueryQp, q.qpn);
+        let c = Qpc::new_unchecked(&out[QueryQpOut::<()>::QPC..]);
+        let a = Ads::new_unchecked(&out[QueryQpOut::<()>::QPC + 0x18..]);
+        (
+            c.retry_count(),
+            c.rnr_retry(),
+            c.min_rnr_nak(),
+            a.ack_timeout(),
+            c.state(),
+        )
+    };
+    assert_eq!(attrs(&r), (7, 7, 1, 14, 3));
+    let (st, _, _) = rts2rts(&r, RTS2RTS_OPTPAR_RETRY_COUNT | RTS2RTS_OPTPAR_ACK_TIMEOUT);
+    assert_eq!(st, CmdStatus::Ok);
+    assert_eq!(attrs(&r), (3, 7, 1, 20, 3));
+    let (st, _, _) = rts2rts(&r, RTS2RTS_OPTPAR_RNR_RETRY | RTS2RTS_OPTPAR_RNR_TIMEOUT);
+    assert_eq!(st, CmdStatus::Ok);
+    assert_eq!(attrs(&r), (3, 2, 9, 20, 3));
+    let dp = &hca.shared.core().dp;
+    let cfg = *dp.qps[&q.qpn].engine.as_ref().expect("engine").config();
+    assert_eq!(
+        (
+            cfg.retry_cnt,
+            cfg.rnr_retry,
+            cfg.min_rnr_timer,
+            cfg.ack_timeout
+        ),
+        (3, 2, 9, 20)
     );
 }
