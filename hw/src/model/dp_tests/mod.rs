@@ -407,6 +407,18 @@ impl<'a> Rig<'a> {
         }
     }
 
+    /// Waits until the device has written `n` CQEs past the consumer index, without
+    /// consuming them (the CQ's consumer index stays where it is).
+    pub(super) fn wait_written(&self, cq: &TCq, n: u32) {
+        let idx = cq.ci + n - 1;
+        let at = (idx & ((1 << cq.log) - 1)) as usize * CQE_SIZE;
+        let start = std::time::Instant::now();
+        while !cqe_is_sw_owned(self.buf(cq.buf).load_u8_acquire(at + 63), idx, cq.log) {
+            assert!(start.elapsed().as_secs() < 60, "CQE {idx} never written");
+            std::thread::yield_now();
+        }
+    }
+
     /// Arms `cq` for the next completion (§9.3).
     pub(super) fn arm(&self, cq: &TCq, solicited: bool) {
         let w = cq_arm_word(0, solicited, cq.ci);

@@ -254,11 +254,15 @@ fn an_armed_cq_raises_one_completion_event_and_overrun_raises_cq_error() {
     assert_eq!(r.eqes()[0].0, 0x00);
     assert_eq!(r.eqes()[0].2 & 0xFF_FFFF, ca.cqn);
     // Without consuming, 2^6 + 1 more CQEs overrun the CQ (the first is consumed above).
-    for _ in 0..65 {
+    // Posted in two batches so the 64-entry send queue never holds more than it can: the
+    // second batch waits until the first one's CQEs are written (a slow device thread on a
+    // loaded machine must not see WQEs overwritten before it reads them).
+    for _ in 0..32 {
         r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
-        if a.sq_pi % 32 == 0 {
-            std::thread::yield_now();
-        }
+    }
+    r.wait_written(&ca, 32);
+    for _ in 0..33 {
+        r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
     }
     let start = std::time::Instant::now();
     while hca.stats().cq_overruns == 0 {
