@@ -15,6 +15,7 @@
 //! Frames whose destination MAC is the port's own go to the loopback queue, so one HCA can
 //! run both ends of a connection; others go to the attached link (`Hca::attach_link`).
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +27,7 @@ use crate::layout::uar::{BF_REGS_PER_UAR, UAR_SIZE, bf_reg_offset};
 use crate::layout::wqe::SEND_WQE_BB;
 use crate::link::{self, Link, LinkConfig, LinkEnd, LinkError};
 use crate::rc::{
-    self, AccessError, Completion, CompletionSink, Env, MonotonicClock, PostError, WcOpcode,
+    self, AccessError, Clock, Completion, CompletionSink, Env, MonotonicClock, PostError, WcOpcode,
     WcStatus,
 };
 
@@ -96,6 +97,33 @@ pub(crate) struct Attached {
     pub(crate) link: std::sync::Mutex<Option<Arc<dyn Link>>>,
 }
 
+/// The engines' clock: the monotonic clock read at most once per inner pass (a clock read
+/// costs about as much as handling a small packet). Every engine call of one pass sees the
+/// same time, at most one pass old; retransmission timers (milliseconds) fire at most one
+/// pass late.
+struct PassClock {
+    base: MonotonicClock,
+    now: Cell<Option<u64>>,
+}
+
+impl PassClock {
+    /// Forgets the cached time: the next reader reads the clock.
+    fn next_pass(&self) {
+        self.now.set(None);
+    }
+}
+
+impl Clock for PassClock {
+    fn now_ns(&self) -> u64 {
+        if let Some(t) = self.now.get() {
+            return t;
+        }
+        let t = self.base.now_ns();
+        self.now.set(Some(t));
+        t
+    }
+}
+
 /// The port: device-thread state that survives a function reset.
 pub(crate) struct Port {
     loop_tx: LinkEnd,
@@ -103,7 +131,7 @@ pub(crate) struct Port {
     peer: Option<Arc<dyn Link>>,
     generation: u64,
     rx: Box<[u8]>,
-    clock: MonotonicClock,
+    clock: PassClock,
     sent: AtomicU64,
     full: AtomicU64,
 }
@@ -118,7 +146,10 @@ impl Port {
             peer: None,
             generation: 0,
             rx,
-            clock: MonotonicClock::new(),
+            clock: PassClock {
+                base: MonotonicClock::new(),
+                now: Cell::new(None),
+            },
             sent: AtomicU64::new(0),
             full: AtomicU64::new(0),
         }
@@ -439,6 +470,7 @@ pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port) -> bool {
         let mut busy = cq_doorbells(sh, &mut dp);
         busy |= sq_doorbells(sh, core, &mut dp);
         for _ in 0..INNER_PASSES {
+            port.clock.next_pass();
             let moved =
                 receive(sh, core, &mut dp, port, mac) | transmit(sh, core, &mut dp, port, mac);
             if !moved {
@@ -652,7 +684,7 @@ fn deliver(
     core: &Core,
     dp: &mut DataPath,
     wire: &Wire<'_>,
-    clock: &MonotonicClock,
+    clock: &PassClock,
     mac: [u8; 6],
     frame: &[u8],
 ) {

@@ -98,20 +98,19 @@ pub(crate) fn run(sh: Arc<Shared>) {
     let mut health = Health::new();
     let mut backoff = Backoff::new();
     let mut port = datapath::Port::new();
-    let mut idle_passes = 0u32;
+    let mut passes = 0u32;
     let mut until_tick = Duration::ZERO;
     while !sh.stop.load(Ordering::Acquire) {
         Counters::inc(&sh.stats.polls);
-        // Busy passes and backed-off ones always tick; idle spinning passes (short, and
-        // what a doorbell waits for) every CLOCK_EVERY-th.
-        if !backoff.spinning() || idle_passes.is_multiple_of(CLOCK_EVERY) {
+        // Backed-off passes always tick; spinning and busy passes (what a doorbell waits
+        // for; a busy pass reads the clock for the engines anyway) every CLOCK_EVERY-th.
+        if !backoff.spinning() || passes.is_multiple_of(CLOCK_EVERY) {
             until_tick = health.tick(&sh);
         }
+        passes = passes.wrapping_add(1);
         if poll(&sh, &mut port) {
-            idle_passes = 0;
             backoff.reset();
         } else {
-            idle_passes = idle_passes.wrapping_add(1);
             backoff.idle(&sh, until_tick);
         }
     }
@@ -122,7 +121,8 @@ fn poll(sh: &Shared, port: &mut datapath::Port) -> bool {
     let mut busy = false;
     // Writes to cmd_dbell from several threads may coalesce (plain shared memory), so any
     // non-zero value means "scan every entry" (cmdif::run_queue).
-    if sh.bar.swap_be32(reg::CMD_DBELL, 0) != 0 {
+    // Read first: an idle pass then only shares the line instead of taking it from the host.
+    if sh.bar.read_be32(reg::CMD_DBELL) != 0 && sh.bar.swap_be32(reg::CMD_DBELL, 0) != 0 {
         let mut core = sh.core();
         cmdif::run_queue(sh, &mut core);
         busy = true;
