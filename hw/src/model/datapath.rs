@@ -569,33 +569,13 @@ pub(crate) fn run_sq(
         return;
     };
     qp.active = true;
-    let mut w = [0u8; MAX_WQE + SEND_WQE_BB];
     while (pi.wrapping_sub(qp.sq_ci) as i32) > 0 {
         let idx = qp.sq_ci as u16;
-        // The whole first WQEBB: the control segment and whatever follows it (§9.5).
-        if qp
-            .buf
-            .read(sh, qp.sq_wqebb_off(qp.sq_ci), &mut w[..SEND_WQE_BB])
-            .is_err()
-        {
+        let Some((ctrl, decoded)) = fetch(sh, qp) else {
             to_error(qp);
             return;
-        }
-        let ctrl = Ctrl::parse(&w[..16]);
-        let nbb = ctrl.wqebbs();
-        for b in 1..nbb.min((MAX_WQE / SEND_WQE_BB + 1) as u32) {
-            let at = b as usize * SEND_WQE_BB;
-            let off = qp.sq_wqebb_off(qp.sq_ci.wrapping_add(b));
-            if qp.buf.read(sh, off, &mut w[at..at + SEND_WQE_BB]).is_err() {
-                to_error(qp);
-                return;
-            }
-        }
-        let decoded = if ctrl.qpn != qp.qpn {
-            Err(WqeError::QpOp)
-        } else {
-            sq::decode(&w, &ctrl, sq::wr_id(idx, ctrl.opcode))
         };
+        let nbb = ctrl.wqebbs();
         let result = match (decoded, qp.engine.as_mut()) {
             (Ok(wr), Some(e)) => e.post_send(wr).map_err(|pe| match pe {
                 PostError::QueueFull => None,
@@ -624,6 +604,39 @@ pub(crate) fn run_sq(
         Counters::inc(&sh.stats.wqes_executed);
     }
     let _ = core;
+}
+
+/// Reads and decodes the WQE at `qp`'s SQ consumer index (§9.5); `None` if its memory
+/// cannot be read. A one-WQEBB WQE (small writes and sends) is read into a 64-byte buffer:
+/// the 1 KiB one for the largest WQE is set up only when the WQE needs it.
+fn fetch(sh: &Shared, qp: &Qp) -> Option<(Ctrl, Result<rc::WorkRequest, WqeError>)> {
+    let idx = qp.sq_ci as u16;
+    // The whole first WQEBB: the control segment and whatever follows it.
+    let mut first = [0u8; SEND_WQE_BB];
+    qp.buf
+        .read(sh, qp.sq_wqebb_off(qp.sq_ci), &mut first)
+        .ok()?;
+    let ctrl = Ctrl::parse(&first[..16]);
+    let nbb = ctrl.wqebbs();
+    let id = sq::wr_id(idx, ctrl.opcode);
+    let decode = |w: &[u8]| {
+        if ctrl.qpn != qp.qpn {
+            Err(WqeError::QpOp)
+        } else {
+            sq::decode(w, &ctrl, id)
+        }
+    };
+    if nbb == 1 {
+        return Some((ctrl, decode(&first)));
+    }
+    let mut w = [0u8; MAX_WQE + SEND_WQE_BB];
+    w[..SEND_WQE_BB].copy_from_slice(&first);
+    for b in 1..nbb.min((MAX_WQE / SEND_WQE_BB + 1) as u32) {
+        let at = b as usize * SEND_WQE_BB;
+        let off = qp.sq_wqebb_off(qp.sq_ci.wrapping_add(b));
+        qp.buf.read(sh, off, &mut w[at..at + SEND_WQE_BB]).ok()?;
+    }
+    Some((ctrl, decode(&w)))
 }
 
 /// Moves `qp` to ERR (its engine flushes what it holds).
