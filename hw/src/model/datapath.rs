@@ -6,11 +6,13 @@
 //! (`std::mem::take` of empty maps: no allocation). Events for the EQs are collected and
 //! posted after the tables are back. A pass:
 //! 1. CQ arm doorbells (UAR + 0x20) of the UARs that have CQs;
-//! 2. SQ doorbells: the `qpn_ds` word of each BlueFlame half (§9.1, §9.2) of the UARs that
-//!    have QPs; the DBR SQ counter is authoritative, the WQEs are read from host memory
-//!    (BlueFlame copies are not used); new WQEs go to the QP's engine;
-//! 3. until nothing moves (bounded): receive frames (loopback queue and the attached link)
-//!    and hand them to their QP; poll the active QPs (transmit, timers, flushes).
+//! 2. until nothing moves (bounded): SQ doorbells, the `qpn_ds` word of each BlueFlame
+//!    half (§9.1, §9.2) of the UARs that have QPs (the DBR SQ counter is authoritative,
+//!    the WQEs are read from host memory, BlueFlame copies are not used; new WQEs go to
+//!    the QP's engine); receive frames (loopback queue and the attached link) and hand
+//!    them to their QP; poll the active QPs (transmit, timers, flushes). Doorbells are
+//!    looked at on every inner pass, so a WQE posted while an earlier message's ACK and
+//!    CQE are handled starts at once.
 //!
 //! Frames whose destination MAC is the port's own go to the loopback queue, so one HCA can
 //! run both ends of a connection; others go to the attached link (`Hca::attach_link`).
@@ -468,11 +470,13 @@ pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port) -> bool {
     let busy = {
         let core: &Core = core;
         let mut busy = cq_doorbells(sh, &mut dp);
-        busy |= sq_doorbells(sh, core, &mut dp);
         for _ in 0..INNER_PASSES {
             port.clock.next_pass();
-            let moved =
-                receive(sh, core, &mut dp, port, mac) | transmit(sh, core, &mut dp, port, mac);
+            // SQ doorbells on every inner pass: a WQE posted while the previous message's
+            // ACK and CQE are being handled starts at once, not after the pass.
+            let moved = sq_doorbells(sh, core, &mut dp)
+                | receive(sh, core, &mut dp, port, mac)
+                | transmit(sh, core, &mut dp, port, mac);
             if !moved {
                 break;
             }
