@@ -6,15 +6,18 @@
 //! (`std::mem::take` of empty maps: no allocation). Events for the EQs are collected and
 //! posted after the tables are back. A pass:
 //! 1. CQ arm doorbells (UAR + 0x20) of the UARs that have CQs;
-//! 2. SQ doorbells: the `qpn_ds` word of each BlueFlame half (§9.1, §9.2) of the UARs that
-//!    have QPs; the DBR SQ counter is authoritative, the WQEs are read from host memory
-//!    (BlueFlame copies are not used); new WQEs go to the QP's engine;
-//! 3. until nothing moves (bounded): receive frames (loopback queue and the attached link)
-//!    and hand them to their QP; poll the active QPs (transmit, timers, flushes).
+//! 2. until nothing moves (bounded): SQ doorbells, the `qpn_ds` word of each BlueFlame
+//!    half (§9.1, §9.2) of the UARs that have QPs (the DBR SQ counter is authoritative,
+//!    the WQEs are read from host memory, BlueFlame copies are not used; new WQEs go to
+//!    the QP's engine); receive frames (loopback queue and the attached link) and hand
+//!    them to their QP; poll the active QPs (transmit, timers, flushes). Doorbells are
+//!    looked at on every inner pass, so a WQE posted while an earlier message's ACK and
+//!    CQE are handled starts at once.
 //!
 //! Frames whose destination MAC is the port's own go to the loopback queue, so one HCA can
 //! run both ends of a connection; others go to the attached link (`Hca::attach_link`).
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +29,7 @@ use crate::layout::uar::{BF_REGS_PER_UAR, UAR_SIZE, bf_reg_offset};
 use crate::layout::wqe::SEND_WQE_BB;
 use crate::link::{self, Link, LinkConfig, LinkEnd, LinkError};
 use crate::rc::{
-    self, AccessError, Completion, CompletionSink, Env, MonotonicClock, PostError, WcOpcode,
+    self, AccessError, Clock, Completion, CompletionSink, Env, MonotonicClock, PostError, WcOpcode,
     WcStatus,
 };
 
@@ -96,6 +99,33 @@ pub(crate) struct Attached {
     pub(crate) link: std::sync::Mutex<Option<Arc<dyn Link>>>,
 }
 
+/// The engines' clock: the monotonic clock read at most once per inner pass (a clock read
+/// costs about as much as handling a small packet). Every engine call of one pass sees the
+/// same time, at most one pass old; retransmission timers (milliseconds) fire at most one
+/// pass late.
+struct PassClock {
+    base: MonotonicClock,
+    now: Cell<Option<u64>>,
+}
+
+impl PassClock {
+    /// Forgets the cached time: the next reader reads the clock.
+    fn next_pass(&self) {
+        self.now.set(None);
+    }
+}
+
+impl Clock for PassClock {
+    fn now_ns(&self) -> u64 {
+        if let Some(t) = self.now.get() {
+            return t;
+        }
+        let t = self.base.now_ns();
+        self.now.set(Some(t));
+        t
+    }
+}
+
 /// The port: device-thread state that survives a function reset.
 pub(crate) struct Port {
     loop_tx: LinkEnd,
@@ -103,7 +133,7 @@ pub(crate) struct Port {
     peer: Option<Arc<dyn Link>>,
     generation: u64,
     rx: Box<[u8]>,
-    clock: MonotonicClock,
+    clock: PassClock,
     sent: AtomicU64,
     full: AtomicU64,
 }
@@ -118,7 +148,10 @@ impl Port {
             peer: None,
             generation: 0,
             rx,
-            clock: MonotonicClock::new(),
+            clock: PassClock {
+                base: MonotonicClock::new(),
+                now: Cell::new(None),
+            },
             sent: AtomicU64::new(0),
             full: AtomicU64::new(0),
         }
@@ -437,10 +470,13 @@ pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port) -> bool {
     let busy = {
         let core: &Core = core;
         let mut busy = cq_doorbells(sh, &mut dp);
-        busy |= sq_doorbells(sh, core, &mut dp);
         for _ in 0..INNER_PASSES {
-            let moved =
-                receive(sh, core, &mut dp, port, mac) | transmit(sh, core, &mut dp, port, mac);
+            port.clock.next_pass();
+            // SQ doorbells on every inner pass: a WQE posted while the previous message's
+            // ACK and CQE are being handled starts at once, not after the pass.
+            let moved = sq_doorbells(sh, core, &mut dp)
+                | receive(sh, core, &mut dp, port, mac)
+                | transmit(sh, core, &mut dp, port, mac);
             if !moved {
                 break;
             }
@@ -537,33 +573,13 @@ pub(crate) fn run_sq(
         return;
     };
     qp.active = true;
-    let mut w = [0u8; MAX_WQE + SEND_WQE_BB];
     while (pi.wrapping_sub(qp.sq_ci) as i32) > 0 {
         let idx = qp.sq_ci as u16;
-        // The whole first WQEBB: the control segment and whatever follows it (§9.5).
-        if qp
-            .buf
-            .read(sh, qp.sq_wqebb_off(qp.sq_ci), &mut w[..SEND_WQE_BB])
-            .is_err()
-        {
+        let Some((ctrl, decoded)) = fetch(sh, qp) else {
             to_error(qp);
             return;
-        }
-        let ctrl = Ctrl::parse(&w[..16]);
-        let nbb = ctrl.wqebbs();
-        for b in 1..nbb.min((MAX_WQE / SEND_WQE_BB + 1) as u32) {
-            let at = b as usize * SEND_WQE_BB;
-            let off = qp.sq_wqebb_off(qp.sq_ci.wrapping_add(b));
-            if qp.buf.read(sh, off, &mut w[at..at + SEND_WQE_BB]).is_err() {
-                to_error(qp);
-                return;
-            }
-        }
-        let decoded = if ctrl.qpn != qp.qpn {
-            Err(WqeError::QpOp)
-        } else {
-            sq::decode(&w, &ctrl, sq::wr_id(idx, ctrl.opcode))
         };
+        let nbb = ctrl.wqebbs();
         let result = match (decoded, qp.engine.as_mut()) {
             (Ok(wr), Some(e)) => e.post_send(wr).map_err(|pe| match pe {
                 PostError::QueueFull => None,
@@ -592,6 +608,39 @@ pub(crate) fn run_sq(
         Counters::inc(&sh.stats.wqes_executed);
     }
     let _ = core;
+}
+
+/// Reads and decodes the WQE at `qp`'s SQ consumer index (§9.5); `None` if its memory
+/// cannot be read. A one-WQEBB WQE (small writes and sends) is read into a 64-byte buffer:
+/// the 1 KiB one for the largest WQE is set up only when the WQE needs it.
+fn fetch(sh: &Shared, qp: &Qp) -> Option<(Ctrl, Result<rc::WorkRequest, WqeError>)> {
+    let idx = qp.sq_ci as u16;
+    // The whole first WQEBB: the control segment and whatever follows it.
+    let mut first = [0u8; SEND_WQE_BB];
+    qp.buf
+        .read(sh, qp.sq_wqebb_off(qp.sq_ci), &mut first)
+        .ok()?;
+    let ctrl = Ctrl::parse(&first[..16]);
+    let nbb = ctrl.wqebbs();
+    let id = sq::wr_id(idx, ctrl.opcode);
+    let decode = |w: &[u8]| {
+        if ctrl.qpn != qp.qpn {
+            Err(WqeError::QpOp)
+        } else {
+            sq::decode(w, &ctrl, id)
+        }
+    };
+    if nbb == 1 {
+        return Some((ctrl, decode(&first)));
+    }
+    let mut w = [0u8; MAX_WQE + SEND_WQE_BB];
+    w[..SEND_WQE_BB].copy_from_slice(&first);
+    for b in 1..nbb.min((MAX_WQE / SEND_WQE_BB + 1) as u32) {
+        let at = b as usize * SEND_WQE_BB;
+        let off = qp.sq_wqebb_off(qp.sq_ci.wrapping_add(b));
+        qp.buf.read(sh, off, &mut w[at..at + SEND_WQE_BB]).ok()?;
+    }
+    Some((ctrl, decode(&w)))
 }
 
 /// Moves `qp` to ERR (its engine flushes what it holds).
@@ -652,7 +701,7 @@ fn deliver(
     core: &Core,
     dp: &mut DataPath,
     wire: &Wire<'_>,
-    clock: &MonotonicClock,
+    clock: &PassClock,
     mac: [u8; 6],
     frame: &[u8],
 ) {

@@ -4,8 +4,9 @@
 //! about [`SPIN_FOR`], then yields a few times, then sleeps with exponential backoff from
 //! [`SLEEP_MIN`] up to [`SLEEP_MAX`] (never past the next health tick). Any activity resets
 //! the backoff. `Hca::drop` unparks the thread, so a sleeping thread exits at once. While
-//! spinning, an idle pass reads no clock except the first and every [`CLOCK_EVERY`]th (the
-//! spin window's end and the health timer are checked then), so doorbells are seen sooner.
+//! spinning or busy, a pass reads no clock except every [`CLOCK_EVERY`]th (the spin
+//! window's start and end and the health timer are checked then), so doorbells are seen
+//! sooner.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -32,7 +33,7 @@ pub(crate) const SLEEP_MAX: Duration = Duration::from_millis(1);
 const CLOCK_EVERY: u32 = 8;
 
 struct Backoff {
-    /// Start of the spin window: the first idle pass after the last activity.
+    /// Start of the spin window: the first clock read after the last activity.
     last_activity: Option<Instant>,
     /// Idle passes since the last activity.
     spins: u32,
@@ -65,18 +66,20 @@ impl Backoff {
 
     fn idle(&mut self, sh: &Shared, until_tick: Duration) {
         if self.yields == 0 {
-            // The window starts at the first idle pass; then the clock is read every
-            // CLOCK_EVERY-th.
-            let Some(since) = self.last_activity else {
-                self.last_activity = Some(Instant::now());
-                std::hint::spin_loop();
-                return;
-            };
+            // The clock is read on every CLOCK_EVERY-th idle pass only; the window starts at
+            // the first such read (at most CLOCK_EVERY passes after the activity), so the
+            // idle passes right after a busy one, when the next doorbell is likeliest, read
+            // no clock at all.
             self.spins = self.spins.wrapping_add(1);
             if !self.spins.is_multiple_of(CLOCK_EVERY) {
                 std::hint::spin_loop();
                 return;
             }
+            let Some(since) = self.last_activity else {
+                self.last_activity = Some(Instant::now());
+                std::hint::spin_loop();
+                return;
+            };
             if since.elapsed() < SPIN_FOR {
                 std::hint::spin_loop();
                 return;
@@ -98,20 +101,19 @@ pub(crate) fn run(sh: Arc<Shared>) {
     let mut health = Health::new();
     let mut backoff = Backoff::new();
     let mut port = datapath::Port::new();
-    let mut idle_passes = 0u32;
+    let mut passes = 0u32;
     let mut until_tick = Duration::ZERO;
     while !sh.stop.load(Ordering::Acquire) {
         Counters::inc(&sh.stats.polls);
-        // Busy passes and backed-off ones always tick; idle spinning passes (short, and
-        // what a doorbell waits for) every CLOCK_EVERY-th.
-        if !backoff.spinning() || idle_passes.is_multiple_of(CLOCK_EVERY) {
+        // Backed-off passes always tick; spinning and busy passes (what a doorbell waits
+        // for; a busy pass reads the clock for the engines anyway) every CLOCK_EVERY-th.
+        if !backoff.spinning() || passes.is_multiple_of(CLOCK_EVERY) {
             until_tick = health.tick(&sh);
         }
+        passes = passes.wrapping_add(1);
         if poll(&sh, &mut port) {
-            idle_passes = 0;
             backoff.reset();
         } else {
-            idle_passes = idle_passes.wrapping_add(1);
             backoff.idle(&sh, until_tick);
         }
     }
@@ -122,7 +124,8 @@ fn poll(sh: &Shared, port: &mut datapath::Port) -> bool {
     let mut busy = false;
     // Writes to cmd_dbell from several threads may coalesce (plain shared memory), so any
     // non-zero value means "scan every entry" (cmdif::run_queue).
-    if sh.bar.swap_be32(reg::CMD_DBELL, 0) != 0 {
+    // Read first: an idle pass then only shares the line instead of taking it from the host.
+    if sh.bar.read_be32(reg::CMD_DBELL) != 0 && sh.bar.swap_be32(reg::CMD_DBELL, 0) != 0 {
         let mut core = sh.core();
         cmdif::run_queue(sh, &mut core);
         busy = true;

@@ -153,6 +153,10 @@ pub(crate) fn poll_doorbells(sh: &Shared, core: &mut Core) -> bool {
     for &uar in &uars[..n] {
         let base = uar as usize * UAR_SIZE;
         for (off, arm) in [(EQ_DOORBELL_NOARM, false), (EQ_DOORBELL_ARM, true)] {
+            // Read first: an idle pass then only shares the line instead of owning it.
+            if sh.bar.read_be32(base + off) == DB_EMPTY {
+                continue;
+            }
             let w = sh.bar.swap_be32(base + off, DB_EMPTY);
             if w == DB_EMPTY {
                 continue;

@@ -80,7 +80,9 @@ impl Health {
     /// Returns the time until the next health event, for the idle sleep.
     pub(crate) fn tick(&mut self, sh: &Shared) -> std::time::Duration {
         let bar = &sh.bar;
-        let now_ns = sh.now_ns();
+        // One clock read per tick: the timer is derived from the same instant.
+        let now = Instant::now();
+        let now_ns = now.saturating_duration_since(sh.epoch).as_nanos() as u64;
         // Free-running timer in ns (device_frequency_khz = 1 GHz in caps.rs). Written low
         // then high; Linux reads h, l, h and retries when h changed.
         bar.write_be32(reg::INTERNAL_TIMER_L, now_ns as u32);
@@ -95,7 +97,6 @@ impl Health {
         if l & 0xFF != CMDQ_SZ_BYTE {
             bar.cmpxchg_be32(reg::CMDQ_ADDR_L_SZ, l, (l & !0xFF) | CMDQ_SZ_BYTE);
         }
-        let now = Instant::now();
         if now >= self.next_tick {
             if !sh.faults.health_stalled() {
                 self.counter = (self.counter + 1) & 0xFF_FFFF;
