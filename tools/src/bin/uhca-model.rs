@@ -84,6 +84,33 @@ fn install_stop_handler() {
     }
 }
 
+/// SIGINT and SIGTERM held pending on this thread while the value lives; delivered (to the
+/// handler) when it drops.
+struct StopSignalsBlocked(libc::sigset_t);
+
+impl StopSignalsBlocked {
+    fn new() -> StopSignalsBlocked {
+        // SAFETY: sigemptyset/sigaddset initialise the set we own; pthread_sigmask changes
+        // only this thread's mask and stores the previous one in `old`.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            StopSignalsBlocked(old)
+        }
+    }
+}
+
+impl Drop for StopSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restores this thread's mask saved in `new`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
+}
+
 fn run(args: Args) -> Result<(), String> {
     install_stop_handler();
     let hca = Hca::new(ModelConfig {
@@ -97,11 +124,15 @@ fn run(args: Args) -> Result<(), String> {
         tracing::info!(local = %link.local_addr(), %peer, "port linked over UDP");
         hca.attach_link(Box::new(link));
     }
+    // The stop signals wait while the socket is created and recorded for the handler: a
+    // SIGTERM between the two would otherwise leave the socket behind.
+    let blocked = StopSignalsBlocked::new();
     let mut server =
         ModelServer::bind(hca, &args.socket, args.replace).map_err(|e| e.to_string())?;
     if let Ok(c) = CString::new(args.socket.as_os_str().as_bytes()) {
         let _ = SOCKET.set(c);
     }
+    drop(blocked);
     loop {
         let r = server.serve_one();
         if !args.persist {
