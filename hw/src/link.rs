@@ -48,6 +48,17 @@ pub enum LinkError {
     Io(#[source] std::io::Error),
 }
 
+impl LinkError {
+    /// `FrameTooLong` when a `len`-byte frame exceeds a link's `max`, for every `Link`'s send.
+    pub fn check_frame_len(len: usize, max: usize) -> Result<(), LinkError> {
+        if len > max {
+            Err(LinkError::FrameTooLong { len, max })
+        } else {
+            Ok(())
+        }
+    }
+}
+
 /// A full-duplex point-to-point link that carries Ethernet frames.
 pub trait Link: Send + Sync {
     /// The longest frame the link carries.
@@ -416,12 +427,7 @@ impl Link for LinkEnd {
     }
 
     fn send(&self, frame: &[u8]) -> Result<(), LinkError> {
-        if frame.len() > self.max_frame_len {
-            return Err(LinkError::FrameTooLong {
-                len: frame.len(),
-                max: self.max_frame_len,
-            });
-        }
+        LinkError::check_frame_len(frame.len(), self.max_frame_len)?;
         // Each direction is shared by exactly this end and the peer's rx side.
         if Arc::strong_count(&self.tx) < 2 {
             return Err(LinkError::Disconnected);

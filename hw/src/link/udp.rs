@@ -99,12 +99,7 @@ impl Link for UdpLink {
     }
 
     fn send(&self, frame: &[u8]) -> Result<(), LinkError> {
-        if frame.len() > self.max_frame_len {
-            return Err(LinkError::FrameTooLong {
-                len: frame.len(),
-                max: self.max_frame_len,
-            });
-        }
+        LinkError::check_frame_len(frame.len(), self.max_frame_len)?;
         match self.sock.send(frame) {
             Ok(_) => {
                 bump(&self.tx_frames, 1);
