@@ -15,7 +15,8 @@ use super::sge::{CopyError, scatter};
 use super::types::*;
 use super::{Env, RcStats, Tx, TxStop};
 use crate::layout::roce::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, ExtHeaders, NakCode, Psn, RcOpcode, RocePacket,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, ExtHeaders, NakCode, Psn, RcOpcode, RethRepr,
+    RocePacket,
 };
 
 /// ACK syndrome with "invalid credit count": this end does not do end-to-end flow
@@ -381,21 +382,9 @@ impl Responder {
                         total,
                     } => (va, rkey, left, total),
                     _ => {
-                        if !cfg.remote_access.write {
-                            return Err(NakCode::InvalidRequest);
-                        }
-                        let reth = pkt.ext.reth.ok_or(NakCode::InvalidRequest)?;
+                        let reth =
+                            checked_reth(pkt, env, cfg.remote_access.write, Access::RemoteWrite)?;
                         let n = reth.dma_length;
-                        if n > 1 << 31 {
-                            return Err(NakCode::InvalidRequest);
-                        }
-                        // IBA §9.7.5.2.4 (C9-88): the R_Key is checked for the whole
-                        // RETH range before any data is placed; zero-length needs none.
-                        if n > 0 {
-                            env.mem
-                                .check(reth.r_key, reth.va, u64::from(n), Access::RemoteWrite)
-                                .map_err(|_| NakCode::RemoteAccessError)?;
-                        }
                         (reth.va, reth.r_key, n, n)
                     }
                 };
@@ -436,19 +425,8 @@ impl Responder {
                 Ok(Outcome::Done(1))
             }
             RdmaReadRequest => {
-                if !cfg.remote_access.read {
-                    return Err(NakCode::InvalidRequest);
-                }
-                let reth = pkt.ext.reth.ok_or(NakCode::InvalidRequest)?;
+                let reth = checked_reth(pkt, env, cfg.remote_access.read, Access::RemoteRead)?;
                 let n = reth.dma_length;
-                if n > 1 << 31 {
-                    return Err(NakCode::InvalidRequest);
-                }
-                if n > 0 {
-                    env.mem
-                        .check(reth.r_key, reth.va, u64::from(n), Access::RemoteRead)
-                        .map_err(|_| NakCode::RemoteAccessError)?;
-                }
                 let npkts = n.div_ceil(mtu as u32).max(1);
                 let kind = ReplayKind::Read {
                     va: reth.va,
@@ -695,4 +673,30 @@ fn recv_completion(
         imm,
         solicited,
     });
+}
+
+/// The RETH of an RDMA WRITE First/Only or READ request, checked as the responder must before
+/// it places or reads any data: the QP allows the operation (else Invalid Request), the length
+/// is within the IBA's 2^31-byte message limit, and the R_Key covers the whole RETH range
+/// with the needed right (IBA §9.7.5.2.4, C9-88; a zero-length request needs no key check).
+fn checked_reth(
+    pkt: &RocePacket<'_>,
+    env: &mut Env<'_>,
+    allowed: bool,
+    access: Access,
+) -> Result<RethRepr, NakCode> {
+    if !allowed {
+        return Err(NakCode::InvalidRequest);
+    }
+    let reth = pkt.ext.reth.ok_or(NakCode::InvalidRequest)?;
+    let n = reth.dma_length;
+    if n > 1 << 31 {
+        return Err(NakCode::InvalidRequest);
+    }
+    if n > 0 {
+        env.mem
+            .check(reth.r_key, reth.va, u64::from(n), access)
+            .map_err(|_| NakCode::RemoteAccessError)?;
+    }
+    Ok(reth)
 }
