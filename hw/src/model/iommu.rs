@@ -51,6 +51,9 @@ pub(crate) struct HostMapping {
     _owner: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
     /// Non-zero for a dma-buf import: lets its exporter remove exactly this mapping.
     tag: u64,
+    /// False for memory the device may only read: a device write faults, as an IOMMU write
+    /// fault on a mapping without IOMMU_WRITE.
+    writable: bool,
 }
 
 impl HostMapping {
@@ -61,6 +64,15 @@ impl HostMapping {
             len,
             _owner: None,
             tag: 0,
+            writable: true,
+        }
+    }
+
+    /// The same mapping, readable but not writable by the device.
+    pub(crate) fn read_only(self) -> HostMapping {
+        HostMapping {
+            writable: false,
+            ..self
         }
     }
 
@@ -76,6 +88,7 @@ impl HostMapping {
             len,
             _owner: Some(owner),
             tag,
+            writable: true,
         }
     }
 }
@@ -236,11 +249,13 @@ impl Iommu {
     }
 
     /// Runs `f` on each host chunk of `[iova, iova + len)` with the read lock held, after
-    /// translating the whole range (so a fault touches nothing).
+    /// translating the whole range (so a fault touches nothing). `write`: the access stores,
+    /// so every mapping it touches must be writable.
     fn with_chunks<R>(
         &self,
         iova: u64,
         len: usize,
+        write: bool,
         f: impl FnOnce(&mut dyn Iterator<Item = (&HostRegion, usize, usize)>) -> R,
     ) -> Result<R, DmaError> {
         if !self.bus_master.load(Ordering::Acquire) {
@@ -260,7 +275,7 @@ impl Iommu {
             let Some((s, m)) = t.range(..=cur).next_back() else {
                 return Err(fault());
             };
-            if cur >= s + m.len {
+            if cur >= s + m.len || (write && !m.writable) {
                 return Err(fault());
             }
             let n = (end.min(s + m.len) - cur) as usize;
@@ -268,7 +283,7 @@ impl Iommu {
             cur += n as u64;
         }
         if len == 0 {
-            // A zero-length access still needs a mapped address.
+            // A zero-length access still needs a mapped address (of either kind).
             match t.range(..=iova).next_back() {
                 Some((s, m)) if iova < s + m.len => {}
                 _ => return Err(fault()),
@@ -279,9 +294,11 @@ impl Iommu {
 
     /// Runs `f` on the host chunks of every segment `(iova, len)` in order, with the read
     /// lock held, after translating all of them (so a fault anywhere touches nothing).
+    /// `write` as for [`with_chunks`](Self::with_chunks).
     fn with_segments<R>(
         &self,
         segs: &[(u64, usize)],
+        write: bool,
         f: impl FnOnce(&mut dyn Iterator<Item = (&HostRegion, usize, usize)>) -> R,
     ) -> Result<R, DmaError> {
         if !self.bus_master.load(Ordering::Acquire) {
@@ -301,7 +318,7 @@ impl Iommu {
                 let Some((s, m)) = t.range(..=cur).next_back() else {
                     return Err(fault());
                 };
-                if cur >= s + m.len {
+                if cur >= s + m.len || (write && !m.writable) {
                     return Err(fault());
                 }
                 let n = (end.min(s + m.len) - cur) as usize;
@@ -320,7 +337,7 @@ impl Iommu {
         dst: &mut [u8],
     ) -> Result<(), DmaError> {
         debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), dst.len());
-        self.with_segments(segs, |it| {
+        self.with_segments(segs, false, |it| {
             let mut pos = 0;
             for (r, off, n) in it {
                 r.read(off, &mut dst[pos..pos + n]);
@@ -332,7 +349,7 @@ impl Iommu {
     /// Device write of `src` scattered to `segs`; all or nothing.
     pub(crate) fn write_segments(&self, segs: &[(u64, usize)], src: &[u8]) -> Result<(), DmaError> {
         debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), src.len());
-        self.with_segments(segs, |it| {
+        self.with_segments(segs, true, |it| {
             let mut pos = 0;
             for (r, off, n) in it {
                 r.write(off, &src[pos..pos + n]);
@@ -343,7 +360,7 @@ impl Iommu {
 
     /// Device read of `dst.len()` bytes at `iova`.
     pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaError> {
-        self.with_chunks(iova, dst.len(), |it| {
+        self.with_chunks(iova, dst.len(), false, |it| {
             let mut pos = 0;
             for (r, off, n) in it {
                 r.read(off, &mut dst[pos..pos + n]);
@@ -354,7 +371,7 @@ impl Iommu {
 
     /// Device write of `src` at `iova`.
     pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaError> {
-        self.with_chunks(iova, src.len(), |it| {
+        self.with_chunks(iova, src.len(), true, |it| {
             let mut pos = 0;
             for (r, off, n) in it {
                 r.write(off, &src[pos..pos + n]);
@@ -365,7 +382,7 @@ impl Iommu {
 
     /// Device write of one byte with release ordering (ownership bits written last).
     pub(crate) fn write_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaError> {
-        self.with_chunks(iova, 1, |it| {
+        self.with_chunks(iova, 1, true, |it| {
             for (r, off, _) in it {
                 r.store_u8_release(off, v);
             }
@@ -374,7 +391,7 @@ impl Iommu {
 
     /// Device read of one byte with acquire ordering.
     pub(crate) fn read_u8_acquire(&self, iova: u64) -> Result<u8, DmaError> {
-        self.with_chunks(iova, 1, |it| {
+        self.with_chunks(iova, 1, false, |it| {
             it.next()
                 .map(|(r, off, _)| r.load_u8_acquire(off))
                 .unwrap_or(0)
@@ -396,7 +413,7 @@ impl Iommu {
             ByteOrder::Big => v.to_be(),
             ByteOrder::Native => v,
         };
-        self.with_chunks(iova, 8, |it| {
+        self.with_chunks(iova, 8, true, |it| {
             let (r, off, _) = it.next().expect("one chunk for an aligned 8-byte access");
             let a = r.atomic_u64(off);
             match op {
@@ -454,5 +471,50 @@ mod smallvec_lite {
         pub(super) fn iter(&self) -> impl Iterator<Item = Chunk<'a>> + '_ {
             self.first.iter().copied().chain(self.rest.iter().copied())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ptr::NonNull;
+
+    use super::*;
+
+    #[test]
+    fn a_read_only_mapping_is_read_and_every_kind_of_write_faults_untouched() {
+        #[repr(C, align(4096))]
+        struct Page([u8; 4096]);
+        let mut mem = Box::new(Page([7; 4096]));
+        let region = HostRegion {
+            ptr: NonNull::new(mem.0.as_mut_ptr()).unwrap(),
+            len: mem.0.len(),
+        };
+        let io = Iommu::new();
+        io.set_bus_master(true);
+        io.map(0x10000, HostMapping::new(region).read_only())
+            .unwrap();
+        let mut b = [0u8; 4];
+        io.read(0x10010, &mut b).unwrap();
+        assert_eq!(b, [7; 4]);
+        assert_eq!(io.read_u8_acquire(0x10000).unwrap(), 7);
+        io.read_segments(&[(0x10000, 2), (0x10100, 2)], &mut b)
+            .unwrap();
+        let before = io.faults();
+        assert!(matches!(
+            io.write(0x10010, &[1; 4]),
+            Err(DmaError::Fault { .. })
+        ));
+        assert!(
+            io.write_segments(&[(0x10000, 2), (0x10100, 2)], &[1; 4])
+                .is_err()
+        );
+        assert!(io.write_u8_release(0x10000, 1).is_err());
+        assert!(
+            io.atomic64(0x10008, AtomicOp::FetchAdd(1), ByteOrder::Big)
+                .is_err()
+        );
+        assert_eq!(io.faults(), before + 4);
+        drop(io);
+        assert!(mem.0.iter().all(|&v| v == 7), "no byte written");
     }
 }

@@ -267,8 +267,8 @@ unsafe fn copy_raw(src: *const u8, dst: *mut u8, len: usize) {
 /// Host memory reachable by the device: created only by `Hca::dma_map`, whose caller
 /// guarantees validity until the unmap of the range returns.
 pub(crate) struct HostRegion {
-    ptr: NonNull<u8>,
-    len: usize,
+    pub(super) ptr: NonNull<u8>,
+    pub(super) len: usize,
 }
 
 // SAFETY: the region is DMA memory shared with the host by contract; all accesses are
@@ -386,6 +386,29 @@ impl Hca {
         })?;
         let region = HostRegion { ptr, len };
         self.shared.iommu.map(iova, HostMapping::new(region))
+    }
+
+    /// As [`dma_map`](Self::dma_map), but the device may only read the memory: a device
+    /// write or atomic there faults like an access to an unmapped IOVA (an IOMMU mapping
+    /// without write permission, as vfio-user's DMA_MAP without the WRITE flag asks).
+    ///
+    /// # Safety
+    /// As for [`dma_map`](Self::dma_map); the model never writes through `host`.
+    pub unsafe fn dma_map_read_only(
+        &self,
+        iova: u64,
+        host: *const u8,
+        len: usize,
+    ) -> Result<(), ModelError> {
+        let ptr = NonNull::new(host.cast_mut()).ok_or(ModelError::DmaMap {
+            iova,
+            len,
+            reason: "null host pointer",
+        })?;
+        let region = HostRegion { ptr, len };
+        self.shared
+            .iommu
+            .map(iova, HostMapping::new(region).read_only())
     }
 }
 

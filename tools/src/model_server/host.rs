@@ -25,14 +25,14 @@ use uhca::hw::model::{BarMemory, Hca};
 struct FdMapping {
     ptr: NonNull<u8>,
     len: usize,
-    /// The region is read-only for the device: mapped private, so device writes never reach
-    /// the client's memory.
-    private: bool,
+    /// The device may only read the region (mapped PROT_READ here and read-only in the
+    /// model IOMMU, so a device write faults instead of reaching the client's memory).
+    read_only: bool,
 }
 
 impl FdMapping {
-    /// Maps `len` bytes of `file` from `offset`. `writable` = false maps a private copy
-    /// (the client gave the device read access only; the model has no read-only mappings).
+    /// Maps `len` bytes of `file` from `offset`, shared with the client; `writable` = false
+    /// maps it read-only (the client gave the device read access only).
     fn new(file: &File, offset: u64, len: usize, writable: bool) -> io::Result<Self> {
         if len == 0 {
             return Err(io::Error::new(
@@ -42,10 +42,10 @@ impl FdMapping {
         }
         let offset = libc::off_t::try_from(offset)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset too large"))?;
-        let flags = if writable {
-            libc::MAP_SHARED
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
         } else {
-            libc::MAP_PRIVATE
+            libc::PROT_READ
         };
         // SAFETY: a fresh mapping at an address the kernel chooses, of a descriptor we hold
         // open for the call; the result is checked against MAP_FAILED.
@@ -53,8 +53,8 @@ impl FdMapping {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
+                prot,
+                libc::MAP_SHARED,
                 file.as_raw_fd(),
                 offset,
             )
@@ -66,7 +66,7 @@ impl FdMapping {
         Ok(FdMapping {
             ptr,
             len,
-            private: !writable,
+            read_only: !writable,
         })
     }
 }
@@ -166,7 +166,8 @@ pub(crate) struct ClientMemory {
 
 impl ClientMemory {
     /// Maps `len` bytes of `file` from `offset` and makes them the model's IOVA
-    /// `[iova, iova + len)`. Returns whether the mapping is private (read-only `flags`).
+    /// `[iova, iova + len)`, read-only for the device unless `writable`. Returns whether it
+    /// is read-only.
     pub(crate) fn map(
         &mut self,
         hca: &Hca,
@@ -177,14 +178,20 @@ impl ClientMemory {
         writable: bool,
     ) -> io::Result<bool> {
         let m = FdMapping::new(file, offset, len, writable)?;
-        // SAFETY: `m` stays mapped until `unmap` has removed it from this model's IOMMU
-        // (which waits for in-flight device accesses); a `ClientMemory` dropped with it
-        // still inside leaks it instead (see Drop).
-        unsafe { hca.dma_map(iova, m.ptr.as_ptr(), m.len) }
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        let private = m.private;
+        let r = if m.read_only {
+            // SAFETY: `m` stays mapped until `unmap` has removed it from this model's IOMMU
+            // (which waits for in-flight device accesses); a `ClientMemory` dropped with it
+            // still inside leaks it instead (see Drop). The model never writes through a
+            // read-only mapping (the pages are PROT_READ here).
+            unsafe { hca.dma_map_read_only(iova, m.ptr.as_ptr(), m.len) }
+        } else {
+            // SAFETY: as above.
+            unsafe { hca.dma_map(iova, m.ptr.as_ptr(), m.len) }
+        };
+        r.map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let read_only = m.read_only;
         self.maps.insert(iova, m);
-        Ok(private)
+        Ok(read_only)
     }
 
     /// Removes from `hca`'s IOMMU and unmaps every region that starts in `[start, end)`.

@@ -330,7 +330,7 @@ impl ServerBackend for ModelDevice {
         };
         let len = usize::try_from(size).map_err(|_| invalid(format!("size {size:#x}")))?;
         let writable = flags.contains(DmaMapFlags::WRITE);
-        let private = self
+        let read_only = self
             .mem
             .map(&self.hca, &file, offset, address, len, writable)?;
         tracing::debug!(
@@ -338,7 +338,7 @@ impl ServerBackend for ModelDevice {
             size,
             offset,
             ?flags,
-            private,
+            read_only,
             regions = self.mem.len(),
             "DMA region mapped"
         );
@@ -504,6 +504,15 @@ mod tests {
         );
         // A DMA_MAP without a file is accepted but maps nothing.
         d.dma_map(DmaMapFlags::READ_WRITE, 0, 0x10_0000, 0x1000, None)
+            .unwrap();
+        assert!(d.hca.dma_mappings().is_empty());
+        // A read-only DMA_MAP of a file becomes a read-only model mapping of shared memory.
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(0x2000).unwrap();
+        d.dma_map(DmaMapFlags::READ, 0, 0x20_0000, 0x2000, Some(f))
+            .unwrap();
+        assert_eq!(d.hca.dma_mappings(), vec![(0x20_0000, 0x20_1fff)]); // [first, last]
+        d.dma_unmap(DmaUnmapFlags::empty(), 0x20_0000, 0x2000)
             .unwrap();
         assert!(d.hca.dma_mappings().is_empty());
         assert!(
