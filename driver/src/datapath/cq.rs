@@ -15,7 +15,7 @@ use uhca_hw::layout::uar::CQ_DBR_SET_CI;
 use uhca_hw::layout::wqe::WqeOpcode;
 
 use super::ring::RingSize;
-use super::sq::WqShadow;
+use super::sq::{SendCursor, WqShadow};
 use crate::barrier;
 use crate::dma::{DmaEntry, DmaRegion, DmaRing, DmaRingView};
 
@@ -395,15 +395,29 @@ fn error_status(e: &ErrCqe<&[u8]>) -> WcStatus {
     }
 }
 
+/// The bits of a CQE's tail word (`cqe::fast::TAIL_WORD`) that decide the fast path: the
+/// QPN, the WQE counter, the opcode and the owner bit.
+const FAST_MASK: u64 = QPN.put(u64::MAX) | WQE_COUNTER.put(u64::MAX) | OP_OWN.put(0xF1);
+
+/// The tail word of a successful requester CQE of QP `qpn` written on the pass whose owner
+/// bit is `owner`, under [`FAST_MASK`] and without the WQE counter.
+#[inline(always)]
+fn fast_key(qpn: u32, owner: u32) -> u64 {
+    QPN.put(qpn.into()) | OP_OWN.put(u64::from(CqeOpcode::Req.raw() << 4) | u64::from(owner & 1))
+}
+
 /// An iterator over the completions available now. Dropping it publishes the consumer
 /// index once for the whole batch.
 ///
 /// It keeps the ring's address, size and consumer index by value, so that a polling loop
-/// holds them in registers rather than reloading them after every store.
+/// holds them in registers rather than reloading them after every store, and the hot QP's
+/// send counters ([`SendCursor`]) and the tail word its next CQE must have.
 #[derive(Debug)]
 pub struct Poll<'a> {
     view: DmaRingView<'a, { CQE_SIZE / 8 }>,
     log: u32,
+    /// `entries - 1`.
+    mask: u32,
     ci: u32,
     /// The consumer index when polling began.
     start: u32,
@@ -411,6 +425,11 @@ pub struct Poll<'a> {
     dbr: usize,
     ring_ci: &'a mut u32,
     qps: &'a mut QpCache,
+    /// The hot QP's send counters, kept here for the batch (read again after every CQE
+    /// that takes the slow path, which may switch QPs or complete through the shared ones).
+    send: SendCursor,
+    /// [`fast_key`] of the hot QP and the pass of `ci`.
+    key: u64,
 }
 
 impl<'a> Poll<'a> {
@@ -424,45 +443,56 @@ impl<'a> Poll<'a> {
             qps,
         } = ring;
         qps.refresh();
-        Poll {
+        let mut p = Poll {
             view: mem.view(),
             log: *log,
+            mask: (1u32 << *log).wrapping_sub(1),
             ci: *ci,
             start: *ci,
             mem,
             dbr: *dbr,
             ring_ci: ci,
             qps,
-        }
+            send: SendCursor::default(),
+            key: 0,
+        };
+        p.resync();
+        p
+    }
+
+    /// Reads the hot QP's counters and key again (after the slow path).
+    #[inline]
+    fn resync(&mut self) {
+        let hot = &self.qps.hot;
+        self.send = hot.send_cursor();
+        self.key = fast_key(hot.qpn, self.ci >> self.log);
     }
 }
 
 impl Iterator for Poll<'_> {
     type Item = Result<Completion, PollError>;
 
-    /// The fast path is a successful requester CQE of the hot QP naming the oldest
+    /// The fast path is a successful requester CQE of the hot QP naming its oldest
     /// outstanding WQE: one 8-byte load gives the owner bit, opcode, QPN, WQE counter and
-    /// send opcode (`cqe::fast::TAIL_WORD`), one more the byte count. Everything else
-    /// (responder CQEs, errors, another QP, unsignaled WQEs completed in passing, bad
-    /// CQEs) goes through `QpCache::poll_other`, which copies the CQE out first.
+    /// send opcode (`cqe::fast::TAIL_WORD`), and one masked compare checks the first four
+    /// against what the batch expects; one more load gives the byte count. Everything else
+    /// (an entry not yet written, responder CQEs, errors, another QP, unsignaled WQEs
+    /// completed in passing, bad CQEs) goes through `QpCache::poll_other`, which copies the
+    /// CQE out first.
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let ci = self.ci;
         let e = self.view.entry(ci);
         let tail = u64::from_be(e.load(TAIL_WORD));
-        // The owner bit must match the pass (§9.7); the INVALID opcode of a never-written
-        // entry is caught below, with the other opcodes.
-        if (tail ^ u64::from(ci >> self.log)) & 1 != 0 {
-            return None;
-        }
-        barrier::rmb_after_owner(); // CQE body after its op_own byte
-        let op_own = OP_OWN.get(tail) as u8;
-        let qpn = QPN.get(tail) as u32;
-        if op_own >> 4 == CqeOpcode::Req.raw()
-            && qpn == self.qps.hot.qpn
-            && let Some(wr_id) = self.qps.hot.complete_send(WQE_COUNTER.get(tail) as u16)
+        if (tail & FAST_MASK) ^ self.key == WQE_COUNTER.put(self.send.tail().into())
+            && let Some(wr_id) = self.qps.hot.complete_oldest_send(&mut self.send)
         {
-            self.ci = ci.wrapping_add(1);
+            barrier::rmb_after_owner(); // CQE body after its op_own byte
+            let next = ci.wrapping_add(1);
+            self.ci = next;
+            if next & self.mask == 0 {
+                self.key ^= 1; // the next pass has the other owner bit
+            }
             let opcode = WcOpcode::of_wqe(SOP.get(tail) as u8);
             // Loaded either way (same cache line), so that the choice is a select.
             let count = BYTE_CNT.get(u64::from_be(e.load(BYTE_CNT.word))) as u32;
@@ -477,12 +507,19 @@ impl Iterator for Poll<'_> {
                 opcode,
                 byte_len,
                 imm: None,
-                qpn,
+                qpn: QPN.get(tail) as u32,
                 solicited: false,
             }));
         }
-        let r = self.qps.poll_other(e, op_own)?;
+        // The owner bit must match the pass (§9.7); the INVALID opcode of a never-written
+        // entry is caught by `poll_other`, with the other opcodes.
+        if (tail ^ u64::from(ci >> self.log)) & 1 != 0 {
+            return None;
+        }
+        barrier::rmb_after_owner(); // CQE body after its op_own byte
+        let r = self.qps.poll_other(e, OP_OWN.get(tail) as u8)?;
         self.ci = ci.wrapping_add(1);
+        self.resync();
         Some(r)
     }
 }
