@@ -614,26 +614,91 @@ mod tests {
 
         /// Writes a CQE as the device would: body first, `op_own` last with the owner bit.
         fn cqe(&mut self, opcode: CqeOpcode, qpn: u32, counter: u16, fill: impl Fn(&mut [u8])) {
-            let mut e = [0u8; CQE_SIZE];
-            {
-                let mut c = Cqe::new_unchecked(&mut e[..]);
-                c.set_qpn(qpn);
-                c.set_wqe_counter(counter.into());
-                c.set_sop(0x08);
-                c.set_byte_cnt(8);
-            }
-            fill(&mut e);
-            let own = cqe_owner_for(self.pi, 2);
-            let slot = (self.pi & 3) as usize * CQE_SIZE;
-            let s = self.ring.region().slice();
-            s.write(slot, &e[..OP_OWN_OFFSET]);
-            s.write_u8(slot + OP_OWN_OFFSET, (u8::from(opcode) << 4) | own);
+            write_cqe(self.ring.region(), self.pi, opcode, qpn, counter, fill);
             self.pi += 1;
         }
 
         fn dbr_ci(&self) -> u32 {
             self.ring.region().slice().load_be32(256)
         }
+    }
+
+    /// Writes CQE number `pi` of the 4-entry ring in `region` (see `Rig::cqe`).
+    fn write_cqe(
+        region: &DmaRegion,
+        pi: u32,
+        opcode: CqeOpcode,
+        qpn: u32,
+        counter: u16,
+        fill: impl Fn(&mut [u8]),
+    ) {
+        let mut e = [0u8; CQE_SIZE];
+        {
+            let mut c = Cqe::new_unchecked(&mut e[..]);
+            c.set_qpn(qpn);
+            c.set_wqe_counter(counter.into());
+            c.set_sop(0x08);
+            c.set_byte_cnt(8);
+        }
+        fill(&mut e);
+        let own = cqe_owner_for(pi, 2);
+        let slot = (pi & 3) as usize * CQE_SIZE;
+        let s = region.slice();
+        s.write(slot, &e[..OP_OWN_OFFSET]);
+        s.write_u8(slot + OP_OWN_OFFSET, (u8::from(opcode) << 4) | own);
+    }
+
+    #[test]
+    fn a_wqe_posted_while_a_batch_is_polled_completes_in_that_batch() {
+        let mut r = rig();
+        r.post(1, 1);
+        r.cqe(CqeOpcode::Req, QPN, 0, |_| {});
+        let region = r.ring.region().clone();
+        let mut p = Poll::new(&mut r.ring);
+        assert_eq!(p.next().unwrap().unwrap().wr_id, 1);
+        // Nothing was outstanding when the batch began: this one is past its copy of the
+        // send counters, and still completes (through the shared ones), as does the next.
+        for (i, id) in [2u64, 3].into_iter().enumerate() {
+            r.sq.post(
+                &r.sh,
+                id,
+                WqeOpcode::RdmaWrite,
+                fm_ce_se::CQ_UPDATE,
+                0,
+                |w| {
+                    w.raddr(Remote::default());
+                    w.data(&[Sge {
+                        addr: 0x1000,
+                        len: 8,
+                        lkey: 1,
+                    }])
+                },
+            )
+            .unwrap();
+            r.sq.ring_doorbell(&r.sh, &mut r.db);
+            write_cqe(
+                &region,
+                1 + i as u32,
+                CqeOpcode::Req,
+                QPN,
+                1 + i as u16,
+                |_| {},
+            );
+            assert_eq!(p.next().unwrap().unwrap().wr_id, id);
+        }
+        // With nothing outstanding, a CQE naming the next counter is refused.
+        write_cqe(&region, 3, CqeOpcode::Req, QPN, 3, |_| {});
+        assert_eq!(
+            p.next(),
+            Some(Err(PollError::BadIndex {
+                qpn: QPN,
+                wqe_counter: 3
+            }))
+        );
+        assert_eq!(p.next(), None);
+        drop(p);
+        assert_eq!(r.dbr_ci(), 4);
+        assert_eq!(r.sq.room(&r.sh), 16);
     }
 
     #[test]
