@@ -191,6 +191,13 @@ struct QpCache {
     hot: Arc<WqShadow>,
     others: Vec<Arc<WqShadow>>,
     generation: u64,
+    /// The hot QP's send counters, kept from batch to batch (its `head` read again when a
+    /// batch begins; both read again after every CQE that takes the slow path, which may
+    /// switch QPs or complete through the shared counters).
+    send: SendCursor,
+    /// What the hot QP's next requester CQE has under [`FAST_MASK`] but its WQE counter:
+    /// [`fast_key`] of its QPN and the pass of the consumer index, or [`NO_KEY`].
+    key: u64,
 }
 
 /// The CQE ring memory: 64-byte entries.
@@ -229,6 +236,8 @@ impl CqRing {
                 hot: no_qp(),
                 others: Vec::new(),
                 generation: u64::MAX,
+                send: SendCursor::default(),
+                key: NO_KEY,
             },
         })
     }
@@ -271,6 +280,16 @@ impl QpCache {
             .clone();
         self.generation = g;
         self.hot = no_qp();
+        self.send = SendCursor::default();
+        self.key = NO_KEY;
+    }
+
+    /// Reads the hot QP's counters again and makes its key for consumer index `ci` of a
+    /// ring of `1 << log` CQEs (after the slow path).
+    #[inline]
+    fn resync(&mut self, ci: u32, log: u32) {
+        self.send = self.hot.send_cursor();
+        self.key = fast_key(self.hot.qpn, ci >> log);
     }
 
     /// The shadow of `qpn`, made the hot one.
@@ -399,6 +418,10 @@ fn error_status(e: &ErrCqe<&[u8]>) -> WcStatus {
 /// QPN, the WQE counter, the opcode and the owner bit.
 const FAST_MASK: u64 = QPN.put(u64::MAX) | WQE_COUNTER.put(u64::MAX) | OP_OWN.put(0xF1);
 
+/// A key no CQE matches: a bit outside [`FAST_MASK`].
+const NO_KEY: u64 = 1 << 8;
+const _: () = assert!(NO_KEY & FAST_MASK == 0);
+
 /// The tail word of a successful requester CQE of QP `qpn` written on the pass whose owner
 /// bit is `owner`, under [`FAST_MASK`] and without the WQE counter.
 #[inline(always)]
@@ -410,8 +433,7 @@ fn fast_key(qpn: u32, owner: u32) -> u64 {
 /// index once for the whole batch.
 ///
 /// It keeps the ring's address, size and consumer index by value, so that a polling loop
-/// holds them in registers rather than reloading them after every store, and the hot QP's
-/// send counters ([`SendCursor`]) and the tail word its next CQE must have.
+/// holds them in registers rather than reloading them after every store.
 #[derive(Debug)]
 pub struct Poll<'a> {
     view: DmaRingView<'a, { CQE_SIZE / 8 }>,
@@ -425,11 +447,6 @@ pub struct Poll<'a> {
     dbr: usize,
     ring_ci: &'a mut u32,
     qps: &'a mut QpCache,
-    /// The hot QP's send counters, kept here for the batch (read again after every CQE
-    /// that takes the slow path, which may switch QPs or complete through the shared ones).
-    send: SendCursor,
-    /// [`fast_key`] of the hot QP and the pass of `ci`.
-    key: u64,
 }
 
 impl<'a> Poll<'a> {
@@ -443,7 +460,8 @@ impl<'a> Poll<'a> {
             qps,
         } = ring;
         qps.refresh();
-        let mut p = Poll {
+        qps.send.refresh_head(&qps.hot);
+        Poll {
             view: mem.view(),
             log: *log,
             mask: (1u32 << *log).wrapping_sub(1),
@@ -453,19 +471,7 @@ impl<'a> Poll<'a> {
             dbr: *dbr,
             ring_ci: ci,
             qps,
-            send: SendCursor::default(),
-            key: 0,
-        };
-        p.resync();
-        p
-    }
-
-    /// Reads the hot QP's counters and key again (after the slow path).
-    #[inline]
-    fn resync(&mut self) {
-        let hot = &self.qps.hot;
-        self.send = hot.send_cursor();
-        self.key = fast_key(hot.qpn, self.ci >> self.log);
+        }
     }
 }
 
@@ -484,14 +490,15 @@ impl Iterator for Poll<'_> {
         let ci = self.ci;
         let e = self.view.entry(ci);
         let tail = u64::from_be(e.load(TAIL_WORD));
-        if (tail & FAST_MASK) ^ self.key == WQE_COUNTER.put(self.send.tail().into())
-            && let Some(wr_id) = self.qps.hot.complete_oldest_send(&mut self.send)
+        let q = &mut *self.qps;
+        if (tail & FAST_MASK) ^ q.key == WQE_COUNTER.put(q.send.tail().into())
+            && let Some(wr_id) = q.hot.complete_oldest_send(&mut q.send)
         {
             barrier::rmb_after_owner(); // CQE body after its op_own byte
             let next = ci.wrapping_add(1);
             self.ci = next;
             if next & self.mask == 0 {
-                self.key ^= 1; // the next pass has the other owner bit
+                q.key ^= 1; // the next pass has the other owner bit
             }
             let opcode = WcOpcode::of_wqe(SOP.get(tail) as u8);
             // Loaded either way (same cache line), so that the choice is a select.
@@ -519,7 +526,7 @@ impl Iterator for Poll<'_> {
         barrier::rmb_after_owner(); // CQE body after its op_own byte
         let r = self.qps.poll_other(e, OP_OWN.get(tail) as u8)?;
         self.ci = ci.wrapping_add(1);
-        self.resync();
+        self.qps.resync(self.ci, self.log);
         Some(r)
     }
 }

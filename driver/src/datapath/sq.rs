@@ -181,6 +181,12 @@ impl SendCursor {
     pub(crate) fn tail(self) -> u32 {
         self.tail
     }
+
+    /// Reads the producer counter of `sh` (the QP these counters are of) again.
+    #[inline(always)]
+    pub(crate) fn refresh_head(&mut self, sh: &WqShadow) {
+        self.head = sh.sq_head.load(Ordering::Acquire);
+    }
 }
 
 /// Where a QP's doorbells go: its doorbell record and BlueFlame register (§9.1-9.3).
