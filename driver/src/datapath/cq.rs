@@ -15,7 +15,7 @@ use uhca_hw::layout::uar::CQ_DBR_SET_CI;
 use uhca_hw::layout::wqe::WqeOpcode;
 
 use super::ring::RingSize;
-use super::sq::{SendCursor, WqShadow};
+use super::sq::WqShadow;
 use crate::barrier;
 use crate::dma::{DmaEntry, DmaRegion, DmaRing, DmaRingView};
 
@@ -191,10 +191,9 @@ struct QpCache {
     hot: Arc<WqShadow>,
     others: Vec<Arc<WqShadow>>,
     generation: u64,
-    /// The hot QP's send counters, kept from batch to batch (its `head` read again when a
-    /// batch begins; both read again after every CQE that takes the slow path, which may
-    /// switch QPs or complete through the shared counters).
-    send: SendCursor,
+    /// The hot QP's send producer counter, read when a batch begins and after every CQE
+    /// that takes the slow path (which may switch QPs).
+    send_head: u32,
     /// What the hot QP's next requester CQE has under [`FAST_MASK`] but its WQE counter:
     /// [`fast_key`] of its QPN and the pass of the consumer index, or [`NO_KEY`].
     key: u64,
@@ -236,7 +235,7 @@ impl CqRing {
                 hot: no_qp(),
                 others: Vec::new(),
                 generation: u64::MAX,
-                send: SendCursor::default(),
+                send_head: 0,
                 key: NO_KEY,
             },
         })
@@ -280,15 +279,15 @@ impl QpCache {
             .clone();
         self.generation = g;
         self.hot = no_qp();
-        self.send = SendCursor::default();
+        self.send_head = 0;
         self.key = NO_KEY;
     }
 
-    /// Reads the hot QP's counters again and makes its key for consumer index `ci` of a
+    /// Reads the hot QP's producer counter again and makes its key for consumer index `ci` of a
     /// ring of `1 << log` CQEs (after the slow path).
     #[inline]
     fn resync(&mut self, ci: u32, log: u32) {
-        self.send = self.hot.send_cursor();
+        self.send_head = self.hot.send_head();
         self.key = fast_key(self.hot.qpn, ci >> log);
     }
 
@@ -460,7 +459,7 @@ impl<'a> Poll<'a> {
             qps,
         } = ring;
         qps.refresh();
-        qps.send.refresh_head(&qps.hot);
+        qps.send_head = qps.hot.send_head();
         Poll {
             view: mem.view(),
             log: *log,
@@ -491,8 +490,10 @@ impl Iterator for Poll<'_> {
         let e = self.view.entry(ci);
         let tail = u64::from_be(e.load(TAIL_WORD));
         let q = &mut *self.qps;
-        if (tail & FAST_MASK) ^ q.key == WQE_COUNTER.put(q.send.tail().into())
-            && let Some(wr_id) = q.hot.complete_oldest_send(&mut q.send)
+        let sh = &*q.hot;
+        let oldest = sh.send_tail();
+        if (tail & FAST_MASK) ^ q.key == WQE_COUNTER.put(oldest.into())
+            && let Some(wr_id) = sh.complete_oldest_send(oldest, q.send_head)
         {
             barrier::rmb_after_owner(); // CQE body after its op_own byte
             let next = ci.wrapping_add(1);

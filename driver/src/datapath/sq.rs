@@ -117,31 +117,34 @@ impl WqShadow {
         Some(s.wr_id.load(Ordering::Relaxed))
     }
 
-    /// The send counters as the poller starts a batch: its own completed counter (only the
-    /// poller of the send CQ writes it) and the published producer counter.
+    /// The send counter up to which WQEs have completed: the counter of the oldest
+    /// outstanding WQE's first block (what its CQE names). The send CQ's poller is the only
+    /// writer.
     #[inline(always)]
-    pub(crate) fn send_cursor(&self) -> SendCursor {
-        SendCursor {
-            tail: self.sq_tail.load(Ordering::Relaxed),
-            head: self.sq_head.load(Ordering::Acquire),
-        }
+    pub(crate) fn send_tail(&self) -> u32 {
+        self.sq_tail.load(Ordering::Relaxed)
     }
 
-    /// [`complete_send`](Self::complete_send)'s common case against the poller's copy of
-    /// the counters, for a CQE whose WQE counter the caller has matched with
-    /// [`SendCursor::tail`]: the oldest outstanding WQE (as of `c.head`) completes. `None`,
-    /// without any change, if none was outstanding as of `c.head` (then the caller checks
-    /// the CQE in full against the shared counters: a WQE posted since, or a bad index).
-    /// The new tail is published at once, for the poster.
+    /// The send producer counter as published by the last doorbell.
     #[inline(always)]
-    pub(crate) fn complete_oldest_send(&self, c: &mut SendCursor) -> Option<u64> {
-        if c.tail == c.head {
+    pub(crate) fn send_head(&self) -> u32 {
+        self.sq_head.load(Ordering::Acquire)
+    }
+
+    /// [`complete_send`](Self::complete_send)'s common case, for a CQE whose WQE counter
+    /// the caller has matched with `tail` ([`send_tail`](Self::send_tail)): the oldest
+    /// outstanding WQE completes. `head` is a [`send_head`](Self::send_head) read earlier
+    /// (it only grows); `None`, without any change, if nothing was outstanding as of then
+    /// (the caller then checks the CQE in full against the current counters: a WQE posted
+    /// since, or a bad index).
+    #[inline(always)]
+    pub(crate) fn complete_oldest_send(&self, tail: u32, head: u32) -> Option<u64> {
+        if tail == head {
             return None;
         }
-        let s = self.sq_slots.get(self.sq.slot(c.tail))?;
-        let next = s.meta.load(Ordering::Relaxed) as u32;
-        c.tail = next;
-        self.sq_tail.store(next, Ordering::Release);
+        let s = self.sq_slots.get(self.sq.slot(tail))?;
+        self.sq_tail
+            .store(s.meta.load(Ordering::Relaxed) as u32, Ordering::Release);
         Some(s.wr_id.load(Ordering::Relaxed))
     }
 
@@ -164,28 +167,6 @@ impl WqShadow {
         let n = widen_index16(index, tail, head)?;
         self.rq_tail.store(n.wrapping_add(1), Ordering::Release);
         Some(self.rq_wr_id[self.rq.slot(n)].load(Ordering::Relaxed))
-    }
-}
-
-/// The poller's copy of one QP's send counters during a batch (`WqShadow::send_cursor`):
-/// `tail` is exact (the poller is its only writer), `head` may be behind the poster's.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct SendCursor {
-    tail: u32,
-    head: u32,
-}
-
-impl SendCursor {
-    /// The counter of the oldest outstanding send WQE's first block (what its CQE names).
-    #[inline(always)]
-    pub(crate) fn tail(self) -> u32 {
-        self.tail
-    }
-
-    /// Reads the producer counter of `sh` (the QP these counters are of) again.
-    #[inline(always)]
-    pub(crate) fn refresh_head(&mut self, sh: &WqShadow) {
-        self.head = sh.sq_head.load(Ordering::Acquire);
     }
 }
 
