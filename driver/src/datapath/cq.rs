@@ -191,6 +191,12 @@ struct QpCache {
     hot: Arc<WqShadow>,
     others: Vec<Arc<WqShadow>>,
     generation: u64,
+    /// The hot QP's send producer counter, read when a batch begins and after every CQE
+    /// that takes the slow path (which may switch QPs).
+    send_head: u32,
+    /// What the hot QP's next requester CQE has under [`FAST_MASK`] but its WQE counter:
+    /// [`fast_key`] of its QPN and the pass of the consumer index, or [`NO_KEY`].
+    key: u64,
 }
 
 /// The CQE ring memory: 64-byte entries.
@@ -229,6 +235,8 @@ impl CqRing {
                 hot: no_qp(),
                 others: Vec::new(),
                 generation: u64::MAX,
+                send_head: 0,
+                key: NO_KEY,
             },
         })
     }
@@ -271,6 +279,16 @@ impl QpCache {
             .clone();
         self.generation = g;
         self.hot = no_qp();
+        self.send_head = 0;
+        self.key = NO_KEY;
+    }
+
+    /// Reads the hot QP's producer counter again and makes its key for consumer index `ci` of a
+    /// ring of `1 << log` CQEs (after the slow path).
+    #[inline]
+    fn resync(&mut self, ci: u32, log: u32) {
+        self.send_head = self.hot.send_head();
+        self.key = fast_key(self.hot.qpn, ci >> log);
     }
 
     /// The shadow of `qpn`, made the hot one.
@@ -395,6 +413,21 @@ fn error_status(e: &ErrCqe<&[u8]>) -> WcStatus {
     }
 }
 
+/// The bits of a CQE's tail word (`cqe::fast::TAIL_WORD`) that decide the fast path: the
+/// QPN, the WQE counter, the opcode and the owner bit.
+const FAST_MASK: u64 = QPN.put(u64::MAX) | WQE_COUNTER.put(u64::MAX) | OP_OWN.put(0xF1);
+
+/// A key no CQE matches: a bit outside [`FAST_MASK`].
+const NO_KEY: u64 = 1 << 8;
+const _: () = assert!(NO_KEY & FAST_MASK == 0);
+
+/// The tail word of a successful requester CQE of QP `qpn` written on the pass whose owner
+/// bit is `owner`, under [`FAST_MASK`] and without the WQE counter.
+#[inline(always)]
+fn fast_key(qpn: u32, owner: u32) -> u64 {
+    QPN.put(qpn.into()) | OP_OWN.put(u64::from(CqeOpcode::Req.raw() << 4) | u64::from(owner & 1))
+}
+
 /// An iterator over the completions available now. Dropping it publishes the consumer
 /// index once for the whole batch.
 ///
@@ -404,6 +437,8 @@ fn error_status(e: &ErrCqe<&[u8]>) -> WcStatus {
 pub struct Poll<'a> {
     view: DmaRingView<'a, { CQE_SIZE / 8 }>,
     log: u32,
+    /// `entries - 1`.
+    mask: u32,
     ci: u32,
     /// The consumer index when polling began.
     start: u32,
@@ -424,9 +459,11 @@ impl<'a> Poll<'a> {
             qps,
         } = ring;
         qps.refresh();
+        qps.send_head = qps.hot.send_head();
         Poll {
             view: mem.view(),
             log: *log,
+            mask: (1u32 << *log).wrapping_sub(1),
             ci: *ci,
             start: *ci,
             mem,
@@ -440,29 +477,30 @@ impl<'a> Poll<'a> {
 impl Iterator for Poll<'_> {
     type Item = Result<Completion, PollError>;
 
-    /// The fast path is a successful requester CQE of the hot QP naming the oldest
+    /// The fast path is a successful requester CQE of the hot QP naming its oldest
     /// outstanding WQE: one 8-byte load gives the owner bit, opcode, QPN, WQE counter and
-    /// send opcode (`cqe::fast::TAIL_WORD`), one more the byte count. Everything else
-    /// (responder CQEs, errors, another QP, unsignaled WQEs completed in passing, bad
-    /// CQEs) goes through `QpCache::poll_other`, which copies the CQE out first.
+    /// send opcode (`cqe::fast::TAIL_WORD`), and one masked compare checks the first four
+    /// against what the batch expects; one more load gives the byte count. Everything else
+    /// (an entry not yet written, responder CQEs, errors, another QP, unsignaled WQEs
+    /// completed in passing, bad CQEs) goes through `QpCache::poll_other`, which copies the
+    /// CQE out first.
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let ci = self.ci;
         let e = self.view.entry(ci);
         let tail = u64::from_be(e.load(TAIL_WORD));
-        // The owner bit must match the pass (§9.7); the INVALID opcode of a never-written
-        // entry is caught below, with the other opcodes.
-        if (tail ^ u64::from(ci >> self.log)) & 1 != 0 {
-            return None;
-        }
-        barrier::rmb_after_owner(); // CQE body after its op_own byte
-        let op_own = OP_OWN.get(tail) as u8;
-        let qpn = QPN.get(tail) as u32;
-        if op_own >> 4 == CqeOpcode::Req.raw()
-            && qpn == self.qps.hot.qpn
-            && let Some(wr_id) = self.qps.hot.complete_send(WQE_COUNTER.get(tail) as u16)
+        let q = &mut *self.qps;
+        let sh = &*q.hot;
+        let oldest = sh.send_tail();
+        if (tail & FAST_MASK) ^ q.key == WQE_COUNTER.put(oldest.into())
+            && let Some(wr_id) = sh.complete_oldest_send(oldest, q.send_head)
         {
-            self.ci = ci.wrapping_add(1);
+            barrier::rmb_after_owner(); // CQE body after its op_own byte
+            let next = ci.wrapping_add(1);
+            self.ci = next;
+            if next & self.mask == 0 {
+                q.key ^= 1; // the next pass has the other owner bit
+            }
             let opcode = WcOpcode::of_wqe(SOP.get(tail) as u8);
             // Loaded either way (same cache line), so that the choice is a select.
             let count = BYTE_CNT.get(u64::from_be(e.load(BYTE_CNT.word))) as u32;
@@ -477,12 +515,19 @@ impl Iterator for Poll<'_> {
                 opcode,
                 byte_len,
                 imm: None,
-                qpn,
+                qpn: QPN.get(tail) as u32,
                 solicited: false,
             }));
         }
-        let r = self.qps.poll_other(e, op_own)?;
+        // The owner bit must match the pass (§9.7); the INVALID opcode of a never-written
+        // entry is caught by `poll_other`, with the other opcodes.
+        if (tail ^ u64::from(ci >> self.log)) & 1 != 0 {
+            return None;
+        }
+        barrier::rmb_after_owner(); // CQE body after its op_own byte
+        let r = self.qps.poll_other(e, OP_OWN.get(tail) as u8)?;
         self.ci = ci.wrapping_add(1);
+        self.qps.resync(self.ci, self.log);
         Some(r)
     }
 }
@@ -577,26 +622,91 @@ mod tests {
 
         /// Writes a CQE as the device would: body first, `op_own` last with the owner bit.
         fn cqe(&mut self, opcode: CqeOpcode, qpn: u32, counter: u16, fill: impl Fn(&mut [u8])) {
-            let mut e = [0u8; CQE_SIZE];
-            {
-                let mut c = Cqe::new_unchecked(&mut e[..]);
-                c.set_qpn(qpn);
-                c.set_wqe_counter(counter.into());
-                c.set_sop(0x08);
-                c.set_byte_cnt(8);
-            }
-            fill(&mut e);
-            let own = cqe_owner_for(self.pi, 2);
-            let slot = (self.pi & 3) as usize * CQE_SIZE;
-            let s = self.ring.region().slice();
-            s.write(slot, &e[..OP_OWN_OFFSET]);
-            s.write_u8(slot + OP_OWN_OFFSET, (u8::from(opcode) << 4) | own);
+            write_cqe(self.ring.region(), self.pi, opcode, qpn, counter, fill);
             self.pi += 1;
         }
 
         fn dbr_ci(&self) -> u32 {
             self.ring.region().slice().load_be32(256)
         }
+    }
+
+    /// Writes CQE number `pi` of the 4-entry ring in `region` (see `Rig::cqe`).
+    fn write_cqe(
+        region: &DmaRegion,
+        pi: u32,
+        opcode: CqeOpcode,
+        qpn: u32,
+        counter: u16,
+        fill: impl Fn(&mut [u8]),
+    ) {
+        let mut e = [0u8; CQE_SIZE];
+        {
+            let mut c = Cqe::new_unchecked(&mut e[..]);
+            c.set_qpn(qpn);
+            c.set_wqe_counter(counter.into());
+            c.set_sop(0x08);
+            c.set_byte_cnt(8);
+        }
+        fill(&mut e);
+        let own = cqe_owner_for(pi, 2);
+        let slot = (pi & 3) as usize * CQE_SIZE;
+        let s = region.slice();
+        s.write(slot, &e[..OP_OWN_OFFSET]);
+        s.write_u8(slot + OP_OWN_OFFSET, (u8::from(opcode) << 4) | own);
+    }
+
+    #[test]
+    fn a_wqe_posted_while_a_batch_is_polled_completes_in_that_batch() {
+        let mut r = rig();
+        r.post(1, 1);
+        r.cqe(CqeOpcode::Req, QPN, 0, |_| {});
+        let region = r.ring.region().clone();
+        let mut p = Poll::new(&mut r.ring);
+        assert_eq!(p.next().unwrap().unwrap().wr_id, 1);
+        // Nothing was outstanding when the batch began: this one is past its copy of the
+        // send counters, and still completes (through the shared ones), as does the next.
+        for (i, id) in [2u64, 3].into_iter().enumerate() {
+            r.sq.post(
+                &r.sh,
+                id,
+                WqeOpcode::RdmaWrite,
+                fm_ce_se::CQ_UPDATE,
+                0,
+                |w| {
+                    w.raddr(Remote::default());
+                    w.data(&[Sge {
+                        addr: 0x1000,
+                        len: 8,
+                        lkey: 1,
+                    }])
+                },
+            )
+            .unwrap();
+            r.sq.ring_doorbell(&r.sh, &mut r.db);
+            write_cqe(
+                &region,
+                1 + i as u32,
+                CqeOpcode::Req,
+                QPN,
+                1 + i as u16,
+                |_| {},
+            );
+            assert_eq!(p.next().unwrap().unwrap().wr_id, id);
+        }
+        // With nothing outstanding, a CQE naming the next counter is refused.
+        write_cqe(&region, 3, CqeOpcode::Req, QPN, 3, |_| {});
+        assert_eq!(
+            p.next(),
+            Some(Err(PollError::BadIndex {
+                qpn: QPN,
+                wqe_counter: 3
+            }))
+        );
+        assert_eq!(p.next(), None);
+        drop(p);
+        assert_eq!(r.dbr_ci(), 4);
+        assert_eq!(r.sq.room(&r.sh), 16);
     }
 
     #[test]

@@ -11,11 +11,13 @@
 //! per access). A one-SGE WRITE or SEND is six 8-byte stores of words built in registers,
 //! plus the shadow record (`wr_id`, WQE extent) and the counters. A polled requester CQE
 //! of the QP seen last, naming the oldest outstanding WQE, is one 8-byte load for owner,
-//! opcode, QPN and WQE counter, one compare of the counter against the shadow's tail (and
-//! one that something is outstanding), two loads from the shadow and one for the byte
-//! count; everything else takes the copy-and-parse path. What remains per CQE beyond
-//! UCX's ~20 instructions is mostly that index check against the shadow (tail, head,
-//! slot) and building the typed [`Completion`].
+//! opcode, QPN and WQE counter, one masked compare of it against the word the poller
+//! expects (QPN and pass kept in the poller's QP cache, counter = the shadow's tail), one
+//! compare that something is outstanding (producer counter read once per batch), the slot
+//! loads (`wr_id`, WQE extent), the tail store and one load for the byte count; everything
+//! else takes the copy-and-parse path. What remains per CQE beyond UCX's ~20 instructions
+//! is mostly that shadow slot lookup (mask, bounds check, two loads, a store), the
+//! consumer index and pass bookkeeping, and building the typed [`Completion`].
 
 #![deny(unsafe_code)]
 

@@ -117,6 +117,37 @@ impl WqShadow {
         Some(s.wr_id.load(Ordering::Relaxed))
     }
 
+    /// The send counter up to which WQEs have completed: the counter of the oldest
+    /// outstanding WQE's first block (what its CQE names). The send CQ's poller is the only
+    /// writer.
+    #[inline(always)]
+    pub(crate) fn send_tail(&self) -> u32 {
+        self.sq_tail.load(Ordering::Relaxed)
+    }
+
+    /// The send producer counter as published by the last doorbell.
+    #[inline(always)]
+    pub(crate) fn send_head(&self) -> u32 {
+        self.sq_head.load(Ordering::Acquire)
+    }
+
+    /// [`complete_send`](Self::complete_send)'s common case, for a CQE whose WQE counter
+    /// the caller has matched with `tail` ([`send_tail`](Self::send_tail)): the oldest
+    /// outstanding WQE completes. `head` is a [`send_head`](Self::send_head) read earlier
+    /// (it only grows); `None`, without any change, if nothing was outstanding as of then
+    /// (the caller then checks the CQE in full against the current counters: a WQE posted
+    /// since, or a bad index).
+    #[inline(always)]
+    pub(crate) fn complete_oldest_send(&self, tail: u32, head: u32) -> Option<u64> {
+        if tail == head {
+            return None;
+        }
+        let s = self.sq_slots.get(self.sq.slot(tail))?;
+        self.sq_tail
+            .store(s.meta.load(Ordering::Relaxed) as u32, Ordering::Release);
+        Some(s.wr_id.load(Ordering::Relaxed))
+    }
+
     /// `index` widened to the counter of an outstanding WQE's first block, if it is one.
     #[cold]
     #[inline(never)]
