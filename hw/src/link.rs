@@ -172,8 +172,10 @@ pub struct LinkStats {
     pub corrupted: u64,
 }
 
-#[derive(Default)]
-struct Counters {
+/// The counters every `Link` implementation keeps (a UDP link never duplicates, reorders or
+/// corrupts, so those stay 0 there).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
     tx_frames: AtomicU64,
     tx_bytes: AtomicU64,
     tx_full: AtomicU64,
@@ -185,7 +187,25 @@ struct Counters {
     corrupted: AtomicU64,
 }
 
-fn bump(c: &AtomicU64, n: u64) {
+impl Counters {
+    /// A snapshot of the counters.
+    pub(crate) fn snapshot(&self) -> LinkStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LinkStats {
+            tx_frames: g(&self.tx_frames),
+            tx_bytes: g(&self.tx_bytes),
+            tx_full: g(&self.tx_full),
+            rx_frames: g(&self.rx_frames),
+            rx_bytes: g(&self.rx_bytes),
+            dropped: g(&self.dropped),
+            duplicated: g(&self.duplicated),
+            reordered: g(&self.reordered),
+            corrupted: g(&self.corrupted),
+        }
+    }
+}
+
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
@@ -405,19 +425,7 @@ pub fn pair(cfg: LinkConfig) -> (LinkEnd, LinkEnd) {
 impl LinkEnd {
     /// A snapshot of this end's counters.
     pub fn stats(&self) -> LinkStats {
-        let c = &self.stats;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        LinkStats {
-            tx_frames: g(&c.tx_frames),
-            tx_bytes: g(&c.tx_bytes),
-            tx_full: g(&c.tx_full),
-            rx_frames: g(&c.rx_frames),
-            rx_bytes: g(&c.rx_bytes),
-            dropped: g(&c.dropped),
-            duplicated: g(&c.duplicated),
-            reordered: g(&c.reordered),
-            corrupted: g(&c.corrupted),
-        }
+        self.stats.snapshot()
     }
 }
 

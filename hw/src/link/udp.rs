@@ -10,9 +10,8 @@
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Link, LinkError, LinkStats};
+use super::{Counters, Link, LinkError, LinkStats, bump};
 
 /// A UDP-backed link end.
 #[derive(Debug)]
@@ -21,12 +20,7 @@ pub struct UdpLink {
     local: SocketAddr,
     peer: SocketAddr,
     max_frame_len: usize,
-    tx_frames: AtomicU64,
-    tx_bytes: AtomicU64,
-    tx_full: AtomicU64,
-    rx_frames: AtomicU64,
-    rx_bytes: AtomicU64,
-    dropped: AtomicU64,
+    stats: Counters,
 }
 
 impl UdpLink {
@@ -48,12 +42,7 @@ impl UdpLink {
             local,
             peer,
             max_frame_len,
-            tx_frames: AtomicU64::new(0),
-            tx_bytes: AtomicU64::new(0),
-            tx_full: AtomicU64::new(0),
-            rx_frames: AtomicU64::new(0),
-            rx_bytes: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
+            stats: Counters::default(),
         })
     }
 
@@ -76,21 +65,8 @@ impl UdpLink {
     /// A snapshot of the counters (`dropped`: frames the peer's socket refused, e.g.
     /// before it was started).
     pub fn stats(&self) -> LinkStats {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        LinkStats {
-            tx_frames: g(&self.tx_frames),
-            tx_bytes: g(&self.tx_bytes),
-            tx_full: g(&self.tx_full),
-            rx_frames: g(&self.rx_frames),
-            rx_bytes: g(&self.rx_bytes),
-            dropped: g(&self.dropped),
-            ..LinkStats::default()
-        }
+        self.stats.snapshot()
     }
-}
-
-fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
 }
 
 impl Link for UdpLink {
@@ -102,18 +78,18 @@ impl Link for UdpLink {
         LinkError::check_frame_len(frame.len(), self.max_frame_len)?;
         match self.sock.send(frame) {
             Ok(_) => {
-                bump(&self.tx_frames, 1);
-                bump(&self.tx_bytes, frame.len() as u64);
+                bump(&self.stats.tx_frames, 1);
+                bump(&self.stats.tx_bytes, frame.len() as u64);
                 Ok(())
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                bump(&self.tx_full, 1);
+                bump(&self.stats.tx_full, 1);
                 Err(LinkError::Full)
             }
             // An ICMP "port unreachable" from an earlier datagram: the peer is not (yet)
             // listening. The frame is lost, as on a wire with nobody at the other end.
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                bump(&self.dropped, 1);
+                bump(&self.stats.dropped, 1);
                 Ok(())
             }
             Err(e) => Err(LinkError::Io(e)),
@@ -130,8 +106,8 @@ impl Link for UdpLink {
         loop {
             match self.sock.recv(buf) {
                 Ok(n) => {
-                    bump(&self.rx_frames, 1);
-                    bump(&self.rx_bytes, n as u64);
+                    bump(&self.stats.rx_frames, 1);
+                    bump(&self.stats.rx_bytes, n as u64);
                     return Ok(Some(n));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
