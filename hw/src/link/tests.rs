@@ -393,3 +393,21 @@ fn the_buffer_received_last_is_the_next_one_filled() {
         last = Some(at);
     }
 }
+
+#[test]
+fn frames_start_at_the_same_offset_in_a_page() {
+    let (a, b) = pair(cfg(4, FaultConfig::default()));
+    let mut scratch = [0u8; 64];
+    for i in 0..8 {
+        a.send(&frame(i)).unwrap();
+        a.send(&frame(i + 100)).unwrap();
+        for _ in 0..2 {
+            let mut at = 0usize;
+            assert!(
+                b.recv_with(&mut scratch, &mut |f: &[u8]| at = f.as_ptr() as usize)
+                    .unwrap()
+            );
+            assert_eq!(at % 4096, FRAME_PAGE_OFFSET, "frame {i}");
+        }
+    }
+}
