@@ -216,6 +216,7 @@ fn fill_general(p: &mut [u8]) {
     c.set_cache_line_128byte(1);
     c.set_gid_table_size(GID_TABLE_SIZE);
     c.set_pkey_table_size(PKEY_TABLE_SIZE);
+    c.set_vport_counters(1); // QUERY_VPORT_COUNTER (model/cmd/vport.rs)
     c.set_device_memory(1);
     c.set_local_ca_ack_delay(LOCAL_CA_ACK_DELAY);
     c.set_port_type(1); // Ethernet
