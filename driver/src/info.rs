@@ -235,7 +235,7 @@ impl Device {
     /// `clear` the device zeroes them as it reads them (read-and-clear, nothing lost).
     pub fn port_counters(&self, port: u32, clear: bool) -> Result<PortCounters, CountersError> {
         let g = CmdHcaCap::new_unchecked(&self.caps().general[..]);
-        if g.vport_counters() == 0 {
+        if !uhca_hw::layout::cmds::cap_vport_counters(&self.caps().general[..]) {
             return Err(CountersError::Unsupported);
         }
         let ports = g.num_ports().max(1);

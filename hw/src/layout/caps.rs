@@ -35,7 +35,6 @@ layout! {
     log_max_ra_res_qp, set_log_max_ra_res_qp: 0x028 [5:0],
     cache_line_128byte, set_cache_line_128byte: 0x02c [27:27],
     gid_table_size, set_gid_table_size: 0x02c [15:0],
-    vport_counters, set_vport_counters: 0x030 [30:30],
     max_qp_cnt, set_max_qp_cnt: 0x030 [25:16],
     pkey_table_size, set_pkey_table_size: 0x030 [15:0],
     device_memory, set_device_memory: 0x034 [23:23],

@@ -641,6 +641,25 @@ layout! {
     clear, set_clear: 0x018 [31:31],
 }
 
+/// `cmd_hca_cap.vport_counters`, byte 0x30 bit 30 of the general capability page: the
+/// device answers QUERY_VPORT_COUNTER. Not in prm-subset.md (so not a row of
+/// [`super::caps::CmdHcaCap`], whose table is checked against it): Linux `mlx5_ifc.h`
+/// (`mlx5_ifc_cmd_hca_cap_bits`, bit 0x181), tested by mlx5_ib before it reads port
+/// counters (`mad.c`, `mlx5_ib_process_mad`).
+pub const CAP_VPORT_COUNTERS: (usize, u32) = (0x030, 30);
+
+/// Whether a general capability page advertises QUERY_VPORT_COUNTER.
+pub fn cap_vport_counters<B: crate::layout::Buf + ?Sized>(general: &B) -> bool {
+    let (off, bit) = CAP_VPORT_COUNTERS;
+    general.get_bits(off, bit, bit) == 1
+}
+
+/// Sets or clears `vport_counters` in a general capability page.
+pub fn set_cap_vport_counters<B: crate::layout::BufMut + ?Sized>(general: &mut B, on: bool) {
+    let (off, bit) = CAP_VPORT_COUNTERS;
+    general.set_bits(off, bit, bit, u32::from(on));
+}
+
 /// QUERY_VPORT_COUNTER `op_mod`: the vport's counters (Linux
 /// `MLX5_QUERY_VPORT_COUNTER_IN_OP_MOD_VPORT_COUNTERS`).
 pub const QUERY_VPORT_COUNTER_OP_MOD_VPORT: u16 = 0;

@@ -199,7 +199,7 @@ fn page() -> Vec<u8> {
 
 /// The MAX general page (prm-subset.md §8.2).
 fn fill_general(p: &mut [u8]) {
-    let mut c = CmdHcaCap::new_unchecked(p);
+    let mut c = CmdHcaCap::new_unchecked(&mut *p);
     c.set_hca_cap_2(1);
     c.set_log_max_srq_sz(15);
     c.set_log_max_qp_sz(LOG_MAX_QP_SZ);
@@ -216,7 +216,6 @@ fn fill_general(p: &mut [u8]) {
     c.set_cache_line_128byte(1);
     c.set_gid_table_size(GID_TABLE_SIZE);
     c.set_pkey_table_size(PKEY_TABLE_SIZE);
-    c.set_vport_counters(1); // QUERY_VPORT_COUNTER (model/cmd/vport.rs)
     c.set_device_memory(1);
     c.set_local_ca_ack_delay(LOCAL_CA_ACK_DELAY);
     c.set_port_type(1); // Ethernet
@@ -242,6 +241,8 @@ fn fill_general(p: &mut [u8]) {
     c.set_device_frequency_khz(DEVICE_FREQUENCY_KHZ);
     c.set_device_frequency_mhz(DEVICE_FREQUENCY_KHZ / 1000);
     c.set_num_of_uars_per_page(1);
+    // QUERY_VPORT_COUNTER (model/cmd/vport.rs).
+    crate::layout::cmds::set_cap_vport_counters(p, true);
 }
 
 #[cfg(test)]
