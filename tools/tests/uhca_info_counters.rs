@@ -75,9 +75,36 @@ fn counters_in_json_are_an_object_per_port() {
     assert!(v["ports"][0].get("counters").is_none());
 }
 
+/// `--traffic 3`: three 4 KiB WRITEs at the default 1024-byte MTU over the loopback, each
+/// four request frames (IPv6 GID 0: Ethernet 14 + IPv6 40 + UDP 8 + BTH 12 + ICRC 4 = 78
+/// bytes of headers, + RETH 16 on the first) and one ACK (78 + AETH 4), every frame sent
+/// and received by the one port: 3 * 5 packets, 3 * (4096 + 4 * 78 + 16 + 82) bytes.
+#[test]
+fn traffic_makes_the_counters_count_exactly() {
+    let (code, out, err) = info(&["-c", "--traffic", "3"]);
+    assert_eq!(code, 0, "{err}");
+    let bytes = 3 * (4096 + 4 * 78 + 16 + 82);
+    for (name, want) in [
+        ("PortXmitData", bytes / 4),
+        ("PortRcvData", bytes / 4),
+        ("PortXmitPkts", 15),
+        ("PortRcvPkts", 15),
+        ("PortUnicastXmitPkts", 15),
+        ("PortUnicastRcvPkts", 15),
+        ("PortMulticastXmitPkts", 0),
+        ("PortMulticastRcvPkts", 0),
+        ("RcvErrorPkts", 0),
+    ] {
+        assert_eq!(value(&out, name), Some(want), "{name}\n{out}");
+    }
+}
+
 #[test]
 fn a_mistyped_counters_flag_is_a_message() {
     for (args, want) in [
+        (&["-c", "--traffic", "0"][..], "not in 1..=1000000"),
+        (&["-c", "--traffic", "lots"], "invalid value"),
+        (&["--traffic", "5"], "--counters"),
         (&["--counter"][..], "unexpected argument"),
         (&["--countrs"], "--counters"),
         (&["--counters=yes"], "unexpected value"),

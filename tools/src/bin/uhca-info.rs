@@ -39,6 +39,78 @@ struct Args {
     /// Print each port's traffic counters (PortXmitData, PortRcvData, ... as `perfquery -x`).
     #[arg(short = 'c', long)]
     counters: bool,
+    /// Before reading the counters, send N RDMA WRITEs of 4 KiB between two QPs in
+    /// loopback on port 1, one at a time (a freshly booted device has counted nothing).
+    #[arg(long, value_name = "N", requires = "counters", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    traffic: Option<u32>,
+}
+
+/// Bytes of each `--traffic` WRITE.
+const TRAFFIC_LEN: usize = 4096;
+
+/// `n` signaled RDMA WRITEs of [`TRAFFIC_LEN`] bytes from one QP to another on the same
+/// port (loopback by the port's own MAC), each waited for (at most 10 s: a stuck device is
+/// an error, not a hang).
+fn send_traffic(dev: &Device, n: u32) -> Result<(), String> {
+    use std::time::{Duration, Instant};
+    use uhca::datapath::{Remote, Sge, WcStatus};
+    use uhca::resource::{
+        Access, ConnectParams, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr,
+    };
+    let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
+    let cfg = CqConfig {
+        entries: 16,
+        events: false,
+    };
+    let cq_a = dev.create_cq(&cfg).map_err(|e| e.to_string())?;
+    let cq_b = dev.create_cq(&cfg).map_err(|e| e.to_string())?;
+    let qcfg = QpConfig::default();
+    let mut a = dev
+        .create_qp(&pd, &cq_a, &cq_a, &qcfg)
+        .map_err(|e| e.to_string())?;
+    let mut b = dev
+        .create_qp(&pd, &cq_b, &cq_b, &qcfg)
+        .map_err(|e| e.to_string())?;
+    let addr = dev.roce_address(0).map_err(|e| e.to_string())?;
+    a.connect(&ConnectParams::new(b.qpn(), addr.gid, addr.mac))
+        .map_err(|e| e.to_string())?;
+    b.connect(&ConnectParams::new(a.qpn(), addr.gid, addr.mac))
+        .map_err(|e| e.to_string())?;
+    let src = pd
+        .alloc_mr(TRAFFIC_LEN, Access::ALL)
+        .map_err(|e| e.to_string())?;
+    let dst = pd
+        .alloc_mr(TRAFFIC_LEN, Access::ALL)
+        .map_err(|e| e.to_string())?;
+    let sge = [Sge::of(&src, 0, TRAFFIC_LEN).ok_or("the traffic buffer is too small")?];
+    let mut cq_a = cq_a;
+    for k in 0..n {
+        a.post_send(&SendWr {
+            wr_id: u64::from(k),
+            op: SendOp::Write {
+                local: Local::Sges(&sge),
+                remote: Remote::of(&dst, 0),
+            },
+            flags: SendFlags::SIGNALED,
+        })
+        .map_err(|e| format!("posting WRITE {k}: {e:?}"))?;
+        a.ring_doorbell();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        'wait: loop {
+            for c in cq_a.poll() {
+                let c = c.map_err(|e| format!("completion of WRITE {k}: {e}"))?;
+                if c.status != WcStatus::Success {
+                    return Err(format!("WRITE {k} completed with {:?}", c.status));
+                }
+                break 'wait;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("WRITE {k} did not complete within 10 s"));
+            }
+            std::thread::yield_now();
+        }
+    }
+    Ok(())
 }
 
 /// Each port's counters, in port order: `None` where the device has none.
@@ -261,6 +333,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(n) = args.traffic
+        && let Err(e) = send_traffic(&dev, n)
+    {
+        eprintln!("uhca-info: --traffic: {e}");
+        return ExitCode::FAILURE;
+    }
     let counters = if args.counters || args.verbose {
         match read_counters(&dev, &summary) {
             Ok(c) => Some(c),
