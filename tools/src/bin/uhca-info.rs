@@ -96,13 +96,14 @@ fn send_traffic(dev: &Device, n: u32) -> Result<(), String> {
         .map_err(|e| format!("posting WRITE {k}: {e:?}"))?;
         a.ring_doorbell();
         let deadline = Instant::now() + Duration::from_secs(10);
-        'wait: loop {
-            for c in cq_a.poll() {
+        loop {
+            // One WRITE in flight: its completion is the only one to come.
+            if let Some(c) = cq_a.poll().next() {
                 let c = c.map_err(|e| format!("completion of WRITE {k}: {e}"))?;
                 if c.status != WcStatus::Success {
                     return Err(format!("WRITE {k} completed with {:?}", c.status));
                 }
-                break 'wait;
+                break;
             }
             if Instant::now() > deadline {
                 return Err(format!("WRITE {k} did not complete within 10 s"));
