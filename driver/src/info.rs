@@ -158,6 +158,95 @@ impl Device {
     }
 }
 
+/// A port's traffic counters in the IB PortCountersExtended terms of `perfquery -x`, as
+/// Linux mlx5_ib derives them from QUERY_VPORT_COUNTER (`drivers/infiniband/hw/mlx5/mad.c`,
+/// `pma_cnt_ext_assign`): data counters are in 4-byte words (octets / 4, rounded down),
+/// packet counters in packets; totals are unicast + multicast. On a RoCE port the counted
+/// octets are whole frames, headers and ICRC included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortCounters {
+    /// 1-based port number.
+    pub port: u32,
+    /// PortXmitData: octets transmitted / 4 (4-byte words).
+    pub port_xmit_data: u64,
+    /// PortRcvData: octets received / 4 (4-byte words).
+    pub port_rcv_data: u64,
+    /// PortXmitPkts: packets transmitted.
+    pub port_xmit_packets: u64,
+    /// PortRcvPkts: packets received.
+    pub port_rcv_packets: u64,
+    /// PortUnicastXmitPkts: unicast packets transmitted.
+    pub port_unicast_xmit_packets: u64,
+    /// PortUnicastRcvPkts: unicast packets received.
+    pub port_unicast_rcv_packets: u64,
+    /// PortMulticastXmitPkts: multicast packets transmitted.
+    pub port_multicast_xmit_packets: u64,
+    /// PortMulticastRcvPkts: multicast packets received.
+    pub port_multicast_rcv_packets: u64,
+    /// Received packets the port dropped as errors (vport `received_errors.packets`; Linux
+    /// reads the IB PortRcvErrors from the PPCNT register instead, which uhca does not use).
+    pub rcv_error_packets: u64,
+    /// The raw vport counters the above come from (octets in bytes).
+    pub vport: ops::VportCounters,
+}
+
+impl PortCounters {
+    /// The IB counters of `port` from its vport counters.
+    pub fn from_vport(port: u32, v: &ops::VportCounters) -> PortCounters {
+        let (tu, tm) = (v.transmitted_ib_unicast, v.transmitted_ib_multicast);
+        let (ru, rm) = (v.received_ib_unicast, v.received_ib_multicast);
+        PortCounters {
+            port,
+            port_xmit_data: tu.octets.wrapping_add(tm.octets) >> 2,
+            port_rcv_data: ru.octets.wrapping_add(rm.octets) >> 2,
+            port_xmit_packets: tu.packets.wrapping_add(tm.packets),
+            port_rcv_packets: ru.packets.wrapping_add(rm.packets),
+            port_unicast_xmit_packets: tu.packets,
+            port_unicast_rcv_packets: ru.packets,
+            port_multicast_xmit_packets: tm.packets,
+            port_multicast_rcv_packets: rm.packets,
+            rcv_error_packets: v.received_errors.packets,
+            vport: *v,
+        }
+    }
+}
+
+/// Why port counters could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CountersError {
+    /// The device does not advertise QUERY_VPORT_COUNTER (`cmd_hca_cap.vport_counters`).
+    #[error("the device has no port counters (cmd_hca_cap.vport_counters is 0)")]
+    Unsupported,
+    /// No such port.
+    #[error("no port {port} (the device has {ports})")]
+    NoSuchPort {
+        /// The port asked for.
+        port: u32,
+        /// Ports the device has.
+        ports: u32,
+    },
+    /// The command failed.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+impl Device {
+    /// The traffic counters of `port` (1-based), read with QUERY_VPORT_COUNTER; with
+    /// `clear` the device zeroes them as it reads them (read-and-clear, nothing lost).
+    pub fn port_counters(&self, port: u32, clear: bool) -> Result<PortCounters, CountersError> {
+        let g = CmdHcaCap::new_unchecked(&self.caps().general[..]);
+        if !uhca_hw::layout::cmds::cap_vport_counters(&self.caps().general[..]) {
+            return Err(CountersError::Unsupported);
+        }
+        let ports = g.num_ports().max(1);
+        if port == 0 || port > ports {
+            return Err(CountersError::NoSuchPort { port, ports });
+        }
+        let v = ops::query_vport_counter(self.cmd(), port, clear).map_err(DeviceError::from)?;
+        Ok(PortCounters::from_vport(port, &v))
+    }
+}
+
 /// Formats a GID as an IPv6 address.
 pub fn format_gid(gid: &[u8; 16]) -> String {
     std::net::Ipv6Addr::from(*gid).to_string()
@@ -194,6 +283,31 @@ pub fn ib_mtu_enum(bytes: u32) -> u32 {
 #[cfg(test)]
 mod mtu_tests {
     use super::*;
+
+    #[test]
+    fn ib_counters_are_linux_sums_and_words() {
+        let t = |packets, octets| ops::TrafficCounter { packets, octets };
+        let v = ops::VportCounters {
+            transmitted_ib_unicast: t(3, 1003),
+            transmitted_ib_multicast: t(1, 5),
+            received_ib_unicast: t(7, 400),
+            received_ib_multicast: t(2, 3),
+            received_errors: t(4, 99),
+            ..Default::default()
+        };
+        let c = PortCounters::from_vport(1, &v);
+        assert_eq!((c.port_xmit_data, c.port_rcv_data), (1008 / 4, 403 / 4));
+        assert_eq!((c.port_xmit_packets, c.port_rcv_packets), (4, 9));
+        assert_eq!(
+            (c.port_unicast_xmit_packets, c.port_unicast_rcv_packets),
+            (3, 7)
+        );
+        assert_eq!(
+            (c.port_multicast_xmit_packets, c.port_multicast_rcv_packets),
+            (1, 2)
+        );
+        assert_eq!(c.rcv_error_packets, 4);
+    }
 
     #[test]
     fn a_1500_byte_ethernet_mtu_gives_1024() {

@@ -268,6 +268,115 @@ pub fn query_vport_state(c: &dyn Exec) -> Result<(u32, u32), CmdError> {
     Ok((o.admin_state(), o.state()))
 }
 
+/// One `traffic_counter` of QUERY_VPORT_COUNTER: packets and octets (64-bit each).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrafficCounter {
+    /// Packets.
+    pub packets: u64,
+    /// Octets (bytes).
+    pub octets: u64,
+}
+
+/// What QUERY_VPORT_COUNTER reports (Linux `mlx5_ifc.h` `query_vport_counter_out`): the
+/// vport's traffic counters. `*_ib_*` are the RoCE (RDMA) traffic, `*_eth_*` other
+/// Ethernet traffic steered to or from the vport.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VportCounters {
+    /// Received packets dropped as errors.
+    pub received_errors: TrafficCounter,
+    /// Packets that failed to transmit.
+    pub transmit_errors: TrafficCounter,
+    /// Received unicast RoCE.
+    pub received_ib_unicast: TrafficCounter,
+    /// Transmitted unicast RoCE.
+    pub transmitted_ib_unicast: TrafficCounter,
+    /// Received multicast RoCE.
+    pub received_ib_multicast: TrafficCounter,
+    /// Transmitted multicast RoCE.
+    pub transmitted_ib_multicast: TrafficCounter,
+    /// Received Ethernet broadcast.
+    pub received_eth_broadcast: TrafficCounter,
+    /// Transmitted Ethernet broadcast.
+    pub transmitted_eth_broadcast: TrafficCounter,
+    /// Received Ethernet unicast.
+    pub received_eth_unicast: TrafficCounter,
+    /// Transmitted Ethernet unicast.
+    pub transmitted_eth_unicast: TrafficCounter,
+    /// Received Ethernet multicast.
+    pub received_eth_multicast: TrafficCounter,
+    /// Transmitted Ethernet multicast.
+    pub transmitted_eth_multicast: TrafficCounter,
+    /// Traffic looped back inside the device (when `vport_counter_local_loopback`).
+    pub local_loopback: TrafficCounter,
+}
+
+/// QUERY_VPORT_COUNTER of our own vport on `port_num` (1-based; 0 = the native port);
+/// with `clear` the device zeroes the counters as it reads them.
+pub fn query_vport_counter(
+    c: &dyn Exec,
+    port_num: u32,
+    clear: bool,
+) -> Result<VportCounters, CmdError> {
+    let mut i = input(
+        Opcode::QueryVportCounter,
+        QUERY_VPORT_COUNTER_OP_MOD_VPORT,
+        QueryVportCounterIn::<()>::SIZE,
+    );
+    {
+        let mut q = QueryVportCounterIn::new_unchecked(&mut i[..]);
+        q.set_port_num(port_num);
+        q.set_clear(u32::from(clear));
+    }
+    let out = c.exec(&i, QueryVportCounterOut::<()>::SIZE)?;
+    let o = QueryVportCounterOut::new_unchecked(&out[..]);
+    let t = |packets, octets| TrafficCounter { packets, octets };
+    Ok(VportCounters {
+        received_errors: t(o.received_errors_packets(), o.received_errors_octets()),
+        transmit_errors: t(o.transmit_errors_packets(), o.transmit_errors_octets()),
+        received_ib_unicast: t(
+            o.received_ib_unicast_packets(),
+            o.received_ib_unicast_octets(),
+        ),
+        transmitted_ib_unicast: t(
+            o.transmitted_ib_unicast_packets(),
+            o.transmitted_ib_unicast_octets(),
+        ),
+        received_ib_multicast: t(
+            o.received_ib_multicast_packets(),
+            o.received_ib_multicast_octets(),
+        ),
+        transmitted_ib_multicast: t(
+            o.transmitted_ib_multicast_packets(),
+            o.transmitted_ib_multicast_octets(),
+        ),
+        received_eth_broadcast: t(
+            o.received_eth_broadcast_packets(),
+            o.received_eth_broadcast_octets(),
+        ),
+        transmitted_eth_broadcast: t(
+            o.transmitted_eth_broadcast_packets(),
+            o.transmitted_eth_broadcast_octets(),
+        ),
+        received_eth_unicast: t(
+            o.received_eth_unicast_packets(),
+            o.received_eth_unicast_octets(),
+        ),
+        transmitted_eth_unicast: t(
+            o.transmitted_eth_unicast_packets(),
+            o.transmitted_eth_unicast_octets(),
+        ),
+        received_eth_multicast: t(
+            o.received_eth_multicast_packets(),
+            o.received_eth_multicast_octets(),
+        ),
+        transmitted_eth_multicast: t(
+            o.transmitted_eth_multicast_packets(),
+            o.transmitted_eth_multicast_octets(),
+        ),
+        local_loopback: t(o.local_loopback_packets(), o.local_loopback_octets()),
+    })
+}
+
 /// A RoCE GID table entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RoceAddress {

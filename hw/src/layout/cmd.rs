@@ -172,6 +172,8 @@ crate::enum_with_unknown! {
         QueryHcaVportGid = 0x764,
         /// QUERY_HCA_VPORT_PKEY.
         QueryHcaVportPkey = 0x765,
+        /// QUERY_VPORT_COUNTER (Linux `MLX5_CMD_OP_QUERY_VPORT_COUNTER`, `mlx5_ifc.h`).
+        QueryVportCounter = 0x770,
         /// ALLOC_PD.
         AllocPd = 0x800,
         /// DEALLOC_PD.

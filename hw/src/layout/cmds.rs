@@ -623,3 +623,112 @@ layout! {
     syndrome, set_syndrome: 0x004 [31:0],
     roce_address, ROCE_ADDRESS: 0x010 nested 32,
 }
+
+// Port (vport) traffic counters. Not in prm-subset.md: Linux `include/linux/mlx5/mlx5_ifc.h`
+// (`mlx5_ifc_query_vport_counter_in_bits`, `mlx5_ifc_query_vport_counter_out_bits`,
+// `mlx5_ifc_traffic_counter_bits`), advertised by `cmd_hca_cap.vport_counters`.
+
+layout! {
+    /// `query_vport_counter_in` (32 bytes). Linux `mlx5_ifc.h`
+    /// (`mlx5_ifc_query_vport_counter_in_bits`): `clear` reads the counters and zeroes them
+    /// in one step; `op_mod` 0 ([`QUERY_VPORT_COUNTER_OP_MOD_VPORT`]) is the only mode.
+    pub struct QueryVportCounterIn, "query_vport_counter_in", size 32;
+    opcode, set_opcode: 0x000 [31:16],
+    op_mod, set_op_mod: 0x004 [15:0],
+    other_vport, set_other_vport: 0x008 [31:31],
+    port_num, set_port_num: 0x008 [19:16],
+    vport_number, set_vport_number: 0x008 [15:0],
+    clear, set_clear: 0x018 [31:31],
+}
+
+/// `cmd_hca_cap.vport_counters`, byte 0x30 bit 30 of the general capability page: the
+/// device answers QUERY_VPORT_COUNTER. Not in prm-subset.md (so not a row of
+/// [`super::caps::CmdHcaCap`], whose table is checked against it): Linux `mlx5_ifc.h`
+/// (`mlx5_ifc_cmd_hca_cap_bits`, bit 0x181), tested by mlx5_ib before it reads port
+/// counters (`mad.c`, `mlx5_ib_process_mad`).
+pub const CAP_VPORT_COUNTERS: (usize, u32) = (0x030, 30);
+
+/// Whether a general capability page advertises QUERY_VPORT_COUNTER.
+pub fn cap_vport_counters<B: crate::layout::Buf + ?Sized>(general: &B) -> bool {
+    let (off, bit) = CAP_VPORT_COUNTERS;
+    general.get_bits(off, bit, bit) == 1
+}
+
+/// Sets or clears `vport_counters` in a general capability page.
+pub fn set_cap_vport_counters<B: crate::layout::BufMut + ?Sized>(general: &mut B, on: bool) {
+    let (off, bit) = CAP_VPORT_COUNTERS;
+    general.set_bits(off, bit, bit, u32::from(on));
+}
+
+/// QUERY_VPORT_COUNTER `op_mod`: the vport's counters (Linux
+/// `MLX5_QUERY_VPORT_COUNTER_IN_OP_MOD_VPORT_COUNTERS`).
+pub const QUERY_VPORT_COUNTER_OP_MOD_VPORT: u16 = 0;
+
+layout! {
+    /// `query_vport_counter_out` (528 bytes). Linux `mlx5_ifc.h`
+    /// (`mlx5_ifc_query_vport_counter_out_bits`): thirteen `traffic_counter` pairs
+    /// (`packets` then `octets`, each 64-bit) from byte 0x10, here flattened as
+    /// `<counter>_packets` / `<counter>_octets` (the PRM's `<counter>.packets`), then
+    /// reserved up to 0x210. `*_ib_*` count RoCE traffic; Linux mlx5_ib builds the IB
+    /// PortCountersExtended from them (`drivers/infiniband/hw/mlx5/mad.c`,
+    /// `pma_cnt_ext_assign`: PortXmitData = (ib unicast + ib multicast octets) / 4, ...).
+    pub struct QueryVportCounterOut, "query_vport_counter_out", size 528;
+    status, set_status: 0x000 [31:24],
+    syndrome, set_syndrome: 0x004 [31:0],
+    received_errors_packets, set_received_errors_packets: 0x010 u64,
+    received_errors_octets, set_received_errors_octets: 0x018 u64,
+    transmit_errors_packets, set_transmit_errors_packets: 0x020 u64,
+    transmit_errors_octets, set_transmit_errors_octets: 0x028 u64,
+    received_ib_unicast_packets, set_received_ib_unicast_packets: 0x030 u64,
+    received_ib_unicast_octets, set_received_ib_unicast_octets: 0x038 u64,
+    transmitted_ib_unicast_packets, set_transmitted_ib_unicast_packets: 0x040 u64,
+    transmitted_ib_unicast_octets, set_transmitted_ib_unicast_octets: 0x048 u64,
+    received_ib_multicast_packets, set_received_ib_multicast_packets: 0x050 u64,
+    received_ib_multicast_octets, set_received_ib_multicast_octets: 0x058 u64,
+    transmitted_ib_multicast_packets, set_transmitted_ib_multicast_packets: 0x060 u64,
+    transmitted_ib_multicast_octets, set_transmitted_ib_multicast_octets: 0x068 u64,
+    received_eth_broadcast_packets, set_received_eth_broadcast_packets: 0x070 u64,
+    received_eth_broadcast_octets, set_received_eth_broadcast_octets: 0x078 u64,
+    transmitted_eth_broadcast_packets, set_transmitted_eth_broadcast_packets: 0x080 u64,
+    transmitted_eth_broadcast_octets, set_transmitted_eth_broadcast_octets: 0x088 u64,
+    received_eth_unicast_packets, set_received_eth_unicast_packets: 0x090 u64,
+    received_eth_unicast_octets, set_received_eth_unicast_octets: 0x098 u64,
+    transmitted_eth_unicast_packets, set_transmitted_eth_unicast_packets: 0x0a0 u64,
+    transmitted_eth_unicast_octets, set_transmitted_eth_unicast_octets: 0x0a8 u64,
+    received_eth_multicast_packets, set_received_eth_multicast_packets: 0x0b0 u64,
+    received_eth_multicast_octets, set_received_eth_multicast_octets: 0x0b8 u64,
+    transmitted_eth_multicast_packets, set_transmitted_eth_multicast_packets: 0x0c0 u64,
+    transmitted_eth_multicast_octets, set_transmitted_eth_multicast_octets: 0x0c8 u64,
+    local_loopback_packets, set_local_loopback_packets: 0x0d0 u64,
+    local_loopback_octets, set_local_loopback_octets: 0x0d8 u64,
+}
+
+#[cfg(test)]
+mod vport_counter_tests {
+    use super::*;
+
+    /// Golden bytes both ways: `mlx5_ifc.h` bit offsets 0x40 (port_num/vport_number word),
+    /// 0xc0 (`clear`) for the input; 0x80 + 0x80 * k for counter k of the output.
+    #[test]
+    fn query_vport_counter_golden_bytes() {
+        let mut i = [0u8; 32];
+        let mut v = QueryVportCounterIn::new_checked(&mut i[..]).unwrap();
+        v.set_opcode(0x770);
+        v.set_port_num(1);
+        v.set_clear(1);
+        assert_eq!(&i[0..2], &[0x07, 0x70]);
+        assert_eq!(&i[8..12], &[0x00, 0x01, 0x00, 0x00]);
+        assert_eq!(&i[0x18..0x1c], &[0x80, 0, 0, 0]);
+
+        let mut o = [0u8; 528];
+        o[0x30..0x38].copy_from_slice(&7u64.to_be_bytes());
+        o[0x48..0x50].copy_from_slice(&0x1_0000_0001u64.to_be_bytes());
+        o[0xd8..0xe0].copy_from_slice(&9u64.to_be_bytes());
+        let v = QueryVportCounterOut::new_checked(&o[..]).unwrap();
+        assert_eq!(v.received_ib_unicast_packets(), 7);
+        assert_eq!(v.transmitted_ib_unicast_octets(), 0x1_0000_0001);
+        assert_eq!(v.local_loopback_octets(), 9);
+        assert_eq!(v.received_errors_packets(), 0);
+        assert!(QueryVportCounterOut::new_checked(&o[..527]).is_err());
+    }
+}

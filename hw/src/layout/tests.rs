@@ -119,6 +119,8 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
         QueryHcaVportContextOut<()>,
         QueryRoceAddressIn<()>,
         QueryRoceAddressOut<()>,
+        QueryVportCounterIn<()>,
+        QueryVportCounterOut<()>,
     ]
 }
 

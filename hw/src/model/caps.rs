@@ -199,7 +199,7 @@ fn page() -> Vec<u8> {
 
 /// The MAX general page (prm-subset.md §8.2).
 fn fill_general(p: &mut [u8]) {
-    let mut c = CmdHcaCap::new_unchecked(p);
+    let mut c = CmdHcaCap::new_unchecked(&mut *p);
     c.set_hca_cap_2(1);
     c.set_log_max_srq_sz(15);
     c.set_log_max_qp_sz(LOG_MAX_QP_SZ);
@@ -241,6 +241,8 @@ fn fill_general(p: &mut [u8]) {
     c.set_device_frequency_khz(DEVICE_FREQUENCY_KHZ);
     c.set_device_frequency_mhz(DEVICE_FREQUENCY_KHZ / 1000);
     c.set_num_of_uars_per_page(1);
+    // QUERY_VPORT_COUNTER (model/cmd/vport.rs).
+    crate::layout::cmds::set_cap_vport_counters(p, true);
 }
 
 #[cfg(test)]

@@ -206,7 +206,7 @@ impl Link for Wire<'_> {
             // No link attached: the frame leaves into nothing, as on an unplugged port.
             Ok(())
         };
-        self.account(&r);
+        self.account(&r, frame.len());
         r
     }
 
@@ -220,11 +220,12 @@ impl Link for Wire<'_> {
     ) -> Result<(), LinkError> {
         let mac = self.mac;
         let mut built = false;
+        let mut len = 0;
         let mut other = None;
         let r = match self.peer {
             Some(p) => p.send_with(scratch, &mut |buf: &mut [u8]| {
                 let n = build(buf)?;
-                built = true;
+                (built, len) = (true, n);
                 if buf.get(..6) == Some(&mac[..]) {
                     other = Some(self.loop_tx.send(&buf[..n]));
                     return None;
@@ -233,7 +234,7 @@ impl Link for Wire<'_> {
             }),
             None => self.loop_tx.send_with(scratch, &mut |buf: &mut [u8]| {
                 let n = build(buf)?;
-                built = true;
+                (built, len) = (true, n);
                 if buf.get(..6) == Some(&mac[..]) {
                     return Some(n);
                 }
@@ -246,7 +247,7 @@ impl Link for Wire<'_> {
             return Ok(()); // the builder sent nothing
         }
         let r = other.unwrap_or(r);
-        self.account(&r);
+        self.account(&r, len);
         r
     }
 
@@ -256,12 +257,13 @@ impl Link for Wire<'_> {
 }
 
 impl Wire<'_> {
-    /// Counts a send's outcome.
-    fn account(&self, r: &Result<(), LinkError>) {
+    /// Counts a send's outcome (a frame of `len` bytes).
+    fn account(&self, r: &Result<(), LinkError>, len: usize) {
         match r {
             Ok(()) => {
                 self.sent.fetch_add(1, Ordering::Relaxed);
                 Counters::inc(&self.sh.stats.packets_tx);
+                self.sh.stats.port.transmitted(len);
             }
             Err(LinkError::Full) => {
                 self.full.fetch_add(1, Ordering::Relaxed);
@@ -718,8 +720,10 @@ fn deliver(
         RocePacket::parse(frame)
     };
     let Ok(pkt) = parsed else {
+        sh.stats.port.received_error(frame.len());
         return; // malformed or bad ICRC: dropped as the wire would
     };
+    sh.stats.port.received(frame.len());
     let Some(qp) = dp.qps.get_mut(&pkt.bth.dest_qp) else {
         return;
     };

@@ -253,6 +253,8 @@ pub(crate) struct Counters {
     pub(crate) wqes_executed: AtomicU64,
     pub(crate) packets_tx: AtomicU64,
     pub(crate) packets_rx: AtomicU64,
+    /// The port's QUERY_VPORT_COUNTER counters (`cmd::vport::PortCounters`).
+    pub(crate) port: cmd::vport::PortCounters,
 }
 
 impl Counters {

@@ -4,11 +4,14 @@
 //! With `--device BDF` it opens that function through the kernel VFIO backend
 //! (`uhca-bind bind BDF` first); with `--vfio-user SOCKET` the device served there over
 //! vfio-user (a `uhca-model` process).
+//!
+//! `-c/--counters` (and `-v`) adds each port's traffic counters (QUERY_VPORT_COUNTER) under
+//! the names of `perfquery -x`; data counters are in 4-byte words, as InfiniBand counts them.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use uhca::info::{DeviceSummary, PortState, format_gid, format_mac};
+use uhca::info::{CountersError, DeviceSummary, PortCounters, PortState, format_gid, format_mac};
 use uhca::{Device, DeviceConfig};
 
 /// Print device facts like `ibv_devinfo -v`.
@@ -30,9 +33,126 @@ struct Args {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
-    /// Also print the less common fields.
+    /// Also print the less common fields (port counters included).
     #[arg(short, long)]
     verbose: bool,
+    /// Print each port's traffic counters (PortXmitData, PortRcvData, ... as `perfquery -x`).
+    #[arg(short = 'c', long)]
+    counters: bool,
+    /// Before reading the counters, send N RDMA WRITEs of 4 KiB between two QPs in
+    /// loopback on port 1, one at a time (a freshly booted device has counted nothing).
+    #[arg(long, value_name = "N", requires = "counters", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    traffic: Option<u32>,
+}
+
+/// Bytes of each `--traffic` WRITE.
+const TRAFFIC_LEN: usize = 4096;
+
+/// `n` signaled RDMA WRITEs of [`TRAFFIC_LEN`] bytes from one QP to another on the same
+/// port (loopback by the port's own MAC), each waited for (at most 10 s: a stuck device is
+/// an error, not a hang).
+fn send_traffic(dev: &Device, n: u32) -> Result<(), String> {
+    use std::time::{Duration, Instant};
+    use uhca::datapath::{Remote, Sge, WcStatus};
+    use uhca::resource::{
+        Access, ConnectParams, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr,
+    };
+    let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
+    let cfg = CqConfig {
+        entries: 16,
+        events: false,
+    };
+    let cq_a = dev.create_cq(&cfg).map_err(|e| e.to_string())?;
+    let cq_b = dev.create_cq(&cfg).map_err(|e| e.to_string())?;
+    let qcfg = QpConfig::default();
+    let mut a = dev
+        .create_qp(&pd, &cq_a, &cq_a, &qcfg)
+        .map_err(|e| e.to_string())?;
+    let mut b = dev
+        .create_qp(&pd, &cq_b, &cq_b, &qcfg)
+        .map_err(|e| e.to_string())?;
+    let addr = dev.roce_address(0).map_err(|e| e.to_string())?;
+    a.connect(&ConnectParams::new(b.qpn(), addr.gid, addr.mac))
+        .map_err(|e| e.to_string())?;
+    b.connect(&ConnectParams::new(a.qpn(), addr.gid, addr.mac))
+        .map_err(|e| e.to_string())?;
+    let src = pd
+        .alloc_mr(TRAFFIC_LEN, Access::ALL)
+        .map_err(|e| e.to_string())?;
+    let dst = pd
+        .alloc_mr(TRAFFIC_LEN, Access::ALL)
+        .map_err(|e| e.to_string())?;
+    let sge = [Sge::of(&src, 0, TRAFFIC_LEN).ok_or("the traffic buffer is too small")?];
+    let mut cq_a = cq_a;
+    for k in 0..n {
+        a.post_send(&SendWr {
+            wr_id: u64::from(k),
+            op: SendOp::Write {
+                local: Local::Sges(&sge),
+                remote: Remote::of(&dst, 0),
+            },
+            flags: SendFlags::SIGNALED,
+        })
+        .map_err(|e| format!("posting WRITE {k}: {e:?}"))?;
+        a.ring_doorbell();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // One WRITE in flight: its completion is the only one to come.
+            if let Some(c) = cq_a.poll().next() {
+                let c = c.map_err(|e| format!("completion of WRITE {k}: {e}"))?;
+                if c.status != WcStatus::Success {
+                    return Err(format!("WRITE {k} completed with {:?}", c.status));
+                }
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("WRITE {k} did not complete within 10 s"));
+            }
+            std::thread::yield_now();
+        }
+    }
+    Ok(())
+}
+
+/// Each port's counters, in port order: `None` where the device has none.
+type Counters = Vec<Option<PortCounters>>;
+
+fn read_counters(dev: &Device, s: &DeviceSummary) -> Result<Counters, CountersError> {
+    let mut all = Vec::new();
+    for p in &s.ports {
+        match dev.port_counters(p.port, false) {
+            Ok(c) => all.push(Some(c)),
+            Err(CountersError::Unsupported) => all.push(None),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(all)
+}
+
+/// The counters as `perfquery -x` names them, with their values.
+fn counter_rows(c: &PortCounters) -> [(&'static str, u64); 9] {
+    [
+        ("PortXmitData", c.port_xmit_data),
+        ("PortRcvData", c.port_rcv_data),
+        ("PortXmitPkts", c.port_xmit_packets),
+        ("PortRcvPkts", c.port_rcv_packets),
+        ("PortUnicastXmitPkts", c.port_unicast_xmit_packets),
+        ("PortUnicastRcvPkts", c.port_unicast_rcv_packets),
+        ("PortMulticastXmitPkts", c.port_multicast_xmit_packets),
+        ("PortMulticastRcvPkts", c.port_multicast_rcv_packets),
+        ("RcvErrorPkts", c.rcv_error_packets),
+    ]
+}
+
+fn print_counters(c: Option<&PortCounters>) {
+    let Some(c) = c else {
+        println!("			counters:		not supported by the device");
+        return;
+    };
+    println!("			counters (Data: 4-byte words = bytes / 4, whole frames; Pkts: packets):");
+    for (name, v) in counter_rows(c) {
+        println!("			{:.<32}{v}", format!("{name}:"));
+    }
 }
 
 fn open(args: &Args) -> Result<Device, String> {
@@ -75,7 +195,7 @@ fn open_vfio_user(sock: &std::path::Path) -> Result<Device, String> {
         .map_err(|e| format!("booting the vfio-user device {}: {e}", sock.display()))
 }
 
-fn print_text(s: &DeviceSummary, verbose: bool) {
+fn print_text(s: &DeviceSummary, verbose: bool, counters: Option<&Counters>) {
     println!("hca_id:\t{}", s.name);
     println!("\ttransport:\t\t\tInfiniBand (0)");
     println!("\tfw_ver:\t\t\t\t{}", s.fw_ver);
@@ -97,7 +217,7 @@ fn print_text(s: &DeviceSummary, verbose: bool) {
         println!("\tmax_msg_sz:\t\t\t{:#x}", s.max_msg_sz);
         println!("\tfw_pages:\t\t\t{}", s.fw_pages);
     }
-    for p in &s.ports {
+    for (k, p) in s.ports.iter().enumerate() {
         println!("\t\tport:\t{}", p.port);
         let (name, code) = match p.state {
             PortState::Active => ("PORT_ACTIVE", 4),
@@ -118,11 +238,41 @@ fn print_text(s: &DeviceSummary, verbose: bool) {
             format_gid(&p.gid0),
             p.gid0_roce_version
         );
+        if let Some(all) = counters {
+            print_counters(all.get(k).and_then(Option::as_ref));
+        }
     }
 }
 
-fn to_json(s: &DeviceSummary) -> serde_json::Value {
-    serde_json::json!({
+fn counters_json(c: Option<&PortCounters>) -> serde_json::Value {
+    let Some(c) = c else {
+        return serde_json::Value::Null;
+    };
+    let mut m = serde_json::Map::new();
+    for (name, v) in counter_rows(c) {
+        m.insert(name.into(), v.into());
+    }
+    m.insert(
+        "units".into(),
+        "Data: 4-byte words (bytes / 4); Pkts: packets".into(),
+    );
+    let t = |t: uhca::cmd::ops::TrafficCounter| serde_json::json!({"packets": t.packets, "octets": t.octets});
+    m.insert(
+        "vport".into(),
+        serde_json::json!({
+            "received_errors": t(c.vport.received_errors),
+            "transmit_errors": t(c.vport.transmit_errors),
+            "received_ib_unicast": t(c.vport.received_ib_unicast),
+            "transmitted_ib_unicast": t(c.vport.transmitted_ib_unicast),
+            "received_ib_multicast": t(c.vport.received_ib_multicast),
+            "transmitted_ib_multicast": t(c.vport.transmitted_ib_multicast),
+        }),
+    );
+    m.into()
+}
+
+fn to_json(s: &DeviceSummary, counters: Option<&Counters>) -> serde_json::Value {
+    let mut v = serde_json::json!({
         "hca_id": s.name,
         "fw_ver": s.fw_ver,
         "cmdif_rev": s.cmdif_rev,
@@ -151,7 +301,14 @@ fn to_json(s: &DeviceSummary) -> serde_json::Value {
             "gid0": format_gid(&p.gid0),
             "gid0_roce_version": p.gid0_roce_version,
         })).collect::<Vec<_>>(),
-    })
+    });
+    if let Some(all) = counters {
+        let ports = v["ports"].as_array_mut().expect("ports is an array");
+        for (k, p) in ports.iter_mut().enumerate() {
+            p["counters"] = counters_json(all.get(k).and_then(Option::as_ref));
+        }
+    }
+    v
 }
 
 fn main() -> ExitCode {
@@ -177,13 +334,31 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(n) = args.traffic
+        && let Err(e) = send_traffic(&dev, n)
+    {
+        eprintln!("uhca-info: --traffic: {e}");
+        return ExitCode::FAILURE;
+    }
+    let counters = if args.counters || args.verbose {
+        match read_counters(&dev, &summary) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("uhca-info: reading port counters of {}: {e}", args.device);
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&to_json(&summary)).expect("JSON of plain values")
+            serde_json::to_string_pretty(&to_json(&summary, counters.as_ref()))
+                .expect("JSON of plain values")
         );
     } else {
-        print_text(&summary, args.verbose);
+        print_text(&summary, args.verbose, counters.as_ref());
     }
     if let Err(e) = dev.close() {
         eprintln!("uhca-info: teardown: {e}");

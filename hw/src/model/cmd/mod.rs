@@ -18,7 +18,7 @@ mod pages;
 pub(crate) mod qp;
 mod resource;
 pub mod syndrome;
-mod vport;
+pub(crate) mod vport;
 
 use crate::layout::cmd::{CmdStatus, InHeader, Opcode, OutHeader};
 
@@ -189,6 +189,13 @@ static HANDLERS: &[Handler] = &[
         16,
         RUNNING,
         vport::set_roce_address,
+    ),
+    h(
+        Opcode::QueryVportCounter,
+        0x20,
+        0x210,
+        RUNNING,
+        vport::query_vport_counter,
     ),
 ];
 

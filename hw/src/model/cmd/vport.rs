@@ -1,7 +1,11 @@
-//! Vport and RoCE address commands (prm-subset.md §6.9).
+//! Vport and RoCE address commands (prm-subset.md §6.9), and the port's traffic counters
+//! (QUERY_VPORT_COUNTER, Linux `mlx5_ifc.h` `query_vport_counter_in/out`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::layout::cmds::{
-    ModifyNicVportContextIn, QueryHcaVportContextIn, QueryNicVportContextIn, QueryRoceAddressIn,
+    ModifyNicVportContextIn, QUERY_VPORT_COUNTER_OP_MOD_VPORT, QueryHcaVportContextIn,
+    QueryNicVportContextIn, QueryRoceAddressIn, QueryVportCounterIn, QueryVportCounterOut,
     QueryVportStateOut, SetRoceAddressIn,
 };
 use crate::layout::vport::{HcaVportContext, NicVportContext, RoceAddrLayout};
@@ -146,4 +150,219 @@ pub(super) fn set_roce_address(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u
         vlan: (a.vlan_valid() == 1).then_some(a.vlan_id() as u16),
     });
     Ok(())
+}
+
+/// The port's traffic counters behind QUERY_VPORT_COUNTER, counted by the data path
+/// (`model/datapath.rs`) with relaxed atomics, one update per frame.
+///
+/// What counts: every RoCEv2 frame the port sends (`transmitted_ib_unicast`) or receives for
+/// its own MAC (`received_ib_unicast`), loopback frames included (they leave and enter the
+/// port); frames addressed to it that fail parsing or the ICRC check count as
+/// `received_errors` instead. Octets are whole frames as the model's wire carries them,
+/// Ethernet header to ICRC (the model's frames carry no FCS), not payload only: the IB
+/// PortXmitData / PortRcvData that Linux derives from these counters (mad.c
+/// `pma_cnt_ext_assign`, octets / 4) are "data octets ... transmitted on all VLs"
+/// (Linux `Documentation/ABI/stable/sysfs-class-infiniband`), which the IBA PortCounters
+/// definition (§16.1.3.5) takes as whole packets, headers and CRCs included. The model
+/// sends no multicast, broadcast or non-RoCE Ethernet, so those counters stay 0.
+#[derive(Debug, Default)]
+pub(crate) struct PortCounters {
+    tx_packets: AtomicU64,
+    tx_octets: AtomicU64,
+    rx_packets: AtomicU64,
+    rx_octets: AtomicU64,
+    rx_error_packets: AtomicU64,
+    rx_error_octets: AtomicU64,
+}
+
+/// A snapshot of [`PortCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PortCounts {
+    pub(crate) tx_packets: u64,
+    pub(crate) tx_octets: u64,
+    pub(crate) rx_packets: u64,
+    pub(crate) rx_octets: u64,
+    pub(crate) rx_error_packets: u64,
+    pub(crate) rx_error_octets: u64,
+}
+
+impl PortCounters {
+    /// Counts one frame of `len` bytes sent.
+    #[inline]
+    pub(crate) fn transmitted(&self, len: usize) {
+        self.tx_packets.fetch_add(1, Ordering::Relaxed);
+        self.tx_octets.fetch_add(len as u64, Ordering::Relaxed);
+    }
+
+    /// Counts one good frame of `len` bytes received.
+    #[inline]
+    pub(crate) fn received(&self, len: usize) {
+        self.rx_packets.fetch_add(1, Ordering::Relaxed);
+        self.rx_octets.fetch_add(len as u64, Ordering::Relaxed);
+    }
+
+    /// Counts one received frame of `len` bytes dropped as malformed or with a bad ICRC.
+    #[inline]
+    pub(crate) fn received_error(&self, len: usize) {
+        self.rx_error_packets.fetch_add(1, Ordering::Relaxed);
+        self.rx_error_octets
+            .fetch_add(len as u64, Ordering::Relaxed);
+    }
+
+    /// The counters now; with `clear`, each is read and zeroed in one atomic step (no
+    /// frame counted meanwhile is lost).
+    pub(crate) fn read(&self, clear: bool) -> PortCounts {
+        let get = |a: &AtomicU64| {
+            if clear {
+                a.swap(0, Ordering::Relaxed)
+            } else {
+                a.load(Ordering::Relaxed)
+            }
+        };
+        PortCounts {
+            tx_packets: get(&self.tx_packets),
+            tx_octets: get(&self.tx_octets),
+            rx_packets: get(&self.rx_packets),
+            rx_octets: get(&self.rx_octets),
+            rx_error_packets: get(&self.rx_error_packets),
+            rx_error_octets: get(&self.rx_error_octets),
+        }
+    }
+}
+
+/// QUERY_VPORT_COUNTER: the own vport's counters on port 1 (`port_num` 0 names the native
+/// port too), read and optionally cleared (`clear`).
+pub(super) fn query_vport_counter(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> CmdResult {
+    if ctx.op_mod != QUERY_VPORT_COUNTER_OP_MOD_VPORT {
+        return Err(bad_param(s::BAD_OP_MOD));
+    }
+    let i = QueryVportCounterIn::new_unchecked(input);
+    own_vport(i.other_vport(), i.vport_number())?;
+    if i.port_num() > 1 {
+        return Err(bad_param(s::BAD_PORT));
+    }
+    let c = ctx.sh.stats.port.read(i.clear() == 1);
+    let mut o = QueryVportCounterOut::new_unchecked(&mut out[..]);
+    o.set_received_errors_packets(c.rx_error_packets);
+    o.set_received_errors_octets(c.rx_error_octets);
+    o.set_received_ib_unicast_packets(c.rx_packets);
+    o.set_received_ib_unicast_octets(c.rx_octets);
+    o.set_transmitted_ib_unicast_packets(c.tx_packets);
+    o.set_transmitted_ib_unicast_octets(c.tx_octets);
+    Ok(())
+}
+
+#[cfg(test)]
+mod counter_tests {
+    use std::time::{Duration, Instant};
+
+    use crate::layout::cmd::{CmdStatus, Opcode};
+    use crate::layout::cmds::{QueryVportCounterIn, QueryVportCounterOut};
+    use crate::layout::wqe::{WqeOpcode, fm_ce_se::CQ_UPDATE};
+    use crate::layout::{Buf, BufMut};
+    use crate::link::{self, Link, LinkConfig};
+    use crate::model::dp_tests::{Rig, cat, data, header, model, raddr};
+
+    use super::super::syndrome as s;
+
+    const OUT: usize = QueryVportCounterOut::<()>::SIZE;
+
+    fn query(r: &Rig<'_>, clear: bool) -> Vec<u8> {
+        let mut i = header(Opcode::QueryVportCounter, QueryVportCounterIn::<()>::SIZE);
+        QueryVportCounterIn::new_unchecked(&mut i[..]).set_clear(u32::from(clear));
+        let (st, syn, out) = r.cmd(&i, OUT);
+        assert_eq!((st, syn), (CmdStatus::Ok, 0));
+        assert_eq!(out.len(), OUT);
+        out
+    }
+
+    /// (tx packets, tx octets, rx packets, rx octets, rx error packets, rx error octets),
+    /// read at the `mlx5_ifc.h` byte offsets.
+    fn counts(out: &[u8]) -> [u64; 6] {
+        [0x40, 0x48, 0x30, 0x38, 0x10, 0x18].map(|off| out.read_be64(off))
+    }
+
+    #[test]
+    fn counters_report_at_their_offsets_and_clear_reads_then_zeroes() {
+        let hca = model(40);
+        let r = Rig::new(&hca);
+        assert_eq!(query(&r, false), vec![0u8; OUT]);
+        let port = &hca.shared.stats.port;
+        port.transmitted(100);
+        port.transmitted(62);
+        port.received(174);
+        port.received_error(33);
+        let out = query(&r, false);
+        assert_eq!(counts(&out), [2, 162, 1, 174, 1, 33]);
+        // Nothing else is counted: every other byte of the output is 0.
+        let mut rest = out.clone();
+        for off in [0x10, 0x18, 0x30, 0x38, 0x40, 0x48] {
+            rest.write_be64(off, 0);
+        }
+        assert_eq!(rest, vec![0u8; OUT]);
+        assert_eq!(counts(&query(&r, true)), [2, 162, 1, 174, 1, 33]);
+        assert_eq!(query(&r, false), vec![0u8; OUT], "clear zeroed them");
+    }
+
+    #[test]
+    fn bad_op_mod_port_and_vport_are_refused() {
+        let hca = model(41);
+        let r = Rig::new(&hca);
+        let base = header(Opcode::QueryVportCounter, 32);
+        let mut i = base.clone();
+        i[7] = 1; // op_mod 1
+        assert_eq!(r.cmd(&i, OUT).1, s::BAD_OP_MOD);
+        let mut i = base.clone();
+        QueryVportCounterIn::new_unchecked(&mut i[..]).set_port_num(2);
+        assert_eq!(r.cmd(&i, OUT).1, s::BAD_PORT);
+        let mut i = base.clone();
+        QueryVportCounterIn::new_unchecked(&mut i[..]).set_other_vport(1);
+        assert_eq!(r.cmd(&i, OUT).1, s::BAD_PORT);
+        assert_eq!(r.cmd(&base, OUT - 1).0, CmdStatus::BadOutpLenErr);
+        assert_eq!(r.cmd(&base[..16], OUT).0, CmdStatus::BadInpLenErr);
+    }
+
+    /// One 100-byte RDMA WRITE over the loopback: the request (Ethernet 14 + IPv4 20 +
+    /// UDP 8 + BTH 12 + RETH 16 + 100 + ICRC 4 = 174 bytes) and its ACK (14 + 20 + 8 + 12 +
+    /// AETH 4 + ICRC 4 = 62 bytes) each leave and enter the port once.
+    #[test]
+    fn a_loopback_write_counts_its_request_and_ack_frames() {
+        let hca = model(42);
+        let mut r = Rig::new(&hca);
+        let (mut ca, cb) = (r.cq(4), r.cq(4));
+        let mut a = r.qp(ca.cqn, ca.cqn);
+        let b = r.qp(cb.cqn, cb.cqn);
+        let (mac, gid) = r.addr();
+        r.connect(a.qpn, b.qpn, mac, gid);
+        r.connect(b.qpn, a.qpn, mac, gid);
+        let rights = (1, 1, 1, 1);
+        let (src, dst) = (r.mr(4096, rights), r.mr(4096, rights));
+        let segs = cat(&[&raddr(dst.va, dst.key), &data(src.key, src.va, 100)]);
+        r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+        r.wait(&mut ca);
+        assert_eq!(counts(&query(&r, false)), [2, 236, 2, 236, 0, 0]);
+    }
+
+    /// A frame for the port's MAC that does not parse is a receive error, not traffic.
+    #[test]
+    fn a_malformed_frame_from_the_link_is_a_receive_error() {
+        let hca = model(43);
+        let r = Rig::new(&hca);
+        let (near, far) = link::pair(LinkConfig::default());
+        hca.attach_link(Box::new(near));
+        let (mac, _) = r.addr();
+        let mut frame = vec![0u8; 80];
+        frame[..6].copy_from_slice(&mac);
+        frame[12..14].copy_from_slice(&0x0800u16.to_be_bytes()); // IPv4, garbage after
+        far.send(&frame).unwrap();
+        let start = Instant::now();
+        while hca.shared.stats.port.read(false).rx_error_packets == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "frame never seen"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(counts(&query(&r, false)), [0, 0, 0, 0, 1, 80]);
+    }
 }
