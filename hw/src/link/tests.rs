@@ -373,3 +373,41 @@ fn in_place_sends_still_meet_the_fault_injector() {
     assert!(s.dropped > 0, "{s:?}");
     assert_eq!(got + s.dropped, 30);
 }
+
+#[test]
+fn the_buffer_received_last_is_the_next_one_filled() {
+    let (a, b) = pair(cfg(4, FaultConfig::default()));
+    let mut scratch = [0u8; 64];
+    let mut last = None;
+    for i in 0..10 {
+        a.send(&frame(i)).unwrap();
+        let mut at = 0usize;
+        assert!(
+            b.recv_with(&mut scratch, &mut |f: &[u8]| at = f.as_ptr() as usize)
+                .unwrap()
+        );
+        // A first-in-first-out pool would hand out the other six buffers first.
+        if let Some(prev) = last {
+            assert_eq!(at, prev, "frame {i} landed in another buffer");
+        }
+        last = Some(at);
+    }
+}
+
+#[test]
+fn frames_start_at_the_same_offset_in_a_page() {
+    let (a, b) = pair(cfg(4, FaultConfig::default()));
+    let mut scratch = [0u8; 64];
+    for i in 0..8 {
+        a.send(&frame(i)).unwrap();
+        a.send(&frame(i + 100)).unwrap();
+        for _ in 0..2 {
+            let mut at = 0usize;
+            assert!(
+                b.recv_with(&mut scratch, &mut |f: &[u8]| at = f.as_ptr() as usize)
+                    .unwrap()
+            );
+            assert_eq!(at % 4096, FRAME_PAGE_OFFSET, "frame {i}");
+        }
+    }
+}

@@ -8,10 +8,14 @@
 //! accesses hold the read side for their duration, so `unmap` (write side) returns only
 //! after in-flight accesses to the range are done. DMA is refused while the config-space
 //! bus-master bit is off.
+//!
+//! The table is a vector sorted by IOVA with a last-hit hint (an IOTLB of one entry): a
+//! lookup first checks the mapping it found last, then binary-searches. The hint is only
+//! an index that every lookup checks against the table it reads under the lock, so it can
+//! never outlive a mapping: after `unmap` returns, no access reaches the range.
 
-use std::collections::BTreeMap;
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use super::ModelError;
 use super::mem::HostRegion;
@@ -120,9 +124,46 @@ pub enum AtomicOp {
     FetchAdd(u64),
 }
 
+/// The mappings, sorted by start IOVA and disjoint, and the index of the last one a lookup
+/// found.
+struct Table {
+    maps: Vec<(u64, HostMapping)>,
+    hint: AtomicUsize,
+}
+
+impl Table {
+    /// The mapping containing `iova`: the last hit if it does, else a binary search.
+    #[inline]
+    fn lookup(&self, iova: u64) -> Option<(u64, &HostMapping)> {
+        let h = self.hint.load(Ordering::Relaxed);
+        if let Some((s, m)) = self.maps.get(h)
+            && iova >= *s
+            && iova - *s < m.len
+        {
+            return Some((*s, m));
+        }
+        // The last mapping starting at or before `iova`.
+        let i = self
+            .maps
+            .partition_point(|(s, _)| *s <= iova)
+            .checked_sub(1)?;
+        let (s, m) = &self.maps[i];
+        if iova - *s >= m.len {
+            return None;
+        }
+        self.hint.store(i, Ordering::Relaxed);
+        Some((*s, m))
+    }
+
+    /// Index of the mapping starting at `iova`.
+    fn index_of(&self, iova: u64) -> Option<usize> {
+        self.maps.binary_search_by_key(&iova, |(s, _)| *s).ok()
+    }
+}
+
 /// The IOMMU table, its bus-master gate and its fault counter.
 pub(crate) struct Iommu {
-    table: RwLock<BTreeMap<u64, HostMapping>>,
+    table: RwLock<Table>,
     bus_master: AtomicBool,
     faults: AtomicU64,
     refused: AtomicU64,
@@ -131,7 +172,10 @@ pub(crate) struct Iommu {
 impl Iommu {
     pub(crate) fn new() -> Iommu {
         Iommu {
-            table: RwLock::new(BTreeMap::new()),
+            table: RwLock::new(Table {
+                maps: Vec::new(),
+                hint: AtomicUsize::new(0),
+            }),
             bus_master: AtomicBool::new(false),
             faults: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -158,15 +202,16 @@ impl Iommu {
         self.table
             .read()
             .expect("iommu lock")
-            .values()
-            .map(|m| m.len)
+            .maps
+            .iter()
+            .map(|(_, m)| m.len)
             .sum()
     }
 
     /// The mapped ranges, `[start, end]` inclusive, in IOVA order.
     pub(crate) fn mappings(&self) -> Vec<(u64, u64)> {
         let t = self.table.read().expect("iommu lock");
-        t.iter().map(|(s, m)| (*s, s + m.len - 1)).collect()
+        t.maps.iter().map(|(s, m)| (*s, s + m.len - 1)).collect()
     }
 
     pub(crate) fn map(&self, iova: u64, m: HostMapping) -> Result<(), ModelError> {
@@ -189,12 +234,15 @@ impl Iommu {
             return Err(err("outside the usable IOVA range"));
         }
         let mut t = self.table.write().expect("iommu lock");
-        if let Some((s, prev)) = t.range(..=end).next_back()
+        // Insert before the first mapping that starts after `end`; the one before that
+        // must end before `iova`.
+        let at = t.maps.partition_point(|(s, _)| *s <= end);
+        if let Some((s, prev)) = at.checked_sub(1).map(|i| &t.maps[i])
             && s + prev.len > iova
         {
             return Err(err("overlaps an existing mapping"));
         }
-        t.insert(iova, m);
+        t.maps.insert(at, (iova, m));
         Ok(())
     }
 
@@ -206,16 +254,13 @@ impl Iommu {
             .checked_add(len as u64)
             .ok_or(ModelError::NotMapped { iova, len })?;
         let mut t = self.table.write().expect("iommu lock");
-        let keys: Vec<u64> = t
-            .range(..end)
-            .filter(|(s, m)| **s + m.len > iova)
-            .map(|(s, _)| *s)
-            .collect();
-        if keys.is_empty() {
+        // The mappings overlapping the range: indexes `first..last`.
+        let last = t.maps.partition_point(|(s, _)| *s < end);
+        let first = t.maps[..last].partition_point(|(s, m)| s + m.len <= iova);
+        if first == last {
             return Err(not_mapped);
         }
-        for s in &keys {
-            let m = &t[s];
+        for (s, m) in &t.maps[first..last] {
             if *s < iova || s + m.len > end {
                 return Err(ModelError::DmaMap {
                     iova,
@@ -224,9 +269,7 @@ impl Iommu {
                 });
             }
         }
-        for s in keys {
-            t.remove(&s);
-        }
+        t.maps.drain(first..last);
         Ok(())
     }
 
@@ -234,18 +277,19 @@ impl Iommu {
     /// for in-flight accesses). Returns whether it was there.
     pub(crate) fn unmap_tagged(&self, iova: u64, tag: u64) -> bool {
         let mut t = self.table.write().expect("iommu lock");
-        if t.get(&iova).is_some_and(|m| m.tag == tag) {
-            t.remove(&iova);
-            true
-        } else {
-            false
+        match t.index_of(iova) {
+            Some(i) if t.maps[i].1.tag == tag => {
+                t.maps.remove(i);
+                true
+            }
+            _ => false,
         }
     }
 
     /// Whether the mapping at `iova` carries `tag`.
     pub(crate) fn has_tagged(&self, iova: u64, tag: u64) -> bool {
         let t = self.table.read().expect("iommu lock");
-        t.get(&iova).is_some_and(|m| m.tag == tag)
+        t.index_of(iova).is_some_and(|i| t.maps[i].1.tag == tag)
     }
 
     /// Runs `f` on each host chunk of `[iova, iova + len)` with the read lock held, after
@@ -272,10 +316,10 @@ impl Iommu {
         let mut cur = iova;
         let end = iova.checked_add(len as u64).ok_or_else(fault)?;
         while cur < end {
-            let Some((s, m)) = t.range(..=cur).next_back() else {
+            let Some((s, m)) = t.lookup(cur) else {
                 return Err(fault());
             };
-            if cur >= s + m.len || (write && !m.writable) {
+            if write && !m.writable {
                 return Err(fault());
             }
             let n = (end.min(s + m.len) - cur) as usize;
@@ -284,9 +328,8 @@ impl Iommu {
         }
         if len == 0 {
             // A zero-length access still needs a mapped address (of either kind).
-            match t.range(..=iova).next_back() {
-                Some((s, m)) if iova < s + m.len => {}
-                _ => return Err(fault()),
+            if t.lookup(iova).is_none() {
+                return Err(fault());
             }
         }
         Ok(f(&mut chunks.iter()))
@@ -315,10 +358,10 @@ impl Iommu {
             let end = iova.checked_add(len as u64).ok_or_else(fault)?;
             let mut cur = iova;
             while cur < end {
-                let Some((s, m)) = t.range(..=cur).next_back() else {
+                let Some((s, m)) = t.lookup(cur) else {
                     return Err(fault());
                 };
-                if cur >= s + m.len || (write && !m.writable) {
+                if write && !m.writable {
                     return Err(fault());
                 }
                 let n = (end.min(s + m.len) - cur) as usize;
@@ -479,6 +522,82 @@ mod tests {
     use std::ptr::NonNull;
 
     use super::*;
+
+    /// Four 4 KiB pages of distinct fill, kept alive by the caller.
+    #[repr(C, align(4096))]
+    struct Pages([[u8; 4096]; 4]);
+
+    fn pages() -> Box<Pages> {
+        let mut p = Box::new(Pages([[0; 4096]; 4]));
+        for (i, pg) in p.0.iter_mut().enumerate() {
+            pg.fill(i as u8 + 1);
+        }
+        p
+    }
+
+    fn region(p: &mut Pages, i: usize) -> HostRegion {
+        HostRegion {
+            ptr: NonNull::new(p.0[i].as_mut_ptr()).unwrap(),
+            len: 4096,
+        }
+    }
+
+    #[test]
+    fn the_last_hit_hint_never_outlives_an_unmap_or_a_remap() {
+        let mut mem = pages();
+        let io = Iommu::new();
+        io.set_bus_master(true);
+        // Mapped out of IOVA order: the table sorts them.
+        for (iova, page) in [(0x30000, 2), (0x10000, 0), (0x20000, 1)] {
+            io.map(iova, HostMapping::new(region(&mut mem, page)))
+                .unwrap();
+        }
+        let byte = |iova| io.read_u8_acquire(iova);
+        assert_eq!(
+            byte(0x30010),
+            Ok(3),
+            "the hint now points at the last mapping"
+        );
+        assert_eq!(byte(0x10010), Ok(1));
+        assert_eq!(byte(0x20fff), Ok(2));
+        assert!(byte(0x21000).is_err(), "just past a mapping");
+        assert!(byte(0xffff).is_err(), "just before one");
+        // Unmapping the hinted mapping: the next access faults, and the indexes after it
+        // shift, so a stale index would now name another mapping.
+        assert_eq!(byte(0x10000), Ok(1));
+        io.unmap(0x10000, 4096).unwrap();
+        assert!(byte(0x10000).is_err());
+        assert_eq!(byte(0x20000), Ok(2));
+        assert_eq!(byte(0x30000), Ok(3));
+        // The same IOVA mapped again to other memory reads the new memory.
+        assert_eq!(byte(0x20000), Ok(2));
+        io.unmap(0x20000, 4096).unwrap();
+        io.map(0x20000, HostMapping::new(region(&mut mem, 3)))
+            .unwrap();
+        assert_eq!(byte(0x20000), Ok(4));
+        // An access spanning two adjacent mappings is split; one spanning a hole faults.
+        io.map(0x21000, HostMapping::new(region(&mut mem, 0)))
+            .unwrap();
+        let mut b = [0u8; 4];
+        io.read(0x20ffe, &mut b).unwrap();
+        assert_eq!(b, [4, 4, 1, 1]);
+        assert!(io.read(0x21ffe, &mut b).is_err());
+        assert_eq!(
+            io.mappings(),
+            vec![(0x20000, 0x20fff), (0x21000, 0x21fff), (0x30000, 0x30fff)]
+        );
+        // Overlaps and partial unmaps are refused; the table is unchanged.
+        assert!(
+            io.map(0x30000, HostMapping::new(region(&mut mem, 1)))
+                .is_err()
+        );
+        assert!(io.unmap(0x20000, 0x1800).is_err());
+        assert!(io.unmap(0x40000, 4096).is_err());
+        io.unmap(0x20000, 0x2000).unwrap();
+        assert_eq!(io.mappings(), vec![(0x30000, 0x30fff)]);
+        drop(io);
+        drop(mem);
+    }
 
     #[test]
     fn a_read_only_mapping_is_read_and_every_kind_of_write_faults_untouched() {

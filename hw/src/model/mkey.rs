@@ -36,7 +36,6 @@
 //! `mem_atomic` are big-endian in memory (IB atomics, §9.5); the returned value is the
 //! original value as a number.
 
-use std::collections::BTreeMap;
 use std::ops::BitOr;
 
 use super::Shared;
@@ -135,47 +134,62 @@ const MTT_WR_EN: u64 = 0x2;
 /// Address bits of an MTT entry (`ptag_63_32`, `ptag_31_8`).
 pub(crate) const MTT_ADDR_MASK: u64 = !0xFF;
 
-/// The MKey table: indexes `[1, 2^log_max_mkey)`; index 0 is never handed out.
+/// The MKey table: indexes `[1, 2^log_max_mkey)`; index 0 is never handed out. The
+/// MKeys sit in a vector indexed by MKey index (the allocator hands out the lowest free
+/// index, so it stays dense): the data path finds one with a bounds check, no search.
 pub(crate) struct MkeyTable {
     ids: IdAlloc,
-    keys: BTreeMap<u32, Mkey>,
+    keys: Vec<Option<Mkey>>,
+    live: usize,
 }
 
 impl MkeyTable {
     pub(crate) fn new(log_max: u32) -> MkeyTable {
         MkeyTable {
             ids: IdAlloc::new(1, 1 << log_max),
-            keys: BTreeMap::new(),
+            keys: Vec::new(),
+            live: 0,
         }
     }
 
     /// Inserts `m` at the lowest free index; `None` when the table is full.
     pub(crate) fn insert(&mut self, m: Mkey) -> Option<u32> {
         let idx = self.ids.alloc()?;
-        self.keys.insert(idx, m);
+        let i = idx as usize;
+        if self.keys.len() <= i {
+            self.keys.resize_with(i + 1, || None);
+        }
+        self.keys[i] = Some(m);
+        self.live += 1;
         Some(idx)
     }
 
     /// Removes the MKey at `index`.
     pub(crate) fn remove(&mut self, index: u32) -> Option<Mkey> {
-        let m = self.keys.remove(&index)?;
+        let m = self.keys.get_mut(index as usize)?.take()?;
         self.ids.free(index);
+        self.live -= 1;
+        // Give back the tail of freed slots (the table shrinks with its highest MKey).
+        while self.keys.last().is_some_and(Option::is_none) {
+            self.keys.pop();
+        }
         Some(m)
     }
 
     /// The MKey at `index`.
+    #[inline]
     pub(crate) fn get(&self, index: u32) -> Option<&Mkey> {
-        self.keys.get(&index)
+        self.keys.get(index as usize)?.as_ref()
     }
 
     /// Live MKeys.
     pub(crate) fn len(&self) -> usize {
-        self.keys.len()
+        self.live
     }
 
     /// Live MKeys.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Mkey> {
-        self.keys.values()
+        self.keys.iter().flatten()
     }
 }
 

@@ -649,6 +649,48 @@ fn every_corrupted_invariant_byte_is_detected() {
 }
 
 #[test]
+fn parse_trusted_skips_only_the_icrc_comparison() {
+    let data = *b"0123456789abcdef!";
+    for ip in [v4(), v6()] {
+        let p = packet(RcOpcode::RdmaWriteFirst, ip, &data);
+        let mut buf = [0u8; 256];
+        let n = p.emit(&mut buf).unwrap();
+        // An intact frame parses the same both ways.
+        assert_eq!(
+            RocePacket::parse_trusted(&buf[..n]),
+            RocePacket::parse(&buf[..n])
+        );
+        // A payload byte changed: `parse` drops the frame, `parse_trusted` does not look.
+        let mut f = buf;
+        f[n - 10] ^= 4;
+        assert!(matches!(
+            RocePacket::parse(&f[..n]),
+            Err(WireError::BadIcrc { .. })
+        ));
+        let t = RocePacket::parse_trusted(&f[..n]).expect("trusted parse");
+        assert_eq!(t.icrc, RocePacket::parse(&buf[..n]).unwrap().icrc);
+        assert_ne!(t.payload, &data[..]);
+        // Every other check still runs: truncation, a bad UDP port, a bad BTH version.
+        for cut in 0..n {
+            assert!(RocePacket::parse_trusted(&buf[..cut]).is_err(), "cut {cut}");
+        }
+        let l4 = if matches!(ip, IpRepr::V4(_)) { 34 } else { 54 };
+        let mut f = buf;
+        f[l4 + 3] ^= 1; // UDP destination port
+        assert!(matches!(
+            RocePacket::parse_trusted(&f[..n]),
+            Err(WireError::NotRoce { .. })
+        ));
+        let mut f = buf;
+        f[l4 + 8 + 1] |= 0x0F; // BTH TVer
+        assert!(matches!(
+            RocePacket::parse_trusted(&f[..n]),
+            Err(WireError::BadTransportVersion(_))
+        ));
+    }
+}
+
+#[test]
 fn truncation_never_panics_and_is_named() {
     let data = [7u8; 33];
     for op in RcOpcode::ALL {
