@@ -551,6 +551,7 @@ mod tests {
     use crate::pci::Bar;
     use crate::pci::model::ModelFunction;
     use uhca_hw::layout::cqe::cqe_owner_for;
+    use uhca_hw::layout::uar::QP_DBR_SND;
     use uhca_hw::layout::wqe::fm_ce_se;
 
     struct Rig {
@@ -583,7 +584,11 @@ mod tests {
         let qbuf = Arc::new(space.alloc(4096).unwrap());
         Rig {
             ring,
-            sq: SendRing::new(SqMem::new(qbuf, 0, sq_size.log()).unwrap(), 4032, QPN),
+            sq: SendRing::new(
+                SqMem::new(qbuf.clone(), 0, sq_size.log()).unwrap(),
+                crate::datapath::sq::tests::record(&qbuf, 4032 + QP_DBR_SND),
+                QPN,
+            ),
             sh,
             db: Doorbell {
                 bar,
@@ -808,7 +813,11 @@ mod tests {
         let other = Arc::new(WqShadow::new(6, size, RingSize::new(4, 15).unwrap()));
         r.ring.qps.registry.add(&other);
         let region = Arc::new(r.space.alloc(4096).unwrap());
-        let mut sq6 = SendRing::new(SqMem::new(region, 0, size.log()).unwrap(), 4032, 6);
+        let mut sq6 = SendRing::new(
+            SqMem::new(region.clone(), 0, size.log()).unwrap(),
+            crate::datapath::sq::tests::record(&region, 4032 + QP_DBR_SND),
+            6,
+        );
         let sge = Sge {
             addr: 0x1000,
             len: 8,
