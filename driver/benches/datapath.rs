@@ -129,15 +129,25 @@ fn poll_one_cqe(mut r: Box<Rig>) -> Box<Rig> {
     r
 }
 
+// The loop's own share per CQE: the `black_box` sink of the `wr_id` (one store; it is an
+// opaque use that may touch any memory, so the driver reloads what it keeps in memory)
+// and the two counters. Nothing in the loop can panic (the checks come after it), so the
+// iterator's state need not live in memory for unwinding.
 #[library_benchmark]
 #[bench::sixteen(with_cqes(16))]
 fn poll_16_cqes(mut r: Box<Rig>) -> Box<Rig> {
-    let mut n = 0;
+    let (mut n, mut bad) = (0u32, 0u32);
     for c in r.poll() {
-        black_box(c.expect("valid").wr_id);
+        match c {
+            Ok(c) => {
+                black_box(c.wr_id);
+            }
+            Err(_) => bad += 1,
+        }
         n += 1;
     }
-    assert_eq!(n, 16);
+    // No formatted message: it would take the counters' addresses and keep them in memory.
+    assert!(n == 16 && bad == 0, "not 16 good CQEs");
     r
 }
 

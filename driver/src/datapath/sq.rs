@@ -23,7 +23,7 @@ use uhca_hw::layout::wqe::{DS_UNIT, INVALID_LKEY, SEND_WQE_BB, WqeOpcode};
 use super::ring::{RingSize, in_flight, widen_index16};
 use super::wqe::{PostError, Remote, Sge, WqeBuf};
 use crate::barrier;
-use crate::dma::{DmaRecord, DmaRing, MaskedSlots};
+use crate::dma::{DmaRecord, DmaRing, MaskedSlots, SlotsView};
 use crate::pci::Bar;
 
 /// 8-byte words per send basic block.
@@ -44,6 +44,27 @@ struct SqSlot {
     start: AtomicU32,
     /// The WQE's one-past-last basic-block counter.
     next: AtomicU32,
+}
+
+/// A QP's send shadow slots by address and size ([`WqShadow::send_slots`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SendSlots<'a>(SlotsView<'a, SqSlot>);
+
+impl SendSlots<'_> {
+    /// [`WqShadow::complete_send`]'s common case, for a CQE whose WQE counter the caller
+    /// has matched with `tail`, the first block of the oldest outstanding WQE (a
+    /// [`send_tail`](WqShadow::send_tail) the caller advances), having checked that it is
+    /// below a [`send_head`](WqShadow::send_head): that WQE's `wr_id` and the counter of
+    /// the WQE after it. The caller hands the new counter back with
+    /// [`publish_send_tail`](WqShadow::publish_send_tail) (once per batch).
+    #[inline(always)]
+    pub(crate) fn oldest(self, tail: u32) -> (u64, u32) {
+        let s = self.0.get(tail);
+        (
+            s.wr_id.load(Ordering::Relaxed),
+            s.next.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// Per-QP records shared by the poster and the CQ poller.
@@ -134,21 +155,17 @@ impl WqShadow {
         self.sq_head.load(Ordering::Acquire)
     }
 
-    /// [`complete_send`](Self::complete_send)'s common case, for a CQE whose WQE counter
-    /// the caller has matched with `tail` ([`send_tail`](Self::send_tail)): the oldest
-    /// outstanding WQE completes. `head` is a [`send_head`](Self::send_head) read earlier
-    /// (it only grows); `None`, without any change, if nothing was outstanding as of then
-    /// (the caller then checks the CQE in full against the current counters: a WQE posted
-    /// since, or a bad index).
+    /// The send slots by value, for [`SendSlots::oldest`] in a polling loop.
     #[inline(always)]
-    pub(crate) fn complete_oldest_send(&self, tail: u32, head: u32) -> Option<u64> {
-        if tail == head {
-            return None;
-        }
-        let s = self.sq_slots.get(tail);
-        self.sq_tail
-            .store(s.next.load(Ordering::Relaxed), Ordering::Release);
-        Some(s.wr_id.load(Ordering::Relaxed))
+    pub(crate) fn send_slots(&self) -> SendSlots<'_> {
+        SendSlots(self.sq_slots.view())
+    }
+
+    /// Publishes the send completion counter (to the poster's room check and the full
+    /// index check); `tail` is a counter [`SendSlots::oldest`] returned.
+    #[inline(always)]
+    pub(crate) fn publish_send_tail(&self, tail: u32) {
+        self.sq_tail.store(tail, Ordering::Release);
     }
 
     /// `index` widened to the counter of an outstanding WQE's first block, if it is one.

@@ -116,6 +116,12 @@ pub struct DmaRingView<'a, const WORDS: usize> {
 }
 
 impl<'a, const WORDS: usize> DmaRingView<'a, WORDS> {
+    /// The slot (entry number) of free-running counter `counter`.
+    #[inline(always)]
+    pub fn slot(self, counter: u32) -> u32 {
+        counter & self.mask
+    }
+
     /// Entry `counter mod entries` (as [`DmaRing::entry`]).
     #[inline(always)]
     pub fn entry(self, counter: u32) -> DmaEntry<'a, WORDS> {
@@ -257,10 +263,46 @@ impl<T> MaskedSlots<T> {
     /// The slot of free-running counter `counter` (`counter mod entries`).
     #[inline(always)]
     pub fn get(&self, counter: u32) -> &T {
+        self.view().get(counter)
+    }
+
+    /// The slots' address and size by value, for a loop that should keep them in
+    /// registers.
+    #[inline(always)]
+    pub fn view(&self) -> SlotsView<'_, T> {
+        SlotsView {
+            base: NonNull::from(&*self.slots).cast(),
+            mask: self.mask,
+            _slots: PhantomData,
+        }
+    }
+}
+
+/// A borrowed copy of a [`MaskedSlots`]' address and size.
+#[derive(Debug)]
+pub struct SlotsView<'a, T> {
+    base: NonNull<T>,
+    mask: u32,
+    _slots: PhantomData<&'a [T]>,
+}
+
+impl<T> Clone for SlotsView<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for SlotsView<'_, T> {}
+
+impl<'a, T> SlotsView<'a, T> {
+    /// The slot of free-running counter `counter` (as [`MaskedSlots::get`]).
+    #[inline(always)]
+    pub fn get(self, counter: u32) -> &'a T {
         let i = (counter & self.mask) as usize;
-        // SAFETY: `new` made exactly `mask + 1` slots (a power of two, so `mask` is all
-        // ones below it), hence `i <= mask < len`.
-        unsafe { self.slots.get_unchecked(i) }
+        // SAFETY: the view borrows a `MaskedSlots`, which holds exactly `mask + 1` slots
+        // from `base` (a power of two, so `mask` is all ones below it): `i <= mask < len`,
+        // and the slots live for 'a.
+        unsafe { self.base.add(i).as_ref() }
     }
 }
 
