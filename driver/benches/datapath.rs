@@ -6,21 +6,25 @@
 //! Figures (x86-64, rustc 1.95, valgrind 3.19; whole benchmark function, so the loop and
 //! `black_box` overhead of the benchmark itself is included):
 //!
-//! | benchmark | before (524bdfa) | now |
-//! |---|---|---|
-//! | `post_one_write` | 158 | 78 |
-//! | `post_16_writes_one_doorbell` | 2219 (~139 each) | 892 (~56 each) |
-//! | `post_16_writes_runtime_operands` | - | 1176 (~74 each) |
-//! | `poll_one_cqe` (with the batch's CI update) | 197 | 121 |
-//! | `poll_16_cqes` | 1627 (~102 each) | 708 (~44 each) |
+//! | benchmark | before (524bdfa) | 319d525 | now |
+//! |---|---|---|---|
+//! | `post_one_write` | 158 | 78 | 68 |
+//! | `post_16_writes_one_doorbell` | 2219 (~139 each) | 892 (~56 each) | 702 (~44 each) |
+//! | `post_16_writes_runtime_operands` | - | 1176 (~74 each) | 914 (~57 each) |
+//! | `poll_one_cqe` (with the batch's CI update) | 197 | 121 | 109 |
+//! | `poll_16_cqes` | 1627 (~102 each) | 708 (~44 each) | 558 (~35 each) |
 //!
-//! `poll_16_cqes` was 870 before the fast path's one masked compare of the CQE's tail word
-//! and the poller's cached QP key (2fae70c); each further CQE costs ~39 (the difference to
-//! `poll_one_cqe` over 15), of which ~5 are this loop's own (count, `black_box`).
+//! `post_16_writes_runtime_operands` read its `wr_id` from a `black_box` counter before
+//! (~3 instructions per post of stack traffic); now from the operand array, as the other
+//! operands. `poll_16_cqes` had a panicking `expect` and a formatted assert in its loop
+//! (which kept the iterator in memory); now its loop cannot panic.
 //!
-//! The budget (60 per post, 30 per CQE, amortised over 16) is met for posting with
-//! constant operands, not with run-time operands, and not for polling (see the data-path
-//! module docs for what a polled CQE still costs).
+//! Per post, the loop (operand step, end compare, `black_box` store and check) costs ~6
+//! of the ~57; the doorbell ~45 per batch. Per CQE, the fast path is ~22 instructions plus
+//! ~4 of the loop (sink store, counter, jump); the rest (~140 per batch) is the function's
+//! frame, the iterator's setup, the empty entry that ends the batch and the CI update.
+//! The budget (60 per post, 30 per CQE, amortised over 16) is met for posting
+//! with run-time operands, not for polling.
 
 // gungraun's attribute macros generate undocumented modules.
 #![allow(missing_docs)]

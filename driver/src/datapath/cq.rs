@@ -476,7 +476,7 @@ extern "C" fn flip_owner(key: u64) -> u64 {
 /// QP's send counters, slots and CQE key) it holds by value, and nothing takes its
 /// address, so a polling loop keeps it in registers even when each completion goes to
 /// code that may touch any memory; the slow path gets it as scalars and leaves its
-/// results in the CQ's [`HotQp`] record.
+/// results in the CQ's `HotQp` record.
 #[derive(Debug)]
 pub struct Poll<'a> {
     view: DmaRingView<'a, { CQE_SIZE / 8 }>,
