@@ -314,6 +314,7 @@ impl QpCache {
 /// `extern "C"`, so that the compiler knows a call cannot unwind (a panic here would
 /// abort; nothing in it panics on any CQE): the iterator then needs no copy of its state
 /// in memory for an unwinding `Drop`, and the fast path keeps it in registers.
+#[cold]
 #[inline(never)]
 #[allow(improper_ctypes_definitions)] // called from Rust only
 extern "C" fn poll_other(
@@ -492,9 +493,8 @@ pub struct Poll<'a> {
     /// The hot QP's send slots.
     slots: SendSlots<'a>,
     log: u32,
-    /// The consumer index when polling began.
-    start: u32,
     set_ci: &'a DmaRecord,
+    /// The ring's consumer index (as of when polling began, until the batch ends).
     ring_ci: &'a mut u32,
     /// The CQ's QPs ([`QpCache::qps`]) and the record of the hot one.
     qps: &'a [Arc<WqShadow>],
@@ -525,7 +525,6 @@ impl<'a> Poll<'a> {
             key: hot.key,
             slots: sh.send_slots(),
             log: *log,
-            start: *ci,
             set_ci,
             ring_ci: ci,
             qps: list,
@@ -546,7 +545,7 @@ fn publish_tail(qps: &[Arc<WqShadow>], hot: &mut HotQp, tail: u32) {
     }
 }
 
-/// The slow path of [`Poll::next`] for entry `e` (tail word `word`) at
+/// The slow path of [`Poll::next`] for entry `e` at
 /// consumer index `ci` of a ring of `1 << log` CQEs, with `tail` the batch's send completion
 /// counter of `hot`: the owner check, then the copy, parse and full index check of
 /// `poll_other`. If that consumed the CQE (it may have switched QPs and completed WQEs),
@@ -558,10 +557,12 @@ fn next_other(
     hot: &mut HotQp,
     (ci, log, tail): (u32, u32, u32),
     e: DmaEntry<'_, { CQE_SIZE / 8 }>,
-    word: u64,
 ) -> Option<Result<Completion, PollError>> {
-    // The owner bit must match the pass (§9.7); the INVALID opcode of a never-written
-    // entry is caught by `poll_other`, with the other opcodes.
+    // The tail word again (the fast path's copy need not live this long); if the device
+    // wrote the entry since, this is the newer value, checked the same way. The owner bit
+    // must match the pass (§9.7); the INVALID opcode of a never-written entry is caught
+    // by `poll_other`, with the other opcodes.
+    let word = u64::from_be(e.load(TAIL_WORD));
     if (word ^ u64::from(ci >> log)) & 1 != 0 {
         return None;
     }
@@ -622,7 +623,7 @@ impl Iterator for Poll<'_> {
                 solicited: false,
             }));
         }
-        let r = next_other(self.qps, self.hot, (ci, self.log, tail), e, word);
+        let r = next_other(self.qps, self.hot, (ci, self.log, tail), e);
         if r.is_some() {
             self.ci = ci.wrapping_add(1);
             let qps: &[Arc<WqShadow>] = self.qps;
@@ -642,8 +643,8 @@ impl Drop for Poll<'_> {
     fn drop(&mut self) {
         publish_tail(self.qps, self.hot, self.tail);
         self.hot.key = self.key;
-        *self.ring_ci = self.ci;
-        if self.ci != self.start {
+        if self.ci != *self.ring_ci {
+            *self.ring_ci = self.ci;
             update_ci(self.set_ci, self.ci);
         }
     }
