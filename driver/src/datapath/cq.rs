@@ -172,9 +172,9 @@ impl QpRegistry {
 /// The CQE ring and its consumer state.
 #[derive(Debug)]
 pub(crate) struct CqRing {
+    /// The CQEs: the pass of `ci` round it (`DmaRingView::pass_parity`) is what the owner
+    /// bit is compared with.
     ring: CqMem,
-    /// log2 of the number of CQEs: `ci >> log` is the pass whose parity the owner bit has.
-    log: u32,
     /// Byte offset of the doorbell record in the ring's region.
     dbr: usize,
     /// The doorbell record's consumer index word (`CQ_DBR_SET_CI`).
@@ -207,8 +207,8 @@ struct HotQp {
     /// What its next requester CQE has under [`FAST_MASK`] but its WQE counter:
     /// [`fast_key`] of its QPN and the pass of the consumer index, or [`NO_KEY`].
     key: u64,
-    /// Its send completion counter as its shadow has it (the poller's last write).
-    published: u32,
+    /// Its send completion counter, as read after the slow path.
+    tail: u32,
     /// Its send producer counter as last read.
     head: u32,
 }
@@ -218,7 +218,7 @@ impl HotQp {
         HotQp {
             index: 0,
             key: NO_KEY,
-            published: 0,
+            tail: 0,
             head: 0,
         }
     }
@@ -253,7 +253,6 @@ impl CqRing {
         set_ci.store_be32(0);
         Some(CqRing {
             ring: CqMem::new(buf, 0, size.log())?,
-            log: size.log(),
             dbr,
             set_ci,
             ci: 0,
@@ -471,7 +470,8 @@ extern "C" fn flip_owner(key: u64) -> u64 {
 }
 
 /// An iterator over the completions available now. Dropping it publishes the consumer
-/// index once for the whole batch, and the hot QP's send completion counter.
+/// index once for the whole batch. Each completed WQE is handed back to the poster (the
+/// shadow's send completion counter) at once.
 ///
 /// What the fast path reads (the ring's address and size, the consumer index, the hot
 /// QP's send counters, slots and CQE key) it holds by value, and nothing takes its
@@ -482,8 +482,8 @@ extern "C" fn flip_owner(key: u64) -> u64 {
 pub struct Poll<'a> {
     view: DmaRingView<'a, { CQE_SIZE / 8 }>,
     ci: u32,
-    /// The hot QP's send completion counter as this batch advanced it: the first block of
-    /// its oldest outstanding WQE.
+    /// The hot QP's send completion counter (as its shadow has it; the poller is its
+    /// only writer): the first block of its oldest outstanding WQE.
     tail: u32,
     /// The hot QP's send producer counter, read when the batch begins and after the slow
     /// path (it only grows; a CQE for a WQE posted since goes the slow way).
@@ -492,7 +492,8 @@ pub struct Poll<'a> {
     key: u64,
     /// The hot QP's send slots.
     slots: SendSlots<'a>,
-    log: u32,
+    /// The hot QP's shadow.
+    sh: &'a WqShadow,
     set_ci: &'a DmaRecord,
     /// The ring's consumer index (as of when polling began, until the batch ends).
     ring_ci: &'a mut u32,
@@ -506,7 +507,6 @@ impl<'a> Poll<'a> {
     pub(crate) fn new(ring: &'a mut CqRing) -> Poll<'a> {
         let CqRing {
             ring: mem,
-            log,
             set_ci,
             ci,
             qps,
@@ -516,7 +516,6 @@ impl<'a> Poll<'a> {
         let QpCache { qps: list, hot, .. } = qps;
         let sh: &WqShadow = &list[hot.index];
         let tail = sh.send_tail();
-        hot.published = tail;
         Poll {
             view: mem.view(),
             ci: *ci,
@@ -524,7 +523,7 @@ impl<'a> Poll<'a> {
             head: sh.send_head(),
             key: hot.key,
             slots: sh.send_slots(),
-            log: *log,
+            sh,
             set_ci,
             ring_ci: ci,
             qps: list,
@@ -533,21 +532,8 @@ impl<'a> Poll<'a> {
     }
 }
 
-/// Writes send completion counter `tail` back to the shadow of `hot` (one of `qps`) if it
-/// moved.
-#[inline(always)]
-fn publish_tail(qps: &[Arc<WqShadow>], hot: &mut HotQp, tail: u32) {
-    if tail != hot.published {
-        if let Some(sh) = qps.get(hot.index) {
-            sh.publish_send_tail(tail);
-        }
-        hot.published = tail;
-    }
-}
-
-/// The slow path of [`Poll::next`] for entry `e` at
-/// consumer index `ci` of a ring of `1 << log` CQEs, with `tail` the batch's send completion
-/// counter of `hot`: the owner check, then the copy, parse and full index check of
+/// The slow path of [`Poll::next`] for the entry at consumer index `ci` of the ring
+/// `view`, `hot` the hot QP: the owner check, then the copy, parse and full index check of
 /// `poll_other`. If that consumed the CQE (it may have switched QPs and completed WQEs),
 /// `hot` holds the hot QP's counters and key afresh. Given the fast path's state as
 /// scalars, so that it stays in registers; the copy and parse are out of line.
@@ -555,26 +541,26 @@ fn publish_tail(qps: &[Arc<WqShadow>], hot: &mut HotQp, tail: u32) {
 fn next_other(
     qps: &[Arc<WqShadow>],
     hot: &mut HotQp,
-    (ci, log, tail): (u32, u32, u32),
-    e: DmaEntry<'_, { CQE_SIZE / 8 }>,
+    ci: u32,
+    view: DmaRingView<'_, { CQE_SIZE / 8 }>,
 ) -> Option<Result<Completion, PollError>> {
     // The tail word again (the fast path's copy need not live this long); if the device
     // wrote the entry since, this is the newer value, checked the same way. The owner bit
     // must match the pass (§9.7); the INVALID opcode of a never-written entry is caught
     // by `poll_other`, with the other opcodes.
+    let e = view.entry(ci);
     let word = u64::from_be(e.load(TAIL_WORD));
-    if (word ^ u64::from(ci >> log)) & 1 != 0 {
+    if (word ^ u64::from(view.pass_parity(ci))) & 1 != 0 {
         return None;
     }
     barrier::rmb_after_owner(); // CQE body after its op_own byte
-    publish_tail(qps, hot, tail); // the full check reads the shadow's counter
     let (i, r) = poll_other(qps, hot.index, e, OP_OWN.get(word) as u8);
     hot.index = i;
     let r = r?;
     if let Some(sh) = qps.get(i) {
-        hot.published = sh.send_tail();
+        hot.tail = sh.send_tail();
         hot.head = sh.send_head();
-        hot.key = fast_key(sh.qpn, ci.wrapping_add(1) >> log);
+        hot.key = fast_key(sh.qpn, view.pass_parity(ci.wrapping_add(1)));
     }
     Some(r)
 }
@@ -599,6 +585,7 @@ impl Iterator for Poll<'_> {
         if (word & FAST_MASK) ^ self.key == WQE_COUNTER.put(tail.into()) && tail != self.head {
             barrier::rmb_after_owner(); // CQE body after its op_own byte
             let (wr_id, next) = self.slots.oldest(tail);
+            self.sh.publish_send_tail(next); // at once: the poster may be waiting for room
             self.tail = next;
             let ci = ci.wrapping_add(1);
             self.ci = ci;
@@ -623,14 +610,15 @@ impl Iterator for Poll<'_> {
                 solicited: false,
             }));
         }
-        let r = next_other(self.qps, self.hot, (ci, self.log, tail), e);
+        let r = next_other(self.qps, self.hot, ci, self.view);
         if r.is_some() {
             self.ci = ci.wrapping_add(1);
             let qps: &[Arc<WqShadow>] = self.qps;
             if let Some(sh) = qps.get(self.hot.index) {
                 self.slots = sh.send_slots();
+                self.sh = sh;
             }
-            self.tail = self.hot.published;
+            self.tail = self.hot.tail;
             self.head = self.hot.head;
             self.key = self.hot.key;
         }
@@ -641,7 +629,6 @@ impl Iterator for Poll<'_> {
 impl Drop for Poll<'_> {
     #[inline]
     fn drop(&mut self) {
-        publish_tail(self.qps, self.hot, self.tail);
         self.hot.key = self.key;
         if self.ci != *self.ring_ci {
             *self.ring_ci = self.ci;
@@ -767,6 +754,27 @@ mod tests {
         let s = region.slice();
         s.write(slot, &e[..OP_OWN_OFFSET]);
         s.write_u8(slot + OP_OWN_OFFSET, (u8::from(opcode) << 4) | own);
+    }
+
+    #[test]
+    fn room_freed_by_a_completion_is_seen_by_the_poster_within_the_batch() {
+        let mut r = rig();
+        for id in 0..3 {
+            r.post(id, 1);
+        }
+        r.cqe(CqeOpcode::Req, QPN, 0, |_| {});
+        r.cqe(CqeOpcode::Req, QPN, 1, |_| {});
+        assert_eq!(r.sq.room(&r.sh), 13);
+        let mut p = Poll::new(&mut r.ring);
+        assert_eq!(p.next().unwrap().unwrap().wr_id, 0);
+        // The iterator is still alive (a post made in the polling loop): the poster
+        // already sees the block of the WQE that completed.
+        assert_eq!(r.sq.room(&r.sh), 14);
+        assert_eq!(p.next().unwrap().unwrap().wr_id, 1);
+        assert_eq!(r.sq.room(&r.sh), 15);
+        assert!(p.next().is_none());
+        drop(p);
+        assert_eq!(r.dbr_ci(), 2);
     }
 
     #[test]

@@ -122,6 +122,13 @@ impl<'a, const WORDS: usize> DmaRingView<'a, WORDS> {
         counter & self.mask
     }
 
+    /// The parity (0 or 1) of the pass around the ring that counter `counter` is on:
+    /// `counter / entries` modulo 2 (what a CQE's owner bit is compared with).
+    #[inline(always)]
+    pub fn pass_parity(self, counter: u32) -> u32 {
+        u32::from(counter & self.mask.wrapping_add(1) != 0)
+    }
+
     /// Entry `counter mod entries` (as [`DmaRing::entry`]).
     #[inline(always)]
     pub fn entry(self, counter: u32) -> DmaEntry<'a, WORDS> {
@@ -327,6 +334,18 @@ mod tests {
         assert!(DmaRing::<8>::new(region.clone(), 4, 2).is_none());
         assert!(DmaRing::<3>::new(region.clone(), 0, 2).is_none());
         assert!(DmaRing::<2>::new(region, 0, 40).is_none());
+    }
+
+    #[test]
+    fn views_give_slots_and_pass_parity() {
+        let space = DmaSpace::new(Arc::new(NullFunction::default()));
+        let region = Arc::new(space.alloc(4096).unwrap());
+        let v = DmaRing::<8>::new(region, 0, 2).unwrap();
+        let v = v.view();
+        assert_eq!((v.slot(0), v.slot(5), v.slot(u32::MAX)), (0, 1, 3));
+        let passes: Vec<u32> = (0..10).map(|c| v.pass_parity(c)).collect();
+        assert_eq!(passes, [0, 0, 0, 0, 1, 1, 1, 1, 0, 0]);
+        assert_eq!(v.pass_parity(u32::MAX), 1);
     }
 
     #[test]
