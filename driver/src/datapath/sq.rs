@@ -56,7 +56,7 @@ impl SendSlots<'_> {
     /// [`send_tail`](WqShadow::send_tail) the caller advances), having checked that it is
     /// below a [`send_head`](WqShadow::send_head): that WQE's `wr_id` and the counter of
     /// the WQE after it. The caller hands the new counter back with
-    /// [`publish_send_tail`](WqShadow::publish_send_tail) (once per batch).
+    /// [`publish_send_tail`](WqShadow::publish_send_tail) (after each completion).
     #[inline(always)]
     pub(crate) fn oldest(self, tail: u32) -> (u64, u32) {
         let s = self.0.get(tail);
