@@ -15,9 +15,9 @@ use uhca_hw::layout::uar::CQ_DBR_SET_CI;
 use uhca_hw::layout::wqe::WqeOpcode;
 
 use super::ring::RingSize;
-use super::sq::WqShadow;
+use super::sq::{SendSlots, WqShadow};
 use crate::barrier;
-use crate::dma::{DmaEntry, DmaRegion, DmaRing, DmaRingView};
+use crate::dma::{DmaEntry, DmaRecord, DmaRegion, DmaRing, DmaRingView};
 
 /// The half of a CQE the driver reads.
 const CQE_HALF: usize = CQE_SIZE / 2;
@@ -172,11 +172,13 @@ impl QpRegistry {
 /// The CQE ring and its consumer state.
 #[derive(Debug)]
 pub(crate) struct CqRing {
+    /// The CQEs: the pass of `ci` round it (`DmaRingView::pass_parity`) is what the owner
+    /// bit is compared with.
     ring: CqMem,
-    /// log2 of the number of CQEs: `ci >> log` is the pass whose parity the owner bit has.
-    log: u32,
     /// Byte offset of the doorbell record in the ring's region.
     dbr: usize,
+    /// The doorbell record's consumer index word (`CQ_DBR_SET_CI`).
+    set_ci: DmaRecord,
     ci: u32,
     qps: QpCache,
 }
@@ -185,24 +187,47 @@ pub(crate) struct CqRing {
 #[derive(Debug)]
 struct QpCache {
     registry: Arc<QpRegistry>,
-    /// The shadow of the QP that the last CQE named (a QP with QPN `u32::MAX`, which no
-    /// CQE can name, until then). Switching QPs swaps it with an entry of `others`, so no
-    /// reference count changes on the poll path.
-    hot: Arc<WqShadow>,
-    others: Vec<Arc<WqShadow>>,
+    /// The registry's shadows after a stand-in at index 0 for "no QP yet" (QPN
+    /// `u32::MAX`, which no CQE can name): never empty.
+    qps: Vec<Arc<WqShadow>>,
+    /// The QP that the last CQE named. The poller borrows `qps` shared for a whole batch,
+    /// so it keeps the hot QP's shadow and slots at hand; switching QPs changes an index,
+    /// and no reference count.
+    hot: HotQp,
     generation: u64,
-    /// The hot QP's send producer counter, read when a batch begins and after every CQE
-    /// that takes the slow path (which may switch QPs).
-    send_head: u32,
-    /// What the hot QP's next requester CQE has under [`FAST_MASK`] but its WQE counter:
+}
+
+/// The poller's record of the QP that the last CQE named, kept apart from [`Poll`] (which
+/// holds a `&mut` to it), so that the slow path updates it through that pointer while the
+/// fast path's copies of these values stay in registers.
+#[derive(Debug)]
+struct HotQp {
+    /// Its index in [`QpCache::qps`] (below `qps.len()`).
+    index: usize,
+    /// What its next requester CQE has under [`FAST_MASK`] but its WQE counter:
     /// [`fast_key`] of its QPN and the pass of the consumer index, or [`NO_KEY`].
     key: u64,
+    /// Its send completion counter, as read after the slow path.
+    tail: u32,
+    /// Its send producer counter as last read.
+    head: u32,
+}
+
+impl HotQp {
+    fn none() -> HotQp {
+        HotQp {
+            index: 0,
+            key: NO_KEY,
+            tail: 0,
+            head: 0,
+        }
+    }
 }
 
 /// The CQE ring memory: 64-byte entries.
 pub(crate) type CqMem = DmaRing<{ CQE_SIZE / 8 }>;
 
-/// The shadow standing in for "no QP yet" in [`QpCache::hot`].
+/// The shadow standing in for "no QP yet" at [`QpCache::qps`]`[0]`.
 fn no_qp() -> Arc<WqShadow> {
     let one = RingSize::new(1, 0).expect("1 is a power of two");
     Arc::new(WqShadow::new(u32::MAX, one, one))
@@ -224,19 +249,18 @@ impl CqRing {
                 uhca_hw::layout::cqe::OP_OWN_INIT,
             );
         }
-        s.store_be32(dbr + CQ_DBR_SET_CI, 0);
+        let set_ci = DmaRecord::new(buf.clone(), dbr.checked_add(CQ_DBR_SET_CI)?)?;
+        set_ci.store_be32(0);
         Some(CqRing {
             ring: CqMem::new(buf, 0, size.log())?,
-            log: size.log(),
             dbr,
+            set_ci,
             ci: 0,
             qps: QpCache {
                 registry,
-                hot: no_qp(),
-                others: Vec::new(),
+                qps: vec![no_qp()],
+                hot: HotQp::none(),
                 generation: u64::MAX,
-                send_head: 0,
-                key: NO_KEY,
             },
         })
     }
@@ -271,139 +295,144 @@ impl QpCache {
 
     #[cold]
     fn reload(&mut self, g: u64) {
-        self.others = self
-            .registry
-            .qps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let reg = self.registry.qps.lock().unwrap_or_else(|e| e.into_inner());
+        self.qps = std::iter::once(no_qp())
+            .chain(reg.iter().cloned())
+            .collect();
+        drop(reg);
         self.generation = g;
-        self.hot = no_qp();
-        self.send_head = 0;
-        self.key = NO_KEY;
+        self.hot = HotQp::none();
     }
+}
 
-    /// Reads the hot QP's producer counter again and makes its key for consumer index `ci` of a
-    /// ring of `1 << log` CQEs (after the slow path).
-    #[inline]
-    fn resync(&mut self, ci: u32, log: u32) {
-        self.send_head = self.hot.send_head();
-        self.key = fast_key(self.hot.qpn, ci >> log);
+/// Every CQE but the fast path's (entry `e`, whose `op_own` is `op_own` and whose owner bit
+/// is right), with `qps[hot]` the hot QP: copied out, then parsed and checked. Returns
+/// the hot QP afterwards (the CQE's, if it named one of `qps`), and `None` (not consumed)
+/// for a never-written entry.
+///
+/// `extern "C"`, so that the compiler knows a call cannot unwind (a panic here would
+/// abort; nothing in it panics on any CQE): the iterator then needs no copy of its state
+/// in memory for an unwinding `Drop`, and the fast path keeps it in registers.
+#[cold]
+#[inline(never)]
+#[allow(improper_ctypes_definitions)] // called from Rust only
+extern "C" fn poll_other(
+    qps: &[Arc<WqShadow>],
+    hot: usize,
+    e: DmaEntry<'_, { CQE_SIZE / 8 }>,
+    op_own: u8,
+) -> (usize, Option<Result<Completion, PollError>>) {
+    if op_own >> 4 == CqeOpcode::Invalid.raw() {
+        return (hot, None); // never written (first pass)
     }
-
-    /// The shadow of `qpn`, made the hot one.
-    #[inline]
-    fn shadow(&mut self, qpn: u32) -> Option<&WqShadow> {
-        if self.hot.qpn != qpn {
-            let i = self.others.iter().position(|s| s.qpn == qpn)?;
-            std::mem::swap(&mut self.hot, &mut self.others[i]);
-        }
-        Some(&self.hot)
+    // Everything an RC completion needs lies in the second half (0x20..0x40, §9.7):
+    // copy only that; the first half of the shadow stays zero.
+    let mut cqe = [0u8; CQE_SIZE];
+    for (w, b) in cqe.chunks_exact_mut(8).enumerate().skip(CQE_HALF / 8) {
+        b.copy_from_slice(&e.load(w).to_ne_bytes());
     }
+    let mut hot = hot;
+    let r = parse(qps, &mut hot, &cqe);
+    (hot, Some(r))
+}
 
-    /// Every CQE but the fast path's (entry `e`, whose `op_own` is `op_own` and whose
-    /// owner bit is right): copied out, then parsed and checked. `None` (not consumed) for
-    /// a never-written entry.
-    #[inline(never)]
-    fn poll_other(
-        &mut self,
-        e: DmaEntry<'_, { CQE_SIZE / 8 }>,
-        op_own: u8,
-    ) -> Option<Result<Completion, PollError>> {
-        if op_own >> 4 == CqeOpcode::Invalid.raw() {
-            return None; // never written (first pass)
-        }
-        // Everything an RC completion needs lies in the second half (0x20..0x40, §9.7):
-        // copy only that; the first half of the shadow stays zero.
-        let mut cqe = [0u8; CQE_SIZE];
-        for (w, b) in cqe.chunks_exact_mut(8).enumerate().skip(CQE_HALF / 8) {
-            b.copy_from_slice(&e.load(w).to_ne_bytes());
-        }
-        Some(self.parse(&cqe))
-    }
-
-    /// Turns a shadow CQE into a completion, checking its indices (style.md §10).
-    fn parse(&mut self, cqe: &[u8; CQE_SIZE]) -> Result<Completion, PollError> {
-        let c = Cqe::new_unchecked(&cqe[..]);
-        let op_own = c.op_own() as u8;
-        let raw = op_own >> 4;
-        let qpn = c.qpn();
-        let counter = c.wqe_counter() as u16;
-        let sh = self.shadow(qpn).ok_or(PollError::UnknownQp { qpn })?;
-        let bad = PollError::BadIndex {
-            qpn,
-            wqe_counter: counter,
-        };
-        // Matched on the raw value (one compare chain, no enum conversion).
-        const REQ: u8 = CqeOpcode::Req.raw();
-        const REQ_ERR: u8 = CqeOpcode::ReqErr.raw();
-        const RESP_WR_IMM: u8 = CqeOpcode::RespWrImm.raw();
-        const RESP_SEND: u8 = CqeOpcode::RespSend.raw();
-        const RESP_SEND_IMM: u8 = CqeOpcode::RespSendImm.raw();
-        const RESP_SEND_INV: u8 = CqeOpcode::RespSendInv.raw();
-        const RESP_ERR: u8 = CqeOpcode::RespErr.raw();
-        match raw {
-            REQ | REQ_ERR => {
-                let wr_id = sh.complete_send(counter).ok_or(bad)?;
-                let (status, wqe_op) = if raw == REQ {
-                    (WcStatus::Success, c.sop() as u8)
-                } else {
-                    let e = ErrCqe::new_unchecked(&cqe[..]);
-                    (error_status(&e), e.s_wqe_opcode() as u8)
-                };
-                let op = WcOpcode::of_wqe(wqe_op);
-                let byte_len = match op {
-                    WcOpcode::CompSwap | WcOpcode::FetchAdd => uhca_hw::layout::wqe::ATOMIC_SIZE,
-                    _ => c.byte_cnt(),
-                };
-                Ok(Completion {
-                    wr_id,
-                    status,
-                    opcode: op,
-                    byte_len,
-                    imm: None,
-                    qpn,
-                    solicited: false,
-                })
-            }
-            RESP_SEND | RESP_SEND_IMM | RESP_SEND_INV | RESP_WR_IMM | RESP_ERR => {
-                let wr_id = sh.complete_recv(counter).ok_or(bad)?;
-                let (status, opcode, imm) = match raw {
-                    RESP_ERR => (
-                        error_status(&ErrCqe::new_unchecked(&cqe[..])),
-                        WcOpcode::Recv,
-                        None,
-                    ),
-                    RESP_WR_IMM => (
-                        WcStatus::Success,
-                        WcOpcode::RecvRdmaWithImm,
-                        Some(c.imm_inval_pkey()),
-                    ),
-                    RESP_SEND_IMM => (WcStatus::Success, WcOpcode::Recv, Some(c.imm_inval_pkey())),
-                    _ => (WcStatus::Success, WcOpcode::Recv, None),
-                };
-                Ok(Completion {
-                    wr_id,
-                    status,
-                    opcode,
-                    byte_len: if status.is_ok() { c.byte_cnt() } else { 0 },
-                    imm,
-                    qpn,
-                    solicited: op_own & 0x02 != 0,
-                })
-            }
-            other => Err(PollError::BadOpcode(CqeOpcode::from(other))),
+/// The shadow of `qpn` in `qps`, made the hot one (`*hot`).
+#[inline]
+fn shadow<'s>(qps: &'s [Arc<WqShadow>], hot: &mut usize, qpn: u32) -> Option<&'s WqShadow> {
+    match qps.get(*hot) {
+        Some(s) if s.qpn == qpn => Some(s),
+        _ => {
+            let i = qps.iter().position(|s| s.qpn == qpn)?;
+            *hot = i;
+            qps.get(i).map(|s| &**s)
         }
     }
 }
 
-/// Publishes consumer index `ci` to the CQ doorbell record at `dbr` of `mem`'s region (§9.7).
+/// Turns a shadow CQE into a completion, checking its indices (style.md §10); `qps[*hot]`
+/// is the hot QP, and becomes the CQE's.
+fn parse(
+    qps: &[Arc<WqShadow>],
+    hot: &mut usize,
+    cqe: &[u8; CQE_SIZE],
+) -> Result<Completion, PollError> {
+    let c = Cqe::new_unchecked(&cqe[..]);
+    let op_own = c.op_own() as u8;
+    let raw = op_own >> 4;
+    let qpn = c.qpn();
+    let counter = c.wqe_counter() as u16;
+    let sh = shadow(qps, hot, qpn).ok_or(PollError::UnknownQp { qpn })?;
+    let bad = PollError::BadIndex {
+        qpn,
+        wqe_counter: counter,
+    };
+    // Matched on the raw value (one compare chain, no enum conversion).
+    const REQ: u8 = CqeOpcode::Req.raw();
+    const REQ_ERR: u8 = CqeOpcode::ReqErr.raw();
+    const RESP_WR_IMM: u8 = CqeOpcode::RespWrImm.raw();
+    const RESP_SEND: u8 = CqeOpcode::RespSend.raw();
+    const RESP_SEND_IMM: u8 = CqeOpcode::RespSendImm.raw();
+    const RESP_SEND_INV: u8 = CqeOpcode::RespSendInv.raw();
+    const RESP_ERR: u8 = CqeOpcode::RespErr.raw();
+    match raw {
+        REQ | REQ_ERR => {
+            let wr_id = sh.complete_send(counter).ok_or(bad)?;
+            let (status, wqe_op) = if raw == REQ {
+                (WcStatus::Success, c.sop() as u8)
+            } else {
+                let e = ErrCqe::new_unchecked(&cqe[..]);
+                (error_status(&e), e.s_wqe_opcode() as u8)
+            };
+            let op = WcOpcode::of_wqe(wqe_op);
+            let byte_len = match op {
+                WcOpcode::CompSwap | WcOpcode::FetchAdd => uhca_hw::layout::wqe::ATOMIC_SIZE,
+                _ => c.byte_cnt(),
+            };
+            Ok(Completion {
+                wr_id,
+                status,
+                opcode: op,
+                byte_len,
+                imm: None,
+                qpn,
+                solicited: false,
+            })
+        }
+        RESP_SEND | RESP_SEND_IMM | RESP_SEND_INV | RESP_WR_IMM | RESP_ERR => {
+            let wr_id = sh.complete_recv(counter).ok_or(bad)?;
+            let (status, opcode, imm) = match raw {
+                RESP_ERR => (
+                    error_status(&ErrCqe::new_unchecked(&cqe[..])),
+                    WcOpcode::Recv,
+                    None,
+                ),
+                RESP_WR_IMM => (
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    Some(c.imm_inval_pkey()),
+                ),
+                RESP_SEND_IMM => (WcStatus::Success, WcOpcode::Recv, Some(c.imm_inval_pkey())),
+                _ => (WcStatus::Success, WcOpcode::Recv, None),
+            };
+            Ok(Completion {
+                wr_id,
+                status,
+                opcode,
+                byte_len: if status.is_ok() { c.byte_cnt() } else { 0 },
+                imm,
+                qpn,
+                solicited: op_own & 0x02 != 0,
+            })
+        }
+        other => Err(PollError::BadOpcode(CqeOpcode::from(other))),
+    }
+}
+
+/// Publishes consumer index `ci` to the CQ doorbell record's `set_ci` word (§9.7).
 #[inline]
-fn update_ci(mem: &CqMem, dbr: usize, ci: u32) {
+fn update_ci(set_ci: &DmaRecord, ci: u32) {
     barrier::mb_before_ci_update(); // consumed CQEs read before their slots are handed back
-    mem.region()
-        .slice()
-        .store_be32(dbr + CQ_DBR_SET_CI, ci & 0xFF_FFFF);
+    set_ci.store_be32(ci & 0xFF_FFFF);
 }
 
 fn error_status(e: &ErrCqe<&[u8]>) -> WcStatus {
@@ -421,6 +450,9 @@ const FAST_MASK: u64 = QPN.put(u64::MAX) | WQE_COUNTER.put(u64::MAX) | OP_OWN.pu
 const NO_KEY: u64 = 1 << 8;
 const _: () = assert!(NO_KEY & FAST_MASK == 0);
 
+/// The owner bit of the tail word.
+const OWNER: u64 = OP_OWN.put(1);
+
 /// The tail word of a successful requester CQE of QP `qpn` written on the pass whose owner
 /// bit is `owner`, under [`FAST_MASK`] and without the WQE counter.
 #[inline(always)]
@@ -428,24 +460,46 @@ fn fast_key(qpn: u32, owner: u32) -> u64 {
     QPN.put(qpn.into()) | OP_OWN.put(u64::from(CqeOpcode::Req.raw() << 4) | u64::from(owner & 1))
 }
 
+/// The next pass has the other owner bit: the key flips it (rare: once per pass, so a
+/// call on a branch rather than a select in the fast path). `extern "C"`, so that the
+/// compiler knows it cannot unwind (see [`poll_other`]).
+#[cold]
+#[inline(never)]
+extern "C" fn flip_owner(key: u64) -> u64 {
+    key ^ OWNER
+}
+
 /// An iterator over the completions available now. Dropping it publishes the consumer
-/// index once for the whole batch.
+/// index once for the whole batch. Each completed WQE is handed back to the poster (the
+/// shadow's send completion counter) at once.
 ///
-/// It keeps the ring's address, size and consumer index by value, so that a polling loop
-/// holds them in registers rather than reloading them after every store.
+/// What the fast path reads (the ring's address and size, the consumer index, the hot
+/// QP's send counters, slots and CQE key) it holds by value, and nothing takes its
+/// address, so a polling loop keeps it in registers even when each completion goes to
+/// code that may touch any memory; the slow path gets it as scalars and leaves its
+/// results in the CQ's `HotQp` record.
 #[derive(Debug)]
 pub struct Poll<'a> {
     view: DmaRingView<'a, { CQE_SIZE / 8 }>,
-    log: u32,
-    /// `entries - 1`.
-    mask: u32,
     ci: u32,
-    /// The consumer index when polling began.
-    start: u32,
-    mem: &'a CqMem,
-    dbr: usize,
+    /// The hot QP's send completion counter (as its shadow has it; the poller is its
+    /// only writer): the first block of its oldest outstanding WQE.
+    tail: u32,
+    /// The hot QP's send producer counter, read when the batch begins and after the slow
+    /// path (it only grows; a CQE for a WQE posted since goes the slow way).
+    head: u32,
+    /// [`HotQp::key`] as this batch advanced it.
+    key: u64,
+    /// The hot QP's send slots.
+    slots: SendSlots<'a>,
+    /// The hot QP's shadow.
+    sh: &'a WqShadow,
+    set_ci: &'a DmaRecord,
+    /// The ring's consumer index (as of when polling began, until the batch ends).
     ring_ci: &'a mut u32,
-    qps: &'a mut QpCache,
+    /// The CQ's QPs ([`QpCache::qps`]) and the record of the hot one.
+    qps: &'a [Arc<WqShadow>],
+    hot: &'a mut HotQp,
 }
 
 impl<'a> Poll<'a> {
@@ -453,25 +507,62 @@ impl<'a> Poll<'a> {
     pub(crate) fn new(ring: &'a mut CqRing) -> Poll<'a> {
         let CqRing {
             ring: mem,
-            log,
-            dbr,
+            set_ci,
             ci,
             qps,
+            ..
         } = ring;
         qps.refresh();
-        qps.send_head = qps.hot.send_head();
+        let QpCache { qps: list, hot, .. } = qps;
+        let sh: &WqShadow = &list[hot.index];
+        let tail = sh.send_tail();
         Poll {
             view: mem.view(),
-            log: *log,
-            mask: (1u32 << *log).wrapping_sub(1),
             ci: *ci,
-            start: *ci,
-            mem,
-            dbr: *dbr,
+            tail,
+            head: sh.send_head(),
+            key: hot.key,
+            slots: sh.send_slots(),
+            sh,
+            set_ci,
             ring_ci: ci,
-            qps,
+            qps: list,
+            hot,
         }
     }
+}
+
+/// The slow path of [`Poll::next`] for the entry at consumer index `ci` of the ring
+/// `view`, `hot` the hot QP: the owner check, then the copy, parse and full index check of
+/// `poll_other`. If that consumed the CQE (it may have switched QPs and completed WQEs),
+/// `hot` holds the hot QP's counters and key afresh. Given the fast path's state as
+/// scalars, so that it stays in registers; the copy and parse are out of line.
+#[inline(always)]
+fn next_other(
+    qps: &[Arc<WqShadow>],
+    hot: &mut HotQp,
+    ci: u32,
+    view: DmaRingView<'_, { CQE_SIZE / 8 }>,
+) -> Option<Result<Completion, PollError>> {
+    // The tail word again (the fast path's copy need not live this long); if the device
+    // wrote the entry since, this is the newer value, checked the same way. The owner bit
+    // must match the pass (§9.7); the INVALID opcode of a never-written entry is caught
+    // by `poll_other`, with the other opcodes.
+    let e = view.entry(ci);
+    let word = u64::from_be(e.load(TAIL_WORD));
+    if (word ^ u64::from(view.pass_parity(ci))) & 1 != 0 {
+        return None;
+    }
+    barrier::rmb_after_owner(); // CQE body after its op_own byte
+    let (i, r) = poll_other(qps, hot.index, e, OP_OWN.get(word) as u8);
+    hot.index = i;
+    let r = r?;
+    if let Some(sh) = qps.get(i) {
+        hot.tail = sh.send_tail();
+        hot.head = sh.send_head();
+        hot.key = fast_key(sh.qpn, view.pass_parity(ci.wrapping_add(1)));
+    }
+    Some(r)
 }
 
 impl Iterator for Poll<'_> {
@@ -479,29 +570,29 @@ impl Iterator for Poll<'_> {
 
     /// The fast path is a successful requester CQE of the hot QP naming its oldest
     /// outstanding WQE: one 8-byte load gives the owner bit, opcode, QPN, WQE counter and
-    /// send opcode (`cqe::fast::TAIL_WORD`), and one masked compare checks the first four
-    /// against what the batch expects; one more load gives the byte count. Everything else
-    /// (an entry not yet written, responder CQEs, errors, another QP, unsignaled WQEs
-    /// completed in passing, bad CQEs) goes through `QpCache::poll_other`, which copies the
-    /// CQE out first.
+    /// send opcode (`cqe::fast::TAIL_WORD`), one masked compare checks the first four
+    /// against what the batch expects, one compare that something is outstanding; then
+    /// the shadow slot gives `wr_id` and the next WQE, and one more load the byte count.
+    /// Everything else (an entry not yet written, responder CQEs, errors, another QP,
+    /// unsignaled WQEs completed in passing, bad CQEs) goes through
+    /// `poll_other`, which copies the CQE out first.
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let ci = self.ci;
         let e = self.view.entry(ci);
-        let tail = u64::from_be(e.load(TAIL_WORD));
-        let q = &mut *self.qps;
-        let sh = &*q.hot;
-        let oldest = sh.send_tail();
-        if (tail & FAST_MASK) ^ q.key == WQE_COUNTER.put(oldest.into())
-            && let Some(wr_id) = sh.complete_oldest_send(oldest, q.send_head)
-        {
+        let word = u64::from_be(e.load(TAIL_WORD));
+        let tail = self.tail;
+        if (word & FAST_MASK) ^ self.key == WQE_COUNTER.put(tail.into()) && tail != self.head {
             barrier::rmb_after_owner(); // CQE body after its op_own byte
-            let next = ci.wrapping_add(1);
-            self.ci = next;
-            if next & self.mask == 0 {
-                q.key ^= 1; // the next pass has the other owner bit
+            let (wr_id, next) = self.slots.oldest(tail);
+            self.sh.publish_send_tail(next); // at once: the poster may be waiting for room
+            self.tail = next;
+            let ci = ci.wrapping_add(1);
+            self.ci = ci;
+            if self.view.slot(ci) == 0 {
+                self.key = flip_owner(self.key);
             }
-            let opcode = WcOpcode::of_wqe(SOP.get(tail) as u8);
+            let opcode = WcOpcode::of_wqe(SOP.get(word) as u8);
             // Loaded either way (same cache line), so that the choice is a select.
             let count = BYTE_CNT.get(u64::from_be(e.load(BYTE_CNT.word))) as u32;
             let byte_len = if matches!(opcode, WcOpcode::CompSwap | WcOpcode::FetchAdd) {
@@ -515,29 +606,33 @@ impl Iterator for Poll<'_> {
                 opcode,
                 byte_len,
                 imm: None,
-                qpn: QPN.get(tail) as u32,
+                qpn: QPN.get(word) as u32,
                 solicited: false,
             }));
         }
-        // The owner bit must match the pass (§9.7); the INVALID opcode of a never-written
-        // entry is caught by `poll_other`, with the other opcodes.
-        if (tail ^ u64::from(ci >> self.log)) & 1 != 0 {
-            return None;
+        let r = next_other(self.qps, self.hot, ci, self.view);
+        if r.is_some() {
+            self.ci = ci.wrapping_add(1);
+            let qps: &[Arc<WqShadow>] = self.qps;
+            if let Some(sh) = qps.get(self.hot.index) {
+                self.slots = sh.send_slots();
+                self.sh = sh;
+            }
+            self.tail = self.hot.tail;
+            self.head = self.hot.head;
+            self.key = self.hot.key;
         }
-        barrier::rmb_after_owner(); // CQE body after its op_own byte
-        let r = self.qps.poll_other(e, OP_OWN.get(tail) as u8)?;
-        self.ci = ci.wrapping_add(1);
-        self.qps.resync(self.ci, self.log);
-        Some(r)
+        r
     }
 }
 
 impl Drop for Poll<'_> {
     #[inline]
     fn drop(&mut self) {
-        *self.ring_ci = self.ci;
-        if self.ci != self.start {
-            update_ci(self.mem, self.dbr, self.ci);
+        self.hot.key = self.key;
+        if self.ci != *self.ring_ci {
+            *self.ring_ci = self.ci;
+            update_ci(self.set_ci, self.ci);
         }
     }
 }
@@ -551,6 +646,7 @@ mod tests {
     use crate::pci::Bar;
     use crate::pci::model::ModelFunction;
     use uhca_hw::layout::cqe::cqe_owner_for;
+    use uhca_hw::layout::uar::QP_DBR_SND;
     use uhca_hw::layout::wqe::fm_ce_se;
 
     struct Rig {
@@ -583,7 +679,11 @@ mod tests {
         let qbuf = Arc::new(space.alloc(4096).unwrap());
         Rig {
             ring,
-            sq: SendRing::new(SqMem::new(qbuf, 0, sq_size.log()).unwrap(), 4032, QPN),
+            sq: SendRing::new(
+                SqMem::new(qbuf.clone(), 0, sq_size.log()).unwrap(),
+                crate::datapath::sq::tests::record(&qbuf, 4032 + QP_DBR_SND),
+                QPN,
+            ),
             sh,
             db: Doorbell {
                 bar,
@@ -654,6 +754,27 @@ mod tests {
         let s = region.slice();
         s.write(slot, &e[..OP_OWN_OFFSET]);
         s.write_u8(slot + OP_OWN_OFFSET, (u8::from(opcode) << 4) | own);
+    }
+
+    #[test]
+    fn room_freed_by_a_completion_is_seen_by_the_poster_within_the_batch() {
+        let mut r = rig();
+        for id in 0..3 {
+            r.post(id, 1);
+        }
+        r.cqe(CqeOpcode::Req, QPN, 0, |_| {});
+        r.cqe(CqeOpcode::Req, QPN, 1, |_| {});
+        assert_eq!(r.sq.room(&r.sh), 13);
+        let mut p = Poll::new(&mut r.ring);
+        assert_eq!(p.next().unwrap().unwrap().wr_id, 0);
+        // The iterator is still alive (a post made in the polling loop): the poster
+        // already sees the block of the WQE that completed.
+        assert_eq!(r.sq.room(&r.sh), 14);
+        assert_eq!(p.next().unwrap().unwrap().wr_id, 1);
+        assert_eq!(r.sq.room(&r.sh), 15);
+        assert!(p.next().is_none());
+        drop(p);
+        assert_eq!(r.dbr_ci(), 2);
     }
 
     #[test]
@@ -808,7 +929,11 @@ mod tests {
         let other = Arc::new(WqShadow::new(6, size, RingSize::new(4, 15).unwrap()));
         r.ring.qps.registry.add(&other);
         let region = Arc::new(r.space.alloc(4096).unwrap());
-        let mut sq6 = SendRing::new(SqMem::new(region, 0, size.log()).unwrap(), 4032, 6);
+        let mut sq6 = SendRing::new(
+            SqMem::new(region.clone(), 0, size.log()).unwrap(),
+            crate::datapath::sq::tests::record(&region, 4032 + QP_DBR_SND),
+            6,
+        );
         let sge = Sge {
             addr: 0x1000,
             len: 8,

@@ -7,17 +7,20 @@
 //! the model too); device memory is only read by copying (whole-word volatile loads) and
 //! every index it holds is checked before use (style.md §10, §14).
 //!
-//! Cost: the rings are [`DmaRing`](crate::dma::DmaRing)s (range checked once, then one AND
-//! per access). A one-SGE WRITE or SEND is six 8-byte stores of words built in registers,
-//! plus the shadow record (`wr_id`, WQE extent) and the counters. A polled requester CQE
-//! of the QP seen last, naming the oldest outstanding WQE, is one 8-byte load for owner,
-//! opcode, QPN and WQE counter, one masked compare of it against the word the poller
-//! expects (QPN and pass kept in the poller's QP cache, counter = the shadow's tail), one
-//! compare that something is outstanding (producer counter read once per batch), the slot
-//! loads (`wr_id`, WQE extent), the tail store and one load for the byte count; everything
-//! else takes the copy-and-parse path. What remains per CQE beyond UCX's ~20 instructions
-//! is mostly that shadow slot lookup (mask, bounds check, two loads, a store), the
-//! consumer index and pass bookkeeping, and building the typed [`Completion`].
+//! Cost: the rings are [`DmaRing`](crate::dma::DmaRing)s and the shadows
+//! [`MaskedSlots`](crate::dma::MaskedSlots) (range checked once, then one AND per access);
+//! doorbell records are [`DmaRecord`](crate::dma::DmaRecord)s (checked once, then one
+//! store). A one-SGE WRITE or SEND is a room check against a cached room end, six 8-byte
+//! stores of words built in registers, the shadow record (`wr_id`, WQE start and end) and
+//! two counter stores; the doorbell decides "anything pending" and "one WQE, BlueFlame"
+//! from the counter at the last doorbell. A polled requester CQE of the hot QP naming its
+//! oldest outstanding WQE is one 8-byte load for owner, opcode, QPN and WQE counter, one
+//! masked compare of it against the word the poller expects, one compare that something
+//! is outstanding, the slot loads (`wr_id`, next WQE), the store that hands the WQE back
+//! to the poster, the consumer index step and the byte count load. The poller holds the
+//! hot QP's counters, key and slot address by value for the whole batch, and its slow
+//! path is out of line and cannot unwind, so a polling loop keeps that state in
+//! registers. Everything else takes the copy-and-parse path.
 
 #![deny(unsafe_code)]
 

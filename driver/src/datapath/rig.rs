@@ -8,13 +8,14 @@
 use std::sync::Arc;
 
 use uhca_hw::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, OP_OWN_OFFSET, cqe_owner_for};
+use uhca_hw::layout::uar::QP_DBR_SND;
 use uhca_hw::layout::wqe::WqeOpcode;
 
 use super::cq::{Completion, CqRing, Poll, PollError, QpRegistry};
 use super::ring::RingSize;
 use super::sq::{Doorbell, SendRing, SqMem, WqShadow};
 use super::wqe::{PostError, Remote, Sge};
-use crate::dma::DmaSpace;
+use crate::dma::{DmaRecord, DmaSpace};
 use crate::pci::null::NullFunction;
 use crate::pci::{Bar, PciError, PciFunction};
 use crate::resource::qp::{SendLimits, post_wr};
@@ -81,9 +82,11 @@ impl Rig {
             CqRing::new(Arc::new(cq_buf), size, CQE_SIZE << LOG, reg).ok_or(RigError::Geometry)?;
         cq.refresh();
         let sq_buf = Arc::new(space.alloc((64 << LOG) + 64)?);
+        let sq_dbr =
+            DmaRecord::new(sq_buf.clone(), (64 << LOG) + QP_DBR_SND).ok_or(RigError::Geometry)?;
         let sq_mem = SqMem::new(sq_buf, 0, LOG).ok_or(RigError::Geometry)?;
         Ok(Rig {
-            sq: SendRing::new(sq_mem, 64 << LOG, QPN),
+            sq: SendRing::new(sq_mem, sq_dbr, QPN),
             shadow,
             db: Doorbell {
                 bar,

@@ -14,7 +14,6 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
-use uhca_hw::layout::uar::{QP_DBR_RCV, QP_DBR_SND};
 use uhca_hw::layout::wqe::fast::{
     CTRL_DS, CTRL_FM_CE_SE, CTRL_IMM, CTRL_OPCODE, CTRL_QPN, CTRL_WQE_INDEX, DATA_ADDR,
     DATA_BYTE_COUNT, DATA_LKEY, RADDR_RADDR, RADDR_RKEY,
@@ -24,7 +23,7 @@ use uhca_hw::layout::wqe::{DS_UNIT, INVALID_LKEY, SEND_WQE_BB, WqeOpcode};
 use super::ring::{RingSize, in_flight, widen_index16};
 use super::wqe::{PostError, Remote, Sge, WqeBuf};
 use crate::barrier;
-use crate::dma::DmaRing;
+use crate::dma::{DmaRecord, DmaRing, MaskedSlots, SlotsView};
 use crate::pci::Bar;
 
 /// 8-byte words per send basic block.
@@ -41,8 +40,31 @@ pub(crate) type RqMem = DmaRing<DS_WORDS>;
 #[derive(Debug, Default)]
 struct SqSlot {
     wr_id: AtomicU64,
-    /// `start << 32 | next`: the WQE's first and one-past-last basic-block counters.
-    meta: AtomicU64,
+    /// The WQE's first basic-block counter (tells a WQE start from a stale slot).
+    start: AtomicU32,
+    /// The WQE's one-past-last basic-block counter.
+    next: AtomicU32,
+}
+
+/// A QP's send shadow slots by address and size ([`WqShadow::send_slots`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SendSlots<'a>(SlotsView<'a, SqSlot>);
+
+impl SendSlots<'_> {
+    /// [`WqShadow::complete_send`]'s common case, for a CQE whose WQE counter the caller
+    /// has matched with `tail`, the first block of the oldest outstanding WQE (a
+    /// [`send_tail`](WqShadow::send_tail) the caller advances), having checked that it is
+    /// below a [`send_head`](WqShadow::send_head): that WQE's `wr_id` and the counter of
+    /// the WQE after it. The caller hands the new counter back with
+    /// [`publish_send_tail`](WqShadow::publish_send_tail) (after each completion).
+    #[inline(always)]
+    pub(crate) fn oldest(self, tail: u32) -> (u64, u32) {
+        let s = self.0.get(tail);
+        (
+            s.wr_id.load(Ordering::Relaxed),
+            s.next.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// Per-QP records shared by the poster and the CQ poller.
@@ -51,13 +73,13 @@ pub(crate) struct WqShadow {
     pub(crate) qpn: u32,
     sq: RingSize,
     /// One entry per send basic block, used at the block where a WQE starts.
-    sq_slots: Box<[SqSlot]>,
+    sq_slots: MaskedSlots<SqSlot>,
     /// Send producer counter as published by the last doorbell.
     sq_head: CachePadded<AtomicU32>,
     /// Send counter up to which WQEs have completed (always a WQE start).
     sq_tail: CachePadded<AtomicU32>,
     rq: RingSize,
-    rq_wr_id: Box<[AtomicU64]>,
+    rq_wr_id: MaskedSlots<AtomicU64>,
     rq_head: CachePadded<AtomicU32>,
     rq_tail: CachePadded<AtomicU32>,
 }
@@ -67,11 +89,13 @@ impl WqShadow {
         WqShadow {
             qpn,
             sq,
-            sq_slots: (0..sq.entries()).map(|_| SqSlot::default()).collect(),
+            sq_slots: MaskedSlots::new(sq.entries(), SqSlot::default)
+                .expect("a RingSize is a power of two"),
             sq_head: Default::default(),
             sq_tail: Default::default(),
             rq,
-            rq_wr_id: (0..rq.entries()).map(|_| AtomicU64::new(0)).collect(),
+            rq_wr_id: MaskedSlots::new(rq.entries(), || AtomicU64::new(0))
+                .expect("a RingSize is a power of two"),
             rq_head: Default::default(),
             rq_tail: Default::default(),
         }
@@ -90,10 +114,10 @@ impl WqShadow {
     /// Records the send WQE of basic blocks `[start, next)`.
     #[inline(always)]
     fn record_send(&self, start: u32, next: u32, wr_id: u64) {
-        let s = &self.sq_slots[self.sq.slot(start)];
+        let s = self.sq_slots.get(start);
         s.wr_id.store(wr_id, Ordering::Relaxed);
-        s.meta
-            .store(u64::from(start) << 32 | u64::from(next), Ordering::Relaxed);
+        s.start.store(start, Ordering::Relaxed);
+        s.next.store(next, Ordering::Relaxed);
     }
 
     /// A requester CQE for the WQE whose control segment holds `index`: everything up to
@@ -111,9 +135,9 @@ impl WqShadow {
         } else {
             self.find_send_start(index, tail, head)?
         };
-        let s = &self.sq_slots[self.sq.slot(start)];
+        let s = self.sq_slots.get(start);
         self.sq_tail
-            .store(s.meta.load(Ordering::Relaxed) as u32, Ordering::Release);
+            .store(s.next.load(Ordering::Relaxed), Ordering::Release);
         Some(s.wr_id.load(Ordering::Relaxed))
     }
 
@@ -131,21 +155,17 @@ impl WqShadow {
         self.sq_head.load(Ordering::Acquire)
     }
 
-    /// [`complete_send`](Self::complete_send)'s common case, for a CQE whose WQE counter
-    /// the caller has matched with `tail` ([`send_tail`](Self::send_tail)): the oldest
-    /// outstanding WQE completes. `head` is a [`send_head`](Self::send_head) read earlier
-    /// (it only grows); `None`, without any change, if nothing was outstanding as of then
-    /// (the caller then checks the CQE in full against the current counters: a WQE posted
-    /// since, or a bad index).
+    /// The send slots by value, for [`SendSlots::oldest`] in a polling loop.
     #[inline(always)]
-    pub(crate) fn complete_oldest_send(&self, tail: u32, head: u32) -> Option<u64> {
-        if tail == head {
-            return None;
-        }
-        let s = self.sq_slots.get(self.sq.slot(tail))?;
-        self.sq_tail
-            .store(s.meta.load(Ordering::Relaxed) as u32, Ordering::Release);
-        Some(s.wr_id.load(Ordering::Relaxed))
+    pub(crate) fn send_slots(&self) -> SendSlots<'_> {
+        SendSlots(self.sq_slots.view())
+    }
+
+    /// Publishes the send completion counter (to the poster's room check and the full
+    /// index check); `tail` is a counter [`SendSlots::oldest`] returned.
+    #[inline(always)]
+    pub(crate) fn publish_send_tail(&self, tail: u32) {
+        self.sq_tail.store(tail, Ordering::Release);
     }
 
     /// `index` widened to the counter of an outstanding WQE's first block, if it is one.
@@ -153,10 +173,7 @@ impl WqShadow {
     #[inline(never)]
     fn find_send_start(&self, index: u16, tail: u32, head: u32) -> Option<u32> {
         let start = widen_index16(index, tail, head)?;
-        let meta = self.sq_slots[self.sq.slot(start)]
-            .meta
-            .load(Ordering::Relaxed);
-        ((meta >> 32) as u32 == start).then_some(start)
+        (self.sq_slots.get(start).start.load(Ordering::Relaxed) == start).then_some(start)
     }
 
     /// A responder CQE for receive WQE counter `index`.
@@ -166,7 +183,7 @@ impl WqShadow {
         let head = self.rq_head.load(Ordering::Acquire);
         let n = widen_index16(index, tail, head)?;
         self.rq_tail.store(n.wrapping_add(1), Ordering::Release);
-        Some(self.rq_wr_id[self.rq.slot(n)].load(Ordering::Relaxed))
+        Some(self.rq_wr_id.get(n).load(Ordering::Relaxed))
     }
 }
 
@@ -186,35 +203,39 @@ pub(crate) struct Doorbell {
 #[derive(Debug)]
 pub(crate) struct SendRing {
     ring: SqMem,
-    /// Byte offset of the QP's doorbell record in the ring's region.
-    dbr: usize,
+    /// The send counter of the QP's doorbell record.
+    dbr: DmaRecord,
     /// Ring size (entries of the ring).
     entries: u32,
     /// `qpn` placed in the control segment's first word (big-endian value): the part of
     /// that word that never changes.
     ctrl_qpn: u64,
     head: u32,
-    /// Completed counter as last read from the shadow (refreshed when the ring looks full).
-    tail: u32,
+    /// The counter the producer may post up to: the completed counter as last read from
+    /// the shadow plus the ring size (refreshed when the ring looks full), so that the
+    /// room check is one subtraction and compare.
+    room_end: u32,
     /// First block of the last WQE posted (its control segment is the doorbell value).
     last: u32,
-    pending: u32,
+    /// The producer counter as of the last doorbell: WQEs are pending while `head`
+    /// differs, and the batch is one WQE when `last` equals it.
+    rung: u32,
     wqe: WqeBuf,
 }
 
 impl SendRing {
-    /// A send ring over `ring` for QP `qpn`, whose doorbell record is at byte `dbr` of the
-    /// ring's region.
-    pub(crate) fn new(ring: SqMem, dbr: usize, qpn: u32) -> SendRing {
+    /// A send ring over `ring` for QP `qpn`, whose doorbell record's send counter
+    /// (`QP_DBR_SND`) is `dbr`.
+    pub(crate) fn new(ring: SqMem, dbr: DmaRecord, qpn: u32) -> SendRing {
         SendRing {
             entries: ring.entries(),
+            room_end: ring.entries(),
             ring,
             dbr,
             ctrl_qpn: CTRL_QPN.put(qpn.into()),
             head: 0,
-            tail: 0,
             last: 0,
-            pending: 0,
+            rung: 0,
             wqe: WqeBuf::default(),
         }
     }
@@ -229,15 +250,17 @@ impl SendRing {
     /// tail says no.
     #[inline(always)]
     fn fits(&mut self, sh: &WqShadow, blocks: u32) -> bool {
-        in_flight(self.head.wrapping_add(blocks), self.tail) <= self.entries
-            || self.refresh_tail(sh, blocks)
+        in_flight(self.room_end, self.head) >= blocks || self.refresh_tail(sh, blocks)
     }
 
     #[cold]
     #[inline(never)]
     fn refresh_tail(&mut self, sh: &WqShadow, blocks: u32) -> bool {
-        self.tail = sh.sq_tail.load(Ordering::Acquire);
-        in_flight(self.head.wrapping_add(blocks), self.tail) <= self.entries
+        self.room_end = sh
+            .sq_tail
+            .load(Ordering::Acquire)
+            .wrapping_add(self.entries);
+        in_flight(self.room_end, self.head) >= blocks
     }
 
     /// Posts a one-basic-block WQE of a control segment, an optional remote address
@@ -329,26 +352,25 @@ impl SendRing {
         sh.record_send(idx, next, wr_id);
         self.last = idx;
         self.head = next;
-        self.pending += 1;
     }
 
     /// Publishes the WQEs posted since the last call (§9.2): shadow head, doorbell record,
     /// then the doorbell, or BlueFlame when the batch is one WQE that fits half a register.
     #[inline(always)]
     pub(crate) fn ring_doorbell(&mut self, sh: &WqShadow, db: &mut Doorbell) {
-        if self.pending == 0 {
+        let head = self.head;
+        if head == self.rung {
             return;
         }
-        sh.sq_head.store(self.head, Ordering::Release);
+        sh.sq_head.store(head, Ordering::Release);
         barrier::wmb_before_dbr(); // WQEs written before the counter that publishes them
-        self.ring
-            .region()
-            .slice()
-            .store_be32(self.dbr + QP_DBR_SND, self.head & 0xFFFF);
+        self.dbr.store_be32(head & 0xFFFF);
         barrier::wmb_before_doorbell(); // record visible before the device is told to read it
         let at = db.bf_reg + db.bf_off;
-        let blocks = in_flight(self.head, self.last) as usize;
-        if self.pending == 1 && db.bf_half != 0 && blocks * SEND_WQE_BB <= db.bf_half {
+        let blocks = in_flight(head, self.last) as usize;
+        // One WQE (the last starts where the batch does) that fits half the register
+        // (which a `bf_half` of 0 never does).
+        if self.last == self.rung && blocks * SEND_WQE_BB <= db.bf_half {
             self.blueflame(db, at, blocks);
         } else {
             // The doorbell is the first 8 bytes of the last WQE's control segment.
@@ -357,7 +379,7 @@ impl SendRing {
         }
         barrier::wc_flush(); // the BlueFlame copy done before the next doorbell
         db.bf_off ^= db.bf_half;
-        self.pending = 0;
+        self.rung = head;
     }
 
     /// Copies the single pending WQE (`blocks` basic blocks) to the BlueFlame half at `at`.
@@ -382,14 +404,21 @@ impl SendRing {
     /// pending. The caller zeroes the doorbell record and replaces the shadow.
     pub(crate) fn reset(&mut self) {
         self.head = 0;
-        self.tail = 0;
+        self.room_end = self.entries;
         self.last = 0;
-        self.pending = 0;
+        self.rung = 0;
     }
 
-    /// WQEs posted since the last doorbell.
-    pub(crate) fn pending(&self) -> u32 {
-        self.pending
+    /// WQEs posted since the last doorbell, counted by following their extents in the
+    /// shadow (`sh`, the QP's).
+    pub(crate) fn pending(&self, sh: &WqShadow) -> u32 {
+        let mut n = 0;
+        let mut at = self.rung;
+        while at != self.head && n < self.entries {
+            at = sh.sq_slots.get(at).next.load(Ordering::Relaxed);
+            n += 1;
+        }
+        n
     }
 }
 
@@ -400,8 +429,8 @@ const MAX_BF_WORDS: usize = super::wqe::MAX_WQE_BYTES / 8;
 pub(crate) struct RecvRing {
     /// The ring in data segments: WQE `n` is segments `n << seg_log ..`.
     ring: RqMem,
-    /// Byte offset of the QP's doorbell record in the ring's region.
-    dbr: usize,
+    /// The receive counter of the QP's doorbell record.
+    dbr: DmaRecord,
     size: RingSize,
     /// log2 of data segments per WQE.
     seg_log: u32,
@@ -414,8 +443,8 @@ pub const MAX_RECV_SGES: usize = 16;
 
 impl RecvRing {
     /// A receive ring of `size` WQEs of `2^stride_log` bytes (at least one data segment)
-    /// over `ring`, whose region holds the doorbell record at byte `dbr`.
-    pub(crate) fn new(ring: RqMem, dbr: usize, size: RingSize, stride_log: u32) -> RecvRing {
+    /// over `ring`, whose doorbell record's receive counter (`QP_DBR_RCV`) is `dbr`.
+    pub(crate) fn new(ring: RqMem, dbr: DmaRecord, size: RingSize, stride_log: u32) -> RecvRing {
         RecvRing {
             ring,
             dbr,
@@ -461,14 +490,11 @@ impl RecvRing {
             r.store(at, 0, DATA_LKEY.put(INVALID_LKEY.into()).to_be());
             r.store(at, 1, 0);
         }
-        sh.rq_wr_id[self.size.slot(self.head)].store(wr_id, Ordering::Relaxed);
+        sh.rq_wr_id.get(self.head).store(wr_id, Ordering::Relaxed);
         self.head = self.head.wrapping_add(1);
         sh.rq_head.store(self.head, Ordering::Release);
         barrier::wmb_before_dbr(); // receive WQE written before the counter publishes it
-        self.ring
-            .region()
-            .slice()
-            .store_be32(self.dbr + QP_DBR_RCV, self.head & 0xFFFF);
+        self.dbr.store_be32(self.head & 0xFFFF);
         Ok(())
     }
 
@@ -485,12 +511,13 @@ impl RecvRing {
 }
 
 #[cfg(all(test, feature = "model"))]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use super::*;
     use crate::dma::{DmaRegion, DmaSpace};
     use crate::pci::model::ModelFunction;
+    use uhca_hw::layout::uar::{QP_DBR_RCV, QP_DBR_SND};
 
     const BF: usize = 3 * 4096 + 0x800 + 2 * 512;
     const SQ_OFF: usize = 1024;
@@ -501,6 +528,10 @@ mod tests {
         sh: WqShadow,
         sq: SendRing,
         db: Doorbell,
+    }
+
+    pub(crate) fn record(buf: &Arc<DmaRegion>, off: usize) -> DmaRecord {
+        DmaRecord::new(buf.clone(), off).unwrap()
     }
 
     fn setup() -> Setup {
@@ -517,12 +548,8 @@ mod tests {
         };
         let buf = Arc::new(space.alloc(4096).unwrap());
         let ring = SqMem::new(buf.clone(), SQ_OFF, size.log()).unwrap();
-        Setup {
-            buf,
-            sh,
-            sq: SendRing::new(ring, DBR, 9),
-            db,
-        }
+        let sq = SendRing::new(ring, record(&buf, DBR + QP_DBR_SND), 9);
+        Setup { buf, sh, sq, db }
     }
 
     impl Setup {
@@ -640,7 +667,7 @@ mod tests {
             s.sq.post_one_sge::<true>(&s.sh, 9, WqeOpcode::RdmaWrite, 0, 0, remote, &sge),
             Err(PostError::QueueFull)
         );
-        assert_eq!((s.sq.head(), s.sq.pending()), (10, 2));
+        assert_eq!((s.sq.head(), s.sq.pending(&s.sh)), (10, 2));
         assert_eq!(s.block(2), before);
     }
 
@@ -689,7 +716,7 @@ mod tests {
         let rq_size = RingSize::new(4, 15).unwrap();
         // 32-byte WQEs: 2 data segments each.
         let mem = RqMem::new(s.buf.clone(), 0, rq_size.log() + 1).unwrap();
-        let mut rq = RecvRing::new(mem, DBR, rq_size, 5);
+        let mut rq = RecvRing::new(mem, record(&s.buf, DBR + QP_DBR_RCV), rq_size, 5);
         let sh = &s.sh;
         let e = Sge {
             addr: 0x1234,

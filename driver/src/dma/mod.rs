@@ -24,7 +24,7 @@ mod user;
 
 pub use iova::IovaAllocator;
 pub use region::{DmaRegion, DmaSlice, PageSize};
-pub use ring::{DmaEntry, DmaRing, DmaRingView};
+pub use ring::{DmaEntry, DmaRecord, DmaRing, DmaRingView, MaskedSlots, SlotsView};
 pub use user::{
     HostBuffer, HostPages, MemlockExceeded, MemlockPolicy, MrBuffer, PinCharge, RawBuffer,
     UserMapping, has_cap_ipc_lock, memlock_rlimit, pinned_bytes,

@@ -25,7 +25,7 @@ use crate::datapath::ring::RingSize;
 use crate::datapath::sq::{Doorbell, MAX_RECV_SGES, RecvRing, RqMem, SendRing, SqMem, WqShadow};
 use crate::datapath::wqe::{MAX_INLINE, MAX_WQE_BYTES, PostError, Remote, Sge, WqeBuf};
 use crate::device::{Device, DeviceInner};
-use crate::dma::DmaRegion;
+use crate::dma::{DmaRecord, DmaRegion};
 use crate::resource::{Access, Pd, Uar};
 
 /// BlueFlame register used in each QP's own UAR page (Linux's first "fast path" register,
@@ -388,6 +388,8 @@ impl Device {
         let sq_mem = SqMem::new(buf.clone(), sq_off, sq.log()).ok_or_else(geometry)?;
         let rq_log = rq.log() + stride_log - DS_UNIT.trailing_zeros();
         let rq_mem = RqMem::new(buf.clone(), 0, rq_log).ok_or_else(geometry)?;
+        let sq_dbr = DmaRecord::new(buf.clone(), dbr + QP_DBR_SND).ok_or_else(geometry)?;
+        let rq_dbr = DmaRecord::new(buf.clone(), dbr + QP_DBR_RCV).ok_or_else(geometry)?;
         let uar = Uar::alloc(dev).map_err(|e| match e {
             crate::DeviceError::Cmd(c) => QueueError::Cmd(c),
             _ => QueueError::Closed,
@@ -425,8 +427,8 @@ impl Device {
         Ok(Qp {
             qpn,
             state: QpState::Reset,
-            sq: SendRing::new(sq_mem, dbr, qpn),
-            rq: RecvRing::new(rq_mem, dbr, rq, stride_log),
+            sq: SendRing::new(sq_mem, sq_dbr, qpn),
+            rq: RecvRing::new(rq_mem, rq_dbr, rq, stride_log),
             db: Doorbell {
                 bar: dev.bar.clone(),
                 bf_reg: uar.bar_offset() + bf_reg_offset(BF_REG, log_bf),
@@ -695,7 +697,7 @@ impl Qp {
 
     /// Send basic blocks posted so far, and WQEs waiting for a doorbell.
     pub fn send_counters(&self) -> (u32, u32) {
-        (self.sq.head(), self.sq.pending())
+        (self.sq.head(), self.sq.pending(&self.shadow))
     }
 
     /// Receive WQEs posted so far.
