@@ -9,8 +9,9 @@
 //! 2. until nothing moves (bounded): SQ doorbells, the `qpn_ds` word of each BlueFlame
 //!    half (§9.1, §9.2) of the UARs that have QPs (the DBR SQ counter is authoritative,
 //!    the WQEs are read from host memory, BlueFlame copies are not used; new WQEs go to
-//!    the QP's engine); receive frames (loopback queue and the attached link) and hand
-//!    them to their QP; poll the active QPs (transmit, timers, flushes). Doorbells are
+//!    the QP's engine); poll the active QPs (transmit, timers, flushes); receive frames
+//!    (loopback queue and the attached link) and hand them to their QP. A new WQE's
+//!    frame thus leaves and (loopback) arrives in the pass that took it. Doorbells are
 //!    looked at on every inner pass, so a WQE posted while an earlier message's ACK and
 //!    CQE are handled starts at once.
 //!
@@ -474,9 +475,11 @@ pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port) -> bool {
             port.clock.next_pass();
             // SQ doorbells on every inner pass: a WQE posted while the previous message's
             // ACK and CQE are being handled starts at once, not after the pass.
+            // Transmit before receive: a WQE just taken leaves in this inner pass and its
+            // frame is received (loopback) right after, ahead of older ACKs.
             let moved = sq_doorbells(sh, core, &mut dp)
-                | receive(sh, core, &mut dp, port, mac)
-                | transmit(sh, core, &mut dp, port, mac);
+                | transmit(sh, core, &mut dp, port, mac)
+                | receive(sh, core, &mut dp, port, mac);
             if !moved {
                 break;
             }
