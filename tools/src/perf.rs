@@ -463,7 +463,7 @@ impl Bench {
         };
         let mut samples = Vec::with_capacity(s.iters.min(10_000_000) as usize);
         let start = Instant::now();
-        let inline = vec![0u8; s.inline_size.max(1) as usize];
+        let mut inline = vec![0u8; s.inline_size.max(1) as usize];
         if s.op == Op::Send {
             Bench::fill_recvs(&mut self.server, 0, size)?;
             Bench::fill_recvs(&mut self.client, 0, size)?;
@@ -472,7 +472,7 @@ impl Bench {
         while i < iters && s.duration.is_none_or(|d| start.elapsed() < d) {
             let t0 = Instant::now();
             match s.op {
-                Op::Write => self.pingpong_write(size, i, &inline)?,
+                Op::Write => self.pingpong_write(size, i, &mut inline)?,
                 Op::Send => self.pingpong_send(size, i, &inline)?,
                 Op::Read | Op::Atomic => {
                     let local = self.local(0, size);
@@ -495,7 +495,9 @@ impl Bench {
 
     /// Client writes `size` bytes ending in the iteration's tag into the server's buffer; the
     /// server sees the tag and writes back; the client sees it.
-    fn pingpong_write(&mut self, size: usize, i: u64, inline: &[u8]) -> Result<(), PerfError> {
+    /// `inline` is the inline data buffer (zeros but for the tag), reused by every
+    /// iteration: nothing is cleared or copied on the way to the doorbell.
+    fn pingpong_write(&mut self, size: usize, i: u64, inline: &mut [u8]) -> Result<(), PerfError> {
         // Consecutive tags differ and are never 0 (the buffers start zeroed).
         let tag = (i % 255) as u8 + 1;
         let sig = u64::from((self.settings.tx_depth / 2).max(1));
@@ -507,14 +509,13 @@ impl Bench {
             } else {
                 (&mut self.server, &self.client)
             };
-            src.bufs[0]
-                .write(size - 1, &[tag])
-                .map_err(setup("buffer"))?;
-            let mut data = [0u8; 1024];
-            let local_inline = size <= s && size <= data.len();
+            let local_inline = size <= s && size <= inline.len();
             if local_inline {
-                data[..size - 1].copy_from_slice(&inline[..(size - 1).min(inline.len())]);
-                data[size - 1] = tag;
+                inline[size - 1] = tag;
+            } else {
+                src.bufs[0]
+                    .write(size - 1, &[tag])
+                    .map_err(setup("buffer"))?;
             }
             let mr = &src.bufs[0];
             let sge = [Sge {
@@ -523,7 +524,7 @@ impl Bench {
                 lkey: mr.lkey(),
             }];
             let local = if local_inline {
-                Local::Inline(&data[..size])
+                Local::Inline(&inline[..size])
             } else {
                 Local::Sges(&sge)
             };
