@@ -87,6 +87,45 @@ fn setup<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> PerfError {
 
 const STALL: Duration = Duration::from_secs(30);
 
+/// Spins between two clock reads of a poll loop: a clock read (`clock_gettime`, tens of
+/// nanoseconds, more on a virtual machine) on every spin delays seeing the awaited byte
+/// and, on an SMT sibling, slows the device thread. Thousands of spins are microseconds,
+/// nothing next to [`STALL`].
+const SPINS_PER_CLOCK: u32 = 4096;
+
+/// The stall timeout of a poll loop, reading the clock once per [`SPINS_PER_CLOCK`] spins.
+struct StallTimer {
+    start: Option<Instant>,
+    spins: u32,
+}
+
+impl StallTimer {
+    fn new() -> StallTimer {
+        StallTimer {
+            start: None,
+            spins: 0,
+        }
+    }
+
+    /// One unsuccessful poll: a spin-loop hint, and an error once the loop has waited
+    /// longer than [`STALL`]. Returns the time when it read the clock.
+    #[inline]
+    fn spin(&mut self) -> Result<Option<Instant>, PerfError> {
+        std::hint::spin_loop();
+        self.spins = self.spins.wrapping_add(1);
+        if !self.spins.is_multiple_of(SPINS_PER_CLOCK) {
+            return Ok(None);
+        }
+        let now = Instant::now();
+        match self.start {
+            None => self.start = Some(now),
+            Some(t) if now.duration_since(t) > STALL => return Err(PerfError::Stalled(STALL)),
+            Some(_) => {}
+        }
+        Ok(Some(now))
+    }
+}
+
 /// One end: device, PD, CQ, QPs and a buffer per QP.
 struct End {
     qps: Vec<Qp>,
@@ -329,12 +368,14 @@ impl Bench {
         let mut total_done = 0u64;
         let qpn_index: Vec<u32> = self.client.qps.iter().map(|q| q.qpn()).collect();
         let start = Instant::now();
-        let mut last_progress = start;
+        // The time as last read: on progress, and every SPINS_PER_CLOCK idle loops.
+        let mut now = start;
+        let mut idle = StallTimer::new();
         let window = (s.iters / 20).max(sig_every).max(1);
         let (mut win_start, mut win_done, mut peak) = (start, 0u64, 0f64);
         let deadline = s.duration.map(|d| start + d);
         loop {
-            let stop = deadline.is_some_and(|d| Instant::now() >= d);
+            let stop = deadline.is_some_and(|d| now >= d);
             for q in 0..nq {
                 let local = self.local(q, size);
                 let cap = done[q] + u64::from(s.tx_depth);
@@ -382,9 +423,9 @@ impl Bench {
                     Bench::post_recvs(&mut self.server, q, size, n)?;
                 }
             }
-            let now = Instant::now();
             if progressed {
-                last_progress = now;
+                now = Instant::now();
+                idle = StallTimer::new();
                 // Peak: the best window of at least `window` messages and 1 ms (shorter
                 // windows measure completion bursts, not bandwidth).
                 let dt = now.duration_since(win_start).as_secs_f64();
@@ -392,8 +433,8 @@ impl Bench {
                     peak = peak.max((win_done * size as u64) as f64 / dt);
                     (win_start, win_done) = (now, 0);
                 }
-            } else if now.duration_since(last_progress) > STALL {
-                return Err(PerfError::Stalled(STALL));
+            } else if let Some(t) = idle.spin()? {
+                now = t;
             }
             let all_done = (0..nq).all(|q| done[q] == posted[q]);
             if all_done && (stop || (deadline.is_none() && done.iter().all(|&d| d >= iters))) {
@@ -422,7 +463,7 @@ impl Bench {
         };
         let mut samples = Vec::with_capacity(s.iters.min(10_000_000) as usize);
         let start = Instant::now();
-        let inline = vec![0u8; s.inline_size.max(1) as usize];
+        let mut inline = vec![0u8; s.inline_size.max(1) as usize];
         if s.op == Op::Send {
             Bench::fill_recvs(&mut self.server, 0, size)?;
             Bench::fill_recvs(&mut self.client, 0, size)?;
@@ -431,7 +472,7 @@ impl Bench {
         while i < iters && s.duration.is_none_or(|d| start.elapsed() < d) {
             let t0 = Instant::now();
             match s.op {
-                Op::Write => self.pingpong_write(size, i, &inline)?,
+                Op::Write => self.pingpong_write(size, i, &mut inline)?,
                 Op::Send => self.pingpong_send(size, i, &inline)?,
                 Op::Read | Op::Atomic => {
                     let local = self.local(0, size);
@@ -454,7 +495,9 @@ impl Bench {
 
     /// Client writes `size` bytes ending in the iteration's tag into the server's buffer; the
     /// server sees the tag and writes back; the client sees it.
-    fn pingpong_write(&mut self, size: usize, i: u64, inline: &[u8]) -> Result<(), PerfError> {
+    /// `inline` is the inline data buffer (zeros but for the tag), reused by every
+    /// iteration: nothing is cleared or copied on the way to the doorbell.
+    fn pingpong_write(&mut self, size: usize, i: u64, inline: &mut [u8]) -> Result<(), PerfError> {
         // Consecutive tags differ and are never 0 (the buffers start zeroed).
         let tag = (i % 255) as u8 + 1;
         let sig = u64::from((self.settings.tx_depth / 2).max(1));
@@ -466,14 +509,13 @@ impl Bench {
             } else {
                 (&mut self.server, &self.client)
             };
-            src.bufs[0]
-                .write(size - 1, &[tag])
-                .map_err(setup("buffer"))?;
-            let mut data = [0u8; 1024];
-            let local_inline = size <= s && size <= data.len();
+            let local_inline = size <= s && size <= inline.len();
             if local_inline {
-                data[..size - 1].copy_from_slice(&inline[..(size - 1).min(inline.len())]);
-                data[size - 1] = tag;
+                inline[size - 1] = tag;
+            } else {
+                src.bufs[0]
+                    .write(size - 1, &[tag])
+                    .map_err(setup("buffer"))?;
             }
             let mr = &src.bufs[0];
             let sge = [Sge {
@@ -482,7 +524,7 @@ impl Bench {
                 lkey: mr.lkey(),
             }];
             let local = if local_inline {
-                Local::Inline(&data[..size])
+                Local::Inline(&inline[..size])
             } else {
                 Local::Sges(&sge)
             };
@@ -504,7 +546,7 @@ impl Bench {
             for c in src.cq.poll() {
                 check(c)?;
             }
-            let t = Instant::now();
+            let mut timer = StallTimer::new();
             let mut b = [0u8; 1];
             loop {
                 dst.bufs[0]
@@ -513,10 +555,7 @@ impl Bench {
                 if b[0] == tag {
                     break;
                 }
-                if t.elapsed() > STALL {
-                    return Err(PerfError::Stalled(STALL));
-                }
-                std::hint::spin_loop();
+                timer.spin()?;
             }
         }
         Ok(())
@@ -569,15 +608,12 @@ impl Bench {
 }
 
 fn wait_one(cq: &mut Cq) -> Result<Completion, PerfError> {
-    let t = Instant::now();
+    let mut timer = StallTimer::new();
     loop {
         if let Some(c) = cq.poll().next() {
             return check(c);
         }
-        if t.elapsed() > STALL {
-            return Err(PerfError::Stalled(STALL));
-        }
-        std::hint::spin_loop();
+        timer.spin()?;
     }
 }
 

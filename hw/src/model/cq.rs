@@ -110,7 +110,7 @@ impl Cq {
             return self.fail(events, 2);
         }
         self.pi = self.pi.wrapping_add(1);
-        Counters::inc(&sh.stats.cqes);
+        Counters::inc_dev(&sh.stats.cqes);
         if solicited {
             self.last_solicited = self.pi;
         }

@@ -2,15 +2,16 @@
 //! the port, and completions (prm-subset.md §9), with the RC transport of `crate::rc`.
 //!
 //! One pass ([`poll`]) takes the MKey table by shared reference (for the translation API of
-//! `mkey.rs`) and the QP and CQ tables by moving them out of `Core` for the pass
-//! (`std::mem::take` of empty maps: no allocation). Events for the EQs are collected and
-//! posted after the tables are back. A pass:
+//! `mkey.rs`) and the QP and CQ tables by swapping them out of `Core` for the pass with an
+//! empty set the device thread keeps (no allocation, nothing dropped). Events for the EQs
+//! are collected and posted after the tables are back. A pass:
 //! 1. CQ arm doorbells (UAR + 0x20) of the UARs that have CQs;
 //! 2. until nothing moves (bounded): SQ doorbells, the `qpn_ds` word of each BlueFlame
 //!    half (§9.1, §9.2) of the UARs that have QPs (the DBR SQ counter is authoritative,
 //!    the WQEs are read from host memory, BlueFlame copies are not used; new WQEs go to
-//!    the QP's engine); receive frames (loopback queue and the attached link) and hand
-//!    them to their QP; poll the active QPs (transmit, timers, flushes). Doorbells are
+//!    the QP's engine); poll the active QPs (transmit, timers, flushes); receive frames
+//!    (loopback queue and the attached link) and hand them to their QP. A new WQE's
+//!    frame thus leaves and (loopback) arrives in the pass that took it. Doorbells are
 //!    looked at on every inner pass, so a WQE posted while an earlier message's ACK and
 //!    CQE are handled starts at once.
 //!
@@ -259,14 +260,15 @@ impl Link for Wire<'_> {
 impl Wire<'_> {
     /// Counts a send's outcome (a frame of `len` bytes).
     fn account(&self, r: &Result<(), LinkError>, len: usize) {
+        // Only the device thread writes `sent`, `full` and `packets_tx`.
         match r {
             Ok(()) => {
-                self.sent.fetch_add(1, Ordering::Relaxed);
-                Counters::inc(&self.sh.stats.packets_tx);
+                Counters::inc_dev(self.sent);
+                Counters::inc_dev(&self.sh.stats.packets_tx);
                 self.sh.stats.port.transmitted(len);
             }
             Err(LinkError::Full) => {
-                self.full.fetch_add(1, Ordering::Relaxed);
+                Counters::inc_dev(self.full);
             }
             Err(_) => {}
         }
@@ -461,24 +463,29 @@ impl CompletionSink for Sink<'_> {
     }
 }
 
-/// One pass of the data path; true if anything happened.
-pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port) -> bool {
+/// One pass of the data path; true if anything happened. `spare` is an empty
+/// [`DataPath`] the device thread keeps: the tables are swapped with it for the pass and
+/// back (no empty tables made and dropped on every pass).
+pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port, spare: &mut DataPath) -> bool {
     port.refresh(sh);
     if core.dp.qps.is_empty() && core.dp.cqs.is_empty() && port.peer.is_none() {
         return false;
     }
-    let mut dp = std::mem::take(&mut core.dp);
+    std::mem::swap(&mut core.dp, spare);
+    let dp = spare;
     let mac = core.vport.mac;
     let busy = {
         let core: &Core = core;
-        let mut busy = cq_doorbells(sh, &mut dp);
+        let mut busy = cq_doorbells(sh, dp);
         for _ in 0..INNER_PASSES {
             port.clock.next_pass();
             // SQ doorbells on every inner pass: a WQE posted while the previous message's
             // ACK and CQE are being handled starts at once, not after the pass.
-            let moved = sq_doorbells(sh, core, &mut dp)
-                | receive(sh, core, &mut dp, port, mac)
-                | transmit(sh, core, &mut dp, port, mac);
+            // Transmit before receive: a WQE just taken leaves in this inner pass and its
+            // frame is received (loopback) right after, ahead of older ACKs.
+            let moved = sq_doorbells(sh, core, dp)
+                | transmit(sh, core, dp, port, mac)
+                | receive(sh, core, dp, port, mac);
             if !moved {
                 break;
             }
@@ -486,7 +493,7 @@ pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port) -> bool {
         }
         busy
     };
-    core.dp = dp;
+    std::mem::swap(&mut core.dp, dp);
     post_events(sh, core);
     busy
 }
@@ -607,7 +614,7 @@ pub(crate) fn run_sq(
             }
         }
         qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
-        Counters::inc(&sh.stats.wqes_executed);
+        Counters::inc_dev(&sh.stats.wqes_executed);
     }
     let _ = core;
 }
@@ -678,7 +685,7 @@ fn receive(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u
     // Loopback frames never left the device: their ICRC is not verified (`parse_trusted`).
     let mut handle = |frame: &[u8], looped: bool| {
         any = true;
-        Counters::inc(&sh.stats.packets_rx);
+        Counters::inc_dev(&sh.stats.packets_rx);
         deliver(sh, core, dp, &wire, &*clock, mac, frame, looped);
     };
     for src in 0..2 {

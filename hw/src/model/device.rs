@@ -101,17 +101,18 @@ pub(crate) fn run(sh: Arc<Shared>) {
     let mut health = Health::new();
     let mut backoff = Backoff::new();
     let mut port = datapath::Port::new();
+    let mut spare = datapath::DataPath::default();
     let mut passes = 0u32;
     let mut until_tick = Duration::ZERO;
     while !sh.stop.load(Ordering::Acquire) {
-        Counters::inc(&sh.stats.polls);
+        Counters::inc_dev(&sh.stats.polls);
         // Backed-off passes always tick; spinning and busy passes (what a doorbell waits
         // for; a busy pass reads the clock for the engines anyway) every CLOCK_EVERY-th.
         if !backoff.spinning() || passes.is_multiple_of(CLOCK_EVERY) {
             until_tick = health.tick(&sh);
         }
         passes = passes.wrapping_add(1);
-        if poll(&sh, &mut port) {
+        if poll(&sh, &mut port, &mut spare) {
             backoff.reset();
         } else {
             backoff.idle(&sh, until_tick);
@@ -120,7 +121,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
 }
 
 /// One pass over the doorbells; true if anything happened.
-fn poll(sh: &Shared, port: &mut datapath::Port) -> bool {
+fn poll(sh: &Shared, port: &mut datapath::Port, spare: &mut datapath::DataPath) -> bool {
     let mut busy = false;
     // Writes to cmd_dbell from several threads may coalesce (plain shared memory), so any
     // non-zero value means "scan every entry" (cmdif::run_queue).
@@ -134,6 +135,6 @@ fn poll(sh: &Shared, port: &mut datapath::Port) -> bool {
     if !core.eqs.is_empty() {
         busy |= eq::poll_doorbells(sh, &mut core);
     }
-    busy |= datapath::poll(sh, &mut core, port);
+    busy |= datapath::poll(sh, &mut core, port, spare);
     busy
 }

@@ -261,6 +261,14 @@ impl Counters {
     pub(crate) fn inc(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// [`inc`](Self::inc) for a counter whose writers never run at once: `polls` and the
+    /// port's frame counts (device thread only), `packets_tx`, `packets_rx`,
+    /// `wqes_executed`, `cqes` (data path, with the core lock held). A load and a store,
+    /// no locked read-modify-write on the data path; readers still see every value whole.
+    pub(crate) fn inc_dev(c: &AtomicU64) {
+        c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    }
 }
 
 /// Fault injection for tests.

@@ -51,6 +51,19 @@ impl Mode {
             Mode::write_bw | Mode::read_bw | Mode::send_bw | Mode::atomic_bw
         )
     }
+    /// Inline bytes when `-I` is not given. perftest (perftest_parameters.h,
+    /// `ctx_set_max_inline`) sends latency WRITEs with up to `DEF_INLINE_WRITE` (220) bytes
+    /// inline and latency SENDs on RC with up to `DEF_INLINE_SEND_RC_UC` (236), nothing
+    /// inline otherwise; SENDs here stop at the driver's limit (`MAX_INLINE`, 220: one
+    /// 256-byte WQE less its control, remote-address and inline-header segments).
+    fn default_inline(self) -> u32 {
+        let n = match self {
+            Mode::write_lat => 220,
+            Mode::send_lat => 236,
+            _ => 0,
+        };
+        n.min(uhca::datapath::MAX_INLINE as u32)
+    }
     fn title(self) -> &'static str {
         match self.op() {
             Op::Write => "RDMA_Write",
@@ -89,9 +102,10 @@ struct Args {
     /// Outstanding send work requests per QP.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     tx_depth: u32,
-    /// Messages up to this size are sent inline (at most 220).
-    #[arg(short = 'I', long = "inline_size", default_value_t = 0)]
-    inline_size: u32,
+    /// Messages up to this size are sent inline (at most 220; default: 220 for write_lat
+    /// and send_lat, 0 otherwise, as perftest).
+    #[arg(short = 'I', long = "inline_size")]
+    inline_size: Option<u32>,
     /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096 (perftest's `-m`; the model port's
     /// active MTU, 1024 for its 1500-byte Ethernet MTU, when not given).
     #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
@@ -246,10 +260,10 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             ));
         }
     };
-    if a.inline_size as usize > uhca::datapath::MAX_INLINE {
+    let inline_size = a.inline_size.unwrap_or_else(|| a.mode.default_inline());
+    if inline_size as usize > uhca::datapath::MAX_INLINE {
         return Err(format!(
-            "-I {}: at most {} inline bytes",
-            a.inline_size,
+            "-I {inline_size}: at most {} inline bytes",
             uhca::datapath::MAX_INLINE
         ));
     }
@@ -266,7 +280,7 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             duration: a.duration.map(Duration::from_secs),
             qps: if a.mode.is_bw() { a.qps } else { 1 },
             tx_depth: a.tx_depth,
-            inline_size: a.inline_size,
+            inline_size,
             use_dm: a.use_dm,
             gpu,
             mtu,
@@ -434,5 +448,27 @@ fn main() -> ExitCode {
             eprintln!("uhca-perf: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inline_of(argv: &[&str]) -> u32 {
+        let a = Args::try_parse_from(argv).unwrap();
+        validate(&a).unwrap().1.inline_size
+    }
+
+    #[test]
+    fn latency_writes_and_sends_default_to_perftest_inline_sizes() {
+        assert_eq!(inline_of(&["uhca-perf", "write_lat"]), 220);
+        assert_eq!(inline_of(&["uhca-perf", "send_lat"]), 220);
+        assert_eq!(inline_of(&["uhca-perf", "write_lat", "-I", "0"]), 0);
+        assert_eq!(inline_of(&["uhca-perf", "send_lat", "-I", "16"]), 16);
+        assert_eq!(inline_of(&["uhca-perf", "write_bw"]), 0);
+        assert_eq!(inline_of(&["uhca-perf", "read_lat"]), 0);
+        let a = Args::try_parse_from(["uhca-perf", "write_lat", "-I", "221"]).unwrap();
+        assert!(validate(&a).is_err());
     }
 }
