@@ -207,7 +207,9 @@ struct HotQp {
     /// Its index in [`QpCache::qps`] (below `qps.len()`).
     index: usize,
     /// What its next requester CQE has under [`FAST_MASK`] but its WQE counter:
-    /// [`fast_key`] of its QPN and the pass of the consumer index, or [`NO_KEY`].
+    /// [`fast_key`] of its QPN and the pass of the consumer index, or [`NO_KEY`] with
+    /// that pass's owner bit. Either way its [`OWNER`] bit is the one a CQE written on
+    /// the consumer index's pass has, so a mismatch there tells an empty entry.
     key: u64,
     /// Its send completion counter, as read after the slow path.
     tail: u32,
@@ -216,10 +218,11 @@ struct HotQp {
 }
 
 impl HotQp {
-    fn none() -> HotQp {
+    /// No hot QP, the consumer index on a pass of parity `owner`.
+    fn none(owner: u32) -> HotQp {
         HotQp {
             index: 0,
-            key: NO_KEY,
+            key: NO_KEY | OP_OWN.put(owner.into()),
             tail: 0,
             head: 0,
         }
@@ -261,7 +264,7 @@ impl CqRing {
             qps: QpCache {
                 registry,
                 qps: vec![no_qp()],
-                hot: HotQp::none(),
+                hot: HotQp::none(0),
                 generation: u64::MAX,
             },
         })
@@ -282,28 +285,31 @@ impl CqRing {
     /// Refreshes the QP cache if QPs were added or removed (one atomic load per poll).
     #[inline]
     pub(crate) fn refresh(&mut self) {
-        self.qps.refresh();
+        self.qps.refresh(self.ring.view(), self.ci);
     }
 }
 
 impl QpCache {
+    /// As [`CqRing::refresh`], with the ring's `view` and consumer index `ci`.
     #[inline]
-    fn refresh(&mut self) {
+    fn refresh(&mut self, view: DmaRingView<'_, { CQE_SIZE / 8 }>, ci: u32) {
         let g = self.registry.generation.load(Ordering::Acquire);
         if g != self.generation {
-            self.reload(g);
+            self.reload(g, view.pass_parity(ci));
         }
     }
 
+    /// Copies the registry (at generation `g`); no QP is hot, the consumer index on a
+    /// pass of parity `owner`.
     #[cold]
-    fn reload(&mut self, g: u64) {
+    fn reload(&mut self, g: u64, owner: u32) {
         let reg = self.registry.qps.lock().unwrap_or_else(|e| e.into_inner());
         self.qps = std::iter::once(no_qp())
             .chain(reg.iter().cloned())
             .collect();
         drop(reg);
         self.generation = g;
-        self.hot = HotQp::none();
+        self.hot = HotQp::none(owner);
     }
 }
 
@@ -481,7 +487,8 @@ const _: () = {
     }
 };
 
-/// A key no CQE matches: a bit outside [`FAST_MASK`].
+/// A key no CQE matches: a bit outside [`FAST_MASK`] (with the pass's owner bit, see
+/// [`HotQp::key`]).
 const NO_KEY: u64 = 1 << 8;
 const _: () = assert!(NO_KEY & FAST_MASK == 0);
 
@@ -547,12 +554,13 @@ impl<'a> Poll<'a> {
             qps,
             ..
         } = ring;
-        qps.refresh();
+        let view = mem.view();
+        qps.refresh(view, *ci);
         let QpCache { qps: list, hot, .. } = qps;
         let sh: &WqShadow = &list[hot.index];
         let tail = sh.send_tail();
         Poll {
-            view: mem.view(),
+            view,
             ci: *ci,
             tail,
             head: sh.send_head(),
@@ -618,7 +626,8 @@ impl Iterator for Poll<'_> {
         let e = self.view.entry(ci);
         let word = u64::from_be(e.load(TAIL_WORD));
         let tail = self.tail;
-        if (word & FAST_MASK) ^ self.key == WQE_COUNTER.put(tail.into()) && tail != self.head {
+        let diff = (word & FAST_MASK) ^ self.key;
+        if diff == WQE_COUNTER.put(tail.into()) && tail != self.head {
             barrier::rmb_after_owner(); // CQE body after its op_own byte
             let (wr_id, next) = self.slots.oldest(tail);
             self.sh.publish_send_tail(next); // at once: the poster may be waiting for room
@@ -638,6 +647,9 @@ impl Iterator for Poll<'_> {
                 qpn: QPN.get(word) as u32,
                 solicited: false,
             }));
+        }
+        if diff & OWNER != 0 {
+            return None; // not written on this pass yet (the key has the pass's owner bit)
         }
         let r = next_other(self.qps, self.hot, ci, self.view);
         if r.is_some() {

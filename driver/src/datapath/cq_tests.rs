@@ -372,3 +372,31 @@ fn only_read_and_atomic_send_completions_carry_a_byte_count() {
     );
     assert_eq!(r.sq.room(&r.sh), 16);
 }
+
+#[test]
+fn a_qp_cache_reload_on_an_odd_pass_keeps_the_owner_rule() {
+    let mut r = rig();
+    for i in 0..4u16 {
+        r.post(i.into(), 1);
+        r.cqe(CqeOpcode::Req, QPN, i, |_| {});
+    }
+    assert_eq!(r.ring_poll().len(), 4);
+    // Consumer index 4: the second pass (owner 1). A new QP reloads the cache, which
+    // forgets the hot QP: the empty entry (owner 0, from the first pass) is still empty,
+    // and a CQE written on this pass is still seen.
+    let other = Arc::new(WqShadow::new(
+        6,
+        RingSize::new(16, 15).unwrap(),
+        RingSize::new(4, 15).unwrap(),
+    ));
+    r.ring.qps.registry.add(&other);
+    assert!(r.ring_poll().is_empty());
+    r.ring.qps.registry.remove(&other);
+    assert!(r.ring_poll().is_empty());
+    r.post(4, 1);
+    r.cqe(CqeOpcode::Req, QPN, 4, |_| {});
+    let got = r.ring_poll();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].unwrap().wr_id, 4);
+    assert_eq!(r.dbr_ci(), 5);
+}
