@@ -618,8 +618,13 @@ impl Iterator for Poll<'_> {
     /// the batch expects, one compare that something is outstanding; then the shadow slot
     /// gives `wr_id` and the next WQE. Everything else (an entry not yet written,
     /// responder CQEs, RDMA READ and atomics, errors, another QP, unsignaled WQEs
-    /// completed in passing, bad CQEs) goes through
-    /// `poll_other`, which copies the CQE out first.
+    /// completed in passing, bad CQEs) goes through `poll_other`, which copies the CQE
+    /// out first. An entry not yet written on this pass fails the same compare in the
+    /// owner bit (the key always has the pass's), and ends the batch without more loads.
+    ///
+    /// Cost (`cargo bench -p uhca --bench datapath`, x86-64): ~21 instructions per CQE on
+    /// the fast path, ~27 with the benchmark loop's share (`poll_16_cqes` 507 less
+    /// `poll_empty` 69, over 16); ~69 per batch (setup, the empty entry, the CI update).
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let ci = self.ci;
