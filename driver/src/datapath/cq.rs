@@ -532,6 +532,8 @@ pub struct Poll<'a> {
     head: u32,
     /// [`HotQp::key`] as this batch advanced it.
     key: u64,
+    /// [`FAST_MASK`], as a value the compiler does not know (see [`Poll::new`]).
+    mask: u64,
     /// The hot QP's send slots.
     slots: SendSlots<'a>,
     /// The hot QP's shadow.
@@ -565,6 +567,11 @@ impl<'a> Poll<'a> {
             tail,
             head: sh.send_head(),
             key: hot.key,
+            // Hidden from the optimizer (`black_box`, ~4 instructions per batch): as a
+            // known constant, the polling loop copied it between registers on every CQE
+            // (~3 instructions per CQE in `poll_16_cqes`, with the register shuffles);
+            // as an unknown value it stays in one register.
+            mask: std::hint::black_box(FAST_MASK),
             slots: sh.send_slots(),
             sh,
             set_ci,
@@ -622,16 +629,16 @@ impl Iterator for Poll<'_> {
     /// out first. An entry not yet written on this pass fails the same compare in the
     /// owner bit (the key always has the pass's), and ends the batch without more loads.
     ///
-    /// Cost (`cargo bench -p uhca --bench datapath`, x86-64): ~21 instructions per CQE on
-    /// the fast path, ~27 with the benchmark loop's share (`poll_16_cqes` 507 less
-    /// `poll_empty` 69, over 16); ~69 per batch (setup, the empty entry, the CI update).
+    /// Cost (`cargo bench -p uhca --bench datapath`, x86-64): 21 instructions per CQE on
+    /// the fast path, ~24 with the benchmark loop's share (`poll_16_cqes` 462 less
+    /// `poll_empty` 73, over 16); ~73 per batch (setup, the empty entry, the CI update).
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let ci = self.ci;
         let e = self.view.entry(ci);
         let word = u64::from_be(e.load(TAIL_WORD));
         let tail = self.tail;
-        let diff = (word & FAST_MASK) ^ self.key;
+        let diff = (word & self.mask) ^ self.key;
         if diff == WQE_COUNTER.put(tail.into()) && tail != self.head {
             barrier::rmb_after_owner(); // CQE body after its op_own byte
             let (wr_id, next) = self.slots.oldest(tail);
