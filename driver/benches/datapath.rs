@@ -6,30 +6,43 @@
 //! Figures (x86-64, rustc 1.95, valgrind 3.19; whole benchmark function, so the loop and
 //! `black_box` overhead of the benchmark itself is included):
 //!
-//! | benchmark | before (524bdfa) | 319d525 | now |
-//! |---|---|---|---|
-//! | `post_one_write` | 158 | 78 | 68 |
-//! | `post_16_writes_one_doorbell` | 2219 (~139 each) | 892 (~56 each) | 702 (~44 each) |
-//! | `post_16_writes_runtime_operands` | - | 1176 (~74 each) | 914 (~57 each) |
-//! | `poll_one_cqe` (with the batch's CI update) | 197 | 121 | 98 |
-//! | `poll_16_cqes` | 1627 (~102 each) | 708 (~44 each) | 576 (~36 each) |
+//! | benchmark | before (524bdfa) | 319d525 | 5bfcded | now |
+//! |---|---|---|---|---|
+//! | `post_one_write` | 158 | 78 | 68 | 68 |
+//! | `post_16_writes_one_doorbell` | 2219 (~139 each) | 892 (~56 each) | 702 (~44 each) | 702 |
+//! | `post_16_writes_runtime_operands` | - | 1176 (~74 each) | 914 (~57 each) | 914 |
+//! | `poll_empty` (per-batch fixed cost) | - | - | 74 | 73 |
+//! | `poll_one_cqe` (with the batch's CI update) | 197 | 121 | 98 | 96 |
+//! | `poll_16_cqes` | 1627 (~102 each) | 708 (~44 each) | 576 (~36 each) | 462 (~29 each) |
+//! | marginal per CQE: (`poll_16_cqes` - `poll_empty`) / 16 | - | - | ~31.4 | ~24.3 |
 //!
 //! `post_16_writes_runtime_operands` read its `wr_id` from a `black_box` counter before
 //! (~3 instructions per post of stack traffic); now from the operand array, as the other
 //! operands. `poll_16_cqes` had a panicking `expect` and a formatted assert in its loop
-//! (which kept the iterator in memory); now its loop cannot panic.
+//! (which kept the iterator in memory); now its loop cannot panic. `poll_empty` runs
+//! `poll_16_cqes`'s loop (`drain`) with no CQE waiting, so the two differ by the CQEs only.
 //!
 //! Per post, the loop (operand step, end compare, `black_box` store and check) costs ~6
-//! of the ~57; the doorbell ~45 per batch. Per CQE, the marginal cost (`poll_16_cqes` less
-//! `poll_one_cqe`, over 15) is ~32: the fast path's ~24 instructions (of which ~4 are
-//! register moves and a constant reloaded, the allocator's), the loop's ~4 (sink store
-//! and its address, counter, jump) and the byte count load; the rest (~95 per batch) is
-//! the function's frame, the iterator's setup, the empty entry that ends the batch and the
-//! CI update. Handing each completed WQE back to the poster at once (rather than once per
-//! batch, 524 instructions) keeps a post made inside the polling loop from seeing a full
-//! ring that the batch has already drained.
-//! The budget (60 per post, 30 per CQE, amortised over 16) is met for posting
-//! with run-time operands, not for polling.
+//! of the ~57; the doorbell ~45 per batch. Per CQE, `poll_16_cqes`'s loop is 24
+//! instructions: the fast path's 21 (entry address 3, tail word load, byte swap, mask,
+//! key xor, expected WQE counter 2, compare and branch 2, "anything outstanding" 2, slot
+//! address 2, `wr_id` and next-WQE loads 2, hand-back store 1, CI increment and pass
+//! check 3) and the loop's 3 (sink store, counter, jump). The rest (~73 per batch) is
+//! the function's frame, the QP-cache check, the iterator's setup, the empty entry that
+//! ends the batch (told by the same compare: the key carries the pass's owner bit) and
+//! the CI update.
+//!
+//! 576 -> 462, step by step (poll_16_cqes / poll_empty): reading no byte count on the
+//! fast path, RDMA READ and atomics (the only send completions with one) taking the slow
+//! path: 513 / 75 (this also freed a register: ~4 per CQE); the empty entry told by the
+//! fast path's compare: 507 / 69; the tail-word mask hidden from the optimizer, which
+//! had copied it between registers on every CQE: 462 / 73. Tried and dropped: a pointer
+//! cursor over the CQE ring (~1 less per CQE, ~13 more per batch for the consumer index
+//! it must then work out), and the expected WQE counter precomputed in the send slot (2
+//! more per post, and the poller spilled more than it saved: 630).
+//!
+//! The budget (60 per post, 30 per CQE) is met: ~57 per post with run-time
+//! operands, ~29 per CQE amortised over 16 (~24 marginal).
 
 // gungraun's attribute macros generate undocumented modules.
 #![allow(missing_docs)]
@@ -138,13 +151,13 @@ fn poll_one_cqe(mut r: Box<Rig>) -> Box<Rig> {
     r
 }
 
-// The loop's own share per CQE: the `black_box` sink of the `wr_id` (one store; it is an
-// opaque use that may touch any memory, so the driver reloads what it keeps in memory)
-// and the two counters. Nothing in the loop can panic (the checks come after it), so the
-// iterator's state need not live in memory for unwinding.
-#[library_benchmark]
-#[bench::sixteen(with_cqes(16))]
-fn poll_16_cqes(mut r: Box<Rig>) -> Box<Rig> {
+/// Polls every waiting CQE: the counts of completions and of errors. The loop's own share
+/// per CQE: the `black_box` sink of the `wr_id` (one store; it is an opaque use that may
+/// touch any memory, so the driver reloads what it keeps in memory) and the two counters.
+/// Nothing in the loop can panic (the checks come after it), so the iterator's state need
+/// not live in memory for unwinding.
+#[inline(always)]
+fn drain(r: &mut Rig) -> (u32, u32) {
     let (mut n, mut bad) = (0u32, 0u32);
     for c in r.poll() {
         match c {
@@ -155,6 +168,24 @@ fn poll_16_cqes(mut r: Box<Rig>) -> Box<Rig> {
         }
         n += 1;
     }
+    (n, bad)
+}
+
+// The per-batch fixed cost: `poll_16_cqes`'s loop on a warm rig with no CQE waiting (the
+// QP cache check, the iterator's setup, the owner check of the empty entry that ends the
+// batch; no CI update). The marginal cost per CQE is (`poll_16_cqes` - `poll_empty`) / 16.
+#[library_benchmark]
+#[bench::none(warm())]
+fn poll_empty(mut r: Box<Rig>) -> Box<Rig> {
+    let (n, bad) = drain(&mut r);
+    assert!(n == 0 && bad == 0, "no CQE waits");
+    r
+}
+
+#[library_benchmark]
+#[bench::sixteen(with_cqes(16))]
+fn poll_16_cqes(mut r: Box<Rig>) -> Box<Rig> {
+    let (n, bad) = drain(&mut r);
     // No formatted message: it would take the counters' addresses and keep them in memory.
     assert!(n == 16 && bad == 0, "not 16 good CQEs");
     r
@@ -166,6 +197,7 @@ library_benchmark_group!(
         post_one_write,
         post_16_writes_one_doorbell,
         post_16_writes_runtime_operands,
+        poll_empty,
         poll_one_cqe,
         poll_16_cqes
     ]
