@@ -552,8 +552,14 @@ fn sq_doorbells(sh: &Shared, core: &Core, dp: &mut DataPath) -> bool {
             for h in 0..2 {
                 // `qpn_ds`, bytes 4-7 of the doorbell (§9.2); 0 = nothing written (ds >= 1).
                 let off = base + bf_reg_offset(k, LOG_BF_REG_SIZE) + h * half + 4;
-                if sh.bar.read_be32(off) == 0 {
+                let seen = sh.bar.read_be32(off);
+                if seen == 0 {
                     continue;
+                }
+                // Start the DBR and WQE misses before claiming the doorbell line, so the
+                // three overlap instead of following each other.
+                if let Some(qp) = qps.get_mut(&(seen >> 8)).filter(|q| q.uar == uar) {
+                    qp.prefetch_sq(sh);
                 }
                 let w = sh.bar.swap_be32(off, 0);
                 any = true;
