@@ -308,11 +308,11 @@ impl rc::Memory for Mem<'_> {
         }
         // Key, PD, bounds and rights of the whole range are decided by its first and last
         // byte (the MKey range is contiguous); holes in the translation show up when the
-        // data moves. Reading moves nothing.
+        // data moves. The probe decides as a one-byte read would but reads nothing: the
+        // destination line stays where the host has it until the data is written.
         let last = va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
-        let mut b = [0u8; 1];
         for at in [va, last] {
-            mkey::mem_read(self.sh, self.core, key, self.pd, at, &mut b, need(access))
+            mkey::mem_probe(self.sh, self.core, key, self.pd, at, 1, need(access))
                 .map_err(|e| access_error(key, e))?;
         }
         Ok(())

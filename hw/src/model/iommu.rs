@@ -424,6 +424,12 @@ impl Iommu {
         })
     }
 
+    /// Decides what [`read_segments`](Self::read_segments) of `segs` would (bus-master
+    /// gate, translation, fault counts) without touching the memory.
+    pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<(), DmaError> {
+        self.with_segments(segs, false, |_| ())
+    }
+
     /// Device write of `src` scattered to `segs`; all or nothing.
     pub(crate) fn write_segments(&self, segs: &[(u64, usize)], src: &[u8]) -> Result<(), DmaError> {
         debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), src.len());
@@ -661,6 +667,28 @@ mod tests {
         assert_eq!(out, vec![(0, 0)], "an unmapped IOVA gives no hint");
         assert!(io.unmap(0x11000, 4096).is_err());
         assert_eq!(io.generation(), g2, "a refused unmap changes nothing");
+        drop(io);
+        drop(mem);
+    }
+
+    #[test]
+    fn a_probe_decides_and_counts_as_the_read_would() {
+        let mut mem = pages();
+        let io = Iommu::new();
+        let segs = [(0x10ff0, 16), (0x11000, 1)];
+        assert_eq!(io.probe_segments(&segs), Err(DmaError::BusMasterOff));
+        assert_eq!(io.refused(), 1);
+        io.set_bus_master(true);
+        io.map(0x10000, HostMapping::new(region(&mut mem, 0)).read_only())
+            .unwrap();
+        assert!(io.probe_segments(&segs).is_err(), "0x11000 is not mapped");
+        assert!(io.read_segments(&segs, &mut [0; 17]).is_err());
+        assert_eq!(io.faults(), 2, "one fault each");
+        io.map(0x11000, HostMapping::new(region(&mut mem, 1)))
+            .unwrap();
+        assert_eq!(io.probe_segments(&segs), Ok(()));
+        assert_eq!(io.probe_segments(&[(0x10000, 0)]), Ok(()));
+        assert_eq!(io.faults(), 2);
         drop(io);
         drop(mem);
     }

@@ -365,6 +365,28 @@ pub(crate) fn mem_read(
     }
 }
 
+/// Decides what [`mem_read`] of `len` bytes at `va` would (the same checks, the same error,
+/// the same fault counts) without reading the memory: a check before data moves, which
+/// must not pull the line of a buffer the host is polling into the device's cache.
+pub(crate) fn mem_probe(
+    sh: &Shared,
+    core: &Core,
+    key: u32,
+    pd: u32,
+    va: u64,
+    len: usize,
+    need: Access,
+) -> Result<(), MemError> {
+    match resolve(core, key, pd, va, len, need, Dir::Read) {
+        Ok(Target::Bar(_)) => Ok(()),
+        Ok(Target::Host(segs)) => sh
+            .iommu
+            .probe_segments(segs.as_slice())
+            .map_err(|_| fault(sh, MemError::Unmapped)),
+        Err(e) => Err(fault(sh, e)),
+    }
+}
+
 /// Device write of `src` at `va` through `key` (see the module docs).
 pub(crate) fn mem_write(
     sh: &Shared,
