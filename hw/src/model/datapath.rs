@@ -308,11 +308,11 @@ impl rc::Memory for Mem<'_> {
         }
         // Key, PD, bounds and rights of the whole range are decided by its first and last
         // byte (the MKey range is contiguous); holes in the translation show up when the
-        // data moves. Reading moves nothing.
+        // data moves. The probe decides as a one-byte read would but reads nothing: the
+        // destination line stays where the host has it until the data is written.
         let last = va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
-        let mut b = [0u8; 1];
         for at in [va, last] {
-            mkey::mem_read(self.sh, self.core, key, self.pd, at, &mut b, need(access))
+            mkey::mem_probe(self.sh, self.core, key, self.pd, at, 1, need(access))
                 .map_err(|e| access_error(key, e))?;
         }
         Ok(())
@@ -552,8 +552,14 @@ fn sq_doorbells(sh: &Shared, core: &Core, dp: &mut DataPath) -> bool {
             for h in 0..2 {
                 // `qpn_ds`, bytes 4-7 of the doorbell (§9.2); 0 = nothing written (ds >= 1).
                 let off = base + bf_reg_offset(k, LOG_BF_REG_SIZE) + h * half + 4;
-                if sh.bar.read_be32(off) == 0 {
+                let seen = sh.bar.read_be32(off);
+                if seen == 0 {
                     continue;
+                }
+                // Start the DBR and WQE misses before claiming the doorbell line, so the
+                // three overlap instead of following each other.
+                if let Some(qp) = qps.get_mut(&(seen >> 8)).filter(|q| q.uar == uar) {
+                    qp.prefetch_sq(sh);
                 }
                 let w = sh.bar.swap_be32(off, 0);
                 any = true;

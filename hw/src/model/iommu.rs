@@ -167,6 +167,10 @@ pub(crate) struct Iommu {
     bus_master: AtomicBool,
     faults: AtomicU64,
     refused: AtomicU64,
+    /// Bumped (under the write lock) by every change of the table: host addresses
+    /// translated at one generation are known stale once it has moved
+    /// ([`host_hints`](Self::host_hints)).
+    generation: AtomicU64,
 }
 
 impl Iommu {
@@ -179,6 +183,7 @@ impl Iommu {
             bus_master: AtomicBool::new(false),
             faults: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -243,6 +248,7 @@ impl Iommu {
             return Err(err("overlaps an existing mapping"));
         }
         t.maps.insert(at, (iova, m));
+        self.generation.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
@@ -270,6 +276,7 @@ impl Iommu {
             }
         }
         t.maps.drain(first..last);
+        self.generation.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
@@ -280,6 +287,7 @@ impl Iommu {
         match t.index_of(iova) {
             Some(i) if t.maps[i].1.tag == tag => {
                 t.maps.remove(i);
+                self.generation.fetch_add(1, Ordering::Release);
                 true
             }
             _ => false,
@@ -290,6 +298,33 @@ impl Iommu {
     pub(crate) fn has_tagged(&self, iova: u64, tag: u64) -> bool {
         let t = self.table.read().expect("iommu lock");
         t.index_of(iova).is_some_and(|i| t.maps[i].1.tag == tag)
+    }
+
+    /// The table's current generation (see [`host_hints`](Self::host_hints)).
+    #[inline]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Prefetch hints: for each IOVA of `iovas`, the host address it maps to and the bytes
+    /// of its mapping from there on (`(0, 0)` where unmapped), written to `out`; returns
+    /// the generation the translation belongs to. Nothing may be read or written through
+    /// these addresses (that is what [`read`](Self::read) and friends are for, which hold
+    /// the lock that keeps the memory mapped): they only feed `mem::prefetch`, a hint that
+    /// never faults, so a stale one costs a wasted prefetch and nothing else.
+    pub(crate) fn host_hints(&self, iovas: &[u64], out: &mut Vec<(usize, usize)>) -> u64 {
+        let t = self.table.read().expect("iommu lock");
+        out.clear();
+        out.extend(iovas.iter().map(|&iova| match t.lookup(iova) {
+            Some((s, m)) => (
+                m.region.addr() + (iova - s) as usize,
+                (m.len - (iova - s)) as usize,
+            ),
+            None => (0, 0),
+        }));
+        // Read under the lock: no change of the table can fall between the translation
+        // and this value.
+        self.generation.load(Ordering::Relaxed)
     }
 
     /// Runs `f` on each host chunk of `[iova, iova + len)` with the read lock held, after
@@ -387,6 +422,12 @@ impl Iommu {
                 pos += n;
             }
         })
+    }
+
+    /// Decides what [`read_segments`](Self::read_segments) of `segs` would (bus-master
+    /// gate, translation, fault counts) without touching the memory.
+    pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<(), DmaError> {
+        self.with_segments(segs, false, |_| ())
     }
 
     /// Device write of `src` scattered to `segs`; all or nothing.
@@ -595,6 +636,59 @@ mod tests {
         assert!(io.unmap(0x40000, 4096).is_err());
         io.unmap(0x20000, 0x2000).unwrap();
         assert_eq!(io.mappings(), vec![(0x30000, 0x30fff)]);
+        drop(io);
+        drop(mem);
+    }
+
+    #[test]
+    fn host_hints_follow_the_table_and_its_generation_moves_on_every_change() {
+        let mut mem = pages();
+        let io = Iommu::new();
+        io.set_bus_master(true);
+        let g0 = io.generation();
+        io.map(0x10000, HostMapping::new(region(&mut mem, 0)))
+            .unwrap();
+        io.map(0x11000, HostMapping::new(region(&mut mem, 1)))
+            .unwrap();
+        let g1 = io.generation();
+        assert!(g1 > g0, "map moves the generation");
+        let mut out = Vec::new();
+        let g = io.host_hints(&[0x10010, 0x11ff8, 0x12000], &mut out);
+        assert_eq!(g, g1);
+        let base = mem.0.as_ptr() as usize;
+        assert_eq!(
+            out,
+            vec![(base + 0x10, 4096 - 0x10), (base + 4096 + 0xff8, 8), (0, 0)]
+        );
+        io.unmap(0x11000, 4096).unwrap();
+        let g2 = io.generation();
+        assert!(g2 > g1, "unmap moves the generation");
+        assert_eq!(io.host_hints(&[0x11000], &mut out), g2);
+        assert_eq!(out, vec![(0, 0)], "an unmapped IOVA gives no hint");
+        assert!(io.unmap(0x11000, 4096).is_err());
+        assert_eq!(io.generation(), g2, "a refused unmap changes nothing");
+        drop(io);
+        drop(mem);
+    }
+
+    #[test]
+    fn a_probe_decides_and_counts_as_the_read_would() {
+        let mut mem = pages();
+        let io = Iommu::new();
+        let segs = [(0x10ff0, 16), (0x11000, 1)];
+        assert_eq!(io.probe_segments(&segs), Err(DmaError::BusMasterOff));
+        assert_eq!(io.refused(), 1);
+        io.set_bus_master(true);
+        io.map(0x10000, HostMapping::new(region(&mut mem, 0)).read_only())
+            .unwrap();
+        assert!(io.probe_segments(&segs).is_err(), "0x11000 is not mapped");
+        assert!(io.read_segments(&segs, &mut [0; 17]).is_err());
+        assert_eq!(io.faults(), 2, "one fault each");
+        io.map(0x11000, HostMapping::new(region(&mut mem, 1)))
+            .unwrap();
+        assert_eq!(io.probe_segments(&segs), Ok(()));
+        assert_eq!(io.probe_segments(&[(0x10000, 0)]), Ok(()));
+        assert_eq!(io.faults(), 2);
         drop(io);
         drop(mem);
     }

@@ -264,6 +264,25 @@ unsafe fn copy_raw(src: *const u8, dst: *mut u8, len: usize) {
     unsafe { std::ptr::copy_nonoverlapping(src.add(whole), dst.add(whole), len - whole) };
 }
 
+/// Asks the CPU to start loading the cache line at host address `addr` (a hint for a
+/// device read that follows soon). Any address is accepted: a prefetch never faults and
+/// never changes memory, so a stale or wrong address only wastes the hint. A no-op where
+/// there is no prefetch instruction to use.
+#[inline(always)]
+pub(crate) fn prefetch(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: PREFETCHT0 is an architectural hint: it does not fault on any address
+        // (unmapped, freed or non-canonical ones included), reads no value into the
+        // program and writes nothing, so it cannot break memory safety; SSE is part of
+        // the x86_64 baseline.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(addr as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
 /// Host memory reachable by the device: created only by `Hca::dma_map`, whose caller
 /// guarantees validity until the unmap of the range returns.
 pub(crate) struct HostRegion {

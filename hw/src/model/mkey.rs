@@ -247,8 +247,8 @@ impl Segs {
 
 /// Where a checked access lands.
 enum Target {
-    /// IOVA segments, in order.
-    Host(Segs),
+    /// Host memory: the IOVA segments `resolve` filled in, in order.
+    Host,
     /// A BAR0 offset (MEMIC window).
     Bar(usize),
 }
@@ -260,7 +260,10 @@ enum Dir {
     Atomic,
 }
 
-/// Checks steps 1-5 of the module docs and returns where the bytes are.
+/// Checks steps 1-5 of the module docs and returns where the bytes are; for host memory
+/// their IOVA segments are pushed to `segs` (the caller's, empty: filled in place rather
+/// than returned by value, which cost a 160-byte copy per access).
+#[allow(clippy::too_many_arguments)]
 fn resolve(
     core: &Core,
     key: u32,
@@ -269,6 +272,7 @@ fn resolve(
     len: usize,
     need: Access,
     dir: Dir,
+    segs: &mut Segs,
 ) -> Result<Target, MemError> {
     let m = core.mkeys.get(key >> 8).ok_or(MemError::BadKey)?;
     if m.variant != key as u8 || m.free {
@@ -311,7 +315,6 @@ fn resolve(
                 Dir::Atomic => MTT_RD_EN | MTT_WR_EN,
             };
             let first = m.start >> lps;
-            let mut segs = Segs::new();
             let (mut cur, end) = (va, va + n);
             loop {
                 let e = *mtts
@@ -332,7 +335,7 @@ fn resolve(
                     break;
                 }
             }
-            Ok(Target::Host(segs))
+            Ok(Target::Host)
         }
     }
 }
@@ -352,14 +355,38 @@ pub(crate) fn mem_read(
     dst: &mut [u8],
     need: Access,
 ) -> Result<(), MemError> {
-    match resolve(core, key, pd, va, dst.len(), need, Dir::Read) {
+    let mut segs = Segs::new();
+    match resolve(core, key, pd, va, dst.len(), need, Dir::Read, &mut segs) {
         Ok(Target::Bar(off)) => {
             sh.bar.read_bytes(off, dst);
             Ok(())
         }
-        Ok(Target::Host(segs)) => sh
+        Ok(Target::Host) => sh
             .iommu
             .read_segments(segs.as_slice(), dst)
+            .map_err(|_| fault(sh, MemError::Unmapped)),
+        Err(e) => Err(fault(sh, e)),
+    }
+}
+
+/// Decides what [`mem_read`] of `len` bytes at `va` would (the same checks, the same error,
+/// the same fault counts) without reading the memory: a check before data moves, which
+/// must not pull the line of a buffer the host is polling into the device's cache.
+pub(crate) fn mem_probe(
+    sh: &Shared,
+    core: &Core,
+    key: u32,
+    pd: u32,
+    va: u64,
+    len: usize,
+    need: Access,
+) -> Result<(), MemError> {
+    let mut segs = Segs::new();
+    match resolve(core, key, pd, va, len, need, Dir::Read, &mut segs) {
+        Ok(Target::Bar(_)) => Ok(()),
+        Ok(Target::Host) => sh
+            .iommu
+            .probe_segments(segs.as_slice())
             .map_err(|_| fault(sh, MemError::Unmapped)),
         Err(e) => Err(fault(sh, e)),
     }
@@ -375,12 +402,13 @@ pub(crate) fn mem_write(
     src: &[u8],
     need: Access,
 ) -> Result<(), MemError> {
-    match resolve(core, key, pd, va, src.len(), need, Dir::Write) {
+    let mut segs = Segs::new();
+    match resolve(core, key, pd, va, src.len(), need, Dir::Write, &mut segs) {
         Ok(Target::Bar(off)) => {
             sh.bar.write_bytes(off, src);
             Ok(())
         }
-        Ok(Target::Host(segs)) => sh
+        Ok(Target::Host) => sh
             .iommu
             .write_segments(segs.as_slice(), src)
             .map_err(|_| fault(sh, MemError::Unmapped)),
@@ -399,9 +427,10 @@ pub(crate) fn mem_atomic(
     op: AtomicOp,
     need: Access,
 ) -> Result<u64, MemError> {
-    match resolve(core, key, pd, va, 8, need, Dir::Atomic) {
+    let mut segs = Segs::new();
+    match resolve(core, key, pd, va, 8, need, Dir::Atomic, &mut segs) {
         Ok(Target::Bar(off)) => Ok(sh.bar.atomic64_be(off, op)),
-        Ok(Target::Host(segs)) => sh
+        Ok(Target::Host) => sh
             .iommu
             .atomic64(segs.as_slice()[0].0, op, ByteOrder::Big)
             .map_err(|_| fault(sh, MemError::Unmapped)),

@@ -15,7 +15,7 @@ use crate::rc::{
 
 use super::Shared;
 use super::vport::{GidEntry, L3_IPV4};
-use super::wq::{QueueBuf, extend_counter, read_dbr};
+use super::wq::{Hints, QueueBuf, extend_counter, read_dbr};
 
 /// QP states (qpc `state`, §7.3). SQD, SQER and the drain states are not modelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +73,8 @@ pub(crate) struct Qp {
     pub(crate) active: bool,
     /// The SQ DBR must be read on the next pass (RTR2RTS: WQEs posted earlier).
     pub(crate) kick: bool,
+    /// Host addresses of the QP buffer and the SQ DBR, for prefetching at a doorbell.
+    pub(crate) hints: Hints,
 }
 
 impl Qp {
@@ -100,6 +102,13 @@ impl Qp {
     pub(crate) fn sq_pi(&self, sh: &Shared) -> Option<u32> {
         let w = read_dbr(sh, self.dbr + 4).ok()?;
         Some(extend_counter(self.sq_ci, w & 0xFFFF, 16))
+    }
+
+    /// Starts loading the SQ DBR and the WQE at the SQ consumer counter into the cache
+    /// (a doorbell was seen: both are read next, and their misses then overlap).
+    pub(crate) fn prefetch_sq(&mut self, sh: &Shared) {
+        let off = self.sq_wqebb_off(self.sq_ci);
+        self.hints.prefetch(sh, &self.buf, off, self.dbr + 4);
     }
 
     /// Back to the state after CREATE_QP (2RST).

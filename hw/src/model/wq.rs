@@ -106,6 +106,15 @@ impl QueueBuf {
         Ok(())
     }
 
+    /// The page of byte `off` (an index into `pas`) and the offset in that page.
+    fn locate(&self, off: u64) -> (usize, u64) {
+        let at = self.offset + off;
+        (
+            (at >> self.page_shift) as usize,
+            at & ((1u64 << self.page_shift) - 1),
+        )
+    }
+
     /// Device read of `dst.len()` bytes at byte `off`.
     pub(crate) fn read(&self, sh: &Shared, off: u64, dst: &mut [u8]) -> Result<(), DmaError> {
         let n = dst.len();
@@ -120,6 +129,48 @@ impl QueueBuf {
     /// Writes one byte with release ordering (ownership bytes, written last).
     pub(crate) fn write_u8_release(&self, sh: &Shared, off: u64, v: u8) -> Result<(), DmaError> {
         self.pieces(off, 1, |iova, _| sh.iommu.write_u8_release(iova, v))
+    }
+}
+
+/// Prefetch hints for a queue buffer and one more address (its doorbell record): the host
+/// addresses of its pages, translated once per IOMMU generation
+/// ([`Iommu::host_hints`](super::iommu::Iommu::host_hints)). Only ever prefetched, never
+/// read through: the reads that follow go through the IOMMU as always, so an unmap keeps
+/// its exact semantics and a stale hint only wastes a prefetch.
+#[derive(Debug, Default)]
+pub(crate) struct Hints {
+    /// Generation of `hosts`; `None` before the first translation.
+    generation: Option<u64>,
+    /// The IOVAs translated: the buffer's pages, then the extra address.
+    iovas: Vec<u64>,
+    /// Host address and bytes to the end of its mapping, per entry of `iovas`.
+    hosts: Vec<(usize, usize)>,
+}
+
+impl Hints {
+    /// Starts loading the cache lines of byte `off` of `buf` and of IOVA `extra` (the
+    /// doorbell record), so that the device reads of both that follow overlap their
+    /// misses. Translates again first if the IOMMU table changed.
+    pub(crate) fn prefetch(&mut self, sh: &Shared, buf: &QueueBuf, off: u64, extra: u64) {
+        let g = sh.iommu.generation();
+        let n = buf.pas.len();
+        if self.generation != Some(g) || self.iovas.len() != n + 1 || self.iovas[n] != extra {
+            self.iovas.clear();
+            self.iovas.extend_from_slice(&buf.pas);
+            self.iovas.push(extra);
+            self.generation = Some(sh.iommu.host_hints(&self.iovas, &mut self.hosts));
+        }
+        let (page, in_page) = buf.locate(off);
+        let at = |i: usize, off: u64| {
+            if let Some(&(host, len)) = self.hosts.get(i)
+                && host != 0
+                && off < len as u64
+            {
+                super::mem::prefetch(host + off as usize);
+            }
+        };
+        at(page, in_page);
+        at(n, 0);
     }
 }
 

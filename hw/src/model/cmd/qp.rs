@@ -114,6 +114,7 @@ pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
         engine: None,
         active: false,
         kick: false,
+        hints: Default::default(),
     };
     let dp = &mut ctx.core.dp;
     dp.qps.insert(qpn, qp);
