@@ -267,7 +267,14 @@ impl Counters {
     /// `wqes_executed`, `cqes` (data path, with the core lock held). A load and a store,
     /// no locked read-modify-write on the data path; readers still see every value whole.
     pub(crate) fn inc_dev(c: &AtomicU64) {
-        c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        Counters::add_dev(c, 1);
+    }
+
+    /// [`inc_dev`](Self::inc_dev) by `n`, under the same rule (also the port's
+    /// QUERY_VPORT_COUNTER counters, written by the data path and cleared by the command,
+    /// both with the core lock held).
+    pub(crate) fn add_dev(c: &AtomicU64, n: u64) {
+        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
     }
 }
 

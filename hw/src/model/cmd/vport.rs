@@ -10,6 +10,7 @@ use crate::layout::cmds::{
 };
 use crate::layout::vport::{HcaVportContext, NicVportContext, RoceAddrLayout};
 
+use super::super::Counters;
 use super::super::caps::GID_TABLE_SIZE;
 use super::super::vport::{GidEntry, L3_IPV4, L3_IPV6, ROCE_VERSION_2};
 use super::{CmdResult, Ctx, bad_param, syndrome as s};
@@ -165,6 +166,8 @@ pub(super) fn set_roce_address(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u
 /// (Linux `Documentation/ABI/stable/sysfs-class-infiniband`), which the IBA PortCounters
 /// definition (§16.1.3.5) takes as whole packets, headers and CRCs included. The model
 /// sends no multicast, broadcast or non-RoCE Ethernet, so those counters stay 0.
+/// Updated per frame by a load and a store (`Counters::add_dev`: the data path and the
+/// command that clears them both run with the core lock held), not a locked add.
 #[derive(Debug, Default)]
 pub(crate) struct PortCounters {
     tx_packets: AtomicU64,
@@ -190,23 +193,22 @@ impl PortCounters {
     /// Counts one frame of `len` bytes sent.
     #[inline]
     pub(crate) fn transmitted(&self, len: usize) {
-        self.tx_packets.fetch_add(1, Ordering::Relaxed);
-        self.tx_octets.fetch_add(len as u64, Ordering::Relaxed);
+        Counters::inc_dev(&self.tx_packets);
+        Counters::add_dev(&self.tx_octets, len as u64);
     }
 
     /// Counts one good frame of `len` bytes received.
     #[inline]
     pub(crate) fn received(&self, len: usize) {
-        self.rx_packets.fetch_add(1, Ordering::Relaxed);
-        self.rx_octets.fetch_add(len as u64, Ordering::Relaxed);
+        Counters::inc_dev(&self.rx_packets);
+        Counters::add_dev(&self.rx_octets, len as u64);
     }
 
     /// Counts one received frame of `len` bytes dropped as malformed or with a bad ICRC.
     #[inline]
     pub(crate) fn received_error(&self, len: usize) {
-        self.rx_error_packets.fetch_add(1, Ordering::Relaxed);
-        self.rx_error_octets
-            .fetch_add(len as u64, Ordering::Relaxed);
+        Counters::inc_dev(&self.rx_error_packets);
+        Counters::add_dev(&self.rx_error_octets, len as u64);
     }
 
     /// The counters now; with `clear`, each is read and zeroed in one atomic step (no
