@@ -103,9 +103,9 @@ pub(crate) struct Attached {
 /// The engines' clock: the monotonic clock read at most once per inner pass, and only in
 /// a pass whose engines need the time (a clock read costs about as much as handling a
 /// small packet). Every engine call of one pass sees the same time, at most one pass old;
-/// an ACK timer started in a pass that has not read the clock starts at the QP's next
-/// poll (`Clock::cached_ns`); retransmission timers (milliseconds) fire at most two
-/// passes late.
+/// an ACK timer due to start in a pass that has not read the clock starts within the QP's
+/// next two polls (`Clock::cached_ns`; a response arriving first stops it without any
+/// read); retransmission timers (milliseconds) fire at most three passes late.
 struct PassClock {
     base: MonotonicClock,
     now: Cell<Option<u64>>,

@@ -51,6 +51,11 @@ impl SendWqe {
     }
 }
 
+/// The `run`s an ACK timer that found no clock reading at hand waits for one before it
+/// reads the clock itself: the send's own pass, and the next, in which the response to a
+/// loopback or nearby message usually arrives. A timer starts at most this many polls late.
+const ARM_WAIT: u8 = 2;
+
 /// What a response handler needs besides the requester itself.
 struct Cx<'c, 'e, 'a> {
     env: &'e mut Env<'a>,
@@ -75,9 +80,12 @@ pub(super) struct Requester {
     rnr_left: u8,
     /// Local ACK timer.
     deadline: Option<u64>,
-    /// The ACK timer is to start at the next clock reading (it was due to start when no
-    /// reading was at hand: `Clock::cached_ns`); `deadline` is then `None`.
-    arm_pending: bool,
+    /// Non-zero: the ACK timer was due to start when no clock reading was at hand
+    /// (`Clock::cached_ns`) and starts at a later `run`: the first with a reading at hand,
+    /// else the `ARM_WAIT`-th, which reads the clock. A response that comes first (the
+    /// common case: a message answered within a pass or two) stops the timer before it
+    /// ever needed a reading. `deadline` is `None` meanwhile.
+    arm_pending: u8,
     /// RNR wait: no transmission before this time.
     rnr_until: Option<u64>,
     /// The PSN of the last go-back, until progress: repeated NAKs or gaps for the same
@@ -103,7 +111,7 @@ impl Requester {
             retry_left: cfg.retry_cnt,
             rnr_left: cfg.rnr_retry,
             deadline: None,
-            arm_pending: false,
+            arm_pending: 0,
             rnr_until: None,
             goback_guard: None,
             pending_nak: None,
@@ -118,7 +126,7 @@ impl Requester {
     /// The next time `run` must be called: the ACK timer or the end of an RNR wait.
     /// A timer still to be started makes it due at once.
     pub(super) fn deadline(&self) -> Option<u64> {
-        if self.arm_pending {
+        if self.arm_pending != 0 {
             return Some(0);
         }
         match (self.deadline, self.rnr_until) {
@@ -172,21 +180,21 @@ impl Requester {
     }
 
     /// Starts the ACK timer: now if the clock has a reading at hand, else at the next
-    /// reading (`arm_pending`, resolved at the start of `run`).
+    /// reading (`arm_pending`, resolved at the start of a later `run`).
     fn arm(&mut self, cfg: &QpConfig, clock: &dyn Clock) {
         let Some(t) = cfg.ack_timeout_ns() else {
             self.disarm();
             return;
         };
         match clock.cached_ns() {
-            Some(now) => (self.deadline, self.arm_pending) = (Some(now + t), false),
-            None => (self.deadline, self.arm_pending) = (None, true),
+            Some(now) => (self.deadline, self.arm_pending) = (Some(now + t), 0),
+            None => (self.deadline, self.arm_pending) = (None, ARM_WAIT),
         }
     }
 
     /// Stops the ACK timer.
     fn disarm(&mut self) {
-        (self.deadline, self.arm_pending) = (None, false);
+        (self.deadline, self.arm_pending) = (None, 0);
     }
 
     /// Go-back-N to `una`, once per PSN until progress; `counted` spends a retry. Returns
@@ -316,11 +324,19 @@ impl Requester {
         stats: &mut RcStats,
     ) -> bool {
         let clock = env.clock;
-        if self.arm_pending {
-            // The timer that was to start at the next reading starts now.
-            self.arm_pending = false;
-            let now = clock.now_ns();
-            self.deadline = cfg.ack_timeout_ns().map(|t| now + t);
+        if self.arm_pending != 0 {
+            self.arm_pending -= 1;
+            // The timer due to start starts now: from a reading at hand, else from a new
+            // one once the wait is over.
+            let now = match clock.cached_ns() {
+                Some(now) => Some(now),
+                None if self.arm_pending == 0 => Some(clock.now_ns()),
+                None => None,
+            };
+            if let Some(now) = now {
+                self.arm_pending = 0;
+                self.deadline = cfg.ack_timeout_ns().map(|t| now + t);
+            }
         }
         let mut cx = Cx { env, cfg, stats };
         if self.check_front(&mut cx) {
@@ -353,7 +369,7 @@ impl Requester {
                 Ok(false) | Err(TxStop::Busy) => break,
             }
         }
-        if self.deadline.is_none() && !self.arm_pending && self.una.before(self.max_sent) {
+        if self.deadline.is_none() && self.arm_pending == 0 && self.una.before(self.max_sent) {
             self.arm(cfg, clock);
         }
         self.check_front(&mut cx)
@@ -489,7 +505,7 @@ impl Requester {
         if next.after(self.max_sent) {
             self.max_sent = next;
         }
-        if self.deadline.is_none() && !self.arm_pending {
+        if self.deadline.is_none() && self.arm_pending == 0 {
             self.arm(cx.cfg, cx.env.clock);
         }
         Ok(true)

@@ -407,7 +407,7 @@ impl Clock for Uncached {
 }
 
 #[test]
-fn an_ack_timer_started_without_a_reading_starts_at_the_next_poll_and_fires() {
+fn an_ack_timer_started_without_a_reading_starts_two_polls_later_and_fires() {
     let dead = FaultConfig {
         seed: 1,
         drop_one_in: 1,
@@ -439,7 +439,10 @@ fn an_ack_timer_started_without_a_reading_starts_at_the_next_poll_and_fires() {
     // The send reads no clock; the timer is due to start at once.
     let (d, s) = poll();
     assert_eq!((s.tx_packets, clock.reads.get(), d), (1, 0, Some(0)));
-    // The next poll starts it from its reading.
+    // The next poll waits once more for a reading at hand (a response would stop the
+    // timer first); the one after reads the clock and starts it.
+    let (d, _) = poll();
+    assert_eq!((clock.reads.get(), d), (0, Some(0)));
     let (d, s) = poll();
     assert_eq!(d, Some(5_000_000 + timeout));
     assert_eq!((s.tx_packets, s.timeouts), (1, 0));
@@ -451,7 +454,9 @@ fn an_ack_timer_started_without_a_reading_starts_at_the_next_poll_and_fires() {
     clock.inner.advance(1);
     let (d, s) = poll();
     assert_eq!((s.tx_packets, s.timeouts, s.retransmits), (2, 1, 1));
-    // Restarted for the retransmission, again from the next poll's reading.
+    // Restarted for the retransmission, again from a later poll's reading.
+    assert_eq!(d, Some(0));
+    let (d, _) = poll();
     assert_eq!(d, Some(0));
     let (d, _) = poll();
     assert_eq!(d, Some(5_000_000 + 2 * timeout));
