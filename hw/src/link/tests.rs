@@ -411,3 +411,28 @@ fn frames_start_at_the_same_offset_in_a_page() {
         }
     }
 }
+
+#[test]
+fn the_free_list_is_last_in_first_out() {
+    let free = FreeList::with_capacity(4);
+    let frames: Vec<Frame> = (0..4).map(|_| Frame::new(64)).collect();
+    let addrs: Vec<usize> = frames.iter().map(|f| f.data().as_ptr() as usize).collect();
+    for f in frames {
+        free.push(f);
+    }
+    assert_eq!(free.len(), 4);
+    // Pushed 0, 1, 2, 3: popped 3, 2, 1, 0, with a push in between going out first.
+    let top = free.pop().expect("four buffers");
+    assert_eq!(top.data().as_ptr() as usize, addrs[3]);
+    let next = free.pop().expect("three buffers");
+    assert_eq!(next.data().as_ptr() as usize, addrs[2]);
+    free.push(top);
+    let again = free.pop().expect("three buffers");
+    assert_eq!(again.data().as_ptr() as usize, addrs[3]);
+    let rest: Vec<usize> = std::iter::from_fn(|| free.pop())
+        .map(|f| f.data().as_ptr() as usize)
+        .collect();
+    assert_eq!(rest, [addrs[1], addrs[0]]);
+    assert_eq!(free.len(), 0);
+    drop((next, again));
+}

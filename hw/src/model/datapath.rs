@@ -100,10 +100,12 @@ pub(crate) struct Attached {
     pub(crate) link: std::sync::Mutex<Option<Arc<dyn Link>>>,
 }
 
-/// The engines' clock: the monotonic clock read at most once per inner pass (a clock read
-/// costs about as much as handling a small packet). Every engine call of one pass sees the
-/// same time, at most one pass old; retransmission timers (milliseconds) fire at most one
-/// pass late.
+/// The engines' clock: the monotonic clock read at most once per inner pass, and only in
+/// a pass whose engines need the time (a clock read costs about as much as handling a
+/// small packet). Every engine call of one pass sees the same time, at most one pass old;
+/// an ACK timer due to start in a pass that has not read the clock starts within the QP's
+/// next two polls (`Clock::cached_ns`; a response arriving first stops it without any
+/// read); retransmission timers (milliseconds) fire at most three passes late.
 struct PassClock {
     base: MonotonicClock,
     now: Cell<Option<u64>>,
@@ -124,6 +126,9 @@ impl Clock for PassClock {
         let t = self.base.now_ns();
         self.now.set(Some(t));
         t
+    }
+    fn cached_ns(&self) -> Option<u64> {
+        self.now.get()
     }
 }
 

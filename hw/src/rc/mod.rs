@@ -285,12 +285,10 @@ impl RcQp {
             return;
         }
         let op = pkt.opcode();
-        let now = env.clock.now_ns();
         let fatal = if op.is_request() {
             self.resp.on_request(pkt, env, &self.cfg, &mut self.stats)
         } else if op.is_response() {
-            self.req
-                .on_response(pkt, env, &self.cfg, &mut self.stats, now)
+            self.req.on_response(pkt, env, &self.cfg, &mut self.stats)
         } else {
             self.stats.rx_dropped += 1;
             false
@@ -305,17 +303,13 @@ impl RcQp {
     /// which it must be called again if nothing else happens (`None`: only new work or a
     /// received packet can change anything).
     pub fn poll(&mut self, env: &mut Env<'_>) -> Option<u64> {
-        let now = env.clock.now_ns();
         if self
             .resp
             .transmit(env, &self.cfg, &mut self.tx, &mut self.stats)
         {
             self.state = QpState::Error;
         }
-        if self.state == QpState::Rts
-            && self
-                .req
-                .run(env, &self.cfg, &mut self.tx, &mut self.stats, now)
+        if self.state == QpState::Rts && self.req.run(env, &self.cfg, &mut self.tx, &mut self.stats)
         {
             self.state = QpState::Error;
         }

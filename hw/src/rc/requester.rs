@@ -51,12 +51,16 @@ impl SendWqe {
     }
 }
 
+/// The `run`s an ACK timer that found no clock reading at hand waits for one before it
+/// reads the clock itself: the send's own pass, and the next, in which the response to a
+/// loopback or nearby message usually arrives. A timer starts at most this many polls late.
+const ARM_WAIT: u8 = 2;
+
 /// What a response handler needs besides the requester itself.
 struct Cx<'c, 'e, 'a> {
     env: &'e mut Env<'a>,
     cfg: &'c QpConfig,
     stats: &'c mut RcStats,
-    now: u64,
 }
 
 /// The send side of one QP.
@@ -76,6 +80,12 @@ pub(super) struct Requester {
     rnr_left: u8,
     /// Local ACK timer.
     deadline: Option<u64>,
+    /// Non-zero: the ACK timer was due to start when no clock reading was at hand
+    /// (`Clock::cached_ns`) and starts at a later `run`: the first with a reading at hand,
+    /// else the `ARM_WAIT`-th, which reads the clock. A response that comes first (the
+    /// common case: a message answered within a pass or two) stops the timer before it
+    /// ever needed a reading. `deadline` is `None` meanwhile.
+    arm_pending: u8,
     /// RNR wait: no transmission before this time.
     rnr_until: Option<u64>,
     /// The PSN of the last go-back, until progress: repeated NAKs or gaps for the same
@@ -101,6 +111,7 @@ impl Requester {
             retry_left: cfg.retry_cnt,
             rnr_left: cfg.rnr_retry,
             deadline: None,
+            arm_pending: 0,
             rnr_until: None,
             goback_guard: None,
             pending_nak: None,
@@ -113,7 +124,11 @@ impl Requester {
     }
 
     /// The next time `run` must be called: the ACK timer or the end of an RNR wait.
+    /// A timer still to be started makes it due at once.
     pub(super) fn deadline(&self) -> Option<u64> {
+        if self.arm_pending != 0 {
+            return Some(0);
+        }
         match (self.deadline, self.rnr_until) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -161,7 +176,25 @@ impl Requester {
         self.send_psn = p;
         self.send_idx = self.locate(p);
         self.goback_guard = Some(p);
-        self.deadline = None;
+        self.disarm();
+    }
+
+    /// Starts the ACK timer: now if the clock has a reading at hand, else at the next
+    /// reading (`arm_pending`, resolved at the start of a later `run`).
+    fn arm(&mut self, cfg: &QpConfig, clock: &dyn Clock) {
+        let Some(t) = cfg.ack_timeout_ns() else {
+            self.disarm();
+            return;
+        };
+        match clock.cached_ns() {
+            Some(now) => (self.deadline, self.arm_pending) = (Some(now + t), 0),
+            None => (self.deadline, self.arm_pending) = (None, ARM_WAIT),
+        }
+    }
+
+    /// Stops the ACK timer.
+    fn disarm(&mut self) {
+        (self.deadline, self.arm_pending) = (None, 0);
     }
 
     /// Go-back-N to `una`, once per PSN until progress; `counted` spends a retry. Returns
@@ -181,14 +214,15 @@ impl Requester {
     }
 
     /// Forward progress: refill the retry counters and restart the ACK timer.
-    fn progressed(&mut self, cfg: &QpConfig, now: u64) {
+    fn progressed(&mut self, cfg: &QpConfig, clock: &dyn Clock) {
         self.retry_left = cfg.retry_cnt;
         self.rnr_left = cfg.rnr_retry;
         self.goback_guard = None;
-        self.deadline = match cfg.ack_timeout_ns() {
-            Some(t) if self.una.before(self.max_sent) => Some(now + t),
-            _ => None,
-        };
+        if self.una.before(self.max_sent) {
+            self.arm(cfg, clock);
+        } else {
+            self.disarm();
+        }
     }
 
     /// Completes the front request with `status` and keeps the cursors consistent.
@@ -277,7 +311,7 @@ impl Requester {
         while !self.wqes.is_empty() {
             self.complete_front(env, cfg, WcStatus::Flushed);
         }
-        self.deadline = None;
+        self.disarm();
         self.rnr_until = None;
     }
 
@@ -288,25 +322,34 @@ impl Requester {
         cfg: &QpConfig,
         tx: &mut Tx,
         stats: &mut RcStats,
-        now: u64,
     ) -> bool {
-        let mut cx = Cx {
-            env,
-            cfg,
-            stats,
-            now,
-        };
+        let clock = env.clock;
+        if self.arm_pending != 0 {
+            self.arm_pending -= 1;
+            // The timer due to start starts now: from a reading at hand, else from a new
+            // one once the wait is over.
+            let now = match clock.cached_ns() {
+                Some(now) => Some(now),
+                None if self.arm_pending == 0 => Some(clock.now_ns()),
+                None => None,
+            };
+            if let Some(now) = now {
+                self.arm_pending = 0;
+                self.deadline = cfg.ack_timeout_ns().map(|t| now + t);
+            }
+        }
+        let mut cx = Cx { env, cfg, stats };
         if self.check_front(&mut cx) {
             return true;
         }
         if let Some(t) = self.rnr_until {
-            if now < t {
+            if clock.now_ns() < t {
                 return false;
             }
             self.rnr_until = None;
         }
         if let Some(d) = self.deadline
-            && now >= d
+            && clock.now_ns() >= d
         {
             self.deadline = None;
             if self.una.before(self.max_sent) {
@@ -326,8 +369,8 @@ impl Requester {
                 Ok(false) | Err(TxStop::Busy) => break,
             }
         }
-        if self.deadline.is_none() && self.una.before(self.max_sent) {
-            self.deadline = cfg.ack_timeout_ns().map(|t| now + t);
+        if self.deadline.is_none() && self.arm_pending == 0 && self.una.before(self.max_sent) {
+            self.arm(cfg, clock);
         }
         self.check_front(&mut cx)
     }
@@ -462,8 +505,8 @@ impl Requester {
         if next.after(self.max_sent) {
             self.max_sent = next;
         }
-        if self.deadline.is_none() {
-            self.deadline = cx.cfg.ack_timeout_ns().map(|t| cx.now + t);
+        if self.deadline.is_none() && self.arm_pending == 0 {
+            self.arm(cx.cfg, cx.env.clock);
         }
         Ok(true)
     }
@@ -475,7 +518,6 @@ impl Requester {
         env: &mut Env<'_>,
         cfg: &QpConfig,
         stats: &mut RcStats,
-        now: u64,
     ) -> bool {
         let p = Psn::new(pkt.bth.psn);
         // IBA §9.7.5.1.1: a response outside [oldest unacknowledged, highest sent] is a
@@ -484,12 +526,7 @@ impl Requester {
             stats.rx_dropped += 1;
             return false;
         }
-        let mut cx = Cx {
-            env,
-            cfg,
-            stats,
-            now,
-        };
+        let mut cx = Cx { env, cfg, stats };
         match (pkt.opcode(), pkt.ext.aeth) {
             (RcOpcode::Acknowledge, Some(aeth)) => self.on_ack(&mut cx, p, aeth.syndrome),
             (RcOpcode::AtomicAcknowledge, _) => {
@@ -504,7 +541,7 @@ impl Requester {
         match syndrome {
             AethSyndrome::Ack { .. } => {
                 if self.retire_through(cx, p) {
-                    self.progressed(cx.cfg, cx.now);
+                    self.progressed(cx.cfg, cx.env.clock);
                 }
                 // An ACK past a READ/atomic whose response never came is an implied NAK
                 // (IBA §9.7.5.1.2): ask again.
@@ -520,7 +557,7 @@ impl Requester {
             AethSyndrome::RnrNak { timer } => {
                 cx.stats.rnr_naks_received += 1;
                 if self.retire_before(cx, p) {
-                    self.progressed(cx.cfg, cx.now);
+                    self.progressed(cx.cfg, cx.env.clock);
                 }
                 if self.una != p {
                     return self.go_back(cx, false);
@@ -533,13 +570,13 @@ impl Requester {
                     self.rnr_left -= 1;
                 }
                 self.rewind(p);
-                self.rnr_until = Some(cx.now + rnr_timer_ns(timer));
+                self.rnr_until = Some(cx.env.clock.now_ns() + rnr_timer_ns(timer));
                 false
             }
             AethSyndrome::Nak(NakCode::PsnSequenceError) => {
                 cx.stats.seq_naks_received += 1;
                 if self.retire_before(cx, p) {
-                    self.progressed(cx.cfg, cx.now);
+                    self.progressed(cx.cfg, cx.env.clock);
                 }
                 if self.rnr_until.is_some() {
                     return false; // the RNR wait goes on; its retransmission covers this
@@ -548,7 +585,7 @@ impl Requester {
             }
             AethSyndrome::Nak(code) => {
                 if self.retire_before(cx, p) {
-                    self.progressed(cx.cfg, cx.now);
+                    self.progressed(cx.cfg, cx.env.clock);
                 }
                 // IBA §9.9.2.2: a NAK other than sequence error fails the request; the QP
                 // goes to error.
@@ -579,7 +616,7 @@ impl Requester {
         data: &[u8],
     ) -> bool {
         if self.retire_before(cx, p) {
-            self.progressed(cx.cfg, cx.now);
+            self.progressed(cx.cfg, cx.env.clock);
         }
         let Some(w) = self.wqes.front() else {
             return false;
@@ -622,13 +659,13 @@ impl Requester {
         if last {
             self.complete_front(cx.env, cx.cfg, WcStatus::Success);
         }
-        self.progressed(cx.cfg, cx.now);
+        self.progressed(cx.cfg, cx.env.clock);
         self.check_front(cx)
     }
 
     fn on_atomic_ack(&mut self, cx: &mut Cx<'_, '_, '_>, p: Psn, orig: u64) -> bool {
         if self.retire_before(cx, p) {
-            self.progressed(cx.cfg, cx.now);
+            self.progressed(cx.cfg, cx.env.clock);
         }
         let Some(w) = self.wqes.front() else {
             return false;
@@ -652,7 +689,7 @@ impl Requester {
             return self.fail_front(cx, WcStatus::LocalProtection);
         }
         self.complete_front(cx.env, cx.cfg, WcStatus::Success);
-        self.progressed(cx.cfg, cx.now);
+        self.progressed(cx.cfg, cx.env.clock);
         self.check_front(cx)
     }
 }

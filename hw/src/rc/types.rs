@@ -564,6 +564,15 @@ pub trait CompletionSink {
 pub trait Clock {
     /// Now.
     fn now_ns(&self) -> u64;
+    /// A time at most as old as the clock allows for timer starts, when it can be had
+    /// without reading the clock (a reading cached for this pass, a manual clock); `None`
+    /// when only [`now_ns`](Self::now_ns) would tell. The engine then starts its ACK
+    /// timer at the next reading instead (its next `poll`), so a message that is answered
+    /// within a pass or two costs no clock read for the timer (a read costs about as much
+    /// as handling a small packet).
+    fn cached_ns(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A clock that moves only when told: deterministic tests, scaled time.
@@ -584,6 +593,10 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ns(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
+    }
+    /// Always known: reading a manual clock costs nothing.
+    fn cached_ns(&self) -> Option<u64> {
+        Some(self.now_ns())
     }
 }
 

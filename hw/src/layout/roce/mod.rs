@@ -24,7 +24,7 @@ pub mod packet;
 mod tests;
 
 pub use headers::*;
-pub use icrc::{Crc32, crc32, icrc};
+pub use icrc::{Crc32, crc32, icrc, icrc_in_place};
 pub use packet::{ExtHeaders, IpRepr, RocePacket, RocePacketRef};
 
 /// UDP destination port of RoCEv2 (IANA "roce", IBA Annex A17).

@@ -16,7 +16,7 @@ use core::fmt;
 use core::ops::Deref;
 
 use super::headers::*;
-use super::icrc::icrc;
+use super::icrc::{icrc, icrc_in_place};
 use super::{
     EtherType, HeaderSet, ICRC_SIZE, IP_PROTO_UDP, ROCE_UDP_PORT, RcOpcode, WireError, pad_count,
 };
@@ -310,7 +310,7 @@ impl<'a> RocePacket<'a> {
         off += payload_len;
         buf[off..off + usize::from(pad)].fill(0);
         off += usize::from(pad);
-        let crc = icrc(&buf[ETH_SIZE..off])?;
+        let crc = icrc_in_place(&mut buf[ETH_SIZE..off])?;
         buf[off..off + ICRC_SIZE].copy_from_slice(&crc.to_le_bytes());
         Ok(off + ICRC_SIZE)
     }

@@ -391,3 +391,73 @@ fn requests_posted_in_the_error_state_are_flushed() {
     assert_eq!(r, [(7, WcStatus::Flushed)]);
     assert_eq!(p.a.qp.stats().tx_packets, 0);
 }
+
+/// A clock with no reading at hand between reads (as the model's pass clock at the start
+/// of a pass), counting its reads.
+struct Uncached {
+    inner: ManualClock,
+    reads: std::cell::Cell<u32>,
+}
+
+impl Clock for Uncached {
+    fn now_ns(&self) -> u64 {
+        self.reads.set(self.reads.get() + 1);
+        self.inner.now_ns()
+    }
+}
+
+#[test]
+fn an_ack_timer_started_without_a_reading_starts_two_polls_later_and_fires() {
+    let dead = FaultConfig {
+        seed: 1,
+        drop_one_in: 1,
+        ..Default::default()
+    };
+    let a_cfg = config(QPN_A, QPN_B, Mtu::Mtu1024);
+    let timeout = a_cfg.ack_timeout_ns().expect("a finite timeout");
+    let mut p = setup_with(a_cfg, config(QPN_B, QPN_A, Mtu::Mtu1024), dead);
+    p.a.post(wr(
+        0,
+        WrOp::Write { remote: remote(0) },
+        &split(SRC, VA_SRC, 10),
+    ));
+    let clock = Uncached {
+        inner: ManualClock::new(5_000_000),
+        reads: std::cell::Cell::new(0),
+    };
+    let a = &mut p.a;
+    let mut poll = || {
+        let mut env = Env {
+            link: &a.link,
+            mem: &a.mem,
+            recv: &mut a.rq,
+            cq: &mut a.cq,
+            clock: &clock,
+        };
+        (a.qp.poll(&mut env), a.qp.stats())
+    };
+    // The send reads no clock; the timer is due to start at once.
+    let (d, s) = poll();
+    assert_eq!((s.tx_packets, clock.reads.get(), d), (1, 0, Some(0)));
+    // The next poll waits once more for a reading at hand (a response would stop the
+    // timer first); the one after reads the clock and starts it.
+    let (d, _) = poll();
+    assert_eq!((clock.reads.get(), d), (0, Some(0)));
+    let (d, s) = poll();
+    assert_eq!(d, Some(5_000_000 + timeout));
+    assert_eq!((s.tx_packets, s.timeouts), (1, 0));
+    assert!(clock.reads.get() >= 1);
+    // It fires at its deadline, not before, and the packet goes again.
+    clock.inner.advance(timeout - 1);
+    let (_, s) = poll();
+    assert_eq!((s.tx_packets, s.timeouts), (1, 0));
+    clock.inner.advance(1);
+    let (d, s) = poll();
+    assert_eq!((s.tx_packets, s.timeouts, s.retransmits), (2, 1, 1));
+    // Restarted for the retransmission, again from a later poll's reading.
+    assert_eq!(d, Some(0));
+    let (d, _) = poll();
+    assert_eq!(d, Some(0));
+    let (d, _) = poll();
+    assert_eq!(d, Some(5_000_000 + 2 * timeout));
+}
