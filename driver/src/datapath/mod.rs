@@ -17,7 +17,8 @@
 //! oldest outstanding WQE is one 8-byte load for owner, opcode, QPN and WQE counter, one
 //! masked compare of it against the word the poller expects, one compare that something
 //! is outstanding, the slot loads (`wr_id`, next WQE), the store that hands the WQE back
-//! to the poster, the consumer index step and the byte count load. The poller holds the
+//! to the poster and the consumer index step (WRITE/SEND completions carry no byte count;
+//! READ and atomic CQEs take the copy-and-parse path). The poller holds the
 //! hot QP's counters, key and slot address by value for the whole batch, and its slow
 //! path is out of line and cannot unwind, so a polling loop keeps that state in
 //! registers. Everything else takes the copy-and-parse path.
