@@ -2,18 +2,10 @@
 //! `perfquery -x` names with their units in text and an object per port in JSON; a
 //! mistyped flag is a message and a failing exit status, never a panic.
 
-use std::process::Command;
+mod common;
 
 fn info(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_uhca-info"))
-        .args(args)
-        .output()
-        .expect("runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::run(env!("CARGO_BIN_EXE_uhca-info"), args)
 }
 
 const NAMES: [&str; 8] = [

@@ -1,18 +1,10 @@
 //! `uhca-perf` from the outside: bad flags get a message and a failing exit status, never a
 //! panic; a small run prints perftest's table.
 
-use std::process::Command;
+mod common;
 
 fn perf(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_uhca-perf"))
-        .args(args)
-        .output()
-        .expect("runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::run(env!("CARGO_BIN_EXE_uhca-perf"), args)
 }
 
 #[test]
