@@ -4,7 +4,10 @@
 //! Each function states the pair of accesses it orders; call sites say which ones they are.
 //! On x86-64 the store-store and load-load cases cost nothing but a compiler fence (TSO),
 //! which is what rdma-core's `udma_to_device_barrier`/`udma_from_device_barrier` are there;
-//! `wc_flush` is a full fence (rdma-core `mmio_flush_writes` is `sfence` on x86).
+//! the two doorbell barriers are `sfence` there, as rdma-core's `mmio_wc_start` and
+//! `mmio_flush_writes` (util/udma_barrier.h): stores stay ordered and are pushed out of the
+//! write-combining buffers, while the thread's loads go on (a full fence would also hold
+//! them until every earlier store has left the store buffer). Elsewhere they are full fences.
 //! Sources: prm-subset.md §9.2 (ringing the SQ), §9.3 (doorbell records), §9.7 (owner bit).
 
 #![deny(unsafe_code)]
@@ -22,13 +25,28 @@ pub fn wmb_before_dbr() {
 /// 3: the device reads the record when the doorbell arrives).
 #[inline(always)]
 pub fn wmb_before_doorbell() {
-    fence(Ordering::SeqCst);
+    store_fence();
 }
 
 /// Flushes write-combined MMIO stores (the BlueFlame copy) so that the next doorbell cannot
 /// overtake them (§9.2 step 4).
 #[inline(always)]
 pub fn wc_flush() {
+    store_fence();
+}
+
+/// Every earlier store (write-combined ones included) globally visible before any later
+/// store: `sfence` on x86-64 (rdma-core `mmio_flush_writes`), a full fence elsewhere.
+#[inline(always)]
+#[allow(unsafe_code)]
+fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` only orders stores; SSE, which it needs, is part of the x86-64
+    // baseline, so the instruction exists on every CPU this code runs on.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+    #[cfg(not(target_arch = "x86_64"))]
     fence(Ordering::SeqCst);
 }
 
