@@ -59,6 +59,9 @@ pub(crate) struct DataPath {
     pub(crate) events: Vec<Event>,
     /// Retransmissions of destroyed or reset QPs.
     pub(crate) retired_retransmits: u64,
+    /// The last pass left nothing to do: no active QP, no frame queued, no link attached
+    /// (`watch::Watch`).
+    pub(crate) settled: bool,
 }
 
 impl DataPath {
@@ -474,11 +477,13 @@ impl CompletionSink for Sink<'_> {
 pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port, spare: &mut DataPath) -> bool {
     port.refresh(sh);
     if core.dp.qps.is_empty() && core.dp.cqs.is_empty() && port.peer.is_none() {
+        core.dp.settled = true;
         return false;
     }
     std::mem::swap(&mut core.dp, spare);
     let dp = spare;
     let mac = core.vport.mac;
+    let mut exhausted = true;
     let busy = {
         let core: &Core = core;
         let mut busy = cq_doorbells(sh, dp);
@@ -492,6 +497,7 @@ pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port, spare: &mut Da
                 | transmit(sh, core, dp, port, mac)
                 | receive(sh, core, dp, port, mac);
             if !moved {
+                exhausted = false;
                 break;
             }
             busy = true;
@@ -500,6 +506,8 @@ pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port, spare: &mut Da
     };
     std::mem::swap(&mut core.dp, dp);
     post_events(sh, core);
+    core.dp.settled =
+        !exhausted && port.peer.is_none() && !core.dp.qps.values().any(|q| q.active || q.kick);
     busy
 }
 

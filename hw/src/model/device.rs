@@ -6,7 +6,8 @@
 //! the backoff. `Hca::drop` unparks the thread, so a sleeping thread exits at once. While
 //! spinning or busy, a pass reads no clock except every [`CLOCK_EVERY`]th (the spin
 //! window's start and end and the health timer are checked then), so doorbells are seen
-//! sooner.
+//! sooner. While the last pass left nothing to do, a pass is only the idle check of
+//! `watch.rs` (the watched doorbell words, without the core lock).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 use crate::layout::init_seg::reg;
 
 use super::health::Health;
+use super::watch::Watch;
 use super::{Counters, Shared, cmdif, datapath, eq};
 
 /// Busy-poll window after the last activity.
@@ -102,6 +104,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
     let mut backoff = Backoff::new();
     let mut port = datapath::Port::new();
     let mut spare = datapath::DataPath::default();
+    let mut watch = Watch::default();
     let mut passes = 0u32;
     let mut until_tick = Duration::ZERO;
     while !sh.stop.load(Ordering::Acquire) {
@@ -112,7 +115,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
             until_tick = health.tick(&sh);
         }
         passes = passes.wrapping_add(1);
-        if poll(&sh, &mut port, &mut spare) {
+        if poll(&sh, &mut port, &mut spare, &mut watch) {
             backoff.reset();
         } else {
             backoff.idle(&sh, until_tick);
@@ -120,21 +123,32 @@ pub(crate) fn run(sh: Arc<Shared>) {
     }
 }
 
-/// One pass over the doorbells; true if anything happened.
-fn poll(sh: &Shared, port: &mut datapath::Port, spare: &mut datapath::DataPath) -> bool {
+/// One pass over the doorbells; true if anything happened. While the model is settled
+/// and no watched doorbell word changed, the pass is the idle check of [`Watch`] only.
+fn poll(
+    sh: &Shared,
+    port: &mut datapath::Port,
+    spare: &mut datapath::DataPath,
+    watch: &mut Watch,
+) -> bool {
     let mut busy = false;
     // Writes to cmd_dbell from several threads may coalesce (plain shared memory), so any
     // non-zero value means "scan every entry" (cmdif::run_queue).
     // Read first: an idle pass then only shares the line instead of taking it from the host.
-    if sh.bar.read_be32(reg::CMD_DBELL) != 0 && sh.bar.swap_be32(reg::CMD_DBELL, 0) != 0 {
-        let mut core = sh.core();
+    let cmd = sh.bar.read_be32(reg::CMD_DBELL) != 0;
+    if !cmd && watch.quiet(sh) {
+        return false;
+    }
+    let mut core = sh.core_dev();
+    if cmd && sh.bar.swap_be32(reg::CMD_DBELL, 0) != 0 {
         cmdif::run_queue(sh, &mut core);
         busy = true;
     }
-    let mut core = sh.core();
     if !core.eqs.is_empty() {
         busy |= eq::poll_doorbells(sh, &mut core);
     }
     busy |= datapath::poll(sh, &mut core, port, spare);
+    let settled = core.dp.settled;
+    watch.after_pass(sh, &core, cmd, settled);
     busy
 }

@@ -49,6 +49,7 @@ mod qp;
 mod sq;
 mod state;
 mod vport;
+mod watch;
 mod wq;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -319,10 +320,23 @@ pub(crate) struct Shared {
     pub(crate) boot_done_ns: AtomicU64,
     /// The link attached to port 1 (`Hca::attach_link`).
     pub(crate) link: datapath::Attached,
+    /// Times a thread other than the device thread took `core` ([`Shared::core`]): the
+    /// device thread's idle check (`watch::Watch`) then makes a full pass.
+    pub(crate) lock_count: AtomicU64,
 }
 
 impl Shared {
+    /// The core state, for any thread but the device thread's own passes: counted in
+    /// `lock_count`, since the holder may change what the device thread watches.
     pub(crate) fn core(&self) -> MutexGuard<'_, Core> {
+        let core = self.core_dev();
+        self.lock_count.fetch_add(1, Ordering::AcqRel);
+        core
+    }
+
+    /// The core state for the device thread's passes (not counted: the pass itself
+    /// records what it changed).
+    pub(crate) fn core_dev(&self) -> MutexGuard<'_, Core> {
         // A panic in a handler would be a model bug; keep serving with the state as is.
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -390,6 +404,7 @@ impl Hca {
             epoch: Instant::now(),
             boot_done_ns: AtomicU64::new(0),
             link: datapath::Attached::default(),
+            lock_count: AtomicU64::new(0),
         });
         health::power_on(&shared);
         let sh = shared.clone();
