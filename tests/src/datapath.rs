@@ -44,17 +44,7 @@ pub fn pair_with(cq_entries: u32, cfg: QpConfig, tune: impl Fn(&mut ConnectParam
     let (cq_a, cq_b) = (cq(), cq());
     let mut a = dev.create_qp(&pd, &cq_a, &cq_a, &cfg).unwrap();
     let mut b = dev.create_qp(&pd, &cq_b, &cq_b, &cfg).unwrap();
-    let addr = dev.roce_address(0).unwrap();
-    let mut pa = ConnectParams::new(b.qpn(), addr.gid, addr.mac);
-    pa.sq_psn = 100;
-    pa.rq_psn = 200;
-    tune(&mut pa);
-    let mut pb = ConnectParams::new(a.qpn(), addr.gid, addr.mac);
-    pb.sq_psn = 200;
-    pb.rq_psn = 100;
-    tune(&mut pb);
-    a.connect(&pa).unwrap();
-    b.connect(&pb).unwrap();
+    connect_with(&mut a, &dev, &mut b, &dev, tune);
     Pair {
         a,
         b,
@@ -64,6 +54,47 @@ pub fn pair_with(cq_entries: u32, cfg: QpConfig, tune: impl Fn(&mut ConnectParam
         dev,
         model,
     }
+}
+
+/// Connects `a` (on device `da`) and `b` (on `db`, the same device for loopback), both
+/// connect parameters passed through `tune` (PSNs: a sends from 100, b from 200).
+pub fn connect_with(
+    a: &mut Qp,
+    da: &Device,
+    b: &mut Qp,
+    db: &Device,
+    tune: impl Fn(&mut ConnectParams),
+) {
+    let (aa, ab) = (da.roce_address(0).unwrap(), db.roce_address(0).unwrap());
+    let mut pa = ConnectParams::new(b.qpn(), ab.gid, ab.mac);
+    pa.sq_psn = 100;
+    pa.rq_psn = 200;
+    tune(&mut pa);
+    let mut pb = ConnectParams::new(a.qpn(), aa.gid, aa.mac);
+    pb.sq_psn = 200;
+    pb.rq_psn = 100;
+    tune(&mut pb);
+    a.connect(&pa).unwrap();
+    b.connect(&pb).unwrap();
+}
+
+/// [`connect_with`] with the default parameters.
+pub fn connect(a: &mut Qp, da: &Device, b: &mut Qp, db: &Device) {
+    connect_with(a, da, b, db, |_| {});
+}
+
+/// A QP with default settings whose send and receive CQ is a default CQ of its own.
+pub fn qp_with_cq(dev: &Device, pd: &Pd) -> (Qp, Cq) {
+    let cq = dev.create_cq(&CqConfig::default()).unwrap();
+    let qp = dev.create_qp(pd, &cq, &cq, &QpConfig::default()).unwrap();
+    (qp, cq)
+}
+
+/// `len` bytes of a pattern that differs with `seed` and repeats only every 256 bytes.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+        .collect()
 }
 
 /// Polls until `n` completions arrived. The deadline is no timing assertion: it only turns

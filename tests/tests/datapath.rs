@@ -9,19 +9,13 @@ use uhca::resource::{
     Access, ConnectParams, Cq, CqConfig, Local, Mr, Qp, QpConfig, QpState, SendFlags, SendOp,
     SendWr,
 };
-use uhca_tests::datapath::{Pair, mr, pair_with, read, wait_n};
+use uhca_tests::datapath::{Pair, mr, pair_with, pattern, read, wait_n};
 use uhca_tests::device;
 
 const SIG: SendFlags = SendFlags::SIGNALED;
 
 fn pair() -> Pair {
     pair_with(512, QpConfig::default(), |_| {})
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
 }
 
 #[test]

@@ -15,7 +15,7 @@ use uhca::peer::{
     DmaBlock, Invalidation, PeerDevice, PeerError, PeerMemory, PeerMemoryClient, PeerTarget,
 };
 use uhca::resource::{Access, ConnectParams, Local, QpConfig, SendFlags, SendOp, SendWr};
-use uhca_tests::datapath::{Pair, mr, pair_with, read, wait_n};
+use uhca_tests::datapath::{Pair, mr, pair_with, pattern, read, wait_n};
 
 const SIG: SendFlags = SendFlags::SIGNALED;
 const BUF: u64 = 1 << 20;
@@ -30,12 +30,6 @@ fn gpu() -> (Arc<ModelGpuFunction>, PeerDevice) {
     let g = ModelGpuFunction::with_bar_size(4 << 20).unwrap();
     let d = PeerDevice::new(g.clone());
     (g, d)
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
-        .collect()
 }
 
 fn bar(g: &ModelGpuFunction, off: u64, len: usize) -> Vec<u8> {

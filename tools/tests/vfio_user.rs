@@ -10,13 +10,12 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use uhca::datapath::{Completion, Remote, Sge, WcOpcode, WcStatus};
+use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
 use uhca::pci::PciError;
 use uhca::pci::vfio_user::VfioUserFunction;
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, Mr, Pd, Qp, QpConfig, SendFlags, SendOp, SendWr,
-};
+use uhca::resource::{Access, Cq, Local, Mr, Qp, SendFlags, SendOp, SendWr};
 use uhca::{Device, DeviceConfig, DeviceError};
+use uhca_tests::datapath::{connect, mr, pattern, qp_with_cq, read, wait_n};
 
 const SIG: SendFlags = SendFlags::SIGNALED;
 
@@ -124,57 +123,6 @@ fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     }
 }
 
-fn wait_n(cq: &mut Cq, n: usize) -> Vec<Completion> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut out = Vec::new();
-    while out.len() < n {
-        for c in cq.poll() {
-            out.push(c.expect("well-formed CQE"));
-        }
-        assert!(Instant::now() < deadline, "only {out:?} of {n} completions");
-        std::thread::yield_now();
-    }
-    out
-}
-
-fn mr(pd: &Pd, len: usize, fill: u8) -> Mr {
-    let m = pd.alloc_mr(len, Access::ALL).unwrap();
-    m.write(0, &vec![fill; len]).unwrap();
-    m
-}
-
-fn read(m: &Mr, off: usize, len: usize) -> Vec<u8> {
-    let mut v = vec![0; len];
-    m.read(off, &mut v).unwrap();
-    v
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
-        .collect()
-}
-
-/// A QP with its own CQ.
-fn qp(dev: &Device, pd: &Pd) -> (Qp, Cq) {
-    let cq = dev.create_cq(&CqConfig::default()).unwrap();
-    let qp = dev.create_qp(pd, &cq, &cq, &QpConfig::default()).unwrap();
-    (qp, cq)
-}
-
-/// Connects `a` (on `da`) and `b` (on `db`; the same device for loopback).
-fn connect(a: &mut Qp, da: &Device, b: &mut Qp, db: &Device) {
-    let (aa, ab) = (da.roce_address(0).unwrap(), db.roce_address(0).unwrap());
-    let mut pa = ConnectParams::new(b.qpn(), ab.gid, ab.mac);
-    pa.sq_psn = 100;
-    pa.rq_psn = 200;
-    let mut pb = ConnectParams::new(a.qpn(), aa.gid, aa.mac);
-    pb.sq_psn = 200;
-    pb.rq_psn = 100;
-    a.connect(&pa).unwrap();
-    b.connect(&pb).unwrap();
-}
-
 fn write(a: &mut Qp, cq: &mut Cq, src: &Mr, dst: &Mr, len: usize) {
     a.post_send(&SendWr {
         wr_id: 1,
@@ -208,8 +156,8 @@ fn every_operation_over_vfio_user_and_teardown_returns_every_page() {
     let e = pd.reg_mr(vec![0u8; 4096], Access::ALL).unwrap_err();
     assert!(e.to_string().contains("file descriptor"), "{e}");
 
-    let (mut a, mut cq_a) = qp(&dev, &pd);
-    let (mut b, mut cq_b) = qp(&dev, &pd);
+    let (mut a, mut cq_a) = qp_with_cq(&dev, &pd);
+    let (mut b, mut cq_b) = qp_with_cq(&dev, &pd);
     connect(&mut a, &dev, &mut b, &dev);
 
     // RDMA WRITE.
@@ -341,8 +289,8 @@ fn two_model_processes_linked_over_udp() {
         let da = Device::open(fa, config()).unwrap();
         let db = Device::open(fb, config()).unwrap();
         let (pda, pdb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
-        let (mut a, mut cq_a) = qp(&da, &pda);
-        let (mut b, mut cq_b) = qp(&db, &pdb);
+        let (mut a, mut cq_a) = qp_with_cq(&da, &pda);
+        let (mut b, mut cq_b) = qp_with_cq(&db, &pdb);
         connect(&mut a, &da, &mut b, &db);
         assert_ne!(
             da.roce_address(0).unwrap().mac,
@@ -385,8 +333,8 @@ fn a_killed_model_process_is_reported_as_device_lost() {
     let f = model.connect();
     let dev = Device::open(f.clone(), config()).unwrap();
     let pd = dev.alloc_pd().unwrap();
-    let (mut a, mut cq_a) = qp(&dev, &pd);
-    let (mut b, _cq_b) = qp(&dev, &pd);
+    let (mut a, mut cq_a) = qp_with_cq(&dev, &pd);
+    let (mut b, _cq_b) = qp_with_cq(&dev, &pd);
     connect(&mut a, &dev, &mut b, &dev);
     let src = mr(&pd, 4096, 1);
     let dst = mr(&pd, 4096, 0);
