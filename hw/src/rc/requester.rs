@@ -426,52 +426,42 @@ impl Requester {
         let mtu = cx.cfg.mtu.bytes();
         let off = u64::from(k) * u64::from(mtu);
         let last = k + 1 == w.npkts;
-        let (opcode, ext, n, ack_req, se, next) = match w.wr.op {
+        // The extension headers are written in place, once.
+        let mut ext = ExtHeaders::default();
+        let (opcode, n, ack_req, se, next) = match w.wr.op {
             WrOp::Read { remote } => {
-                let reth = RethRepr {
+                ext.reth = Some(RethRepr {
                     va: remote.addr.wrapping_add(off),
                     r_key: remote.rkey,
                     dma_length: w.len - off as u32,
-                };
-                let ext = ExtHeaders {
-                    reth: Some(reth),
-                    ..Default::default()
-                };
-                (RcOpcode::RdmaReadRequest, ext, 0, false, false, w.end())
+                });
+                (RcOpcode::RdmaReadRequest, 0, false, false, w.end())
             }
             WrOp::CompareSwap {
                 remote,
                 compare,
                 swap,
             } => {
-                let a = AtomicEthRepr {
+                ext.atomic_eth = Some(AtomicEthRepr {
                     va: remote.addr,
                     r_key: remote.rkey,
                     swap_add_data: swap,
                     compare_data: compare,
-                };
-                let ext = ExtHeaders {
-                    atomic_eth: Some(a),
-                    ..Default::default()
-                };
-                (RcOpcode::CompareSwap, ext, 0, false, false, w.end())
+                });
+                (RcOpcode::CompareSwap, 0, false, false, w.end())
             }
             WrOp::FetchAdd { remote, add } => {
-                let a = AtomicEthRepr {
+                ext.atomic_eth = Some(AtomicEthRepr {
                     va: remote.addr,
                     r_key: remote.rkey,
                     swap_add_data: add,
                     compare_data: 0,
-                };
-                let ext = ExtHeaders {
-                    atomic_eth: Some(a),
-                    ..Default::default()
-                };
-                (RcOpcode::FetchAdd, ext, 0, false, false, w.end())
+                });
+                (RcOpcode::FetchAdd, 0, false, false, w.end())
             }
             op => {
                 let n = (w.len - off as u32).min(mtu) as usize;
-                let (opcode, ext) = data_opcode(op, w, k, last);
+                let opcode = data_opcode(op, w, k, last, &mut ext);
                 // AckReq (IBA §9.7.2, C9-98): on the last packet of a signaled message or
                 // of the last message posted, when the window is about to fill, and every
                 // half window; the responder acknowledges nothing else (coalescing).
@@ -480,12 +470,12 @@ impl Requester {
                     || inflight + 1 >= cx.cfg.max_inflight
                     || self.since_ack_req + 1 >= ack_every;
                 let se = last && w.wr.solicited && matches!(op, WrOp::Send | WrOp::SendImm { .. });
-                (opcode, ext, n, ack_req, se, psn.next())
+                (opcode, n, ack_req, se, psn.next())
             }
         };
         // The payload (none for READ requests and atomics) is gathered straight into the
         // frame.
-        let (local, mem) = (w.wr.local(), cx.env.mem);
+        let (local, mem, end) = (w.wr.local(), cx.env.mem, w.end());
         let fill = |payload: &mut [u8]| match local {
             LocalRef::Inline(data) => {
                 let at = off as usize;
@@ -516,7 +506,7 @@ impl Requester {
         }
         self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + 1 };
         self.send_psn = next;
-        if !next.before(self.wqes[idx].end()) {
+        if !next.before(end) {
             self.send_idx += 1;
         }
         if next.after(self.max_sent) {
@@ -727,14 +717,13 @@ impl std::fmt::Debug for Requester {
     }
 }
 
-/// Opcode and extension headers of packet `k` of a SEND or WRITE (IBA Vol. 1 Table 38;
-/// RETH on the first packet of a WRITE, ImmDt on the last with immediate).
-fn data_opcode(op: WrOp, w: &SendWqe, k: u32, last: bool) -> (RcOpcode, ExtHeaders) {
+/// Opcode of packet `k` of a SEND or WRITE, with its extension headers set in `ext` (IBA
+/// Vol. 1 Table 38; RETH on the first packet of a WRITE, ImmDt on the last with immediate).
+fn data_opcode(op: WrOp, w: &SendWqe, k: u32, last: bool, ext: &mut ExtHeaders) -> RcOpcode {
     use RcOpcode::*;
     let only = w.npkts == 1;
     let first = k == 0;
-    let mut ext = ExtHeaders::default();
-    let opcode = match op {
+    match op {
         WrOp::Send | WrOp::SendImm { .. } => {
             let imm = if let WrOp::SendImm { imm } = op {
                 Some(imm)
@@ -779,6 +768,5 @@ fn data_opcode(op: WrOp, w: &SendWqe, k: u32, last: bool) -> (RcOpcode, ExtHeade
             }
         }
         _ => unreachable!("READ and atomics are built by the caller"),
-    };
-    (opcode, ext)
+    }
 }

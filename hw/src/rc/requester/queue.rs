@@ -4,14 +4,18 @@
 //! buffers are reused, not cleared, by the next request that lands in it.
 //!
 //! Entries are created on first use, so a deep queue that is never filled costs only its
-//! reserved capacity.
+//! reserved capacity. The ring has a power-of-two number of positions (at least the
+//! queue's capacity, which the model's SQ sizes always are), so a position is a mask.
 
 use super::SendWqe;
 
 /// A fixed-capacity FIFO of [`SendWqe`]s with in-place posting.
 pub(super) struct SendQueue {
-    /// The entries, `cap` once every position has been used (fewer before).
+    /// The entries, `mask + 1` once every position has been used (fewer before).
     slots: Vec<SendWqe>,
+    /// Ring positions minus 1 (a power of two minus 1).
+    mask: usize,
+    /// Most entries queued.
     cap: usize,
     /// Position of the oldest entry.
     head: usize,
@@ -23,8 +27,10 @@ impl SendQueue {
     /// An empty queue of `cap` entries (at least 1).
     pub(super) fn new(cap: usize) -> Self {
         let cap = cap.max(1);
+        let ring = cap.next_power_of_two();
         Self {
-            slots: Vec::with_capacity(cap),
+            slots: Vec::with_capacity(ring),
+            mask: ring - 1,
             cap,
             head: 0,
             len: 0,
@@ -45,8 +51,7 @@ impl SendQueue {
 
     /// The ring position of the `i`-th entry from the front.
     fn pos(&self, i: usize) -> usize {
-        let p = self.head + i;
-        if p >= self.cap { p - self.cap } else { p }
+        (self.head + i) & self.mask
     }
 
     /// The entry after the last one, to be filled in place; it joins the queue only on
@@ -100,8 +105,9 @@ impl SendQueue {
     /// The entries, front first.
     pub(super) fn iter(&self) -> impl Iterator<Item = &SendWqe> {
         let end = self.head + self.len;
-        let (a, b) = if end > self.cap {
-            (&self.slots[self.head..], &self.slots[..end - self.cap])
+        let ring = self.mask + 1;
+        let (a, b) = if end > ring {
+            (&self.slots[self.head..], &self.slots[..end - ring])
         } else {
             (&self.slots[self.head..end], &self.slots[..0])
         };
@@ -158,7 +164,7 @@ mod tests {
         assert!(q.get(3).is_none());
         q.get_mut(2).unwrap().wr.wr_id = 6;
         assert_eq!(ids(&q), [3, 4, 6]);
-        assert_eq!(q.slots.len(), 3, "entries are made once and reused");
+        assert_eq!(q.slots.len(), 4, "entries are made once and reused");
         while !q.is_empty() {
             q.pop_front();
         }
