@@ -279,8 +279,12 @@ impl Requester {
     /// Completes every SEND/WRITE acknowledged by a response for PSN `q` (inclusive), up
     /// to the first READ/atomic, which only its own response completes. Returns whether
     /// `una` moved.
+    ///
+    /// The requests leave the queue as [`complete_front`](Self::complete_front) would take
+    /// them one by one, with the transmit cursor set once at the end.
     fn retire_through(&mut self, cx: &mut Cx<'_, '_, '_>, q: Psn) -> bool {
         let mut progress = false;
+        let mut retired = 0usize;
         while let Some(w) = self.wqes.front() {
             if q.before(self.una) || w.failed.is_some() || w.wr.op.needs_response() {
                 break;
@@ -290,12 +294,29 @@ impl Requester {
                 progress = true;
                 break;
             }
-            self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+            if w.wr.signaled {
+                cx.env.cq.complete(Completion {
+                    qpn: cx.cfg.qpn,
+                    wr_id: w.wr.wr_id,
+                    opcode: w.wr.op.wc_opcode(),
+                    status: WcStatus::Success,
+                    byte_len: w.len,
+                    imm: None,
+                    solicited: false,
+                });
+            }
+            self.una = w.end();
+            self.wqes.pop_front();
+            retired += 1;
             progress = true;
         }
-        if self.send_psn.before(self.una) {
-            self.send_psn = self.una;
-            self.send_idx = self.locate(self.una);
+        if self.send_psn.before(self.una) || self.send_idx < retired {
+            if self.send_psn.before(self.una) {
+                self.send_psn = self.una;
+            }
+            self.send_idx = self.locate(self.send_psn);
+        } else {
+            self.send_idx -= retired;
         }
         progress
     }
