@@ -160,8 +160,8 @@ pub(crate) fn decode_into(
 /// (concatenated).
 fn local_data(segs: &[u8], slot: &mut SendSlot) -> Result<(), WqeError> {
     let mut at = 0;
-    while at + 4 <= segs.len() {
-        let head = u32::from_be_bytes([segs[at], segs[at + 1], segs[at + 2], segs[at + 3]]);
+    while let Some(&head) = segs.get(at..).and_then(|r| r.first_chunk::<4>()) {
+        let head = u32::from_be_bytes(head);
         if head & INLINE_SEG != 0 {
             let n = (head & !INLINE_SEG) as usize;
             let data = segs.get(at + 4..at + 4 + n).ok_or(WqeError::QpOp)?;
