@@ -30,8 +30,7 @@ use crate::layout::uar::{BF_REGS_PER_UAR, UAR_SIZE, bf_reg_offset};
 use crate::layout::wqe::SEND_WQE_BB;
 use crate::link::{self, Link, LinkConfig, LinkEnd, LinkError};
 use crate::rc::{
-    self, AccessError, Clock, Completion, CompletionSink, Env, MonotonicClock, PostError, WcOpcode,
-    WcStatus,
+    self, AccessError, Clock, Completion, CompletionSink, Env, MonotonicClock, WcOpcode, WcStatus,
 };
 
 use super::caps::LOG_BF_REG_SIZE;
@@ -603,23 +602,17 @@ pub(crate) fn run_sq(
     qp.active = true;
     while (pi.wrapping_sub(qp.sq_ci) as i32) > 0 {
         let idx = qp.sq_ci as u16;
-        let Some((ctrl, decoded)) = fetch(sh, qp) else {
+        let Some((ctrl, posted)) = fetch(sh, qp) else {
             to_error(qp);
             return;
         };
         let nbb = ctrl.wqebbs();
-        let result = match (decoded, qp.engine.as_mut()) {
-            (Ok(wr), Some(e)) => e.post_send(wr).map_err(|pe| match pe {
-                PostError::QueueFull => None,
-                PostError::BadAtomicLength { .. } | PostError::TooLong { .. } => {
-                    Some(CqeSyndrome::LocalLength)
-                }
-                _ => Some(CqeSyndrome::LocalQpOp),
-            }),
-            (Ok(_), None) => Err(Some(CqeSyndrome::WrFlush)),
-            (Err(WqeError::Length), _) => Err(Some(CqeSyndrome::LocalLength)),
-            (Err(WqeError::QpOp), _) => Err(Some(CqeSyndrome::LocalQpOp)),
-        };
+        let result = posted.map_err(|e| match e {
+            WqeError::QueueFull => None,
+            WqeError::NoEngine => Some(CqeSyndrome::WrFlush),
+            WqeError::Length => Some(CqeSyndrome::LocalLength),
+            WqeError::QpOp => Some(CqeSyndrome::LocalQpOp),
+        });
         match result {
             Ok(()) => {}
             Err(None) => return, // engine full: retried on the next pass
@@ -638,10 +631,11 @@ pub(crate) fn run_sq(
     let _ = core;
 }
 
-/// Reads and decodes the WQE at `qp`'s SQ consumer index (§9.5); `None` if its memory
-/// cannot be read. A one-WQEBB WQE (small writes and sends) is read into a 64-byte buffer:
-/// the 1 KiB one for the largest WQE is set up only when the WQE needs it.
-fn fetch(sh: &Shared, qp: &Qp) -> Option<(Ctrl, Result<rc::WorkRequest, WqeError>)> {
+/// Reads the WQE at `qp`'s SQ consumer index (§9.5) and decodes it straight into the
+/// engine's send queue ([`RcQp::post_send_with`](rc::RcQp::post_send_with)); `None` if its
+/// memory cannot be read. A one-WQEBB WQE (small writes and sends) is read into a 64-byte
+/// buffer: the 1 KiB one for the largest WQE is set up only when the WQE needs it.
+fn fetch(sh: &Shared, qp: &mut Qp) -> Option<(Ctrl, Result<(), WqeError>)> {
     let idx = qp.sq_ci as u16;
     // The whole first WQEBB: the control segment and whatever follows it.
     let mut first = [0u8; SEND_WQE_BB];
@@ -651,15 +645,21 @@ fn fetch(sh: &Shared, qp: &Qp) -> Option<(Ctrl, Result<rc::WorkRequest, WqeError
     let ctrl = Ctrl::parse(&first[..16]);
     let nbb = ctrl.wqebbs();
     let id = sq::wr_id(idx, ctrl.opcode);
-    let decode = |w: &[u8]| {
+    let post = |qp: &mut Qp, w: &[u8]| {
         if ctrl.qpn != qp.qpn {
-            Err(WqeError::QpOp)
-        } else {
-            sq::decode(w, &ctrl, id)
+            return Err(WqeError::QpOp);
+        }
+        match qp.engine.as_mut() {
+            Some(e) => e.post_send_with(|slot| sq::decode_into(w, &ctrl, id, slot)),
+            // Nothing runs it: it completes in error, as flushed if it decodes.
+            None => {
+                sq::decode_into(w, &ctrl, id, &mut rc::SendSlot::new())?;
+                Err(WqeError::NoEngine)
+            }
         }
     };
     if nbb == 1 {
-        return Some((ctrl, decode(&first)));
+        return Some((ctrl, post(qp, &first)));
     }
     let mut w = [0u8; MAX_WQE + SEND_WQE_BB];
     w[..SEND_WQE_BB].copy_from_slice(&first);
@@ -668,7 +668,7 @@ fn fetch(sh: &Shared, qp: &Qp) -> Option<(Ctrl, Result<rc::WorkRequest, WqeError
         let off = qp.sq_wqebb_off(qp.sq_ci.wrapping_add(b));
         qp.buf.read(sh, off, &mut w[at..at + SEND_WQE_BB]).ok()?;
     }
-    Some((ctrl, decode(&w)))
+    Some((ctrl, post(qp, &w)))
 }
 
 /// Moves `qp` to ERR (its engine flushes what it holds).

@@ -98,7 +98,9 @@ impl Backoff {
     }
 }
 
-/// The device thread's body.
+/// The device thread's body. Never inlined: profiles (`scripts/model-cost.sh`) find the
+/// device thread by this function's name.
+#[inline(never)]
 pub(crate) fn run(sh: Arc<Shared>) {
     let mut health = Health::new();
     let mut backoff = Backoff::new();

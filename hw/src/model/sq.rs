@@ -1,5 +1,6 @@
 //! Send WQEs (prm-subset.md §9.2, §9.5): reading a WQE from the SQ ring (it may wrap) and
-//! decoding it into the RC engine's work request.
+//! decoding it straight into the RC engine's send-queue entry ([`SendSlot`]): only the
+//! inline bytes and SGEs the WQE holds are copied, nothing is cleared or moved.
 //!
 //! The work request's `wr_id` carries what the CQE needs back: the WQE index (low 16 bits
 //! of the WQEBB counter at the WQE's start) and the WQE opcode ([`wr_id`]).
@@ -8,7 +9,9 @@ use crate::layout::wqe::{
     AtomicSeg, CtrlSeg, DS_UNIT, DataSeg, INLINE_SEG, RaddrSeg, SEND_WQE_BB, WqeOpcode, fm_ce_se,
     inline_ds,
 };
-use crate::rc::{LocalData, MAX_INLINE, RemoteAddr, Sge, SgeList, WorkRequest, WrOp};
+#[cfg(test)]
+use crate::rc::LocalRef;
+use crate::rc::{PostError, RemoteAddr, SendSlot, Sge, WrOp};
 
 /// Largest WQE: 63 16-byte units (the `ds` field is 6 bits).
 pub(crate) const MAX_WQE: usize = 63 * DS_UNIT;
@@ -23,13 +26,34 @@ pub(crate) const fn unpack_wr_id(id: u64) -> (u16, u8) {
     (id as u16, (id >> 16) as u8)
 }
 
-/// Why a WQE cannot be executed (reported as a LOCAL_QP_OP or LOCAL_LENGTH error CQE).
+/// Why a WQE cannot be executed now (reported as a LOCAL_QP_OP or LOCAL_LENGTH error CQE,
+/// or retried).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WqeError {
-    /// Unknown or unsupported opcode, a `ds` too small for it, a bad segment.
+    /// Unknown or unsupported opcode, a `ds` too small for it, a bad segment, data the
+    /// opcode cannot take.
     QpOp,
-    /// Inline data beyond the model's limit.
+    /// Inline data beyond the model's limit, a bad atomic or message length.
     Length,
+    /// The engine's send queue is full: not an error, the WQE is taken on a later pass.
+    QueueFull,
+    /// The QP has no engine to run it: it completes as flushed.
+    NoEngine,
+}
+
+/// The engine's refusals of a decoded WQE.
+impl From<PostError> for WqeError {
+    fn from(e: PostError) -> Self {
+        match e {
+            PostError::QueueFull => WqeError::QueueFull,
+            PostError::BadAtomicLength { .. }
+            | PostError::TooLong { .. }
+            | PostError::InlineTooLong { .. } => WqeError::Length,
+            PostError::InlineNotAllowed
+            | PostError::MixedLocalData
+            | PostError::TooManySges { .. } => WqeError::QpOp,
+        }
+    }
 }
 
 /// What the control segment says about a WQE.
@@ -66,8 +90,14 @@ impl Ctrl {
     }
 }
 
-/// Decodes the WQE in `w` (`ctrl.ds` 16-byte units) into a work request with `wr_id`.
-pub(crate) fn decode(w: &[u8], ctrl: &Ctrl, id: u64) -> Result<WorkRequest, WqeError> {
+/// Decodes the WQE in `w` (`ctrl.ds` 16-byte units) into `slot` (an empty engine send-queue
+/// entry) with `wr_id` `id`. On error the slot holds part of the WQE and must not be posted.
+pub(crate) fn decode_into(
+    w: &[u8],
+    ctrl: &Ctrl,
+    id: u64,
+    slot: &mut SendSlot,
+) -> Result<(), WqeError> {
     let op = WqeOpcode::from(ctrl.opcode);
     let end = ctrl.ds * DS_UNIT;
     if ctrl.ds == 0 || end > w.len() {
@@ -116,35 +146,28 @@ pub(crate) fn decode(w: &[u8], ctrl: &Ctrl, id: u64) -> Result<WorkRequest, WqeE
         }
         _ => return Err(WqeError::QpOp),
     };
-    let local = local_data(&w[at..end])?;
-    Ok(WorkRequest {
-        wr_id: id,
-        op: wr_op,
-        local,
-        signaled: ctrl.signaled(),
-        solicited: ctrl.fm_ce_se & fm_ce_se::SOLICITED != 0,
-        // Fence modes 2 (fence), 3 (strong ordering) and 4 (small and fence) wait for
-        // earlier READs and atomics; mode 1 (initiator small fence) is for UMR (§9.5).
-        fence: (ctrl.fm_ce_se & fm_ce_se::FENCE_MASK) >> 5 >= 2,
-    })
+    slot.wr_id = id;
+    slot.op = wr_op;
+    slot.signaled = ctrl.signaled();
+    slot.solicited = ctrl.fm_ce_se & fm_ce_se::SOLICITED != 0;
+    // Fence modes 2 (fence), 3 (strong ordering) and 4 (small and fence) wait for
+    // earlier READs and atomics; mode 1 (initiator small fence) is for UMR (§9.5).
+    slot.fence = (ctrl.fm_ce_se & fm_ce_se::FENCE_MASK) >> 5 >= 2;
+    local_data(&w[at..end], slot)
 }
 
-/// The data segments of a WQE: a list of SGEs, or inline segments (concatenated).
-fn local_data(segs: &[u8]) -> Result<LocalData, WqeError> {
-    let mut sges = SgeList::new();
-    let mut inline = [0u8; MAX_INLINE];
-    let mut inline_len = 0usize;
+/// The data segments of a WQE into `slot`: a list of SGEs, or inline segments
+/// (concatenated).
+fn local_data(segs: &[u8], slot: &mut SendSlot) -> Result<(), WqeError> {
     let mut at = 0;
-    while at + 4 <= segs.len() {
-        let head = u32::from_be_bytes(segs[at..at + 4].try_into().expect("4 bytes"));
+    while let Some(&head) = segs.get(at..).and_then(|r| r.first_chunk::<4>()) {
+        let head = u32::from_be_bytes(head);
         if head & INLINE_SEG != 0 {
             let n = (head & !INLINE_SEG) as usize;
             let data = segs.get(at + 4..at + 4 + n).ok_or(WqeError::QpOp)?;
-            inline
-                .get_mut(inline_len..inline_len + n)
-                .ok_or(WqeError::Length)?
-                .copy_from_slice(data);
-            inline_len += n;
+            if n != 0 {
+                slot.push_inline(data).map_err(|_| WqeError::Length)?;
+            }
             at += inline_ds(n) * DS_UNIT;
             continue;
         }
@@ -156,22 +179,18 @@ fn local_data(segs: &[u8]) -> Result<LocalData, WqeError> {
         if d.byte_count() == 0 {
             continue; // zero-length entries move nothing
         }
-        sges.push(Sge {
+        slot.push_sge(Sge {
             lkey: d.lkey(),
             addr: d.addr(),
             len: d.byte_count(),
         })
         .map_err(|_| WqeError::QpOp)?;
     }
-    match (inline_len, sges.as_slice().is_empty()) {
-        (0, _) => Ok(LocalData::Sges(sges)),
-        (_, true) => Ok(LocalData::Inline {
-            len: inline_len as u16,
-            data: inline,
-        }),
+    if slot.is_mixed() {
         // Inline data and pointers in one WQE: not something a driver builds.
-        _ => Err(WqeError::QpOp),
+        return Err(WqeError::QpOp);
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -187,6 +206,11 @@ mod tests {
             fm_ce_se: fm_ce_se::CQ_UPDATE,
             imm: 0x1234_5678,
         }
+    }
+
+    fn decode(w: &[u8], ctrl: &Ctrl, id: u64) -> Result<SendSlot, WqeError> {
+        let mut slot = SendSlot::new();
+        decode_into(w, ctrl, id, &mut slot).map(|()| slot)
     }
 
     #[test]
@@ -214,8 +238,20 @@ mod tests {
                 imm: 0x1234_5678
             }
         );
-        assert_eq!(wr.local.len(), 30);
-        assert!(wr.signaled);
+        assert_eq!(wr.len(), 30);
+        assert!(!wr.is_inline());
+        match wr.local() {
+            LocalRef::Sges(l) => assert_eq!(
+                l.as_slice()[1],
+                Sge {
+                    lkey: 0x42,
+                    addr: 0x2014,
+                    len: 20
+                }
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(wr.signaled && !wr.solicited && !wr.fence);
         assert_eq!(unpack_wr_id(wr.wr_id), (9, 0x09));
     }
 
@@ -225,8 +261,8 @@ mod tests {
         w.write_be32(16, INLINE_SEG | 5);
         w[20..25].copy_from_slice(b"hello");
         let wr = decode(&w, &ctrl(WqeOpcode::Send, 2), 0).unwrap();
-        match wr.local {
-            LocalData::Inline { len, data } => assert_eq!(&data[..len as usize], b"hello"),
+        match wr.local() {
+            LocalRef::Inline(data) => assert_eq!(data, b"hello"),
             other => panic!("{other:?}"),
         }
         assert_eq!(
@@ -238,6 +274,59 @@ mod tests {
             WqeError::QpOp
         );
         w.write_be32(16, INLINE_SEG | 600);
-        assert!(decode(&w, &ctrl(WqeOpcode::Send, 2), 0).is_err());
+        assert_eq!(
+            decode(&w, &ctrl(WqeOpcode::Send, 2), 0).unwrap_err(),
+            WqeError::QpOp,
+            "inline bytes past the WQE's end"
+        );
+    }
+
+    #[test]
+    fn inline_beyond_the_limit_mixed_data_and_extra_sges_are_refused() {
+        // 63 units: 9 inline segments of 56 bytes (4 units each) exceed 512 bytes.
+        let mut w = vec![0u8; MAX_WQE];
+        for k in 0..9 {
+            w.write_be32(16 + 64 * k, INLINE_SEG | 56);
+        }
+        let c = ctrl(WqeOpcode::Send, 1 + 9 * 4);
+        // 9 * 56 = 504 bytes fit; a tenth segment does not.
+        assert_eq!(decode(&w, &c, 0).unwrap().len(), 504);
+        w.write_be32(16 + 64 * 9, INLINE_SEG | 56);
+        let c = ctrl(WqeOpcode::Send, 1 + 10 * 4);
+        assert_eq!(decode(&w, &c, 0).unwrap_err(), WqeError::Length);
+
+        // An inline segment, then a pointer.
+        let mut w = [0u8; 64];
+        w.write_be32(16, INLINE_SEG | 4);
+        let mut d = DataSeg::new_unchecked(&mut w[32..48]);
+        d.set_byte_count(8);
+        assert_eq!(
+            decode(&w, &ctrl(WqeOpcode::Send, 3), 0).unwrap_err(),
+            WqeError::QpOp
+        );
+        // A zero-byte inline segment is no inline data: the pointer alone is used.
+        w.write_be32(16, INLINE_SEG);
+        let wr = decode(&w, &ctrl(WqeOpcode::Send, 3), 0).unwrap();
+        assert!(!wr.is_inline() && wr.len() == 8);
+
+        // 17 pointers.
+        let mut w = vec![0u8; 16 * 18];
+        for k in 1..18 {
+            w.write_be32(16 * k, 1);
+        }
+        assert_eq!(
+            decode(&w, &ctrl(WqeOpcode::Send, 18), 0).unwrap_err(),
+            WqeError::QpOp
+        );
+    }
+
+    #[test]
+    fn engine_refusals_map_to_wqe_errors() {
+        assert_eq!(WqeError::from(PostError::QueueFull), WqeError::QueueFull);
+        assert_eq!(
+            WqeError::from(PostError::BadAtomicLength { len: 4 }),
+            WqeError::Length
+        );
+        assert_eq!(WqeError::from(PostError::InlineNotAllowed), WqeError::QpOp);
     }
 }

@@ -263,7 +263,18 @@ impl RcQp {
     /// 2^31 bytes. In the error state the request is accepted and completes as flushed on
     /// the next [`poll`](Self::poll).
     pub fn post_send(&mut self, wr: WorkRequest) -> Result<(), PostError> {
-        self.req.post(wr, &self.cfg)
+        self.post_send_with(|slot: &mut SendSlot| slot.fill_from(&wr))
+    }
+
+    /// Queues a send work request that `fill` writes in place into its send-queue entry
+    /// (no [`WorkRequest`] is built or moved; see [`SendSlot`]). Checked like
+    /// [`post_send`](Self::post_send), after `fill`; a full queue is refused before `fill`
+    /// runs. On any error, `fill`'s own included, nothing is queued.
+    pub fn post_send_with<E: From<PostError>>(
+        &mut self,
+        fill: impl FnOnce(&mut SendSlot) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.req.post_with(&self.cfg, fill)
     }
 
     /// Moves the QP to the error state (a modify-QP to ERR): outstanding and later work

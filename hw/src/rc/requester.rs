@@ -17,7 +17,9 @@
 //! yet received (IBA §9.7.4.1.4). Timeouts and sequence errors spend `retry_cnt`, RNR NAKs
 //! spend `rnr_retry`; any forward progress refills both (IBA §9.7.5.1.5, C9-147).
 
-use std::collections::VecDeque;
+mod queue;
+
+use queue::SendQueue;
 
 use super::sge::{CopyError, gather, scatter};
 use super::types::*;
@@ -28,7 +30,7 @@ use crate::layout::roce::{
 
 /// A posted send work request with its PSN range.
 struct SendWqe {
-    wr: WorkRequest,
+    wr: SendSlot,
     first: Psn,
     npkts: u32,
     len: u32,
@@ -38,6 +40,15 @@ struct SendWqe {
 }
 
 impl SendWqe {
+    fn new() -> Self {
+        Self {
+            wr: SendSlot::new(),
+            first: Psn::new(0),
+            npkts: 1,
+            len: 0,
+            failed: None,
+        }
+    }
     fn end(&self) -> Psn {
         self.first.add(self.npkts)
     }
@@ -65,8 +76,7 @@ struct Cx<'c, 'e, 'a> {
 
 /// The send side of one QP.
 pub(super) struct Requester {
-    wqes: VecDeque<SendWqe>,
-    cap: usize,
+    wqes: SendQueue,
     /// First PSN of the next posted request.
     next_psn: Psn,
     /// Next PSN to transmit, inside `wqes[send_idx]` (or `next_psn`).
@@ -101,8 +111,7 @@ impl Requester {
     pub(super) fn new(cfg: &QpConfig) -> Self {
         let psn = Psn::new(cfg.sq_psn);
         Self {
-            wqes: VecDeque::with_capacity(cfg.sq_depth as usize),
-            cap: cfg.sq_depth as usize,
+            wqes: SendQueue::new(cfg.sq_depth as usize),
             next_psn: psn,
             send_psn: psn,
             send_idx: 0,
@@ -135,31 +144,35 @@ impl Requester {
         }
     }
 
-    pub(super) fn post(&mut self, wr: WorkRequest, cfg: &QpConfig) -> Result<(), PostError> {
-        if self.wqes.len() >= self.cap {
-            return Err(PostError::QueueFull);
+    /// Queues a request that `fill` writes in place into its entry (see
+    /// [`SendSlot`]), then checks it; on any error nothing is queued.
+    pub(super) fn post_with<E: From<PostError>>(
+        &mut self,
+        cfg: &QpConfig,
+        fill: impl FnOnce(&mut SendSlot) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let w = self.wqes.next_free().ok_or(PostError::QueueFull)?;
+        w.wr.reset();
+        fill(&mut w.wr)?;
+        let wr = &w.wr;
+        let len = wr.len();
+        if wr.is_mixed() {
+            return Err(PostError::MixedLocalData.into());
         }
-        let len = wr.local.len();
-        if wr.op.needs_response() && matches!(wr.local, LocalData::Inline { .. }) {
-            return Err(PostError::InlineNotAllowed);
+        if wr.op.needs_response() && wr.is_inline() {
+            return Err(PostError::InlineNotAllowed.into());
         }
         if matches!(wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. }) && len != 8 {
-            return Err(PostError::BadAtomicLength { len });
+            return Err(PostError::BadAtomicLength { len }.into());
         }
         if len > 1 << 31 {
-            return Err(PostError::TooLong { len });
+            return Err(PostError::TooLong { len }.into());
         }
         let mtu = u64::from(cfg.mtu.bytes());
         let npkts = len.div_ceil(mtu).max(1) as u32;
-        let first = self.next_psn;
-        self.next_psn = first.add(npkts);
-        self.wqes.push_back(SendWqe {
-            wr,
-            first,
-            npkts,
-            len: len as u32,
-            failed: None,
-        });
+        (w.first, w.npkts, w.len, w.failed) = (self.next_psn, npkts, len as u32, None);
+        self.next_psn = self.next_psn.add(npkts);
+        self.wqes.push();
         Ok(())
     }
 
@@ -227,10 +240,21 @@ impl Requester {
 
     /// Completes the front request with `status` and keeps the cursors consistent.
     fn complete_front(&mut self, env: &mut Env<'_>, cfg: &QpConfig, status: WcStatus) {
-        let Some(w) = self.wqes.pop_front() else {
+        let Some(w) = self.wqes.front() else {
             return;
         };
-        self.una = w.end();
+        let end = w.end();
+        let c = (status != WcStatus::Success || w.wr.signaled).then(|| Completion {
+            qpn: cfg.qpn,
+            wr_id: w.wr.wr_id,
+            opcode: w.wr.op.wc_opcode(),
+            status,
+            byte_len: w.len,
+            imm: None,
+            solicited: false,
+        });
+        self.wqes.pop_front();
+        self.una = end;
         if self.send_psn.before(self.una) || self.send_idx == 0 {
             self.send_psn = if self.send_psn.before(self.una) {
                 self.una
@@ -241,16 +265,8 @@ impl Requester {
         } else {
             self.send_idx -= 1;
         }
-        if status != WcStatus::Success || w.wr.signaled {
-            env.cq.complete(Completion {
-                qpn: cfg.qpn,
-                wr_id: w.wr.wr_id,
-                opcode: w.wr.op.wc_opcode(),
-                status,
-                byte_len: w.len,
-                imm: None,
-                solicited: false,
-            });
+        if let Some(c) = c {
+            env.cq.complete(c);
         }
     }
 
@@ -263,8 +279,12 @@ impl Requester {
     /// Completes every SEND/WRITE acknowledged by a response for PSN `q` (inclusive), up
     /// to the first READ/atomic, which only its own response completes. Returns whether
     /// `una` moved.
+    ///
+    /// The requests leave the queue as [`complete_front`](Self::complete_front) would take
+    /// them one by one, with the transmit cursor set once at the end.
     fn retire_through(&mut self, cx: &mut Cx<'_, '_, '_>, q: Psn) -> bool {
         let mut progress = false;
+        let mut retired = 0usize;
         while let Some(w) = self.wqes.front() {
             if q.before(self.una) || w.failed.is_some() || w.wr.op.needs_response() {
                 break;
@@ -274,12 +294,29 @@ impl Requester {
                 progress = true;
                 break;
             }
-            self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+            if w.wr.signaled {
+                cx.env.cq.complete(Completion {
+                    qpn: cx.cfg.qpn,
+                    wr_id: w.wr.wr_id,
+                    opcode: w.wr.op.wc_opcode(),
+                    status: WcStatus::Success,
+                    byte_len: w.len,
+                    imm: None,
+                    solicited: false,
+                });
+            }
+            self.una = w.end();
+            self.wqes.pop_front();
+            retired += 1;
             progress = true;
         }
-        if self.send_psn.before(self.una) {
-            self.send_psn = self.una;
-            self.send_idx = self.locate(self.una);
+        if self.send_psn.before(self.una) || self.send_idx < retired {
+            if self.send_psn.before(self.una) {
+                self.send_psn = self.una;
+            }
+            self.send_idx = self.locate(self.send_psn);
+        } else {
+            self.send_idx -= retired;
         }
         progress
     }
@@ -396,7 +433,8 @@ impl Requester {
         }
         let outstanding_rd = || {
             self.wqes
-                .range(..idx)
+                .iter()
+                .take(idx)
                 .filter(|o| o.wr.op.needs_response())
                 .count()
         };
@@ -409,52 +447,42 @@ impl Requester {
         let mtu = cx.cfg.mtu.bytes();
         let off = u64::from(k) * u64::from(mtu);
         let last = k + 1 == w.npkts;
-        let (opcode, ext, n, ack_req, se, next) = match w.wr.op {
+        // The extension headers are written in place, once.
+        let mut ext = ExtHeaders::default();
+        let (opcode, n, ack_req, se, next) = match w.wr.op {
             WrOp::Read { remote } => {
-                let reth = RethRepr {
+                ext.reth = Some(RethRepr {
                     va: remote.addr.wrapping_add(off),
                     r_key: remote.rkey,
                     dma_length: w.len - off as u32,
-                };
-                let ext = ExtHeaders {
-                    reth: Some(reth),
-                    ..Default::default()
-                };
-                (RcOpcode::RdmaReadRequest, ext, 0, false, false, w.end())
+                });
+                (RcOpcode::RdmaReadRequest, 0, false, false, w.end())
             }
             WrOp::CompareSwap {
                 remote,
                 compare,
                 swap,
             } => {
-                let a = AtomicEthRepr {
+                ext.atomic_eth = Some(AtomicEthRepr {
                     va: remote.addr,
                     r_key: remote.rkey,
                     swap_add_data: swap,
                     compare_data: compare,
-                };
-                let ext = ExtHeaders {
-                    atomic_eth: Some(a),
-                    ..Default::default()
-                };
-                (RcOpcode::CompareSwap, ext, 0, false, false, w.end())
+                });
+                (RcOpcode::CompareSwap, 0, false, false, w.end())
             }
             WrOp::FetchAdd { remote, add } => {
-                let a = AtomicEthRepr {
+                ext.atomic_eth = Some(AtomicEthRepr {
                     va: remote.addr,
                     r_key: remote.rkey,
                     swap_add_data: add,
                     compare_data: 0,
-                };
-                let ext = ExtHeaders {
-                    atomic_eth: Some(a),
-                    ..Default::default()
-                };
-                (RcOpcode::FetchAdd, ext, 0, false, false, w.end())
+                });
+                (RcOpcode::FetchAdd, 0, false, false, w.end())
             }
             op => {
                 let n = (w.len - off as u32).min(mtu) as usize;
-                let (opcode, ext) = data_opcode(op, w, k, last);
+                let opcode = data_opcode(op, w, k, last, &mut ext);
                 // AckReq (IBA §9.7.2, C9-98): on the last packet of a signaled message or
                 // of the last message posted, when the window is about to fill, and every
                 // half window; the responder acknowledges nothing else (coalescing).
@@ -463,19 +491,19 @@ impl Requester {
                     || inflight + 1 >= cx.cfg.max_inflight
                     || self.since_ack_req + 1 >= ack_every;
                 let se = last && w.wr.solicited && matches!(op, WrOp::Send | WrOp::SendImm { .. });
-                (opcode, ext, n, ack_req, se, psn.next())
+                (opcode, n, ack_req, se, psn.next())
             }
         };
         // The payload (none for READ requests and atomics) is gathered straight into the
         // frame.
-        let (local, mem) = (&w.wr.local, cx.env.mem);
+        let (local, mem, end) = (w.wr.local(), cx.env.mem, w.end());
         let fill = |payload: &mut [u8]| match local {
-            LocalData::Inline { data, .. } => {
+            LocalRef::Inline(data) => {
                 let at = off as usize;
                 payload.copy_from_slice(&data[at..at + payload.len()]);
                 Ok(())
             }
-            LocalData::Sges(s) => gather(mem, s, off, payload),
+            LocalRef::Sges(s) => gather(mem, s, off, payload),
         };
         let filled = tx.send_filled(
             cx.env.link,
@@ -499,7 +527,7 @@ impl Requester {
         }
         self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + 1 };
         self.send_psn = next;
-        if !next.before(self.wqes[idx].end()) {
+        if !next.before(end) {
             self.send_idx += 1;
         }
         if next.after(self.max_sent) {
@@ -649,7 +677,7 @@ impl Requester {
         if !op_fits || data.len() != want as usize {
             return self.fail_front(cx, WcStatus::BadResponse);
         }
-        let LocalData::Sges(sges) = &w.wr.local else {
+        let LocalRef::Sges(sges) = w.wr.local() else {
             unreachable!("checked at post")
         };
         if scatter(cx.env.mem, sges, u64::from(k) * u64::from(mtu), data).is_err() {
@@ -682,7 +710,7 @@ impl Requester {
             AtomicEndianness::Big => orig.to_be_bytes(),
             AtomicEndianness::Host => orig.to_ne_bytes(),
         };
-        let LocalData::Sges(sges) = &w.wr.local else {
+        let LocalRef::Sges(sges) = w.wr.local() else {
             unreachable!("checked at post")
         };
         if scatter(cx.env.mem, sges, 0, &bytes).is_err() {
@@ -710,14 +738,13 @@ impl std::fmt::Debug for Requester {
     }
 }
 
-/// Opcode and extension headers of packet `k` of a SEND or WRITE (IBA Vol. 1 Table 38;
-/// RETH on the first packet of a WRITE, ImmDt on the last with immediate).
-fn data_opcode(op: WrOp, w: &SendWqe, k: u32, last: bool) -> (RcOpcode, ExtHeaders) {
+/// Opcode of packet `k` of a SEND or WRITE, with its extension headers set in `ext` (IBA
+/// Vol. 1 Table 38; RETH on the first packet of a WRITE, ImmDt on the last with immediate).
+fn data_opcode(op: WrOp, w: &SendWqe, k: u32, last: bool, ext: &mut ExtHeaders) -> RcOpcode {
     use RcOpcode::*;
     let only = w.npkts == 1;
     let first = k == 0;
-    let mut ext = ExtHeaders::default();
-    let opcode = match op {
+    match op {
         WrOp::Send | WrOp::SendImm { .. } => {
             let imm = if let WrOp::SendImm { imm } = op {
                 Some(imm)
@@ -762,6 +789,5 @@ fn data_opcode(op: WrOp, w: &SendWqe, k: u32, last: bool) -> (RcOpcode, ExtHeade
             }
         }
         _ => unreachable!("READ and atomics are built by the caller"),
-    };
-    (opcode, ext)
+    }
 }

@@ -55,6 +55,10 @@ impl SgeList {
         self.len += 1;
         Ok(())
     }
+    /// Removes every entry (the storage is kept, not cleared).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
     /// The entries.
     pub fn as_slice(&self) -> &[Sge] {
         &self.sges[..usize::from(self.len)]

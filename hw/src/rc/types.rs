@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::sge::{MAX_INLINE, SgeList};
+use super::sge::{MAX_INLINE, Sge, SgeList};
 use crate::layout::roce::{EthRepr, IpRepr, Psn};
 
 /// Path MTU (IBA Vol. 1 §9.7.7.2; the qpc `mtu` encoding 1..=5).
@@ -327,6 +327,134 @@ pub struct WorkRequest {
     pub fence: bool,
 }
 
+/// A send work request written in place into its send-queue entry by
+/// [`RcQp::post_send_with`](super::RcQp::post_send_with): a decoder fills the queue
+/// directly instead of building a [`WorkRequest`] (with its inline buffer and SGE array) and
+/// moving it in. Each post starts from an empty slot (`wr_id` 0, a SEND without flags or
+/// local data); [`push_sge`](Self::push_sge) and [`push_inline`](Self::push_inline) copy
+/// only what they are given, so the entry's buffers are reused without being cleared.
+#[derive(Clone, Debug)]
+pub struct SendSlot {
+    /// The caller's identifier (WQE index or `wr_id`), returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: WrOp,
+    /// Generate a completion on success (failures always complete).
+    pub signaled: bool,
+    /// Set the BTH SE bit on the last packet of a SEND (solicited event).
+    pub solicited: bool,
+    /// Start only after every earlier READ and atomic has completed (IBA §10.8.3.3 fence).
+    pub fence: bool,
+    /// Total bytes of the local data.
+    len: u64,
+    /// Some inline data was given (even zero bytes).
+    is_inline: bool,
+    sges: SgeList,
+    inline_len: u16,
+    inline: [u8; MAX_INLINE],
+}
+
+/// The local data of a [`SendSlot`], borrowed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum LocalRef<'a> {
+    /// Data in registered memory.
+    Sges(&'a SgeList),
+    /// The inline bytes.
+    Inline(&'a [u8]),
+}
+
+impl SendSlot {
+    /// An empty slot.
+    pub(crate) const fn new() -> Self {
+        Self {
+            wr_id: 0,
+            op: WrOp::Send,
+            signaled: false,
+            solicited: false,
+            fence: false,
+            len: 0,
+            is_inline: false,
+            sges: SgeList::new(),
+            inline_len: 0,
+            inline: [0; MAX_INLINE],
+        }
+    }
+
+    /// Empties the slot for the next request: a few stores, the buffers are kept.
+    pub(crate) fn reset(&mut self) {
+        self.wr_id = 0;
+        self.op = WrOp::Send;
+        (self.signaled, self.solicited, self.fence) = (false, false, false);
+        (self.len, self.is_inline, self.inline_len) = (0, false, 0);
+        self.sges.clear();
+    }
+
+    /// Appends a scatter/gather entry to the local data.
+    pub fn push_sge(&mut self, sge: Sge) -> Result<(), PostError> {
+        self.sges.push(sge)?;
+        self.len += u64::from(sge.len);
+        Ok(())
+    }
+
+    /// Appends inline bytes to the local data (copied now; the slot then holds inline data,
+    /// even if `bytes` is empty). Refused beyond [`MAX_INLINE`] bytes in all.
+    pub fn push_inline(&mut self, bytes: &[u8]) -> Result<(), PostError> {
+        let at = usize::from(self.inline_len);
+        self.inline
+            .get_mut(at..at + bytes.len())
+            .ok_or(PostError::InlineTooLong { max: MAX_INLINE })?
+            .copy_from_slice(bytes);
+        self.inline_len += bytes.len() as u16;
+        self.len += bytes.len() as u64;
+        self.is_inline = true;
+        Ok(())
+    }
+
+    /// Copies a whole work request in (the [`RcQp::post_send`](super::RcQp::post_send) path).
+    pub fn fill_from(&mut self, wr: &WorkRequest) -> Result<(), PostError> {
+        self.wr_id = wr.wr_id;
+        self.op = wr.op;
+        (self.signaled, self.solicited, self.fence) = (wr.signaled, wr.solicited, wr.fence);
+        match &wr.local {
+            LocalData::Sges(l) => l.as_slice().iter().try_for_each(|s| self.push_sge(*s)),
+            LocalData::Inline { len, data } => {
+                let bytes = data.get(..usize::from(*len));
+                self.push_inline(bytes.ok_or(PostError::InlineTooLong { max: MAX_INLINE })?)
+            }
+        }
+    }
+
+    /// Total bytes of the local data.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True when the local data has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the local data is inline.
+    pub fn is_inline(&self) -> bool {
+        self.is_inline
+    }
+
+    /// Whether both inline data and SGEs were given (never valid).
+    pub(crate) fn is_mixed(&self) -> bool {
+        self.is_inline && !self.sges.as_slice().is_empty()
+    }
+
+    /// The local data (inline wins over SGEs; [`is_mixed`](Self::is_mixed) slots are
+    /// refused at post).
+    pub(crate) fn local(&self) -> LocalRef<'_> {
+        if self.is_inline {
+            LocalRef::Inline(&self.inline[..usize::from(self.inline_len)])
+        } else {
+            LocalRef::Sges(&self.sges)
+        }
+    }
+}
+
 /// Why a work request was refused at post time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PostError {
@@ -348,6 +476,15 @@ pub enum PostError {
         /// Bytes given.
         len: u64,
     },
+    /// More inline bytes than [`MAX_INLINE`].
+    #[error("more than {max} inline bytes")]
+    InlineTooLong {
+        /// The limit.
+        max: usize,
+    },
+    /// Both inline data and SGEs in one request.
+    #[error("inline data and scatter/gather entries in one request")]
+    MixedLocalData,
     /// More SGEs than [`MAX_SGE`](super::MAX_SGE).
     #[error("more than {max} scatter/gather entries")]
     TooManySges {

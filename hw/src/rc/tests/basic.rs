@@ -485,6 +485,109 @@ fn post_checks_the_request() {
 }
 
 #[test]
+fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
+    let mut p = setup(Mtu::Mtu256);
+    let sge = Sge {
+        lkey: SRC,
+        addr: VA_SRC,
+        len: 300,
+    };
+    // Refused requests leave nothing queued.
+    let q = &mut p.a.qp;
+    let mixed = q.post_send_with(|s: &mut SendSlot| {
+        s.op = WrOp::Send;
+        s.push_sge(sge)?;
+        s.push_inline(b"xy")
+    });
+    assert_eq!(mixed, Err(PostError::MixedLocalData));
+    let too_long = q.post_send_with(|s: &mut SendSlot| {
+        s.push_inline(&[7; MAX_INLINE])?;
+        s.push_inline(&[7])
+    });
+    assert_eq!(too_long, Err(PostError::InlineTooLong { max: MAX_INLINE }));
+    assert_eq!(
+        q.post_send_with(|s: &mut SendSlot| {
+            s.op = WrOp::Read { remote: remote(0) };
+            s.push_inline(&[])
+        }),
+        Err(PostError::InlineNotAllowed),
+        "empty inline data is still inline"
+    );
+    #[derive(Debug, PartialEq)]
+    struct Mine;
+    impl From<PostError> for Mine {
+        fn from(_: PostError) -> Self {
+            Mine
+        }
+    }
+    assert_eq!(
+        q.post_send_with(|s: &mut SendSlot| {
+            s.push_inline(b"stale")?;
+            Err(Mine)
+        }),
+        Err(Mine)
+    );
+    assert_eq!(q.send_queue_len(), 0);
+
+    // Entries are reused across wraps of the 256-entry queue, alternating inline data and
+    // SGEs: each request sends exactly its own bytes.
+    let data: Vec<u8> = (0..=255u8).collect();
+    for round in 0..3u64 {
+        for i in 0..256u64 {
+            let off = (i % 64) * 512;
+            let id = round * 256 + i;
+            p.a.qp
+                .post_send_with(|s: &mut SendSlot| {
+                    s.wr_id = id;
+                    s.op = WrOp::Write {
+                        remote: remote(off),
+                    };
+                    s.signaled = i == 255;
+                    if id % 2 == 0 {
+                        s.push_inline(&data[(id % 7) as usize..][..(id % 200) as usize])
+                    } else {
+                        s.push_sge(Sge {
+                            len: 300 - (id % 5) as u32,
+                            ..sge
+                        })
+                    }
+                })
+                .unwrap();
+        }
+        let full =
+            p.a.qp
+                .post_send_with(|_: &mut SendSlot| -> Result<(), PostError> {
+                    panic!("a full queue is refused before the slot is filled")
+                });
+        assert_eq!(full, Err(PostError::QueueFull));
+        p.settle();
+        // The last round's requests, of 64 distinct targets, checked.
+        for i in 192..256u64 {
+            let id = round * 256 + i;
+            let at = VA_DST + (i % 64) * 512;
+            if id % 2 == 0 {
+                let want = &data[(id % 7) as usize..][..(id % 200) as usize];
+                assert_eq!(p.b.mem.bytes(DST, at, want.len()), want, "request {id}");
+            } else {
+                let n = 300 - (id % 5) as usize;
+                assert_eq!(
+                    p.b.mem.bytes(DST, at, n),
+                    p.a.mem.bytes(SRC, VA_SRC, n),
+                    "request {id}"
+                );
+            }
+        }
+    }
+    let cqes = p.a.send_cqes();
+    assert_eq!(cqes.len(), 3);
+    assert!(
+        cqes.iter()
+            .all(|c| c.status == WcStatus::Success && c.wr_id % 256 == 255)
+    );
+    assert_eq!(cqes[2].byte_len, 300 - (767 % 5));
+}
+
+#[test]
 fn config_is_validated() {
     let good = config(QPN_A, QPN_B, Mtu::Mtu1024);
     assert!(RcQp::new(good).is_ok());
