@@ -10,6 +10,8 @@
 //!
 //! - [`headers`]: one `layout!` view and one `Repr` per header ([`Bth`]/[`BthRepr`], ...).
 //! - [`icrc`]: the invariant CRC over the masked IP/UDP/BTH headers and the rest of the packet.
+//! - [`template`]: [`HeaderTemplate`], a connection's fixed header bytes: the data path's
+//!   frame builder (the same bytes as [`RocePacket`]'s, written with fewer steps).
 //! - [`packet`]: [`RocePacket`] (emit) and [`RocePacket::parse`] (validating parse into a
 //!   [`RocePacketRef`] that borrows the caller's buffer).
 //!
@@ -19,6 +21,7 @@
 pub mod headers;
 pub mod icrc;
 pub mod packet;
+pub mod template;
 
 #[cfg(test)]
 mod tests;
@@ -26,6 +29,7 @@ mod tests;
 pub use headers::*;
 pub use icrc::{Crc32, crc32, icrc, icrc_in_place};
 pub use packet::{ExtHeaders, IpRepr, RocePacket, RocePacketRef};
+pub use template::{BthVar, HeaderTemplate};
 
 /// UDP destination port of RoCEv2 (IANA "roce", IBA Annex A17).
 pub const ROCE_UDP_PORT: u16 = 4791;

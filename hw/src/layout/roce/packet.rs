@@ -79,7 +79,7 @@ impl ExtHeaders {
     }
 
     /// Writes the present headers in wire order into `buf` (exactly `set().len()` bytes).
-    fn emit(&self, buf: &mut [u8]) {
+    pub(super) fn emit(&self, buf: &mut [u8]) {
         let mut off = 0;
         if let Some(r) = &self.reth {
             r.emit(&mut Reth::new_unchecked(&mut buf[off..off + RETH_SIZE]));
