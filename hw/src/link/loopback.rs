@@ -26,6 +26,7 @@ struct Ring {
 
 impl Ring {
     /// A free buffer, if the queue has room for one more frame.
+    #[inline]
     fn take_free(&mut self) -> Result<Frame, LinkError> {
         if self.queue.len() < self.depth
             && let Some(f) = self.free.pop()
@@ -37,6 +38,7 @@ impl Ring {
     }
 
     /// Queues `f` (`len` set), or recycles it if the queue filled meanwhile.
+    #[inline]
     fn enqueue(&mut self, f: Frame) -> Result<(), LinkError> {
         if self.queue.len() >= self.depth {
             self.free.push(f);

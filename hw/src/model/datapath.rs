@@ -736,7 +736,8 @@ fn deliver(
     } else {
         RocePacket::parse(frame)
     };
-    let Ok(pkt) = parsed else {
+    // By reference: the parsed packet is large, and nothing needs it moved.
+    let Ok(pkt) = &parsed else {
         sh.stats.port.received_error(frame.len());
         return; // malformed or bad ICRC: dropped as the wire would
     };
@@ -759,7 +760,7 @@ fn deliver(
         cq: &mut sink,
         clock,
     };
-    engine.receive(&pkt, &mut env);
+    engine.receive(pkt, &mut env);
     qp.active = true;
 }
 

@@ -78,63 +78,69 @@ impl ExtHeaders {
         }
     }
 
-    /// Writes the present headers in wire order into `buf` (exactly `set().len()` bytes).
+    /// Writes the present headers in wire order into `buf` (exactly `set().len()` bytes),
+    /// big-endian as their `Repr::emit`s write them (the packet tests compare the two).
     pub(super) fn emit(&self, buf: &mut [u8]) {
         let mut off = 0;
+        let mut put = |bytes: &[u8]| {
+            buf[off..off + bytes.len()].copy_from_slice(bytes);
+            off += bytes.len();
+        };
         if let Some(r) = &self.reth {
-            r.emit(&mut Reth::new_unchecked(&mut buf[off..off + RETH_SIZE]));
-            off += RETH_SIZE;
+            put(&r.va.to_be_bytes());
+            put(&r.r_key.to_be_bytes());
+            put(&r.dma_length.to_be_bytes());
         }
         if let Some(a) = &self.atomic_eth {
-            a.emit(&mut AtomicEth::new_unchecked(
-                &mut buf[off..off + ATOMIC_ETH_SIZE],
-            ));
-            off += ATOMIC_ETH_SIZE;
+            put(&a.va.to_be_bytes());
+            put(&a.r_key.to_be_bytes());
+            put(&a.swap_add_data.to_be_bytes());
+            put(&a.compare_data.to_be_bytes());
         }
         if let Some(a) = &self.aeth {
-            a.emit(&mut Aeth::new_unchecked(&mut buf[off..off + AETH_SIZE]));
-            off += AETH_SIZE;
+            put(&((u32::from(u8::from(a.syndrome)) << 24) | (a.msn & 0xFF_FFFF)).to_be_bytes());
         }
         if let Some(a) = &self.atomic_ack_eth {
-            a.emit(&mut AtomicAckEth::new_unchecked(
-                &mut buf[off..off + ATOMIC_ACK_ETH_SIZE],
-            ));
-            off += ATOMIC_ACK_ETH_SIZE;
+            put(&a.orig_remote_data.to_be_bytes());
         }
         if let Some(imm) = self.imm_dt {
-            ImmDt::new_unchecked(&mut buf[off..off + IMM_DT_SIZE]).set_immediate_data(imm);
-            off += IMM_DT_SIZE;
+            put(&imm.to_be_bytes());
         }
         if let Some(r_key) = self.ieth {
-            Ieth::new_unchecked(&mut buf[off..off + IETH_SIZE]).set_r_key(r_key);
+            put(&r_key.to_be_bytes());
         }
     }
 
     /// Reads the headers of `set` in wire order from `buf` (at least `set.len()` bytes).
+    #[inline(always)]
     fn parse(set: HeaderSet, buf: &[u8]) -> Self {
+        let mut ext = Self::default();
         let mut off = 0;
-        let mut take = |present: bool, n: usize| {
-            let s = present.then(|| &buf[off..off + n]);
-            off += if present { n } else { 0 };
-            s
+        let mut take = |n: usize| {
+            off += n;
+            &buf[off - n..off]
         };
-        let reth = take(set.reth, RETH_SIZE).map(|b| RethRepr::parse(&Reth::new_unchecked(b)));
-        let atomic_eth = take(set.atomic_eth, ATOMIC_ETH_SIZE)
-            .map(|b| AtomicEthRepr::parse(&AtomicEth::new_unchecked(b)));
-        let aeth = take(set.aeth, AETH_SIZE).map(|b| AethRepr::parse(&Aeth::new_unchecked(b)));
-        let atomic_ack_eth = take(set.atomic_ack_eth, ATOMIC_ACK_ETH_SIZE)
-            .map(|b| AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(b)));
-        let imm_dt =
-            take(set.imm_dt, IMM_DT_SIZE).map(|b| ImmDt::new_unchecked(b).immediate_data());
-        let ieth = take(set.ieth, IETH_SIZE).map(|b| Ieth::new_unchecked(b).r_key());
-        Self {
-            reth,
-            atomic_eth,
-            aeth,
-            atomic_ack_eth,
-            imm_dt,
-            ieth,
+        if set.reth {
+            ext.reth = Some(RethRepr::parse(&Reth::new_unchecked(take(RETH_SIZE))));
         }
+        if set.atomic_eth {
+            let b = take(ATOMIC_ETH_SIZE);
+            ext.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_unchecked(b)));
+        }
+        if set.aeth {
+            ext.aeth = Some(AethRepr::parse(&Aeth::new_unchecked(take(AETH_SIZE))));
+        }
+        if set.atomic_ack_eth {
+            let b = take(ATOMIC_ACK_ETH_SIZE);
+            ext.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(b)));
+        }
+        if set.imm_dt {
+            ext.imm_dt = Some(ImmDt::new_unchecked(take(IMM_DT_SIZE)).immediate_data());
+        }
+        if set.ieth {
+            ext.ieth = Some(Ieth::new_unchecked(take(IETH_SIZE)).r_key());
+        }
+        ext
     }
 }
 

@@ -174,12 +174,32 @@ impl HeaderTemplate {
                 len: payload_len,
             });
         }
-        let hdr_len = self.header_len();
         let ext_len = want.len();
+        if self.ip_len == IPV4_SIZE {
+            self.emit_ip::<IPV4_SIZE>(buf, bth, ext, ext_len, payload_len)
+        } else {
+            self.emit_ip::<IPV6_SIZE>(buf, bth, ext, ext_len, payload_len)
+        }
+    }
+
+    /// [`emit_in_place`](Self::emit_in_place) after the opcode checks, for an IP header of
+    /// `IP` bytes (the template's): every header offset is a constant.
+    #[inline(always)]
+    fn emit_ip<const IP: usize>(
+        &self,
+        buf: &mut [u8],
+        bth: BthVar,
+        ext: &ExtHeaders,
+        ext_len: usize,
+        payload_len: usize,
+    ) -> Result<usize, WireError> {
+        let (l4, l5) = (L3 + IP, L3 + IP + UDP_SIZE);
+        let hdr_len = l5 + BTH_SIZE;
         let pad = pad_count(payload_len);
         let data_end = hdr_len + ext_len + payload_len + usize::from(pad);
-        let udp_len = data_end + ICRC_SIZE - L3 - self.ip_len;
-        let ip_field = if self.ip_len == IPV4_SIZE {
+        let total = data_end + ICRC_SIZE;
+        let udp_len = total - l4;
+        let ip_field = if IP == IPV4_SIZE {
             IPV4_SIZE + udp_len
         } else {
             udp_len
@@ -190,7 +210,6 @@ impl HeaderTemplate {
                 value: ip_field,
             });
         }
-        let total = data_end + ICRC_SIZE;
         if buf.len() < total {
             return Err(WireError::BufferTooSmall {
                 need: total,
@@ -200,12 +219,7 @@ impl HeaderTemplate {
         let buf = &mut buf[..total];
         // The headers, masked, with this packet's lengths and BTH fields.
         buf[..hdr_len].copy_from_slice(&self.masked[..hdr_len]);
-        let (l4, l5) = (L3 + self.ip_len, L3 + self.ip_len + UDP_SIZE);
-        let ip_len_at = if self.ip_len == IPV4_SIZE {
-            L3 + 2
-        } else {
-            L3 + 4
-        };
+        let ip_len_at = if IP == IPV4_SIZE { L3 + 2 } else { L3 + 4 };
         buf[ip_len_at..ip_len_at + 2].copy_from_slice(&(ip_field as u16).to_be_bytes());
         buf[l4 + 4..l4 + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
         buf[l5] = bth.opcode;
@@ -213,21 +227,27 @@ impl HeaderTemplate {
         let word = (u32::from(bth.ack_req) << 31) | (bth.psn & 0xFF_FFFF);
         buf[l5 + 8..l5 + 12].copy_from_slice(&word.to_be_bytes());
         ext.emit(&mut buf[hdr_len..hdr_len + ext_len]);
-        buf[data_end - usize::from(pad)..data_end].fill(0);
+        // The pad: four zero bytes from the payload's end, the last ones of which the ICRC
+        // overwrites (one fixed-size store instead of a zero fill of 0 to 3 bytes).
+        let pad_at = data_end - usize::from(pad);
+        buf[pad_at..pad_at + 4].copy_from_slice(&[0; 4]);
         let crc = icrc_of_masked(&buf[L3..data_end]);
         buf[data_end..total].copy_from_slice(&crc.to_le_bytes());
-        // The variant bytes as sent.
-        for &at in Self::variant_bytes(self.ip_len) {
-            buf[at] = self.real[at];
-        }
-        if self.ip_len == IPV4_SIZE {
+        // The variant bytes as sent (`variant_bytes`, spelled out).
+        let real = &self.real;
+        buf[l4 + 6..l4 + 8].copy_from_slice(&real[l4 + 6..l4 + 8]);
+        buf[l5 + 4] = real[l5 + 4];
+        if IP == IPV4_SIZE {
+            buf[L3 + 1] = real[L3 + 1];
+            buf[L3 + 8] = real[L3 + 8];
             let mut sum = self.ip_sum + ip_field as u32;
             while sum > 0xFFFF {
                 sum = (sum & 0xFFFF) + (sum >> 16);
             }
             buf[L3 + 10..L3 + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
         } else {
-            buf[L3] = self.real[L3];
+            buf[L3..L3 + 4].copy_from_slice(&real[L3..L3 + 4]);
+            buf[L3 + 7] = real[L3 + 7];
         }
         Ok(total)
     }
@@ -381,6 +401,44 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn extension_headers_are_written_as_their_reprs_write_them() {
+        for op in RcOpcode::ALL {
+            let ext = ext_for(op);
+            let n = ext.set().len();
+            let mut got = vec![0xAAu8; n];
+            ext.emit(&mut got);
+            let mut want = vec![0x55u8; n];
+            let mut off = 0;
+            let mut next = |len: usize| {
+                off += len;
+                off - len..off
+            };
+            if let Some(r) = &ext.reth {
+                r.emit(&mut Reth::new_unchecked(&mut want[next(RETH_SIZE)]));
+            }
+            if let Some(a) = &ext.atomic_eth {
+                a.emit(&mut AtomicEth::new_unchecked(
+                    &mut want[next(ATOMIC_ETH_SIZE)],
+                ));
+            }
+            if let Some(a) = &ext.aeth {
+                a.emit(&mut Aeth::new_unchecked(&mut want[next(AETH_SIZE)]));
+            }
+            if let Some(a) = &ext.atomic_ack_eth {
+                let at = next(ATOMIC_ACK_ETH_SIZE);
+                a.emit(&mut AtomicAckEth::new_unchecked(&mut want[at]));
+            }
+            if let Some(imm) = ext.imm_dt {
+                ImmDt::new_unchecked(&mut want[next(IMM_DT_SIZE)]).set_immediate_data(imm);
+            }
+            if let Some(r_key) = ext.ieth {
+                Ieth::new_unchecked(&mut want[next(IETH_SIZE)]).set_r_key(r_key);
+            }
+            assert_eq!(got, want, "{op:?}");
         }
     }
 
