@@ -1,62 +1,36 @@
 //! A port's own loopback queue: frames a model port sends to its own MAC, queued for the
-//! same port's receive side. Only the device thread touches it, so it is a plain ring of
-//! owned frame buffers in a `RefCell` (no atomics, no locks; `Loopback` is neither `Send`
-//! nor `Sync`), with the pair's buffer discipline: buffers allocated once in
-//! [`Loopback::new`] at the same offset in a page (`FRAME_PAGE_OFFSET`), recycled last in
-//! first out (the buffer the receiver has just read is the next one filled, still in the
-//! cache), frames built in place by [`Link::send_with`] and lent in place by
-//! [`Link::recv_with`]. No borrow of the ring is held while a caller's closure runs, so
-//! the closures may use the queue again.
+//! same port's receive side. Only the device thread touches it, so it is a plain ring on
+//! one thread (no atomics, no locks; `Loopback` is neither `Send` nor `Sync`), with the
+//! pair's buffer discipline: buffers allocated once in [`Loopback::new`] at the same
+//! offset in a page (`FRAME_PAGE_OFFSET`), recycled last in first out (the buffer the
+//! receiver has just read is the next one filled, still in the cache), frames built in
+//! place by [`Link::send_with`] and lent in place by [`Link::recv_with`].
+//!
+//! The buffers never move: the queue and the free list hold their indices (`Cell`s), and
+//! each buffer has its own `RefCell`, borrowed only by the operation that took its index
+//! (from the free list to build it, from the queue to lend it), so no two borrows of one
+//! buffer can meet and the callers' closures may use the queue again.
 
-use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::cell::{Cell, RefCell};
 
 use super::{Frame, Link, LinkError, LinkStats};
 
-/// The queue and its buffers.
-struct Ring {
-    /// Frames sent and not yet received, oldest first (never more than `depth`).
-    queue: VecDeque<Frame>,
-    /// Frames `queue` may hold.
-    depth: usize,
-    /// Free buffers, last in first out.
-    free: Vec<Frame>,
-    stats: LinkStats,
-}
-
-impl Ring {
-    /// A free buffer, if the queue has room for one more frame.
-    #[inline]
-    fn take_free(&mut self) -> Result<Frame, LinkError> {
-        if self.queue.len() < self.depth
-            && let Some(f) = self.free.pop()
-        {
-            return Ok(f);
-        }
-        self.stats.tx_full += 1;
-        Err(LinkError::Full)
-    }
-
-    /// Queues `f` (`len` set), or recycles it if the queue filled meanwhile.
-    #[inline]
-    fn enqueue(&mut self, f: Frame) -> Result<(), LinkError> {
-        if self.queue.len() >= self.depth {
-            self.free.push(f);
-            self.stats.tx_full += 1;
-            return Err(LinkError::Full);
-        }
-        self.stats.tx_frames += 1;
-        self.stats.tx_bytes += f.len as u64;
-        // Within the capacity reserved in `new`: never allocates.
-        self.queue.push_back(f);
-        Ok(())
-    }
-}
-
 /// A link from a port to itself (see the module docs): what it sends, it receives.
 pub struct Loopback {
-    ring: RefCell<Ring>,
+    bufs: Box<[RefCell<Frame>]>,
+    /// The queue: a ring of buffer indices, `queued` of them from `head`.
+    ring: Box<[Cell<u32>]>,
+    head: Cell<usize>,
+    queued: Cell<usize>,
+    /// Free buffer indices, a stack (last in first out); `free_len` of them.
+    free: Box<[Cell<u32>]>,
+    free_len: Cell<usize>,
     max_frame_len: usize,
+    tx_frames: Cell<u64>,
+    tx_bytes: Cell<u64>,
+    tx_full: Cell<u64>,
+    rx_frames: Cell<u64>,
+    rx_bytes: Cell<u64>,
 }
 
 impl Loopback {
@@ -66,26 +40,101 @@ impl Loopback {
         // The queue's frames, one being built and one being received.
         let buffers = depth + 2;
         Self {
-            ring: RefCell::new(Ring {
-                queue: VecDeque::with_capacity(depth),
-                depth,
-                free: (0..buffers).map(|_| Frame::new(max_frame_len)).collect(),
-                stats: LinkStats::default(),
-            }),
+            bufs: (0..buffers)
+                .map(|_| RefCell::new(Frame::new(max_frame_len)))
+                .collect(),
+            ring: (0..depth).map(|_| Cell::new(0)).collect(),
+            head: Cell::new(0),
+            queued: Cell::new(0),
+            // Pushed 0, 1, ...: the highest index is handed out first.
+            free: (0..buffers as u32).map(Cell::new).collect(),
+            free_len: Cell::new(buffers),
             max_frame_len,
+            tx_frames: Cell::new(0),
+            tx_bytes: Cell::new(0),
+            tx_full: Cell::new(0),
+            rx_frames: Cell::new(0),
+            rx_bytes: Cell::new(0),
         }
     }
 
     /// A snapshot of the counters (the fault counters stay 0: no faults are injected).
     pub fn stats(&self) -> LinkStats {
-        self.ring.borrow().stats
+        LinkStats {
+            tx_frames: self.tx_frames.get(),
+            tx_bytes: self.tx_bytes.get(),
+            tx_full: self.tx_full.get(),
+            rx_frames: self.rx_frames.get(),
+            rx_bytes: self.rx_bytes.get(),
+            ..LinkStats::default()
+        }
     }
 
     /// Free buffers (all of them when nothing is queued).
     #[cfg(test)]
     pub(super) fn free_len(&self) -> usize {
-        self.ring.borrow().free.len()
+        self.free_len.get()
     }
+
+    /// A free buffer's index, if the queue has room for one more frame.
+    #[inline(always)]
+    fn take_free(&self) -> Result<usize, LinkError> {
+        let n = self.free_len.get();
+        if self.queued.get() < self.ring.len() && n > 0 {
+            self.free_len.set(n - 1);
+            return Ok(self.free[n - 1].get() as usize);
+        }
+        bump(&self.tx_full, 1);
+        Err(LinkError::Full)
+    }
+
+    /// Returns buffer `i` to the free list (which has a slot for every buffer).
+    #[inline(always)]
+    fn put_free(&self, i: usize) {
+        let n = self.free_len.get();
+        self.free[n].set(i as u32);
+        self.free_len.set(n + 1);
+    }
+
+    /// Queues buffer `i` holding a `len`-byte frame, or frees it if the queue filled
+    /// meanwhile (a closure's own send).
+    #[inline(always)]
+    fn enqueue(&self, i: usize, len: usize) -> Result<(), LinkError> {
+        let (depth, queued) = (self.ring.len(), self.queued.get());
+        if queued >= depth {
+            self.put_free(i);
+            bump(&self.tx_full, 1);
+            return Err(LinkError::Full);
+        }
+        let mut at = self.head.get() + queued;
+        if at >= depth {
+            at -= depth;
+        }
+        self.ring[at].set(i as u32);
+        self.queued.set(queued + 1);
+        bump(&self.tx_frames, 1);
+        bump(&self.tx_bytes, len as u64);
+        Ok(())
+    }
+
+    /// The oldest queued buffer's index, taken off the queue.
+    #[inline(always)]
+    fn dequeue(&self) -> Option<usize> {
+        let queued = self.queued.get();
+        if queued == 0 {
+            return None;
+        }
+        let head = self.head.get();
+        let next = head + 1;
+        self.head
+            .set(if next == self.ring.len() { 0 } else { next });
+        self.queued.set(queued - 1);
+        Some(self.ring[head].get() as usize)
+    }
+}
+
+fn bump(c: &Cell<u64>, n: u64) {
+    c.set(c.get() + n);
 }
 
 impl Link for Loopback {
@@ -95,11 +144,14 @@ impl Link for Loopback {
 
     fn send(&self, frame: &[u8]) -> Result<(), LinkError> {
         LinkError::check_frame_len(frame.len(), self.max_frame_len)?;
-        let mut r = self.ring.borrow_mut();
-        let mut f = r.take_free()?;
-        crate::copy::copy_bytes(&mut f.data_mut()[..frame.len()], frame);
-        f.len = frame.len();
-        r.enqueue(f)
+        let i = self.take_free()?;
+        {
+            // Buffer `i` came off the free list: nothing else borrows it.
+            let mut f = self.bufs[i].borrow_mut();
+            crate::copy::copy_bytes(&mut f.data_mut()[..frame.len()], frame);
+            f.len = frame.len();
+        }
+        self.enqueue(i, frame.len())
     }
 
     fn try_recv(&self, buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
@@ -123,16 +175,19 @@ impl Link for Loopback {
         _scratch: &mut [u8],
         build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
     ) -> Result<(), LinkError> {
-        let mut f = self.ring.borrow_mut().take_free()?;
-        let built = build(f.data_mut()).filter(|&n| n <= f.cap);
-        let mut r = self.ring.borrow_mut();
+        let i = self.take_free()?;
+        let built = {
+            // Buffer `i` came off the free list: nothing else borrows it.
+            let mut f = self.bufs[i].borrow_mut();
+            let cap = f.cap;
+            let n = build(f.data_mut()).filter(|&n| n <= cap);
+            f.len = n.unwrap_or(0);
+            n
+        };
         match built {
-            Some(n) => {
-                f.len = n;
-                r.enqueue(f)
-            }
+            Some(n) => self.enqueue(i, n),
             None => {
-                r.free.push(f);
+                self.put_free(i);
                 Ok(())
             }
         }
@@ -140,15 +195,19 @@ impl Link for Loopback {
 
     /// Lends the frame in the queue's own buffer: no copy, no scratch needed.
     fn recv_with(&self, _scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
-        let Some(frame) = self.ring.borrow_mut().queue.pop_front() else {
+        let Some(i) = self.dequeue() else {
             return Ok(false);
         };
-        let n = frame.len;
-        f(&frame.data()[..n]);
-        let mut r = self.ring.borrow_mut();
-        r.stats.rx_frames += 1;
-        r.stats.rx_bytes += n as u64;
-        r.free.push(frame);
+        let n = {
+            // Buffer `i` came off the queue: nothing else borrows it.
+            let frame = self.bufs[i].borrow();
+            let n = frame.len;
+            f(&frame.data()[..n]);
+            n
+        };
+        self.put_free(i);
+        bump(&self.rx_frames, 1);
+        bump(&self.rx_bytes, n as u64);
         Ok(true)
     }
 }

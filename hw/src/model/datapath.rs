@@ -204,7 +204,7 @@ impl Link for Wire<'_> {
     }
 
     fn send(&self, frame: &[u8]) -> Result<(), LinkError> {
-        let r = if frame.get(..6) == Some(&self.mac[..]) {
+        let r = if frame.first_chunk::<6>() == Some(&self.mac) {
             self.looped.send(frame)
         } else if let Some(p) = self.peer {
             p.send(frame)
@@ -232,7 +232,7 @@ impl Link for Wire<'_> {
             Some(p) => p.send_with(scratch, &mut |buf: &mut [u8]| {
                 let n = build(buf)?;
                 (built, len) = (true, n);
-                if buf.get(..6) == Some(&mac[..]) {
+                if buf.first_chunk::<6>() == Some(&mac) {
                     other = Some(self.looped.send(&buf[..n]));
                     return None;
                 }
@@ -241,7 +241,7 @@ impl Link for Wire<'_> {
             None => self.looped.send_with(scratch, &mut |buf: &mut [u8]| {
                 let n = build(buf)?;
                 (built, len) = (true, n);
-                if buf.get(..6) == Some(&mac[..]) {
+                if buf.first_chunk::<6>() == Some(&mac) {
                     return Some(n);
                 }
                 // No link attached: the frame leaves into nothing, as on an unplugged port.
@@ -728,7 +728,7 @@ fn deliver(
     frame: &[u8],
     looped: bool,
 ) {
-    if frame.get(..6) != Some(&mac[..]) {
+    if frame.first_chunk::<6>() != Some(&mac) {
         return; // not for this port
     }
     let parsed = if looped {
