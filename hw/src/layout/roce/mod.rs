@@ -259,6 +259,28 @@ impl RcOpcode {
     };
 }
 
+/// [`RcOpcode::headers`] and [`RcOpcode::has_payload`] of every raw opcode, looked up
+/// by the packet builders and the parser (one load instead of two matches).
+const OPCODE_INFO: [Option<(HeaderSet, bool)>; 256] = {
+    let mut t = [None; 256];
+    let mut i = 0;
+    while i < RcOpcode::ALL.len() {
+        let op = RcOpcode::ALL[i];
+        if let Some(h) = op.headers() {
+            t[op.raw() as usize] = Some((h, op.has_payload()));
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The extension headers raw opcode `op` carries and whether it may carry a payload, or
+/// `None` for an opcode this build does not implement (as [`RcOpcode::headers`]).
+#[inline(always)]
+pub(crate) fn opcode_info(op: u8) -> Option<(HeaderSet, bool)> {
+    OPCODE_INFO[usize::from(op)]
+}
+
 /// A 24-bit packet sequence number (IBA Vol. 1 §9.7.1) with modular arithmetic.
 ///
 /// Comparison follows the IBA rule: `a` is before `b` when `b` lies within the half of the

@@ -18,7 +18,8 @@ use core::ops::Deref;
 use super::headers::*;
 use super::icrc::{icrc, icrc_in_place};
 use super::{
-    EtherType, HeaderSet, ICRC_SIZE, IP_PROTO_UDP, ROCE_UDP_PORT, RcOpcode, WireError, pad_count,
+    EtherType, HeaderSet, ICRC_SIZE, IP_PROTO_UDP, ROCE_UDP_PORT, RcOpcode, WireError, opcode_info,
+    pad_count,
 };
 
 /// The network header of a RoCEv2 packet.
@@ -344,34 +345,37 @@ impl<'a> RocePacket<'a> {
     /// The parser; `verify_icrc` false skips only the ICRC comparison.
     fn parse_inner(buf: &'a [u8], verify_icrc: bool) -> Result<RocePacketRef<'a>, WireError> {
         need("eth", ETH_SIZE, buf.len())?;
-        let eth = EthRepr::parse(&EthHdr::new_unchecked(buf));
-        let l3 = ETH_SIZE;
-        let (ip, l4, l3_end) = match eth.ethertype {
-            EtherType::Ipv4 => {
-                need("ipv4", l3 + IPV4_SIZE, buf.len())?;
-                let ip = Ipv4Repr::parse(&Ipv4Hdr::new_unchecked(&buf[l3..l3 + IPV4_SIZE]))?;
-                if ip.protocol != IP_PROTO_UDP {
-                    return Err(WireError::NotUdp(ip.protocol));
-                }
-                (
-                    IpRepr::V4(ip),
-                    l3 + IPV4_SIZE,
-                    l3 + IPV4_SIZE + ip.payload_len,
-                )
+        let eth = EthRepr::parse(&EthHdr::new_unchecked(&buf[..ETH_SIZE]));
+        match eth.ethertype {
+            EtherType::Ipv4 => Self::parse_ip::<IPV4_SIZE>(buf, eth, verify_icrc),
+            EtherType::Ipv6 => Self::parse_ip::<IPV6_SIZE>(buf, eth, verify_icrc),
+            EtherType::Unknown(t) => Err(WireError::UnsupportedEtherType(t)),
+        }
+    }
+
+    /// The parser after the Ethernet header, for an IP header of `IP` bytes (the one the
+    /// EtherType announces): the header offsets are constants.
+    #[inline(always)]
+    fn parse_ip<const IP: usize>(
+        buf: &'a [u8],
+        eth: EthRepr,
+        verify_icrc: bool,
+    ) -> Result<RocePacketRef<'a>, WireError> {
+        let (l3, l4) = (ETH_SIZE, ETH_SIZE + IP);
+        let (ip, l3_end) = if IP == IPV4_SIZE {
+            need("ipv4", l4, buf.len())?;
+            let ip = Ipv4Repr::parse(&Ipv4Hdr::new_unchecked(&buf[l3..l4]))?;
+            if ip.protocol != IP_PROTO_UDP {
+                return Err(WireError::NotUdp(ip.protocol));
             }
-            EtherType::Ipv6 => {
-                need("ipv6", l3 + IPV6_SIZE, buf.len())?;
-                let ip = Ipv6Repr::parse(&Ipv6Hdr::new_unchecked(&buf[l3..l3 + IPV6_SIZE]))?;
-                if ip.next_header != IP_PROTO_UDP {
-                    return Err(WireError::NotUdp(ip.next_header));
-                }
-                (
-                    IpRepr::V6(ip),
-                    l3 + IPV6_SIZE,
-                    l3 + IPV6_SIZE + ip.payload_len,
-                )
+            (IpRepr::V4(ip), l4 + ip.payload_len)
+        } else {
+            need("ipv6", l4, buf.len())?;
+            let ip = Ipv6Repr::parse(&Ipv6Hdr::new_unchecked(&buf[l3..l4]))?;
+            if ip.next_header != IP_PROTO_UDP {
+                return Err(WireError::NotUdp(ip.next_header));
             }
-            EtherType::Unknown(t) => return Err(WireError::UnsupportedEtherType(t)),
+            (IpRepr::V6(ip), l4 + ip.payload_len)
         };
         need("ip payload", l3_end, buf.len())?;
         need("udp", l4 + UDP_SIZE, l3_end)?;
@@ -407,17 +411,15 @@ impl<'a> RocePacket<'a> {
         if bth.tver != 0 {
             return Err(WireError::BadTransportVersion(bth.tver));
         }
-        let op = RcOpcode::from(bth.opcode);
-        let set = op
-            .headers()
-            .ok_or(WireError::UnsupportedOpcode(bth.opcode))?;
+        let (set, has_payload) =
+            opcode_info(bth.opcode).ok_or(WireError::UnsupportedOpcode(bth.opcode))?;
         let ext_at = l5 + BTH_SIZE;
         let data_at = ext_at + set.len();
         need("extension headers", data_at, icrc_at)?;
         let ext = ExtHeaders::parse(set, &buf[ext_at..data_at]);
         let data_len = icrc_at - data_at;
         let pad = usize::from(bth.pad_cnt);
-        if !op.has_payload() && data_len != 0 {
+        if !has_payload && data_len != 0 {
             return Err(WireError::UnexpectedPayload {
                 opcode: bth.opcode,
                 len: data_len,

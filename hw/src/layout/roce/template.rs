@@ -19,7 +19,7 @@
 use super::headers::*;
 use super::icrc::icrc_of_masked;
 use super::packet::{ExtHeaders, IpRepr};
-use super::{ICRC_SIZE, IP_PROTO_UDP, RcOpcode, WireError, pad_count};
+use super::{ICRC_SIZE, IP_PROTO_UDP, WireError, opcode_info, pad_count};
 
 /// Bytes of the largest template: Ethernet, IPv6, UDP and BTH.
 const MAX_TEMPLATE: usize = ETH_SIZE + IPV6_SIZE + UDP_SIZE + BTH_SIZE;
@@ -161,14 +161,12 @@ impl HeaderTemplate {
         ext: &ExtHeaders,
         payload_len: usize,
     ) -> Result<usize, WireError> {
-        let op = RcOpcode::from(bth.opcode);
-        let want = op
-            .headers()
-            .ok_or(WireError::UnsupportedOpcode(bth.opcode))?;
+        let (want, has_payload) =
+            opcode_info(bth.opcode).ok_or(WireError::UnsupportedOpcode(bth.opcode))?;
         if ext.set() != want {
             return Err(WireError::HeaderMismatch { opcode: bth.opcode });
         }
-        if !op.has_payload() && payload_len != 0 {
+        if !has_payload && payload_len != 0 {
             return Err(WireError::UnexpectedPayload {
                 opcode: bth.opcode,
                 len: payload_len,
@@ -255,7 +253,7 @@ impl HeaderTemplate {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{AethSyndrome, RocePacket};
+    use super::super::{AethSyndrome, RcOpcode, RocePacket};
     use super::*;
 
     fn eth() -> EthRepr {
@@ -439,6 +437,15 @@ mod tests {
                 Ieth::new_unchecked(&mut want[next(IETH_SIZE)]).set_r_key(r_key);
             }
             assert_eq!(got, want, "{op:?}");
+        }
+    }
+
+    #[test]
+    fn the_opcode_table_agrees_with_the_opcode_methods() {
+        for raw in 0..=u8::MAX {
+            let op = RcOpcode::from(raw);
+            let want = op.headers().map(|h| (h, op.has_payload()));
+            assert_eq!(super::super::opcode_info(raw), want, "{op:?}");
         }
     }
 
