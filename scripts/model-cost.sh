@@ -52,7 +52,8 @@ parts = [
     ("frame received -> engine", "uhca_hw::model::datapath::deliver"),
     ("  of which MKey checks and data writes", "uhca_hw::model::mkey::mem_probe"),
     ("", "uhca_hw::model::mkey::mem_write"),
-    ("frame build + ICRC + link", "<uhca_hw::link::LinkEnd as uhca_hw::link::Link>::send_with"),
+    ("frame build + ICRC + link", "<uhca_hw::link::loopback::Loopback as uhca_hw::link::Link>::send_with"),
+    ("  the same with the port's routing", "<uhca_hw::model::datapath::Wire as uhca_hw::link::Link>::send_with"),
     ("frame parse", "uhca_hw::layout::roce::packet::RocePacket::parse_inner"),
 ]
 for label, fn in parts:

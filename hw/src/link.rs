@@ -13,6 +13,12 @@
 //! `phy/fault_injector.rs`), for the retransmission tests. A UDP implementation (frames
 //! as datagrams between processes) fits the same trait: `send` is one `sendto`, `try_recv`
 //! one non-blocking `recv`, and its socket errors travel in [`LinkError::Io`].
+//! [`Loopback`] is a port's queue to itself: the same buffer discipline on one thread,
+//! without atomics or locks.
+//!
+//! `Link` itself asks for no `Send` or `Sync` (a port's loopback queue and the engine's
+//! view of its port are neither); a link shared between threads is a
+//! `dyn Link + Send + Sync`, as the pair's ends and the UDP link are.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -61,7 +67,7 @@ impl LinkError {
 }
 
 /// A full-duplex point-to-point link that carries Ethernet frames.
-pub trait Link: Send + Sync {
+pub trait Link {
     /// The longest frame the link carries.
     fn max_frame_len(&self) -> usize;
     /// Sends one frame (copied; `frame` may be reused at once). Delivery is not guaranteed:
@@ -558,6 +564,9 @@ impl std::fmt::Debug for LinkEnd {
     }
 }
 
+mod loopback;
 #[cfg(test)]
 mod tests;
 pub mod udp;
+
+pub use loopback::Loopback;

@@ -28,7 +28,7 @@ use crate::layout::eqe::EventType;
 use crate::layout::roce::RocePacket;
 use crate::layout::uar::{BF_REGS_PER_UAR, UAR_SIZE, bf_reg_offset};
 use crate::layout::wqe::SEND_WQE_BB;
-use crate::link::{self, Link, LinkConfig, LinkEnd, LinkError};
+use crate::link::{Link, LinkConfig, LinkError, Loopback};
 use crate::rc::{
     self, AccessError, Clock, Completion, CompletionSink, Env, MonotonicClock, WcOpcode, WcStatus,
 };
@@ -99,7 +99,7 @@ pub(crate) fn uar_ref(map: &mut BTreeMap<u32, u32>, uar: u32, add: bool) {
 #[derive(Default)]
 pub(crate) struct Attached {
     pub(crate) generation: AtomicU64,
-    pub(crate) link: std::sync::Mutex<Option<Arc<dyn Link>>>,
+    pub(crate) link: std::sync::Mutex<Option<Arc<dyn Link + Send + Sync>>>,
 }
 
 /// The engines' clock: the monotonic clock read at most once per inner pass, and only in
@@ -136,9 +136,9 @@ impl Clock for PassClock {
 
 /// The port: device-thread state that survives a function reset.
 pub(crate) struct Port {
-    loop_tx: LinkEnd,
-    loop_rx: LinkEnd,
-    peer: Option<Arc<dyn Link>>,
+    /// Frames to the port's own MAC, from its transmit side to its receive side.
+    looped: Loopback,
+    peer: Option<Arc<dyn Link + Send + Sync>>,
     generation: u64,
     rx: Box<[u8]>,
     clock: PassClock,
@@ -148,11 +148,11 @@ pub(crate) struct Port {
 
 impl Port {
     pub(crate) fn new() -> Port {
-        let (loop_tx, loop_rx) = link::pair(LinkConfig::default());
-        let rx = vec![0u8; loop_rx.max_frame_len()].into_boxed_slice();
+        let cfg = LinkConfig::default();
+        let looped = Loopback::new(cfg.depth, cfg.max_frame_len);
+        let rx = vec![0u8; looped.max_frame_len()].into_boxed_slice();
         Port {
-            loop_tx,
-            loop_rx,
+            looped,
             peer: None,
             generation: 0,
             rx,
@@ -181,7 +181,7 @@ impl Port {
             .peer
             .as_ref()
             .map_or(0, |l| l.max_frame_len())
-            .max(self.loop_rx.max_frame_len());
+            .max(self.looped.max_frame_len());
         if self.rx.len() < need {
             self.rx = vec![0u8; need].into_boxed_slice();
         }
@@ -191,8 +191,8 @@ impl Port {
 /// What the engine transmits through: loopback by destination MAC, else the peer link.
 struct Wire<'a> {
     mac: [u8; 6],
-    loop_tx: &'a LinkEnd,
-    peer: Option<&'a dyn Link>,
+    looped: &'a Loopback,
+    peer: Option<&'a (dyn Link + Send + Sync)>,
     sent: &'a AtomicU64,
     full: &'a AtomicU64,
     sh: &'a Shared,
@@ -202,12 +202,12 @@ impl Link for Wire<'_> {
     fn max_frame_len(&self) -> usize {
         self.peer
             .map_or(usize::MAX, |p| p.max_frame_len())
-            .min(self.loop_tx.max_frame_len())
+            .min(self.looped.max_frame_len())
     }
 
     fn send(&self, frame: &[u8]) -> Result<(), LinkError> {
-        let r = if frame.get(..6) == Some(&self.mac[..]) {
-            self.loop_tx.send(frame)
+        let r = if frame.first_chunk::<6>() == Some(&self.mac) {
+            self.looped.send(frame)
         } else if let Some(p) = self.peer {
             p.send(frame)
         } else {
@@ -234,16 +234,16 @@ impl Link for Wire<'_> {
             Some(p) => p.send_with(scratch, &mut |buf: &mut [u8]| {
                 let n = build(buf)?;
                 (built, len) = (true, n);
-                if buf.get(..6) == Some(&mac[..]) {
-                    other = Some(self.loop_tx.send(&buf[..n]));
+                if buf.first_chunk::<6>() == Some(&mac) {
+                    other = Some(self.looped.send(&buf[..n]));
                     return None;
                 }
                 Some(n)
             }),
-            None => self.loop_tx.send_with(scratch, &mut |buf: &mut [u8]| {
+            None => self.looped.send_with(scratch, &mut |buf: &mut [u8]| {
                 let n = build(buf)?;
                 (built, len) = (true, n);
-                if buf.get(..6) == Some(&mac[..]) {
+                if buf.first_chunk::<6>() == Some(&mac) {
                     return Some(n);
                 }
                 // No link attached: the frame leaves into nothing, as on an unplugged port.
@@ -682,8 +682,7 @@ pub(crate) fn to_error(qp: &mut Qp) {
 
 fn receive(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u8; 6]) -> bool {
     let Port {
-        loop_tx,
-        loop_rx,
+        looped,
         peer,
         rx,
         clock,
@@ -693,7 +692,7 @@ fn receive(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u
     } = port;
     let wire = Wire {
         mac,
-        loop_tx,
+        looped,
         peer: peer.as_deref(),
         sent,
         full,
@@ -710,7 +709,7 @@ fn receive(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u
     for src in 0..2 {
         loop {
             let got = if src == 0 {
-                loop_rx.recv_with(rx, &mut |f: &[u8]| handle(f, true))
+                looped.recv_with(rx, &mut |f: &[u8]| handle(f, true))
             } else if let Some(p) = &peer {
                 p.recv_with(rx, &mut |f: &[u8]| handle(f, false))
             } else {
@@ -737,7 +736,7 @@ fn deliver(
     frame: &[u8],
     looped: bool,
 ) {
-    if frame.get(..6) != Some(&mac[..]) {
+    if frame.first_chunk::<6>() != Some(&mac) {
         return; // not for this port
     }
     let parsed = if looped {
@@ -745,7 +744,8 @@ fn deliver(
     } else {
         RocePacket::parse(frame)
     };
-    let Ok(pkt) = parsed else {
+    // By reference: the parsed packet is large, and nothing needs it moved.
+    let Ok(pkt) = &parsed else {
         sh.stats.port.received_error(frame.len());
         return; // malformed or bad ICRC: dropped as the wire would
     };
@@ -768,7 +768,7 @@ fn deliver(
         cq: &mut sink,
         clock,
     };
-    engine.receive(&pkt, &mut env);
+    engine.receive(pkt, &mut env);
     qp.active = true;
 }
 
@@ -786,7 +786,7 @@ fn transmit(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [
         let full0 = port.full.load(Ordering::Relaxed);
         let wire = Wire {
             mac,
-            loop_tx: &port.loop_tx,
+            looped: &port.looped,
             peer: port.peer.as_deref(),
             sent: &port.sent,
             full: &port.full,

@@ -13,7 +13,7 @@ impl Hca {
     /// Attaches `link` to port 1, replacing any link attached before. Frames whose
     /// destination MAC is not the port's own go out on it; frames it delivers are taken by
     /// the device thread.
-    pub fn attach_link(&self, link: Box<dyn Link>) {
+    pub fn attach_link(&self, link: Box<dyn Link + Send + Sync>) {
         let a = &self.shared.link;
         *a.link.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::from(link));
         a.generation.fetch_add(1, Ordering::Release);

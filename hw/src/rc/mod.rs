@@ -37,7 +37,7 @@ mod tests;
 pub use sge::{MAX_INLINE, MAX_SGE, Sge, SgeList};
 pub use types::*;
 
-use crate::layout::roce::{BthRepr, EthRepr, ExtHeaders, IpRepr, RocePacket, UdpRepr};
+use crate::layout::roce::{BthRepr, BthVar, ExtHeaders, HeaderTemplate, RocePacket, UdpRepr};
 use crate::link::{Link, LinkError};
 use requester::Requester;
 use responder::Responder;
@@ -62,34 +62,33 @@ enum TxStop {
     Busy,
 }
 
-/// The frame scratch buffer of one QP, with the fixed header fields of its path. A packet
+/// The frame scratch buffer of one QP, with the header template of its path. A packet
 /// is built in place in the buffer the link lends ([`Link::send_with`]; this QP's scratch
 /// buffer for links that do not lend one): the payload is gathered straight into the
-/// frame, then the headers and ICRC are written around it, so each payload byte is written
-/// once on the way out.
+/// frame, then the headers and ICRC are written around it from the template
+/// ([`HeaderTemplate`]: the path's fixed fields are written once, at connect), so each
+/// payload byte is written once on the way out.
 struct Tx {
     frame: Box<[u8]>,
-    eth: EthRepr,
-    ip: IpRepr,
-    udp: UdpRepr,
-    dest_qp: u32,
-    p_key: u16,
+    hdr: HeaderTemplate,
 }
 
 impl Tx {
     fn new(cfg: &QpConfig) -> Self {
         let mtu = cfg.mtu.bytes() as usize;
+        let udp = UdpRepr {
+            src_port: cfg.path.udp_src_port,
+            dst_port: crate::layout::roce::ROCE_UDP_PORT,
+            payload_len: 0,
+        };
+        let bth = BthRepr {
+            p_key: cfg.p_key,
+            dest_qp: cfg.dest_qpn,
+            ..BthRepr::default()
+        };
         Self {
             frame: vec![0; mtu + MAX_HEADERS_LEN].into_boxed_slice(),
-            eth: cfg.path.eth,
-            ip: cfg.path.ip,
-            udp: UdpRepr {
-                src_port: cfg.path.udp_src_port,
-                dst_port: crate::layout::roce::ROCE_UDP_PORT,
-                payload_len: 0,
-            },
-            dest_qp: cfg.dest_qpn,
-            p_key: cfg.p_key,
+            hdr: HeaderTemplate::new(&cfg.path.eth, &cfg.path.ip, &udp, &bth),
         }
     }
 
@@ -125,27 +124,14 @@ impl Tx {
         mut fill: impl FnMut(&mut [u8]) -> Result<(), E>,
     ) -> Result<Result<(), E>, TxStop> {
         let (ack_req, se) = flags;
-        let pkt = RocePacket {
-            eth: self.eth,
-            ip: self.ip,
-            udp: self.udp,
-            bth: BthRepr {
-                opcode: opcode.into(),
-                se,
-                m: false,
-                pad_cnt: 0,
-                tver: 0,
-                p_key: self.p_key,
-                fecn: false,
-                becn: false,
-                dest_qp: self.dest_qp,
-                ack_req,
-                psn: psn.get(),
-            },
-            ext,
-            payload: &[],
+        let bth = BthVar {
+            opcode: opcode.into(),
+            se,
+            ack_req,
+            psn: psn.get(),
         };
-        let at = RocePacket::payload_offset(&self.ip, &ext);
+        let at = self.hdr.payload_offset(&ext);
+        let hdr = &self.hdr;
         let mut fill_err = None;
         let mut emit_err = false;
         let sent = link.send_with(&mut self.frame, &mut |buf: &mut [u8]| {
@@ -158,7 +144,7 @@ impl Tx {
                 return None;
             }
             // Only a path that cannot carry the packet fails here (validated in `new`).
-            pkt.emit_in_place(buf, payload_len)
+            hdr.emit_in_place(buf, bth, &ext, payload_len)
                 .map_err(|_| emit_err = true)
                 .ok()
         });

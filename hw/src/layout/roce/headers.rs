@@ -155,6 +155,7 @@ pub struct EthRepr {
 
 impl EthRepr {
     /// Reads the header.
+    #[inline(always)]
     pub fn parse<B: Buf>(v: &EthHdr<B>) -> Self {
         Self {
             dst_addr: v.dst_addr(),
@@ -215,6 +216,7 @@ pub struct Ipv4Repr {
 
 impl Ipv4Repr {
     /// Reads and validates the header: version 4, no options, not a fragment, checksum.
+    #[inline(always)]
     pub fn parse(v: &Ipv4Hdr<&[u8]>) -> Result<Self, WireError> {
         if v.version() != 4 {
             return Err(WireError::BadIpVersion(v.version() as u8));
@@ -305,6 +307,7 @@ pub struct Ipv6Repr {
 
 impl Ipv6Repr {
     /// Reads and validates the header (version 6).
+    #[inline(always)]
     pub fn parse<B: Buf>(v: &Ipv6Hdr<B>) -> Result<Self, WireError> {
         if v.version() != 6 {
             return Err(WireError::BadIpVersion(v.version() as u8));
@@ -351,6 +354,7 @@ pub struct UdpRepr {
 
 impl UdpRepr {
     /// Reads the header; fails if the length field is smaller than the header.
+    #[inline(always)]
     pub fn parse<B: Buf>(v: &UdpHdr<B>) -> Result<Self, WireError> {
         let len = v.length() as usize;
         if len < UDP_SIZE {
@@ -407,6 +411,7 @@ pub struct BthRepr {
 
 impl BthRepr {
     /// Reads the header.
+    #[inline(always)]
     pub fn parse<B: Buf>(v: &Bth<B>) -> Self {
         Self {
             opcode: v.opcode() as u8,
@@ -457,6 +462,7 @@ pub struct RethRepr {
 
 impl RethRepr {
     /// Reads the header.
+    #[inline(always)]
     pub fn parse<B: Buf>(v: &Reth<B>) -> Self {
         Self {
             va: v.va(),
@@ -547,6 +553,7 @@ pub struct AethRepr {
 
 impl AethRepr {
     /// Reads the header.
+    #[inline(always)]
     pub fn parse<B: Buf>(v: &Aeth<B>) -> Self {
         Self {
             syndrome: AethSyndrome::from(v.syndrome() as u8),
@@ -579,6 +586,7 @@ pub struct AtomicEthRepr {
 
 impl AtomicEthRepr {
     /// Reads the header.
+    #[inline(always)]
     pub fn parse<B: Buf>(v: &AtomicEth<B>) -> Self {
         Self {
             va: v.va(),
@@ -609,6 +617,7 @@ pub struct AtomicAckEthRepr {
 
 impl AtomicAckEthRepr {
     /// Reads the header.
+    #[inline(always)]
     pub fn parse<B: Buf>(v: &AtomicAckEth<B>) -> Self {
         Self {
             orig_remote_data: v.orig_remote_data(),

@@ -177,6 +177,15 @@ pub fn icrc(l3: &[u8]) -> Result<u32, WireError> {
     Ok(c.finish())
 }
 
+/// The ICRC of a packet whose variant fields are already all-ones in `l3` (IP header to
+/// the last byte before the ICRC): one CRC pass, nothing checked. For the header
+/// templates, which write the headers masked and the variant bytes after the CRC.
+pub(crate) fn icrc_of_masked(l3: &[u8]) -> u32 {
+    let mut c = Crc32 { state: LRH_STATE };
+    c.update(l3);
+    c.finish()
+}
+
 /// As [`icrc`], for a frame being built: the variant fields are set to all-ones in `l3`
 /// itself, the CRC runs in one pass over the whole of it (no stack copy of the headers, one
 /// CRC call instead of two: a call's setup costs about as much as folding a small frame),

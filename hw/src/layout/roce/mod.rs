@@ -10,6 +10,8 @@
 //!
 //! - [`headers`]: one `layout!` view and one `Repr` per header ([`Bth`]/[`BthRepr`], ...).
 //! - [`icrc`]: the invariant CRC over the masked IP/UDP/BTH headers and the rest of the packet.
+//! - [`template`]: [`HeaderTemplate`], a connection's fixed header bytes: the data path's
+//!   frame builder (the same bytes as [`RocePacket`]'s, written with fewer steps).
 //! - [`packet`]: [`RocePacket`] (emit) and [`RocePacket::parse`] (validating parse into a
 //!   [`RocePacketRef`] that borrows the caller's buffer).
 //!
@@ -19,6 +21,7 @@
 pub mod headers;
 pub mod icrc;
 pub mod packet;
+pub mod template;
 
 #[cfg(test)]
 mod tests;
@@ -26,6 +29,7 @@ mod tests;
 pub use headers::*;
 pub use icrc::{Crc32, crc32, icrc, icrc_in_place};
 pub use packet::{ExtHeaders, IpRepr, RocePacket, RocePacketRef};
+pub use template::{BthVar, HeaderTemplate};
 
 /// UDP destination port of RoCEv2 (IANA "roce", IBA Annex A17).
 pub const ROCE_UDP_PORT: u16 = 4791;
@@ -253,6 +257,28 @@ impl RcOpcode {
             SendOnlyInv,
         ]
     };
+}
+
+/// [`RcOpcode::headers`] and [`RcOpcode::has_payload`] of every raw opcode, looked up
+/// by the packet builders and the parser (one load instead of two matches).
+const OPCODE_INFO: [Option<(HeaderSet, bool)>; 256] = {
+    let mut t = [None; 256];
+    let mut i = 0;
+    while i < RcOpcode::ALL.len() {
+        let op = RcOpcode::ALL[i];
+        if let Some(h) = op.headers() {
+            t[op.raw() as usize] = Some((h, op.has_payload()));
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The extension headers raw opcode `op` carries and whether it may carry a payload, or
+/// `None` for an opcode this build does not implement (as [`RcOpcode::headers`]).
+#[inline(always)]
+pub(crate) fn opcode_info(op: u8) -> Option<(HeaderSet, bool)> {
+    OPCODE_INFO[usize::from(op)]
 }
 
 /// A 24-bit packet sequence number (IBA Vol. 1 §9.7.1) with modular arithmetic.

@@ -18,7 +18,8 @@ use core::ops::Deref;
 use super::headers::*;
 use super::icrc::{icrc, icrc_in_place};
 use super::{
-    EtherType, HeaderSet, ICRC_SIZE, IP_PROTO_UDP, ROCE_UDP_PORT, RcOpcode, WireError, pad_count,
+    EtherType, HeaderSet, ICRC_SIZE, IP_PROTO_UDP, ROCE_UDP_PORT, RcOpcode, WireError, opcode_info,
+    pad_count,
 };
 
 /// The network header of a RoCEv2 packet.
@@ -78,63 +79,69 @@ impl ExtHeaders {
         }
     }
 
-    /// Writes the present headers in wire order into `buf` (exactly `set().len()` bytes).
-    fn emit(&self, buf: &mut [u8]) {
+    /// Writes the present headers in wire order into `buf` (exactly `set().len()` bytes),
+    /// big-endian as their `Repr::emit`s write them (the packet tests compare the two).
+    pub(super) fn emit(&self, buf: &mut [u8]) {
         let mut off = 0;
+        let mut put = |bytes: &[u8]| {
+            buf[off..off + bytes.len()].copy_from_slice(bytes);
+            off += bytes.len();
+        };
         if let Some(r) = &self.reth {
-            r.emit(&mut Reth::new_unchecked(&mut buf[off..off + RETH_SIZE]));
-            off += RETH_SIZE;
+            put(&r.va.to_be_bytes());
+            put(&r.r_key.to_be_bytes());
+            put(&r.dma_length.to_be_bytes());
         }
         if let Some(a) = &self.atomic_eth {
-            a.emit(&mut AtomicEth::new_unchecked(
-                &mut buf[off..off + ATOMIC_ETH_SIZE],
-            ));
-            off += ATOMIC_ETH_SIZE;
+            put(&a.va.to_be_bytes());
+            put(&a.r_key.to_be_bytes());
+            put(&a.swap_add_data.to_be_bytes());
+            put(&a.compare_data.to_be_bytes());
         }
         if let Some(a) = &self.aeth {
-            a.emit(&mut Aeth::new_unchecked(&mut buf[off..off + AETH_SIZE]));
-            off += AETH_SIZE;
+            put(&((u32::from(u8::from(a.syndrome)) << 24) | (a.msn & 0xFF_FFFF)).to_be_bytes());
         }
         if let Some(a) = &self.atomic_ack_eth {
-            a.emit(&mut AtomicAckEth::new_unchecked(
-                &mut buf[off..off + ATOMIC_ACK_ETH_SIZE],
-            ));
-            off += ATOMIC_ACK_ETH_SIZE;
+            put(&a.orig_remote_data.to_be_bytes());
         }
         if let Some(imm) = self.imm_dt {
-            ImmDt::new_unchecked(&mut buf[off..off + IMM_DT_SIZE]).set_immediate_data(imm);
-            off += IMM_DT_SIZE;
+            put(&imm.to_be_bytes());
         }
         if let Some(r_key) = self.ieth {
-            Ieth::new_unchecked(&mut buf[off..off + IETH_SIZE]).set_r_key(r_key);
+            put(&r_key.to_be_bytes());
         }
     }
 
     /// Reads the headers of `set` in wire order from `buf` (at least `set.len()` bytes).
+    #[inline(always)]
     fn parse(set: HeaderSet, buf: &[u8]) -> Self {
+        let mut ext = Self::default();
         let mut off = 0;
-        let mut take = |present: bool, n: usize| {
-            let s = present.then(|| &buf[off..off + n]);
-            off += if present { n } else { 0 };
-            s
+        let mut take = |n: usize| {
+            off += n;
+            &buf[off - n..off]
         };
-        let reth = take(set.reth, RETH_SIZE).map(|b| RethRepr::parse(&Reth::new_unchecked(b)));
-        let atomic_eth = take(set.atomic_eth, ATOMIC_ETH_SIZE)
-            .map(|b| AtomicEthRepr::parse(&AtomicEth::new_unchecked(b)));
-        let aeth = take(set.aeth, AETH_SIZE).map(|b| AethRepr::parse(&Aeth::new_unchecked(b)));
-        let atomic_ack_eth = take(set.atomic_ack_eth, ATOMIC_ACK_ETH_SIZE)
-            .map(|b| AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(b)));
-        let imm_dt =
-            take(set.imm_dt, IMM_DT_SIZE).map(|b| ImmDt::new_unchecked(b).immediate_data());
-        let ieth = take(set.ieth, IETH_SIZE).map(|b| Ieth::new_unchecked(b).r_key());
-        Self {
-            reth,
-            atomic_eth,
-            aeth,
-            atomic_ack_eth,
-            imm_dt,
-            ieth,
+        if set.reth {
+            ext.reth = Some(RethRepr::parse(&Reth::new_unchecked(take(RETH_SIZE))));
         }
+        if set.atomic_eth {
+            let b = take(ATOMIC_ETH_SIZE);
+            ext.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_unchecked(b)));
+        }
+        if set.aeth {
+            ext.aeth = Some(AethRepr::parse(&Aeth::new_unchecked(take(AETH_SIZE))));
+        }
+        if set.atomic_ack_eth {
+            let b = take(ATOMIC_ACK_ETH_SIZE);
+            ext.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(b)));
+        }
+        if set.imm_dt {
+            ext.imm_dt = Some(ImmDt::new_unchecked(take(IMM_DT_SIZE)).immediate_data());
+        }
+        if set.ieth {
+            ext.ieth = Some(Ieth::new_unchecked(take(IETH_SIZE)).r_key());
+        }
+        ext
     }
 }
 
@@ -338,34 +345,37 @@ impl<'a> RocePacket<'a> {
     /// The parser; `verify_icrc` false skips only the ICRC comparison.
     fn parse_inner(buf: &'a [u8], verify_icrc: bool) -> Result<RocePacketRef<'a>, WireError> {
         need("eth", ETH_SIZE, buf.len())?;
-        let eth = EthRepr::parse(&EthHdr::new_unchecked(buf));
-        let l3 = ETH_SIZE;
-        let (ip, l4, l3_end) = match eth.ethertype {
-            EtherType::Ipv4 => {
-                need("ipv4", l3 + IPV4_SIZE, buf.len())?;
-                let ip = Ipv4Repr::parse(&Ipv4Hdr::new_unchecked(&buf[l3..l3 + IPV4_SIZE]))?;
-                if ip.protocol != IP_PROTO_UDP {
-                    return Err(WireError::NotUdp(ip.protocol));
-                }
-                (
-                    IpRepr::V4(ip),
-                    l3 + IPV4_SIZE,
-                    l3 + IPV4_SIZE + ip.payload_len,
-                )
+        let eth = EthRepr::parse(&EthHdr::new_unchecked(&buf[..ETH_SIZE]));
+        match eth.ethertype {
+            EtherType::Ipv4 => Self::parse_ip::<IPV4_SIZE>(buf, eth, verify_icrc),
+            EtherType::Ipv6 => Self::parse_ip::<IPV6_SIZE>(buf, eth, verify_icrc),
+            EtherType::Unknown(t) => Err(WireError::UnsupportedEtherType(t)),
+        }
+    }
+
+    /// The parser after the Ethernet header, for an IP header of `IP` bytes (the one the
+    /// EtherType announces): the header offsets are constants.
+    #[inline(always)]
+    fn parse_ip<const IP: usize>(
+        buf: &'a [u8],
+        eth: EthRepr,
+        verify_icrc: bool,
+    ) -> Result<RocePacketRef<'a>, WireError> {
+        let (l3, l4) = (ETH_SIZE, ETH_SIZE + IP);
+        let (ip, l3_end) = if IP == IPV4_SIZE {
+            need("ipv4", l4, buf.len())?;
+            let ip = Ipv4Repr::parse(&Ipv4Hdr::new_unchecked(&buf[l3..l4]))?;
+            if ip.protocol != IP_PROTO_UDP {
+                return Err(WireError::NotUdp(ip.protocol));
             }
-            EtherType::Ipv6 => {
-                need("ipv6", l3 + IPV6_SIZE, buf.len())?;
-                let ip = Ipv6Repr::parse(&Ipv6Hdr::new_unchecked(&buf[l3..l3 + IPV6_SIZE]))?;
-                if ip.next_header != IP_PROTO_UDP {
-                    return Err(WireError::NotUdp(ip.next_header));
-                }
-                (
-                    IpRepr::V6(ip),
-                    l3 + IPV6_SIZE,
-                    l3 + IPV6_SIZE + ip.payload_len,
-                )
+            (IpRepr::V4(ip), l4 + ip.payload_len)
+        } else {
+            need("ipv6", l4, buf.len())?;
+            let ip = Ipv6Repr::parse(&Ipv6Hdr::new_unchecked(&buf[l3..l4]))?;
+            if ip.next_header != IP_PROTO_UDP {
+                return Err(WireError::NotUdp(ip.next_header));
             }
-            EtherType::Unknown(t) => return Err(WireError::UnsupportedEtherType(t)),
+            (IpRepr::V6(ip), l4 + ip.payload_len)
         };
         need("ip payload", l3_end, buf.len())?;
         need("udp", l4 + UDP_SIZE, l3_end)?;
@@ -401,17 +411,15 @@ impl<'a> RocePacket<'a> {
         if bth.tver != 0 {
             return Err(WireError::BadTransportVersion(bth.tver));
         }
-        let op = RcOpcode::from(bth.opcode);
-        let set = op
-            .headers()
-            .ok_or(WireError::UnsupportedOpcode(bth.opcode))?;
+        let (set, has_payload) =
+            opcode_info(bth.opcode).ok_or(WireError::UnsupportedOpcode(bth.opcode))?;
         let ext_at = l5 + BTH_SIZE;
         let data_at = ext_at + set.len();
         need("extension headers", data_at, icrc_at)?;
         let ext = ExtHeaders::parse(set, &buf[ext_at..data_at]);
         let data_len = icrc_at - data_at;
         let pad = usize::from(bth.pad_cnt);
-        if !op.has_payload() && data_len != 0 {
+        if !has_payload && data_len != 0 {
             return Err(WireError::UnexpectedPayload {
                 opcode: bth.opcode,
                 len: data_len,

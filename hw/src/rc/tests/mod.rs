@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 
 use super::*;
-use crate::layout::roce::{EtherType, Ipv4Repr, RocePacket};
+use crate::layout::roce::{EthRepr, EtherType, IpRepr, Ipv4Repr, RocePacket};
 use crate::link::{FaultConfig, LinkConfig, LinkEnd, pair};
 
 /// A registered region: `data` at `va`, reachable through its key.
