@@ -20,8 +20,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/target/release/uhca-perf
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$dir/cg" \
-    "$bin" write_bw -s "$size" -n "$msgs" -t 32 "${extra[@]}" >/dev/null 2>"$dir/log" || {
+# Run from outside the repository so every source path in the profile is absolute (the
+# per-function sums below then see code inlined from every file alike).
+(cd "$dir" && valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$dir/cg" \
+    "$bin" write_bw -s "$size" -n "$msgs" -t 32 "${extra[@]}" >/dev/null 2>"$dir/log") || {
     cat "$dir/log" >&2
     exit 1
 }
@@ -43,7 +45,9 @@ for line in out.splitlines():
     m = re.match(r"\s*([\d,]+) \([ \d.]+%\)\s+\S+?\.rs:(.+?) \[", line)
     if m:
         name = m.group(2)
-        incl[name] = max(incl.get(name, 0), int(m.group(1).replace(",", "")))
+        # A function inlining code from several files has one entry per file: its
+        # inclusive cost is their sum.
+        incl[name] = incl.get(name, 0) + int(m.group(1).replace(",", ""))
 total = incl.get("uhca_hw::model::device::run", 0)
 print(f"device thread: {total / msgs:.0f} instructions per message ({total:,} for {msgs} messages)")
 parts = [
