@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use super::ModelError;
 use super::mem::HostRegion;
+use smallvec_lite::{Chunk, Chunks};
 
 /// First usable IOVA (page 0 is kept unmapped so that a null IOVA always faults).
 pub const IOVA_START: u64 = 0x1000;
@@ -327,29 +328,34 @@ impl Iommu {
         self.generation.load(Ordering::Relaxed)
     }
 
-    /// Runs `f` on each host chunk of `[iova, iova + len)` with the read lock held, after
-    /// translating the whole range (so a fault touches nothing). `write`: the access stores,
-    /// so every mapping it touches must be writable.
-    fn with_chunks<R>(
+    /// The bus-master gate: DMA is refused (and counted) while it is off.
+    #[inline]
+    fn gate(&self) -> Result<(), DmaError> {
+        if self.bus_master.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            Err(DmaError::BusMasterOff)
+        }
+    }
+
+    /// Passes the host chunks of `[iova, iova + len)` to `push` in order, or counts a
+    /// fault. `write`: the access stores, so every mapping it touches must be writable.
+    #[inline]
+    fn translate<'t>(
         &self,
+        t: &'t Table,
         iova: u64,
         len: usize,
         write: bool,
-        f: impl FnOnce(&mut dyn Iterator<Item = (&HostRegion, usize, usize)>) -> R,
-    ) -> Result<R, DmaError> {
-        if !self.bus_master.load(Ordering::Acquire) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(DmaError::BusMasterOff);
-        }
-        let t = self.table.read().expect("iommu lock");
+        push: &mut impl FnMut(Chunk<'t>),
+    ) -> Result<(), DmaError> {
         let fault = || {
             self.faults.fetch_add(1, Ordering::Relaxed);
             DmaError::Fault { iova, len }
         };
-        // Translate: (mapping, offset in mapping, length) per chunk.
-        let mut chunks: smallvec_lite::Chunks<'_> = smallvec_lite::Chunks::new();
-        let mut cur = iova;
         let end = iova.checked_add(len as u64).ok_or_else(fault)?;
+        let mut cur = iova;
         while cur < end {
             let Some((s, m)) = t.lookup(cur) else {
                 return Err(fault());
@@ -358,53 +364,48 @@ impl Iommu {
                 return Err(fault());
             }
             let n = (end.min(s + m.len) - cur) as usize;
-            chunks.push((&m.region, (cur - s) as usize, n));
+            push((&m.region, (cur - s) as usize, n));
             cur += n as u64;
         }
-        if len == 0 {
-            // A zero-length access still needs a mapped address (of either kind).
-            if t.lookup(iova).is_none() {
-                return Err(fault());
-            }
-        }
-        Ok(f(&mut chunks.iter()))
+        Ok(())
     }
 
-    /// Runs `f` on the host chunks of every segment `(iova, len)` in order, with the read
-    /// lock held, after translating all of them (so a fault anywhere touches nothing).
-    /// `write` as for [`with_chunks`](Self::with_chunks).
-    fn with_segments<R>(
+    /// Runs `f` on each host chunk `(region, offset, length)` of every segment
+    /// `(iova, len)`, in order, with the read lock held (taken once), after translating
+    /// all of them (so a fault anywhere touches nothing). `write` as for
+    /// [`translate`](Self::translate). `point`: a zero-length segment still needs a
+    /// mapped address (single accesses; a zero-length piece of a segment list does not).
+    #[inline]
+    fn with_segments(
         &self,
         segs: &[(u64, usize)],
         write: bool,
-        f: impl FnOnce(&mut dyn Iterator<Item = (&HostRegion, usize, usize)>) -> R,
-    ) -> Result<R, DmaError> {
-        if !self.bus_master.load(Ordering::Acquire) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(DmaError::BusMasterOff);
-        }
+        point: bool,
+        mut f: impl FnMut(&HostRegion, usize, usize),
+    ) -> Result<(), DmaError> {
+        self.gate()?;
         let t = self.table.read().expect("iommu lock");
-        let mut chunks: smallvec_lite::Chunks<'_> = smallvec_lite::Chunks::new();
+        // The common case: one segment inside one mapping.
+        if let [(iova, len)] = *segs
+            && let Some((s, m)) = t.lookup(iova)
+            && (!write || m.writable)
+            && len as u64 <= m.len - (iova - s)
+        {
+            f(&m.region, (iova - s) as usize, len);
+            return Ok(());
+        }
+        let mut chunks = Chunks::new();
         for &(iova, len) in segs {
-            let fault = || {
+            self.translate(&t, iova, len, write, &mut |c| chunks.push(c))?;
+            if point && len == 0 && t.lookup(iova).is_none() {
                 self.faults.fetch_add(1, Ordering::Relaxed);
-                DmaError::Fault { iova, len }
-            };
-            let end = iova.checked_add(len as u64).ok_or_else(fault)?;
-            let mut cur = iova;
-            while cur < end {
-                let Some((s, m)) = t.lookup(cur) else {
-                    return Err(fault());
-                };
-                if write && !m.writable {
-                    return Err(fault());
-                }
-                let n = (end.min(s + m.len) - cur) as usize;
-                chunks.push((&m.region, (cur - s) as usize, n));
-                cur += n as u64;
+                return Err(DmaError::Fault { iova, len });
             }
         }
-        Ok(f(&mut chunks.iter()))
+        for (r, off, n) in chunks.iter() {
+            f(r, off, n);
+        }
+        Ok(())
     }
 
     /// Device read of `dst.len()` bytes gathered from `segs` (lengths summing to
@@ -415,71 +416,66 @@ impl Iommu {
         dst: &mut [u8],
     ) -> Result<(), DmaError> {
         debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), dst.len());
-        self.with_segments(segs, false, |it| {
-            let mut pos = 0;
-            for (r, off, n) in it {
-                r.read(off, &mut dst[pos..pos + n]);
-                pos += n;
-            }
+        let mut pos = 0;
+        self.with_segments(segs, false, false, |r, off, n| {
+            r.read(off, &mut dst[pos..pos + n]);
+            pos += n;
         })
     }
 
     /// Decides what [`read_segments`](Self::read_segments) of `segs` would (bus-master
     /// gate, translation, fault counts) without touching the memory.
     pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<(), DmaError> {
-        self.with_segments(segs, false, |_| ())
+        self.gate()?;
+        let t = self.table.read().expect("iommu lock");
+        for &(iova, len) in segs {
+            self.translate(&t, iova, len, false, &mut |_| ())?;
+        }
+        Ok(())
     }
 
     /// Device write of `src` scattered to `segs`; all or nothing.
     pub(crate) fn write_segments(&self, segs: &[(u64, usize)], src: &[u8]) -> Result<(), DmaError> {
         debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), src.len());
-        self.with_segments(segs, true, |it| {
-            let mut pos = 0;
-            for (r, off, n) in it {
-                r.write(off, &src[pos..pos + n]);
-                pos += n;
-            }
+        let mut pos = 0;
+        self.with_segments(segs, true, false, |r, off, n| {
+            r.write(off, &src[pos..pos + n]);
+            pos += n;
         })
     }
 
     /// Device read of `dst.len()` bytes at `iova`.
     pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaError> {
-        self.with_chunks(iova, dst.len(), false, |it| {
-            let mut pos = 0;
-            for (r, off, n) in it {
-                r.read(off, &mut dst[pos..pos + n]);
-                pos += n;
-            }
+        let mut pos = 0;
+        self.with_segments(&[(iova, dst.len())], false, true, |r, off, n| {
+            r.read(off, &mut dst[pos..pos + n]);
+            pos += n;
         })
     }
 
     /// Device write of `src` at `iova`.
     pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaError> {
-        self.with_chunks(iova, src.len(), true, |it| {
-            let mut pos = 0;
-            for (r, off, n) in it {
-                r.write(off, &src[pos..pos + n]);
-                pos += n;
-            }
+        let mut pos = 0;
+        self.with_segments(&[(iova, src.len())], true, true, |r, off, n| {
+            r.write(off, &src[pos..pos + n]);
+            pos += n;
         })
     }
 
     /// Device write of one byte with release ordering (ownership bits written last).
     pub(crate) fn write_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaError> {
-        self.with_chunks(iova, 1, true, |it| {
-            for (r, off, _) in it {
-                r.store_u8_release(off, v);
-            }
+        self.with_segments(&[(iova, 1)], true, true, |r, off, _| {
+            r.store_u8_release(off, v)
         })
     }
 
     /// Device read of one byte with acquire ordering.
     pub(crate) fn read_u8_acquire(&self, iova: u64) -> Result<u8, DmaError> {
-        self.with_chunks(iova, 1, false, |it| {
-            it.next()
-                .map(|(r, off, _)| r.load_u8_acquire(off))
-                .unwrap_or(0)
-        })
+        let mut v = 0;
+        self.with_segments(&[(iova, 1)], false, true, |r, off, _| {
+            v = r.load_u8_acquire(off)
+        })?;
+        Ok(v)
     }
 
     /// 8-byte atomic at `iova` (8-byte aligned); returns the value before the operation.
@@ -497,10 +493,11 @@ impl Iommu {
             ByteOrder::Big => v.to_be(),
             ByteOrder::Native => v,
         };
-        self.with_chunks(iova, 8, true, |it| {
-            let (r, off, _) = it.next().expect("one chunk for an aligned 8-byte access");
+        let mut old = 0;
+        // An aligned 8-byte access lies in one 4 KiB-aligned mapping: one chunk.
+        self.with_segments(&[(iova, 8)], true, true, |r, off, _| {
             let a = r.atomic_u64(off);
-            match op {
+            old = match op {
                 AtomicOp::CmpSwap { compare, swap } => {
                     match a.compare_exchange(
                         conv(compare),
@@ -522,8 +519,9 @@ impl Iommu {
                         }
                     }
                 }
-            }
-        })
+            };
+        })?;
+        Ok(old)
     }
 }
 
@@ -539,12 +537,14 @@ mod smallvec_lite {
     }
 
     impl<'a> Chunks<'a> {
+        #[inline]
         pub(super) fn new() -> Self {
             Chunks {
                 first: None,
                 rest: Vec::new(),
             }
         }
+        #[inline]
         pub(super) fn push(&mut self, c: Chunk<'a>) {
             if self.first.is_none() {
                 self.first = Some(c);
@@ -552,6 +552,7 @@ mod smallvec_lite {
                 self.rest.push(c);
             }
         }
+        #[inline]
         pub(super) fn iter(&self) -> impl Iterator<Item = Chunk<'a>> + '_ {
             self.first.iter().copied().chain(self.rest.iter().copied())
         }
