@@ -125,6 +125,16 @@ pub enum AtomicOp {
     FetchAdd(u64),
 }
 
+/// IOVAs `[start, end)` that one mapping held at `generation` of the table: what a
+/// successful probe saw ([`Iommu::probe_segments`]), an IOTLB entry for later probes
+/// ([`Iommu::still_mapped`]). The default is empty.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Seen {
+    generation: u64,
+    start: u64,
+    end: u64,
+}
+
 /// The mappings, sorted by start IOVA and disjoint, and the index of the last one a lookup
 /// found.
 struct Table {
@@ -424,14 +434,40 @@ impl Iommu {
     }
 
     /// Decides what [`read_segments`](Self::read_segments) of `segs` would (bus-master
-    /// gate, translation, fault counts) without touching the memory.
-    pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<(), DmaError> {
+    /// gate, translation, fault counts) without touching the memory. On success, returns
+    /// the mapping that holds the first byte of `segs` as a [`Seen`] range (empty when
+    /// `segs` is), for [`still_mapped`](Self::still_mapped) to answer later probes of it.
+    pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<Seen, DmaError> {
         self.gate()?;
         let t = self.table.read().expect("iommu lock");
         for &(iova, len) in segs {
             self.translate(&t, iova, len, false, &mut |_| ())?;
         }
-        Ok(())
+        let seen =
+            segs.first()
+                .and_then(|&(iova, _)| t.lookup(iova))
+                .map_or(Seen::default(), |(s, m)| Seen {
+                    // Read under the lock: no change of the table falls between the
+                    // translation and this value.
+                    generation: self.generation.load(Ordering::Relaxed),
+                    start: s,
+                    end: s + m.len,
+                });
+        Ok(seen)
+    }
+
+    /// Whether a probe of `segs` would succeed, decided without the lock from a range an
+    /// earlier probe found mapped: true only when bus mastering is on, the table has not
+    /// changed since (its generation moves under the write lock on every change) and
+    /// every byte of `segs` lies in `seen` — the probe would then read the same table and
+    /// count nothing. False says nothing: make the probe.
+    #[inline]
+    pub(crate) fn still_mapped(&self, seen: &Seen, segs: &[(u64, usize)]) -> bool {
+        self.bus_master.load(Ordering::Acquire)
+            && self.generation.load(Ordering::Acquire) == seen.generation
+            && segs.iter().all(|&(iova, len)| {
+                iova >= seen.start && (len as u64) <= seen.end.saturating_sub(iova)
+            })
     }
 
     /// Device write of `src` scattered to `segs`; all or nothing.
@@ -687,9 +723,31 @@ mod tests {
         assert_eq!(io.faults(), 2, "one fault each");
         io.map(0x11000, HostMapping::new(region(&mut mem, 1)))
             .unwrap();
-        assert_eq!(io.probe_segments(&segs), Ok(()));
-        assert_eq!(io.probe_segments(&[(0x10000, 0)]), Ok(()));
+        let seen = io.probe_segments(&segs).expect("both mapped");
+        assert!(io.probe_segments(&[(0x10000, 0)]).is_ok());
         assert_eq!(io.faults(), 2);
+        // What the probe saw answers later probes inside the mapping of its first byte,
+        // until the table changes or bus mastering goes off.
+        assert!(io.still_mapped(&seen, &[(0x10000, 4096), (0x10ff8, 8)]));
+        assert!(
+            !io.still_mapped(&seen, &[(0x10ff8, 9)]),
+            "runs into the next mapping"
+        );
+        assert!(!io.still_mapped(&seen, &[(0xfff, 2)]), "starts before it");
+        assert!(!io.still_mapped(&Seen::default(), &[(0x10000, 1)]), "empty");
+        io.set_bus_master(false);
+        assert!(!io.still_mapped(&seen, &[(0x10000, 1)]), "bus master off");
+        io.set_bus_master(true);
+        io.unmap(0x11000, 4096).unwrap();
+        assert!(
+            !io.still_mapped(&seen, &[(0x10000, 1)]),
+            "the table changed"
+        );
+        let seen = io.probe_segments(&[(0x10010, 1)]).expect("still mapped");
+        assert!(io.still_mapped(&seen, &[(0x10000, 1)]));
+        io.unmap(0x10000, 4096).unwrap();
+        assert!(!io.still_mapped(&seen, &[(0x10000, 1)]), "unmapped");
+        assert!(io.probe_segments(&[(0x10000, 1)]).is_err());
         drop(io);
         drop(mem);
     }

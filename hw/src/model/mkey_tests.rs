@@ -406,7 +406,7 @@ fn unmapped_translations_fault_without_partial_writes() {
 #[test]
 fn a_probe_decides_and_counts_as_reads_of_its_two_ends_would() {
     let r = rig();
-    let _m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
+    let m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
     // Three pages: page 1 unmapped in the IOMMU, page 2 with a zeroed entry.
     let mut p = MkeyParams::mtt(r.pd, 3);
     p.mtts[1] = (IOVA + 64 * PAGE) | 3;
@@ -471,6 +471,32 @@ fn a_probe_decides_and_counts_as_reads_of_its_two_ends_would() {
         mem_probe(&r.hca.shared, &core, rokey, r.pd, u64::MAX, 2, Access::NONE),
         Err(MemError::OutOfBounds),
         "a range past the address space"
+    );
+    // A probe that passed decides nothing for the next one once the page is unmapped or
+    // the MKey destroyed.
+    let probe = |k| mem_probe(&r.hca.shared, &core, k, r.pd, VA, 16, Access::NONE);
+    assert_eq!(probe(rokey), Ok(()));
+    assert_eq!(probe(rokey), Ok(()));
+    drop(core);
+    let (mk, io) = counts(&r);
+    drop(m);
+    let core = r.hca.shared.core();
+    let probe = |k| mem_probe(&r.hca.shared, &core, k, r.pd, VA, 16, Access::NONE);
+    assert_eq!(probe(rokey), Err(MemError::Unmapped));
+    drop(core);
+    assert_eq!(counts(&r), (mk + 1, io + 1));
+    let _m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
+    let core = r.hca.shared.core();
+    assert_eq!(
+        mem_probe(&r.hca.shared, &core, rokey, r.pd, VA, 16, Access::NONE),
+        Ok(())
+    );
+    drop(core);
+    assert_eq!(r.destroy(rokey).0, CmdStatus::Ok);
+    let core = r.hca.shared.core();
+    assert_eq!(
+        mem_probe(&r.hca.shared, &core, rokey, r.pd, VA, 16, Access::NONE),
+        Err(MemError::BadKey)
     );
 }
 
