@@ -13,6 +13,13 @@
 //! lookup first checks the mapping it found last, then binary-searches. The hint is only
 //! an index that every lookup checks against the table it reads under the lock, so it can
 //! never outlive a mapping: after `unmap` returns, no access reaches the range.
+//!
+//! A probe (a check that moves no data: an MKey check before a WRITE or READ is accepted)
+//! returns what it saw as a [`Seen`] range tagged with the table's generation, which every
+//! change of the table moves under the write lock; a later probe inside that range is
+//! answered without the lock while the generation and the bus-master bit stand
+//! ([`Iommu::still_mapped`]). Data never moves that way: reads and writes always take the
+//! read lock and translate again.
 
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
