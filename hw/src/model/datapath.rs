@@ -313,16 +313,14 @@ impl rc::Memory for Mem<'_> {
         if len == 0 {
             return Ok(());
         }
-        // Key, PD, bounds and rights of the whole range are decided by its first and last
-        // byte (the MKey range is contiguous); holes in the translation show up when the
-        // data moves. The probe decides as a one-byte read would but reads nothing: the
-        // destination line stays where the host has it until the data is written.
-        let last = va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
-        for at in [va, last] {
-            mkey::mem_probe(self.sh, self.core, key, self.pd, at, 1, need(access))
-                .map_err(|e| access_error(key, e))?;
-        }
-        Ok(())
+        // Key, PD, bounds and rights of the whole range are decided by one MKey lookup
+        // and its first and last byte (the MKey range is contiguous); holes in the
+        // translation show up when the data moves. The probe decides as one-byte reads
+        // would but reads nothing: the destination line stays where the host has it
+        // until the data is written.
+        va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
+        mkey::mem_probe(self.sh, self.core, key, self.pd, va, len, need(access))
+            .map_err(|e| access_error(key, e))
     }
 
     fn read(&self, key: u32, va: u64, buf: &mut [u8], a: rc::Access) -> Result<(), AccessError> {

@@ -13,12 +13,20 @@
 //! lookup first checks the mapping it found last, then binary-searches. The hint is only
 //! an index that every lookup checks against the table it reads under the lock, so it can
 //! never outlive a mapping: after `unmap` returns, no access reaches the range.
+//!
+//! A probe (a check that moves no data: an MKey check before a WRITE or READ is accepted)
+//! returns what it saw as a [`Seen`] range tagged with the table's generation, which every
+//! change of the table moves under the write lock; a later probe inside that range is
+//! answered without the lock while the generation and the bus-master bit stand
+//! ([`Iommu::still_mapped`]). Data never moves that way: reads and writes always take the
+//! read lock and translate again.
 
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use super::ModelError;
 use super::mem::HostRegion;
+use smallvec_lite::{Chunk, Chunks};
 
 /// First usable IOVA (page 0 is kept unmapped so that a null IOVA always faults).
 pub const IOVA_START: u64 = 0x1000;
@@ -122,6 +130,16 @@ pub enum AtomicOp {
     },
     /// Fetch and add (wrapping).
     FetchAdd(u64),
+}
+
+/// IOVAs `[start, end)` that one mapping held at `generation` of the table: what a
+/// successful probe saw ([`Iommu::probe_segments`]), an IOTLB entry for later probes
+/// ([`Iommu::still_mapped`]). The default is empty.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Seen {
+    generation: u64,
+    start: u64,
+    end: u64,
 }
 
 /// The mappings, sorted by start IOVA and disjoint, and the index of the last one a lookup
@@ -327,29 +345,34 @@ impl Iommu {
         self.generation.load(Ordering::Relaxed)
     }
 
-    /// Runs `f` on each host chunk of `[iova, iova + len)` with the read lock held, after
-    /// translating the whole range (so a fault touches nothing). `write`: the access stores,
-    /// so every mapping it touches must be writable.
-    fn with_chunks<R>(
+    /// The bus-master gate: DMA is refused (and counted) while it is off.
+    #[inline]
+    fn gate(&self) -> Result<(), DmaError> {
+        if self.bus_master.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            Err(DmaError::BusMasterOff)
+        }
+    }
+
+    /// Passes the host chunks of `[iova, iova + len)` to `push` in order, or counts a
+    /// fault. `write`: the access stores, so every mapping it touches must be writable.
+    #[inline]
+    fn translate<'t>(
         &self,
+        t: &'t Table,
         iova: u64,
         len: usize,
         write: bool,
-        f: impl FnOnce(&mut dyn Iterator<Item = (&HostRegion, usize, usize)>) -> R,
-    ) -> Result<R, DmaError> {
-        if !self.bus_master.load(Ordering::Acquire) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(DmaError::BusMasterOff);
-        }
-        let t = self.table.read().expect("iommu lock");
+        push: &mut impl FnMut(Chunk<'t>),
+    ) -> Result<(), DmaError> {
         let fault = || {
             self.faults.fetch_add(1, Ordering::Relaxed);
             DmaError::Fault { iova, len }
         };
-        // Translate: (mapping, offset in mapping, length) per chunk.
-        let mut chunks: smallvec_lite::Chunks<'_> = smallvec_lite::Chunks::new();
-        let mut cur = iova;
         let end = iova.checked_add(len as u64).ok_or_else(fault)?;
+        let mut cur = iova;
         while cur < end {
             let Some((s, m)) = t.lookup(cur) else {
                 return Err(fault());
@@ -358,53 +381,48 @@ impl Iommu {
                 return Err(fault());
             }
             let n = (end.min(s + m.len) - cur) as usize;
-            chunks.push((&m.region, (cur - s) as usize, n));
+            push((&m.region, (cur - s) as usize, n));
             cur += n as u64;
         }
-        if len == 0 {
-            // A zero-length access still needs a mapped address (of either kind).
-            if t.lookup(iova).is_none() {
-                return Err(fault());
-            }
-        }
-        Ok(f(&mut chunks.iter()))
+        Ok(())
     }
 
-    /// Runs `f` on the host chunks of every segment `(iova, len)` in order, with the read
-    /// lock held, after translating all of them (so a fault anywhere touches nothing).
-    /// `write` as for [`with_chunks`](Self::with_chunks).
-    fn with_segments<R>(
+    /// Runs `f` on each host chunk `(region, offset, length)` of every segment
+    /// `(iova, len)`, in order, with the read lock held (taken once), after translating
+    /// all of them (so a fault anywhere touches nothing). `write` as for
+    /// [`translate`](Self::translate). `point`: a zero-length segment still needs a
+    /// mapped address (single accesses; a zero-length piece of a segment list does not).
+    #[inline]
+    fn with_segments(
         &self,
         segs: &[(u64, usize)],
         write: bool,
-        f: impl FnOnce(&mut dyn Iterator<Item = (&HostRegion, usize, usize)>) -> R,
-    ) -> Result<R, DmaError> {
-        if !self.bus_master.load(Ordering::Acquire) {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(DmaError::BusMasterOff);
-        }
+        point: bool,
+        mut f: impl FnMut(&HostRegion, usize, usize),
+    ) -> Result<(), DmaError> {
+        self.gate()?;
         let t = self.table.read().expect("iommu lock");
-        let mut chunks: smallvec_lite::Chunks<'_> = smallvec_lite::Chunks::new();
+        // The common case: one segment inside one mapping.
+        if let [(iova, len)] = *segs
+            && let Some((s, m)) = t.lookup(iova)
+            && (!write || m.writable)
+            && len as u64 <= m.len - (iova - s)
+        {
+            f(&m.region, (iova - s) as usize, len);
+            return Ok(());
+        }
+        let mut chunks = Chunks::new();
         for &(iova, len) in segs {
-            let fault = || {
+            self.translate(&t, iova, len, write, &mut |c| chunks.push(c))?;
+            if point && len == 0 && t.lookup(iova).is_none() {
                 self.faults.fetch_add(1, Ordering::Relaxed);
-                DmaError::Fault { iova, len }
-            };
-            let end = iova.checked_add(len as u64).ok_or_else(fault)?;
-            let mut cur = iova;
-            while cur < end {
-                let Some((s, m)) = t.lookup(cur) else {
-                    return Err(fault());
-                };
-                if write && !m.writable {
-                    return Err(fault());
-                }
-                let n = (end.min(s + m.len) - cur) as usize;
-                chunks.push((&m.region, (cur - s) as usize, n));
-                cur += n as u64;
+                return Err(DmaError::Fault { iova, len });
             }
         }
-        Ok(f(&mut chunks.iter()))
+        for (r, off, n) in chunks.iter() {
+            f(r, off, n);
+        }
+        Ok(())
     }
 
     /// Device read of `dst.len()` bytes gathered from `segs` (lengths summing to
@@ -415,71 +433,92 @@ impl Iommu {
         dst: &mut [u8],
     ) -> Result<(), DmaError> {
         debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), dst.len());
-        self.with_segments(segs, false, |it| {
-            let mut pos = 0;
-            for (r, off, n) in it {
-                r.read(off, &mut dst[pos..pos + n]);
-                pos += n;
-            }
+        let mut pos = 0;
+        self.with_segments(segs, false, false, |r, off, n| {
+            r.read(off, &mut dst[pos..pos + n]);
+            pos += n;
         })
     }
 
     /// Decides what [`read_segments`](Self::read_segments) of `segs` would (bus-master
-    /// gate, translation, fault counts) without touching the memory.
-    pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<(), DmaError> {
-        self.with_segments(segs, false, |_| ())
+    /// gate, translation, fault counts) without touching the memory. On success, returns
+    /// the mapping that holds the first byte of `segs` as a [`Seen`] range (empty when
+    /// `segs` is), for [`still_mapped`](Self::still_mapped) to answer later probes of it.
+    pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<Seen, DmaError> {
+        self.gate()?;
+        let t = self.table.read().expect("iommu lock");
+        for &(iova, len) in segs {
+            self.translate(&t, iova, len, false, &mut |_| ())?;
+        }
+        let seen =
+            segs.first()
+                .and_then(|&(iova, _)| t.lookup(iova))
+                .map_or(Seen::default(), |(s, m)| Seen {
+                    // Read under the lock: no change of the table falls between the
+                    // translation and this value.
+                    generation: self.generation.load(Ordering::Relaxed),
+                    start: s,
+                    end: s + m.len,
+                });
+        Ok(seen)
+    }
+
+    /// Whether a probe of `segs` would succeed, decided without the lock from a range an
+    /// earlier probe found mapped: true only when bus mastering is on, the table has not
+    /// changed since (its generation moves under the write lock on every change) and
+    /// every byte of `segs` lies in `seen` — the probe would then read the same table and
+    /// count nothing. False says nothing: make the probe.
+    #[inline]
+    pub(crate) fn still_mapped(&self, seen: &Seen, segs: &[(u64, usize)]) -> bool {
+        self.bus_master.load(Ordering::Acquire)
+            && self.generation.load(Ordering::Acquire) == seen.generation
+            && segs.iter().all(|&(iova, len)| {
+                iova >= seen.start && (len as u64) <= seen.end.saturating_sub(iova)
+            })
     }
 
     /// Device write of `src` scattered to `segs`; all or nothing.
     pub(crate) fn write_segments(&self, segs: &[(u64, usize)], src: &[u8]) -> Result<(), DmaError> {
         debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), src.len());
-        self.with_segments(segs, true, |it| {
-            let mut pos = 0;
-            for (r, off, n) in it {
-                r.write(off, &src[pos..pos + n]);
-                pos += n;
-            }
+        let mut pos = 0;
+        self.with_segments(segs, true, false, |r, off, n| {
+            r.write(off, &src[pos..pos + n]);
+            pos += n;
         })
     }
 
     /// Device read of `dst.len()` bytes at `iova`.
     pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaError> {
-        self.with_chunks(iova, dst.len(), false, |it| {
-            let mut pos = 0;
-            for (r, off, n) in it {
-                r.read(off, &mut dst[pos..pos + n]);
-                pos += n;
-            }
+        let mut pos = 0;
+        self.with_segments(&[(iova, dst.len())], false, true, |r, off, n| {
+            r.read(off, &mut dst[pos..pos + n]);
+            pos += n;
         })
     }
 
     /// Device write of `src` at `iova`.
     pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaError> {
-        self.with_chunks(iova, src.len(), true, |it| {
-            let mut pos = 0;
-            for (r, off, n) in it {
-                r.write(off, &src[pos..pos + n]);
-                pos += n;
-            }
+        let mut pos = 0;
+        self.with_segments(&[(iova, src.len())], true, true, |r, off, n| {
+            r.write(off, &src[pos..pos + n]);
+            pos += n;
         })
     }
 
     /// Device write of one byte with release ordering (ownership bits written last).
     pub(crate) fn write_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaError> {
-        self.with_chunks(iova, 1, true, |it| {
-            for (r, off, _) in it {
-                r.store_u8_release(off, v);
-            }
+        self.with_segments(&[(iova, 1)], true, true, |r, off, _| {
+            r.store_u8_release(off, v)
         })
     }
 
     /// Device read of one byte with acquire ordering.
     pub(crate) fn read_u8_acquire(&self, iova: u64) -> Result<u8, DmaError> {
-        self.with_chunks(iova, 1, false, |it| {
-            it.next()
-                .map(|(r, off, _)| r.load_u8_acquire(off))
-                .unwrap_or(0)
-        })
+        let mut v = 0;
+        self.with_segments(&[(iova, 1)], false, true, |r, off, _| {
+            v = r.load_u8_acquire(off)
+        })?;
+        Ok(v)
     }
 
     /// 8-byte atomic at `iova` (8-byte aligned); returns the value before the operation.
@@ -497,10 +536,11 @@ impl Iommu {
             ByteOrder::Big => v.to_be(),
             ByteOrder::Native => v,
         };
-        self.with_chunks(iova, 8, true, |it| {
-            let (r, off, _) = it.next().expect("one chunk for an aligned 8-byte access");
+        let mut old = 0;
+        // An aligned 8-byte access lies in one 4 KiB-aligned mapping: one chunk.
+        self.with_segments(&[(iova, 8)], true, true, |r, off, _| {
             let a = r.atomic_u64(off);
-            match op {
+            old = match op {
                 AtomicOp::CmpSwap { compare, swap } => {
                     match a.compare_exchange(
                         conv(compare),
@@ -522,8 +562,9 @@ impl Iommu {
                         }
                     }
                 }
-            }
-        })
+            };
+        })?;
+        Ok(old)
     }
 }
 
@@ -539,12 +580,14 @@ mod smallvec_lite {
     }
 
     impl<'a> Chunks<'a> {
+        #[inline]
         pub(super) fn new() -> Self {
             Chunks {
                 first: None,
                 rest: Vec::new(),
             }
         }
+        #[inline]
         pub(super) fn push(&mut self, c: Chunk<'a>) {
             if self.first.is_none() {
                 self.first = Some(c);
@@ -552,6 +595,7 @@ mod smallvec_lite {
                 self.rest.push(c);
             }
         }
+        #[inline]
         pub(super) fn iter(&self) -> impl Iterator<Item = Chunk<'a>> + '_ {
             self.first.iter().copied().chain(self.rest.iter().copied())
         }
@@ -686,9 +730,31 @@ mod tests {
         assert_eq!(io.faults(), 2, "one fault each");
         io.map(0x11000, HostMapping::new(region(&mut mem, 1)))
             .unwrap();
-        assert_eq!(io.probe_segments(&segs), Ok(()));
-        assert_eq!(io.probe_segments(&[(0x10000, 0)]), Ok(()));
+        let seen = io.probe_segments(&segs).expect("both mapped");
+        assert!(io.probe_segments(&[(0x10000, 0)]).is_ok());
         assert_eq!(io.faults(), 2);
+        // What the probe saw answers later probes inside the mapping of its first byte,
+        // until the table changes or bus mastering goes off.
+        assert!(io.still_mapped(&seen, &[(0x10000, 4096), (0x10ff8, 8)]));
+        assert!(
+            !io.still_mapped(&seen, &[(0x10ff8, 9)]),
+            "runs into the next mapping"
+        );
+        assert!(!io.still_mapped(&seen, &[(0xfff, 2)]), "starts before it");
+        assert!(!io.still_mapped(&Seen::default(), &[(0x10000, 1)]), "empty");
+        io.set_bus_master(false);
+        assert!(!io.still_mapped(&seen, &[(0x10000, 1)]), "bus master off");
+        io.set_bus_master(true);
+        io.unmap(0x11000, 4096).unwrap();
+        assert!(
+            !io.still_mapped(&seen, &[(0x10000, 1)]),
+            "the table changed"
+        );
+        let seen = io.probe_segments(&[(0x10010, 1)]).expect("still mapped");
+        assert!(io.still_mapped(&seen, &[(0x10000, 1)]));
+        io.unmap(0x10000, 4096).unwrap();
+        assert!(!io.still_mapped(&seen, &[(0x10000, 1)]), "unmapped");
+        assert!(io.probe_segments(&[(0x10000, 1)]).is_err());
         drop(io);
         drop(mem);
     }

@@ -36,10 +36,11 @@
 //! `mem_atomic` are big-endian in memory (IB atomics, §9.5); the returned value is the
 //! original value as a number.
 
+use std::cell::Cell;
 use std::ops::BitOr;
 
 use super::Shared;
-use super::iommu::{AtomicOp, ByteOrder};
+use super::iommu::{AtomicOp, ByteOrder, Seen};
 use super::state::{Core, IdAlloc};
 
 /// Access rights of an MKey, and the rights an access needs (local read is always granted).
@@ -141,6 +142,8 @@ pub(crate) struct MkeyTable {
     ids: IdAlloc,
     keys: Vec<Option<Mkey>>,
     live: usize,
+    /// The IOMMU mapping the last probe ([`mem_probe`]) found, for the next one.
+    seen: Cell<Seen>,
 }
 
 impl MkeyTable {
@@ -149,6 +152,7 @@ impl MkeyTable {
             ids: IdAlloc::new(1, 1 << log_max),
             keys: Vec::new(),
             live: 0,
+            seen: Cell::new(Seen::default()),
         }
     }
 
@@ -245,10 +249,12 @@ impl Segs {
     }
 }
 
-/// Where a checked access lands.
+/// Where an admitted access lands (step 5).
 enum Target {
-    /// Host memory: the IOVA segments `resolve` filled in, in order.
-    Host,
+    /// Host memory: one IOVA range (the access lies in one MTT page).
+    Iova(u64),
+    /// Host memory over several MTT pages: [`translate_pages`] lists their IOVA segments.
+    Pages,
     /// A BAR0 offset (MEMIC window).
     Bar(usize),
 }
@@ -260,20 +266,39 @@ enum Dir {
     Atomic,
 }
 
-/// Checks steps 1-5 of the module docs and returns where the bytes are; for host memory
-/// their IOVA segments are pushed to `segs` (the caller's, empty: filled in place rather
-/// than returned by value, which cost a 160-byte copy per access).
-#[allow(clippy::too_many_arguments)]
-fn resolve(
+impl Dir {
+    /// The MTT entry enables an access in this direction needs under `pg_access`.
+    const fn enables(self) -> u64 {
+        match self {
+            Dir::Read => MTT_RD_EN,
+            Dir::Write => MTT_WR_EN,
+            Dir::Atomic => MTT_RD_EN | MTT_WR_EN,
+        }
+    }
+}
+
+/// Whether `[va, va + n)` lies inside `m` (step 3 without the atomic alignment rule).
+#[inline]
+fn in_bounds(m: &Mkey, va: u64, n: u64) -> bool {
+    match m.xlate {
+        Xlate::Memic => va.checked_add(n).is_some_and(|e| e <= m.len),
+        Xlate::Mtt { .. } => {
+            va >= m.start && va.checked_add(n).is_some_and(|e| e <= m.start + m.len)
+        }
+    }
+}
+
+/// Steps 1-4 of the module docs for `len` bytes at `va`: the MKey, when they pass.
+#[inline]
+fn admit(
     core: &Core,
     key: u32,
     pd: u32,
     va: u64,
-    len: usize,
+    len: u64,
     need: Access,
     dir: Dir,
-    segs: &mut Segs,
-) -> Result<Target, MemError> {
+) -> Result<&Mkey, MemError> {
     let m = core.mkeys.get(key >> 8).ok_or(MemError::BadKey)?;
     if m.variant != key as u8 || m.free {
         return Err(MemError::BadKey);
@@ -281,19 +306,34 @@ fn resolve(
     if m.pd != pd {
         return Err(MemError::NotInPd);
     }
-    let n = len as u64;
-    let in_bounds = match m.xlate {
-        Xlate::Memic => va.checked_add(n).is_some_and(|e| e <= m.len),
-        Xlate::Mtt { .. } => {
-            va >= m.start && va.checked_add(n).is_some_and(|e| e <= m.start + m.len)
-        }
-    };
-    if !in_bounds || (dir == Dir::Atomic && !va.is_multiple_of(8)) {
+    if !in_bounds(m, va, len) || (dir == Dir::Atomic && !va.is_multiple_of(8)) {
         return Err(MemError::OutOfBounds);
     }
     if !m.rights.contains(need) {
         return Err(MemError::NoRight);
     }
+    Ok(m)
+}
+
+/// MTT entry `i`, checked for an access that needs the enables `want` (step 5).
+#[inline]
+fn mtt_entry(mtts: &[u64], i: u64, pg_access: bool, want: u64) -> Result<u64, MemError> {
+    let e = *mtts.get(i as usize).ok_or(MemError::Unmapped)?;
+    if pg_access && e & want != want {
+        return Err(if e & (MTT_RD_EN | MTT_WR_EN) == 0 {
+            MemError::Unmapped
+        } else {
+            MemError::NoRight
+        });
+    }
+    Ok(e)
+}
+
+/// Step 5 for the admitted range `[va, va + len)` of `m`: where it lands. A range over
+/// several MTT pages gives [`Target::Pages`] without looking at them
+/// ([`translate_pages`] does, in order, so the first failing page decides the error).
+#[inline]
+fn translate(m: &Mkey, va: u64, len: u64, dir: Dir) -> Result<Target, MemError> {
     match &m.xlate {
         Xlate::Memic => {
             let off = m.start + va;
@@ -308,34 +348,41 @@ fn resolve(
             mtts,
         } => {
             let lps = *log_page_size;
-            let page = 1u64 << lps;
-            let want = match dir {
-                Dir::Read => MTT_RD_EN,
-                Dir::Write => MTT_WR_EN,
-                Dir::Atomic => MTT_RD_EN | MTT_WR_EN,
-            };
-            let first = m.start >> lps;
-            let (mut cur, end) = (va, va + n);
-            loop {
-                let e = *mtts
-                    .get(((cur >> lps) - first) as usize)
-                    .ok_or(MemError::Unmapped)?;
-                if *pg_access && e & want != want {
-                    return Err(if e & (MTT_RD_EN | MTT_WR_EN) == 0 {
-                        MemError::Unmapped
-                    } else {
-                        MemError::NoRight
-                    });
-                }
-                let iova = (e & MTT_ADDR_MASK) + (cur & (page - 1));
-                let chunk = ((cur | (page - 1)) + 1).min(end) - cur;
-                segs.push(iova, chunk as usize);
-                cur += chunk;
-                if cur >= end {
-                    break;
-                }
+            let page = va >> lps;
+            // Admitted: `va + len` does not overflow.
+            if len > 1 && (va + len - 1) >> lps != page {
+                return Ok(Target::Pages);
             }
-            Ok(Target::Host)
+            let e = mtt_entry(mtts, page - (m.start >> lps), *pg_access, dir.enables())?;
+            Ok(Target::Iova((e & MTT_ADDR_MASK) + (va & ((1 << lps) - 1))))
+        }
+    }
+}
+
+/// Step 5 for an admitted MTT range over several pages: pushes its IOVA segments to
+/// `segs` (the caller's, empty: filled in place rather than returned by value, which
+/// would copy 160 bytes).
+fn translate_pages(m: &Mkey, va: u64, len: u64, dir: Dir, segs: &mut Segs) -> Result<(), MemError> {
+    let Xlate::Mtt {
+        log_page_size,
+        pg_access,
+        mtts,
+    } = &m.xlate
+    else {
+        unreachable!("only MTT MKeys translate to pages")
+    };
+    let lps = *log_page_size;
+    let page = 1u64 << lps;
+    let first = m.start >> lps;
+    let (mut cur, end) = (va, va + len);
+    loop {
+        let e = mtt_entry(mtts, (cur >> lps) - first, *pg_access, dir.enables())?;
+        let iova = (e & MTT_ADDR_MASK) + (cur & (page - 1));
+        let chunk = ((cur | (page - 1)) + 1).min(end) - cur;
+        segs.push(iova, chunk as usize);
+        cur += chunk;
+        if cur >= end {
+            return Ok(());
         }
     }
 }
@@ -343,6 +390,48 @@ fn resolve(
 fn fault(sh: &Shared, e: MemError) -> MemError {
     super::Counters::inc(&sh.stats.mkey_faults);
     e
+}
+
+/// Where a checked access lands, as [`access`] hands it to the access.
+enum Place<'a> {
+    /// Host memory: the IOVA segments, in order (the IOMMU does the rest).
+    Host(&'a [(u64, usize)]),
+    /// A BAR0 offset (MEMIC window).
+    Bar(usize),
+}
+
+/// Checks steps 1-5 for `len` bytes at `va` and runs `run` where they land; an IOMMU
+/// error of `run` is a fault like the others. A refusal anywhere counts one fault and
+/// touches nothing.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn access<R>(
+    sh: &Shared,
+    core: &Core,
+    key: u32,
+    pd: u32,
+    va: u64,
+    len: usize,
+    need: Access,
+    dir: Dir,
+    run: impl FnOnce(Place<'_>) -> Result<R, super::iommu::DmaError>,
+) -> Result<R, MemError> {
+    let n = len as u64;
+    let target =
+        admit(core, key, pd, va, n, need, dir).and_then(|m| Ok((m, translate(m, va, n, dir)?)));
+    let res = match target {
+        Ok((_, Target::Iova(iova))) => run(Place::Host(&[(iova, len)])),
+        Ok((m, Target::Pages)) => {
+            let mut segs = Segs::new();
+            if let Err(e) = translate_pages(m, va, n, dir, &mut segs) {
+                return Err(fault(sh, e));
+            }
+            run(Place::Host(segs.as_slice()))
+        }
+        Ok((_, Target::Bar(off))) => run(Place::Bar(off)),
+        Err(e) => return Err(fault(sh, e)),
+    };
+    res.map_err(|_| fault(sh, MemError::Unmapped))
 }
 
 /// Device read of `dst.len()` bytes at `va` through `key` (see the module docs).
@@ -355,41 +444,115 @@ pub(crate) fn mem_read(
     dst: &mut [u8],
     need: Access,
 ) -> Result<(), MemError> {
-    let mut segs = Segs::new();
-    match resolve(core, key, pd, va, dst.len(), need, Dir::Read, &mut segs) {
-        Ok(Target::Bar(off)) => {
+    let len = dst.len();
+    access(sh, core, key, pd, va, len, need, Dir::Read, |at| match at {
+        Place::Host(segs) => sh.iommu.read_segments(segs, dst),
+        Place::Bar(off) => {
             sh.bar.read_bytes(off, dst);
             Ok(())
         }
-        Ok(Target::Host) => sh
-            .iommu
-            .read_segments(segs.as_slice(), dst)
-            .map_err(|_| fault(sh, MemError::Unmapped)),
-        Err(e) => Err(fault(sh, e)),
-    }
+    })
 }
 
-/// Decides what [`mem_read`] of `len` bytes at `va` would (the same checks, the same error,
-/// the same fault counts) without reading the memory: a check before data moves, which
-/// must not pull the line of a buffer the host is polling into the device's cache.
+/// The common case of [`mem_probe`], decided at once: an MTT MKey, the range `[va, last]`
+/// inside one of its pages, every check passing and the IOMMU mapping the last probe saw
+/// still holding the range. True means the probe passes (and, passing, counts nothing);
+/// false says nothing: go the whole way, which decides and counts the failure exactly.
+#[inline]
+fn probe_passes(
+    sh: &Shared,
+    core: &Core,
+    key: u32,
+    pd: u32,
+    va: u64,
+    last: u64,
+    need: Access,
+) -> bool {
+    let Some(m) = core.mkeys.get(key >> 8) else {
+        return false;
+    };
+    let Xlate::Mtt {
+        log_page_size: lps,
+        pg_access,
+        mtts,
+    } = &m.xlate
+    else {
+        return false;
+    };
+    let page = va >> lps;
+    let admitted = m.variant == key as u8
+        && !m.free
+        && m.pd == pd
+        && m.rights.contains(need)
+        && va >= m.start
+        && last - m.start < m.len
+        && last >> lps == page;
+    if !admitted {
+        return false;
+    }
+    let Some(&e) = mtts.get((page - (m.start >> lps)) as usize) else {
+        return false;
+    };
+    if *pg_access && e & MTT_RD_EN == 0 {
+        return false;
+    }
+    let iova = (e & MTT_ADDR_MASK) + (va & ((1 << lps) - 1));
+    let n = (last - va + 1) as usize;
+    sh.iommu.still_mapped(&core.mkeys.seen.get(), &[(iova, n)])
+}
+
+/// Decides what one-byte [`mem_read`]s of the first and the last byte of the `len` bytes
+/// at `va` would (the same checks in the same order, the same first error, the same
+/// fault counts) without reading memory: key, PD and rights are the MKey's, and as its
+/// range is contiguous the two ends decide the bounds of the whole range; holes in the
+/// translation between them show when the data moves. One MKey lookup and one IOMMU
+/// look-up for both bytes. A check before data moves, which must not pull the line of a
+/// buffer the host is polling into the device's cache. `len` 0 probes the byte at `va`.
 pub(crate) fn mem_probe(
     sh: &Shared,
     core: &Core,
     key: u32,
     pd: u32,
     va: u64,
-    len: usize,
+    len: u64,
     need: Access,
 ) -> Result<(), MemError> {
-    let mut segs = Segs::new();
-    match resolve(core, key, pd, va, len, need, Dir::Read, &mut segs) {
-        Ok(Target::Bar(_)) => Ok(()),
-        Ok(Target::Host) => sh
-            .iommu
-            .probe_segments(segs.as_slice())
-            .map_err(|_| fault(sh, MemError::Unmapped)),
-        Err(e) => Err(fault(sh, e)),
+    let last = va
+        .checked_add(len.saturating_sub(1))
+        .ok_or_else(|| fault(sh, MemError::OutOfBounds))?;
+    if probe_passes(sh, core, key, pd, va, last, need) {
+        return Ok(());
     }
+    // Where one byte lands: `Some(iova)` in host memory, `None` in the MEMIC window.
+    let byte = |m: &Mkey, at: u64| match translate(m, at, 1, Dir::Read)? {
+        Target::Iova(iova) => Ok(Some(iova)),
+        Target::Pages | Target::Bar(_) => Ok(None),
+    };
+    let m = admit(core, key, pd, va, 1, need, Dir::Read).map_err(|e| fault(sh, e))?;
+    let a = byte(m, va).map_err(|e| fault(sh, e))?;
+    let b = if in_bounds(m, last, 1) {
+        byte(m, last)
+    } else {
+        Err(MemError::OutOfBounds)
+    };
+    // The first byte's IOMMU probe comes before the last byte's error, as it would
+    // with two separate reads.
+    let (pair, n) = match (a, &b) {
+        (Some(x), Ok(Some(y))) => ([(x, 1), (*y, 1)], 2),
+        (Some(x), _) => ([(x, 1), (0, 0)], 1),
+        (None, _) => ([(0, 0); 2], 0),
+    };
+    // The IOMMU part, answered without its lock when the last probe saw the same
+    // mapping and the table has not changed since.
+    let segs = &pair[..n];
+    if n > 0 && !sh.iommu.still_mapped(&core.mkeys.seen.get(), segs) {
+        let seen = sh
+            .iommu
+            .probe_segments(segs)
+            .map_err(|_| fault(sh, MemError::Unmapped))?;
+        core.mkeys.seen.set(seen);
+    }
+    b.map(|_| ()).map_err(|e| fault(sh, e))
 }
 
 /// Device write of `src` at `va` through `key` (see the module docs).
@@ -402,18 +565,23 @@ pub(crate) fn mem_write(
     src: &[u8],
     need: Access,
 ) -> Result<(), MemError> {
-    let mut segs = Segs::new();
-    match resolve(core, key, pd, va, src.len(), need, Dir::Write, &mut segs) {
-        Ok(Target::Bar(off)) => {
-            sh.bar.write_bytes(off, src);
-            Ok(())
-        }
-        Ok(Target::Host) => sh
-            .iommu
-            .write_segments(segs.as_slice(), src)
-            .map_err(|_| fault(sh, MemError::Unmapped)),
-        Err(e) => Err(fault(sh, e)),
-    }
+    access(
+        sh,
+        core,
+        key,
+        pd,
+        va,
+        src.len(),
+        need,
+        Dir::Write,
+        |at| match at {
+            Place::Host(segs) => sh.iommu.write_segments(segs, src),
+            Place::Bar(off) => {
+                sh.bar.write_bytes(off, src);
+                Ok(())
+            }
+        },
+    )
 }
 
 /// 8-byte atomic at `va` (8-byte aligned) through `key`; returns the original value. The
@@ -427,15 +595,10 @@ pub(crate) fn mem_atomic(
     op: AtomicOp,
     need: Access,
 ) -> Result<u64, MemError> {
-    let mut segs = Segs::new();
-    match resolve(core, key, pd, va, 8, need, Dir::Atomic, &mut segs) {
-        Ok(Target::Bar(off)) => Ok(sh.bar.atomic64_be(off, op)),
-        Ok(Target::Host) => sh
-            .iommu
-            .atomic64(segs.as_slice()[0].0, op, ByteOrder::Big)
-            .map_err(|_| fault(sh, MemError::Unmapped)),
-        Err(e) => Err(fault(sh, e)),
-    }
+    access(sh, core, key, pd, va, 8, need, Dir::Atomic, |at| match at {
+        Place::Host(segs) => sh.iommu.atomic64(segs[0].0, op, ByteOrder::Big),
+        Place::Bar(off) => Ok(sh.bar.atomic64_be(off, op)),
+    })
 }
 
 impl super::Hca {

@@ -404,6 +404,103 @@ fn unmapped_translations_fault_without_partial_writes() {
 }
 
 #[test]
+fn a_probe_decides_and_counts_as_reads_of_its_two_ends_would() {
+    let r = rig();
+    let m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
+    // Three pages: page 1 unmapped in the IOMMU, page 2 with a zeroed entry.
+    let mut p = MkeyParams::mtt(r.pd, 3);
+    p.mtts[1] = (IOVA + 64 * PAGE) | 3;
+    p.mtts[2] = 0;
+    let key = r.create(&p).unwrap();
+    let end = VA + p.len; // one past the MKey's last byte
+    let p1 = VA - 0x123 + PAGE; // first byte of page 1
+    let p2 = p1 + PAGE;
+    let cases = [
+        (VA, 16, Access::REMOTE_WRITE),   // all in page 0
+        (VA, PAGE - 0x123, Access::NONE), // ends on page 0's last byte
+        (VA, PAGE, Access::REMOTE_READ),  // last byte in the unmapped page 1
+        (VA, end - VA, Access::NONE),     // last byte under the zeroed entry
+        (VA, end - VA + 1, Access::NONE), // one byte past the end
+        (p1, 8, Access::NONE),            // first byte unmapped
+        (p1, end - p1 + 5, Access::NONE), // first unmapped, last out of bounds
+        (p2, end - p2 + 1, Access::NONE), // first zeroed, last out of bounds
+        (VA - 1, 4, Access::NONE),        // starts before the MKey
+        (end - 1, 1, Access::NONE),       // the last byte alone
+        (VA, 4, Access::REMOTE_ATOMIC),   // every right is granted
+    ];
+    let counts = |r: &Rig| (r.faults(), r.hca.stats().iommu_faults);
+    for (va, len, need) in cases {
+        // The reference: one-byte reads of the first and the last byte, in that order.
+        let before = counts(&r);
+        let want = r
+            .read(key, r.pd, va, &mut [0], need)
+            .and_then(|()| r.read(key, r.pd, va + len - 1, &mut [0], need));
+        let (mk, io) = counts(&r);
+        let want_counts = (mk - before.0, io - before.1);
+        let got = {
+            let core = r.hca.shared.core();
+            mem_probe(&r.hca.shared, &core, key, r.pd, va, len, need)
+        };
+        let (mk2, io2) = counts(&r);
+        assert_eq!(got, want, "va {va:#x} len {len:#x}");
+        assert_eq!((mk2 - mk, io2 - io), want_counts, "va {va:#x} len {len:#x}");
+    }
+    // A wrong key, PD or right is decided before any translation.
+    let core = r.hca.shared.core();
+    let probe = |k, pd, need| mem_probe(&r.hca.shared, &core, k, pd, VA, 8, need);
+    assert_eq!(probe(key ^ 1, r.pd, Access::NONE), Err(MemError::BadKey));
+    assert_eq!(probe(key, r.other_pd, Access::NONE), Err(MemError::NotInPd));
+    drop(core);
+    let mut ro = MkeyParams::mtt(r.pd, 1);
+    ro.rights = (0, 1, 0, 0);
+    let rokey = r.create(&ro).unwrap();
+    let core = r.hca.shared.core();
+    assert_eq!(
+        mem_probe(
+            &r.hca.shared,
+            &core,
+            rokey,
+            r.pd,
+            VA,
+            8,
+            Access::REMOTE_WRITE
+        ),
+        Err(MemError::NoRight)
+    );
+    assert_eq!(
+        mem_probe(&r.hca.shared, &core, rokey, r.pd, u64::MAX, 2, Access::NONE),
+        Err(MemError::OutOfBounds),
+        "a range past the address space"
+    );
+    // A probe that passed decides nothing for the next one once the page is unmapped or
+    // the MKey destroyed.
+    let probe = |k| mem_probe(&r.hca.shared, &core, k, r.pd, VA, 16, Access::NONE);
+    assert_eq!(probe(rokey), Ok(()));
+    assert_eq!(probe(rokey), Ok(()));
+    drop(core);
+    let (mk, io) = counts(&r);
+    drop(m);
+    let core = r.hca.shared.core();
+    let probe = |k| mem_probe(&r.hca.shared, &core, k, r.pd, VA, 16, Access::NONE);
+    assert_eq!(probe(rokey), Err(MemError::Unmapped));
+    drop(core);
+    assert_eq!(counts(&r), (mk + 1, io + 1));
+    let _m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
+    let core = r.hca.shared.core();
+    assert_eq!(
+        mem_probe(&r.hca.shared, &core, rokey, r.pd, VA, 16, Access::NONE),
+        Ok(())
+    );
+    drop(core);
+    assert_eq!(r.destroy(rokey).0, CmdStatus::Ok);
+    let core = r.hca.shared.core();
+    assert_eq!(
+        mem_probe(&r.hca.shared, &core, rokey, r.pd, VA, 16, Access::NONE),
+        Err(MemError::BadKey)
+    );
+}
+
+#[test]
 fn atomics_are_big_endian_and_aligned() {
     let r = rig();
     let mut m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);

@@ -164,6 +164,7 @@ impl Responder {
         stats: &mut RcStats,
     ) -> bool {
         let p = Psn::new(pkt.bth.psn);
+        let op = pkt.opcode();
         let d = p.diff(self.epsn);
         if d > 0 {
             // Ahead of the expected PSN: a packet was lost (IBA §9.7.5.2.2). One NAK until
@@ -185,17 +186,17 @@ impl Responder {
         }
         if d < 0 {
             stats.duplicates += 1;
-            self.duplicate(pkt, p, cfg);
+            self.duplicate(pkt, op, p, cfg);
             return false;
         }
-        match self.execute(pkt, p, env, cfg) {
+        match self.execute(pkt, op, p, env, cfg) {
             Ok(Outcome::Done(n)) => {
                 self.epsn = self.epsn.add(n);
                 self.nak_sent = false;
                 // READ and atomic requests are answered by their responses; a SEND or
                 // WRITE packet is acknowledged only when it asks (AckReq, C9-98).
                 let answered = matches!(
-                    pkt.opcode(),
+                    op,
                     RcOpcode::RdmaReadRequest | RcOpcode::CompareSwap | RcOpcode::FetchAdd
                 );
                 if pkt.bth.ack_req && !answered {
@@ -234,9 +235,9 @@ impl Responder {
     }
 
     /// A request before the expected PSN.
-    fn duplicate(&mut self, pkt: &RocePacket<'_>, p: Psn, cfg: &QpConfig) {
+    fn duplicate(&mut self, pkt: &RocePacket<'_>, op: RcOpcode, p: Psn, cfg: &QpConfig) {
         let msn = self.msn;
-        match (pkt.opcode(), pkt.ext.reth) {
+        match (op, pkt.ext.reth) {
             (RcOpcode::RdmaReadRequest, Some(reth)) => {
                 let mtu = u64::from(cfg.mtu.bytes());
                 let hit = self.replay.iter().find_map(|r| match r.kind {
@@ -286,12 +287,12 @@ impl Responder {
     fn execute(
         &mut self,
         pkt: &RocePacket<'_>,
+        op: RcOpcode,
         p: Psn,
         env: &mut Env<'_>,
         cfg: &QpConfig,
     ) -> Result<Outcome, NakCode> {
         use RcOpcode::*;
-        let op = pkt.opcode();
         let data = pkt.payload;
         let len = data.len();
         let mtu = cfg.mtu.bytes() as usize;
@@ -312,18 +313,12 @@ impl Responder {
         }
         // Length (C9-103..105): First and Middle carry exactly one MTU, Last 1..=MTU,
         // Only 0..=MTU.
-        let full = matches!(
-            op,
-            SendFirst | SendMiddle | RdmaWriteFirst | RdmaWriteMiddle
-        );
-        let last = matches!(
-            op,
-            SendLast | SendLastImm | RdmaWriteLast | RdmaWriteLastImm
-        );
-        let only = matches!(
-            op,
-            SendOnly | SendOnlyImm | RdmaWriteOnly | RdmaWriteOnlyImm
-        );
+        let (full, last, only) = match op {
+            SendFirst | SendMiddle | RdmaWriteFirst | RdmaWriteMiddle => (true, false, false),
+            SendLast | SendLastImm | RdmaWriteLast | RdmaWriteLastImm => (false, true, false),
+            SendOnly | SendOnlyImm | RdmaWriteOnly | RdmaWriteOnlyImm => (false, false, true),
+            _ => (false, false, false),
+        };
         if (full && len != mtu) || (last && (len == 0 || len > mtu)) || (only && len > mtu) {
             return Err(NakCode::InvalidRequest);
         }
