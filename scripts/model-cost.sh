@@ -6,16 +6,25 @@
 #
 #   scripts/model-cost.sh [SIZE [MESSAGES [extra uhca-perf flags...]]]
 #   scripts/model-cost.sh 2 20000 -I 220      # 2-byte inline WRITEs (the default)
+#   MODE=lat scripts/model-cost.sh 2 10000    # write_lat: one message in flight, each ACKed
 #
 # Needs valgrind and a release build of uhca-perf (`cargo build --release -p uhca-tools`).
-# The count includes the device thread's idle passes while it waits for the application,
-# which are few at this queue depth (`-t 32`).
+# The device-thread count includes its idle passes while it waits for the application
+# (few at write_bw's queue depth `-t 32`; most of it in write_lat, where valgrind runs one
+# thread at a time); "full passes" excludes them.
 set -euo pipefail
+mode=${MODE:-bw}
 size=${1:-2}
 msgs=${2:-20000}
 shift $(( $# > 2 ? 2 : $# ))
 extra=("$@")
 [ ${#extra[@]} -eq 0 ] && extra=(-I 220)
+if [ "$mode" = lat ]; then
+    # Each write_lat iteration is two messages, one each way.
+    cmd=(write_lat -s "$size" -n $((msgs / 2)) "${extra[@]}")
+else
+    cmd=(write_bw -s "$size" -n "$msgs" -t 32 "${extra[@]}")
+fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/target/release/uhca-perf
 dir=$(mktemp -d)
@@ -23,7 +32,7 @@ trap 'rm -rf "$dir"' EXIT
 # Run from outside the repository so every source path in the profile is absolute (the
 # per-function sums below then see code inlined from every file alike).
 (cd "$dir" && valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$dir/cg" \
-    "$bin" write_bw -s "$size" -n "$msgs" -t 32 "${extra[@]}" >/dev/null 2>"$dir/log") || {
+    "$bin" "${cmd[@]}" >/dev/null 2>"$dir/log") || {
     cat "$dir/log" >&2
     exit 1
 }
@@ -51,6 +60,7 @@ for line in out.splitlines():
 total = incl.get("uhca_hw::model::device::run", 0)
 print(f"device thread: {total / msgs:.0f} instructions per message ({total:,} for {msgs} messages)")
 parts = [
+    ("full passes (the device thread less its idle checks)", "uhca_hw::model::datapath::poll"),
     ("SQ doorbell -> WQE fetch/decode -> engine", "uhca_hw::model::datapath::run_sq"),
     ("engine transmit (frames built, timers)", "uhca_hw::rc::RcQp::poll"),
     ("frame received -> engine", "uhca_hw::model::datapath::deliver"),
