@@ -54,6 +54,9 @@ pub(crate) struct DataPath {
     pub(crate) cq_uars: BTreeMap<u32, u32>,
     /// UAR → number of QPs on it.
     pub(crate) qp_uars: BTreeMap<u32, u32>,
+    /// The SQ doorbell words of the UARs in `qp_uars`: BAR offset of each BlueFlame half's
+    /// `qpn_ds` and its UAR (kept in step by [`DataPath::qp_uar`]).
+    sq_words: Vec<(usize, u32)>,
     /// Events raised in the current pass.
     pub(crate) events: Vec<Event>,
     /// Retransmissions of destroyed or reset QPs.
@@ -83,8 +86,32 @@ impl DataPath {
     }
 }
 
+impl DataPath {
+    /// A QP starts (`add`) or stops using `uar` for its doorbells.
+    pub(crate) fn qp_uar(&mut self, uar: u32, add: bool) {
+        uar_ref(&mut self.qp_uars, uar, add);
+        let half = (1usize << LOG_BF_REG_SIZE) / 2;
+        self.sq_words.clear();
+        for &uar in self.qp_uars.keys() {
+            let base = uar as usize * UAR_SIZE;
+            for k in 0..BF_REGS_PER_UAR {
+                for h in 0..2 {
+                    // `qpn_ds`, bytes 4-7 of the doorbell (§9.2).
+                    let off = base + bf_reg_offset(k, LOG_BF_REG_SIZE) + h * half + 4;
+                    self.sq_words.push((off, uar));
+                }
+            }
+        }
+    }
+
+    /// A CQ starts (`add`) or stops using `uar` for its arm doorbells.
+    pub(crate) fn cq_uar(&mut self, uar: u32, add: bool) {
+        uar_ref(&mut self.cq_uars, uar, add);
+    }
+}
+
 /// Adds (`+1`) or removes (`-1`) a user of `uar` in a per-UAR count.
-pub(crate) fn uar_ref(map: &mut BTreeMap<u32, u32>, uar: u32, add: bool) {
+fn uar_ref(map: &mut BTreeMap<u32, u32>, uar: u32, add: bool) {
     if add {
         *map.entry(uar).or_insert(0) += 1;
     } else if let Some(n) = map.get_mut(&uar) {
@@ -548,35 +575,28 @@ fn cq_doorbells(sh: &Shared, dp: &mut DataPath) -> bool {
 
 fn sq_doorbells(sh: &Shared, core: &Core, dp: &mut DataPath) -> bool {
     let mut any = false;
-    let half = (1usize << LOG_BF_REG_SIZE) / 2;
     let DataPath {
         qps,
         cqs,
-        qp_uars,
+        sq_words,
         events,
         ..
     } = dp;
-    for &uar in qp_uars.keys() {
-        let base = uar as usize * UAR_SIZE;
-        for k in 0..BF_REGS_PER_UAR {
-            for h in 0..2 {
-                // `qpn_ds`, bytes 4-7 of the doorbell (§9.2); 0 = nothing written (ds >= 1).
-                let off = base + bf_reg_offset(k, LOG_BF_REG_SIZE) + h * half + 4;
-                let seen = sh.bar.read_be32(off);
-                if seen == 0 {
-                    continue;
-                }
-                // Start the DBR and WQE misses before claiming the doorbell line, so the
-                // three overlap instead of following each other.
-                if let Some(qp) = qps.get_mut(&(seen >> 8)).filter(|q| q.uar == uar) {
-                    qp.prefetch_sq(sh);
-                }
-                let w = sh.bar.swap_be32(off, 0);
-                any = true;
-                if let Some(qp) = qps.get_mut(&(w >> 8)).filter(|q| q.uar == uar) {
-                    run_sq(sh, core, qp, cqs, events);
-                }
-            }
+    for &(off, uar) in sq_words.iter() {
+        // `qpn_ds`, bytes 4-7 of the doorbell (§9.2); 0 = nothing written (ds >= 1).
+        let seen = sh.bar.read_be32(off);
+        if seen == 0 {
+            continue;
+        }
+        // Start the DBR and WQE misses before claiming the doorbell line, so the
+        // three overlap instead of following each other.
+        if let Some(qp) = qps.get_mut(&(seen >> 8)).filter(|q| q.uar == uar) {
+            qp.prefetch_sq(sh);
+        }
+        let w = sh.bar.swap_be32(off, 0);
+        any = true;
+        if let Some(qp) = qps.get_mut(&(w >> 8)).filter(|q| q.uar == uar) {
+            run_sq(sh, core, qp, cqs, events);
         }
     }
     any
@@ -776,20 +796,20 @@ fn transmit(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [
     let DataPath {
         qps, cqs, events, ..
     } = dp;
+    let wire = Wire {
+        mac,
+        looped: &port.looped,
+        peer: port.peer.as_deref(),
+        sent: &port.sent,
+        full: &port.full,
+        sh,
+    };
     for qp in qps.values_mut().filter(|q| q.active) {
         if qp.kick {
             qp.kick = false;
             run_sq(sh, core, qp, cqs, events);
         }
         let full0 = port.full.load(Ordering::Relaxed);
-        let wire = Wire {
-            mac,
-            looped: &port.looped,
-            peer: port.peer.as_deref(),
-            sent: &port.sent,
-            full: &port.full,
-            sh,
-        };
         let mem = Mem {
             sh,
             core,

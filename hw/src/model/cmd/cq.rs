@@ -20,7 +20,6 @@ use crate::layout::cqe::CQE_SIZE;
 
 use super::super::caps::LOG_MAX_CQ_SZ;
 use super::super::cq::Cq;
-use super::super::datapath::uar_ref;
 use super::super::wq::{BufError, QueueBuf, read_dbr};
 use super::{CmdResult, Ctx, bad_param, err, syndrome as s};
 
@@ -102,7 +101,7 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
             max_count: c.cq_max_count(),
         },
     );
-    uar_ref(&mut dp.cq_uars, uar, true);
+    dp.cq_uar(uar, true);
     CreateCqOut::new_unchecked(&mut out[..]).set_cqn(cqn);
     Ok(())
 }
@@ -121,7 +120,7 @@ pub(super) fn destroy_cq(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
         return Err(err(CmdStatus::ResBusy, s::CQ_IN_USE));
     }
     let cq = dp.cqs.remove(&cqn).expect("checked above");
-    uar_ref(&mut dp.cq_uars, cq.uar, false);
+    dp.cq_uar(cq.uar, false);
     ctx.core.cqns.free(cqn);
     Ok(())
 }

@@ -13,7 +13,7 @@ use crate::layout::qpc::{Ads, Qpc};
 use crate::rc::{AtomicEndianness, RcQp};
 
 use super::super::caps::{LOG_MAX_QP_SZ, MAX_WQE_SZ_RQ};
-use super::super::datapath::{self, uar_ref};
+use super::super::datapath;
 use super::super::qp::{Qp, QpState};
 use super::super::wq::QueueBuf;
 use super::cq::{buf_err, dbr_ok};
@@ -118,7 +118,7 @@ pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
     };
     let dp = &mut ctx.core.dp;
     dp.qps.insert(qpn, qp);
-    uar_ref(&mut dp.qp_uars, uar, true);
+    dp.qp_uar(uar, true);
     CreateQpOut::new_unchecked(&mut out[..]).set_qpn(qpn);
     Ok(())
 }
@@ -316,7 +316,7 @@ pub(super) fn destroy_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
     }
     ctx.core.dp.retire_engine(qpn);
     let qp = ctx.core.dp.qps.remove(&qpn).expect("checked");
-    uar_ref(&mut ctx.core.dp.qp_uars, qp.uar, false);
+    ctx.core.dp.qp_uar(qp.uar, false);
     ctx.core.qpns.free(qpn);
     Ok(())
 }
