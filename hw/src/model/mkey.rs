@@ -493,7 +493,8 @@ fn probe_passes(
     let Some(&e) = mtts.get((page - (m.start >> lps)) as usize) else {
         return false;
     };
-    if *pg_access && e & MTT_RD_EN == 0 {
+    let want = probe_dir(need).enables();
+    if *pg_access && e & want != want {
         return false;
     }
     let iova = (e & MTT_ADDR_MASK) + (va & ((1 << lps) - 1));
@@ -501,9 +502,22 @@ fn probe_passes(
     sh.iommu.still_mapped(&core.mkeys.seen.get(), &[(iova, n)])
 }
 
-/// Decides what one-byte [`mem_read`]s of the first and the last byte of the `len` bytes
-/// at `va` would (the same checks in the same order, the same first error, the same
-/// fault counts) without reading memory: key, PD and rights are the MKey's, and as its
+/// The direction whose MTT enables (`pg_access`) an access needing `need` checks: writes
+/// for local or remote writes, both for atomics, reads otherwise.
+const fn probe_dir(need: Access) -> Dir {
+    if need.contains(Access::REMOTE_ATOMIC) {
+        Dir::Atomic
+    } else if need.contains(Access::REMOTE_WRITE) || need.contains(Access::LOCAL_WRITE) {
+        Dir::Write
+    } else {
+        Dir::Read
+    }
+}
+
+/// Decides what one-byte accesses of the first and the last byte of the `len` bytes at
+/// `va` would, in the direction `need` implies ([`probe_dir`]: a check before an RDMA WRITE
+/// asks for the pages' `wr_en`, not `rd_en`), with the same checks in the same order, the
+/// same first error and the same fault counts, without touching memory: key, PD and rights are the MKey's, and as its
 /// range is contiguous the two ends decide the bounds of the whole range; holes in the
 /// translation between them show when the data moves. One MKey lookup and one IOMMU
 /// look-up for both bytes. A check before data moves, which must not pull the line of a
@@ -524,10 +538,13 @@ pub(crate) fn mem_probe(
         return Ok(());
     }
     // Where one byte lands: `Some(iova)` in host memory, `None` in the MEMIC window.
-    let byte = |m: &Mkey, at: u64| match translate(m, at, 1, Dir::Read)? {
+    let dir = probe_dir(need);
+    let byte = |m: &Mkey, at: u64| match translate(m, at, 1, dir)? {
         Target::Iova(iova) => Ok(Some(iova)),
         Target::Pages | Target::Bar(_) => Ok(None),
     };
+    // Alignment is the data move's business (an atomic checks it itself): admit the
+    // probe's one byte as a read would.
     let m = admit(core, key, pd, va, 1, need, Dir::Read).map_err(|e| fault(sh, e))?;
     let a = byte(m, va).map_err(|e| fault(sh, e))?;
     let b = if in_bounds(m, last, 1) {

@@ -759,3 +759,38 @@ fn query_returns_the_context_and_mkeys_cost_icm() {
     assert_eq!(r.cmd(&i, 0x130).1, s::BAD_MKEY);
     assert_eq!(r.hca.shared.core().icm_objects(), objects);
 }
+
+#[test]
+fn a_probe_asks_for_the_page_enables_of_its_direction() {
+    let r = rig();
+    let _m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
+    let probe = |key, need| {
+        let core = r.hca.shared.core();
+        mem_probe(&r.hca.shared, &core, key, r.pd, VA, 16, need)
+    };
+    // pg_access pages with only wr_en (2) and only rd_en (1).
+    let mut wo = MkeyParams::mtt(r.pd, 1);
+    wo.mtts[0] = IOVA | 2;
+    let wkey = r.create(&wo).unwrap();
+    let mut ro = MkeyParams::mtt(r.pd, 1);
+    ro.mtts[0] = IOVA | 1;
+    let rkey = r.create(&ro).unwrap();
+    // Twice each: the second answer may come from the lock-free repeat path.
+    for _ in 0..2 {
+        assert_eq!(probe(wkey, Access::REMOTE_WRITE), Ok(()));
+        assert_eq!(probe(wkey, Access::LOCAL_WRITE), Ok(()));
+        assert_eq!(probe(wkey, Access::REMOTE_READ), Err(MemError::NoRight));
+        assert_eq!(probe(wkey, Access::REMOTE_ATOMIC), Err(MemError::NoRight));
+        assert_eq!(probe(rkey, Access::REMOTE_READ), Ok(()));
+        assert_eq!(probe(rkey, Access::REMOTE_WRITE), Err(MemError::NoRight));
+    }
+    // The probe agrees with the data move it stands for.
+    assert!(
+        r.write(wkey, r.pd, VA, &[7; 16], Access::REMOTE_WRITE)
+            .is_ok()
+    );
+    assert_eq!(
+        r.write(rkey, r.pd, VA, &[7; 16], Access::REMOTE_WRITE),
+        Err(MemError::NoRight)
+    );
+}
