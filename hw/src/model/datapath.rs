@@ -757,11 +757,7 @@ fn deliver(
     if frame.first_chunk::<6>() != Some(&mac) {
         return; // not for this port
     }
-    let parsed = if looped {
-        RocePacket::parse_trusted(frame)
-    } else {
-        RocePacket::parse(frame)
-    };
+    let parsed = RocePacket::parse_with(frame, !looped);
     // By reference: the parsed packet is large, and nothing needs it moved.
     let Ok(pkt) = &parsed else {
         sh.stats.port.received_error(frame.len());

@@ -113,33 +113,38 @@ impl ExtHeaders {
     }
 
     /// Reads the headers of `set` in wire order from `buf` (at least `set.len()` bytes).
+    /// Straight-line, each header at its running offset (no closure: it stays inlined in
+    /// the receive path).
     #[inline(always)]
     fn parse(set: HeaderSet, buf: &[u8]) -> Self {
         let mut ext = Self::default();
         let mut off = 0;
-        let mut take = |n: usize| {
-            off += n;
-            &buf[off - n..off]
-        };
         if set.reth {
-            ext.reth = Some(RethRepr::parse(&Reth::new_unchecked(take(RETH_SIZE))));
+            let b = &buf[off..off + RETH_SIZE];
+            ext.reth = Some(RethRepr::parse(&Reth::new_unchecked(b)));
+            off += RETH_SIZE;
         }
         if set.atomic_eth {
-            let b = take(ATOMIC_ETH_SIZE);
+            let b = &buf[off..off + ATOMIC_ETH_SIZE];
             ext.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_unchecked(b)));
+            off += ATOMIC_ETH_SIZE;
         }
         if set.aeth {
-            ext.aeth = Some(AethRepr::parse(&Aeth::new_unchecked(take(AETH_SIZE))));
+            let b = &buf[off..off + AETH_SIZE];
+            ext.aeth = Some(AethRepr::parse(&Aeth::new_unchecked(b)));
+            off += AETH_SIZE;
         }
         if set.atomic_ack_eth {
-            let b = take(ATOMIC_ACK_ETH_SIZE);
+            let b = &buf[off..off + ATOMIC_ACK_ETH_SIZE];
             ext.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(b)));
+            off += ATOMIC_ACK_ETH_SIZE;
         }
         if set.imm_dt {
-            ext.imm_dt = Some(ImmDt::new_unchecked(take(IMM_DT_SIZE)).immediate_data());
+            ext.imm_dt = Some(ImmDt::new_unchecked(&buf[off..off + IMM_DT_SIZE]).immediate_data());
+            off += IMM_DT_SIZE;
         }
         if set.ieth {
-            ext.ieth = Some(Ieth::new_unchecked(take(IETH_SIZE)).r_key());
+            ext.ieth = Some(Ieth::new_unchecked(&buf[off..off + IETH_SIZE]).r_key());
         }
         ext
     }
@@ -342,7 +347,17 @@ impl<'a> RocePacket<'a> {
         Self::parse_inner(buf, false)
     }
 
+    /// [`parse`](Self::parse) if `verify_icrc`, else [`parse_trusted`](Self::parse_trusted),
+    /// inlined into the caller: a receive path that sees both kinds of frame gets one copy
+    /// of the parser, and the parsed packet is built in the caller's frame, not copied
+    /// there.
+    #[inline(always)]
+    pub fn parse_with(buf: &'a [u8], verify_icrc: bool) -> Result<RocePacketRef<'a>, WireError> {
+        Self::parse_inner(buf, verify_icrc)
+    }
+
     /// The parser; `verify_icrc` false skips only the ICRC comparison.
+    #[inline(always)]
     fn parse_inner(buf: &'a [u8], verify_icrc: bool) -> Result<RocePacketRef<'a>, WireError> {
         need("eth", ETH_SIZE, buf.len())?;
         let eth = EthRepr::parse(&EthHdr::new_unchecked(&buf[..ETH_SIZE]));

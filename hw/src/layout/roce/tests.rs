@@ -670,6 +670,17 @@ fn parse_trusted_skips_only_the_icrc_comparison() {
         let t = RocePacket::parse_trusted(&f[..n]).expect("trusted parse");
         assert_eq!(t.icrc, RocePacket::parse(&buf[..n]).unwrap().icrc);
         assert_ne!(t.payload, &data[..]);
+        // `parse_with` is `parse` when verifying and `parse_trusted` when not.
+        for frame in [&buf[..n], &f[..n]] {
+            assert_eq!(
+                RocePacket::parse_with(frame, true),
+                RocePacket::parse(frame)
+            );
+            assert_eq!(
+                RocePacket::parse_with(frame, false),
+                RocePacket::parse_trusted(frame)
+            );
+        }
         // Every other check still runs: truncation, a bad UDP port, a bad BTH version.
         for cut in 0..n {
             assert!(RocePacket::parse_trusted(&buf[..cut]).is_err(), "cut {cut}");
