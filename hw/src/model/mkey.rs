@@ -142,8 +142,38 @@ pub(crate) struct MkeyTable {
     ids: IdAlloc,
     keys: Vec<Option<Mkey>>,
     live: usize,
-    /// The IOMMU mapping the last probe ([`mem_probe`]) found, for the next one.
-    seen: Cell<Seen>,
+    /// The IOMMU mappings the last probes ([`mem_probe`]) found, for the next ones: a few,
+    /// so that traffic alternating between buffers in different mappings (a ping-pong
+    /// between two MRs) keeps hitting.
+    seen: SeenSet,
+}
+
+/// The last [`SEEN`] mappings probes found, replaced round-robin.
+#[derive(Default)]
+struct SeenSet {
+    entries: [Cell<Seen>; SEEN],
+    next: Cell<usize>,
+}
+
+/// Mappings remembered for the lock-free repeat probe.
+const SEEN: usize = 4;
+
+impl SeenSet {
+    /// Whether one remembered mapping still holds every byte of `segs`
+    /// ([`Iommu::still_mapped`](super::iommu::Iommu::still_mapped)).
+    #[inline]
+    fn holds(&self, sh: &Shared, segs: &[(u64, usize)]) -> bool {
+        self.entries
+            .iter()
+            .any(|e| sh.iommu.still_mapped(&e.get(), segs))
+    }
+
+    /// Remembers `seen`, forgetting the oldest.
+    fn remember(&self, seen: Seen) {
+        let i = self.next.get();
+        self.entries[i].set(seen);
+        self.next.set((i + 1) % SEEN);
+    }
 }
 
 impl MkeyTable {
@@ -152,7 +182,7 @@ impl MkeyTable {
             ids: IdAlloc::new(1, 1 << log_max),
             keys: Vec::new(),
             live: 0,
-            seen: Cell::new(Seen::default()),
+            seen: SeenSet::default(),
         }
     }
 
@@ -499,7 +529,7 @@ fn probe_passes(
     }
     let iova = (e & MTT_ADDR_MASK) + (va & ((1 << lps) - 1));
     let n = (last - va + 1) as usize;
-    sh.iommu.still_mapped(&core.mkeys.seen.get(), &[(iova, n)])
+    core.mkeys.seen.holds(sh, &[(iova, n)])
 }
 
 /// The direction whose MTT enables (`pg_access`) an access needing `need` checks: writes
@@ -559,15 +589,15 @@ pub(crate) fn mem_probe(
         (Some(x), _) => ([(x, 1), (0, 0)], 1),
         (None, _) => ([(0, 0); 2], 0),
     };
-    // The IOMMU part, answered without its lock when the last probe saw the same
+    // The IOMMU part, answered without its lock when a recent probe saw the same
     // mapping and the table has not changed since.
     let segs = &pair[..n];
-    if n > 0 && !sh.iommu.still_mapped(&core.mkeys.seen.get(), segs) {
+    if n > 0 && !core.mkeys.seen.holds(sh, segs) {
         let seen = sh
             .iommu
             .probe_segments(segs)
             .map_err(|_| fault(sh, MemError::Unmapped))?;
-        core.mkeys.seen.set(seen);
+        core.mkeys.seen.remember(seen);
     }
     b.map(|_| ()).map_err(|e| fault(sh, e))
 }
