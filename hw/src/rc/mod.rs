@@ -299,16 +299,24 @@ impl RcQp {
     /// handles expired timers and, in the error state, flushes. Returns the clock time at
     /// which it must be called again if nothing else happens (`None`: only new work or a
     /// received packet can change anything).
+    ///
+    /// A QP with nothing to do (no response owed, every request sent, no timer expired)
+    /// returns after a few field checks.
     pub fn poll(&mut self, env: &mut Env<'_>) -> Option<u64> {
-        if self
-            .resp
-            .transmit(env, &self.cfg, &mut self.tx, &mut self.stats)
+        if self.resp.has_output()
+            && self
+                .resp
+                .transmit(env, &self.cfg, &mut self.tx, &mut self.stats)
         {
             self.state = QpState::Error;
         }
-        if self.state == QpState::Rts && self.req.run(env, &self.cfg, &mut self.tx, &mut self.stats)
-        {
-            self.state = QpState::Error;
+        if self.state == QpState::Rts {
+            if let Some(next) = self.req.quiet(&self.cfg, env.clock) {
+                return next;
+            }
+            if self.req.run(env, &self.cfg, &mut self.tx, &mut self.stats) {
+                self.state = QpState::Error;
+            }
         }
         if self.state == QpState::Error {
             self.req.flush(env, &self.cfg);

@@ -493,6 +493,11 @@ impl Responder {
         }
     }
 
+    /// Whether a response (ACK, NAK, READ or atomic response) waits to be sent.
+    pub(super) fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     /// Sends queued responses until the link is busy. Returns true when a READ response
     /// could not read its memory (the QP goes to error after the NAK).
     pub(super) fn transmit(
