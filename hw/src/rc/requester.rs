@@ -539,7 +539,7 @@ impl Requester {
             opcode,
             psn,
             (ack_req, se),
-            ext,
+            &ext,
             n,
             fill,
         )?;

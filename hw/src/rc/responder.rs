@@ -522,7 +522,7 @@ impl Responder {
                         RcOpcode::Acknowledge,
                         psn,
                         (false, false),
-                        ext,
+                        &ext,
                     );
                     if res.is_ok() && syndrome == NO_CREDITS {
                         stats.acks_sent += 1;
@@ -541,7 +541,7 @@ impl Responder {
                         ..Default::default()
                     };
                     let op = RcOpcode::AtomicAcknowledge;
-                    tx.send(env.link, stats, op, psn, (false, false), ext)
+                    tx.send(env.link, stats, op, psn, (false, false), &ext)
                         .map(|()| true)
                 }
                 Resp::Read {
@@ -573,7 +573,7 @@ impl Responder {
                     let mem = env.mem;
                     let read = |payload: &mut [u8]| mem.read(rkey, va, payload, Access::RemoteRead);
                     let sent =
-                        tx.send_filled(env.link, stats, op, psn, (false, false), ext, n, read);
+                        tx.send_filled(env.link, stats, op, psn, (false, false), &ext, n, read);
                     match sent {
                         Ok(Err(_)) => {
                             // The region went away after the request was checked.
