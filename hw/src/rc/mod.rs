@@ -100,7 +100,7 @@ impl Tx {
         opcode: crate::layout::roce::RcOpcode,
         psn: crate::layout::roce::Psn,
         flags: (bool, bool),
-        ext: ExtHeaders,
+        ext: &ExtHeaders,
     ) -> Result<(), TxStop> {
         let none = |_: &mut [u8]| Ok::<(), std::convert::Infallible>(());
         self.send_filled(link, stats, opcode, psn, flags, ext, 0, none)
@@ -119,7 +119,7 @@ impl Tx {
         opcode: crate::layout::roce::RcOpcode,
         psn: crate::layout::roce::Psn,
         flags: (bool, bool),
-        ext: ExtHeaders,
+        ext: &ExtHeaders,
         payload_len: usize,
         mut fill: impl FnMut(&mut [u8]) -> Result<(), E>,
     ) -> Result<Result<(), E>, TxStop> {
@@ -130,7 +130,7 @@ impl Tx {
             ack_req,
             psn: psn.get(),
         };
-        let at = self.hdr.payload_offset(&ext);
+        let at = self.hdr.payload_offset(ext);
         let hdr = &self.hdr;
         let mut fill_err = None;
         let mut emit_err = false;
@@ -144,7 +144,7 @@ impl Tx {
                 return None;
             }
             // Only a path that cannot carry the packet fails here (validated in `new`).
-            hdr.emit_in_place(buf, bth, &ext, payload_len)
+            hdr.emit_in_place(buf, bth, ext, payload_len)
                 .map_err(|_| emit_err = true)
                 .ok()
         });
@@ -299,16 +299,24 @@ impl RcQp {
     /// handles expired timers and, in the error state, flushes. Returns the clock time at
     /// which it must be called again if nothing else happens (`None`: only new work or a
     /// received packet can change anything).
+    ///
+    /// A QP with nothing to do (no response owed, every request sent, no timer expired)
+    /// returns after a few field checks.
     pub fn poll(&mut self, env: &mut Env<'_>) -> Option<u64> {
-        if self
-            .resp
-            .transmit(env, &self.cfg, &mut self.tx, &mut self.stats)
+        if self.resp.has_output()
+            && self
+                .resp
+                .transmit(env, &self.cfg, &mut self.tx, &mut self.stats)
         {
             self.state = QpState::Error;
         }
-        if self.state == QpState::Rts && self.req.run(env, &self.cfg, &mut self.tx, &mut self.stats)
-        {
-            self.state = QpState::Error;
+        if self.state == QpState::Rts {
+            if let Some(next) = self.req.quiet(&self.cfg, env.clock) {
+                return next;
+            }
+            if self.req.run(env, &self.cfg, &mut self.tx, &mut self.stats) {
+                self.state = QpState::Error;
+            }
         }
         if self.state == QpState::Error {
             self.req.flush(env, &self.cfg);

@@ -352,6 +352,45 @@ impl Requester {
         self.rnr_until = None;
     }
 
+    /// One step of a timer due to start (`arm_pending`): it starts now from a reading at
+    /// hand, else from a new one once the wait is over.
+    fn resolve_arm(&mut self, cfg: &QpConfig, clock: &dyn Clock) {
+        self.arm_pending -= 1;
+        let now = match clock.cached_ns() {
+            Some(now) => Some(now),
+            None if self.arm_pending == 0 => Some(clock.now_ns()),
+            None => None,
+        };
+        if let Some(now) = now {
+            self.arm_pending = 0;
+            self.deadline = cfg.ack_timeout_ns().map(|t| now + t);
+        }
+    }
+
+    /// The cheap check before [`run`](Self::run): when `run` would do nothing but step a
+    /// timer due to start, does that and returns `Some` of the next time to run (as
+    /// [`deadline`](Self::deadline)); `None` (nothing changed): call `run`.
+    ///
+    /// Quiet means: every posted packet has been sent (`send_psn == next_psn`, so no
+    /// request is marked failed: a failed one stops the transmit cursor at it), no fatal
+    /// NAK waits for its PSN, no RNR wait, and the ACK timer is running and not expired,
+    /// due to start, or not needed (nothing unacknowledged). The expiry is checked against
+    /// the clock as `run` does (the pass's cached reading in the model).
+    pub(super) fn quiet(&mut self, cfg: &QpConfig, clock: &dyn Clock) -> Option<Option<u64>> {
+        if self.send_psn != self.next_psn || self.pending_nak.is_some() || self.rnr_until.is_some()
+        {
+            return None;
+        }
+        match self.deadline {
+            Some(d) if clock.now_ns() >= d => return None,
+            Some(_) => {}
+            None if self.arm_pending != 0 => self.resolve_arm(cfg, clock),
+            None if self.una.before(self.max_sent) => return None,
+            None => {}
+        }
+        Some(self.deadline())
+    }
+
     /// Timers and transmission. Returns true when the QP must go to error.
     pub(super) fn run(
         &mut self,
@@ -362,18 +401,7 @@ impl Requester {
     ) -> bool {
         let clock = env.clock;
         if self.arm_pending != 0 {
-            self.arm_pending -= 1;
-            // The timer due to start starts now: from a reading at hand, else from a new
-            // one once the wait is over.
-            let now = match clock.cached_ns() {
-                Some(now) => Some(now),
-                None if self.arm_pending == 0 => Some(clock.now_ns()),
-                None => None,
-            };
-            if let Some(now) = now {
-                self.arm_pending = 0;
-                self.deadline = cfg.ack_timeout_ns().map(|t| now + t);
-            }
+            self.resolve_arm(cfg, clock);
         }
         let mut cx = Cx { env, cfg, stats };
         if self.check_front(&mut cx) {
@@ -511,7 +539,7 @@ impl Requester {
             opcode,
             psn,
             (ack_req, se),
-            ext,
+            &ext,
             n,
             fill,
         )?;

@@ -493,6 +493,11 @@ impl Responder {
         }
     }
 
+    /// Whether a response (ACK, NAK, READ or atomic response) waits to be sent.
+    pub(super) fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     /// Sends queued responses until the link is busy. Returns true when a READ response
     /// could not read its memory (the QP goes to error after the NAK).
     pub(super) fn transmit(
@@ -517,7 +522,7 @@ impl Responder {
                         RcOpcode::Acknowledge,
                         psn,
                         (false, false),
-                        ext,
+                        &ext,
                     );
                     if res.is_ok() && syndrome == NO_CREDITS {
                         stats.acks_sent += 1;
@@ -536,7 +541,7 @@ impl Responder {
                         ..Default::default()
                     };
                     let op = RcOpcode::AtomicAcknowledge;
-                    tx.send(env.link, stats, op, psn, (false, false), ext)
+                    tx.send(env.link, stats, op, psn, (false, false), &ext)
                         .map(|()| true)
                 }
                 Resp::Read {
@@ -568,7 +573,7 @@ impl Responder {
                     let mem = env.mem;
                     let read = |payload: &mut [u8]| mem.read(rkey, va, payload, Access::RemoteRead);
                     let sent =
-                        tx.send_filled(env.link, stats, op, psn, (false, false), ext, n, read);
+                        tx.send_filled(env.link, stats, op, psn, (false, false), &ext, n, read);
                     match sent {
                         Ok(Err(_)) => {
                             // The region went away after the request was checked.

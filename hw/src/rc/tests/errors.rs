@@ -461,3 +461,59 @@ fn an_ack_timer_started_without_a_reading_starts_two_polls_later_and_fires() {
     let (d, _) = poll();
     assert_eq!(d, Some(5_000_000 + 2 * timeout));
 }
+
+/// Polls `s` once with `clock`; returns the next deadline and the counters.
+fn poll_with(s: &mut Side, clock: &dyn Clock) -> (Option<u64>, RcStats) {
+    let mut env = Env {
+        link: &s.link,
+        mem: &s.mem,
+        recv: &mut s.rq,
+        cq: &mut s.cq,
+        clock,
+    };
+    (s.qp.poll(&mut env), s.qp.stats())
+}
+
+#[test]
+fn an_idle_qp_polls_without_reading_the_clock_until_a_timer_runs() {
+    let mut p = setup();
+    p.a.post(wr(
+        0,
+        WrOp::Write { remote: remote(0) },
+        &split(SRC, VA_SRC, 10),
+    ));
+    p.settle();
+    assert_eq!(statuses(&p.a), vec![(0, WcStatus::Success)]);
+    let clock = Uncached {
+        inner: ManualClock::new(9_000_000),
+        reads: std::cell::Cell::new(0),
+    };
+    // Both ends idle: nothing to send, no timer, no clock read, nothing changes.
+    for s in [&mut p.a, &mut p.b] {
+        let before = s.qp.stats();
+        for _ in 0..3 {
+            let (d, st) = poll_with(s, &clock);
+            assert_eq!((d, st), (None, before));
+        }
+    }
+    assert_eq!(clock.reads.get(), 0);
+    // New work is seen at once by the next poll.
+    p.a.post(wr(
+        1,
+        WrOp::Write { remote: remote(0) },
+        &split(SRC, VA_SRC, 10),
+    ));
+    let (d, st) = poll_with(&mut p.a, &clock);
+    assert_eq!((d, st.tx_packets), (Some(0), 2));
+    // With the request unacknowledged the timer starts (one clock read) and the QP, idle
+    // otherwise, keeps reporting its deadline.
+    let timeout = p.a.qp.config().ack_timeout_ns().expect("a finite timeout");
+    poll_with(&mut p.a, &clock);
+    let (d, _) = poll_with(&mut p.a, &clock);
+    assert_eq!(d, Some(9_000_000 + timeout));
+    let (d, st) = poll_with(&mut p.a, &clock);
+    assert_eq!(
+        (d, st.tx_packets, st.timeouts),
+        (Some(9_000_000 + timeout), 2, 0)
+    );
+}
