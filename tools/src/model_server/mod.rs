@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 use vfio_bindings::bindings::vfio::{
@@ -108,8 +108,13 @@ impl ModelServer {
     /// and it is a socket nobody listens on, which is then removed.
     pub fn bind(hca: Hca, path: &Path, replace_stale: bool) -> Result<ModelServer, ServerError> {
         prepare_path(path, replace_stale)?;
-        let server = vfio_user::Server::new(path, true, irq_table(&hca), region_table(&hca))
-            .map_err(ServerError::VfioUser)?;
+        let listener = listen_at(path)?;
+        let server = vfio_user::Server::from_owned_fd(
+            listener.into(),
+            true,
+            irq_table(&hca),
+            region_table(&hca),
+        );
         tracing::info!(socket = %path.display(), name = %hca.config().name, "vfio-user server listening");
         Ok(ModelServer {
             server,
@@ -136,6 +141,43 @@ impl ModelServer {
         tracing::info!(result = ?r, "client session ended");
         self.device.release_client();
         r.map_err(ServerError::VfioUser)
+    }
+}
+
+impl Drop for ModelServer {
+    fn drop(&mut self) {
+        // The socket goes with the server (`listen_at` made it).
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A listening socket at `path` that appears there only once it listens, so a client that
+/// finds the path can connect (binding `path` itself would show it between `bind` and
+/// `listen`, and a client then gets "connection refused"): bound and listening under a
+/// temporary name in the same directory, then hard-linked to `path` (which, unlike a
+/// rename, fails if another server took `path` meanwhile) and the temporary name removed.
+fn listen_at(path: &Path) -> Result<UnixListener, ServerError> {
+    let name = path
+        .file_name()
+        .map_or_else(|| std::ffi::OsString::from("socket"), |n| n.to_os_string());
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(&name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let _ = std::fs::remove_file(&tmp);
+    let os = |what, p: &Path| {
+        let path = p.to_path_buf();
+        move |source| ServerError::Os { what, path, source }
+    };
+    let listener = UnixListener::bind(&tmp).map_err(os("bind", &tmp))?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(listener),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            Err(ServerError::SocketExists(path.to_path_buf()))
+        }
+        Err(e) => Err(os("link", path)(e)),
     }
 }
 
