@@ -38,14 +38,9 @@ pub fn wc_flush() {
 /// Every earlier store (write-combined ones included) globally visible before any later
 /// store: `sfence` on x86-64 (rdma-core `mmio_flush_writes`), a full fence elsewhere.
 #[inline(always)]
-#[allow(unsafe_code)]
 fn store_fence() {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `sfence` only orders stores; SSE, which it needs, is part of the x86-64
-    // baseline, so the instruction exists on every CPU this code runs on.
-    unsafe {
-        std::arch::x86_64::_mm_sfence()
-    };
+    crate::pci::sfence();
     #[cfg(not(target_arch = "x86_64"))]
     fence(Ordering::SeqCst);
 }

@@ -177,3 +177,13 @@ impl BufMut for Bar {
         }
     }
 }
+
+/// `sfence`: every earlier store, write-combined MMIO stores included, is globally visible
+/// before any later store (the doorbell barriers of `crate::barrier` on x86-64).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn sfence() {
+    // SAFETY: `sfence` only orders stores; SSE, which it needs, is part of the x86-64
+    // baseline, so the instruction exists on every CPU this code runs on.
+    unsafe { std::arch::x86_64::_mm_sfence() }
+}

@@ -24,6 +24,8 @@ pub mod vfio;
 pub mod vfio_user;
 
 pub use bar::Bar;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use bar::sfence;
 
 use std::fmt;
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
