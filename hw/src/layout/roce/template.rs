@@ -253,7 +253,8 @@ impl HeaderTemplate {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{AethSyndrome, RcOpcode, RocePacket};
+    use super::super::tests::ext_for;
+    use super::super::{RcOpcode, RocePacket};
     use super::*;
 
     fn eth() -> EthRepr {
@@ -299,33 +300,6 @@ mod tests {
                 payload_len: 0,
             }),
         ]
-    }
-
-    /// The extension headers an opcode carries, with some contents.
-    fn ext_for(op: RcOpcode) -> ExtHeaders {
-        let set = op.headers().expect("implemented opcode");
-        ExtHeaders {
-            reth: set.reth.then_some(RethRepr {
-                va: 0x1122_3344_5566_7788,
-                r_key: 0xCAFE,
-                dma_length: 77,
-            }),
-            atomic_eth: set.atomic_eth.then_some(AtomicEthRepr {
-                va: 0x1000,
-                r_key: 9,
-                swap_add_data: 3,
-                compare_data: 4,
-            }),
-            aeth: set.aeth.then_some(AethRepr {
-                syndrome: AethSyndrome::Ack { credits: 31 },
-                msn: 0xAB_CDEF,
-            }),
-            atomic_ack_eth: set.atomic_ack_eth.then_some(AtomicAckEthRepr {
-                orig_remote_data: 5,
-            }),
-            imm_dt: set.imm_dt.then_some(0xDEAD_BEEF),
-            ieth: set.ieth.then_some(0x77),
-        }
     }
 
     #[test]

@@ -303,7 +303,7 @@ fn v6() -> IpRepr {
 }
 
 /// Extension headers with distinct values for whatever `op` carries.
-fn ext_for(op: RcOpcode) -> ExtHeaders {
+pub(super) fn ext_for(op: RcOpcode) -> ExtHeaders {
     let set = op.headers().unwrap();
     ExtHeaders {
         reth: set.reth.then_some(RethRepr {
