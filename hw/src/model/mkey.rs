@@ -547,11 +547,12 @@ const fn probe_dir(need: Access) -> Dir {
 /// Decides what one-byte accesses of the first and the last byte of the `len` bytes at
 /// `va` would, in the direction `need` implies ([`probe_dir`]: a check before an RDMA WRITE
 /// asks for the pages' `wr_en`, not `rd_en`), with the same checks in the same order, the
-/// same first error and the same fault counts, without touching memory: key, PD and rights are the MKey's, and as its
-/// range is contiguous the two ends decide the bounds of the whole range; holes in the
-/// translation between them show when the data moves. One MKey lookup and one IOMMU
-/// look-up for both bytes. A check before data moves, which must not pull the line of a
-/// buffer the host is polling into the device's cache. `len` 0 probes the byte at `va`.
+/// same first error and the same fault counts, without touching memory: key, PD and
+/// rights are the MKey's, and as its range is contiguous the two ends decide the bounds
+/// of the whole range; holes in the translation between them show when the data moves.
+/// One MKey lookup and one IOMMU look-up for both bytes. A check before data moves, which
+/// must not pull the line of a buffer the host is polling into the device's cache. `len` 0
+/// probes the byte at `va`.
 pub(crate) fn mem_probe(
     sh: &Shared,
     core: &Core,
