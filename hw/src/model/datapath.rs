@@ -84,9 +84,7 @@ impl DataPath {
             self.retired_retransmits += e.stats().retransmits;
         }
     }
-}
 
-impl DataPath {
     /// A QP starts (`add`) or stops using `uar` for its doorbells.
     pub(crate) fn qp_uar(&mut self, uar: u32, add: bool) {
         uar_ref(&mut self.qp_uars, uar, add);
@@ -102,6 +100,12 @@ impl DataPath {
                 }
             }
         }
+    }
+
+    /// The SQ doorbell words to watch: BAR offset of each BlueFlame half's `qpn_ds` on the
+    /// UARs QPs use, with its UAR.
+    pub(crate) fn sq_words(&self) -> &[(usize, u32)] {
+        &self.sq_words
     }
 
     /// A CQ starts (`add`) or stops using `uar` for its arm doorbells.

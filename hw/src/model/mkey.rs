@@ -485,8 +485,8 @@ pub(crate) fn mem_read(
 }
 
 /// The common case of [`mem_probe`], decided at once: an MTT MKey, the range `[va, last]`
-/// inside one of its pages, every check passing and the IOMMU mapping the last probe saw
-/// still holding the range. True means the probe passes (and, passing, counts nothing);
+/// inside one of its pages, every check of [`admit`] passing and an IOMMU mapping a recent
+/// probe saw still holding the range. True means the probe passes (and, passing, counts nothing);
 /// false says nothing: go the whole way, which decides and counts the failure exactly.
 #[inline]
 fn probe_passes(
@@ -498,7 +498,8 @@ fn probe_passes(
     last: u64,
     need: Access,
 ) -> bool {
-    let Some(m) = core.mkeys.get(key >> 8) else {
+    let n = (last - va).saturating_add(1);
+    let Ok(m) = admit(core, key, pd, va, n, need, Dir::Read) else {
         return false;
     };
     let Xlate::Mtt {
@@ -510,26 +511,15 @@ fn probe_passes(
         return false;
     };
     let page = va >> lps;
-    let admitted = m.variant == key as u8
-        && !m.free
-        && m.pd == pd
-        && m.rights.contains(need)
-        && va >= m.start
-        && last - m.start < m.len
-        && last >> lps == page;
-    if !admitted {
+    if last >> lps != page {
         return false;
     }
-    let Some(&e) = mtts.get((page - (m.start >> lps)) as usize) else {
+    let want = probe_dir(need).enables();
+    let Ok(e) = mtt_entry(mtts, page - (m.start >> lps), *pg_access, want) else {
         return false;
     };
-    let want = probe_dir(need).enables();
-    if *pg_access && e & want != want {
-        return false;
-    }
     let iova = (e & MTT_ADDR_MASK) + (va & ((1 << lps) - 1));
-    let n = (last - va + 1) as usize;
-    core.mkeys.seen.holds(sh, &[(iova, n)])
+    core.mkeys.seen.holds(sh, &[(iova, n as usize)])
 }
 
 /// The direction whose MTT enables (`pg_access`) an access needing `need` checks: writes

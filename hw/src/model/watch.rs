@@ -14,11 +14,10 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::layout::uar::{BF_REGS_PER_UAR, CQ_DOORBELL, UAR_SIZE, bf_reg_offset};
+use crate::layout::uar::{CQ_DOORBELL, UAR_SIZE};
 use crate::layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM};
 
 use super::Shared;
-use super::caps::LOG_BF_REG_SIZE;
 use super::eq::DB_EMPTY;
 use super::state::Core;
 
@@ -69,17 +68,9 @@ impl Watch {
 
     fn rebuild(&mut self, core: &Core) {
         self.words.clear();
-        let half = (1usize << LOG_BF_REG_SIZE) / 2;
-        for &uar in core.dp.qp_uars.keys() {
-            let base = uar as usize * UAR_SIZE;
-            for k in 0..BF_REGS_PER_UAR {
-                for h in 0..2 {
-                    // `qpn_ds` of each BlueFlame half (datapath::sq_doorbells).
-                    let off = base + bf_reg_offset(k, LOG_BF_REG_SIZE) + h * half + 4;
-                    self.words.push((off, 0));
-                }
-            }
-        }
+        // `qpn_ds` of each BlueFlame half (datapath::sq_doorbells).
+        self.words
+            .extend(core.dp.sq_words().iter().map(|&(off, _)| (off, 0)));
         for &uar in core.dp.cq_uars.keys() {
             // The CQN word of the arm doorbell (cq::take_doorbell).
             self.words
@@ -99,6 +90,8 @@ impl Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::uar::bf_reg_offset;
+    use crate::model::caps::LOG_BF_REG_SIZE;
     use crate::model::eq::Eq;
     use crate::model::{Hca, ModelConfig};
 
@@ -106,8 +99,8 @@ mod tests {
     /// on UAR 5, a CQ on UAR 6 and an EQ on UAR 7.
     fn tables() -> Core {
         let mut core = Core::new(&ModelConfig::default());
-        core.dp.qp_uars.insert(5, 1);
-        core.dp.cq_uars.insert(6, 1);
+        core.dp.qp_uar(5, true);
+        core.dp.cq_uar(6, true);
         core.eqs.insert(
             0,
             Eq {
