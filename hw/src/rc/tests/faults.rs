@@ -41,8 +41,32 @@ fn op(i: u64, kinds: u8) -> WrOp {
     }
 }
 
-/// Runs `N` requests each way with sizes from `sizes` (cycled) and checks every byte.
+/// How a workload ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Every request completed successfully on both QPs.
+    Completed,
+    /// A requester spent its `retry_cnt` on request `at` (RETRY_EXC_ERR) and went to
+    /// error, as the protocol prescribes when too many rounds in a row are lost; everything
+    /// before `at` was checked and the rest flushed.
+    RetryExhausted {
+        /// The request that failed.
+        at: u64,
+    },
+}
+
+/// Runs `N` requests each way with sizes from `sizes` (cycled) and checks every byte;
+/// panics unless every request completed.
 fn run_workload(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) -> Pair {
+    let (p, outcome) = run_workload_to_end(mtu, faults, sizes, kinds);
+    assert_eq!(outcome, Outcome::Completed);
+    p
+}
+
+/// As [`run_workload`], but a requester ending in RETRY_EXC_ERR is an outcome, not a
+/// failure: what completed before it is still checked byte for byte, and what follows it
+/// must be flushed.
+fn run_workload_to_end(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) -> (Pair, Outcome) {
     let mut p = Pair::new(mtu, faults);
     for s in [&mut p.a, &mut p.b] {
         s.mem.register(SRC, VA_SRC, (N * SLOT) as usize, false);
@@ -63,11 +87,12 @@ fn run_workload(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) -> Pair
         WrOp::FetchAdd { .. } => 8,
         _ => sizes[i as usize % sizes.len()].min(SLOT as u32),
     };
+    let signaled = |i: u64| i.is_multiple_of(2) || i == N - 1;
     for s in [&mut p.a, &mut p.b] {
         for i in 0..N {
             let w = op(i, kinds);
             let mut r = wr(i, w, &split(SRC, VA_SRC + i * SLOT, len(i, &w)));
-            r.signaled = i % 2 == 0 || i == N - 1;
+            r.signaled = signaled(i);
             s.post(r);
         }
     }
@@ -75,21 +100,38 @@ fn run_workload(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) -> Pair
     let fresh = TestMem::default();
     fresh.register(SRC, VA_SRC, (N * SLOT) as usize, false);
     fresh.register(DST, VA_DST, (N * SLOT + 8) as usize, true);
+    let mut outcome = Outcome::Completed;
     for (me, peer) in [(&p.a, &p.b), (&p.b, &p.a)] {
-        let ids: Vec<_> = me.send_cqes().iter().map(|c| (c.wr_id, c.status)).collect();
-        let want: Vec<_> = (0..N)
-            .filter(|i| i % 2 == 0 || *i == N - 1)
+        let what = || format!("{:#?} with {:#?}", me.qp, peer.qp);
+        let sends: Vec<_> = me.send_cqes().iter().map(|c| (c.wr_id, c.status)).collect();
+        // Completions come in order: successes for the signaled requests before the first
+        // error, the error itself, then every later request flushed, signaled or not.
+        let done = match sends.iter().find(|(_, st)| *st != WcStatus::Success) {
+            None => N,
+            Some(&(at, st)) => {
+                assert_eq!(st, WcStatus::RetryExceeded, "request {at}: {}", what());
+                outcome = Outcome::RetryExhausted { at };
+                at
+            }
+        };
+        let mut want: Vec<_> = (0..done)
+            .filter(|&i| signaled(i))
             .map(|i| (i, WcStatus::Success))
             .collect();
-        assert_eq!(
-            ids, want,
-            "send completions of {:#?} with {:#?}",
-            me.qp, peer.qp
-        );
-        assert_eq!(me.qp.state(), QpState::Rts);
+        if done < N {
+            want.push((done, WcStatus::RetryExceeded));
+            want.extend((done + 1..N).map(|i| (i, WcStatus::Flushed)));
+        }
+        assert_eq!(sends, want, "send completions of {}", what());
+        let state = if done < N {
+            QpState::Error
+        } else {
+            QpState::Rts
+        };
+        assert_eq!(me.qp.state(), state, "{}", what());
         let mut adds = 0;
         let mut recvs = Vec::new();
-        for i in 0..N {
+        for i in 0..done {
             let w = op(i, kinds);
             let n = len(i, &w) as usize;
             let src = me.mem.bytes(SRC, VA_SRC + i * SLOT, n);
@@ -116,13 +158,25 @@ fn run_workload(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) -> Pair
         }
         let counter =
             u64::from_le_bytes(peer.mem.bytes(DST, VA_DST + COUNTER, 8).try_into().unwrap());
-        assert_eq!(counter, adds, "each FETCH_ADD applied exactly once");
+        if done == N {
+            assert_eq!(counter, adds, "each FETCH_ADD applied exactly once");
+        } else {
+            // The failed request and those after it may have reached the responder
+            // before the requester gave up (only their responses were lost).
+            assert!(counter >= adds, "each completed FETCH_ADD applied");
+        }
         let got = peer.recv_cqes();
-        assert_eq!(
-            got.len(),
-            recvs.len(),
-            "one receive completion per SEND/WRITE with immediate"
-        );
+        if done == N && peer.qp.state() == QpState::Rts {
+            assert_eq!(
+                got.len(),
+                recvs.len(),
+                "one receive completion per SEND/WRITE with immediate"
+            );
+        }
+        // The receives of the completed requests, in order; then, when a requester gave
+        // up, possibly receives of requests that got through unacknowledged, and, when the
+        // peer is in error, the rest of its receive queue flushed.
+        assert!(got.len() >= recvs.len(), "receives of {}", what());
         for (k, (c, (i, n, data))) in got.iter().zip(&recvs).enumerate() {
             assert_eq!(
                 (c.status, c.byte_len),
@@ -133,8 +187,25 @@ fn run_workload(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) -> Pair
                 assert_eq!(&peer.mem.bytes(RCV, VA_RCV + k as u64 * SLOT, *n), data);
             }
         }
+        let rest = &got[recvs.len()..];
+        let flushed = rest
+            .iter()
+            .position(|c| c.status == WcStatus::Flushed)
+            .unwrap_or(rest.len());
+        assert!(
+            rest[..flushed]
+                .iter()
+                .all(|c| c.status == WcStatus::Success)
+                && rest[flushed..]
+                    .iter()
+                    .all(|c| c.status == WcStatus::Flushed),
+            "receives after the completed requests: {rest:?}"
+        );
+        if peer.qp.state() == QpState::Error {
+            assert_eq!(got.len() as u64, N, "the peer's receive queue flushed");
+        }
     }
-    p
+    (p, outcome)
 }
 
 fn all_faults(seed: u64, one_in: u32) -> FaultConfig {
@@ -241,18 +312,51 @@ proptest! {
 /// (`RC_SOAK_FROM`, `RC_SOAK_ONE_IN` pick the seeds and the fault rate). At one fault of
 /// each kind in 10 frames about 20% of frames are lost, so a request and its response both
 /// get through a retry round only ~2/3 of the time and 8 failed rounds in a row
-/// (`retry_cnt` 7) is expected about once per few hundred runs: seed 1056 ends in
-/// RETRY_EXC_ERR that way, as the protocol prescribes, so the default range starts after it:
-/// 1057..1549 and, at 1 in 25, 1000..1299 complete.
+/// (`retry_cnt` 7) is expected about once per few hundred runs (seeds 1056 and 90131 end
+/// in RETRY_EXC_ERR that way): such a run is still checked up to the failed request, is
+/// counted, and fails the soak only if more than one run in 50 ends that way at the
+/// default rate or a lower one (a sign of a recovery bug rather than of bad luck). At
+/// heavier rates exhaustion is common (one in 6: ~40% of frames lost, 15 of seeds
+/// 7000..7100) and only reported.
 #[test]
 #[ignore = "soak test; run on demand"]
 fn soak_many_seeds() {
     let n: u64 = std::env::var("RC_SOAK_SEEDS").map_or(200, |s| s.parse().unwrap());
     let one_in: u32 = std::env::var("RC_SOAK_ONE_IN").map_or(10, |s| s.parse().unwrap());
-    let from: u64 = std::env::var("RC_SOAK_FROM").map_or(1057, |s| s.parse().unwrap());
+    let from: u64 = std::env::var("RC_SOAK_FROM").map_or(1000, |s| s.parse().unwrap());
+    let mut exhausted = Vec::new();
     for seed in from..from + n {
-        eprintln!("soak seed {seed}");
         let mtu = Mtu::from_ib((seed % 5) as u8 + 1).unwrap();
-        run_workload(mtu, all_faults(seed, one_in), &SIZES, seed as u8);
+        let (_, outcome) = run_workload_to_end(mtu, all_faults(seed, one_in), &SIZES, seed as u8);
+        if let Outcome::RetryExhausted { at } = outcome {
+            eprintln!("soak seed {seed}: RETRY_EXC_ERR at request {at}");
+            exhausted.push(seed);
+        }
     }
+    eprintln!(
+        "{} of {n} runs ended in RETRY_EXC_ERR: {exhausted:?}",
+        exhausted.len()
+    );
+    assert!(
+        one_in < 10 || exhausted.len() as u64 * 50 <= n.max(50),
+        "too many runs ended in RETRY_EXC_ERR: {exhausted:?}"
+    );
+}
+
+/// The rare retry exhaustion itself: at one fault of each kind in 10 frames, seed 1056
+/// loses 8 rounds in a row; the run is checked up to the failed request and the rest of
+/// both queues is flushed.
+#[test]
+fn a_run_that_exhausts_its_retries_completes_everything_before_and_flushes_the_rest() {
+    let (p, outcome) = run_workload_to_end(
+        Mtu::from_ib((1056 % 5) as u8 + 1).unwrap(),
+        all_faults(1056, 10),
+        &SIZES,
+        1056u64 as u8,
+    );
+    assert!(
+        matches!(outcome, Outcome::RetryExhausted { .. }),
+        "{outcome:?}"
+    );
+    assert!(p.a.qp.state() == QpState::Error || p.b.qp.state() == QpState::Error);
 }
