@@ -250,6 +250,8 @@ enum Peer {
         targets: Vec<Remote>,
         ctl: control::Control,
         role: remote::Role,
+        /// This end and the peer as the END messages described them.
+        ends: Box<(control::Endpoint, control::Endpoint)>,
     },
 }
 

@@ -198,7 +198,7 @@ impl Bench {
             qp.connect(&p).map_err(setup("connecting"))?;
         }
         if role == Role::Server {
-            ctl.send(&Msg::End(mine))?;
+            ctl.send(&Msg::End(mine.clone()))?;
         }
         Ok(Bench {
             rx_off: rx,
@@ -214,10 +214,20 @@ impl Bench {
                     .collect(),
                 ctl,
                 role,
+                ends: Box::new((mine, theirs)),
             },
             _models: Vec::new(),
             settings: s.clone(),
         })
+    }
+
+    /// This end's and the remote end's addresses and QPs (perftest's "local address" and
+    /// "remote address" lines); `None` when both ends are in this process.
+    pub fn endpoints(&self) -> Option<(&Endpoint, &Endpoint)> {
+        match &self.peer {
+            Peer::Remote { ends, .. } => Some((&ends.0, &ends.1)),
+            Peer::Local(_) => None,
+        }
     }
 
     /// The control connection, when this end is `role`.
