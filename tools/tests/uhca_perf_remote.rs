@@ -1,0 +1,343 @@
+//! `uhca-perf` between two processes, as perftest between two machines: two `uhca-model`
+//! processes joined by a UDP link on 127.0.0.1, a `uhca-perf` server on one and a client
+//! on the other. Every run and every wait is bounded: a broken exchange fails the test, it
+//! never hangs the suite.
+
+mod common;
+mod model_proc;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use model_proc::{ModelProc, linked_pair};
+
+/// The longest any one uhca-perf process may take here.
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// A running `uhca-perf`, killed on drop; its stdout arrives line by line.
+struct Perf {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stdout: String,
+    /// The thread collecting stderr (taken by `finish`).
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Perf {
+    fn spawn(args: &[&str]) -> Perf {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_uhca-perf"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("uhca-perf starts");
+        let (tx, lines) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut err = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Perf {
+            child,
+            lines,
+            stdout: String::new(),
+            stderr: Some(stderr),
+        }
+    }
+
+    /// A server on `sock`'s device and TCP `port`, once it waits for its client.
+    fn server(mode: &str, sock: &Path, port: u16) -> Perf {
+        let port = port.to_string();
+        let mut p = Perf::spawn(&[mode, "--vfio-user", sock.to_str().unwrap(), "-p", &port]);
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match p.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let waiting = l.contains("Waiting for client to connect");
+                    p.stdout += &l;
+                    p.stdout.push('\n');
+                    if waiting {
+                        return p;
+                    }
+                }
+                Err(_) => {
+                    let (code, out, err) = p.finish();
+                    panic!("the server never listened (exit {code}): {out}{err}");
+                }
+            }
+        }
+    }
+
+    /// Waits (bounded) for the exit: exit code, stdout, stderr.
+    fn finish(mut self) -> (i32, String, String) {
+        let deadline = Instant::now() + LIMIT;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("uhca-perf did not finish in {LIMIT:?}: {}", self.stdout);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        // The pipes close with the process: the readers end.
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(10)) {
+            self.stdout += &l;
+            self.stdout.push('\n');
+        }
+        let err = self
+            .stderr
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        (
+            status.code().unwrap_or(-1),
+            std::mem::take(&mut self.stdout),
+            err,
+        )
+    }
+}
+
+impl Drop for Perf {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free TCP port on localhost (bound and released: good enough for a test).
+fn free_tcp_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The rows of the result table that follows the column line containing `columns`.
+fn rows<'a>(out: &'a str, columns: &str) -> Vec<Vec<&'a str>> {
+    out.lines()
+        .skip_while(|l| !l.contains(columns))
+        .skip(1)
+        .take_while(|l| !l.starts_with("---"))
+        .map(|l| l.split_whitespace().collect())
+        .collect()
+}
+
+const BW: &str = "BW average[MB/sec]";
+const LAT: &str = "t_typical[usec]";
+
+/// Checks one table row: `size`, `iters`, and a positive value in column `col`.
+fn check_row(out: &str, columns: &str, size: u64, iters: u64, col: usize) {
+    let r = rows(out, columns);
+    assert_eq!(r.len(), 1, "one result row expected:\n{out}");
+    assert_eq!(r[0][0].parse::<u64>().unwrap(), size, "{out}");
+    assert_eq!(r[0][1].parse::<u64>().unwrap(), iters, "{out}");
+    let v: f64 = r[0][col].parse().unwrap();
+    assert!(v > 0.0 && v.is_finite(), "{out}");
+}
+
+/// Runs `mode` with the client's `args` between a server on one linked model process and a
+/// client on the other; both must succeed. Returns both outputs.
+fn run_pair(mode: &str, args: &[&str]) -> (String, String) {
+    let (ma, mb) = linked_pair();
+    let port = free_tcp_port();
+    let server = Perf::server(mode, &ma.sock, port);
+    let port = port.to_string();
+    let mut cargs = vec![mode, "--vfio-user", mb.sock.to_str().unwrap(), "-p", &port];
+    cargs.extend_from_slice(args);
+    cargs.push("127.0.0.1");
+    let (code, cout, cerr) = Perf::spawn(&cargs).finish();
+    let (scode, sout, serr) = server.finish();
+    assert_eq!(code, 0, "client: {cout}{cerr}\nserver: {sout}{serr}");
+    assert_eq!(scode, 0, "server: {sout}{serr}\nclient: {cout}{cerr}");
+    for out in [&cout, &sout] {
+        assert!(out.contains("Device         : vfio-user"), "{out}");
+        assert!(out.contains(" remote address: QPN"), "{out}");
+    }
+    (cout, sout)
+}
+
+#[test]
+fn write_bw_between_two_processes() {
+    let (c, s) = run_pair("write_bw", &["-s", "4096", "-n", "200", "-t", "32"]);
+    check_row(&c, BW, 4096, 200, 3);
+    // The server is passive: header and closing line, no table (as perftest's).
+    assert!(
+        s.contains("RDMA_Write BW Test") && !s.contains("#bytes"),
+        "{s}"
+    );
+}
+
+#[test]
+fn read_bw_between_two_processes() {
+    let (c, s) = run_pair("read_bw", &["-s", "2048", "-n", "100", "-t", "16"]);
+    check_row(&c, BW, 2048, 100, 3);
+    assert!(!s.contains("#bytes"), "{s}");
+}
+
+#[test]
+fn send_bw_between_two_processes_both_report() {
+    let (c, s) = run_pair(
+        "send_bw",
+        &["-s", "1024", "-n", "100", "-q", "2", "-t", "16"],
+    );
+    // 100 messages on each of the 2 QPs, counted by the sender and by the receiver.
+    check_row(&c, BW, 1024, 200, 3);
+    check_row(&s, BW, 1024, 200, 3);
+    assert!(s.contains("Number of qps  : 2"), "{s}");
+}
+
+#[test]
+fn write_lat_ping_pong_between_two_processes_both_report() {
+    let (c, s) = run_pair("write_lat", &["-s", "8", "-n", "100"]);
+    check_row(&c, LAT, 8, 100, 4);
+    check_row(&s, LAT, 8, 100, 4);
+}
+
+#[test]
+fn atomic_bw_between_two_processes() {
+    let (c, s) = run_pair("atomic_bw", &["-n", "100", "-t", "16"]);
+    check_row(&c, BW, 8, 100, 3);
+    assert!(s.contains("Atomic FETCH_AND_ADD BW Test"), "{s}");
+}
+
+#[test]
+fn a_client_without_a_server_fails_clearly() {
+    let m = ModelProc::spawn(&[]);
+    let port = free_tcp_port().to_string();
+    let t = Instant::now();
+    let (code, _, err) = Perf::spawn(&[
+        "write_bw",
+        "--vfio-user",
+        m.sock.to_str().unwrap(),
+        "-p",
+        &port,
+        "127.0.0.1",
+    ])
+    .finish();
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("connecting to 127.0.0.1:{port}"))
+            && err.contains("is a uhca-perf server running there?"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(60));
+}
+
+#[test]
+fn different_modes_are_refused_on_both_ends() {
+    // The exchange fails before any QP connects: two unlinked models will do.
+    let (ma, mb) = (ModelProc::spawn(&[]), ModelProc::spawn(&[]));
+    let port = free_tcp_port();
+    let server = Perf::server("write_bw", &ma.sock, port);
+    let port = port.to_string();
+    let client = Perf::spawn(&[
+        "read_bw",
+        "--vfio-user",
+        mb.sock.to_str().unwrap(),
+        "-p",
+        &port,
+        "127.0.0.1",
+    ]);
+    let (code, _, err) = client.finish();
+    let (scode, _, serr) = server.finish();
+    let want = "mode mismatch: the server runs write_bw, the client asked for read_bw";
+    assert_ne!(code, 0);
+    assert!(err.contains(want), "client: {err}");
+    assert_ne!(scode, 0);
+    assert!(serr.contains(want), "server: {serr}");
+}
+
+#[test]
+fn a_client_that_disconnects_mid_exchange_ends_the_server_with_an_error() {
+    let m = ModelProc::spawn(&[]);
+    let port = free_tcp_port();
+    let server = Perf::server("write_bw", &m.sock, port);
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.write_all(
+        b"uhca-perf/1 HELLO mode=write_bw size=4096 all=0 iters=10 duration=0 qps=1 \
+          tx_depth=16 inline=0 mtu=1024\n",
+    )
+    .unwrap();
+    // The server confirms, then waits for this client's END: it goes away instead.
+    let mut line = String::new();
+    BufReader::new(&c).read_line(&mut line).unwrap();
+    assert!(
+        line.starts_with("uhca-perf/1 HELLO mode=write_bw"),
+        "{line}"
+    );
+    drop(c);
+    let (code, _, err) = server.finish();
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("the peer closed the connection (waiting for the peer's END)"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_foreign_client_is_refused() {
+    let m = ModelProc::spawn(&[]);
+    let port = free_tcp_port();
+    let server = Perf::server("write_bw", &m.sock, port);
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let (code, _, err) = server.finish();
+    assert_ne!(code, 0);
+    assert!(err.contains("not a uhca-perf peer"), "{err}");
+}
+
+#[test]
+fn the_in_process_model_cannot_be_a_server_or_a_client() {
+    for args in [
+        &["write_bw", "-p", "18515"][..],
+        &["write_bw", "-d", "model", "127.0.0.1"],
+    ] {
+        let (code, _, err) = common::run(env!("CARGO_BIN_EXE_uhca-perf"), args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(
+            err.contains("-d model")
+                && err.contains("uhca-model")
+                && err.contains("--link-local")
+                && err.contains("--vfio-user"),
+            "{args:?}: {err}"
+        );
+    }
+    for (args, want) in [
+        (
+            &["write_bw", "--vfio-user", "/nonexistent.sock", "--pair"][..],
+            "--pair",
+        ),
+        (&["write_lat", "-d", "0000:fe:1f.7", "-D", "1"], "-D"),
+        (
+            &["write_bw", "-d", "0000:fe:1f.7", "--use_cuda", "0"],
+            "--use_cuda",
+        ),
+        (&["write_bw", "-x", "300", "127.0.0.1"], "invalid value"),
+    ] {
+        let (code, _, err) = common::run(env!("CARGO_BIN_EXE_uhca-perf"), args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
