@@ -90,6 +90,15 @@ pub enum PerfError {
     /// The control connection to the remote end failed, or the two ends disagree.
     #[error("{0}")]
     Control(#[from] control::ControlError),
+    /// A run failed, and the control connection shows the remote end gone.
+    #[error("{during} (the remote end: {source})")]
+    PeerLost {
+        /// What failed here.
+        during: Box<PerfError>,
+        /// What the control connection says.
+        #[source]
+        source: control::ControlError,
+    },
 }
 
 fn setup<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> PerfError {
@@ -470,6 +479,11 @@ impl Bench {
     /// quarter of the depth, one doorbell per batch. With a remote server, it is told
     /// first (START/READY) and last (DONE/ACK).
     pub fn bandwidth(&mut self, size: usize) -> Result<BwResult, PerfError> {
+        let r = self.run_bandwidth(size);
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn run_bandwidth(&mut self, size: usize) -> Result<BwResult, PerfError> {
         let s = self.settings.clone();
         let nq = s.qps as usize;
         let sig_every = u64::from((s.tx_depth / 4).max(1));
@@ -553,6 +567,11 @@ impl Bench {
     /// SEND, request to completion for READ and atomics. With a remote server, it is told
     /// first (START/READY) and last (DONE/ACK).
     pub fn latency(&mut self, size: usize) -> Result<LatResult, PerfError> {
+        let r = self.run_latency(size);
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn run_latency(&mut self, size: usize) -> Result<LatResult, PerfError> {
         let s = self.settings.clone();
         let iters = if s.duration.is_some() {
             u64::MAX

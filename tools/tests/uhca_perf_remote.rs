@@ -64,21 +64,27 @@ impl Perf {
     fn server(mode: &str, sock: &Path, port: u16) -> Perf {
         let port = port.to_string();
         let mut p = Perf::spawn(&[mode, "--vfio-user", sock.to_str().unwrap(), "-p", &port]);
+        p.wait_line("Waiting for client to connect");
+        p
+    }
+
+    /// Waits (bounded) for a line of stdout containing `pat`.
+    fn wait_line(&mut self, pat: &str) {
         let deadline = Instant::now() + LIMIT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match p.lines.recv_timeout(left) {
+            match self.lines.recv_timeout(left) {
                 Ok(l) => {
-                    let waiting = l.contains("Waiting for client to connect");
-                    p.stdout += &l;
-                    p.stdout.push('\n');
-                    if waiting {
-                        return p;
+                    let found = l.contains(pat);
+                    self.stdout += &l;
+                    self.stdout.push('\n');
+                    if found {
+                        return;
                     }
                 }
                 Err(_) => {
-                    let (code, out, err) = p.finish();
-                    panic!("the server never listened (exit {code}): {out}{err}");
+                    let _ = self.child.kill();
+                    panic!("no `{pat}` from uhca-perf: {}", self.stdout);
                 }
             }
         }
@@ -217,6 +223,42 @@ fn atomic_bw_between_two_processes() {
     let (c, s) = run_pair("atomic_bw", &["-n", "100", "-t", "16"]);
     check_row(&c, BW, 8, 100, 3);
     assert!(s.contains("Atomic FETCH_AND_ADD BW Test"), "{s}");
+}
+
+#[test]
+fn a_server_killed_mid_run_fails_the_client_well_before_its_end() {
+    let (ma, mb) = linked_pair();
+    let port = free_tcp_port();
+    let mut server = Perf::server("write_bw", &ma.sock, port);
+    let port = port.to_string();
+    let client = Perf::spawn(&[
+        "write_bw",
+        "--vfio-user",
+        mb.sock.to_str().unwrap(),
+        "-p",
+        &port,
+        "-s",
+        "4096",
+        "-D",
+        "60",
+        "127.0.0.1",
+    ]);
+    // The server prints the addresses once it has met the client; a second later the
+    // client is most likely in its 60-second run (earlier, it fails the same way).
+    server.wait_line("remote address");
+    std::thread::sleep(Duration::from_secs(1));
+    server.child.kill().unwrap();
+    let t = Instant::now();
+    let (code, _, err) = client.finish();
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("peer") || err.contains("remote end"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    eprintln!("client: {err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(45),
+        "the client ran on for {:?}: {err}",
+        t.elapsed()
+    );
 }
 
 #[test]

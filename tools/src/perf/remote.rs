@@ -230,6 +230,24 @@ impl Bench {
         }
     }
 
+    /// A failed run of a remote pair, most often a stall or a failed request because the
+    /// peer went away: says so when the control connection shows it (closed, or an ERROR).
+    pub(super) fn explain(&mut self, e: PerfError) -> PerfError {
+        if matches!(e, PerfError::Control(_)) {
+            return e;
+        }
+        match &mut self.peer {
+            Peer::Remote { ctl, .. } => match ctl.try_recv("the run to end") {
+                Err(source) => PerfError::PeerLost {
+                    during: Box::new(e),
+                    source,
+                },
+                Ok(_) => e,
+            },
+            Peer::Local(_) => e,
+        }
+    }
+
     /// The control connection, when this end is `role`.
     fn ctl(&mut self, role: Role) -> Result<Option<&mut Control>, PerfError> {
         match &mut self.peer {
@@ -298,6 +316,11 @@ impl Bench {
     /// messages (its own result); otherwise it only waits while the client works on its
     /// memory (no result).
     pub fn serve_bandwidth(&mut self, size: usize) -> Result<Option<BwResult>, PerfError> {
+        let r = self.run_serve_bandwidth(size);
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn run_serve_bandwidth(&mut self, size: usize) -> Result<Option<BwResult>, PerfError> {
         self.await_start(size)?;
         if self.settings.op != Op::Send {
             self.tell(&Msg::Ready(size as u64))?;
@@ -360,6 +383,11 @@ impl Bench {
     /// two (perftest's: `iters` exchanges, one time fewer); for READ and atomics it waits
     /// while the client works on its memory (no result).
     pub fn serve_latency(&mut self, size: usize) -> Result<Option<LatResult>, PerfError> {
+        let r = self.run_serve_latency(size);
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn run_serve_latency(&mut self, size: usize) -> Result<Option<LatResult>, PerfError> {
         self.await_start(size)?;
         let op = self.settings.op;
         if !matches!(op, Op::Write | Op::Send) {
