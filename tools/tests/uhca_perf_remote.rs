@@ -377,6 +377,7 @@ fn the_in_process_model_cannot_be_a_server_or_a_client() {
             "--use_cuda",
         ),
         (&["write_bw", "-x", "300", "127.0.0.1"], "invalid value"),
+        (&["write_bw", "-d", "0000:fe:1f.7", "-p", "0"], "-p 0"),
     ] {
         let (code, _, err) = common::run(env!("CARGO_BIN_EXE_uhca-perf"), args);
         assert_ne!(code, 0, "{args:?}");

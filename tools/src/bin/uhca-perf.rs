@@ -365,6 +365,9 @@ fn remote_checks(a: &Args, role: Role) -> Result<(), String> {
     if a.pair {
         return Err("--pair runs both ends in this process: no HOST, -p or device with it".into());
     }
+    if a.port == Some(0) {
+        return Err("-p 0: the TCP port must be 1..=65535".into());
+    }
     if a.use_cuda.is_some() {
         return Err(
             "--use_cuda places both ends' buffers in the model GPU of this process: \
