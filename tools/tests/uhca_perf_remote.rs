@@ -164,10 +164,29 @@ fn check_row(out: &str, columns: &str, size: u64, iters: u64, col: usize) {
 /// client on the other; both must succeed. Returns both outputs.
 fn run_pair(mode: &str, args: &[&str]) -> (String, String) {
     let (ma, mb) = linked_pair();
-    let port = free_tcp_port();
-    let server = Perf::server(mode, &ma.sock, port);
-    let port = port.to_string();
-    let mut cargs = vec![mode, "--vfio-user", mb.sock.to_str().unwrap(), "-p", &port];
+    let dev = |m: &ModelProc| vec!["--vfio-user".to_owned(), m.sock.to_str().unwrap().into()];
+    let (c, s) = run_ends(mode, &dev(&ma), &dev(&mb), args);
+    for out in [&c, &s] {
+        assert!(out.contains("Device         : vfio-user"), "{out}");
+    }
+    (c, s)
+}
+
+/// Runs `mode` with the client's `args` between a server on the device flags `server_dev`
+/// and a client on `client_dev`; both must succeed. Returns both outputs.
+fn run_ends(
+    mode: &str,
+    server_dev: &[String],
+    client_dev: &[String],
+    args: &[&str],
+) -> (String, String) {
+    let port = free_tcp_port().to_string();
+    let mut sargs: Vec<&str> = vec![mode, "-p", &port];
+    sargs.extend(server_dev.iter().map(String::as_str));
+    let mut server = Perf::spawn(&sargs);
+    server.wait_line("Waiting for client to connect");
+    let mut cargs: Vec<&str> = vec![mode, "-p", &port];
+    cargs.extend(client_dev.iter().map(String::as_str));
     cargs.extend_from_slice(args);
     cargs.push("127.0.0.1");
     let (code, cout, cerr) = Perf::spawn(&cargs).finish();
@@ -175,7 +194,6 @@ fn run_pair(mode: &str, args: &[&str]) -> (String, String) {
     assert_eq!(code, 0, "client: {cout}{cerr}\nserver: {sout}{serr}");
     assert_eq!(scode, 0, "server: {sout}{serr}\nclient: {cout}{cerr}");
     for out in [&cout, &sout] {
-        assert!(out.contains("Device         : vfio-user"), "{out}");
         assert!(out.contains(" remote address: QPN"), "{out}");
     }
     (cout, sout)
@@ -223,6 +241,22 @@ fn atomic_bw_between_two_processes() {
     let (c, s) = run_pair("atomic_bw", &["-n", "100", "-t", "16"]);
     check_row(&c, BW, 8, 100, 3);
     assert!(s.contains("Atomic FETCH_AND_ADD BW Test"), "{s}");
+}
+
+#[test]
+fn send_lat_between_two_in_process_models_on_a_udp_link() {
+    let (a, b) = (
+        format!("127.0.0.1:{}", model_proc::free_udp_port()),
+        format!("127.0.0.1:{}", model_proc::free_udp_port()),
+    );
+    let link = |l: &str, p: &str| ["--link-local", l, "--link-peer", p].map(str::to_owned);
+    let (c, s) = run_ends("send_lat", &link(&a, &b), &link(&b, &a), &["-n", "50"]);
+    check_row(&c, LAT, 2, 50, 4);
+    check_row(&s, LAT, 2, 50, 4);
+    assert!(c.contains(&format!("UDP link {b} -> {a}")), "{c}");
+    // Each end's MAC (and so its GID) comes from its link address: they differ.
+    let gids: Vec<&str> = c.lines().filter(|l| l.starts_with(" GID:")).collect();
+    assert!(gids.len() == 2 && gids[0] != gids[1], "{c}");
 }
 
 #[test]
@@ -351,7 +385,7 @@ fn a_foreign_client_is_refused() {
 }
 
 #[test]
-fn the_in_process_model_cannot_be_a_server_or_a_client() {
+fn the_in_process_model_without_a_link_cannot_be_an_end() {
     for args in [
         &["write_bw", "-p", "18515"][..],
         &["write_bw", "-d", "model", "127.0.0.1"],
@@ -378,6 +412,19 @@ fn the_in_process_model_cannot_be_a_server_or_a_client() {
         ),
         (&["write_bw", "-x", "300", "127.0.0.1"], "invalid value"),
         (&["write_bw", "-d", "0000:fe:1f.7", "-p", "0"], "-p 0"),
+        (
+            &[
+                "write_bw",
+                "-d",
+                "0000:fe:1f.7",
+                "--link-local",
+                "127.0.0.1:1",
+                "--link-peer",
+                "127.0.0.1:2",
+            ],
+            "not with -d BDF",
+        ),
+        (&["write_bw", "--link-local", "127.0.0.1:1"], "--link-peer"),
     ] {
         let (code, _, err) = common::run(env!("CARGO_BIN_EXE_uhca-perf"), args);
         assert_ne!(code, 0, "{args:?}");

@@ -14,7 +14,8 @@
 //! Between two processes or machines, as perftest: `uhca-perf write_bw -d 0000:3b:00.0`
 //! (a server: it waits for one client on TCP `-p`, 18515 by default) and `uhca-perf write_bw
 //! -d 0000:3b:00.0 SERVER` (the client). A device other than the built-in model
-//! (`-d BDF`, `--vfio-user SOCKET`), a HOST or `-p` asks for this mode. The two agree over
+//! (`-d BDF`, `--vfio-user SOCKET`, or the model on a UDP link: `--link-local ADDR
+//! --link-peer ADDR`), a HOST or `-p` asks for this mode. The two agree over
 //! TCP (`uhca_tools::perf::control`): the mode must be the same on both, and the size,
 //! iterations, `-D`, QPs, depth, inline size and MTU are the client's.
 //! `--use_cuda 0` puts both ends' buffers in the model GPU's BAR (peer memory registered
@@ -164,8 +165,21 @@ struct Args {
     /// GID table index of this end (`ibv_devinfo -v` / `uhca-info` show the table).
     #[arg(short = 'x', long = "gid-index", default_value_t = 0)]
     gid_index: u8,
+    /// Join the built-in model's port to another process's by a UDP link from this address
+    /// (with --link-peer; the same link as `uhca-model --link-local`): one end of a
+    /// client/server run without `uhca-model` processes.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        requires = "link_peer",
+        conflicts_with = "vfio_user"
+    )]
+    link_local: Option<std::net::SocketAddr>,
+    /// The UDP address of the other end's link (with --link-local).
+    #[arg(long, value_name = "ADDR", requires = "link_local")]
+    link_peer: Option<std::net::SocketAddr>,
     /// The server to connect to: with it this process is the client; without it (and a
-    /// device other than the model, or -p) the server.
+    /// device other than the model, a linked model, or -p) the server.
     host: Option<String>,
 }
 
@@ -175,11 +189,20 @@ impl Args {
         let remote = self.host.is_some()
             || self.port.is_some()
             || self.vfio_user.is_some()
+            || self.link_local.is_some()
             || self.device != "model";
         match (&self.host, remote) {
             (_, false) => None,
             (Some(_), true) => Some(Role::Client),
             (None, true) => Some(Role::Server),
+        }
+    }
+
+    /// The device of a client/server run.
+    fn spec(&self) -> DeviceSpec {
+        match (self.link_local, self.link_peer) {
+            (Some(local), Some(peer)) => DeviceSpec::LinkedModel { local, peer },
+            _ => DeviceSpec::from_flags(&self.device, self.vfio_user.as_deref()),
         }
     }
 
@@ -354,12 +377,16 @@ fn remote_checks(a: &Args, role: Role) -> Result<(), String> {
         Role::Client => "client",
         Role::Server => "server",
     };
-    if a.vfio_user.is_none() && a.device == "model" {
+    if a.link_local.is_some() && a.device != "model" {
+        return Err("--link-local/--link-peer link the built-in model: not with -d BDF".into());
+    }
+    if a.vfio_user.is_none() && a.device == "model" && a.link_local.is_none() {
         return Err(format!(
-            "the built-in model (-d model) cannot be a {end}: a model in this process has no \
-             link to another process. Run two `uhca-model --socket S --mac M --link-local ADDR \
-             --link-peer ADDR` processes (distinct MACs, each one's --link-peer the other's \
-             --link-local) and point each uhca-perf at one with --vfio-user S"
+            "the built-in model (-d model) cannot be a {end} as it is: a model in this process \
+             has no link to another process. Give it one with --link-local ADDR --link-peer \
+             ADDR (each end's --link-peer the other's --link-local), or run two `uhca-model \
+             --socket S --mac M --link-local ADDR --link-peer ADDR` processes (distinct MACs) \
+             and point each uhca-perf at one with --vfio-user S"
         ));
     }
     if a.pair {
@@ -415,7 +442,7 @@ fn header(a: &Args, s: &Settings, ends: Option<(&Endpoint, &Endpoint)>) {
     println!("{LINE}");
     println!("                    {} {kind} Test", a.mode.title());
     let device = match a.role() {
-        Some(_) => DeviceSpec::from_flags(&a.device, a.vfio_user.as_deref()).describe(),
+        Some(_) => a.spec().describe(),
         None if a.pair => "uhca model x2 (linked)".into(),
         None => "uhca model (loopback)".into(),
     };
@@ -552,8 +579,7 @@ fn adopt(a: &Args, h: &Hello) -> Args {
 /// size (the client drives and prints; the server serves, printing its own results where
 /// it has them, for send_bw, write_lat and send_lat) and closes the device.
 fn run_remote(a: &Args, role: Role) -> Result<(), String> {
-    let spec = DeviceSpec::from_flags(&a.device, a.vfio_user.as_deref());
-    let dev = device::open(&spec, uhca::DeviceConfig::default()).map_err(|e| e.to_string())?;
+    let dev = device::open(&a.spec(), uhca::DeviceConfig::default()).map_err(|e| e.to_string())?;
     let port = a.port.unwrap_or(DEFAULT_PORT);
     let result = match role {
         Role::Client => client(a, &dev, port),
