@@ -7,8 +7,8 @@
 //! Or this process is one end and its peer another process, perhaps on another machine
 //! ([`remote`]): the client drives, the server's memory is the target, and the two agree on
 //! everything over a TCP connection ([`control`]). The loops are the same: each run is built
-//! from one [`End`] of this process and a [`Peer`] that is either the other `End` or what
-//! the remote end told us about itself.
+//! from one `End` of this process (device, PD, CQ, QPs, buffers) and a `Peer` that is either
+//! the other `End` or what the remote end told us about itself.
 
 pub mod control;
 mod placement;
@@ -147,7 +147,7 @@ impl StallTimer {
 }
 
 /// One end of this process: device, PD, CQ, QPs and a buffer per QP.
-pub struct End {
+struct End {
     qps: Vec<Qp>,
     cq: Cq,
     bufs: Vec<placement::Buf>,
