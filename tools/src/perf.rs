@@ -148,6 +148,8 @@ impl StallTimer {
 
 /// One end of this process: device, PD, CQ, QPs and a buffer per QP.
 struct End {
+    /// Bytes in each half of a buffer: the largest message.
+    half: usize,
     qps: Vec<Qp>,
     cq: Cq,
     bufs: Vec<placement::Buf>,
@@ -184,6 +186,7 @@ impl End {
         let (bufs, dms) = placement::alloc_bufs(dev, &pd, s.qps as usize, len, local_dm, s.gpu)
             .map_err(PerfError::Setup)?;
         Ok(End {
+            half: rx_off(max_size),
             qps,
             cq,
             bufs,
@@ -203,9 +206,15 @@ impl End {
         }]
     }
 
+    /// A receive into QP `qp`'s sending half, as long as the largest message: the receives
+    /// left posted by one size of `-a` take the next, larger one too.
+    fn recv_sge(&self, qp: usize) -> [Sge; 1] {
+        self.sge(qp, self.half)
+    }
+
     /// Posts receives until the receive queue is full.
-    fn fill_recvs(&mut self, qp: usize, size: usize) -> Result<(), PerfError> {
-        let sge = self.sge(qp, size);
+    fn fill_recvs(&mut self, qp: usize) -> Result<(), PerfError> {
+        let sge = self.recv_sge(qp);
         loop {
             match self.qps[qp].post_recv(0, &sge) {
                 Ok(()) => {}
@@ -215,8 +224,8 @@ impl End {
         }
     }
 
-    fn post_recvs(&mut self, qp: usize, size: usize, n: u32) -> Result<(), PerfError> {
-        let sge = self.sge(qp, size);
+    fn post_recvs(&mut self, qp: usize, n: u32) -> Result<(), PerfError> {
+        let sge = self.recv_sge(qp);
         for _ in 0..n {
             self.qps[qp].post_recv(0, &sge)?;
         }
@@ -224,7 +233,7 @@ impl End {
     }
 
     /// Polls the CQ once, posts a receive for each one completed; returns how many.
-    fn reap_recvs(&mut self, size: usize) -> Result<u64, PerfError> {
+    fn reap_recvs(&mut self) -> Result<u64, PerfError> {
         let mut refill = vec![0u32; self.qps.len()];
         let mut n = 0;
         for c in self.cq.poll() {
@@ -237,7 +246,7 @@ impl End {
         }
         for (q, k) in refill.into_iter().enumerate() {
             if k > 0 {
-                self.post_recvs(q, size, k)?;
+                self.post_recvs(q, k)?;
             }
         }
         Ok(n)
@@ -497,7 +506,7 @@ impl Bench {
             && let Peer::Local(server) = &mut self.peer
         {
             for q in 0..nq {
-                server.fill_recvs(q, size)?;
+                server.fill_recvs(q)?;
             }
         }
         self.begin(size)?;
@@ -543,7 +552,7 @@ impl Bench {
             if s.op == Op::Send
                 && let Peer::Local(server) = &mut self.peer
             {
-                server.reap_recvs(size)?;
+                server.reap_recvs()?;
             }
             if progressed > 0 {
                 now = Instant::now();
@@ -582,9 +591,9 @@ impl Bench {
         let mut inline = vec![0u8; s.inline_size.max(1) as usize];
         if s.op == Op::Send {
             if let Peer::Local(server) = &mut self.peer {
-                server.fill_recvs(0, size)?;
+                server.fill_recvs(0)?;
             }
-            self.me.fill_recvs(0, size)?;
+            self.me.fill_recvs(0)?;
         }
         self.begin(size)?;
         let start = Instant::now();
@@ -638,10 +647,10 @@ impl Bench {
     fn pingpong_send(&mut self, size: usize, i: u64, inline: &[u8]) -> Result<(), PerfError> {
         put_send(&mut self.me, &self.settings, size, i, inline)?;
         if let Peer::Local(server) = &mut self.peer {
-            await_recv(server, size)?;
+            await_recv(server)?;
             put_send(server, &self.settings, size, i, inline)?;
         }
-        await_recv(&mut self.me, size)
+        await_recv(&mut self.me)
     }
 }
 
@@ -739,14 +748,14 @@ fn put_send(
 
 /// Waits for a receive completion on `dst` (taking send completions on the way) and posts
 /// a receive in its place.
-fn await_recv(dst: &mut End, size: usize) -> Result<(), PerfError> {
+fn await_recv(dst: &mut End) -> Result<(), PerfError> {
     loop {
         let c = wait_one(&mut dst.cq)?;
         if c.opcode == WcOpcode::Recv {
             break;
         }
     }
-    dst.post_recvs(0, size, 1)
+    dst.post_recvs(0, 1)
 }
 
 fn wait_one(cq: &mut Cq) -> Result<Completion, PerfError> {
@@ -824,6 +833,30 @@ mod tests {
         let l = b.latency(2).unwrap();
         assert_eq!(l.iters, 200);
         assert!(l.min <= l.typical && l.typical <= l.max);
+    }
+
+    #[test]
+    fn sends_of_growing_sizes_fit_the_receives_left_posted() {
+        // `-a`: the receives posted for one size are still there for the next, larger one.
+        let s = Settings {
+            op: Op::Send,
+            size: 0,
+            iters: 20,
+            duration: None,
+            qps: 1,
+            tx_depth: 8,
+            inline_size: 0,
+            use_dm: false,
+            gpu: None,
+            mtu: Mtu::M1024,
+        };
+        let mut b = Bench::new(&s, 8192, false).unwrap();
+        for size in [64, 8192] {
+            assert_eq!(b.bandwidth(size).unwrap().iters, 20, "{size}");
+        }
+        for size in [64, 8192] {
+            assert_eq!(b.latency(size).unwrap().iters, 20, "{size}");
+        }
     }
 
     #[test]

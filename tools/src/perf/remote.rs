@@ -329,7 +329,7 @@ impl Bench {
             return Ok(None);
         }
         for q in 0..self.me.qps.len() {
-            self.me.fill_recvs(q, size)?;
+            self.me.fill_recvs(q)?;
         }
         self.tell(&Msg::Ready(size as u64))?;
         let start = Instant::now();
@@ -339,7 +339,7 @@ impl Bench {
         let mut idle = StallTimer::new();
         let mut next_check = start;
         while expected != Some(meter.total) {
-            let n = self.me.reap_recvs(size)?;
+            let n = self.me.reap_recvs()?;
             let now = if n > 0 {
                 idle = StallTimer::new();
                 last = Instant::now();
@@ -397,7 +397,7 @@ impl Bench {
             return Ok(None);
         }
         if op == Op::Send {
-            self.me.fill_recvs(0, size)?;
+            self.me.fill_recvs(0)?;
         }
         self.tell(&Msg::Ready(size as u64))?;
         let iters = self.settings.iters.max(1);
@@ -408,7 +408,7 @@ impl Bench {
         for i in 0..iters {
             match op {
                 Op::Write => await_tag(&self.me, self.rx_off, size, super::tag(i))?,
-                _ => await_recv(&mut self.me, size)?,
+                _ => await_recv(&mut self.me)?,
             }
             let t = Instant::now();
             if let Some(a) = answered {
