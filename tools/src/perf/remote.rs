@@ -22,12 +22,15 @@ use super::{
 /// How often a driving client tells the server it is alive.
 pub const BEAT: Duration = Duration::from_secs(1);
 
-/// How long a waiting end hears nothing from a driving peer before it gives up (many
-/// missed beats).
-pub const QUIET: Duration = Duration::from_secs(10);
+/// How long a waiting end hears nothing from a driving peer before it gives up. A client
+/// beats between its waits, and no wait of its own lasts longer than the engine's stall
+/// limit (30 s), so a live client is never taken for a dead one; a client process that
+/// dies closes the connection, which is seen at once.
+pub const QUIET: Duration = Duration::from_secs(super::STALL.as_secs() + 15);
 
-/// How long an end waits for an answer that needs only setup work on the other side.
-pub const REPLY: Duration = Duration::from_secs(30);
+/// How long an end waits for an answer: setup work on the other side, or its last waits
+/// (as long as the engine's stall limit).
+pub const REPLY: Duration = QUIET;
 
 /// How long a client tries to reach the server.
 pub const CONNECT: Duration = Duration::from_secs(10);
