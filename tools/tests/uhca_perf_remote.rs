@@ -210,11 +210,25 @@ fn write_bw_between_two_processes() {
     );
 }
 
+/// The GIDs of the header's address lines: this end's, then the peer's.
+fn gids(out: &str) -> Vec<&str> {
+    out.lines().filter(|l| l.starts_with(" GID:")).collect()
+}
+
 #[test]
-fn read_bw_between_two_processes() {
-    let (c, s) = run_pair("read_bw", &["-s", "2048", "-n", "100", "-t", "16"]);
+fn read_bw_between_two_processes_from_another_gid() {
+    let (c, s) = run_pair(
+        "read_bw",
+        &["-s", "2048", "-n", "100", "-t", "16", "-x", "1"],
+    );
     check_row(&c, BW, 2048, 100, 3);
     assert!(!s.contains("#bytes"), "{s}");
+    // The client's -x 1 is its IPv4-mapped GID, and the server's peer; the server keeps 0.
+    let (gc, gs) = (gids(&c), gids(&s));
+    assert!(gc.len() == 2 && gs.len() == 2, "{c}{s}");
+    assert!(gc[0].starts_with(" GID: ::ffff:"), "{c}");
+    assert_eq!((gs[1], gs[0]), (gc[0], gc[1]));
+    assert!(gs[0].starts_with(" GID: fe80::"), "{s}");
 }
 
 #[test]
@@ -255,8 +269,8 @@ fn send_lat_between_two_in_process_models_on_a_udp_link() {
     check_row(&s, LAT, 2, 50, 4);
     assert!(c.contains(&format!("UDP link {b} -> {a}")), "{c}");
     // Each end's MAC (and so its GID) comes from its link address: they differ.
-    let gids: Vec<&str> = c.lines().filter(|l| l.starts_with(" GID:")).collect();
-    assert!(gids.len() == 2 && gids[0] != gids[1], "{c}");
+    let g = gids(&c);
+    assert!(g.len() == 2 && g[0] != g[1], "{c}");
 }
 
 #[test]
