@@ -3,14 +3,22 @@
 //! Both ends live in this process: two QPs on one model HCA in loopback (default), or on two
 //! model HCAs joined by the model's in-process link (`pair`). One application thread drives
 //! both ends; each model HCA has its own device thread, which is the data mover.
+//!
+//! Or this process is one end and its peer another process, perhaps on another machine
+//! ([`remote`]): the client drives, the server's memory is the target, and the two agree on
+//! everything over a TCP connection ([`control`]). The loops are the same: each run is built
+//! from one `End` of this process (device, PD, CQ, QPs, buffers) and a `Peer` that is either
+//! the other `End` or what the remote end told us about itself.
 
+pub mod control;
 mod placement;
+pub mod remote;
 
 pub use placement::{GpuPlacement, GpuReg, GpuSource};
 
 use std::time::{Duration, Instant};
 
-use uhca::datapath::{Completion, PollError, PostError, Sge, WcOpcode};
+use uhca::datapath::{Completion, PollError, PostError, Remote, Sge, WcOpcode};
 use uhca::hw::model::{Hca, ModelConfig};
 use uhca::pci::model::ModelFunction;
 use uhca::resource::{
@@ -79,6 +87,18 @@ pub enum PerfError {
     /// No progress for a long time.
     #[error("no completion for {0:?}: the device stalled")]
     Stalled(Duration),
+    /// The control connection to the remote end failed, or the two ends disagree.
+    #[error("{0}")]
+    Control(#[from] control::ControlError),
+    /// A run failed, and the control connection shows the remote end gone.
+    #[error("{during} (the remote end: {source})")]
+    PeerLost {
+        /// What failed here.
+        during: Box<PerfError>,
+        /// What the control connection says.
+        #[source]
+        source: control::ControlError,
+    },
 }
 
 fn setup<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> PerfError {
@@ -126,8 +146,10 @@ impl StallTimer {
     }
 }
 
-/// One end: device, PD, CQ, QPs and a buffer per QP.
+/// One end of this process: device, PD, CQ, QPs and a buffer per QP.
 struct End {
+    /// Bytes in each half of a buffer: the largest message.
+    half: usize,
     qps: Vec<Qp>,
     cq: Cq,
     bufs: Vec<placement::Buf>,
@@ -136,12 +158,128 @@ struct End {
     dev: Device,
 }
 
+impl End {
+    /// PD, CQ, `s.qps` QPs and a buffer of two halves of `max_size` (at least 64) bytes per
+    /// QP on `dev`: what this end sends from, and what its peer writes into (in device
+    /// memory with `local_dm`).
+    fn new(dev: &Device, s: &Settings, max_size: usize, local_dm: bool) -> Result<End, PerfError> {
+        let rx_depth = s.tx_depth.max(2);
+        let pd = dev.alloc_pd().map_err(setup("PD"))?;
+        let cq = dev
+            .create_cq(&CqConfig {
+                entries: (2 * (s.tx_depth + rx_depth) * s.qps).max(64),
+                events: false,
+            })
+            .map_err(setup("CQ"))?;
+        let cfg = QpConfig {
+            max_send_wr: s.tx_depth,
+            max_recv_wr: rx_depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline: s.inline_size,
+        };
+        let mut qps = Vec::new();
+        for _ in 0..s.qps {
+            qps.push(dev.create_qp(&pd, &cq, &cq, &cfg).map_err(setup("QP"))?);
+        }
+        let len = 2 * rx_off(max_size);
+        let (bufs, dms) = placement::alloc_bufs(dev, &pd, s.qps as usize, len, local_dm, s.gpu)
+            .map_err(PerfError::Setup)?;
+        Ok(End {
+            half: rx_off(max_size),
+            qps,
+            cq,
+            bufs,
+            _dm: dms,
+            _pd: pd,
+            dev: dev.clone(),
+        })
+    }
+
+    /// The first `size` bytes of QP `qp`'s buffer (the half this end sends from).
+    fn sge(&self, qp: usize, size: usize) -> [Sge; 1] {
+        let mr = &self.bufs[qp];
+        [Sge {
+            addr: mr.addr(),
+            len: size as u32,
+            lkey: mr.lkey(),
+        }]
+    }
+
+    /// A receive into QP `qp`'s sending half, as long as the largest message: the receives
+    /// left posted by one size of `-a` take the next, larger one too.
+    fn recv_sge(&self, qp: usize) -> [Sge; 1] {
+        self.sge(qp, self.half)
+    }
+
+    /// Posts receives until the receive queue is full.
+    fn fill_recvs(&mut self, qp: usize) -> Result<(), PerfError> {
+        let sge = self.recv_sge(qp);
+        loop {
+            match self.qps[qp].post_recv(0, &sge) {
+                Ok(()) => {}
+                Err(PostError::QueueFull) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn post_recvs(&mut self, qp: usize, n: u32) -> Result<(), PerfError> {
+        let sge = self.recv_sge(qp);
+        for _ in 0..n {
+            self.qps[qp].post_recv(0, &sge)?;
+        }
+        Ok(())
+    }
+
+    /// Polls the CQ once, posts a receive for each one completed; returns how many.
+    fn reap_recvs(&mut self) -> Result<u64, PerfError> {
+        let mut refill = vec![0u32; self.qps.len()];
+        let mut n = 0;
+        for c in self.cq.poll() {
+            let c = check(c)?;
+            if c.opcode == WcOpcode::Recv {
+                let q = self.qps.iter().position(|x| x.qpn() == c.qpn).unwrap_or(0);
+                refill[q] += 1;
+                n += 1;
+            }
+        }
+        for (q, k) in refill.into_iter().enumerate() {
+            if k > 0 {
+                self.post_recvs(q, k)?;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// Offset of the half of each buffer that the peer writes into.
+fn rx_off(max_size: usize) -> usize {
+    max_size.max(64)
+}
+
+/// The other end of a run.
+enum Peer {
+    /// In this process.
+    Local(End),
+    /// In another process: its buffer halves we target, one per QP, and the connection
+    /// to it.
+    Remote {
+        targets: Vec<Remote>,
+        ctl: control::Control,
+        role: remote::Role,
+        /// This end and the peer as the END messages described them.
+        ends: Box<(control::Endpoint, control::Endpoint)>,
+    },
+}
+
 /// Both ends of a run, connected.
 pub struct Bench {
     /// Offset of the half of each buffer that the peer writes into.
     rx_off: usize,
-    client: End,
-    server: End,
+    /// This process's end (the client's, the driving one, when both are here).
+    me: End,
+    peer: Peer,
     _models: Vec<std::sync::Arc<ModelFunction>>,
     settings: Settings,
 }
@@ -169,41 +307,8 @@ impl Bench {
         } else {
             dev_c.clone()
         };
-        let rx_depth = s.tx_depth.max(2);
-        let mk = |dev: &Device, local_dm: bool| -> Result<End, PerfError> {
-            let pd = dev.alloc_pd().map_err(setup("PD"))?;
-            let cq = dev
-                .create_cq(&CqConfig {
-                    entries: (2 * (s.tx_depth + rx_depth) * s.qps).max(64),
-                    events: false,
-                })
-                .map_err(setup("CQ"))?;
-            let cfg = QpConfig {
-                max_send_wr: s.tx_depth,
-                max_recv_wr: rx_depth,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline: s.inline_size,
-            };
-            let mut qps = Vec::new();
-            for _ in 0..s.qps {
-                qps.push(dev.create_qp(&pd, &cq, &cq, &cfg).map_err(setup("QP"))?);
-            }
-            // Two halves per buffer: what this end sends from, and what its peer writes into.
-            let len = 2 * max_size.max(64);
-            let (bufs, dms) = placement::alloc_bufs(dev, &pd, s.qps as usize, len, local_dm, s.gpu)
-                .map_err(PerfError::Setup)?;
-            Ok(End {
-                qps,
-                cq,
-                bufs,
-                _dm: dms,
-                _pd: pd,
-                dev: dev.clone(),
-            })
-        };
-        let mut client = mk(&dev_c, s.use_dm)?;
-        let mut server = mk(&dev_s, false)?;
+        let mut client = End::new(&dev_c, s, max_size, s.use_dm)?;
+        let mut server = End::new(&dev_s, s, max_size, false)?;
         let ca = client.dev.roce_address(0).map_err(setup("GID"))?;
         let sa = server.dev.roce_address(0).map_err(setup("GID"))?;
         for (i, (c, sv)) in client.qps.iter_mut().zip(server.qps.iter_mut()).enumerate() {
@@ -217,12 +322,32 @@ impl Bench {
             sv.connect(&ps).map_err(setup("connecting"))?;
         }
         Ok(Bench {
-            rx_off: max_size.max(64),
-            client,
-            server,
+            rx_off: rx_off(max_size),
+            me: client,
+            peer: Peer::Local(server),
             _models: models,
             settings: s.clone(),
         })
+    }
+
+    /// Where QP `qp`'s requests land: the peer's receiving half.
+    fn target(&self, qp: usize) -> Remote {
+        match &self.peer {
+            Peer::Local(e) => e.bufs[qp].remote(self.rx_off as u64),
+            Peer::Remote { targets, .. } => targets[qp],
+        }
+    }
+
+    /// Every second or so while this end drives: tells a remote server it is still here.
+    fn beat(&mut self, now: Instant, next: &mut Instant) -> Result<(), PerfError> {
+        if now < *next {
+            return Ok(());
+        }
+        *next = now + remote::BEAT;
+        if let Peer::Remote { ctl, .. } = &mut self.peer {
+            ctl.send(&control::Msg::Beat)?;
+        }
+        Ok(())
     }
 
     fn wr<'a>(
@@ -234,7 +359,7 @@ impl Bench {
         local: &'a [Sge; 1],
         inline: &'a [u8],
     ) -> SendWr<'a> {
-        let remote = self.server.bufs[qp].remote(self.rx_off as u64);
+        let remote = self.target(qp);
         let data = if size <= self.settings.inline_size as usize && self.settings.op != Op::Read {
             Local::Inline(&inline[..size])
         } else {
@@ -254,45 +379,6 @@ impl Bench {
             },
         };
         SendWr { wr_id, op, flags }
-    }
-
-    fn local(&self, qp: usize, size: usize) -> [Sge; 1] {
-        let mr = &self.client.bufs[qp];
-        [Sge {
-            addr: mr.addr(),
-            len: size as u32,
-            lkey: mr.lkey(),
-        }]
-    }
-
-    /// Posts receives until the receive queue is full.
-    fn fill_recvs(end: &mut End, qp: usize, size: usize) -> Result<(), PerfError> {
-        let mr = &end.bufs[qp];
-        let sge = [Sge {
-            addr: mr.addr(),
-            len: size as u32,
-            lkey: mr.lkey(),
-        }];
-        loop {
-            match end.qps[qp].post_recv(0, &sge) {
-                Ok(()) => {}
-                Err(PostError::QueueFull) => return Ok(()),
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
-    fn post_recvs(end: &mut End, qp: usize, size: usize, n: u32) -> Result<(), PerfError> {
-        let mr = &end.bufs[qp];
-        let sge = [Sge {
-            addr: mr.addr(),
-            len: size as u32,
-            lkey: mr.lkey(),
-        }];
-        for _ in 0..n {
-            end.qps[qp].post_recv(0, &sge)?;
-        }
-        Ok(())
     }
 }
 
@@ -345,10 +431,68 @@ pub struct LatResult {
     pub p999: f64,
 }
 
+/// Messages completed over time: the average, and the best window of at least `window`
+/// messages and 1 ms (shorter windows measure completion bursts, not bandwidth).
+struct Meter {
+    size: usize,
+    start: Instant,
+    window: u64,
+    win_start: Instant,
+    win_done: u64,
+    peak: f64,
+    total: u64,
+}
+
+impl Meter {
+    fn new(size: usize, window: u64, start: Instant) -> Meter {
+        Meter {
+            size,
+            start,
+            window,
+            win_start: start,
+            win_done: 0,
+            peak: 0.0,
+            total: 0,
+        }
+    }
+
+    /// `n` more messages done, seen at `now`.
+    fn add(&mut self, n: u64, now: Instant) {
+        self.total += n;
+        self.win_done += n;
+        let dt = now.duration_since(self.win_start).as_secs_f64();
+        if self.win_done >= self.window && dt >= 1e-3 {
+            self.peak = self
+                .peak
+                .max((self.win_done * self.size as u64) as f64 / dt);
+            (self.win_start, self.win_done) = (now, 0);
+        }
+    }
+
+    /// The result of a run that ended at `end`.
+    fn result(&self, end: Instant) -> BwResult {
+        let secs = end.duration_since(self.start).as_secs_f64().max(1e-9);
+        let avg = (self.total * self.size as u64) as f64 / secs;
+        BwResult {
+            size: self.size,
+            iters: self.total,
+            peak: self.peak.max(avg),
+            avg,
+            msg_rate: self.total as f64 / secs,
+        }
+    }
+}
+
 impl Bench {
     /// Streams messages of `size` on every QP, `tx_depth` outstanding, one signaled WQE per
-    /// quarter of the depth, one doorbell per batch.
+    /// quarter of the depth, one doorbell per batch. With a remote server, it is told
+    /// first (START/READY) and last (DONE/ACK).
     pub fn bandwidth(&mut self, size: usize) -> Result<BwResult, PerfError> {
+        let r = self.run_bandwidth(size);
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn run_bandwidth(&mut self, size: usize) -> Result<BwResult, PerfError> {
         let s = self.settings.clone();
         let nq = s.qps as usize;
         let sig_every = u64::from((s.tx_depth / 4).max(1));
@@ -358,26 +502,28 @@ impl Bench {
         } else {
             s.iters
         };
-        if s.op == Op::Send {
+        if s.op == Op::Send
+            && let Peer::Local(server) = &mut self.peer
+        {
             for q in 0..nq {
-                Bench::fill_recvs(&mut self.server, q, size)?;
+                server.fill_recvs(q)?;
             }
         }
+        self.begin(size)?;
         let mut posted = vec![0u64; nq];
         let mut done = vec![0u64; nq];
-        let mut total_done = 0u64;
-        let qpn_index: Vec<u32> = self.client.qps.iter().map(|q| q.qpn()).collect();
+        let qpn_index: Vec<u32> = self.me.qps.iter().map(|q| q.qpn()).collect();
         let start = Instant::now();
         // The time as last read: on progress, and every SPINS_PER_CLOCK idle loops.
         let mut now = start;
+        let mut next_beat = start + remote::BEAT;
         let mut idle = StallTimer::new();
-        let window = (s.iters / 20).max(sig_every).max(1);
-        let (mut win_start, mut win_done, mut peak) = (start, 0u64, 0f64);
+        let mut meter = Meter::new(size, (s.iters / 20).max(sig_every).max(1), start);
         let deadline = s.duration.map(|d| start + d);
         loop {
             let stop = deadline.is_some_and(|d| now >= d);
             for q in 0..nq {
-                let local = self.local(q, size);
+                let local = self.me.sge(q, size);
                 let cap = done[q] + u64::from(s.tx_depth);
                 let limit = if stop { posted[q] } else { cap.min(iters) };
                 while posted[q] < limit {
@@ -388,73 +534,53 @@ impl Bench {
                         SendFlags::NONE
                     };
                     let wr = self.wr(q, size, posted[q], flags, &local, &inline);
-                    match self.client.qps[q].post_send(&wr) {
+                    match self.me.qps[q].post_send(&wr) {
                         Ok(()) => posted[q] += 1,
                         Err(PostError::QueueFull) => break,
                         Err(e) => return Err(e.into()),
                     }
                 }
-                self.client.qps[q].ring_doorbell();
+                self.me.qps[q].ring_doorbell();
             }
-            let mut progressed = false;
-            for c in self.client.cq.poll() {
+            let mut progressed = 0u64;
+            for c in self.me.cq.poll() {
                 let c = check(c)?;
                 let q = qpn_index.iter().position(|&n| n == c.qpn).unwrap_or(0);
-                total_done += c.wr_id + 1 - done[q];
-                win_done += c.wr_id + 1 - done[q];
+                progressed += c.wr_id + 1 - done[q];
                 done[q] = c.wr_id + 1;
-                progressed = true;
             }
-            if s.op == Op::Send {
-                let mut refill = vec![0u32; nq];
-                for c in self.server.cq.poll() {
-                    let c = check(c)?;
-                    if c.opcode == WcOpcode::Recv {
-                        let q = self
-                            .server
-                            .qps
-                            .iter()
-                            .position(|x| x.qpn() == c.qpn)
-                            .unwrap_or(0);
-                        refill[q] += 1;
-                    }
-                }
-                for (q, n) in refill.into_iter().enumerate() {
-                    Bench::post_recvs(&mut self.server, q, size, n)?;
-                }
+            if s.op == Op::Send
+                && let Peer::Local(server) = &mut self.peer
+            {
+                server.reap_recvs()?;
             }
-            if progressed {
+            if progressed > 0 {
                 now = Instant::now();
                 idle = StallTimer::new();
-                // Peak: the best window of at least `window` messages and 1 ms (shorter
-                // windows measure completion bursts, not bandwidth).
-                let dt = now.duration_since(win_start).as_secs_f64();
-                if win_done >= window && dt >= 1e-3 {
-                    peak = peak.max((win_done * size as u64) as f64 / dt);
-                    (win_start, win_done) = (now, 0);
-                }
+                meter.add(progressed, now);
             } else if let Some(t) = idle.spin()? {
                 now = t;
             }
+            self.beat(now, &mut next_beat)?;
             let all_done = (0..nq).all(|q| done[q] == posted[q]);
             if all_done && (stop || (deadline.is_none() && done.iter().all(|&d| d >= iters))) {
                 break;
             }
         }
-        let secs = start.elapsed().as_secs_f64();
-        let avg = (total_done * size as u64) as f64 / secs;
-        Ok(BwResult {
-            size,
-            iters: total_done,
-            peak: peak.max(avg),
-            avg,
-            msg_rate: total_done as f64 / secs,
-        })
+        let r = meter.result(Instant::now());
+        self.finish(size, r.iters)?;
+        Ok(r)
     }
 
     /// Latency of `size`-byte messages on QP 0: ping-pong (half the round trip) for WRITE and
-    /// SEND, request to completion for READ and atomics.
+    /// SEND, request to completion for READ and atomics. With a remote server, it is told
+    /// first (START/READY) and last (DONE/ACK).
     pub fn latency(&mut self, size: usize) -> Result<LatResult, PerfError> {
+        let r = self.run_latency(size);
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn run_latency(&mut self, size: usize) -> Result<LatResult, PerfError> {
         let s = self.settings.clone();
         let iters = if s.duration.is_some() {
             u64::MAX
@@ -462,12 +588,16 @@ impl Bench {
             s.iters.max(1)
         };
         let mut samples = Vec::with_capacity(s.iters.min(10_000_000) as usize);
-        let start = Instant::now();
         let mut inline = vec![0u8; s.inline_size.max(1) as usize];
         if s.op == Op::Send {
-            Bench::fill_recvs(&mut self.server, 0, size)?;
-            Bench::fill_recvs(&mut self.client, 0, size)?;
+            if let Peer::Local(server) = &mut self.peer {
+                server.fill_recvs(0)?;
+            }
+            self.me.fill_recvs(0)?;
         }
+        self.begin(size)?;
+        let start = Instant::now();
+        let mut next_beat = start + remote::BEAT;
         let mut i = 0u64;
         while i < iters && s.duration.is_none_or(|d| start.elapsed() < d) {
             let t0 = Instant::now();
@@ -475,136 +605,157 @@ impl Bench {
                 Op::Write => self.pingpong_write(size, i, &mut inline)?,
                 Op::Send => self.pingpong_send(size, i, &inline)?,
                 Op::Read | Op::Atomic => {
-                    let local = self.local(0, size);
+                    let local = self.me.sge(0, size);
                     let wr = self.wr(0, size, i, SendFlags::SIGNALED, &local, &inline);
-                    self.client.qps[0].post_send(&wr)?;
-                    self.client.qps[0].ring_doorbell();
-                    wait_one(&mut self.client.cq)?;
+                    self.me.qps[0].post_send(&wr)?;
+                    self.me.qps[0].ring_doorbell();
+                    wait_one(&mut self.me.cq)?;
                 }
             }
-            let dt = t0.elapsed().as_secs_f64() * 1e6;
+            let t1 = Instant::now();
+            let dt = t1.duration_since(t0).as_secs_f64() * 1e6;
             samples.push(if matches!(s.op, Op::Write | Op::Send) {
                 dt / 2.0
             } else {
                 dt
             });
+            self.beat(t1, &mut next_beat)?;
             i += 1;
         }
+        self.finish(size, i)?;
         Ok(lat_stats(size, &mut samples))
     }
 
-    /// Client writes `size` bytes ending in the iteration's tag into the server's buffer; the
-    /// server sees the tag and writes back; the client sees it.
+    /// One ping-pong of WRITEs: this end writes `size` bytes ending in the iteration's tag
+    /// into the peer's buffer; the peer sees the tag and writes back; this end sees it.
     /// `inline` is the inline data buffer (zeros but for the tag), reused by every
     /// iteration: nothing is cleared or copied on the way to the doorbell.
     fn pingpong_write(&mut self, size: usize, i: u64, inline: &mut [u8]) -> Result<(), PerfError> {
-        // Consecutive tags differ and are never 0 (the buffers start zeroed).
-        let tag = (i % 255) as u8 + 1;
-        let sig = u64::from((self.settings.tx_depth / 2).max(1));
-        let s = self.settings.inline_size as usize;
-        let rx = self.rx_off;
-        for from_client in [true, false] {
-            let (src, dst) = if from_client {
-                (&mut self.client, &self.server)
-            } else {
-                (&mut self.server, &self.client)
-            };
-            let local_inline = size <= s && size <= inline.len();
-            if local_inline {
-                inline[size - 1] = tag;
-            } else {
-                src.bufs[0]
-                    .write(size - 1, &[tag])
-                    .map_err(setup("buffer"))?;
-            }
-            let mr = &src.bufs[0];
-            let sge = [Sge {
-                addr: mr.addr(),
-                len: size as u32,
-                lkey: mr.lkey(),
-            }];
-            let local = if local_inline {
-                Local::Inline(&inline[..size])
-            } else {
-                Local::Sges(&sge)
-            };
-            let flags = if i % sig == sig - 1 {
-                SendFlags::SIGNALED
-            } else {
-                SendFlags::NONE
-            };
-            let wr = SendWr {
-                wr_id: i,
-                op: SendOp::Write {
-                    local,
-                    remote: dst.bufs[0].remote(rx as u64),
-                },
-                flags,
-            };
-            src.qps[0].post_send(&wr)?;
-            src.qps[0].ring_doorbell();
-            for c in src.cq.poll() {
-                check(c)?;
-            }
-            let mut timer = StallTimer::new();
-            let mut b = [0u8; 1];
-            loop {
-                dst.bufs[0]
-                    .read(rx + size - 1, &mut b)
-                    .map_err(setup("buffer"))?;
-                if b[0] == tag {
-                    break;
-                }
-                timer.spin()?;
-            }
+        let tag = tag(i);
+        let (s, rx) = (&self.settings, self.rx_off);
+        let to_peer = self.target(0);
+        put_write(&mut self.me, to_peer, s, size, i, inline)?;
+        if let Peer::Local(server) = &mut self.peer {
+            await_tag(server, rx, size, tag)?;
+            let to_client = self.me.bufs[0].remote(rx as u64);
+            put_write(server, to_client, s, size, i, inline)?;
         }
-        Ok(())
+        await_tag(&self.me, rx, size, tag)
     }
 
+    /// One ping-pong of SENDs: this end sends, the peer receives and sends back.
     fn pingpong_send(&mut self, size: usize, i: u64, inline: &[u8]) -> Result<(), PerfError> {
-        let sig = u64::from((self.settings.tx_depth / 2).max(1));
-        let s = self.settings.inline_size as usize;
-        for from_client in [true, false] {
-            let (src, dst) = if from_client {
-                (&mut self.client, &mut self.server)
-            } else {
-                (&mut self.server, &mut self.client)
-            };
-            let mr = &src.bufs[0];
-            let sge = [Sge {
-                addr: mr.addr(),
-                len: size as u32,
-                lkey: mr.lkey(),
-            }];
-            let local = if size <= s {
-                Local::Inline(&inline[..size])
-            } else {
-                Local::Sges(&sge)
-            };
-            let flags = if i % sig == sig - 1 {
-                SendFlags::SIGNALED
-            } else {
-                SendFlags::NONE
-            };
-            src.qps[0].post_send(&SendWr {
-                wr_id: i,
-                op: SendOp::Send { local },
-                flags,
-            })?;
-            src.qps[0].ring_doorbell();
-            for c in src.cq.poll() {
-                check(c)?;
-            }
-            loop {
-                let c = wait_one(&mut dst.cq)?;
-                if c.opcode == WcOpcode::Recv {
-                    break;
-                }
-            }
-            Bench::post_recvs(dst, 0, size, 1)?;
+        put_send(&mut self.me, &self.settings, size, i, inline)?;
+        if let Peer::Local(server) = &mut self.peer {
+            await_recv(server)?;
+            put_send(server, &self.settings, size, i, inline)?;
         }
-        Ok(())
+        await_recv(&mut self.me)
     }
+}
+
+/// The tag of ping-pong iteration `i`: consecutive tags differ and are never 0 (the buffers
+/// start zeroed).
+fn tag(i: u64) -> u8 {
+    (i % 255) as u8 + 1
+}
+
+/// Completions of ping-pong requests are asked for once per half the depth.
+fn pingpong_flags(s: &Settings, i: u64) -> SendFlags {
+    let sig = u64::from((s.tx_depth / 2).max(1));
+    if i % sig == sig - 1 {
+        SendFlags::SIGNALED
+    } else {
+        SendFlags::NONE
+    }
+}
+
+/// Writes `size` bytes ending in iteration `i`'s tag from `src` to `remote` (inline when
+/// `s` allows), and takes the completions that have come.
+fn put_write(
+    src: &mut End,
+    remote: Remote,
+    s: &Settings,
+    size: usize,
+    i: u64,
+    inline: &mut [u8],
+) -> Result<(), PerfError> {
+    let local_inline = size <= s.inline_size as usize && size <= inline.len();
+    if local_inline {
+        inline[size - 1] = tag(i);
+    } else {
+        src.bufs[0]
+            .write(size - 1, &[tag(i)])
+            .map_err(setup("buffer"))?;
+    }
+    let sge = src.sge(0, size);
+    let local = if local_inline {
+        Local::Inline(&inline[..size])
+    } else {
+        Local::Sges(&sge)
+    };
+    src.qps[0].post_send(&SendWr {
+        wr_id: i,
+        op: SendOp::Write { local, remote },
+        flags: pingpong_flags(s, i),
+    })?;
+    src.qps[0].ring_doorbell();
+    for c in src.cq.poll() {
+        check(c)?;
+    }
+    Ok(())
+}
+
+/// Waits until the last byte of the first `size` bytes of `dst`'s receiving half is `tag`.
+fn await_tag(dst: &End, rx: usize, size: usize, tag: u8) -> Result<(), PerfError> {
+    let mut timer = StallTimer::new();
+    let mut b = [0u8; 1];
+    loop {
+        dst.bufs[0]
+            .read(rx + size - 1, &mut b)
+            .map_err(setup("buffer"))?;
+        if b[0] == tag {
+            return Ok(());
+        }
+        timer.spin()?;
+    }
+}
+
+/// SENDs `size` bytes from `src` (inline when `s` allows). Its completion is taken by the
+/// next [`await_recv`] on `src`, which polls the same CQ: polling here could take the
+/// receive completion of the answer too.
+fn put_send(
+    src: &mut End,
+    s: &Settings,
+    size: usize,
+    i: u64,
+    inline: &[u8],
+) -> Result<(), PerfError> {
+    let sge = src.sge(0, size);
+    let local = if size <= s.inline_size as usize {
+        Local::Inline(&inline[..size])
+    } else {
+        Local::Sges(&sge)
+    };
+    src.qps[0].post_send(&SendWr {
+        wr_id: i,
+        op: SendOp::Send { local },
+        flags: pingpong_flags(s, i),
+    })?;
+    src.qps[0].ring_doorbell();
+    Ok(())
+}
+
+/// Waits for a receive completion on `dst` (taking send completions on the way) and posts
+/// a receive in its place.
+fn await_recv(dst: &mut End) -> Result<(), PerfError> {
+    loop {
+        let c = wait_one(&mut dst.cq)?;
+        if c.opcode == WcOpcode::Recv {
+            break;
+        }
+    }
+    dst.post_recvs(0, 1)
 }
 
 fn wait_one(cq: &mut Cq) -> Result<Completion, PerfError> {
@@ -682,6 +833,30 @@ mod tests {
         let l = b.latency(2).unwrap();
         assert_eq!(l.iters, 200);
         assert!(l.min <= l.typical && l.typical <= l.max);
+    }
+
+    #[test]
+    fn sends_of_growing_sizes_fit_the_receives_left_posted() {
+        // `-a`: the receives posted for one size are still there for the next, larger one.
+        let s = Settings {
+            op: Op::Send,
+            size: 0,
+            iters: 20,
+            duration: None,
+            qps: 1,
+            tx_depth: 8,
+            inline_size: 0,
+            use_dm: false,
+            gpu: None,
+            mtu: Mtu::M1024,
+        };
+        let mut b = Bench::new(&s, 8192, false).unwrap();
+        for size in [64, 8192] {
+            assert_eq!(b.bandwidth(size).unwrap().iters, 20, "{size}");
+        }
+        for size in [64, 8192] {
+            assert_eq!(b.latency(size).unwrap().iters, 20, "{size}");
+        }
     }
 
     #[test]

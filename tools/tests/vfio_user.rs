@@ -3,9 +3,7 @@
 //! returned; two model processes joined by a UDP link; and a model process killed under
 //! the driver (the device is reported lost, nothing hangs).
 
-use std::net::UdpSocket;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -17,82 +15,20 @@ use uhca::resource::{Access, Cq, Local, Mr, Qp, SendFlags, SendOp, SendWr};
 use uhca::{Device, DeviceConfig, DeviceError};
 use uhca_tests::datapath::{connect, mr, pattern, qp_with_cq, read, wait_n};
 
+mod model_proc;
+
+use model_proc::ModelProc;
+
 const SIG: SendFlags = SendFlags::SIGNALED;
 
-/// A running `uhca-model`, killed on drop.
-struct ModelProc {
-    child: Child,
-    sock: PathBuf,
-    _dir: tempfile::TempDir,
+/// The vfio-user client of a model process.
+trait Connect {
+    fn connect(&self) -> Arc<VfioUserFunction>;
 }
 
-impl ModelProc {
-    fn spawn(args: &[&str]) -> ModelProc {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("model.sock");
-        Self::spawn_in(dir, sock, args)
-    }
-
-    /// A process on `sock`, a path that may exist already (a stale socket).
-    fn spawn_at(sock: PathBuf, args: &[&str]) -> ModelProc {
-        Self::spawn_in(tempfile::tempdir().unwrap(), sock, args)
-    }
-
-    fn spawn_in(dir: tempfile::TempDir, sock: PathBuf, args: &[&str]) -> ModelProc {
-        use std::os::unix::fs::MetadataExt;
-        let inode = |p: &PathBuf| {
-            std::fs::symlink_metadata(p)
-                .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
-                .ok()
-        };
-        let stale = inode(&sock);
-        let child = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
-            .arg("--socket")
-            .arg(&sock)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("uhca-model starts");
-        let mut p = ModelProc {
-            child,
-            sock,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        // Until the socket exists and is not the stale one it replaces.
-        while inode(&p.sock).is_none() || inode(&p.sock) == stale {
-            assert!(
-                p.child.try_wait().unwrap().is_none(),
-                "uhca-model exited early"
-            );
-            assert!(Instant::now() < deadline, "uhca-model never listened");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        p
-    }
-
+impl Connect for ModelProc {
     fn connect(&self) -> Arc<VfioUserFunction> {
         VfioUserFunction::connect(&self.sock).expect("connect to uhca-model")
-    }
-
-    /// Waits (bounded) for the process to exit by itself.
-    fn wait_exit(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "uhca-model did not exit");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-impl Drop for ModelProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -251,39 +187,9 @@ fn every_operation_over_vfio_user_and_teardown_returns_every_page() {
     assert!(model.wait_exit().success());
 }
 
-/// A free UDP port on localhost (bound and released: good enough for a test).
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn two_model_processes_linked_over_udp() {
-    let (pa, pb) = (free_port(), free_port());
-    let (la, lb) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
-    let _ma = ModelProc::spawn(&[
-        "--name",
-        "ma",
-        "--mac",
-        "02:00:00:00:00:0a",
-        "--link-local",
-        &la,
-        "--link-peer",
-        &lb,
-    ]);
-    let _mb = ModelProc::spawn(&[
-        "--name",
-        "mb",
-        "--mac",
-        "02:00:00:00:00:0b",
-        "--link-local",
-        &lb,
-        "--link-peer",
-        &la,
-    ]);
+    let (_ma, _mb) = model_proc::linked_pair();
     let (fa, fb) = (_ma.connect(), _mb.connect());
     bounded(move || {
         let da = Device::open(fa, config()).unwrap();

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use uhca::info::{CountersError, DeviceSummary, PortCounters, PortState, format_gid, format_mac};
 use uhca::{Device, DeviceConfig};
+use uhca_tools::device::{self, DeviceSpec, OpenError};
 
 /// Print device facts like `ibv_devinfo -v`.
 #[derive(Parser, Debug)]
@@ -155,44 +156,11 @@ fn print_counters(c: Option<&PortCounters>) {
     }
 }
 
-fn open(args: &Args) -> Result<Device, String> {
-    if let Some(sock) = &args.vfio_user {
-        return open_vfio_user(sock);
-    }
-    match args.device.as_str() {
-        "model" => open_model(),
-        bdf => open_vfio(bdf),
-    }
-}
-
-#[cfg(feature = "model")]
-fn open_model() -> Result<Device, String> {
-    Device::open(
-        uhca::pci::model::ModelFunction::with_defaults().map_err(|e| e.to_string())?,
+fn open(args: &Args) -> Result<Device, OpenError> {
+    device::open(
+        &DeviceSpec::from_flags(&args.device, args.vfio_user.as_deref()),
         DeviceConfig::default(),
     )
-    .map_err(|e| format!("booting the model: {e}"))
-}
-
-#[cfg(not(feature = "model"))]
-fn open_model() -> Result<Device, String> {
-    Err("this build has no model HCA (feature `model`); pass --device BDF".into())
-}
-
-/// Opens a function bound to vfio-pci (iommufd + cdev when the kernel has it, else the
-/// legacy container/group) and boots it.
-fn open_vfio(bdf: &str) -> Result<Device, String> {
-    let f = uhca::pci::vfio::open(bdf, &uhca::pci::vfio::VfioOptions::default())
-        .map_err(|e| format!("cannot open {bdf}: {e}"))?;
-    Device::open(f, DeviceConfig::default()).map_err(|e| format!("booting {bdf}: {e}"))
-}
-
-/// Connects to a vfio-user server (uhca-model) and boots the device it serves.
-fn open_vfio_user(sock: &std::path::Path) -> Result<Device, String> {
-    let f = uhca::pci::vfio_user::VfioUserFunction::connect(sock)
-        .map_err(|e| format!("cannot open vfio-user device {}: {e}", sock.display()))?;
-    Device::open(f, DeviceConfig::default())
-        .map_err(|e| format!("booting the vfio-user device {}: {e}", sock.display()))
 }
 
 fn print_text(s: &DeviceSummary, verbose: bool, counters: Option<&Counters>) {

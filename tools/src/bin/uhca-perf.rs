@@ -10,6 +10,14 @@
 //!
 //! Both ends run in this process on the built-in model HCA (loopback through the port's own
 //! MAC), or on two model HCAs joined by the model's in-process link with `--pair`.
+//!
+//! Between two processes or machines, as perftest: `uhca-perf write_bw -d 0000:3b:00.0`
+//! (a server: it waits for one client on TCP `-p`, 18515 by default) and `uhca-perf write_bw
+//! -d 0000:3b:00.0 SERVER` (the client). A device other than the built-in model
+//! (`-d BDF`, `--vfio-user SOCKET`, or the model on a UDP link: `--link-local ADDR
+//! --link-peer ADDR`), a HOST or `-p` asks for this mode. The two agree over
+//! TCP (`uhca_tools::perf::control`): the mode must be the same on both, and the size,
+//! iterations, `-D`, QPs, depth, inline size and MTU are the client's.
 //! `--use_cuda 0` puts both ends' buffers in the model GPU's BAR (peer memory registered
 //! through the peer-memory client; `--use_cuda_dmabuf` registers the dma-buf fd instead):
 //! the header says "model GPU", as it is not GPU hardware.
@@ -19,7 +27,13 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use uhca::resource::Mtu;
+use uhca_tools::device::{self, DeviceSpec};
+use uhca_tools::perf::control::{Endpoint, Hello};
+use uhca_tools::perf::remote::{self, Role};
 use uhca_tools::perf::{Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, Op, Settings};
+
+/// perftest's default TCP port.
+const DEFAULT_PORT: u16 = 18515;
 
 /// The test to run (perftest's program names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -75,7 +89,7 @@ impl Mode {
 }
 
 /// perftest-like RDMA benchmarks on uhca (default device: the built-in model HCA).
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(
     name = "uhca-perf",
     version,
@@ -132,6 +146,72 @@ struct Args {
     /// Use two model HCAs joined by an in-process link instead of one in loopback.
     #[arg(long)]
     pair: bool,
+    /// Device: `model` (the built-in software HCA, both ends in this process; default) or
+    /// a PCI address (`0000:3b:00.0`) bound to vfio-pci, one end of a client/server run.
+    #[arg(
+        short = 'd',
+        long = "device",
+        default_value = "model",
+        conflicts_with = "vfio_user"
+    )]
+    device: String,
+    /// The device served over vfio-user on this UNIX socket (a `uhca-model` process), one
+    /// end of a client/server run.
+    #[arg(long, value_name = "SOCKET")]
+    vfio_user: Option<std::path::PathBuf>,
+    /// TCP port of the server (perftest's default: 18515); alone, it asks for server mode.
+    #[arg(short = 'p', long = "port")]
+    port: Option<u16>,
+    /// GID table index of this end (`ibv_devinfo -v` / `uhca-info` show the table).
+    #[arg(short = 'x', long = "gid-index", default_value_t = 0)]
+    gid_index: u8,
+    /// Join the built-in model's port to another process's by a UDP link from this address
+    /// (with --link-peer; the same link as `uhca-model --link-local`): one end of a
+    /// client/server run without `uhca-model` processes.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        requires = "link_peer",
+        conflicts_with = "vfio_user"
+    )]
+    link_local: Option<std::net::SocketAddr>,
+    /// The UDP address of the other end's link (with --link-local).
+    #[arg(long, value_name = "ADDR", requires = "link_local")]
+    link_peer: Option<std::net::SocketAddr>,
+    /// The server to connect to: with it this process is the client; without it (and a
+    /// device other than the model, a linked model, or -p) the server.
+    host: Option<String>,
+}
+
+impl Args {
+    /// Which end this process is in a client/server run; `None` when both ends are here.
+    fn role(&self) -> Option<Role> {
+        let remote = self.host.is_some()
+            || self.port.is_some()
+            || self.vfio_user.is_some()
+            || self.link_local.is_some()
+            || self.device != "model";
+        match (&self.host, remote) {
+            (_, false) => None,
+            (Some(_), true) => Some(Role::Client),
+            (None, true) => Some(Role::Server),
+        }
+    }
+
+    /// The device of a client/server run.
+    fn spec(&self) -> DeviceSpec {
+        match (self.link_local, self.link_peer) {
+            (Some(local), Some(peer)) => DeviceSpec::LinkedModel { local, peer },
+            _ => DeviceSpec::from_flags(&self.device, self.vfio_user.as_deref()),
+        }
+    }
+
+    fn mode_name(&self) -> String {
+        self.mode
+            .to_possible_value()
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default()
+    }
 }
 
 /// The machine's reference figures (`uhca_tools::reference`), which the RDMA tests'
@@ -271,6 +351,9 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
         return Err("--use_dm is supported by the bandwidth tests".into());
     }
     let gpu = gpu_placement(a)?;
+    if let Some(role) = a.role() {
+        remote_checks(a, role)?;
+    }
     Ok((
         sizes,
         Settings {
@@ -286,6 +369,43 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             mtu,
         },
     ))
+}
+
+/// What a client/server run cannot do.
+fn remote_checks(a: &Args, role: Role) -> Result<(), String> {
+    let end = match role {
+        Role::Client => "client",
+        Role::Server => "server",
+    };
+    if a.link_local.is_some() && a.device != "model" {
+        return Err("--link-local/--link-peer link the built-in model: not with -d BDF".into());
+    }
+    if a.vfio_user.is_none() && a.device == "model" && a.link_local.is_none() {
+        return Err(format!(
+            "the built-in model (-d model) cannot be a {end} as it is: a model in this process \
+             has no link to another process. Give it one with --link-local ADDR --link-peer \
+             ADDR (each end's --link-peer the other's --link-local), or run two `uhca-model \
+             --socket S --mac M --link-local ADDR --link-peer ADDR` processes (distinct MACs) \
+             and point each uhca-perf at one with --vfio-user S"
+        ));
+    }
+    if a.pair {
+        return Err("--pair runs both ends in this process: no HOST, -p or device with it".into());
+    }
+    if a.port == Some(0) {
+        return Err("-p 0: the TCP port must be 1..=65535".into());
+    }
+    if a.use_cuda.is_some() {
+        return Err(
+            "--use_cuda places both ends' buffers in the model GPU of this process: \
+             not in a client/server run"
+                .into(),
+        );
+    }
+    if a.duration.is_some() && !a.mode.is_bw() {
+        return Err("-D in a client/server run is supported by the bandwidth tests".into());
+    }
+    Ok(())
 }
 
 /// `--use_cuda` / `--use_cuda_dmabuf`: GPU memory for both ends (the model GPU here).
@@ -317,18 +437,16 @@ fn gpu_placement(a: &Args) -> Result<Option<GpuPlacement>, String> {
     }))
 }
 
-fn header(a: &Args, s: &Settings) {
+fn header(a: &Args, s: &Settings, ends: Option<(&Endpoint, &Endpoint)>) {
     let kind = if a.mode.is_bw() { "BW" } else { "Latency" };
     println!("{LINE}");
     println!("                    {} {kind} Test", a.mode.title());
-    println!(
-        " Device         : {}",
-        if a.pair {
-            "uhca model x2 (linked)"
-        } else {
-            "uhca model (loopback)"
-        }
-    );
+    let device = match a.role() {
+        Some(_) => a.spec().describe(),
+        None if a.pair => "uhca model x2 (linked)".into(),
+        None => "uhca model (loopback)".into(),
+    };
+    println!(" Device         : {device}");
     println!(" Number of qps  : {}\t\tTransport type : IB", s.qps);
     println!(" Connection type : RC\t\tUsing SRQ      : OFF");
     println!(" TX depth        : {}", s.tx_depth);
@@ -342,6 +460,18 @@ fn header(a: &Args, s: &Settings) {
         println!(" GPU memory     : {} (both ends)", g.describe());
     }
     println!("{LINE}");
+    if let Some((mine, theirs)) = ends {
+        for (name, e) in [("local", mine), ("remote", theirs)] {
+            for q in &e.qps {
+                println!(
+                    " {name} address: QPN {:#06x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}",
+                    q.qpn, q.psn, q.rkey, q.addr
+                );
+                println!(" GID: {}", uhca::info::format_gid(&e.gid));
+            }
+        }
+        println!("{LINE}");
+    }
 }
 
 fn bw_line(r: &BwResult, gbits: bool) {
@@ -369,32 +499,149 @@ fn lat_line(r: &LatResult) {
     );
 }
 
-fn run(a: &Args) -> Result<(), String> {
-    let (sizes, settings) = validate(a)?;
-    let max = *sizes.iter().max().expect("at least one size");
-    let mut bench = Bench::new(&settings, max, a.pair).map_err(|e| e.to_string())?;
-    header(a, &settings);
+fn bw_columns(a: &Args) {
+    let unit = if a.report_gbits { "Gb/sec" } else { "MB/sec" };
+    println!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]");
+}
+
+fn lat_columns() {
+    println!(
+        " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
+    );
+}
+
+/// Runs every size on `bench` as the end that drives (both ends here, or the client).
+fn drive(a: &Args, bench: &mut Bench, sizes: &[usize]) -> Result<(), String> {
     if a.mode.is_bw() {
-        let unit = if a.report_gbits { "Gb/sec" } else { "MB/sec" };
-        println!(
-            " #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]"
-        );
-        for &s in &sizes {
+        bw_columns(a);
+        for &s in sizes {
             bw_line(
                 &bench.bandwidth(s).map_err(|e| e.to_string())?,
                 a.report_gbits,
             );
         }
     } else {
-        println!(
-            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
-        );
-        for &s in &sizes {
+        lat_columns();
+        for &s in sizes {
             lat_line(&bench.latency(s).map_err(|e| e.to_string())?);
         }
     }
     println!("{LINE}");
     Ok(())
+}
+
+fn run(a: &Args) -> Result<(), String> {
+    match a.role() {
+        None => {
+            let (sizes, settings) = validate(a)?;
+            let max = *sizes.iter().max().expect("at least one size");
+            let mut bench = Bench::new(&settings, max, a.pair).map_err(|e| e.to_string())?;
+            header(a, &settings, None);
+            drive(a, &mut bench, &sizes)
+        }
+        Some(role) => {
+            validate(a)?;
+            run_remote(a, role)
+        }
+    }
+}
+
+/// The settings this end proposes (the client) or runs with (the server).
+fn hello_of(a: &Args, sizes: &[usize], s: &Settings) -> Hello {
+    Hello {
+        mode: a.mode_name(),
+        size: if a.all { 0 } else { sizes[0] as u64 },
+        all: a.all,
+        iters: s.iters,
+        duration: s.duration.map_or(0, |d| d.as_secs()),
+        qps: s.qps,
+        tx_depth: s.tx_depth,
+        inline_size: s.inline_size,
+        mtu: 128u32 << s.mtu as u32,
+    }
+}
+
+/// The server's arguments with the client's settings `h` in place of its own.
+fn adopt(a: &Args, h: &Hello) -> Args {
+    let mut b = a.clone();
+    b.all = h.all;
+    b.size = (!h.all).then_some(h.size);
+    b.iters = Some(h.iters);
+    b.duration = (h.duration > 0).then_some(h.duration);
+    b.qps = h.qps;
+    b.tx_depth = h.tx_depth;
+    b.inline_size = Some(h.inline_size);
+    b.mtu = h.mtu;
+    b
+}
+
+/// One end of a client/server run: opens the device, meets the peer over TCP, runs every
+/// size (the client drives and prints; the server serves, printing its own results where
+/// it has them, for send_bw, write_lat and send_lat) and closes the device.
+fn run_remote(a: &Args, role: Role) -> Result<(), String> {
+    let dev = device::open(&a.spec(), uhca::DeviceConfig::default()).map_err(|e| e.to_string())?;
+    let port = a.port.unwrap_or(DEFAULT_PORT);
+    let result = match role {
+        Role::Client => client(a, &dev, port),
+        Role::Server => server(a, &dev, port),
+    };
+    let closed = dev.close().map_err(|e| format!("teardown: {e}"));
+    result.and(closed)
+}
+
+fn client(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
+    let host = a.host.as_deref().unwrap_or_default();
+    let (sizes, settings) = validate(a)?;
+    let max = *sizes.iter().max().expect("at least one size");
+    let mut ctl = remote::connect(host, port).map_err(|e| e.to_string())?;
+    remote::propose(&mut ctl, &hello_of(a, &sizes, &settings)).map_err(|e| e.to_string())?;
+    let mut bench = Bench::connect(dev, &settings, max, a.gid_index, ctl, Role::Client)
+        .map_err(|e| e.to_string())?;
+    header(a, &settings, bench.endpoints());
+    drive(a, &mut bench, &sizes)?;
+    bench.bye().map_err(|e| e.to_string())
+}
+
+fn server(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
+    let listener = remote::listen(port).map_err(|e| e.to_string())?;
+    println!("************************************");
+    println!("* Waiting for client to connect... *");
+    println!("************************************");
+    let mut ctl = remote::accept(&listener).map_err(|e| e.to_string())?;
+    drop(listener);
+    let hello = remote::proposal(&mut ctl, &a.mode_name()).map_err(|e| e.to_string())?;
+    let b = adopt(a, &hello);
+    let (sizes, settings) = match validate(&b) {
+        Ok(v) => v,
+        Err(why) => {
+            let why = format!("the server cannot run the client's settings: {why}");
+            remote::refuse(&mut ctl, &why);
+            return Err(why);
+        }
+    };
+    remote::confirm(&mut ctl, &hello).map_err(|e| e.to_string())?;
+    let max = *sizes.iter().max().expect("at least one size");
+    let mut bench = Bench::connect(dev, &settings, max, b.gid_index, ctl, Role::Server)
+        .map_err(|e| e.to_string())?;
+    header(&b, &settings, bench.endpoints());
+    let mut columns = false;
+    for &s in &sizes {
+        if b.mode.is_bw() {
+            if let Some(r) = bench.serve_bandwidth(s).map_err(|e| e.to_string())? {
+                if !std::mem::replace(&mut columns, true) {
+                    bw_columns(&b);
+                }
+                bw_line(&r, b.report_gbits);
+            }
+        } else if let Some(r) = bench.serve_latency(s).map_err(|e| e.to_string())? {
+            if !std::mem::replace(&mut columns, true) {
+                lat_columns();
+            }
+            lat_line(&r);
+        }
+    }
+    println!("{LINE}");
+    bench.bye().map_err(|e| e.to_string())
 }
 
 /// Arguments with the mode taken from the program name when invoked as `write_bw` etc.
@@ -470,5 +717,55 @@ mod tests {
         assert_eq!(inline_of(&["uhca-perf", "read_lat"]), 0);
         let a = Args::try_parse_from(["uhca-perf", "write_lat", "-I", "221"]).unwrap();
         assert!(validate(&a).is_err());
+    }
+
+    #[test]
+    fn the_server_runs_with_the_clients_settings() {
+        let parse = |v: &[&str]| Args::try_parse_from(v).unwrap();
+        let client = parse(&[
+            "uhca-perf",
+            "send_bw",
+            "-s",
+            "4096",
+            "-n",
+            "77",
+            "-q",
+            "2",
+            "-t",
+            "16",
+            "-m",
+            "4096",
+            "-I",
+            "64",
+            "-D",
+            "3",
+            "-d",
+            "0000:3b:00.0",
+            "server",
+        ]);
+        let server = parse(&["uhca-perf", "send_bw", "-d", "0000:3b:00.0"]);
+        assert_eq!(
+            (client.role(), server.role()),
+            (Some(Role::Client), Some(Role::Server))
+        );
+        let (sizes, s) = validate(&client).unwrap();
+        let h = hello_of(&client, &sizes, &s);
+        assert_eq!(
+            (h.size, h.iters, h.qps, h.mtu, h.duration),
+            (4096, 77, 2, 4096, 3)
+        );
+        let adopted = adopt(&server, &h);
+        let (sizes2, s2) = validate(&adopted).unwrap();
+        assert_eq!(sizes2, sizes);
+        assert_eq!(hello_of(&adopted, &sizes2, &s2), h);
+        // -a travels as such.
+        let all = parse(&["uhca-perf", "write_bw", "-a", "--vfio-user", "s", "h"]);
+        let (sizes, s) = validate(&all).unwrap();
+        let h = hello_of(&all, &sizes, &s);
+        let (sizes2, _) = validate(&adopt(&server, &h)).unwrap();
+        assert_eq!((h.all, sizes2.len(), sizes2), (true, 23, sizes));
+        // Both ends in this process: no flag of the client/server mode.
+        assert_eq!(parse(&["uhca-perf", "write_bw"]).role(), None);
+        assert_eq!(parse(&["uhca-perf", "write_bw", "--pair"]).role(), None);
     }
 }

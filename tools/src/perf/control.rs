@@ -1,0 +1,511 @@
+//! The out-of-band exchange of `uhca-perf` in client/server mode, over one TCP connection.
+//!
+//! Our own format (not perftest's): one message per line of ASCII text, at most
+//! [`MAX_LINE`] bytes, `uhca-perf/1 KIND key=value ...\n`. The first word names the protocol
+//! and its version; a peer that sends anything else is refused. The conversation:
+//!
+//! ```text
+//! client                                   server
+//! HELLO mode= size= all= iters= duration= qps= tx_depth= inline= mtu=
+//!                                          HELLO (the same fields: what it will run)
+//!                                          or ERROR why (a different mode), then it exits
+//! END gid= mac= qp=QPN:PSN:ADDR:RKEY:LEN ... (one qp= per QP)
+//!                                          END (the same, the server's side)
+//! -- per message size --
+//! START size=                             (the client has posted what it needs)
+//!                                          READY size= (the server has posted its receives)
+//!   ... the test; every second a BEAT from the client while it drives
+//! DONE size= iters= (messages completed)
+//!                                          ACK size= (the server has counted them)
+//! -- at the end --
+//! BYE                                      BYE
+//! ```
+//!
+//! The mode must be the same on both ends (else both report the mismatch); the size, the
+//! iterations, `-D`, the QP count, the depth, the inline size and the MTU are the client's:
+//! the server runs with what the client sent. GIDs are 32 hex digits, MACs 12, addresses hex,
+//! the rest decimal. Every read has a deadline ([`Control::recv`]): a peer that goes quiet or
+//! away is an error, never a hang.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// The first word of every message: the protocol and its version.
+pub const PROTOCOL: &str = "uhca-perf/1";
+
+/// The longest message line accepted (64 QPs of endpoint data fit many times over).
+pub const MAX_LINE: usize = 16 << 10;
+
+/// What went wrong on the control connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// A socket operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The peer said nothing for too long.
+    #[error("the peer sent nothing for {0:?} (waiting for {1})")]
+    Timeout(Duration, &'static str),
+    /// The peer closed the connection.
+    #[error("the peer closed the connection (waiting for {0})")]
+    Closed(&'static str),
+    /// A line that is not a message of this protocol.
+    #[error("bad message from the peer: {0}")]
+    Malformed(String),
+    /// A valid message that does not belong here.
+    #[error("unexpected message from the peer: expected {expected}, got `{got}`")]
+    Unexpected {
+        /// What the conversation expected.
+        expected: &'static str,
+        /// The line received.
+        got: String,
+    },
+    /// The peer refused the run (its ERROR message).
+    #[error("the peer refused: {0}")]
+    Refused(String),
+    /// The two ends want different things.
+    #[error("{0}")]
+    Mismatch(String),
+}
+
+/// One end's settings as the client proposes and the server confirms them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// The test (`write_bw`, ...).
+    pub mode: String,
+    /// Message size (ignored with `all`).
+    pub size: u64,
+    /// Every size from 2 to 2^23 (`-a`).
+    pub all: bool,
+    /// Iterations.
+    pub iters: u64,
+    /// Seconds per size instead of iterations (0: none).
+    pub duration: u64,
+    /// QPs.
+    pub qps: u32,
+    /// Send queue depth.
+    pub tx_depth: u32,
+    /// Inline bytes.
+    pub inline_size: u32,
+    /// Path MTU in bytes.
+    pub mtu: u32,
+}
+
+/// One QP of an end, as its peer needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpInfo {
+    /// QP number.
+    pub qpn: u32,
+    /// First send PSN (24 bits).
+    pub psn: u32,
+    /// Address of the buffer half the peer targets.
+    pub addr: u64,
+    /// Its rkey.
+    pub rkey: u32,
+    /// Its length.
+    pub len: u64,
+}
+
+/// An end's address and QPs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// GID (the `-x` index's entry).
+    pub gid: [u8; 16],
+    /// MAC.
+    pub mac: [u8; 6],
+    /// QPs, in order.
+    pub qps: Vec<QpInfo>,
+}
+
+/// A message of the exchange.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Msg {
+    /// Settings.
+    Hello(Hello),
+    /// A refusal, with the reason.
+    Error(String),
+    /// Address and QPs.
+    End(Endpoint),
+    /// The client is about to run `size`.
+    Start(u64),
+    /// The server is ready for `size`.
+    Ready(u64),
+    /// The client is alive and driving.
+    Beat,
+    /// The client finished `size` with `iters` messages completed.
+    Done {
+        /// Message size.
+        size: u64,
+        /// Messages completed, all QPs together.
+        iters: u64,
+    },
+    /// The server has finished `size` too.
+    Ack(u64),
+    /// The end of the conversation.
+    Bye,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (k, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * k..2 * k + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+impl Msg {
+    /// The message as one line, without the newline.
+    pub fn emit(&self) -> String {
+        let body = match self {
+            Msg::Hello(h) => format!(
+                "HELLO mode={} size={} all={} iters={} duration={} qps={} tx_depth={} inline={} mtu={}",
+                h.mode,
+                h.size,
+                u8::from(h.all),
+                h.iters,
+                h.duration,
+                h.qps,
+                h.tx_depth,
+                h.inline_size,
+                h.mtu
+            ),
+            Msg::Error(why) => format!("ERROR {}", why.replace(['\n', '\r'], " ")),
+            Msg::End(e) => {
+                let mut s = format!("END gid={} mac={}", hex(&e.gid), hex(&e.mac));
+                for q in &e.qps {
+                    s += &format!(" qp={}:{}:{:x}:{}:{}", q.qpn, q.psn, q.addr, q.rkey, q.len);
+                }
+                s
+            }
+            Msg::Start(size) => format!("START size={size}"),
+            Msg::Ready(size) => format!("READY size={size}"),
+            Msg::Beat => "BEAT".into(),
+            Msg::Done { size, iters } => format!("DONE size={size} iters={iters}"),
+            Msg::Ack(size) => format!("ACK size={size}"),
+            Msg::Bye => "BYE".into(),
+        };
+        format!("{PROTOCOL} {body}")
+    }
+
+    /// Parses one line (without its newline).
+    pub fn parse(line: &str) -> Result<Msg, ControlError> {
+        let bad = || ControlError::Malformed(line.chars().take(200).collect());
+        let rest = line.strip_prefix(PROTOCOL).ok_or_else(|| {
+            ControlError::Malformed(format!(
+                "`{}` does not start with `{PROTOCOL}` (not a uhca-perf peer, or another version)",
+                line.chars().take(80).collect::<String>()
+            ))
+        })?;
+        let rest = rest.strip_prefix(' ').ok_or_else(bad)?;
+        let (kind, args) = rest.split_once(' ').unwrap_or((rest, ""));
+        if kind == "ERROR" {
+            return Ok(Msg::Error(args.to_owned()));
+        }
+        let mut fields = Vec::new();
+        for w in args.split(' ').filter(|w| !w.is_empty()) {
+            fields.push(w.split_once('=').ok_or_else(bad)?);
+        }
+        let one = |k: &str| -> Result<&str, ControlError> {
+            let mut it = fields.iter().filter(|(n, _)| *n == k);
+            match (it.next(), it.next()) {
+                (Some((_, v)), None) => Ok(v),
+                _ => Err(bad()),
+            }
+        };
+        let num = |k: &str| -> Result<u64, ControlError> { one(k)?.parse().map_err(|_| bad()) };
+        let n32 =
+            |k: &str| -> Result<u32, ControlError> { u32::try_from(num(k)?).map_err(|_| bad()) };
+        let msg = match kind {
+            "HELLO" => Msg::Hello(Hello {
+                mode: one("mode")?.to_owned(),
+                size: num("size")?,
+                all: match num("all")? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(bad()),
+                },
+                iters: num("iters")?,
+                duration: num("duration")?,
+                qps: n32("qps")?,
+                tx_depth: n32("tx_depth")?,
+                inline_size: n32("inline")?,
+                mtu: n32("mtu")?,
+            }),
+            "END" => {
+                let mut qps = Vec::new();
+                for (_, v) in fields.iter().filter(|(n, _)| *n == "qp") {
+                    let p: Vec<&str> = v.split(':').collect();
+                    let [qpn, psn, addr, rkey, len] = p[..] else {
+                        return Err(bad());
+                    };
+                    qps.push(QpInfo {
+                        qpn: qpn.parse().map_err(|_| bad())?,
+                        psn: psn.parse().map_err(|_| bad())?,
+                        addr: u64::from_str_radix(addr, 16).map_err(|_| bad())?,
+                        rkey: rkey.parse().map_err(|_| bad())?,
+                        len: len.parse().map_err(|_| bad())?,
+                    });
+                }
+                Msg::End(Endpoint {
+                    gid: unhex(one("gid")?).ok_or_else(bad)?,
+                    mac: unhex(one("mac")?).ok_or_else(bad)?,
+                    qps,
+                })
+            }
+            "START" => Msg::Start(num("size")?),
+            "READY" => Msg::Ready(num("size")?),
+            "BEAT" => Msg::Beat,
+            "DONE" => Msg::Done {
+                size: num("size")?,
+                iters: num("iters")?,
+            },
+            "ACK" => Msg::Ack(num("size")?),
+            "BYE" => Msg::Bye,
+            _ => return Err(bad()),
+        };
+        Ok(msg)
+    }
+}
+
+/// The control connection: whole-line messages in both directions, every read bounded.
+pub struct Control {
+    stream: TcpStream,
+    /// Bytes received past the last whole line.
+    pending: Vec<u8>,
+}
+
+impl Control {
+    /// Wraps a connected stream.
+    pub fn new(stream: TcpStream) -> Result<Control, ControlError> {
+        stream
+            .set_nodelay(true)
+            .map_err(|source| ControlError::Io {
+                what: "TCP_NODELAY".into(),
+                source,
+            })?;
+        Ok(Control {
+            stream,
+            pending: Vec::new(),
+        })
+    }
+
+    /// Sends `m`.
+    pub fn send(&mut self, m: &Msg) -> Result<(), ControlError> {
+        let mut line = m.emit();
+        line.push('\n');
+        self.stream
+            .write_all(line.as_bytes())
+            .map_err(|source| ControlError::Io {
+                what: "sending to the peer".into(),
+                source,
+            })
+    }
+
+    /// The next message that is not a [`Msg::Beat`], waiting at most `timeout` for each
+    /// line; `what` names what is awaited in errors. An ERROR from the peer is returned as
+    /// [`ControlError::Refused`].
+    pub fn recv(&mut self, timeout: Duration, what: &'static str) -> Result<Msg, ControlError> {
+        loop {
+            match self.line(Some(timeout), what)? {
+                Some(l) => match Msg::parse(&l)? {
+                    Msg::Beat => {}
+                    Msg::Error(why) => return Err(ControlError::Refused(why)),
+                    m => return Ok(m),
+                },
+                None => return Err(ControlError::Timeout(timeout, what)),
+            }
+        }
+    }
+
+    /// A message that has already arrived, if any (never waits); beats are returned.
+    pub fn try_recv(&mut self, what: &'static str) -> Result<Option<Msg>, ControlError> {
+        match self.line(None, what)? {
+            Some(l) => match Msg::parse(&l)? {
+                Msg::Error(why) => Err(ControlError::Refused(why)),
+                m => Ok(Some(m)),
+            },
+            None => Ok(None),
+        }
+    }
+
+    /// One line: waiting up to `timeout`, or not at all (`None`). `Ok(None)`: nothing yet.
+    fn line(
+        &mut self,
+        timeout: Option<Duration>,
+        what: &'static str,
+    ) -> Result<Option<String>, ControlError> {
+        let io = |source| ControlError::Io {
+            what: format!("receiving from the peer (waiting for {what})"),
+            source,
+        };
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(n) = self.pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=n).collect();
+                let line = String::from_utf8(line[..n].to_vec())
+                    .map_err(|_| ControlError::Malformed("a line that is not UTF-8".into()))?;
+                return Ok(Some(line.trim_end_matches('\r').to_owned()));
+            }
+            if self.pending.len() > MAX_LINE {
+                return Err(ControlError::Malformed(format!(
+                    "a line longer than {MAX_LINE} bytes"
+                )));
+            }
+            match deadline {
+                None => self.stream.set_nonblocking(true).map_err(io)?,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(None);
+                    }
+                    self.stream.set_nonblocking(false).map_err(io)?;
+                    self.stream.set_read_timeout(Some(left)).map_err(io)?;
+                }
+            }
+            let mut buf = [0u8; 4096];
+            let r = self.stream.read(&mut buf);
+            if deadline.is_none() {
+                self.stream.set_nonblocking(false).map_err(io)?;
+            }
+            match r {
+                Ok(0) => return Err(ControlError::Closed(what)),
+                Ok(n) => self.pending.extend_from_slice(&buf[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if deadline.is_none() {
+                        return Ok(None);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io(e)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_round_trips_through_its_line() {
+        let msgs = [
+            Msg::Hello(Hello {
+                mode: "write_bw".into(),
+                size: 65536,
+                all: true,
+                iters: 5000,
+                duration: 3,
+                qps: 2,
+                tx_depth: 128,
+                inline_size: 0,
+                mtu: 4096,
+            }),
+            Msg::Error("mode mismatch".into()),
+            Msg::End(Endpoint {
+                gid: [
+                    0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0xff, 0xfe, 0, 0, 0x0a,
+                ],
+                mac: [2, 0, 0, 0, 0, 0x0a],
+                qps: vec![
+                    QpInfo {
+                        qpn: 0x4a,
+                        psn: 0xabcdef,
+                        addr: 0x7f00_1234_5000,
+                        rkey: 0x1100,
+                        len: 65536,
+                    },
+                    QpInfo {
+                        qpn: 0x4b,
+                        psn: 1,
+                        addr: 0,
+                        rkey: u32::MAX,
+                        len: 64,
+                    },
+                ],
+            }),
+            Msg::Start(2),
+            Msg::Ready(2),
+            Msg::Beat,
+            Msg::Done {
+                size: 2,
+                iters: 1000,
+            },
+            Msg::Ack(2),
+            Msg::Bye,
+        ];
+        for m in msgs {
+            let line = m.emit();
+            assert!(line.starts_with("uhca-perf/1 "), "{line}");
+            assert_eq!(Msg::parse(&line).unwrap(), m, "{line}");
+        }
+    }
+
+    #[test]
+    fn foreign_and_damaged_lines_are_errors() {
+        for line in [
+            "",
+            "GET / HTTP/1.1",
+            "uhca-perf/2 BYE",
+            "uhca-perf/1",
+            "uhca-perf/1 NOPE",
+            "uhca-perf/1 START",
+            "uhca-perf/1 START size=x",
+            "uhca-perf/1 START size=1 size=2",
+            "uhca-perf/1 END gid=00 mac=000000000000",
+            "uhca-perf/1 END gid=000000000000000000000000000000zz mac=000000000000",
+            "uhca-perf/1 END gid=00000000000000000000000000000000 mac=000000000000 qp=1:2:3",
+            "uhca-perf/1 HELLO mode=write_bw size=1 all=2 iters=1 duration=0 qps=1 tx_depth=1 inline=0 mtu=1024",
+            "uhca-perf/1 HELLO mode=write_bw size=1 all=0 iters=1 duration=0 qps=99999999999 tx_depth=1 inline=0 mtu=1024",
+        ] {
+            assert!(
+                matches!(Msg::parse(line), Err(ControlError::Malformed(_))),
+                "{line:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn reads_wait_a_bounded_time_and_see_a_closed_peer() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let (mut a, mut b) = (Control::new(a).unwrap(), Control::new(b).unwrap());
+        assert!(b.try_recv("nothing").unwrap().is_none());
+        let e = b.recv(Duration::from_millis(50), "START").unwrap_err();
+        assert!(matches!(e, ControlError::Timeout(_, "START")), "{e}");
+        a.send(&Msg::Beat).unwrap();
+        a.send(&Msg::Start(8)).unwrap();
+        // Beats are skipped by recv.
+        assert_eq!(
+            b.recv(Duration::from_secs(10), "START").unwrap(),
+            Msg::Start(8)
+        );
+        a.send(&Msg::Error("no".into())).unwrap();
+        let e = b.recv(Duration::from_secs(10), "READY").unwrap_err();
+        assert!(
+            matches!(e, ControlError::Refused(ref w) if w == "no"),
+            "{e}"
+        );
+        drop(a);
+        let e = b.recv(Duration::from_secs(10), "DONE").unwrap_err();
+        assert!(matches!(e, ControlError::Closed("DONE")), "{e}");
+    }
+}

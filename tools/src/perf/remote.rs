@@ -1,0 +1,469 @@
+//! Client/server runs, as perftest's: this process is one end, its peer another process,
+//! perhaps on another machine, reached over TCP (the messages are [`super::control`]'s).
+//!
+//! The client drives every test. For `*_bw` WRITE, READ and atomics and for `read_lat` and
+//! `atomic_lat` the server is passive: its memory is the target, and it waits for the
+//! client's DONE. For `send_bw` the server keeps receives posted and counts them; for
+//! `write_lat` and `send_lat` it is the other half of the ping-pong.
+
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use uhca::Device;
+use uhca::datapath::Remote;
+use uhca::resource::ConnectParams;
+
+use super::control::{Control, ControlError, Endpoint, Hello, Msg, QpInfo};
+use super::{
+    Bench, BwResult, End, LatResult, Meter, Op, Peer, PerfError, Settings, StallTimer, await_recv,
+    await_tag, lat_stats, put_send, put_write, rx_off, setup,
+};
+
+/// How often a driving client tells the server it is alive.
+pub const BEAT: Duration = Duration::from_secs(1);
+
+/// How long a waiting end hears nothing from a driving peer before it gives up. A client
+/// beats between its waits, and no wait of its own lasts longer than the engine's stall
+/// limit (30 s), so a live client is never taken for a dead one; a client process that
+/// dies closes the connection, which is seen at once.
+pub const QUIET: Duration = Duration::from_secs(super::STALL.as_secs() + 15);
+
+/// How long an end waits for an answer: setup work on the other side, or its last waits
+/// (as long as the engine's stall limit).
+pub const REPLY: Duration = QUIET;
+
+/// How long a client tries to reach the server.
+pub const CONNECT: Duration = Duration::from_secs(10);
+
+/// Which end this process is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Connects, proposes the settings and drives the test.
+    Client,
+    /// Listens, adopts the client's settings, is the target or the other half.
+    Server,
+}
+
+/// Listens on every address, TCP `port`.
+pub fn listen(port: u16) -> Result<TcpListener, ControlError> {
+    TcpListener::bind(("0.0.0.0", port)).map_err(|source| ControlError::Io {
+        what: format!("listening on TCP port {port}"),
+        source,
+    })
+}
+
+/// Waits for one client on `l` (as perftest's server, for as long as it takes).
+pub fn accept(l: &TcpListener) -> Result<Control, ControlError> {
+    let (s, _) = l.accept().map_err(|source| ControlError::Io {
+        what: "accepting a client".into(),
+        source,
+    })?;
+    Control::new(s)
+}
+
+/// Connects to the server at `host`:`port`, trying each of its addresses for at most
+/// [`CONNECT`].
+pub fn connect(host: &str, port: u16) -> Result<Control, ControlError> {
+    let what = format!("connecting to {host}:{port}");
+    let addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|source| ControlError::Io {
+            what: what.clone(),
+            source,
+        })?;
+    let mut last = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, CONNECT) {
+            Ok(s) => return Control::new(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(ControlError::Io {
+        what: format!("{what} (is a uhca-perf server running there?)"),
+        source: last.unwrap_or_else(|| std::io::Error::other("the name has no address")),
+    })
+}
+
+/// Client: proposes `h` and waits for the server to confirm it.
+pub fn propose(ctl: &mut Control, h: &Hello) -> Result<(), ControlError> {
+    ctl.send(&Msg::Hello(h.clone()))?;
+    match ctl.recv(REPLY, "the server's HELLO")? {
+        Msg::Hello(s) if s == *h => Ok(()),
+        Msg::Hello(s) => Err(ControlError::Mismatch(format!(
+            "the server answered with other settings: {s:?}"
+        ))),
+        m => Err(unexpected("HELLO", &m)),
+    }
+}
+
+/// Server: the client's proposal, which must be for `mode` (else both ends are told).
+pub fn proposal(ctl: &mut Control, mode: &str) -> Result<Hello, ControlError> {
+    match ctl.recv(REPLY, "the client's HELLO")? {
+        Msg::Hello(h) if h.mode == mode => Ok(h),
+        Msg::Hello(h) => {
+            let why = format!(
+                "mode mismatch: the server runs {mode}, the client asked for {}",
+                h.mode
+            );
+            refuse(ctl, &why);
+            Err(ControlError::Mismatch(why))
+        }
+        m => Err(unexpected("HELLO", &m)),
+    }
+}
+
+/// Server: accepts the client's proposal `h` (the settings it will run with).
+pub fn confirm(ctl: &mut Control, h: &Hello) -> Result<(), ControlError> {
+    ctl.send(&Msg::Hello(h.clone()))
+}
+
+/// Tells the peer why this end gives up (best effort: it may be gone already).
+pub fn refuse(ctl: &mut Control, why: &str) {
+    let _ = ctl.send(&Msg::Error(why.to_owned()));
+}
+
+fn unexpected(expected: &'static str, got: &Msg) -> ControlError {
+    ControlError::Unexpected {
+        expected,
+        got: got.emit(),
+    }
+}
+
+/// A starting PSN (24 bits) that differs from run to run, as perftest's `lrand48`.
+fn random_psn(salt: u32) -> u32 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(salt) as u32 & 0xff_ffff
+}
+
+impl Bench {
+    /// This process's end on `dev` for `s` (buffers for messages up to `max_size`),
+    /// connected to the remote end over `ctl`: the two exchange their END messages (the
+    /// client first) and connect their QPs, this side's from GID entry `gid_index`.
+    pub fn connect(
+        dev: &Device,
+        s: &Settings,
+        max_size: usize,
+        gid_index: u8,
+        mut ctl: Control,
+        role: Role,
+    ) -> Result<Bench, PerfError> {
+        let mut me = End::new(dev, s, max_size, s.use_dm)?;
+        let addr = dev
+            .roce_address(u32::from(gid_index))
+            .map_err(setup("GID (-x)"))?;
+        let rx = rx_off(max_size);
+        let mine = Endpoint {
+            gid: addr.gid,
+            mac: addr.mac,
+            qps: me
+                .qps
+                .iter()
+                .zip(&me.bufs)
+                .map(|(q, b)| {
+                    let r = b.remote(rx as u64);
+                    QpInfo {
+                        qpn: q.qpn(),
+                        psn: random_psn(q.qpn()),
+                        addr: r.addr,
+                        rkey: r.rkey,
+                        len: rx as u64,
+                    }
+                })
+                .collect(),
+        };
+        if role == Role::Client {
+            ctl.send(&Msg::End(mine.clone()))?;
+        }
+        let theirs = match ctl.recv(REPLY, "the peer's END")? {
+            Msg::End(e) => e,
+            m => return Err(unexpected("END", &m).into()),
+        };
+        if theirs.qps.len() != me.qps.len() {
+            return Err(ControlError::Mismatch(format!(
+                "the peer has {} QPs, this end {}",
+                theirs.qps.len(),
+                me.qps.len()
+            ))
+            .into());
+        }
+        if let Some(q) = theirs.qps.iter().find(|q| q.len < max_size as u64) {
+            return Err(ControlError::Mismatch(format!(
+                "the peer's buffer of {} bytes is smaller than a {max_size}-byte message",
+                q.len
+            ))
+            .into());
+        }
+        for ((qp, m), t) in me.qps.iter_mut().zip(&mine.qps).zip(&theirs.qps) {
+            let mut p = ConnectParams::new(t.qpn, theirs.gid, theirs.mac);
+            (p.sq_psn, p.rq_psn) = (m.psn, t.psn);
+            p.mtu = s.mtu;
+            p.sgid_index = gid_index;
+            qp.connect(&p).map_err(setup("connecting"))?;
+        }
+        if role == Role::Server {
+            ctl.send(&Msg::End(mine.clone()))?;
+        }
+        Ok(Bench {
+            rx_off: rx,
+            me,
+            peer: Peer::Remote {
+                targets: theirs
+                    .qps
+                    .iter()
+                    .map(|q| Remote {
+                        addr: q.addr,
+                        rkey: q.rkey,
+                    })
+                    .collect(),
+                ctl,
+                role,
+                ends: Box::new((mine, theirs)),
+            },
+            _models: Vec::new(),
+            settings: s.clone(),
+        })
+    }
+
+    /// This end's and the remote end's addresses and QPs (perftest's "local address" and
+    /// "remote address" lines); `None` when both ends are in this process.
+    pub fn endpoints(&self) -> Option<(&Endpoint, &Endpoint)> {
+        match &self.peer {
+            Peer::Remote { ends, .. } => Some((&ends.0, &ends.1)),
+            Peer::Local(_) => None,
+        }
+    }
+
+    /// A failed run of a remote pair, most often a stall or a failed request because the
+    /// peer went away: says so when the control connection shows it (closed, or an ERROR).
+    pub(super) fn explain(&mut self, e: PerfError) -> PerfError {
+        if matches!(e, PerfError::Control(_)) {
+            return e;
+        }
+        match &mut self.peer {
+            Peer::Remote { ctl, .. } => match ctl.try_recv("the run to end") {
+                Err(source) => PerfError::PeerLost {
+                    during: Box::new(e),
+                    source,
+                },
+                Ok(_) => e,
+            },
+            Peer::Local(_) => e,
+        }
+    }
+
+    /// The control connection, when this end is `role`.
+    fn ctl(&mut self, role: Role) -> Result<Option<&mut Control>, PerfError> {
+        match &mut self.peer {
+            Peer::Local(_) => Ok(None),
+            Peer::Remote { ctl, role: r, .. } if *r == role => Ok(Some(ctl)),
+            Peer::Remote { .. } => Err(PerfError::Setup(format!(
+                "this end is not the {role:?}: it cannot do that"
+            ))),
+        }
+    }
+
+    /// Client, before running `size`: START, and the server's READY.
+    pub(super) fn begin(&mut self, size: usize) -> Result<(), PerfError> {
+        let Some(ctl) = self.ctl(Role::Client)? else {
+            return Ok(());
+        };
+        ctl.send(&Msg::Start(size as u64))?;
+        match ctl.recv(REPLY, "READY")? {
+            Msg::Ready(n) if n == size as u64 => Ok(()),
+            m => Err(unexpected("READY", &m).into()),
+        }
+    }
+
+    /// Client, after running `size` with `iters` messages completed: DONE, and the
+    /// server's ACK.
+    pub(super) fn finish(&mut self, size: usize, iters: u64) -> Result<(), PerfError> {
+        let Some(ctl) = self.ctl(Role::Client)? else {
+            return Ok(());
+        };
+        ctl.send(&Msg::Done {
+            size: size as u64,
+            iters,
+        })?;
+        match ctl.recv(REPLY, "ACK")? {
+            Msg::Ack(n) if n == size as u64 => Ok(()),
+            m => Err(unexpected("ACK", &m).into()),
+        }
+    }
+
+    /// Server: the client's START for `size`.
+    fn await_start(&mut self, size: usize) -> Result<(), PerfError> {
+        let ctl = self.ctl(Role::Server)?.ok_or_else(not_remote)?;
+        match ctl.recv(REPLY, "START")? {
+            Msg::Start(n) if n == size as u64 => Ok(()),
+            m => Err(unexpected("START", &m).into()),
+        }
+    }
+
+    /// Server: sends `m` to the client.
+    fn tell(&mut self, m: &Msg) -> Result<(), PerfError> {
+        let ctl = self.ctl(Role::Server)?.ok_or_else(not_remote)?;
+        Ok(ctl.send(m)?)
+    }
+
+    /// Server: waits for the client's DONE for `size` (hearing its beats meanwhile), and
+    /// returns the messages it completed.
+    fn await_done(&mut self, size: usize) -> Result<u64, PerfError> {
+        let ctl = self.ctl(Role::Server)?.ok_or_else(not_remote)?;
+        match ctl.recv(QUIET, "DONE")? {
+            Msg::Done { size: n, iters } if n == size as u64 => Ok(iters),
+            m => Err(unexpected("DONE", &m).into()),
+        }
+    }
+
+    /// Server side of a bandwidth test of `size`: for SEND, receives and counts the
+    /// messages (its own result); otherwise it only waits while the client works on its
+    /// memory (no result).
+    pub fn serve_bandwidth(&mut self, size: usize) -> Result<Option<BwResult>, PerfError> {
+        let r = self.run_serve_bandwidth(size);
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn run_serve_bandwidth(&mut self, size: usize) -> Result<Option<BwResult>, PerfError> {
+        self.await_start(size)?;
+        if self.settings.op != Op::Send {
+            self.tell(&Msg::Ready(size as u64))?;
+            self.await_done(size)?;
+            self.tell(&Msg::Ack(size as u64))?;
+            return Ok(None);
+        }
+        for q in 0..self.me.qps.len() {
+            self.me.fill_recvs(q)?;
+        }
+        self.tell(&Msg::Ready(size as u64))?;
+        let start = Instant::now();
+        let window = (self.settings.iters / 20).max(1);
+        let mut meter = Meter::new(size, window, start);
+        let (mut expected, mut last, mut heard) = (None, start, start);
+        let mut idle = StallTimer::new();
+        let mut next_check = start;
+        while expected != Some(meter.total) {
+            let n = self.me.reap_recvs()?;
+            let now = if n > 0 {
+                idle = StallTimer::new();
+                last = Instant::now();
+                meter.add(n, last);
+                Some(last)
+            } else {
+                idle.spin()?
+            };
+            // The control connection, a few times a second: the DONE, or silence.
+            if let Some(now) = now.filter(|&t| t >= next_check) {
+                next_check = now + Duration::from_millis(50);
+                let ctl = self.ctl(Role::Server)?.ok_or_else(not_remote)?;
+                match ctl.try_recv("DONE")? {
+                    Some(Msg::Beat) => heard = now,
+                    Some(Msg::Done { size: s, iters }) if s == size as u64 => {
+                        (expected, heard) = (Some(iters), now)
+                    }
+                    Some(m) => return Err(unexpected("BEAT or DONE", &m).into()),
+                    None if expected.is_none() && now.duration_since(heard) > QUIET => {
+                        return Err(ControlError::Timeout(QUIET, "DONE").into());
+                    }
+                    None => {}
+                }
+            }
+            if let Some(e) = expected
+                && meter.total > e
+            {
+                return Err(ControlError::Mismatch(format!(
+                    "received {} messages, the client completed {e}",
+                    meter.total
+                ))
+                .into());
+            }
+        }
+        self.tell(&Msg::Ack(size as u64))?;
+        Ok(Some(meter.result(last)))
+    }
+
+    /// Server side of a latency test of `size`: the other half of the WRITE and SEND
+    /// ping-pongs, its result the time from each of its answers to the next request over
+    /// two (perftest's: `iters` exchanges, one time fewer); for READ and atomics it waits
+    /// while the client works on its memory (no result).
+    pub fn serve_latency(&mut self, size: usize) -> Result<Option<LatResult>, PerfError> {
+        let r = self.run_serve_latency(size);
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn run_serve_latency(&mut self, size: usize) -> Result<Option<LatResult>, PerfError> {
+        self.await_start(size)?;
+        let op = self.settings.op;
+        if !matches!(op, Op::Write | Op::Send) {
+            self.tell(&Msg::Ready(size as u64))?;
+            self.await_done(size)?;
+            self.tell(&Msg::Ack(size as u64))?;
+            return Ok(None);
+        }
+        if op == Op::Send {
+            self.me.fill_recvs(0)?;
+        }
+        self.tell(&Msg::Ready(size as u64))?;
+        let iters = self.settings.iters.max(1);
+        let mut samples = Vec::with_capacity(iters.min(10_000_000) as usize);
+        let mut inline = vec![0u8; self.settings.inline_size.max(1) as usize];
+        let to_client = self.target(0);
+        let mut answered: Option<Instant> = None;
+        for i in 0..iters {
+            match op {
+                Op::Write => await_tag(&self.me, self.rx_off, size, super::tag(i))?,
+                _ => await_recv(&mut self.me)?,
+            }
+            let t = Instant::now();
+            if let Some(a) = answered {
+                samples.push(t.duration_since(a).as_secs_f64() * 1e6 / 2.0);
+            }
+            answered = Some(t);
+            match op {
+                Op::Write => put_write(
+                    &mut self.me,
+                    to_client,
+                    &self.settings,
+                    size,
+                    i,
+                    &mut inline,
+                )?,
+                _ => put_send(&mut self.me, &self.settings, size, i, &inline)?,
+            }
+        }
+        let done = self.await_done(size)?;
+        if done != iters {
+            return Err(ControlError::Mismatch(format!(
+                "the client completed {done} exchanges, this end {iters}"
+            ))
+            .into());
+        }
+        // The last answer's completion (if signaled) is taken by the next test or teardown.
+        self.tell(&Msg::Ack(size as u64))?;
+        let mut r = lat_stats(size, &mut samples);
+        r.iters = iters;
+        Ok(Some(r))
+    }
+
+    /// The end of a remote run: BYE both ways (the client first), so neither end mistakes
+    /// the other's exit for a failure. Nothing to do when both ends are here.
+    pub fn bye(&mut self) -> Result<(), PerfError> {
+        let Peer::Remote { ctl, role, .. } = &mut self.peer else {
+            return Ok(());
+        };
+        if *role == Role::Client {
+            ctl.send(&Msg::Bye)?;
+        }
+        match ctl.recv(REPLY, "BYE")? {
+            Msg::Bye => {}
+            m => return Err(unexpected("BYE", &m).into()),
+        }
+        if *role == Role::Server {
+            ctl.send(&Msg::Bye)?;
+        }
+        Ok(())
+    }
+}
+
+fn not_remote() -> PerfError {
+    PerfError::Setup("both ends are in this process: there is no remote client".into())
+}

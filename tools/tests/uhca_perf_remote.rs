@@ -1,0 +1,447 @@
+//! `uhca-perf` between two processes, as perftest between two machines: two `uhca-model`
+//! processes joined by a UDP link on 127.0.0.1, a `uhca-perf` server on one and a client
+//! on the other. Every run and every wait is bounded: a broken exchange fails the test, it
+//! never hangs the suite.
+
+mod common;
+mod model_proc;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use model_proc::{ModelProc, linked_pair};
+
+/// The longest any one uhca-perf process may take here.
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// A running `uhca-perf`, killed on drop; its stdout arrives line by line.
+struct Perf {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stdout: String,
+    /// The thread collecting stderr (taken by `finish`).
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Perf {
+    fn spawn(args: &[&str]) -> Perf {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_uhca-perf"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("uhca-perf starts");
+        let (tx, lines) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut err = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Perf {
+            child,
+            lines,
+            stdout: String::new(),
+            stderr: Some(stderr),
+        }
+    }
+
+    /// A server on `sock`'s device and TCP `port`, once it waits for its client.
+    fn server(mode: &str, sock: &Path, port: u16) -> Perf {
+        let port = port.to_string();
+        let mut p = Perf::spawn(&[mode, "--vfio-user", sock.to_str().unwrap(), "-p", &port]);
+        p.wait_line("Waiting for client to connect");
+        p
+    }
+
+    /// Waits (bounded) for a line of stdout containing `pat`.
+    fn wait_line(&mut self, pat: &str) {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let found = l.contains(pat);
+                    self.stdout += &l;
+                    self.stdout.push('\n');
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!("no `{pat}` from uhca-perf: {}", self.stdout);
+                }
+            }
+        }
+    }
+
+    /// Waits (bounded) for the exit: exit code, stdout, stderr.
+    fn finish(mut self) -> (i32, String, String) {
+        let deadline = Instant::now() + LIMIT;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("uhca-perf did not finish in {LIMIT:?}: {}", self.stdout);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        // The pipes close with the process: the readers end.
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(10)) {
+            self.stdout += &l;
+            self.stdout.push('\n');
+        }
+        let err = self
+            .stderr
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        (
+            status.code().unwrap_or(-1),
+            std::mem::take(&mut self.stdout),
+            err,
+        )
+    }
+}
+
+impl Drop for Perf {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free TCP port on localhost (bound and released: good enough for a test).
+fn free_tcp_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The rows of the result table that follows the column line containing `columns`.
+fn rows<'a>(out: &'a str, columns: &str) -> Vec<Vec<&'a str>> {
+    out.lines()
+        .skip_while(|l| !l.contains(columns))
+        .skip(1)
+        .take_while(|l| !l.starts_with("---"))
+        .map(|l| l.split_whitespace().collect())
+        .collect()
+}
+
+const BW: &str = "BW average[MB/sec]";
+const LAT: &str = "t_typical[usec]";
+
+/// Checks one table row: `size`, `iters`, and a positive value in column `col`.
+fn check_row(out: &str, columns: &str, size: u64, iters: u64, col: usize) {
+    let r = rows(out, columns);
+    assert_eq!(r.len(), 1, "one result row expected:\n{out}");
+    assert_eq!(r[0][0].parse::<u64>().unwrap(), size, "{out}");
+    assert_eq!(r[0][1].parse::<u64>().unwrap(), iters, "{out}");
+    let v: f64 = r[0][col].parse().unwrap();
+    assert!(v > 0.0 && v.is_finite(), "{out}");
+}
+
+/// Runs `mode` with the client's `args` between a server on one linked model process and a
+/// client on the other; both must succeed. Returns both outputs.
+fn run_pair(mode: &str, args: &[&str]) -> (String, String) {
+    let (ma, mb) = linked_pair();
+    let dev = |m: &ModelProc| vec!["--vfio-user".to_owned(), m.sock.to_str().unwrap().into()];
+    let (c, s) = run_ends(mode, &dev(&ma), &dev(&mb), args);
+    for out in [&c, &s] {
+        assert!(out.contains("Device         : vfio-user"), "{out}");
+    }
+    (c, s)
+}
+
+/// Runs `mode` with the client's `args` between a server on the device flags `server_dev`
+/// and a client on `client_dev`; both must succeed. Returns both outputs.
+fn run_ends(
+    mode: &str,
+    server_dev: &[String],
+    client_dev: &[String],
+    args: &[&str],
+) -> (String, String) {
+    let port = free_tcp_port().to_string();
+    let mut sargs: Vec<&str> = vec![mode, "-p", &port];
+    sargs.extend(server_dev.iter().map(String::as_str));
+    let mut server = Perf::spawn(&sargs);
+    server.wait_line("Waiting for client to connect");
+    let mut cargs: Vec<&str> = vec![mode, "-p", &port];
+    cargs.extend(client_dev.iter().map(String::as_str));
+    cargs.extend_from_slice(args);
+    cargs.push("127.0.0.1");
+    let (code, cout, cerr) = Perf::spawn(&cargs).finish();
+    let (scode, sout, serr) = server.finish();
+    assert_eq!(code, 0, "client: {cout}{cerr}\nserver: {sout}{serr}");
+    assert_eq!(scode, 0, "server: {sout}{serr}\nclient: {cout}{cerr}");
+    for out in [&cout, &sout] {
+        assert!(out.contains(" remote address: QPN"), "{out}");
+    }
+    (cout, sout)
+}
+
+#[test]
+fn write_bw_between_two_processes() {
+    let (c, s) = run_pair("write_bw", &["-s", "4096", "-n", "200", "-t", "32"]);
+    check_row(&c, BW, 4096, 200, 3);
+    // The server is passive: header and closing line, no table (as perftest's).
+    assert!(
+        s.contains("RDMA_Write BW Test") && !s.contains("#bytes"),
+        "{s}"
+    );
+}
+
+/// The GIDs of the header's address lines: this end's, then the peer's.
+fn gids(out: &str) -> Vec<&str> {
+    out.lines().filter(|l| l.starts_with(" GID:")).collect()
+}
+
+#[test]
+fn read_bw_between_two_processes_from_another_gid() {
+    let (c, s) = run_pair(
+        "read_bw",
+        &["-s", "2048", "-n", "100", "-t", "16", "-x", "1"],
+    );
+    check_row(&c, BW, 2048, 100, 3);
+    assert!(!s.contains("#bytes"), "{s}");
+    // The client's -x 1 is its IPv4-mapped GID, and the server's peer; the server keeps 0.
+    let (gc, gs) = (gids(&c), gids(&s));
+    assert!(gc.len() == 2 && gs.len() == 2, "{c}{s}");
+    assert!(gc[0].starts_with(" GID: ::ffff:"), "{c}");
+    assert_eq!((gs[1], gs[0]), (gc[0], gc[1]));
+    assert!(gs[0].starts_with(" GID: fe80::"), "{s}");
+}
+
+#[test]
+fn send_bw_between_two_processes_both_report() {
+    let (c, s) = run_pair(
+        "send_bw",
+        &["-s", "1024", "-n", "100", "-q", "2", "-t", "16"],
+    );
+    // 100 messages on each of the 2 QPs, counted by the sender and by the receiver.
+    check_row(&c, BW, 1024, 200, 3);
+    check_row(&s, BW, 1024, 200, 3);
+    assert!(s.contains("Number of qps  : 2"), "{s}");
+}
+
+#[test]
+fn write_lat_ping_pong_between_two_processes_both_report() {
+    let (c, s) = run_pair("write_lat", &["-s", "8", "-n", "100"]);
+    check_row(&c, LAT, 8, 100, 4);
+    check_row(&s, LAT, 8, 100, 4);
+}
+
+#[test]
+fn atomic_bw_between_two_processes() {
+    let (c, s) = run_pair("atomic_bw", &["-n", "100", "-t", "16"]);
+    check_row(&c, BW, 8, 100, 3);
+    assert!(s.contains("Atomic FETCH_AND_ADD BW Test"), "{s}");
+}
+
+#[test]
+fn send_lat_between_two_in_process_models_on_a_udp_link() {
+    let (a, b) = (
+        format!("127.0.0.1:{}", model_proc::free_udp_port()),
+        format!("127.0.0.1:{}", model_proc::free_udp_port()),
+    );
+    let link = |l: &str, p: &str| ["--link-local", l, "--link-peer", p].map(str::to_owned);
+    let (c, s) = run_ends("send_lat", &link(&a, &b), &link(&b, &a), &["-n", "50"]);
+    check_row(&c, LAT, 2, 50, 4);
+    check_row(&s, LAT, 2, 50, 4);
+    assert!(c.contains(&format!("UDP link {b} -> {a}")), "{c}");
+    // Each end's MAC (and so its GID) comes from its link address: they differ.
+    let g = gids(&c);
+    assert!(g.len() == 2 && g[0] != g[1], "{c}");
+}
+
+#[test]
+fn a_server_killed_mid_run_fails_the_client_well_before_its_end() {
+    let (ma, mb) = linked_pair();
+    let port = free_tcp_port();
+    let mut server = Perf::server("write_bw", &ma.sock, port);
+    let port = port.to_string();
+    let client = Perf::spawn(&[
+        "write_bw",
+        "--vfio-user",
+        mb.sock.to_str().unwrap(),
+        "-p",
+        &port,
+        "-s",
+        "4096",
+        "-D",
+        "60",
+        "127.0.0.1",
+    ]);
+    // The server prints the addresses once it has met the client; a second later the
+    // client is most likely in its 60-second run (earlier, it fails the same way).
+    server.wait_line("remote address");
+    std::thread::sleep(Duration::from_secs(1));
+    server.child.kill().unwrap();
+    let t = Instant::now();
+    let (code, _, err) = client.finish();
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("peer") || err.contains("remote end"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    eprintln!("client: {err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(45),
+        "the client ran on for {:?}: {err}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn a_client_without_a_server_fails_clearly() {
+    let m = ModelProc::spawn(&[]);
+    let port = free_tcp_port().to_string();
+    let t = Instant::now();
+    let (code, _, err) = Perf::spawn(&[
+        "write_bw",
+        "--vfio-user",
+        m.sock.to_str().unwrap(),
+        "-p",
+        &port,
+        "127.0.0.1",
+    ])
+    .finish();
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("connecting to 127.0.0.1:{port}"))
+            && err.contains("is a uhca-perf server running there?"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(60));
+}
+
+#[test]
+fn different_modes_are_refused_on_both_ends() {
+    // The exchange fails before any QP connects: two unlinked models will do.
+    let (ma, mb) = (ModelProc::spawn(&[]), ModelProc::spawn(&[]));
+    let port = free_tcp_port();
+    let server = Perf::server("write_bw", &ma.sock, port);
+    let port = port.to_string();
+    let client = Perf::spawn(&[
+        "read_bw",
+        "--vfio-user",
+        mb.sock.to_str().unwrap(),
+        "-p",
+        &port,
+        "127.0.0.1",
+    ]);
+    let (code, _, err) = client.finish();
+    let (scode, _, serr) = server.finish();
+    let want = "mode mismatch: the server runs write_bw, the client asked for read_bw";
+    assert_ne!(code, 0);
+    assert!(err.contains(want), "client: {err}");
+    assert_ne!(scode, 0);
+    assert!(serr.contains(want), "server: {serr}");
+}
+
+#[test]
+fn a_client_that_disconnects_mid_exchange_ends_the_server_with_an_error() {
+    let m = ModelProc::spawn(&[]);
+    let port = free_tcp_port();
+    let server = Perf::server("write_bw", &m.sock, port);
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.write_all(
+        b"uhca-perf/1 HELLO mode=write_bw size=4096 all=0 iters=10 duration=0 qps=1 \
+          tx_depth=16 inline=0 mtu=1024\n",
+    )
+    .unwrap();
+    // The server confirms, then waits for this client's END: it goes away instead.
+    let mut line = String::new();
+    BufReader::new(&c).read_line(&mut line).unwrap();
+    assert!(
+        line.starts_with("uhca-perf/1 HELLO mode=write_bw"),
+        "{line}"
+    );
+    drop(c);
+    let (code, _, err) = server.finish();
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("the peer closed the connection (waiting for the peer's END)"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_foreign_client_is_refused() {
+    let m = ModelProc::spawn(&[]);
+    let port = free_tcp_port();
+    let server = Perf::server("write_bw", &m.sock, port);
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let (code, _, err) = server.finish();
+    assert_ne!(code, 0);
+    assert!(err.contains("not a uhca-perf peer"), "{err}");
+}
+
+#[test]
+fn the_in_process_model_without_a_link_cannot_be_an_end() {
+    for args in [
+        &["write_bw", "-p", "18515"][..],
+        &["write_bw", "-d", "model", "127.0.0.1"],
+    ] {
+        let (code, _, err) = common::run(env!("CARGO_BIN_EXE_uhca-perf"), args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(
+            err.contains("-d model")
+                && err.contains("uhca-model")
+                && err.contains("--link-local")
+                && err.contains("--vfio-user"),
+            "{args:?}: {err}"
+        );
+    }
+    for (args, want) in [
+        (
+            &["write_bw", "--vfio-user", "/nonexistent.sock", "--pair"][..],
+            "--pair",
+        ),
+        (&["write_lat", "-d", "0000:fe:1f.7", "-D", "1"], "-D"),
+        (
+            &["write_bw", "-d", "0000:fe:1f.7", "--use_cuda", "0"],
+            "--use_cuda",
+        ),
+        (&["write_bw", "-x", "300", "127.0.0.1"], "invalid value"),
+        (&["write_bw", "-d", "0000:fe:1f.7", "-p", "0"], "-p 0"),
+        (
+            &[
+                "write_bw",
+                "-d",
+                "0000:fe:1f.7",
+                "--link-local",
+                "127.0.0.1:1",
+                "--link-peer",
+                "127.0.0.1:2",
+            ],
+            "not with -d BDF",
+        ),
+        (&["write_bw", "--link-local", "127.0.0.1:1"], "--link-peer"),
+    ] {
+        let (code, _, err) = common::run(env!("CARGO_BIN_EXE_uhca-perf"), args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
