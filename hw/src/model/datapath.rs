@@ -40,6 +40,7 @@ use super::mkey::{self, Access, MemError};
 use super::qp::{Qp, QpState};
 use super::sq::{self, Ctrl, MAX_WQE, WqeError};
 use super::state::Core;
+use super::table::Table;
 use super::{Counters, Shared, eq};
 
 /// Passes of receive + transmit in one poll before the thread looks at doorbells again.
@@ -48,8 +49,10 @@ const INNER_PASSES: u32 = 64;
 /// The QP and CQ tables and the per-UAR doorbell lists.
 #[derive(Default)]
 pub(crate) struct DataPath {
-    pub(crate) cqs: BTreeMap<u32, Cq>,
-    pub(crate) qps: BTreeMap<u32, Qp>,
+    /// CQs by CQN.
+    pub(crate) cqs: Table<Cq>,
+    /// QPs by QPN.
+    pub(crate) qps: Table<Qp>,
     /// UAR → number of CQs on it.
     pub(crate) cq_uars: BTreeMap<u32, u32>,
     /// UAR → number of QPs on it.
@@ -80,7 +83,7 @@ impl DataPath {
 
     /// Forgets `q`'s engine, keeping its retransmission count.
     pub(crate) fn retire_engine(&mut self, qpn: u32) {
-        if let Some(e) = self.qps.get_mut(&qpn).and_then(|q| q.engine.take()) {
+        if let Some(e) = self.qps.get_mut(qpn).and_then(|q| q.engine.take()) {
             self.retired_retransmits += e.stats().retransmits;
         }
     }
@@ -405,7 +408,7 @@ fn syndrome(s: WcStatus) -> CqeSyndrome {
 /// Where a QP's completions go: CQEs on its send and receive CQs.
 pub(crate) struct Sink<'a> {
     pub(crate) sh: &'a Shared,
-    pub(crate) cqs: &'a mut BTreeMap<u32, Cq>,
+    pub(crate) cqs: &'a mut Table<Cq>,
     pub(crate) events: &'a mut Vec<Event>,
     pub(crate) qpn: u32,
     pub(crate) cqn_snd: u32,
@@ -417,7 +420,7 @@ pub(crate) struct Sink<'a> {
 impl<'a> Sink<'a> {
     pub(crate) fn new(
         sh: &'a Shared,
-        cqs: &'a mut BTreeMap<u32, Cq>,
+        cqs: &'a mut Table<Cq>,
         events: &'a mut Vec<Event>,
         qp: &Qp,
     ) -> Sink<'a> {
@@ -455,7 +458,7 @@ impl<'a> Sink<'a> {
 
     fn push(&mut self, recv: bool, cqe: &mut [u8; CQE_SIZE], solicited: bool) {
         let cqn = if recv { self.cqn_rcv } else { self.cqn_snd };
-        if let Some(cq) = self.cqs.get_mut(&cqn) {
+        if let Some(cq) = self.cqs.get_mut(cqn) {
             cq.push(self.sh, cqe, solicited, self.events);
         }
     }
@@ -569,7 +572,7 @@ fn cq_doorbells(sh: &Shared, dp: &mut DataPath) -> bool {
     for &uar in dp.cq_uars.keys() {
         if let Some((word, cqn)) = cq::take_doorbell(sh, uar) {
             any = true;
-            if let Some(c) = dp.cqs.get_mut(&cqn).filter(|c| c.uar == uar) {
+            if let Some(c) = dp.cqs.get_mut(cqn).filter(|c| c.uar == uar) {
                 c.arm(word, &mut dp.events);
             }
         }
@@ -594,12 +597,12 @@ fn sq_doorbells(sh: &Shared, core: &Core, dp: &mut DataPath) -> bool {
         }
         // Start the DBR and WQE misses before claiming the doorbell line, so the
         // three overlap instead of following each other.
-        if let Some(qp) = qps.get_mut(&(seen >> 8)).filter(|q| q.uar == uar) {
+        if let Some(qp) = qps.get_mut(seen >> 8).filter(|q| q.uar == uar) {
             qp.prefetch_sq(sh);
         }
         let w = sh.bar.swap_be32(off, 0);
         any = true;
-        if let Some(qp) = qps.get_mut(&(w >> 8)).filter(|q| q.uar == uar) {
+        if let Some(qp) = qps.get_mut(w >> 8).filter(|q| q.uar == uar) {
             run_sq(sh, core, qp, cqs, events);
         }
     }
@@ -612,7 +615,7 @@ pub(crate) fn run_sq(
     sh: &Shared,
     core: &Core,
     qp: &mut Qp,
-    cqs: &mut BTreeMap<u32, Cq>,
+    cqs: &mut Table<Cq>,
     events: &mut Vec<Event>,
 ) {
     if !matches!(qp.state, QpState::Rts | QpState::Err) {
@@ -768,7 +771,7 @@ fn deliver(
         return; // malformed or bad ICRC: dropped as the wire would
     };
     sh.stats.port.received(frame.len());
-    let Some(qp) = dp.qps.get_mut(&pkt.bth.dest_qp) else {
+    let Some(qp) = dp.qps.get_mut(pkt.bth.dest_qp) else {
         return;
     };
     let mem = Mem {
