@@ -518,14 +518,14 @@ pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port, spare: &mut Da
     let busy = {
         let core: &Core = core;
         let mut busy = cq_doorbells(sh, dp);
-        for _ in 0..INNER_PASSES {
+        for pass in 0..INNER_PASSES {
             port.clock.next_pass();
             // SQ doorbells on every inner pass: a WQE posted while the previous message's
             // ACK and CQE are being handled starts at once, not after the pass.
             // Transmit before receive: a WQE just taken leaves in this inner pass and its
             // frame is received (loopback) right after, ahead of older ACKs.
             let moved = sq_doorbells(sh, core, dp)
-                | transmit(sh, core, dp, port, mac)
+                | transmit(sh, core, dp, port, mac, pass == 0)
                 | receive(sh, core, dp, port, mac);
             if !moved {
                 exhausted = false;
@@ -625,6 +625,7 @@ pub(crate) fn run_sq(
         return;
     };
     qp.active = true;
+    qp.moved = true;
     while (pi.wrapping_sub(qp.sq_ci) as i32) > 0 {
         let idx = qp.sq_ci as u16;
         let Some((ctrl, posted)) = fetch(sh, qp) else {
@@ -700,6 +701,7 @@ fn fetch(sh: &Shared, qp: &mut Qp) -> Option<(Ctrl, Result<(), WqeError>)> {
 pub(crate) fn to_error(qp: &mut Qp) {
     qp.state = QpState::Err;
     qp.active = true;
+    qp.moved = true;
     if let Some(e) = qp.engine.as_mut() {
         e.set_error();
     }
@@ -791,9 +793,21 @@ fn deliver(
     };
     engine.receive(pkt, &mut env);
     qp.active = true;
+    qp.moved = true;
 }
 
-fn transmit(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u8; 6]) -> bool {
+/// Polls the active QPs' engines: all of them on the pass's `first` inner pass, on later
+/// ones only those that `moved` since their last poll (a QP that took nothing and sent
+/// nothing only waits: for a response, a timer (milliseconds, seen on the next pass) or
+/// room on the link).
+fn transmit(
+    sh: &Shared,
+    core: &Core,
+    dp: &mut DataPath,
+    port: &mut Port,
+    mac: [u8; 6],
+    first: bool,
+) -> bool {
     let sent0 = port.sent.load(Ordering::Relaxed);
     let cqes0 = sh.stats.cqes.load(Ordering::Relaxed);
     let DataPath {
@@ -807,12 +821,19 @@ fn transmit(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [
         full: &port.full,
         sh,
     };
-    for qp in qps.values_mut().filter(|q| q.active) {
+    for qp in qps.values_mut().filter(|q| q.active && (first || q.moved)) {
         if qp.kick {
             qp.kick = false;
             run_sq(sh, core, qp, cqs, events);
         }
+        qp.moved = false;
+        if qp.engine.as_ref().is_some_and(|e| e.is_idle()) {
+            // Nothing to send, nothing owed, no timer: the poll would do nothing.
+            qp.active = false;
+            continue;
+        }
         let full0 = port.full.load(Ordering::Relaxed);
+        let sent_before = port.sent.load(Ordering::Relaxed);
         let mem = Mem {
             sh,
             core,
@@ -854,6 +875,8 @@ fn transmit(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [
             qp.state = QpState::Err;
         }
         qp.active = keep;
+        // It sent: it may have more once the frames it sent are taken.
+        qp.moved = port.sent.load(Ordering::Relaxed) != sent_before;
     }
     port.sent.load(Ordering::Relaxed) != sent0 || sh.stats.cqes.load(Ordering::Relaxed) != cqes0
 }

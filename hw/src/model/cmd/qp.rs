@@ -114,6 +114,7 @@ pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
         rq_pi: 0,
         engine: None,
         active: false,
+        moved: false,
         kick: false,
         hints: Default::default(),
     };
