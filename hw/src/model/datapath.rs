@@ -503,9 +503,14 @@ impl CompletionSink for Sink<'_> {
 }
 
 /// One pass of the data path; true if anything happened. `spare` is an empty
-/// [`DataPath`] the device thread keeps: the tables are swapped with it for the pass and
-/// back (no empty tables made and dropped on every pass).
-pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port, spare: &mut DataPath) -> bool {
+/// [`DataPath`] the device thread keeps: the boxed tables are swapped with it for the pass
+/// and back (two pointers, no empty tables made and dropped on every pass).
+pub(crate) fn poll(
+    sh: &Shared,
+    core: &mut Core,
+    port: &mut Port,
+    spare: &mut Box<DataPath>,
+) -> bool {
     port.refresh(sh);
     if core.dp.qps.is_empty() && core.dp.cqs.is_empty() && port.peer.is_none() {
         core.dp.settled = true;
@@ -517,16 +522,34 @@ pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port, spare: &mut Da
     let mut exhausted = true;
     let busy = {
         let core: &Core = core;
+        let Port {
+            looped,
+            peer,
+            rx,
+            clock,
+            sent,
+            full,
+            ..
+        } = port;
+        // One wire for the whole pass.
+        let wire = Wire {
+            mac,
+            looped,
+            peer: peer.as_deref(),
+            sent,
+            full,
+            sh,
+        };
         let mut busy = cq_doorbells(sh, dp);
         for pass in 0..INNER_PASSES {
-            port.clock.next_pass();
+            clock.next_pass();
             // SQ doorbells on every inner pass: a WQE posted while the previous message's
             // ACK and CQE are being handled starts at once, not after the pass.
             // Transmit before receive: a WQE just taken leaves in this inner pass and its
             // frame is received (loopback) right after, ahead of older ACKs.
             let moved = sq_doorbells(sh, core, dp)
-                | transmit(sh, core, dp, port, mac, pass == 0)
-                | receive(sh, core, dp, port, mac);
+                | transmit(sh, core, dp, &wire, clock, pass == 0)
+                | receive(sh, core, dp, &wire, rx, clock);
             if !moved {
                 exhausted = false;
                 break;
@@ -707,37 +730,33 @@ pub(crate) fn to_error(qp: &mut Qp) {
     }
 }
 
-fn receive(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u8; 6]) -> bool {
-    let Port {
-        looped,
-        peer,
-        rx,
-        clock,
-        sent,
-        full,
-        ..
-    } = port;
-    let wire = Wire {
-        mac,
-        looped,
-        peer: peer.as_deref(),
-        sent,
-        full,
-        sh,
-    };
+/// Receives the frames waiting on the loopback queue and the attached link (`rx`: the
+/// port's receive buffer, for links that do not lend theirs).
+fn receive(
+    sh: &Shared,
+    core: &Core,
+    dp: &mut DataPath,
+    wire: &Wire<'_>,
+    rx: &mut [u8],
+    clock: &PassClock,
+) -> bool {
+    let (mac, looped, peer) = (wire.mac, wire.looped, wire.peer);
     let mut any = false;
     // Frames are handled in the link's own buffer where it lends it (`Link::recv_with`).
     // Loopback frames never left the device: their ICRC is not verified (`parse_trusted`).
     let mut handle = |frame: &[u8], looped: bool| {
         any = true;
         Counters::inc_dev(&sh.stats.packets_rx);
-        deliver(sh, core, dp, &wire, &*clock, mac, frame, looped);
+        deliver(sh, core, dp, wire, clock, mac, frame, looped);
     };
     for src in 0..2 {
         loop {
             let got = if src == 0 {
+                if looped.is_empty() {
+                    break;
+                }
                 looped.recv_with(rx, &mut |f: &[u8]| handle(f, true))
-            } else if let Some(p) = &peer {
+            } else if let Some(p) = peer {
                 p.recv_with(rx, &mut |f: &[u8]| handle(f, false))
             } else {
                 Ok(false)
@@ -804,23 +823,15 @@ fn transmit(
     sh: &Shared,
     core: &Core,
     dp: &mut DataPath,
-    port: &mut Port,
-    mac: [u8; 6],
+    wire: &Wire<'_>,
+    clock: &PassClock,
     first: bool,
 ) -> bool {
-    let sent0 = port.sent.load(Ordering::Relaxed);
+    let sent0 = wire.sent.load(Ordering::Relaxed);
     let cqes0 = sh.stats.cqes.load(Ordering::Relaxed);
     let DataPath {
         qps, cqs, events, ..
     } = dp;
-    let wire = Wire {
-        mac,
-        looped: &port.looped,
-        peer: port.peer.as_deref(),
-        sent: &port.sent,
-        full: &port.full,
-        sh,
-    };
     for qp in qps.values_mut().filter(|q| q.active && (first || q.moved)) {
         if qp.kick {
             qp.kick = false;
@@ -832,8 +843,8 @@ fn transmit(
             qp.active = false;
             continue;
         }
-        let full0 = port.full.load(Ordering::Relaxed);
-        let sent_before = port.sent.load(Ordering::Relaxed);
+        let full0 = wire.full.load(Ordering::Relaxed);
+        let sent_before = wire.sent.load(Ordering::Relaxed);
         let mem = Mem {
             sh,
             core,
@@ -845,18 +856,18 @@ fn transmit(
         let keep = match engine {
             Some(engine) => {
                 let mut env = Env {
-                    link: &wire,
+                    link: wire,
                     mem: &mem,
                     recv: &mut rq,
                     cq: &mut sink,
-                    clock: &port.clock,
+                    clock,
                 };
                 let deadline = engine.poll(&mut env);
                 let err = engine.state() == rc::QpState::Error;
                 deadline.is_some()
                     || engine.send_queue_len() > 0
                     || err
-                    || port.full.load(Ordering::Relaxed) != full0
+                    || wire.full.load(Ordering::Relaxed) != full0
             }
             None if state == QpState::Err => {
                 // Never reached RTS: flush posted receives here (sends flush at their doorbell).
@@ -876,7 +887,7 @@ fn transmit(
         }
         qp.active = keep;
         // It sent: it may have more once the frames it sent are taken.
-        qp.moved = port.sent.load(Ordering::Relaxed) != sent_before;
+        qp.moved = wire.sent.load(Ordering::Relaxed) != sent_before;
     }
-    port.sent.load(Ordering::Relaxed) != sent0 || sh.stats.cqes.load(Ordering::Relaxed) != cqes0
+    wire.sent.load(Ordering::Relaxed) != sent0 || sh.stats.cqes.load(Ordering::Relaxed) != cqes0
 }
