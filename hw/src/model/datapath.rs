@@ -612,12 +612,16 @@ fn sq_doorbells(sh: &Shared, core: &Core, dp: &mut DataPath) -> bool {
         events,
         ..
     } = dp;
+    // The BAR's words indexed directly: one bounds check per doorbell word.
+    let bar = sh.bar.words();
     for &(off, uar) in sq_words.iter() {
-        // `qpn_ds`, bytes 4-7 of the doorbell (§9.2); 0 = nothing written (ds >= 1).
-        let seen = sh.bar.read_be32(off);
-        if seen == 0 {
+        // `qpn_ds`, bytes 4-7 of the doorbell (§9.2); 0 = nothing written (ds >= 1),
+        // whatever the byte order. Acquire, as `BarMem::read_be32`.
+        let raw = bar.get(off / 4).map_or(0, |w| w.load(Ordering::Acquire));
+        if raw == 0 {
             continue;
         }
+        let seen = u32::from_be(raw);
         // Start the DBR and WQE misses before claiming the doorbell line, so the
         // three overlap instead of following each other.
         if let Some(qp) = qps.get_mut(seen >> 8).filter(|q| q.uar == uar) {
@@ -816,9 +820,9 @@ fn deliver(
 }
 
 /// Polls the active QPs' engines: all of them on the pass's `first` inner pass, on later
-/// ones only those that `moved` since their last poll (a QP that took nothing and sent
-/// nothing only waits: for a response, a timer (milliseconds, seen on the next pass) or
-/// room on the link).
+/// ones only those that `moved` since their last poll (a QP that took nothing, or sent
+/// and has nothing more to send, only waits: for a response, a timer (milliseconds, seen
+/// on the next pass) or room on the link).
 fn transmit(
     sh: &Shared,
     core: &Core,
@@ -886,8 +890,11 @@ fn transmit(
             qp.state = QpState::Err;
         }
         qp.active = keep;
-        // It sent: it may have more once the frames it sent are taken.
-        qp.moved = wire.sent.load(Ordering::Relaxed) != sent_before;
+        // It sent and has more to send (once the frames it sent are taken, say). One that
+        // only awaits a response is polled again when one arrives (`deliver`) or, for its
+        // timers, on the next pass's first inner pass.
+        qp.moved = wire.sent.load(Ordering::Relaxed) != sent_before
+            && !qp.engine.as_ref().is_some_and(|e| e.awaits_response());
     }
     wire.sent.load(Ordering::Relaxed) != sent0 || sh.stats.cqes.load(Ordering::Relaxed) != cqes0
 }

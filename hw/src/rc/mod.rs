@@ -244,6 +244,14 @@ impl RcQp {
         self.req.len()
     }
 
+    /// Whether only a received packet or a timer can give a [`poll`](Self::poll) anything
+    /// to do: in RTS, no response owed, every posted request sent (none held back by the
+    /// send window, an RNR wait or a retransmission). The timers are not looked at: a
+    /// driver that skips such a QP must still poll it by the deadline `poll` returned.
+    pub fn awaits_response(&self) -> bool {
+        self.state == QpState::Rts && !self.resp.has_output() && self.req.all_sent()
+    }
+
     /// Whether a [`poll`](Self::poll) would do nothing and return `None` until a packet
     /// arrives or work is posted: in RTS, no response owed, no send work request posted and
     /// not yet completed, no timer running or due to start. A driver may skip polling an
