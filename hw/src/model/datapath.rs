@@ -2,15 +2,18 @@
 //! the port, and completions (prm-subset.md §9), with the RC transport of `crate::rc`.
 //!
 //! One pass ([`poll`]) takes the MKey table by shared reference (for the translation API of
-//! `mkey.rs`) and the QP and CQ tables by swapping them out of `Core` for the pass with an
-//! empty set the device thread keeps (no allocation, nothing dropped). Events for the EQs
+//! `mkey.rs`) and the QP and CQ tables (indexed by QPN and CQN, `table.rs`) by swapping
+//! the boxed [`DataPath`] out of `Core` for the pass with an empty one the device thread
+//! keeps (no allocation, nothing dropped). Events for the EQs
 //! are collected and posted after the tables are back. A pass:
 //! 1. CQ arm doorbells (UAR + 0x20) of the UARs that have CQs;
 //! 2. until nothing moves (bounded): SQ doorbells, the `qpn_ds` word of each BlueFlame
 //!    half (§9.1, §9.2) of the UARs that have QPs (the DBR SQ counter is authoritative,
 //!    the WQEs are read from host memory, BlueFlame copies are not used; new WQEs go to
-//!    the QP's engine); poll the active QPs (transmit, timers, flushes); receive frames
-//!    (loopback queue and the attached link) and hand them to their QP. A new WQE's
+//!    the QP's engine); poll the active QPs (transmit, timers, flushes: every active QP
+//!    on the first inner pass, on later ones only those that took a WQE or a frame or
+//!    still have something to send); receive frames (loopback queue and the attached
+//!    link) and hand them to their QP. A new WQE's
 //!    frame thus leaves and (loopback) arrives in the pass that took it. Doorbells are
 //!    looked at on every inner pass, so a WQE posted while an earlier message's ACK and
 //!    CQE are handled starts at once.
