@@ -869,12 +869,11 @@ fn transmit(
                     cq: &mut sink,
                     clock,
                 };
-                let deadline = engine.poll(&mut env);
-                let err = engine.state() == rc::QpState::Error;
-                deadline.is_some()
-                    || engine.send_queue_len() > 0
-                    || err
-                    || wire.full.load(Ordering::Relaxed) != full0
+                // The deadline it returns is the engine's timer, which `is_idle` sees.
+                let _ = engine.poll(&mut env);
+                // Still active: a timer, work, a response owed or an error to flush, or
+                // held back by a full link.
+                !engine.is_idle() || wire.full.load(Ordering::Relaxed) != full0
             }
             None if state == QpState::Err => {
                 // Never reached RTS: flush posted receives here (sends flush at their doorbell).
