@@ -16,7 +16,6 @@
 use crate::layout::cqe::{CQE_SIZE, OP_OWN_OFFSET, cqe_owner_for};
 use crate::layout::uar::{CQ_DOORBELL, UAR_SIZE};
 
-use super::iommu::MapCache;
 use super::wq::{QueueBuf, extend_counter, read_dbr};
 use super::{Counters, Shared};
 
@@ -49,8 +48,6 @@ pub(crate) struct Cq {
     pub(crate) eqn: u32,
     pub(crate) buf: QueueBuf,
     pub(crate) dbr: u64,
-    /// The mapping the doorbell record's reads hit last.
-    pub(crate) dbr_map: MapCache,
     /// `oi`: overrun ignore.
     pub(crate) oi: bool,
     /// Producer index (CQEs written).
@@ -91,7 +88,7 @@ impl Cq {
             return false;
         }
         if self.pi.wrapping_sub(self.ci) >= self.size() {
-            match read_dbr(sh, self.dbr, &self.dbr_map) {
+            match read_dbr(sh, self.dbr) {
                 Ok(w) => self.ci = extend_counter(self.pi, w & 0xFF_FFFF, 24),
                 Err(_) => return self.fail(events, 2),
             }

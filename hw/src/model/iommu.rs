@@ -19,17 +19,8 @@
 //! change of the table moves under the write lock; a later probe inside that range is
 //! answered without the lock while the generation and the bus-master bit stand
 //! ([`Iommu::still_mapped`]). Data never moves that way: reads and writes always take the
-//! read lock.
-//!
-//! A queue (a QP or CQ buffer, a doorbell record) reads and writes its own few pages over
-//! and over, while the one-entry hint above is moved by every other access in between. Its
-//! accesses go through a [`MapCache`]: the [`Seen`] range of the mapping it hit last and
-//! that mapping's index in the table. Under the read lock, an access inside the range at
-//! the table's current generation uses that mapping without a lookup: the same generation
-//! is the same table, so the index names the same mapping. Data still moves under the read
-//! lock, so `unmap` still waits for it.
+//! read lock and translate again.
 
-use std::cell::Cell;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -151,19 +142,6 @@ pub(crate) struct Seen {
     end: u64,
 }
 
-impl Seen {
-    /// Whether every byte of `[iova, iova + len)` lies in the range.
-    #[inline]
-    fn holds(&self, iova: u64, len: usize) -> bool {
-        iova >= self.start && (len as u64) <= self.end.saturating_sub(iova)
-    }
-}
-
-/// The mapping one queue's accesses hit last: its [`Seen`] range and its index in the
-/// table, valid while the table's generation is the range's (see the module doc).
-#[derive(Debug, Default)]
-pub(crate) struct MapCache(Cell<(Seen, usize)>);
-
 /// The mappings, sorted by start IOVA and disjoint, and the index of the last one a lookup
 /// found.
 struct Table {
@@ -175,19 +153,12 @@ impl Table {
     /// The mapping containing `iova`: the last hit if it does, else a binary search.
     #[inline]
     fn lookup(&self, iova: u64) -> Option<(u64, &HostMapping)> {
-        let (s, m) = &self.maps[self.lookup_index(iova)?];
-        Some((*s, m))
-    }
-
-    /// Index of the mapping containing `iova`, found as [`lookup`](Self::lookup) does.
-    #[inline]
-    fn lookup_index(&self, iova: u64) -> Option<usize> {
         let h = self.hint.load(Ordering::Relaxed);
         if let Some((s, m)) = self.maps.get(h)
             && iova >= *s
             && iova - *s < m.len
         {
-            return Some(h);
+            return Some((*s, m));
         }
         // The last mapping starting at or before `iova`.
         let i = self
@@ -199,7 +170,7 @@ impl Table {
             return None;
         }
         self.hint.store(i, Ordering::Relaxed);
-        Some(i)
+        Some((*s, m))
     }
 
     /// Index of the mapping starting at `iova`.
@@ -427,23 +398,10 @@ impl Iommu {
         segs: &[(u64, usize)],
         write: bool,
         point: bool,
-        f: impl FnMut(&HostRegion, usize, usize),
+        mut f: impl FnMut(&HostRegion, usize, usize),
     ) -> Result<(), DmaError> {
         self.gate()?;
         let t = self.table.read().expect("iommu lock");
-        self.with_segments_locked(&t, segs, write, point, f)
-    }
-
-    /// [`with_segments`](Self::with_segments) past its gate, with the read lock held.
-    #[inline]
-    fn with_segments_locked(
-        &self,
-        t: &Table,
-        segs: &[(u64, usize)],
-        write: bool,
-        point: bool,
-        mut f: impl FnMut(&HostRegion, usize, usize),
-    ) -> Result<(), DmaError> {
         // The common case: one segment inside one mapping.
         if let [(iova, len)] = *segs
             && let Some((s, m)) = t.lookup(iova)
@@ -455,7 +413,7 @@ impl Iommu {
         }
         let mut chunks = Chunks::new();
         for &(iova, len) in segs {
-            self.translate(t, iova, len, write, &mut |c| chunks.push(c))?;
+            self.translate(&t, iova, len, write, &mut |c| chunks.push(c))?;
             if point && len == 0 && t.lookup(iova).is_none() {
                 self.faults.fetch_add(1, Ordering::Relaxed);
                 return Err(DmaError::Fault { iova, len });
@@ -514,80 +472,9 @@ impl Iommu {
     pub(crate) fn still_mapped(&self, seen: &Seen, segs: &[(u64, usize)]) -> bool {
         self.bus_master.load(Ordering::Acquire)
             && self.generation.load(Ordering::Acquire) == seen.generation
-            && segs.iter().all(|&(iova, len)| seen.holds(iova, len))
-    }
-
-    /// Runs `f` on the host chunks of `[iova, iova + len)` as
-    /// [`with_segments`](Self::with_segments) does for one segment, using and then updating
-    /// the mapping `map` remembers (see the module doc).
-    #[inline]
-    fn with_one_via(
-        &self,
-        map: &MapCache,
-        iova: u64,
-        len: usize,
-        write: bool,
-        mut f: impl FnMut(&HostRegion, usize, usize),
-    ) -> Result<(), DmaError> {
-        self.gate()?;
-        let t = self.table.read().expect("iommu lock");
-        // Read under the lock: no change of the table falls between this value and the
-        // accesses below.
-        let generation = self.generation.load(Ordering::Relaxed);
-        let (seen, i) = map.0.get();
-        if seen.generation == generation
-            && len > 0
-            && seen.holds(iova, len)
-            && let Some((s, m)) = t.maps.get(i)
-            && (!write || m.writable)
-        {
-            f(&m.region, (iova - s) as usize, len);
-            return Ok(());
-        }
-        if let Some(i) = t.lookup_index(iova) {
-            let (start, m) = &t.maps[i];
-            let end = start + m.len;
-            let seen = Seen {
-                generation,
-                start: *start,
-                end,
-            };
-            map.0.set((seen, i));
-        }
-        self.with_segments_locked(&t, &[(iova, len)], write, true, f)
-    }
-
-    /// Device read of `dst.len()` bytes at `iova` through `map` (a queue's own accesses).
-    pub(crate) fn read_via(
-        &self,
-        map: &MapCache,
-        iova: u64,
-        dst: &mut [u8],
-    ) -> Result<(), DmaError> {
-        let mut pos = 0;
-        self.with_one_via(map, iova, dst.len(), false, |r, off, n| {
-            r.read(off, &mut dst[pos..pos + n]);
-            pos += n;
-        })
-    }
-
-    /// Device write of `src` at `iova` through `map`.
-    pub(crate) fn write_via(&self, map: &MapCache, iova: u64, src: &[u8]) -> Result<(), DmaError> {
-        let mut pos = 0;
-        self.with_one_via(map, iova, src.len(), true, |r, off, n| {
-            r.write(off, &src[pos..pos + n]);
-            pos += n;
-        })
-    }
-
-    /// Device write of one byte with release ordering at `iova` through `map`.
-    pub(crate) fn write_u8_release_via(
-        &self,
-        map: &MapCache,
-        iova: u64,
-        v: u8,
-    ) -> Result<(), DmaError> {
-        self.with_one_via(map, iova, 1, true, |r, off, _| r.store_u8_release(off, v))
+            && segs.iter().all(|&(iova, len)| {
+                iova >= seen.start && (len as u64) <= seen.end.saturating_sub(iova)
+            })
     }
 
     /// Device write of `src` scattered to `segs`; all or nothing.
@@ -908,65 +795,5 @@ mod tests {
         assert_eq!(io.faults(), before + 4);
         drop(io);
         assert!(mem.0.iter().all(|&v| v == 7), "no byte written");
-    }
-
-    #[test]
-    fn a_queue_remembered_mapping_never_outlives_an_unmap_or_a_remap() {
-        let mut mem = pages();
-        let io = Iommu::new();
-        io.set_bus_master(true);
-        let q = MapCache::default();
-        let byte = |iova| {
-            let mut b = [0u8; 1];
-            io.read_via(&q, iova, &mut b).map(|()| b[0])
-        };
-        io.map(0x20000, HostMapping::new(region(&mut mem, 1)))
-            .unwrap();
-        io.map(0x30000, HostMapping::new(region(&mut mem, 2)))
-            .unwrap();
-        assert_eq!(byte(0x20010), Ok(2));
-        assert_eq!(byte(0x20ff0), Ok(2), "answered by the remembered mapping");
-        // Unmapped: the mapping now at the remembered index (0x30000's) is not used.
-        io.unmap(0x20000, 4096).unwrap();
-        let before = io.faults();
-        let fault = Err(DmaError::Fault {
-            iova: 0x20010,
-            len: 1,
-        });
-        assert_eq!(byte(0x20010), fault);
-        assert_eq!(io.faults(), before + 1, "counted as any fault");
-        // Remapped to other memory, then moved to another index by a mapping below it.
-        io.map(0x20000, HostMapping::new(region(&mut mem, 0)))
-            .unwrap();
-        assert_eq!(byte(0x20010), Ok(1));
-        io.map(0x10000, HostMapping::new(region(&mut mem, 3)))
-            .unwrap();
-        assert_eq!(byte(0x20010), Ok(1));
-        io.write_via(&q, 0x20020, &[9, 9]).unwrap();
-        io.write_u8_release_via(&q, 0x20022, 9).unwrap();
-        let mut b = [0u8; 4];
-        io.read(0x2001f, &mut b).unwrap();
-        assert_eq!(b, [1, 9, 9, 9]);
-        // Remapped read-only: writes through the remembered mapping fault, untouched.
-        io.unmap(0x20000, 4096).unwrap();
-        io.map(0x20000, HostMapping::new(region(&mut mem, 1)).read_only())
-            .unwrap();
-        assert_eq!(byte(0x20020), Ok(2));
-        let wfault = Err(DmaError::Fault {
-            iova: 0x20020,
-            len: 1,
-        });
-        assert_eq!(io.write_via(&q, 0x20020, &[5]), wfault);
-        assert_eq!(io.write_u8_release_via(&q, 0x20020, 5), wfault);
-        assert_eq!(byte(0x20020), Ok(2));
-        // An access past the remembered mapping translates as any other: a fault.
-        let mut two = [0u8; 2];
-        assert!(io.read_via(&q, 0x20fff, &mut two).is_err());
-        // Bus mastering off refuses the remembered mapping too.
-        io.set_bus_master(false);
-        assert_eq!(byte(0x20010), Err(DmaError::BusMasterOff));
-        drop(io);
-        assert_eq!(mem.0[0][0x20..0x23], [9, 9, 9]);
-        assert!(mem.0[1].iter().all(|&v| v == 2));
     }
 }

@@ -14,7 +14,6 @@ use crate::rc::{
 };
 
 use super::Shared;
-use super::iommu::MapCache;
 use super::vport::{GidEntry, L3_IPV4};
 use super::wq::{Hints, QueueBuf, extend_counter, read_dbr};
 
@@ -62,8 +61,6 @@ pub(crate) struct Qp {
     pub(crate) sq_off: u64,
     /// Doorbell record: RQ counter at 0, SQ counter at 4 (§9.3).
     pub(crate) dbr: u64,
-    /// The mapping the doorbell record's reads hit last.
-    pub(crate) dbr_map: MapCache,
     /// SQ consumer counter in WQEBBs.
     pub(crate) sq_ci: u32,
     /// RQ consumer counter in WQEs.
@@ -106,7 +103,7 @@ impl Qp {
 
     /// The SQ producer counter from the DBR (16 bits used, §9.2), extended.
     pub(crate) fn sq_pi(&self, sh: &Shared) -> Option<u32> {
-        let w = read_dbr(sh, self.dbr + 4, &self.dbr_map).ok()?;
+        let w = read_dbr(sh, self.dbr + 4).ok()?;
         Some(extend_counter(self.sq_ci, w & 0xFFFF, 16))
     }
 
@@ -135,7 +132,6 @@ impl Qp {
             sh,
             buf: &self.buf,
             dbr: self.dbr,
-            dbr_map: &self.dbr_map,
             has_rq: self.has_rq,
             log_size: self.log_rq_size,
             log_stride: self.log_rq_stride,
@@ -227,7 +223,6 @@ pub(crate) struct Rq<'a> {
     sh: &'a Shared,
     buf: &'a QueueBuf,
     dbr: u64,
-    dbr_map: &'a MapCache,
     has_rq: bool,
     log_size: u32,
     log_stride: u32,
@@ -275,7 +270,7 @@ impl Rq<'_> {
             return false;
         }
         if *self.pi == *self.ci {
-            let Ok(w) = read_dbr(self.sh, self.dbr, self.dbr_map) else {
+            let Ok(w) = read_dbr(self.sh, self.dbr) else {
                 return false;
             };
             *self.pi = extend_counter(*self.ci, w & 0xFFFF, 16);

@@ -8,7 +8,7 @@
 use crate::layout::Buf;
 
 use super::Shared;
-use super::iommu::{DmaError, MapCache};
+use super::iommu::DmaError;
 
 /// Why a `pas` description was refused at create time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,8 +33,6 @@ pub(crate) struct QueueBuf {
     page_shift: u32,
     offset: u64,
     len: u64,
-    /// The mapping the buffer's accesses hit last.
-    map: MapCache,
 }
 
 impl QueueBuf {
@@ -81,7 +79,6 @@ impl QueueBuf {
             page_shift,
             offset,
             len,
-            map: MapCache::default(),
         })
     }
 
@@ -121,23 +118,17 @@ impl QueueBuf {
     /// Device read of `dst.len()` bytes at byte `off`.
     pub(crate) fn read(&self, sh: &Shared, off: u64, dst: &mut [u8]) -> Result<(), DmaError> {
         let n = dst.len();
-        self.pieces(off, n, |iova, r| {
-            sh.iommu.read_via(&self.map, iova, &mut dst[r])
-        })
+        self.pieces(off, n, |iova, r| sh.iommu.read(iova, &mut dst[r]))
     }
 
     /// Device write of `src` at byte `off`.
     pub(crate) fn write(&self, sh: &Shared, off: u64, src: &[u8]) -> Result<(), DmaError> {
-        self.pieces(off, src.len(), |iova, r| {
-            sh.iommu.write_via(&self.map, iova, &src[r])
-        })
+        self.pieces(off, src.len(), |iova, r| sh.iommu.write(iova, &src[r]))
     }
 
     /// Writes one byte with release ordering (ownership bytes, written last).
     pub(crate) fn write_u8_release(&self, sh: &Shared, off: u64, v: u8) -> Result<(), DmaError> {
-        self.pieces(off, 1, |iova, _| {
-            sh.iommu.write_u8_release_via(&self.map, iova, v)
-        })
+        self.pieces(off, 1, |iova, _| sh.iommu.write_u8_release(iova, v))
     }
 }
 
@@ -183,11 +174,10 @@ impl Hints {
     }
 }
 
-/// Reads the big-endian dword at `iova` (doorbell records, prm-subset.md §9.3) through
-/// the record's remembered mapping `map`.
-pub(crate) fn read_dbr(sh: &Shared, iova: u64, map: &MapCache) -> Result<u32, DmaError> {
+/// Reads the big-endian dword at `iova` (doorbell records, prm-subset.md §9.3).
+pub(crate) fn read_dbr(sh: &Shared, iova: u64) -> Result<u32, DmaError> {
     let mut b = [0u8; 4];
-    sh.iommu.read_via(map, iova, &mut b)?;
+    sh.iommu.read(iova, &mut b)?;
     Ok(u32::from_be_bytes(b))
 }
 

@@ -90,7 +90,6 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
             eqn,
             buf,
             dbr,
-            dbr_map: Default::default(),
             oi: c.oi() != 0,
             pi: 0,
             ci: 0,
@@ -136,7 +135,7 @@ pub(super) fn query_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Cm
         .ok_or(err(CmdStatus::BadResErr, s::BAD_CQ))?;
     // The consumer counter lives in the doorbell record; an unreachable one reports the
     // value last read.
-    let ci = read_dbr(ctx.sh, cq.dbr, &cq.dbr_map).map_or(cq.ci, |w| w & 0xFF_FFFF);
+    let ci = read_dbr(ctx.sh, cq.dbr).map_or(cq.ci, |w| w & 0xFF_FFFF);
     let q = QueryCqOut::<()>::CQ_CONTEXT;
     let mut c = Cqc::new_unchecked(&mut out[q..q + 64]);
     c.set_status(match (cq.error, cq.error_syndrome) {

@@ -108,7 +108,6 @@ pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
         buf,
         sq_off: rq_bytes,
         dbr,
-        dbr_map: Default::default(),
         sq_ci: 0,
         rq_ci: 0,
         rq_pi: 0,
