@@ -70,6 +70,12 @@ impl Loopback {
         }
     }
 
+    /// Whether no frame is queued (a receive would find nothing).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.queued.get() == 0
+    }
+
     /// Free buffers (all of them when nothing is queued).
     #[cfg(test)]
     pub(super) fn free_len(&self) -> usize {
@@ -242,7 +248,9 @@ mod tests {
     #[test]
     fn frames_come_back_in_order_copied_or_built_in_place() {
         let l = Loopback::new(8, 64);
+        assert!(l.is_empty());
         l.send(&frame(0)).unwrap();
+        assert!(!l.is_empty());
         l.send_with(&mut [], &mut |b| {
             b[..8].copy_from_slice(&frame(1));
             Some(8)
@@ -252,7 +260,9 @@ mod tests {
         let mut buf = [0u8; 64];
         assert_eq!(l.try_recv(&mut buf).unwrap(), Some(8));
         assert_eq!(buf[..8], frame(0));
+        assert!(!l.is_empty());
         assert_eq!(drain(&l), [frame(1).to_vec(), Vec::new()]);
+        assert!(l.is_empty());
         assert_eq!(l.try_recv(&mut buf).unwrap(), None);
         let s = l.stats();
         assert_eq!(

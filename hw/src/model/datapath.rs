@@ -2,15 +2,18 @@
 //! the port, and completions (prm-subset.md §9), with the RC transport of `crate::rc`.
 //!
 //! One pass ([`poll`]) takes the MKey table by shared reference (for the translation API of
-//! `mkey.rs`) and the QP and CQ tables by swapping them out of `Core` for the pass with an
-//! empty set the device thread keeps (no allocation, nothing dropped). Events for the EQs
+//! `mkey.rs`) and the QP and CQ tables (indexed by QPN and CQN, `table.rs`) by swapping
+//! the boxed [`DataPath`] out of `Core` for the pass with an empty one the device thread
+//! keeps (no allocation, nothing dropped). Events for the EQs
 //! are collected and posted after the tables are back. A pass:
 //! 1. CQ arm doorbells (UAR + 0x20) of the UARs that have CQs;
 //! 2. until nothing moves (bounded): SQ doorbells, the `qpn_ds` word of each BlueFlame
 //!    half (§9.1, §9.2) of the UARs that have QPs (the DBR SQ counter is authoritative,
 //!    the WQEs are read from host memory, BlueFlame copies are not used; new WQEs go to
-//!    the QP's engine); poll the active QPs (transmit, timers, flushes); receive frames
-//!    (loopback queue and the attached link) and hand them to their QP. A new WQE's
+//!    the QP's engine); poll the active QPs (transmit, timers, flushes: every active QP
+//!    on the first inner pass, on later ones only those that took a WQE or a frame or
+//!    still have something to send); receive frames (loopback queue and the attached
+//!    link) and hand them to their QP. A new WQE's
 //!    frame thus leaves and (loopback) arrives in the pass that took it. Doorbells are
 //!    looked at on every inner pass, so a WQE posted while an earlier message's ACK and
 //!    CQE are handled starts at once.
@@ -40,6 +43,7 @@ use super::mkey::{self, Access, MemError};
 use super::qp::{Qp, QpState};
 use super::sq::{self, Ctrl, MAX_WQE, WqeError};
 use super::state::Core;
+use super::table::Table;
 use super::{Counters, Shared, eq};
 
 /// Passes of receive + transmit in one poll before the thread looks at doorbells again.
@@ -48,8 +52,10 @@ const INNER_PASSES: u32 = 64;
 /// The QP and CQ tables and the per-UAR doorbell lists.
 #[derive(Default)]
 pub(crate) struct DataPath {
-    pub(crate) cqs: BTreeMap<u32, Cq>,
-    pub(crate) qps: BTreeMap<u32, Qp>,
+    /// CQs by CQN.
+    pub(crate) cqs: Table<Cq>,
+    /// QPs by QPN.
+    pub(crate) qps: Table<Qp>,
     /// UAR → number of CQs on it.
     pub(crate) cq_uars: BTreeMap<u32, u32>,
     /// UAR → number of QPs on it.
@@ -80,7 +86,7 @@ impl DataPath {
 
     /// Forgets `q`'s engine, keeping its retransmission count.
     pub(crate) fn retire_engine(&mut self, qpn: u32) {
-        if let Some(e) = self.qps.get_mut(&qpn).and_then(|q| q.engine.take()) {
+        if let Some(e) = self.qps.get_mut(qpn).and_then(|q| q.engine.take()) {
             self.retired_retransmits += e.stats().retransmits;
         }
     }
@@ -405,7 +411,7 @@ fn syndrome(s: WcStatus) -> CqeSyndrome {
 /// Where a QP's completions go: CQEs on its send and receive CQs.
 pub(crate) struct Sink<'a> {
     pub(crate) sh: &'a Shared,
-    pub(crate) cqs: &'a mut BTreeMap<u32, Cq>,
+    pub(crate) cqs: &'a mut Table<Cq>,
     pub(crate) events: &'a mut Vec<Event>,
     pub(crate) qpn: u32,
     pub(crate) cqn_snd: u32,
@@ -417,7 +423,7 @@ pub(crate) struct Sink<'a> {
 impl<'a> Sink<'a> {
     pub(crate) fn new(
         sh: &'a Shared,
-        cqs: &'a mut BTreeMap<u32, Cq>,
+        cqs: &'a mut Table<Cq>,
         events: &'a mut Vec<Event>,
         qp: &Qp,
     ) -> Sink<'a> {
@@ -455,7 +461,7 @@ impl<'a> Sink<'a> {
 
     fn push(&mut self, recv: bool, cqe: &mut [u8; CQE_SIZE], solicited: bool) {
         let cqn = if recv { self.cqn_rcv } else { self.cqn_snd };
-        if let Some(cq) = self.cqs.get_mut(&cqn) {
+        if let Some(cq) = self.cqs.get_mut(cqn) {
             cq.push(self.sh, cqe, solicited, self.events);
         }
     }
@@ -500,9 +506,14 @@ impl CompletionSink for Sink<'_> {
 }
 
 /// One pass of the data path; true if anything happened. `spare` is an empty
-/// [`DataPath`] the device thread keeps: the tables are swapped with it for the pass and
-/// back (no empty tables made and dropped on every pass).
-pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port, spare: &mut DataPath) -> bool {
+/// [`DataPath`] the device thread keeps: the boxed tables are swapped with it for the pass
+/// and back (two pointers, no empty tables made and dropped on every pass).
+pub(crate) fn poll(
+    sh: &Shared,
+    core: &mut Core,
+    port: &mut Port,
+    spare: &mut Box<DataPath>,
+) -> bool {
     port.refresh(sh);
     if core.dp.qps.is_empty() && core.dp.cqs.is_empty() && port.peer.is_none() {
         core.dp.settled = true;
@@ -514,16 +525,34 @@ pub(crate) fn poll(sh: &Shared, core: &mut Core, port: &mut Port, spare: &mut Da
     let mut exhausted = true;
     let busy = {
         let core: &Core = core;
+        let Port {
+            looped,
+            peer,
+            rx,
+            clock,
+            sent,
+            full,
+            ..
+        } = port;
+        // One wire for the whole pass.
+        let wire = Wire {
+            mac,
+            looped,
+            peer: peer.as_deref(),
+            sent,
+            full,
+            sh,
+        };
         let mut busy = cq_doorbells(sh, dp);
-        for _ in 0..INNER_PASSES {
-            port.clock.next_pass();
+        for pass in 0..INNER_PASSES {
+            clock.next_pass();
             // SQ doorbells on every inner pass: a WQE posted while the previous message's
             // ACK and CQE are being handled starts at once, not after the pass.
             // Transmit before receive: a WQE just taken leaves in this inner pass and its
             // frame is received (loopback) right after, ahead of older ACKs.
             let moved = sq_doorbells(sh, core, dp)
-                | transmit(sh, core, dp, port, mac)
-                | receive(sh, core, dp, port, mac);
+                | transmit(sh, core, dp, &wire, clock, pass == 0)
+                | receive(sh, core, dp, &wire, rx, clock);
             if !moved {
                 exhausted = false;
                 break;
@@ -569,7 +598,7 @@ fn cq_doorbells(sh: &Shared, dp: &mut DataPath) -> bool {
     for &uar in dp.cq_uars.keys() {
         if let Some((word, cqn)) = cq::take_doorbell(sh, uar) {
             any = true;
-            if let Some(c) = dp.cqs.get_mut(&cqn).filter(|c| c.uar == uar) {
+            if let Some(c) = dp.cqs.get_mut(cqn).filter(|c| c.uar == uar) {
                 c.arm(word, &mut dp.events);
             }
         }
@@ -586,20 +615,24 @@ fn sq_doorbells(sh: &Shared, core: &Core, dp: &mut DataPath) -> bool {
         events,
         ..
     } = dp;
+    // The BAR's words indexed directly: one bounds check per doorbell word.
+    let bar = sh.bar.words();
     for &(off, uar) in sq_words.iter() {
-        // `qpn_ds`, bytes 4-7 of the doorbell (§9.2); 0 = nothing written (ds >= 1).
-        let seen = sh.bar.read_be32(off);
-        if seen == 0 {
+        // `qpn_ds`, bytes 4-7 of the doorbell (§9.2); 0 = nothing written (ds >= 1),
+        // whatever the byte order. Acquire, as `BarMem::read_be32`.
+        let raw = bar.get(off / 4).map_or(0, |w| w.load(Ordering::Acquire));
+        if raw == 0 {
             continue;
         }
+        let seen = u32::from_be(raw);
         // Start the DBR and WQE misses before claiming the doorbell line, so the
         // three overlap instead of following each other.
-        if let Some(qp) = qps.get_mut(&(seen >> 8)).filter(|q| q.uar == uar) {
+        if let Some(qp) = qps.get_mut(seen >> 8).filter(|q| q.uar == uar) {
             qp.prefetch_sq(sh);
         }
         let w = sh.bar.swap_be32(off, 0);
         any = true;
-        if let Some(qp) = qps.get_mut(&(w >> 8)).filter(|q| q.uar == uar) {
+        if let Some(qp) = qps.get_mut(w >> 8).filter(|q| q.uar == uar) {
             run_sq(sh, core, qp, cqs, events);
         }
     }
@@ -612,7 +645,7 @@ pub(crate) fn run_sq(
     sh: &Shared,
     core: &Core,
     qp: &mut Qp,
-    cqs: &mut BTreeMap<u32, Cq>,
+    cqs: &mut Table<Cq>,
     events: &mut Vec<Event>,
 ) {
     if !matches!(qp.state, QpState::Rts | QpState::Err) {
@@ -622,6 +655,7 @@ pub(crate) fn run_sq(
         return;
     };
     qp.active = true;
+    qp.moved = true;
     while (pi.wrapping_sub(qp.sq_ci) as i32) > 0 {
         let idx = qp.sq_ci as u16;
         let Some((ctrl, posted)) = fetch(sh, qp) else {
@@ -697,42 +731,39 @@ fn fetch(sh: &Shared, qp: &mut Qp) -> Option<(Ctrl, Result<(), WqeError>)> {
 pub(crate) fn to_error(qp: &mut Qp) {
     qp.state = QpState::Err;
     qp.active = true;
+    qp.moved = true;
     if let Some(e) = qp.engine.as_mut() {
         e.set_error();
     }
 }
 
-fn receive(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u8; 6]) -> bool {
-    let Port {
-        looped,
-        peer,
-        rx,
-        clock,
-        sent,
-        full,
-        ..
-    } = port;
-    let wire = Wire {
-        mac,
-        looped,
-        peer: peer.as_deref(),
-        sent,
-        full,
-        sh,
-    };
+/// Receives the frames waiting on the loopback queue and the attached link (`rx`: the
+/// port's receive buffer, for links that do not lend theirs).
+fn receive(
+    sh: &Shared,
+    core: &Core,
+    dp: &mut DataPath,
+    wire: &Wire<'_>,
+    rx: &mut [u8],
+    clock: &PassClock,
+) -> bool {
+    let (mac, looped, peer) = (wire.mac, wire.looped, wire.peer);
     let mut any = false;
     // Frames are handled in the link's own buffer where it lends it (`Link::recv_with`).
     // Loopback frames never left the device: their ICRC is not verified (`parse_trusted`).
     let mut handle = |frame: &[u8], looped: bool| {
         any = true;
         Counters::inc_dev(&sh.stats.packets_rx);
-        deliver(sh, core, dp, &wire, &*clock, mac, frame, looped);
+        deliver(sh, core, dp, wire, clock, mac, frame, looped);
     };
     for src in 0..2 {
         loop {
             let got = if src == 0 {
+                if looped.is_empty() {
+                    break;
+                }
                 looped.recv_with(rx, &mut |f: &[u8]| handle(f, true))
-            } else if let Some(p) = &peer {
+            } else if let Some(p) = peer {
                 p.recv_with(rx, &mut |f: &[u8]| handle(f, false))
             } else {
                 Ok(false)
@@ -768,7 +799,7 @@ fn deliver(
         return; // malformed or bad ICRC: dropped as the wire would
     };
     sh.stats.port.received(frame.len());
-    let Some(qp) = dp.qps.get_mut(&pkt.bth.dest_qp) else {
+    let Some(qp) = dp.qps.get_mut(pkt.bth.dest_qp) else {
         return;
     };
     let mem = Mem {
@@ -788,28 +819,39 @@ fn deliver(
     };
     engine.receive(pkt, &mut env);
     qp.active = true;
+    qp.moved = true;
 }
 
-fn transmit(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [u8; 6]) -> bool {
-    let sent0 = port.sent.load(Ordering::Relaxed);
+/// Polls the active QPs' engines: all of them on the pass's `first` inner pass, on later
+/// ones only those that `moved` since their last poll (a QP that took nothing, or sent
+/// and has nothing more to send, only waits: for a response, a timer (milliseconds, seen
+/// on the next pass) or room on the link).
+fn transmit(
+    sh: &Shared,
+    core: &Core,
+    dp: &mut DataPath,
+    wire: &Wire<'_>,
+    clock: &PassClock,
+    first: bool,
+) -> bool {
+    let sent0 = wire.sent.load(Ordering::Relaxed);
     let cqes0 = sh.stats.cqes.load(Ordering::Relaxed);
     let DataPath {
         qps, cqs, events, ..
     } = dp;
-    let wire = Wire {
-        mac,
-        looped: &port.looped,
-        peer: port.peer.as_deref(),
-        sent: &port.sent,
-        full: &port.full,
-        sh,
-    };
-    for qp in qps.values_mut().filter(|q| q.active) {
+    for qp in qps.values_mut().filter(|q| q.active && (first || q.moved)) {
         if qp.kick {
             qp.kick = false;
             run_sq(sh, core, qp, cqs, events);
         }
-        let full0 = port.full.load(Ordering::Relaxed);
+        qp.moved = false;
+        if qp.engine.as_ref().is_some_and(|e| e.is_idle()) {
+            // Nothing to send, nothing owed, no timer: the poll would do nothing.
+            qp.active = false;
+            continue;
+        }
+        let full0 = wire.full.load(Ordering::Relaxed);
+        let sent_before = wire.sent.load(Ordering::Relaxed);
         let mem = Mem {
             sh,
             core,
@@ -821,18 +863,17 @@ fn transmit(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [
         let keep = match engine {
             Some(engine) => {
                 let mut env = Env {
-                    link: &wire,
+                    link: wire,
                     mem: &mem,
                     recv: &mut rq,
                     cq: &mut sink,
-                    clock: &port.clock,
+                    clock,
                 };
-                let deadline = engine.poll(&mut env);
-                let err = engine.state() == rc::QpState::Error;
-                deadline.is_some()
-                    || engine.send_queue_len() > 0
-                    || err
-                    || port.full.load(Ordering::Relaxed) != full0
+                // The deadline it returns is the engine's timer, which `is_idle` sees.
+                let _ = engine.poll(&mut env);
+                // Still active: a timer, work, a response owed or an error to flush, or
+                // held back by a full link.
+                !engine.is_idle() || wire.full.load(Ordering::Relaxed) != full0
             }
             None if state == QpState::Err => {
                 // Never reached RTS: flush posted receives here (sends flush at their doorbell).
@@ -851,6 +892,11 @@ fn transmit(sh: &Shared, core: &Core, dp: &mut DataPath, port: &mut Port, mac: [
             qp.state = QpState::Err;
         }
         qp.active = keep;
+        // It sent and has more to send (once the frames it sent are taken, say). One that
+        // only awaits a response is polled again when one arrives (`deliver`) or, for its
+        // timers, on the next pass's first inner pass.
+        qp.moved = wire.sent.load(Ordering::Relaxed) != sent_before
+            && !qp.engine.as_ref().is_some_and(|e| e.awaits_response());
     }
-    port.sent.load(Ordering::Relaxed) != sent0 || sh.stats.cqes.load(Ordering::Relaxed) != cqes0
+    wire.sent.load(Ordering::Relaxed) != sent0 || sh.stats.cqes.load(Ordering::Relaxed) != cqes0
 }

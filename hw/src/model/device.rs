@@ -105,7 +105,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
     let mut health = Health::new();
     let mut backoff = Backoff::new();
     let mut port = datapath::Port::new();
-    let mut spare = datapath::DataPath::default();
+    let mut spare = Box::<datapath::DataPath>::default();
     let mut watch = Watch::default();
     let mut passes = 0u32;
     let mut until_tick = Duration::ZERO;
@@ -130,7 +130,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
 fn poll(
     sh: &Shared,
     port: &mut datapath::Port,
-    spare: &mut datapath::DataPath,
+    spare: &mut Box<datapath::DataPath>,
     watch: &mut Watch,
 ) -> bool {
     let mut busy = false;

@@ -96,6 +96,17 @@ impl BarMem {
         unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(off).cast::<u32>()) }
     }
 
+    /// The whole BAR as 32-bit registers: word `i` is the register at byte `4 * i`, in
+    /// the byte order of the BAR (big-endian registers read back with `u32::from_be`).
+    /// For a loop over many registers: one bounds check per index instead of
+    /// [`read_be32`](Self::read_be32)'s offset checks.
+    pub(crate) fn words(&self) -> &[AtomicU32] {
+        // SAFETY: the mapping is page-aligned, `len` bytes long (a multiple of 4 KiB) and
+        // lives as long as `self`; AtomicU32 has the layout of u32, and every access through
+        // the slice is atomic, as through `word`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU32>(), self.len / 4) }
+    }
+
     fn byte(&self, off: usize) -> &AtomicU8 {
         assert!(off < self.len, "BAR byte {off:#x} out of range");
         // SAFETY: inside the live mapping (checked above); AtomicU8 has the layout of u8.
@@ -614,6 +625,23 @@ impl Drop for MappedBuffer<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn the_word_view_is_the_registers() {
+        let bar = super::BarMem::new("uhca-test-words", 8192).unwrap();
+        let w = bar.words();
+        assert_eq!(w.len(), 2048);
+        bar.write_be32(0x1004, 0x0102_0304);
+        assert_eq!(
+            u32::from_be(w[0x1004 / 4].load(Ordering::Acquire)),
+            0x0102_0304
+        );
+        w[2047].store(0xAABB_CCDDu32.to_be(), Ordering::Release);
+        assert_eq!(bar.read_be32(8188), 0xAABB_CCDD);
+        assert_eq!(bar.read_be32(0x1000), 0);
+    }
+
     #[test]
     fn small_copies_move_exactly_their_bytes_at_any_offset() {
         let src: Vec<u8> = (1..=40).collect();

@@ -48,6 +48,7 @@ pub mod peer;
 mod qp;
 mod sq;
 mod state;
+mod table;
 mod vport;
 mod watch;
 mod wq;

@@ -71,6 +71,9 @@ pub(crate) struct Qp {
     pub(crate) engine: Option<RcQp>,
     /// Polled by the device thread on every pass.
     pub(crate) active: bool,
+    /// Took a WQE or a frame, or transmitted, since its last poll: polled again on the
+    /// pass's later inner passes (the first polls every active QP).
+    pub(crate) moved: bool,
     /// The SQ DBR must be read on the next pass (RTR2RTS: WQEs posted earlier).
     pub(crate) kick: bool,
     /// Host addresses of the QP buffer and the SQ DBR, for prefetching at a doorbell.
@@ -119,6 +122,7 @@ impl Qp {
         self.rq_ci = 0;
         self.rq_pi = 0;
         self.active = false;
+        self.moved = false;
         self.kick = false;
     }
 

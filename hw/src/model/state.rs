@@ -119,7 +119,7 @@ pub(crate) struct Core {
     /// QP numbers (from 1).
     pub(crate) qpns: IdAlloc,
     /// CQs and QPs (prm-subset.md §6.5, §6.6).
-    pub(crate) dp: DataPath,
+    pub(crate) dp: Box<DataPath>,
     /// Memory keys (prm-subset.md §6.7).
     pub(crate) mkeys: MkeyTable,
     /// MEMIC allocations (prm-subset.md §11).
@@ -144,7 +144,7 @@ impl Core {
             driver_version: Vec::new(),
             cqns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_CQ),
             qpns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_QP),
-            dp: DataPath::default(),
+            dp: Box::default(),
             mkeys: MkeyTable::new(super::caps::LOG_MAX_MKEY),
             memic: Memic::new(
                 super::bar_layout::MEMIC_OFFSET as u64,

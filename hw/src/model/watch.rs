@@ -24,7 +24,8 @@ use super::state::Core;
 /// What the last full pass left, and the doorbell words to look at before another.
 #[derive(Debug, Default)]
 pub(crate) struct Watch {
-    /// BAR offset and empty value of each doorbell word of the UARs in use.
+    /// Each doorbell word of the UARs in use: its index in `BarMem::words` and its empty
+    /// value as the BAR holds it (big-endian).
     words: Vec<(usize, u32)>,
     /// `Shared::lock_count` as of the end of the last full pass (read under the lock).
     locks: u64,
@@ -41,10 +42,13 @@ impl Watch {
         self.settled
             && sh.lock_count.load(Ordering::Acquire) == self.locks
             && sh.link.generation.load(Ordering::Acquire) == self.link_gen
-            && self
-                .words
-                .iter()
-                .all(|&(off, empty)| sh.bar.read_be32(off) == empty)
+            && {
+                let bar = sh.bar.words();
+                self.words.iter().all(|&(i, empty)| {
+                    bar.get(i)
+                        .is_some_and(|w| w.load(Ordering::Acquire) == empty)
+                })
+            }
     }
 
     /// Records the end of a full pass, with `core` still locked: whether it `settled`,
@@ -68,6 +72,15 @@ impl Watch {
 
     fn rebuild(&mut self, core: &Core) {
         self.words.clear();
+        self.collect(core);
+        // As `BarMem::words` indexes and holds them.
+        for (off, empty) in &mut self.words {
+            (*off, *empty) = (*off / 4, empty.to_be());
+        }
+    }
+
+    /// The BAR offset and empty value of each doorbell word to watch.
+    fn collect(&mut self, core: &Core) {
         // `qpn_ds` of each BlueFlame half (datapath::sq_doorbells).
         self.words
             .extend(core.dp.sq_words().iter().map(|&(off, _)| (off, 0)));

@@ -244,6 +244,25 @@ impl RcQp {
         self.req.len()
     }
 
+    /// Whether only a received packet or a timer can give a [`poll`](Self::poll) anything
+    /// to do: in RTS, no response owed, every posted request sent (none held back by the
+    /// send window, an RNR wait or a retransmission). The timers are not looked at: a
+    /// driver that skips such a QP must still poll it by the deadline `poll` returned.
+    pub fn awaits_response(&self) -> bool {
+        self.state == QpState::Rts && !self.resp.has_output() && self.req.all_sent()
+    }
+
+    /// Whether a [`poll`](Self::poll) would do nothing and return `None` until a packet
+    /// arrives or work is posted: in RTS, no response owed, no send work request posted and
+    /// not yet completed, no timer running or due to start. A driver may skip polling an
+    /// idle QP.
+    pub fn is_idle(&self) -> bool {
+        self.state == QpState::Rts
+            && !self.resp.has_output()
+            && self.req.len() == 0
+            && self.req.deadline().is_none()
+    }
+
     /// Queues a send work request. Checked here: the queue has room, the local data fit
     /// the opcode (inline only for SEND/WRITE, 8 bytes for atomics), the length is at most
     /// 2^31 bytes. In the error state the request is accepted and completes as flushed on

@@ -367,6 +367,12 @@ impl Requester {
         }
     }
 
+    /// Every posted packet sent, no fatal NAK waiting for its PSN and no RNR wait: only a
+    /// response or the ACK timer can give [`run`](Self::run) work.
+    pub(super) fn all_sent(&self) -> bool {
+        self.send_psn == self.next_psn && self.pending_nak.is_none() && self.rnr_until.is_none()
+    }
+
     /// The cheap check before [`run`](Self::run): when `run` would do nothing but step a
     /// timer due to start, does that and returns `Some` of the next time to run (as
     /// [`deadline`](Self::deadline)); `None` (nothing changed): call `run`.

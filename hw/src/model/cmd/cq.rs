@@ -109,7 +109,7 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
 pub(super) fn destroy_cq(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
     let cqn = DestroyCqIn::new_unchecked(input).cqn();
     let dp = &mut ctx.core.dp;
-    if !dp.cqs.contains_key(&cqn) {
+    if !dp.cqs.contains(cqn) {
         return Err(err(CmdStatus::BadResErr, s::BAD_CQ));
     }
     if dp
@@ -119,7 +119,7 @@ pub(super) fn destroy_cq(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
     {
         return Err(err(CmdStatus::ResBusy, s::CQ_IN_USE));
     }
-    let cq = dp.cqs.remove(&cqn).expect("checked above");
+    let cq = dp.cqs.remove(cqn).expect("checked above");
     dp.cq_uar(cq.uar, false);
     ctx.core.cqns.free(cqn);
     Ok(())
@@ -131,7 +131,7 @@ pub(super) fn query_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Cm
         .core
         .dp
         .cqs
-        .get(&cqn)
+        .get(cqn)
         .ok_or(err(CmdStatus::BadResErr, s::BAD_CQ))?;
     // The consumer counter lives in the doorbell record; an unreachable one reports the
     // value last read.
@@ -175,7 +175,7 @@ pub(super) fn modify_cq(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> 
         .core
         .dp
         .cqs
-        .get_mut(&cqn)
+        .get_mut(cqn)
         .ok_or(err(CmdStatus::BadResErr, s::BAD_CQ))?;
     if select & !(MODIFY_CQ_PERIOD | MODIFY_CQ_COUNT | MODIFY_CQ_OVERRUN) != 0 {
         return Err(bad_param(s::CQ_BAD_FIELD_SELECT));

@@ -46,7 +46,7 @@ pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
         return Err(err(CmdStatus::BadResErr, s::QP_BAD_PD));
     }
     let dp = &ctx.core.dp;
-    if !dp.cqs.contains_key(&c.cqn_snd()) || !dp.cqs.contains_key(&c.cqn_rcv()) {
+    if !dp.cqs.contains(c.cqn_snd()) || !dp.cqs.contains(c.cqn_rcv()) {
         return Err(err(CmdStatus::BadResErr, s::QP_BAD_CQ));
     }
     let uar = c.uar_page();
@@ -113,6 +113,7 @@ pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
         rq_pi: 0,
         engine: None,
         active: false,
+        moved: false,
         kick: false,
         hints: Default::default(),
     };
@@ -142,7 +143,7 @@ fn qp_in<'a>(
     wrong_state: u32,
 ) -> Result<&'a mut Qp, CmdErr> {
     let qpn = Rst2initQpIn::new_unchecked(input).qpn();
-    let qp = ctx.core.dp.qps.get_mut(&qpn).ok_or_else(no_qp)?;
+    let qp = ctx.core.dp.qps.get_mut(qpn).ok_or_else(no_qp)?;
     if !from.contains(&qp.state) {
         return Err(err(CmdStatus::BadQpStateErr, wrong_state));
     }
@@ -294,28 +295,28 @@ pub(super) fn rts2rts_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
 
 pub(super) fn qp_2err(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
     let qpn = Qp2rstIn::new_unchecked(input).qpn();
-    let qp = ctx.core.dp.qps.get_mut(&qpn).ok_or_else(no_qp)?;
+    let qp = ctx.core.dp.qps.get_mut(qpn).ok_or_else(no_qp)?;
     datapath::to_error(qp);
     Ok(())
 }
 
 pub(super) fn qp_2rst(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
     let qpn = Qp2rstIn::new_unchecked(input).qpn();
-    if !ctx.core.dp.qps.contains_key(&qpn) {
+    if !ctx.core.dp.qps.contains(qpn) {
         return Err(no_qp());
     }
     ctx.core.dp.retire_engine(qpn);
-    ctx.core.dp.qps.get_mut(&qpn).expect("checked").reset();
+    ctx.core.dp.qps.get_mut(qpn).expect("checked").reset();
     Ok(())
 }
 
 pub(super) fn destroy_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
     let qpn = Qp2rstIn::new_unchecked(input).qpn();
-    if !ctx.core.dp.qps.contains_key(&qpn) {
+    if !ctx.core.dp.qps.contains(qpn) {
         return Err(no_qp());
     }
     ctx.core.dp.retire_engine(qpn);
-    let qp = ctx.core.dp.qps.remove(&qpn).expect("checked");
+    let qp = ctx.core.dp.qps.remove(qpn).expect("checked");
     ctx.core.dp.qp_uar(qp.uar, false);
     ctx.core.qpns.free(qpn);
     Ok(())
@@ -323,7 +324,7 @@ pub(super) fn destroy_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
 
 pub(super) fn query_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> CmdResult {
     let qpn = QueryQpIn::new_unchecked(input).qpn();
-    let qp = ctx.core.dp.qps.get(&qpn).ok_or_else(no_qp)?;
+    let qp = ctx.core.dp.qps.get(qpn).ok_or_else(no_qp)?;
     let q = QueryQpOut::<()>::QPC;
     out[q..q + 232].copy_from_slice(&qp.qpc);
     let mut c = Qpc::new_unchecked(&mut out[q..q + 232]);

@@ -259,7 +259,14 @@ fn rts2rts_changes_only_the_selected_timers() {
     assert_eq!(st, CmdStatus::Ok);
     assert_eq!(attrs(&r), (3, 2, 9, 20, 3));
     let dp = &hca.shared.core().dp;
-    let cfg = *dp.qps[&q.qpn].engine.as_ref().expect("engine").config();
+    let cfg = *dp
+        .qps
+        .get(q.qpn)
+        .expect("qp")
+        .engine
+        .as_ref()
+        .expect("engine")
+        .config();
     assert_eq!(
         (
             cfg.retry_cnt,
@@ -269,4 +276,53 @@ fn rts2rts_changes_only_the_selected_timers() {
         ),
         (3, 2, 9, 20)
     );
+}
+
+#[test]
+fn qps_are_found_by_qpn_after_others_come_and_go() {
+    use crate::layout::wqe::{WqeOpcode, fm_ce_se::CQ_UPDATE};
+    let hca = model(1);
+    let mut r = Rig::new(&hca);
+    let (mut ca, mut cb) = (r.cq(6), r.cq(6));
+    // Five QPs, then the second, fourth and last go: holes below and a trimmed tail.
+    let made: Vec<u32> = (0..5).map(|_| r.qp(ca.cqn, ca.cqn).qpn).collect();
+    for &gone in [made[1], made[3], made[4]].iter() {
+        assert_eq!(r.simple(Opcode::DestroyQp, gone).0, CmdStatus::Ok);
+        assert_eq!(r.simple(Opcode::QueryQp, gone).1, s::BAD_QP);
+    }
+    // The lowest free QPN is taken again, by a QP with its own CQ.
+    let mut a = r.qp(cb.cqn, cb.cqn);
+    assert_eq!(a.qpn, made[1]);
+    let mut b = r.qp(ca.cqn, ca.cqn);
+    assert_eq!(b.qpn, made[3]);
+    assert_eq!(r.simple(Opcode::QueryQp, made[4]).1, s::BAD_QP);
+    assert_eq!(hca.stats().qps, 4);
+    {
+        let dp = &hca.shared.core().dp;
+        for n in [made[0], made[2], a.qpn, b.qpn] {
+            assert_eq!(dp.qps.get(n).map(|q| q.qpn), Some(n));
+        }
+        assert!(dp.qps.get(made[4]).is_none());
+    }
+    // The data path finds both ends by QPN: a WRITE each way lands and completes on the
+    // right QP's CQ.
+    let (mac, gid) = r.addr();
+    r.connect(a.qpn, b.qpn, mac, gid);
+    r.connect(b.qpn, a.qpn, mac, gid);
+    let all = (1, 1, 1, 1);
+    let (src, dst) = (r.mr(PAGE, all), r.mr(PAGE, all));
+    r.buf(src.idx).write_bytes(0, b"by qpn");
+    for (q, cq, at) in [(&mut a, &mut cb, 0u64), (&mut b, &mut ca, 64)] {
+        let segs = cat(&[&raddr(dst.va + at, dst.key), &data(src.key, src.va, 6)]);
+        r.post(q, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+        let e = r.wait(cq);
+        assert_eq!(e.read_be32(0x38) & 0xFF_FFFF, q.qpn);
+        let mut got = [0u8; 6];
+        r.buf(dst.idx).read_bytes(at as usize, &mut got);
+        assert_eq!(&got, b"by qpn");
+    }
+    // The others never moved.
+    for n in [made[0], made[2]] {
+        assert_eq!(query_state(&r, n), 0);
+    }
 }

@@ -675,3 +675,40 @@ fn packets_for_another_qp_or_pkey_are_dropped() {
     assert_eq!(p.b.qp.stats().rx_dropped, 1);
     assert_eq!(p.b.qp.stats().rx_packets, 1);
 }
+
+#[test]
+fn a_qp_is_idle_or_awaits_a_response_only_when_a_poll_has_nothing_else_to_do() {
+    let mut p = setup(Mtu::Mtu1024);
+    assert!(p.a.qp.is_idle() && p.b.qp.is_idle());
+    assert!(p.a.qp.awaits_response());
+    let sg = split(SRC, VA_SRC, 8);
+    p.a.post(wr(1, WrOp::Write { remote: remote(0) }, &sg));
+    assert!(!p.a.qp.is_idle(), "a request to send");
+    assert!(!p.a.qp.awaits_response());
+    p.a.step(&p.clock);
+    assert!(!p.a.qp.is_idle(), "sent, its ACK awaited under a timer");
+    assert!(p.a.qp.awaits_response(), "only the ACK or its timer");
+    // The responder owes the ACK between taking the request and its next poll.
+    let mut buf = vec![0; p.b.link.max_frame_len()];
+    let n = p.b.link.try_recv(&mut buf).unwrap().expect("the request");
+    let pkt = RocePacket::parse(&buf[..n]).unwrap();
+    let b = &mut p.b;
+    let mut env = Env {
+        link: &b.link,
+        mem: &b.mem,
+        recv: &mut b.rq,
+        cq: &mut b.cq,
+        clock: &p.clock,
+    };
+    b.qp.receive(&pkt, &mut env);
+    assert!(!b.qp.is_idle(), "an ACK owed");
+    assert!(!b.qp.awaits_response());
+    assert_eq!(b.qp.poll(&mut env), None);
+    assert!(b.qp.is_idle());
+    p.settle();
+    assert!(p.a.qp.is_idle() && p.b.qp.is_idle());
+    assert_eq!(p.a.send_cqes().len(), 1);
+    // In error, the flush is work.
+    p.a.qp.set_error();
+    assert!(!p.a.qp.is_idle() && !p.a.qp.awaits_response());
+}
