@@ -30,6 +30,31 @@ pub enum DeviceSpec {
     },
 }
 
+/// The device flags `uhca-info` and `uhca-perf` share (`#[command(flatten)]`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct DeviceFlags {
+    /// Device: `model` (the built-in software HCA, default) or a PCI address
+    /// (`0000:3b:00.0`) bound to vfio-pci.
+    #[arg(
+        short = 'd',
+        long = "device",
+        default_value = "model",
+        conflicts_with = "vfio_user"
+    )]
+    pub device: String,
+    /// The device served over vfio-user on this UNIX socket (a `uhca-model --socket`
+    /// process).
+    #[arg(long, value_name = "SOCKET")]
+    pub vfio_user: Option<PathBuf>,
+}
+
+impl DeviceFlags {
+    /// The device these flags name.
+    pub fn spec(&self) -> DeviceSpec {
+        DeviceSpec::from_flags(&self.device, self.vfio_user.as_deref())
+    }
+}
+
 /// A locally administered unicast MAC derived from `local`: two ends of a link, which
 /// have distinct addresses, get distinct MACs (a hash, so a clash is possible but unlikely).
 pub fn link_mac(local: SocketAddr) -> [u8; 6] {

@@ -13,24 +13,15 @@ use std::process::ExitCode;
 use clap::Parser;
 use uhca::info::{CountersError, DeviceSummary, PortCounters, PortState, format_gid, format_mac};
 use uhca::{Device, DeviceConfig};
-use uhca_tools::device::{self, DeviceSpec, OpenError};
+use uhca_tools::device::{self, DeviceFlags, OpenError};
 
 /// Print device facts like `ibv_devinfo -v`.
 #[derive(Parser, Debug)]
 #[command(name = "uhca-info", version, about)]
 struct Args {
-    /// Device to open: `model` (the built-in software HCA, default) or a PCI address
-    /// (`0000:3b:00.0`) bound to vfio-pci.
-    #[arg(
-        short = 'd',
-        long = "device",
-        default_value = "model",
-        conflicts_with = "vfio_user"
-    )]
-    device: String,
-    /// Open the device served over vfio-user on this UNIX socket (`uhca-model --socket`).
-    #[arg(long, value_name = "SOCKET")]
-    vfio_user: Option<std::path::PathBuf>,
+    /// The device (`-d model|BDF`, `--vfio-user SOCKET`).
+    #[command(flatten)]
+    dev: DeviceFlags,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -157,10 +148,7 @@ fn print_counters(c: Option<&PortCounters>) {
 }
 
 fn open(args: &Args) -> Result<Device, OpenError> {
-    device::open(
-        &DeviceSpec::from_flags(&args.device, args.vfio_user.as_deref()),
-        DeviceConfig::default(),
-    )
+    device::open(&args.dev.spec(), DeviceConfig::default())
 }
 
 fn print_text(s: &DeviceSummary, verbose: bool, counters: Option<&Counters>) {
@@ -298,7 +286,7 @@ fn main() -> ExitCode {
     let summary = match dev.summary() {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("uhca-info: querying {}: {e}", args.device);
+            eprintln!("uhca-info: querying {}: {e}", args.dev.spec().describe());
             return ExitCode::FAILURE;
         }
     };
@@ -312,7 +300,10 @@ fn main() -> ExitCode {
         match read_counters(&dev, &summary) {
             Ok(c) => Some(c),
             Err(e) => {
-                eprintln!("uhca-info: reading port counters of {}: {e}", args.device);
+                eprintln!(
+                    "uhca-info: reading port counters of {}: {e}",
+                    args.dev.spec().describe()
+                );
                 return ExitCode::FAILURE;
             }
         }

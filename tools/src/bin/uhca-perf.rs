@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use uhca::resource::Mtu;
-use uhca_tools::device::{self, DeviceSpec};
+use uhca_tools::device::{self, DeviceFlags, DeviceSpec};
 use uhca_tools::perf::control::{Endpoint, Hello};
 use uhca_tools::perf::remote::{self, Role};
 use uhca_tools::perf::{Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, Op, Settings};
@@ -146,19 +146,9 @@ struct Args {
     /// Use two model HCAs joined by an in-process link instead of one in loopback.
     #[arg(long)]
     pair: bool,
-    /// Device: `model` (the built-in software HCA, both ends in this process; default) or
-    /// a PCI address (`0000:3b:00.0`) bound to vfio-pci, one end of a client/server run.
-    #[arg(
-        short = 'd',
-        long = "device",
-        default_value = "model",
-        conflicts_with = "vfio_user"
-    )]
-    device: String,
-    /// The device served over vfio-user on this UNIX socket (a `uhca-model` process), one
-    /// end of a client/server run.
-    #[arg(long, value_name = "SOCKET")]
-    vfio_user: Option<std::path::PathBuf>,
+    /// The device (`-d model|BDF`, `--vfio-user SOCKET`).
+    #[command(flatten)]
+    dev: DeviceFlags,
     /// TCP port of the server (perftest's default: 18515); alone, it asks for server mode.
     #[arg(short = 'p', long = "port")]
     port: Option<u16>,
@@ -188,9 +178,9 @@ impl Args {
     fn role(&self) -> Option<Role> {
         let remote = self.host.is_some()
             || self.port.is_some()
-            || self.vfio_user.is_some()
+            || self.dev.vfio_user.is_some()
             || self.link_local.is_some()
-            || self.device != "model";
+            || self.dev.device != "model";
         match (&self.host, remote) {
             (_, false) => None,
             (Some(_), true) => Some(Role::Client),
@@ -202,7 +192,7 @@ impl Args {
     fn spec(&self) -> DeviceSpec {
         match (self.link_local, self.link_peer) {
             (Some(local), Some(peer)) => DeviceSpec::LinkedModel { local, peer },
-            _ => DeviceSpec::from_flags(&self.device, self.vfio_user.as_deref()),
+            _ => self.dev.spec(),
         }
     }
 
@@ -377,10 +367,10 @@ fn remote_checks(a: &Args, role: Role) -> Result<(), String> {
         Role::Client => "client",
         Role::Server => "server",
     };
-    if a.link_local.is_some() && a.device != "model" {
+    if a.link_local.is_some() && a.dev.device != "model" {
         return Err("--link-local/--link-peer link the built-in model: not with -d BDF".into());
     }
-    if a.vfio_user.is_none() && a.device == "model" && a.link_local.is_none() {
+    if a.dev.vfio_user.is_none() && a.dev.device == "model" && a.link_local.is_none() {
         return Err(format!(
             "the built-in model (-d model) cannot be a {end} as it is: a model in this process \
              has no link to another process. Give it one with --link-local ADDR --link-peer \
