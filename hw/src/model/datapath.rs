@@ -323,9 +323,9 @@ impl Wire<'_> {
 }
 
 /// Memory as the engine sees it: the MKey translation with the QP's PD.
-struct Mem<'a> {
+struct Mem<'a, 'd> {
     sh: &'a Shared,
-    dma: &'a Dma<'a>,
+    dma: &'a Dma<'d>,
     core: &'a Core,
     pd: u32,
 }
@@ -349,7 +349,7 @@ fn access_error(key: u32, e: MemError) -> AccessError {
     }
 }
 
-impl rc::Memory for Mem<'_> {
+impl rc::Memory for Mem<'_, '_> {
     fn check(&self, key: u32, va: u64, len: u64, access: rc::Access) -> Result<(), AccessError> {
         if len == 0 {
             return Ok(());
@@ -432,9 +432,9 @@ fn syndrome(s: WcStatus) -> CqeSyndrome {
 }
 
 /// Where a QP's completions go: CQEs on its send and receive CQs.
-pub(crate) struct Sink<'a> {
+pub(crate) struct Sink<'a, 'd> {
     pub(crate) sh: &'a Shared,
-    pub(crate) dma: &'a Dma<'a>,
+    pub(crate) dma: &'a Dma<'d>,
     pub(crate) cqs: &'a mut Table<Cq>,
     pub(crate) events: &'a mut Vec<Event>,
     pub(crate) qpn: u32,
@@ -444,14 +444,14 @@ pub(crate) struct Sink<'a> {
     pub(crate) remote_qpn: u32,
 }
 
-impl<'a> Sink<'a> {
+impl<'a, 'd> Sink<'a, 'd> {
     pub(crate) fn new(
         sh: &'a Shared,
-        dma: &'a Dma<'a>,
+        dma: &'a Dma<'d>,
         cqs: &'a mut Table<Cq>,
         events: &'a mut Vec<Event>,
         qp: &Qp,
-    ) -> Sink<'a> {
+    ) -> Sink<'a, 'd> {
         Sink {
             sh,
             dma,
@@ -493,7 +493,7 @@ impl<'a> Sink<'a> {
     }
 }
 
-impl CompletionSink for Sink<'_> {
+impl CompletionSink for Sink<'_, '_> {
     fn complete(&mut self, c: Completion) {
         let recv = c.opcode.is_recv();
         let (idx, wqe_op) = if recv {

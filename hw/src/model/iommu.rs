@@ -30,6 +30,7 @@
 //! ([`Iommu::still_mapped`]). Data never moves that way: reads and writes always hold the
 //! read lock and translate again.
 
+use std::cell::OnceCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{RwLock, RwLockReadGuard};
 
@@ -234,13 +235,13 @@ impl Iommu {
 
     /// Bytes currently mapped.
     pub(crate) fn mapped_bytes(&self) -> u64 {
-        self.dma().t.maps.iter().map(|(_, m)| m.len).sum()
+        self.dma().t().maps.iter().map(|(_, m)| m.len).sum()
     }
 
     /// The mapped ranges, `[start, end]` inclusive, in IOVA order.
     pub(crate) fn mappings(&self) -> Vec<(u64, u64)> {
         let d = self.dma();
-        let t = &d.t;
+        let t = d.t();
         t.maps.iter().map(|(s, m)| (*s, s + m.len - 1)).collect()
     }
 
@@ -322,7 +323,7 @@ impl Iommu {
     /// Whether the mapping at `iova` carries `tag`.
     pub(crate) fn has_tagged(&self, iova: u64, tag: u64) -> bool {
         let d = self.dma();
-        let t = &d.t;
+        let t = d.t();
         t.index_of(iova).is_some_and(|i| t.maps[i].1.tag == tag)
     }
 
@@ -332,24 +333,22 @@ impl Iommu {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// The table's read side for a run of device accesses: every access made through
-    /// the returned [`Dma`] uses this one read lock instead of taking its own, and `unmap`
-    /// (and every other change of the table) waits until it is dropped. The device
-    /// thread's data path holds one per inner pass (`datapath::poll`); everything else
+    /// The table's read side for a run of device accesses: the returned [`Dma`] takes
+    /// the read lock at its first access and every later access through it uses that
+    /// one lock instead of taking its own; `unmap` (and every other change of the table)
+    /// waits until it is dropped. The device thread's data path holds one per inner pass
+    /// (`datapath::poll`; a pass that makes no access takes no lock); everything else
     /// makes single accesses through the methods of `Iommu`, which take one each.
     ///
-    /// Never take a second one on a thread that holds one (std's `RwLock` makes a new
-    /// reader wait behind a waiting writer, so a nested read lock can deadlock against an
-    /// `unmap`): debug builds check that every lock of the table is taken by a thread
-    /// holding none.
+    /// Never let a second one lock on a thread where one holds the lock (std's `RwLock`
+    /// makes a new reader wait behind a waiting writer, so a nested read lock can
+    /// deadlock against an `unmap`): debug builds check that every lock of the table is
+    /// taken by a thread holding none.
     #[inline]
     pub(crate) fn dma(&self) -> Dma<'_> {
-        held::check();
-        let t = self.table.read().expect("iommu lock");
         Dma {
             io: self,
-            t,
-            _held: held::Held::set(),
+            lock: OnceCell::new(),
         }
     }
 
@@ -454,17 +453,31 @@ impl Iommu {
     }
 }
 
-/// Device accesses under one read lock of the table ([`Iommu::dma`]): the same checks,
-/// counts and all-or-nothing rule as single accesses, without a lock of their own. The
-/// mappings it sees cannot change while it lives; the bus-master gate is read on every
-/// access, as it is for single ones.
+/// Device accesses under one read lock of the table ([`Iommu::dma`]), taken at the
+/// first access: the same checks, counts and all-or-nothing rule as single accesses,
+/// without a lock of their own. The mappings it sees cannot change from its first access
+/// until it is dropped; the bus-master gate is read on every access, as it is for single
+/// ones.
 pub(crate) struct Dma<'a> {
     io: &'a Iommu,
-    t: RwLockReadGuard<'a, Table>,
-    _held: held::Held,
+    /// The read lock and the debug check's mark, from the first access on.
+    lock: OnceCell<(RwLockReadGuard<'a, Table>, held::Held)>,
 }
 
 impl Dma<'_> {
+    /// The table, read-locked at the first call.
+    #[inline]
+    fn t(&self) -> &Table {
+        &self
+            .lock
+            .get_or_init(|| {
+                held::check();
+                let t = self.io.table.read().expect("iommu lock");
+                (t, held::Held::set())
+            })
+            .0
+    }
+
     /// Whether a thread waits to change the table ([`Iommu::writer_waiting`]).
     #[inline]
     pub(crate) fn writer_waiting(&self) -> bool {
@@ -472,7 +485,7 @@ impl Dma<'_> {
     }
 
     /// The table's current generation (see [`host_hints`](Self::host_hints)); it cannot
-    /// move while this lives.
+    /// move between the first access and the drop.
     #[inline]
     pub(crate) fn generation(&self) -> u64 {
         self.io.generation()
@@ -486,7 +499,7 @@ impl Dma<'_> {
     /// never faults, so a stale one costs a wasted prefetch and nothing else.
     pub(crate) fn host_hints(&self, iovas: &[u64], out: &mut Vec<(usize, usize)>) -> u64 {
         out.clear();
-        out.extend(iovas.iter().map(|&iova| match self.t.lookup(iova) {
+        out.extend(iovas.iter().map(|&iova| match self.t().lookup(iova) {
             Some((s, m)) => (
                 m.region.addr() + (iova - s) as usize,
                 (m.len - (iova - s)) as usize,
@@ -515,7 +528,7 @@ impl Dma<'_> {
         let end = iova.checked_add(len as u64).ok_or_else(fault)?;
         let mut cur = iova;
         while cur < end {
-            let Some((s, m)) = self.t.lookup(cur) else {
+            let Some((s, m)) = self.t().lookup(cur) else {
                 return Err(fault());
             };
             if write && !m.writable {
@@ -544,7 +557,7 @@ impl Dma<'_> {
         self.io.gate()?;
         // The common case: one segment inside one mapping.
         if let [(iova, len)] = *segs
-            && let Some((s, m)) = self.t.lookup(iova)
+            && let Some((s, m)) = self.t().lookup(iova)
             && (!write || m.writable)
             && len as u64 <= m.len - (iova - s)
         {
@@ -554,7 +567,7 @@ impl Dma<'_> {
         let mut chunks = Chunks::new();
         for &(iova, len) in segs {
             self.translate(iova, len, write, &mut |c| chunks.push(c))?;
-            if point && len == 0 && self.t.lookup(iova).is_none() {
+            if point && len == 0 && self.t().lookup(iova).is_none() {
                 self.io.faults.fetch_add(1, Ordering::Relaxed);
                 return Err(DmaError::Fault { iova, len });
             }
@@ -591,7 +604,7 @@ impl Dma<'_> {
         }
         let seen = segs
             .first()
-            .and_then(|&(iova, _)| self.t.lookup(iova))
+            .and_then(|&(iova, _)| self.t().lookup(iova))
             .map_or(Seen::default(), |(s, m)| Seen {
                 // Read under the lock: no change of the table falls between the
                 // translation and this value.

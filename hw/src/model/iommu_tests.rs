@@ -203,8 +203,14 @@ fn an_unmap_issued_during_a_pass_waits_for_it_and_the_next_pass_faults() {
         .unwrap();
     io.map(0x11000, HostMapping::new(region(&mut mem, 1)))
         .unwrap();
+    // A pass that makes no access takes no lock: the table changes under it.
+    let idle = io.dma();
+    io.map(0x12000, HostMapping::new(region(&mut mem, 2)))
+        .unwrap();
+    io.unmap(0x12000, 4096).unwrap();
+    drop(idle);
     std::thread::scope(|s| {
-        // The pass: one read lock for all its accesses.
+        // The pass: one read lock, taken at its first access, for all its accesses.
         let pass = io.dma();
         assert!(!pass.writer_waiting());
         assert_eq!(pass.read_u8_acquire(0x10000), Ok(1));
@@ -276,6 +282,8 @@ fn locking_the_table_again_while_a_pass_holds_it_panics_in_debug_builds() {
         .unwrap();
     let spare = region(&mut mem, 1);
     let pass = io.dma();
+    // Its first access takes the lock.
+    assert_eq!(pass.read_u8_acquire(0x10000), Ok(1));
     let nested = |f: &dyn Fn()| catch_unwind(AssertUnwindSafe(f)).is_err();
     assert!(
         nested(&|| {
@@ -283,7 +291,12 @@ fn locking_the_table_again_while_a_pass_holds_it_panics_in_debug_builds() {
         }),
         "per-call read"
     );
-    assert!(nested(&|| drop(io.dma())), "a second pass");
+    assert!(
+        nested(&|| {
+            let _ = io.dma().read_u8_acquire(0x10000);
+        }),
+        "a second pass"
+    );
     assert!(nested(&|| drop(io.mappings())), "a host-side read");
     assert!(nested(&|| drop(io.unmap(0x10000, 4096))), "unmap");
     assert!(

@@ -127,7 +127,7 @@ impl Qp {
     }
 
     /// The receive queue seen by the engine.
-    pub(crate) fn rq<'a>(&'a mut self, dma: &'a Dma<'a>) -> (Option<&'a mut RcQp>, Rq<'a>) {
+    pub(crate) fn rq<'a, 'd>(&'a mut self, dma: &'a Dma<'d>) -> (Option<&'a mut RcQp>, Rq<'a, 'd>) {
         let rq = Rq {
             dma,
             buf: &self.buf,
@@ -219,8 +219,8 @@ impl Qp {
 
 /// The receive queue of one QP as the engine takes from it (§9.6): the producer counter
 /// is DBR dword 0 (16 bits), read only when the cached value says the queue is empty.
-pub(crate) struct Rq<'a> {
-    dma: &'a Dma<'a>,
+pub(crate) struct Rq<'a, 'd> {
+    dma: &'a Dma<'d>,
     buf: &'a QueueBuf,
     dbr: u64,
     has_rq: bool,
@@ -230,7 +230,7 @@ pub(crate) struct Rq<'a> {
     pi: &'a mut u32,
 }
 
-impl Rq<'_> {
+impl Rq<'_, '_> {
     /// Reads the RQ WQE at counter `n`: data segments up to the stride, ended early by a
     /// segment with `lkey` = `MLX5_INVALID_LKEY` (§9.6). Zero-length entries are skipped.
     fn read_wqe(&self, n: u32) -> SgeList {
@@ -279,7 +279,7 @@ impl Rq<'_> {
     }
 }
 
-impl RecvQueue for Rq<'_> {
+impl RecvQueue for Rq<'_, '_> {
     fn take(&mut self) -> Option<RecvWqe> {
         if !self.pending() {
             return None;
