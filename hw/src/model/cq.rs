@@ -16,6 +16,7 @@
 use crate::layout::cqe::{CQE_SIZE, OP_OWN_OFFSET, cqe_owner_for};
 use crate::layout::uar::{CQ_DOORBELL, UAR_SIZE};
 
+use super::iommu::Dma;
 use super::wq::{QueueBuf, extend_counter, read_dbr};
 use super::{Counters, Shared};
 
@@ -80,6 +81,7 @@ impl Cq {
     pub(crate) fn push(
         &mut self,
         sh: &Shared,
+        dma: &Dma<'_>,
         cqe: &mut [u8; CQE_SIZE],
         solicited: bool,
         events: &mut Vec<Event>,
@@ -88,7 +90,7 @@ impl Cq {
             return false;
         }
         if self.pi.wrapping_sub(self.ci) >= self.size() {
-            match read_dbr(sh, self.dbr) {
+            match read_dbr(dma, self.dbr) {
                 Ok(w) => self.ci = extend_counter(self.pi, w & 0xFF_FFFF, 24),
                 Err(_) => return self.fail(events, 2),
             }
@@ -101,10 +103,10 @@ impl Cq {
         let at = u64::from(self.pi & (self.size() - 1)) * CQE_SIZE as u64;
         let op_own = (cqe[OP_OWN_OFFSET] & !1) | cqe_owner_for(self.pi, self.log_size);
         cqe[OP_OWN_OFFSET] = op_own;
-        if self.buf.write(sh, at, &cqe[..OP_OWN_OFFSET]).is_err()
+        if self.buf.write(dma, at, &cqe[..OP_OWN_OFFSET]).is_err()
             || self
                 .buf
-                .write_u8_release(sh, at + OP_OWN_OFFSET as u64, op_own)
+                .write_u8_release(dma, at + OP_OWN_OFFSET as u64, op_own)
                 .is_err()
         {
             return self.fail(events, 2);

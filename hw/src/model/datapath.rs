@@ -5,7 +5,10 @@
 //! `mkey.rs`) and the QP and CQ tables (indexed by QPN and CQN, `table.rs`) by swapping
 //! the boxed [`DataPath`] out of `Core` for the pass with an empty one the device thread
 //! keeps (no allocation, nothing dropped). Events for the EQs
-//! are collected and posted after the tables are back. A pass:
+//! are collected and posted after the tables are back. Each inner pass takes the IOMMU
+//! table's read lock once (`iommu::Dma`) and makes all its DMA under it, instead of a
+//! lock per access; it drops it at its end, and ends early once a thread waits to change
+//! the table, so an unmap waits for one inner pass at most. A pass:
 //! 1. CQ arm doorbells (UAR + 0x20) of the UARs that have CQs;
 //! 2. until nothing moves (bounded): SQ doorbells, the `qpn_ds` word of each BlueFlame
 //!    half (§9.1, §9.2) of the UARs that have QPs (the DBR SQ counter is authoritative,
@@ -38,7 +41,7 @@ use crate::rc::{
 
 use super::caps::LOG_BF_REG_SIZE;
 use super::cq::{self, Cq, Event};
-use super::iommu;
+use super::iommu::{self, Dma};
 use super::mkey::{self, Access, MemError};
 use super::qp::{Qp, QpState};
 use super::sq::{self, Ctrl, MAX_WQE, WqeError};
@@ -320,8 +323,9 @@ impl Wire<'_> {
 }
 
 /// Memory as the engine sees it: the MKey translation with the QP's PD.
-struct Mem<'a> {
+struct Mem<'a, 'd> {
     sh: &'a Shared,
+    dma: &'a Dma<'d>,
     core: &'a Core,
     pd: u32,
 }
@@ -345,7 +349,7 @@ fn access_error(key: u32, e: MemError) -> AccessError {
     }
 }
 
-impl rc::Memory for Mem<'_> {
+impl rc::Memory for Mem<'_, '_> {
     fn check(&self, key: u32, va: u64, len: u64, access: rc::Access) -> Result<(), AccessError> {
         if len == 0 {
             return Ok(());
@@ -356,18 +360,36 @@ impl rc::Memory for Mem<'_> {
         // would but reads nothing: the destination line stays where the host has it
         // until the data is written.
         va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
-        mkey::mem_probe(self.sh, self.core, key, self.pd, va, len, need(access))
-            .map_err(|e| access_error(key, e))
+        mkey::mem_probe(
+            self.sh,
+            self.dma,
+            self.core,
+            key,
+            self.pd,
+            va,
+            len,
+            need(access),
+        )
+        .map_err(|e| access_error(key, e))
     }
 
     fn read(&self, key: u32, va: u64, buf: &mut [u8], a: rc::Access) -> Result<(), AccessError> {
-        mkey::mem_read(self.sh, self.core, key, self.pd, va, buf, need(a))
+        mkey::mem_read(self.sh, self.dma, self.core, key, self.pd, va, buf, need(a))
             .map_err(|e| access_error(key, e))
     }
 
     fn write(&self, key: u32, va: u64, data: &[u8], a: rc::Access) -> Result<(), AccessError> {
-        mkey::mem_write(self.sh, self.core, key, self.pd, va, data, need(a))
-            .map_err(|e| access_error(key, e))
+        mkey::mem_write(
+            self.sh,
+            self.dma,
+            self.core,
+            key,
+            self.pd,
+            va,
+            data,
+            need(a),
+        )
+        .map_err(|e| access_error(key, e))
     }
 
     fn atomic(&self, key: u32, va: u64, op: rc::AtomicOp) -> Result<u64, AccessError> {
@@ -382,6 +404,7 @@ impl rc::Memory for Mem<'_> {
         };
         mkey::mem_atomic(
             self.sh,
+            self.dma,
             self.core,
             key,
             self.pd,
@@ -409,8 +432,9 @@ fn syndrome(s: WcStatus) -> CqeSyndrome {
 }
 
 /// Where a QP's completions go: CQEs on its send and receive CQs.
-pub(crate) struct Sink<'a> {
+pub(crate) struct Sink<'a, 'd> {
     pub(crate) sh: &'a Shared,
+    pub(crate) dma: &'a Dma<'d>,
     pub(crate) cqs: &'a mut Table<Cq>,
     pub(crate) events: &'a mut Vec<Event>,
     pub(crate) qpn: u32,
@@ -420,15 +444,17 @@ pub(crate) struct Sink<'a> {
     pub(crate) remote_qpn: u32,
 }
 
-impl<'a> Sink<'a> {
+impl<'a, 'd> Sink<'a, 'd> {
     pub(crate) fn new(
         sh: &'a Shared,
+        dma: &'a Dma<'d>,
         cqs: &'a mut Table<Cq>,
         events: &'a mut Vec<Event>,
         qp: &Qp,
-    ) -> Sink<'a> {
+    ) -> Sink<'a, 'd> {
         Sink {
             sh,
+            dma,
             cqs,
             events,
             qpn: qp.qpn,
@@ -462,12 +488,12 @@ impl<'a> Sink<'a> {
     fn push(&mut self, recv: bool, cqe: &mut [u8; CQE_SIZE], solicited: bool) {
         let cqn = if recv { self.cqn_rcv } else { self.cqn_snd };
         if let Some(cq) = self.cqs.get_mut(cqn) {
-            cq.push(self.sh, cqe, solicited, self.events);
+            cq.push(self.sh, self.dma, cqe, solicited, self.events);
         }
     }
 }
 
-impl CompletionSink for Sink<'_> {
+impl CompletionSink for Sink<'_, '_> {
     fn complete(&mut self, c: Completion) {
         let recv = c.opcode.is_recv();
         let (idx, wqe_op) = if recv {
@@ -546,13 +572,18 @@ pub(crate) fn poll(
         let mut busy = cq_doorbells(sh, dp);
         for pass in 0..INNER_PASSES {
             clock.next_pass();
+            // One IOMMU read lock for every DMA of the inner pass (`iommu::Dma`), dropped
+            // at its end: an unmap waits for one inner pass at most (receive ends it early
+            // once a writer waits), and nothing in the pass locks the table again.
+            let dma = sh.iommu.dma();
             // SQ doorbells on every inner pass: a WQE posted while the previous message's
             // ACK and CQE are being handled starts at once, not after the pass.
             // Transmit before receive: a WQE just taken leaves in this inner pass and its
             // frame is received (loopback) right after, ahead of older ACKs.
-            let moved = sq_doorbells(sh, core, dp)
-                | transmit(sh, core, dp, &wire, clock, pass == 0)
-                | receive(sh, core, dp, &wire, rx, clock);
+            let moved = sq_doorbells(sh, &dma, core, dp)
+                | transmit(sh, &dma, core, dp, &wire, clock, pass == 0)
+                | receive(sh, &dma, core, dp, &wire, rx, clock);
+            drop(dma);
             if !moved {
                 exhausted = false;
                 break;
@@ -606,7 +637,7 @@ fn cq_doorbells(sh: &Shared, dp: &mut DataPath) -> bool {
     any
 }
 
-fn sq_doorbells(sh: &Shared, core: &Core, dp: &mut DataPath) -> bool {
+fn sq_doorbells(sh: &Shared, dma: &Dma<'_>, core: &Core, dp: &mut DataPath) -> bool {
     let mut any = false;
     let DataPath {
         qps,
@@ -628,12 +659,12 @@ fn sq_doorbells(sh: &Shared, core: &Core, dp: &mut DataPath) -> bool {
         // Start the DBR and WQE misses before claiming the doorbell line, so the
         // three overlap instead of following each other.
         if let Some(qp) = qps.get_mut(seen >> 8).filter(|q| q.uar == uar) {
-            qp.prefetch_sq(sh);
+            qp.prefetch_sq(dma);
         }
         let w = sh.bar.swap_be32(off, 0);
         any = true;
         if let Some(qp) = qps.get_mut(w >> 8).filter(|q| q.uar == uar) {
-            run_sq(sh, core, qp, cqs, events);
+            run_sq(sh, dma, core, qp, cqs, events);
         }
     }
     any
@@ -643,6 +674,7 @@ fn sq_doorbells(sh: &Shared, core: &Core, dp: &mut DataPath) -> bool {
 /// place in RST/INIT/RTR (RTR2RTS runs them).
 pub(crate) fn run_sq(
     sh: &Shared,
+    dma: &Dma<'_>,
     core: &Core,
     qp: &mut Qp,
     cqs: &mut Table<Cq>,
@@ -651,14 +683,14 @@ pub(crate) fn run_sq(
     if !matches!(qp.state, QpState::Rts | QpState::Err) {
         return;
     }
-    let Some(pi) = qp.sq_pi(sh) else {
+    let Some(pi) = qp.sq_pi(dma) else {
         return;
     };
     qp.active = true;
     qp.moved = true;
     while (pi.wrapping_sub(qp.sq_ci) as i32) > 0 {
         let idx = qp.sq_ci as u16;
-        let Some((ctrl, posted)) = fetch(sh, qp) else {
+        let Some((ctrl, posted)) = fetch(dma, qp) else {
             to_error(qp);
             return;
         };
@@ -675,7 +707,7 @@ pub(crate) fn run_sq(
             Err(Some(s)) => {
                 let flush = qp.state == QpState::Err;
                 let s = if flush { CqeSyndrome::WrFlush } else { s };
-                Sink::new(sh, cqs, events, qp).error(false, idx, ctrl.opcode, s);
+                Sink::new(sh, dma, cqs, events, qp).error(false, idx, ctrl.opcode, s);
                 if !flush {
                     to_error(qp);
                 }
@@ -691,12 +723,12 @@ pub(crate) fn run_sq(
 /// engine's send queue ([`RcQp::post_send_with`](rc::RcQp::post_send_with)); `None` if its
 /// memory cannot be read. A one-WQEBB WQE (small writes and sends) is read into a 64-byte
 /// buffer: the 1 KiB one for the largest WQE is set up only when the WQE needs it.
-fn fetch(sh: &Shared, qp: &mut Qp) -> Option<(Ctrl, Result<(), WqeError>)> {
+fn fetch(dma: &Dma<'_>, qp: &mut Qp) -> Option<(Ctrl, Result<(), WqeError>)> {
     let idx = qp.sq_ci as u16;
     // The whole first WQEBB: the control segment and whatever follows it.
     let mut first = [0u8; SEND_WQE_BB];
     qp.buf
-        .read(sh, qp.sq_wqebb_off(qp.sq_ci), &mut first)
+        .read(dma, qp.sq_wqebb_off(qp.sq_ci), &mut first)
         .ok()?;
     let ctrl = Ctrl::parse(&first[..16]);
     let nbb = ctrl.wqebbs();
@@ -722,7 +754,7 @@ fn fetch(sh: &Shared, qp: &mut Qp) -> Option<(Ctrl, Result<(), WqeError>)> {
     for b in 1..nbb.min((MAX_WQE / SEND_WQE_BB + 1) as u32) {
         let at = b as usize * SEND_WQE_BB;
         let off = qp.sq_wqebb_off(qp.sq_ci.wrapping_add(b));
-        qp.buf.read(sh, off, &mut w[at..at + SEND_WQE_BB]).ok()?;
+        qp.buf.read(dma, off, &mut w[at..at + SEND_WQE_BB]).ok()?;
     }
     Some((ctrl, post(qp, &w)))
 }
@@ -741,6 +773,7 @@ pub(crate) fn to_error(qp: &mut Qp) {
 /// port's receive buffer, for links that do not lend theirs).
 fn receive(
     sh: &Shared,
+    dma: &Dma<'_>,
     core: &Core,
     dp: &mut DataPath,
     wire: &Wire<'_>,
@@ -754,10 +787,16 @@ fn receive(
     let mut handle = |frame: &[u8], looped: bool| {
         any = true;
         Counters::inc_dev(&sh.stats.packets_rx);
-        deliver(sh, core, dp, wire, clock, mac, frame, looped);
+        deliver(sh, dma, core, dp, wire, clock, mac, frame, looped);
     };
     for src in 0..2 {
         loop {
+            if dma.writer_waiting() {
+                // A thread waits to change the IOMMU table: end the inner pass (and its
+                // read lock) now; the next one takes what is left. Something may be left,
+                // so the pass counts as busy.
+                return true;
+            }
             let got = if src == 0 {
                 if looped.is_empty() {
                     break;
@@ -781,6 +820,7 @@ fn receive(
 #[allow(clippy::too_many_arguments)]
 fn deliver(
     sh: &Shared,
+    dma: &Dma<'_>,
     core: &Core,
     dp: &mut DataPath,
     wire: &Wire<'_>,
@@ -804,11 +844,12 @@ fn deliver(
     };
     let mem = Mem {
         sh,
+        dma,
         core,
         pd: qp.pd,
     };
-    let mut sink = Sink::new(sh, &mut dp.cqs, &mut dp.events, qp);
-    let (engine, mut rq) = qp.rq(sh);
+    let mut sink = Sink::new(sh, dma, &mut dp.cqs, &mut dp.events, qp);
+    let (engine, mut rq) = qp.rq(dma);
     let Some(engine) = engine else { return };
     let mut env = Env {
         link: wire,
@@ -828,6 +869,7 @@ fn deliver(
 /// on the next pass) or room on the link).
 fn transmit(
     sh: &Shared,
+    dma: &Dma<'_>,
     core: &Core,
     dp: &mut DataPath,
     wire: &Wire<'_>,
@@ -842,7 +884,7 @@ fn transmit(
     for qp in qps.values_mut().filter(|q| q.active && (first || q.moved)) {
         if qp.kick {
             qp.kick = false;
-            run_sq(sh, core, qp, cqs, events);
+            run_sq(sh, dma, core, qp, cqs, events);
         }
         qp.moved = false;
         if qp.engine.as_ref().is_some_and(|e| e.is_idle()) {
@@ -854,12 +896,13 @@ fn transmit(
         let sent_before = wire.sent.load(Ordering::Relaxed);
         let mem = Mem {
             sh,
+            dma,
             core,
             pd: qp.pd,
         };
-        let mut sink = Sink::new(sh, cqs, events, qp);
+        let mut sink = Sink::new(sh, dma, cqs, events, qp);
         let state = qp.state;
-        let (engine, mut rq) = qp.rq(sh);
+        let (engine, mut rq) = qp.rq(dma);
         let keep = match engine {
             Some(engine) => {
                 let mut env = Env {

@@ -9,6 +9,15 @@
 //! after in-flight accesses to the range are done. DMA is refused while the config-space
 //! bus-master bit is off.
 //!
+//! A single access takes the read lock for itself. The device thread's data path instead
+//! takes it once per inner pass ([`Iommu::dma`], [`Dma`]) and makes every access of the
+//! pass under it: a lock and an unlock are locked instructions, each of which waits for
+//! the stores before it (the copy of a 4 KiB payload) to drain. An `unmap` then waits for
+//! the end of the inner pass (a bounded amount of work, which also ends early once a
+//! writer waits: [`Iommu::writer_waiting`]); after it returns, no access reaches the range,
+//! as before. A thread holding a [`Dma`] must not lock the table again (a new reader
+//! queues behind a waiting writer): debug builds check that.
+//!
 //! The table is a vector sorted by IOVA with a last-hit hint (an IOTLB of one entry): a
 //! lookup first checks the mapping it found last, then binary-searches. The hint is only
 //! an index that every lookup checks against the table it reads under the lock, so it can
@@ -18,11 +27,12 @@
 //! returns what it saw as a [`Seen`] range tagged with the table's generation, which every
 //! change of the table moves under the write lock; a later probe inside that range is
 //! answered without the lock while the generation and the bus-master bit stand
-//! ([`Iommu::still_mapped`]). Data never moves that way: reads and writes always take the
+//! ([`Iommu::still_mapped`]). Data never moves that way: reads and writes always hold the
 //! read lock and translate again.
 
-use std::sync::RwLock;
+use std::cell::OnceCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{RwLock, RwLockReadGuard};
 
 use super::ModelError;
 use super::mem::HostRegion;
@@ -185,6 +195,8 @@ pub(crate) struct Iommu {
     bus_master: AtomicBool,
     faults: AtomicU64,
     refused: AtomicU64,
+    /// Threads waiting for the write lock ([`writer_waiting`](Self::writer_waiting)).
+    writers: AtomicU64,
     /// Bumped (under the write lock) by every change of the table: host addresses
     /// translated at one generation are known stale once it has moved
     /// ([`host_hints`](Self::host_hints)).
@@ -201,6 +213,7 @@ impl Iommu {
             bus_master: AtomicBool::new(false),
             faults: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            writers: AtomicU64::new(0),
             generation: AtomicU64::new(0),
         }
     }
@@ -222,18 +235,13 @@ impl Iommu {
 
     /// Bytes currently mapped.
     pub(crate) fn mapped_bytes(&self) -> u64 {
-        self.table
-            .read()
-            .expect("iommu lock")
-            .maps
-            .iter()
-            .map(|(_, m)| m.len)
-            .sum()
+        self.dma().t().maps.iter().map(|(_, m)| m.len).sum()
     }
 
     /// The mapped ranges, `[start, end]` inclusive, in IOVA order.
     pub(crate) fn mappings(&self) -> Vec<(u64, u64)> {
-        let t = self.table.read().expect("iommu lock");
+        let d = self.dma();
+        let t = d.t();
         t.maps.iter().map(|(s, m)| (*s, s + m.len - 1)).collect()
     }
 
@@ -256,7 +264,7 @@ impl Iommu {
         if iova < IOVA_START || end > IOVA_END {
             return Err(err("outside the usable IOVA range"));
         }
-        let mut t = self.table.write().expect("iommu lock");
+        let mut t = self.write_table();
         // Insert before the first mapping that starts after `end`; the one before that
         // must end before `iova`.
         let at = t.maps.partition_point(|(s, _)| *s <= end);
@@ -277,7 +285,7 @@ impl Iommu {
         let end = iova
             .checked_add(len as u64)
             .ok_or(ModelError::NotMapped { iova, len })?;
-        let mut t = self.table.write().expect("iommu lock");
+        let mut t = self.write_table();
         // The mappings overlapping the range: indexes `first..last`.
         let last = t.maps.partition_point(|(s, _)| *s < end);
         let first = t.maps[..last].partition_point(|(s, m)| s + m.len <= iova);
@@ -301,7 +309,7 @@ impl Iommu {
     /// Removes the mapping at `iova` if it carries `tag` (a revoked dma-buf import; waits
     /// for in-flight accesses). Returns whether it was there.
     pub(crate) fn unmap_tagged(&self, iova: u64, tag: u64) -> bool {
-        let mut t = self.table.write().expect("iommu lock");
+        let mut t = self.write_table();
         match t.index_of(iova) {
             Some(i) if t.maps[i].1.tag == tag => {
                 t.maps.remove(i);
@@ -314,7 +322,8 @@ impl Iommu {
 
     /// Whether the mapping at `iova` carries `tag`.
     pub(crate) fn has_tagged(&self, iova: u64, tag: u64) -> bool {
-        let t = self.table.read().expect("iommu lock");
+        let d = self.dma();
+        let t = d.t();
         t.index_of(iova).is_some_and(|i| t.maps[i].1.tag == tag)
     }
 
@@ -324,25 +333,39 @@ impl Iommu {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Prefetch hints: for each IOVA of `iovas`, the host address it maps to and the bytes
-    /// of its mapping from there on (`(0, 0)` where unmapped), written to `out`; returns
-    /// the generation the translation belongs to. Nothing may be read or written through
-    /// these addresses (that is what [`read`](Self::read) and friends are for, which hold
-    /// the lock that keeps the memory mapped): they only feed `mem::prefetch`, a hint that
-    /// never faults, so a stale one costs a wasted prefetch and nothing else.
-    pub(crate) fn host_hints(&self, iovas: &[u64], out: &mut Vec<(usize, usize)>) -> u64 {
-        let t = self.table.read().expect("iommu lock");
-        out.clear();
-        out.extend(iovas.iter().map(|&iova| match t.lookup(iova) {
-            Some((s, m)) => (
-                m.region.addr() + (iova - s) as usize,
-                (m.len - (iova - s)) as usize,
-            ),
-            None => (0, 0),
-        }));
-        // Read under the lock: no change of the table can fall between the translation
-        // and this value.
-        self.generation.load(Ordering::Relaxed)
+    /// The table's read side for a run of device accesses: the returned [`Dma`] takes
+    /// the read lock at its first access and every later access through it uses that
+    /// one lock instead of taking its own; `unmap` (and every other change of the table)
+    /// waits until it is dropped. The device thread's data path holds one per inner pass
+    /// (`datapath::poll`; a pass that makes no access takes no lock); everything else
+    /// makes single accesses through the methods of `Iommu`, which take one each.
+    ///
+    /// Never let a second one lock on a thread where one holds the lock (std's `RwLock`
+    /// makes a new reader wait behind a waiting writer, so a nested read lock can
+    /// deadlock against an `unmap`): debug builds check that every lock of the table is
+    /// taken by a thread holding none.
+    #[inline]
+    pub(crate) fn dma(&self) -> Dma<'_> {
+        Dma {
+            io: self,
+            lock: OnceCell::new(),
+        }
+    }
+
+    /// Whether a thread waits to change the table ([`map`](Self::map), `unmap`): a
+    /// holder of a [`Dma`] that runs long should end it soon. A plain load.
+    #[inline]
+    pub(crate) fn writer_waiting(&self) -> bool {
+        self.writers.load(Ordering::Relaxed) != 0
+    }
+
+    /// The write side, counted in `writers` while it is awaited.
+    fn write_table(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
+        held::check();
+        self.writers.fetch_add(1, Ordering::Relaxed);
+        let t = self.table.write().expect("iommu lock");
+        self.writers.fetch_sub(1, Ordering::Relaxed);
+        t
     }
 
     /// The bus-master gate: DMA is refused (and counted) while it is off.
@@ -356,25 +379,156 @@ impl Iommu {
         }
     }
 
+    /// Whether a probe of `segs` would succeed, decided without the lock from a range an
+    /// earlier probe found mapped: true only when bus mastering is on, the table has not
+    /// changed since (its generation moves under the write lock on every change) and
+    /// every byte of `segs` lies in `seen` — the probe would then read the same table and
+    /// count nothing. False says nothing: make the probe.
+    #[inline]
+    pub(crate) fn still_mapped(&self, seen: &Seen, segs: &[(u64, usize)]) -> bool {
+        self.bus_master.load(Ordering::Acquire)
+            && self.generation.load(Ordering::Acquire) == seen.generation
+            && segs.iter().all(|&(iova, len)| {
+                iova >= seen.start && (len as u64) <= seen.end.saturating_sub(iova)
+            })
+    }
+
+    /// Prefetch hints (see [`Dma::host_hints`]), under a read lock of their own.
+    #[cfg(test)]
+    pub(crate) fn host_hints(&self, iovas: &[u64], out: &mut Vec<(usize, usize)>) -> u64 {
+        self.dma().host_hints(iovas, out)
+    }
+
+    /// [`Dma::probe_segments`] under a read lock of its own.
+    #[cfg(test)]
+    pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<Seen, DmaError> {
+        self.dma().probe_segments(segs)
+    }
+
+    /// [`Dma::read_segments`] under a read lock of its own.
+    #[cfg(test)]
+    pub(crate) fn read_segments(
+        &self,
+        segs: &[(u64, usize)],
+        dst: &mut [u8],
+    ) -> Result<(), DmaError> {
+        self.dma().read_segments(segs, dst)
+    }
+
+    /// [`Dma::write_segments`] under a read lock of its own.
+    #[cfg(test)]
+    pub(crate) fn write_segments(&self, segs: &[(u64, usize)], src: &[u8]) -> Result<(), DmaError> {
+        self.dma().write_segments(segs, src)
+    }
+
+    /// Device read of `dst.len()` bytes at `iova` (a read lock of its own).
+    pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaError> {
+        self.dma().read(iova, dst)
+    }
+
+    /// Device write of `src` at `iova` (a read lock of its own).
+    pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaError> {
+        self.dma().write(iova, src)
+    }
+
+    /// Device write of one byte with release ordering (a read lock of its own).
+    pub(crate) fn write_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaError> {
+        self.dma().write_u8_release(iova, v)
+    }
+
+    /// Device read of one byte with acquire ordering (a read lock of its own).
+    pub(crate) fn read_u8_acquire(&self, iova: u64) -> Result<u8, DmaError> {
+        self.dma().read_u8_acquire(iova)
+    }
+
+    /// [`Dma::atomic64`] under a read lock of its own.
+    #[cfg(test)]
+    pub(crate) fn atomic64(
+        &self,
+        iova: u64,
+        op: AtomicOp,
+        order: ByteOrder,
+    ) -> Result<u64, DmaError> {
+        self.dma().atomic64(iova, op, order)
+    }
+}
+
+/// Device accesses under one read lock of the table ([`Iommu::dma`]), taken at the
+/// first access: the same checks, counts and all-or-nothing rule as single accesses,
+/// without a lock of their own. The mappings it sees cannot change from its first access
+/// until it is dropped; the bus-master gate is read on every access, as it is for single
+/// ones.
+pub(crate) struct Dma<'a> {
+    io: &'a Iommu,
+    /// The read lock and the debug check's mark, from the first access on.
+    lock: OnceCell<(RwLockReadGuard<'a, Table>, held::Held)>,
+}
+
+impl Dma<'_> {
+    /// The table, read-locked at the first call.
+    #[inline]
+    fn t(&self) -> &Table {
+        &self
+            .lock
+            .get_or_init(|| {
+                held::check();
+                let t = self.io.table.read().expect("iommu lock");
+                (t, held::Held::set())
+            })
+            .0
+    }
+
+    /// Whether a thread waits to change the table ([`Iommu::writer_waiting`]).
+    #[inline]
+    pub(crate) fn writer_waiting(&self) -> bool {
+        self.io.writer_waiting()
+    }
+
+    /// The table's current generation (see [`host_hints`](Self::host_hints)); it cannot
+    /// move between the first access and the drop.
+    #[inline]
+    pub(crate) fn generation(&self) -> u64 {
+        self.io.generation()
+    }
+
+    /// Prefetch hints: for each IOVA of `iovas`, the host address it maps to and the bytes
+    /// of its mapping from there on (`(0, 0)` where unmapped), written to `out`; returns
+    /// the generation the translation belongs to. Nothing may be read or written through
+    /// these addresses (that is what [`read`](Self::read) and friends are for, under the
+    /// lock that keeps the memory mapped): they only feed `mem::prefetch`, a hint that
+    /// never faults, so a stale one costs a wasted prefetch and nothing else.
+    pub(crate) fn host_hints(&self, iovas: &[u64], out: &mut Vec<(usize, usize)>) -> u64 {
+        out.clear();
+        out.extend(iovas.iter().map(|&iova| match self.t().lookup(iova) {
+            Some((s, m)) => (
+                m.region.addr() + (iova - s) as usize,
+                (m.len - (iova - s)) as usize,
+            ),
+            None => (0, 0),
+        }));
+        // Read under the lock: no change of the table can fall between the translation
+        // and this value.
+        self.io.generation.load(Ordering::Relaxed)
+    }
+
     /// Passes the host chunks of `[iova, iova + len)` to `push` in order, or counts a
     /// fault. `write`: the access stores, so every mapping it touches must be writable.
     #[inline]
     fn translate<'t>(
-        &self,
-        t: &'t Table,
+        &'t self,
         iova: u64,
         len: usize,
         write: bool,
         push: &mut impl FnMut(Chunk<'t>),
     ) -> Result<(), DmaError> {
         let fault = || {
-            self.faults.fetch_add(1, Ordering::Relaxed);
+            self.io.faults.fetch_add(1, Ordering::Relaxed);
             DmaError::Fault { iova, len }
         };
         let end = iova.checked_add(len as u64).ok_or_else(fault)?;
         let mut cur = iova;
         while cur < end {
-            let Some((s, m)) = t.lookup(cur) else {
+            let Some((s, m)) = self.t().lookup(cur) else {
                 return Err(fault());
             };
             if write && !m.writable {
@@ -388,10 +542,10 @@ impl Iommu {
     }
 
     /// Runs `f` on each host chunk `(region, offset, length)` of every segment
-    /// `(iova, len)`, in order, with the read lock held (taken once), after translating
-    /// all of them (so a fault anywhere touches nothing). `write` as for
-    /// [`translate`](Self::translate). `point`: a zero-length segment still needs a
-    /// mapped address (single accesses; a zero-length piece of a segment list does not).
+    /// `(iova, len)`, in order, after translating all of them (so a fault anywhere
+    /// touches nothing). `write` as for [`translate`](Self::translate). `point`: a
+    /// zero-length segment still needs a mapped address (single accesses; a zero-length
+    /// piece of a segment list does not).
     #[inline]
     fn with_segments(
         &self,
@@ -400,11 +554,10 @@ impl Iommu {
         point: bool,
         mut f: impl FnMut(&HostRegion, usize, usize),
     ) -> Result<(), DmaError> {
-        self.gate()?;
-        let t = self.table.read().expect("iommu lock");
+        self.io.gate()?;
         // The common case: one segment inside one mapping.
         if let [(iova, len)] = *segs
-            && let Some((s, m)) = t.lookup(iova)
+            && let Some((s, m)) = self.t().lookup(iova)
             && (!write || m.writable)
             && len as u64 <= m.len - (iova - s)
         {
@@ -413,9 +566,9 @@ impl Iommu {
         }
         let mut chunks = Chunks::new();
         for &(iova, len) in segs {
-            self.translate(&t, iova, len, write, &mut |c| chunks.push(c))?;
-            if point && len == 0 && t.lookup(iova).is_none() {
-                self.faults.fetch_add(1, Ordering::Relaxed);
+            self.translate(iova, len, write, &mut |c| chunks.push(c))?;
+            if point && len == 0 && self.t().lookup(iova).is_none() {
+                self.io.faults.fetch_add(1, Ordering::Relaxed);
                 return Err(DmaError::Fault { iova, len });
             }
         }
@@ -443,38 +596,23 @@ impl Iommu {
     /// Decides what [`read_segments`](Self::read_segments) of `segs` would (bus-master
     /// gate, translation, fault counts) without touching the memory. On success, returns
     /// the mapping that holds the first byte of `segs` as a [`Seen`] range (empty when
-    /// `segs` is), for [`still_mapped`](Self::still_mapped) to answer later probes of it.
+    /// `segs` is), for [`Iommu::still_mapped`] to answer later probes of it.
     pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<Seen, DmaError> {
-        self.gate()?;
-        let t = self.table.read().expect("iommu lock");
+        self.io.gate()?;
         for &(iova, len) in segs {
-            self.translate(&t, iova, len, false, &mut |_| ())?;
+            self.translate(iova, len, false, &mut |_| ())?;
         }
-        let seen =
-            segs.first()
-                .and_then(|&(iova, _)| t.lookup(iova))
-                .map_or(Seen::default(), |(s, m)| Seen {
-                    // Read under the lock: no change of the table falls between the
-                    // translation and this value.
-                    generation: self.generation.load(Ordering::Relaxed),
-                    start: s,
-                    end: s + m.len,
-                });
+        let seen = segs
+            .first()
+            .and_then(|&(iova, _)| self.t().lookup(iova))
+            .map_or(Seen::default(), |(s, m)| Seen {
+                // Read under the lock: no change of the table falls between the
+                // translation and this value.
+                generation: self.io.generation.load(Ordering::Relaxed),
+                start: s,
+                end: s + m.len,
+            });
         Ok(seen)
-    }
-
-    /// Whether a probe of `segs` would succeed, decided without the lock from a range an
-    /// earlier probe found mapped: true only when bus mastering is on, the table has not
-    /// changed since (its generation moves under the write lock on every change) and
-    /// every byte of `segs` lies in `seen` — the probe would then read the same table and
-    /// count nothing. False says nothing: make the probe.
-    #[inline]
-    pub(crate) fn still_mapped(&self, seen: &Seen, segs: &[(u64, usize)]) -> bool {
-        self.bus_master.load(Ordering::Acquire)
-            && self.generation.load(Ordering::Acquire) == seen.generation
-            && segs.iter().all(|&(iova, len)| {
-                iova >= seen.start && (len as u64) <= seen.end.saturating_sub(iova)
-            })
     }
 
     /// Device write of `src` scattered to `segs`; all or nothing.
@@ -529,7 +667,7 @@ impl Iommu {
         order: ByteOrder,
     ) -> Result<u64, DmaError> {
         if !iova.is_multiple_of(8) {
-            self.faults.fetch_add(1, Ordering::Relaxed);
+            self.io.faults.fetch_add(1, Ordering::Relaxed);
             return Err(DmaError::Misaligned(iova));
         }
         let conv = |v: u64| match order {
@@ -568,6 +706,46 @@ impl Iommu {
     }
 }
 
+/// The debug-build check that a thread never takes a lock of the table while it holds a
+/// [`Dma`]: a thread-local flag set while one lives. Release builds keep nothing.
+mod held {
+    #[cfg(debug_assertions)]
+    thread_local! {
+        static HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Panics (debug builds) if this thread holds a [`Dma`](super::Dma): a lock of the
+    /// table taken now would nest in its read lock.
+    #[inline]
+    pub(super) fn check() {
+        #[cfg(debug_assertions)]
+        assert!(
+            !HELD.get(),
+            "IOMMU table locked again by a thread that holds its read lock (iommu::Dma)"
+        );
+    }
+
+    /// Marks this thread as holding a [`Dma`](super::Dma) until dropped.
+    pub(super) struct Held(());
+
+    impl Held {
+        #[inline]
+        pub(super) fn set() -> Held {
+            #[cfg(debug_assertions)]
+            HELD.set(true);
+            Held(())
+        }
+    }
+
+    impl Drop for Held {
+        #[inline]
+        fn drop(&mut self) {
+            #[cfg(debug_assertions)]
+            HELD.set(false);
+        }
+    }
+}
+
 /// A tiny inline-first chunk list (most accesses touch one mapping; no allocation then).
 mod smallvec_lite {
     use super::HostRegion;
@@ -603,197 +781,5 @@ mod smallvec_lite {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::ptr::NonNull;
-
-    use super::*;
-
-    /// Four 4 KiB pages of distinct fill, kept alive by the caller.
-    #[repr(C, align(4096))]
-    struct Pages([[u8; 4096]; 4]);
-
-    fn pages() -> Box<Pages> {
-        let mut p = Box::new(Pages([[0; 4096]; 4]));
-        for (i, pg) in p.0.iter_mut().enumerate() {
-            pg.fill(i as u8 + 1);
-        }
-        p
-    }
-
-    fn region(p: &mut Pages, i: usize) -> HostRegion {
-        HostRegion {
-            ptr: NonNull::new(p.0[i].as_mut_ptr()).unwrap(),
-            len: 4096,
-        }
-    }
-
-    #[test]
-    fn the_last_hit_hint_never_outlives_an_unmap_or_a_remap() {
-        let mut mem = pages();
-        let io = Iommu::new();
-        io.set_bus_master(true);
-        // Mapped out of IOVA order: the table sorts them.
-        for (iova, page) in [(0x30000, 2), (0x10000, 0), (0x20000, 1)] {
-            io.map(iova, HostMapping::new(region(&mut mem, page)))
-                .unwrap();
-        }
-        let byte = |iova| io.read_u8_acquire(iova);
-        assert_eq!(
-            byte(0x30010),
-            Ok(3),
-            "the hint now points at the last mapping"
-        );
-        assert_eq!(byte(0x10010), Ok(1));
-        assert_eq!(byte(0x20fff), Ok(2));
-        assert!(byte(0x21000).is_err(), "just past a mapping");
-        assert!(byte(0xffff).is_err(), "just before one");
-        // Unmapping the hinted mapping: the next access faults, and the indexes after it
-        // shift, so a stale index would now name another mapping.
-        assert_eq!(byte(0x10000), Ok(1));
-        io.unmap(0x10000, 4096).unwrap();
-        assert!(byte(0x10000).is_err());
-        assert_eq!(byte(0x20000), Ok(2));
-        assert_eq!(byte(0x30000), Ok(3));
-        // The same IOVA mapped again to other memory reads the new memory.
-        assert_eq!(byte(0x20000), Ok(2));
-        io.unmap(0x20000, 4096).unwrap();
-        io.map(0x20000, HostMapping::new(region(&mut mem, 3)))
-            .unwrap();
-        assert_eq!(byte(0x20000), Ok(4));
-        // An access spanning two adjacent mappings is split; one spanning a hole faults.
-        io.map(0x21000, HostMapping::new(region(&mut mem, 0)))
-            .unwrap();
-        let mut b = [0u8; 4];
-        io.read(0x20ffe, &mut b).unwrap();
-        assert_eq!(b, [4, 4, 1, 1]);
-        assert!(io.read(0x21ffe, &mut b).is_err());
-        assert_eq!(
-            io.mappings(),
-            vec![(0x20000, 0x20fff), (0x21000, 0x21fff), (0x30000, 0x30fff)]
-        );
-        // Overlaps and partial unmaps are refused; the table is unchanged.
-        assert!(
-            io.map(0x30000, HostMapping::new(region(&mut mem, 1)))
-                .is_err()
-        );
-        assert!(io.unmap(0x20000, 0x1800).is_err());
-        assert!(io.unmap(0x40000, 4096).is_err());
-        io.unmap(0x20000, 0x2000).unwrap();
-        assert_eq!(io.mappings(), vec![(0x30000, 0x30fff)]);
-        drop(io);
-        drop(mem);
-    }
-
-    #[test]
-    fn host_hints_follow_the_table_and_its_generation_moves_on_every_change() {
-        let mut mem = pages();
-        let io = Iommu::new();
-        io.set_bus_master(true);
-        let g0 = io.generation();
-        io.map(0x10000, HostMapping::new(region(&mut mem, 0)))
-            .unwrap();
-        io.map(0x11000, HostMapping::new(region(&mut mem, 1)))
-            .unwrap();
-        let g1 = io.generation();
-        assert!(g1 > g0, "map moves the generation");
-        let mut out = Vec::new();
-        let g = io.host_hints(&[0x10010, 0x11ff8, 0x12000], &mut out);
-        assert_eq!(g, g1);
-        let base = mem.0.as_ptr() as usize;
-        assert_eq!(
-            out,
-            vec![(base + 0x10, 4096 - 0x10), (base + 4096 + 0xff8, 8), (0, 0)]
-        );
-        io.unmap(0x11000, 4096).unwrap();
-        let g2 = io.generation();
-        assert!(g2 > g1, "unmap moves the generation");
-        assert_eq!(io.host_hints(&[0x11000], &mut out), g2);
-        assert_eq!(out, vec![(0, 0)], "an unmapped IOVA gives no hint");
-        assert!(io.unmap(0x11000, 4096).is_err());
-        assert_eq!(io.generation(), g2, "a refused unmap changes nothing");
-        drop(io);
-        drop(mem);
-    }
-
-    #[test]
-    fn a_probe_decides_and_counts_as_the_read_would() {
-        let mut mem = pages();
-        let io = Iommu::new();
-        let segs = [(0x10ff0, 16), (0x11000, 1)];
-        assert_eq!(io.probe_segments(&segs), Err(DmaError::BusMasterOff));
-        assert_eq!(io.refused(), 1);
-        io.set_bus_master(true);
-        io.map(0x10000, HostMapping::new(region(&mut mem, 0)).read_only())
-            .unwrap();
-        assert!(io.probe_segments(&segs).is_err(), "0x11000 is not mapped");
-        assert!(io.read_segments(&segs, &mut [0; 17]).is_err());
-        assert_eq!(io.faults(), 2, "one fault each");
-        io.map(0x11000, HostMapping::new(region(&mut mem, 1)))
-            .unwrap();
-        let seen = io.probe_segments(&segs).expect("both mapped");
-        assert!(io.probe_segments(&[(0x10000, 0)]).is_ok());
-        assert_eq!(io.faults(), 2);
-        // What the probe saw answers later probes inside the mapping of its first byte,
-        // until the table changes or bus mastering goes off.
-        assert!(io.still_mapped(&seen, &[(0x10000, 4096), (0x10ff8, 8)]));
-        assert!(
-            !io.still_mapped(&seen, &[(0x10ff8, 9)]),
-            "runs into the next mapping"
-        );
-        assert!(!io.still_mapped(&seen, &[(0xfff, 2)]), "starts before it");
-        assert!(!io.still_mapped(&Seen::default(), &[(0x10000, 1)]), "empty");
-        io.set_bus_master(false);
-        assert!(!io.still_mapped(&seen, &[(0x10000, 1)]), "bus master off");
-        io.set_bus_master(true);
-        io.unmap(0x11000, 4096).unwrap();
-        assert!(
-            !io.still_mapped(&seen, &[(0x10000, 1)]),
-            "the table changed"
-        );
-        let seen = io.probe_segments(&[(0x10010, 1)]).expect("still mapped");
-        assert!(io.still_mapped(&seen, &[(0x10000, 1)]));
-        io.unmap(0x10000, 4096).unwrap();
-        assert!(!io.still_mapped(&seen, &[(0x10000, 1)]), "unmapped");
-        assert!(io.probe_segments(&[(0x10000, 1)]).is_err());
-        drop(io);
-        drop(mem);
-    }
-
-    #[test]
-    fn a_read_only_mapping_is_read_and_every_kind_of_write_faults_untouched() {
-        #[repr(C, align(4096))]
-        struct Page([u8; 4096]);
-        let mut mem = Box::new(Page([7; 4096]));
-        let region = HostRegion {
-            ptr: NonNull::new(mem.0.as_mut_ptr()).unwrap(),
-            len: mem.0.len(),
-        };
-        let io = Iommu::new();
-        io.set_bus_master(true);
-        io.map(0x10000, HostMapping::new(region).read_only())
-            .unwrap();
-        let mut b = [0u8; 4];
-        io.read(0x10010, &mut b).unwrap();
-        assert_eq!(b, [7; 4]);
-        assert_eq!(io.read_u8_acquire(0x10000).unwrap(), 7);
-        io.read_segments(&[(0x10000, 2), (0x10100, 2)], &mut b)
-            .unwrap();
-        let before = io.faults();
-        assert!(matches!(
-            io.write(0x10010, &[1; 4]),
-            Err(DmaError::Fault { .. })
-        ));
-        assert!(
-            io.write_segments(&[(0x10000, 2), (0x10100, 2)], &[1; 4])
-                .is_err()
-        );
-        assert!(io.write_u8_release(0x10000, 1).is_err());
-        assert!(
-            io.atomic64(0x10008, AtomicOp::FetchAdd(1), ByteOrder::Big)
-                .is_err()
-        );
-        assert_eq!(io.faults(), before + 4);
-        drop(io);
-        assert!(mem.0.iter().all(|&v| v == 7), "no byte written");
-    }
-}
+#[path = "iommu_tests.rs"]
+mod tests;

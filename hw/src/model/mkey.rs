@@ -3,10 +3,13 @@
 //! # Translation API (for the data path)
 //!
 //! ```text
-//! mem_read  (sh, core, key, pd, va, dst: &mut [u8], need: Access) -> Result<(), MemError>
-//! mem_write (sh, core, key, pd, va, src: &[u8],     need: Access) -> Result<(), MemError>
-//! mem_atomic(sh, core, key, pd, va, op: AtomicOp,   need: Access) -> Result<u64, MemError>
+//! mem_read  (sh, dma, core, key, pd, va, dst: &mut [u8], need: Access) -> Result<(), MemError>
+//! mem_write (sh, dma, core, key, pd, va, src: &[u8],     need: Access) -> Result<(), MemError>
+//! mem_atomic(sh, dma, core, key, pd, va, op: AtomicOp,   need: Access) -> Result<u64, MemError>
 //! ```
+//!
+//! `dma` is the IOMMU table under the read lock the caller holds (`iommu::Dma`): the data
+//! path's inner pass, or one taken for a single access.
 //!
 //! `key` is the full 32-bit lkey/rkey (`index << 8 | variant`, prm-subset.md §6.7), `pd` the
 //! PD of the QP making the access, `need` the rights the access requires on top of local
@@ -40,7 +43,7 @@ use std::cell::Cell;
 use std::ops::BitOr;
 
 use super::Shared;
-use super::iommu::{AtomicOp, ByteOrder, Seen};
+use super::iommu::{AtomicOp, ByteOrder, Dma, Seen};
 use super::state::{Core, IdAlloc};
 
 /// Access rights of an MKey, and the rights an access needs (local read is always granted).
@@ -465,8 +468,10 @@ fn access<R>(
 }
 
 /// Device read of `dst.len()` bytes at `va` through `key` (see the module docs).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn mem_read(
     sh: &Shared,
+    dma: &Dma<'_>,
     core: &Core,
     key: u32,
     pd: u32,
@@ -476,7 +481,7 @@ pub(crate) fn mem_read(
 ) -> Result<(), MemError> {
     let len = dst.len();
     access(sh, core, key, pd, va, len, need, Dir::Read, |at| match at {
-        Place::Host(segs) => sh.iommu.read_segments(segs, dst),
+        Place::Host(segs) => dma.read_segments(segs, dst),
         Place::Bar(off) => {
             sh.bar.read_bytes(off, dst);
             Ok(())
@@ -543,8 +548,10 @@ const fn probe_dir(need: Access) -> Dir {
 /// One MKey lookup and one IOMMU look-up for both bytes. A check before data moves, which
 /// must not pull the line of a buffer the host is polling into the device's cache. `len` 0
 /// probes the byte at `va`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn mem_probe(
     sh: &Shared,
+    dma: &Dma<'_>,
     core: &Core,
     key: u32,
     pd: u32,
@@ -584,8 +591,7 @@ pub(crate) fn mem_probe(
     // mapping and the table has not changed since.
     let segs = &pair[..n];
     if n > 0 && !core.mkeys.seen.holds(sh, segs) {
-        let seen = sh
-            .iommu
+        let seen = dma
             .probe_segments(segs)
             .map_err(|_| fault(sh, MemError::Unmapped))?;
         core.mkeys.seen.remember(seen);
@@ -594,8 +600,10 @@ pub(crate) fn mem_probe(
 }
 
 /// Device write of `src` at `va` through `key` (see the module docs).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn mem_write(
     sh: &Shared,
+    dma: &Dma<'_>,
     core: &Core,
     key: u32,
     pd: u32,
@@ -613,7 +621,7 @@ pub(crate) fn mem_write(
         need,
         Dir::Write,
         |at| match at {
-            Place::Host(segs) => sh.iommu.write_segments(segs, src),
+            Place::Host(segs) => dma.write_segments(segs, src),
             Place::Bar(off) => {
                 sh.bar.write_bytes(off, src);
                 Ok(())
@@ -624,8 +632,10 @@ pub(crate) fn mem_write(
 
 /// 8-byte atomic at `va` (8-byte aligned) through `key`; returns the original value. The
 /// value is big-endian in memory (IB atomics).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn mem_atomic(
     sh: &Shared,
+    dma: &Dma<'_>,
     core: &Core,
     key: u32,
     pd: u32,
@@ -634,7 +644,7 @@ pub(crate) fn mem_atomic(
     need: Access,
 ) -> Result<u64, MemError> {
     access(sh, core, key, pd, va, 8, need, Dir::Atomic, |at| match at {
-        Place::Host(segs) => sh.iommu.atomic64(segs[0].0, op, ByteOrder::Big),
+        Place::Host(segs) => dma.atomic64(segs[0].0, op, ByteOrder::Big),
         Place::Bar(off) => Ok(sh.bar.atomic64_be(off, op)),
     })
 }
@@ -657,7 +667,8 @@ impl super::Hca {
             Access::NONE
         };
         let core = self.shared.core();
-        mem_read(&self.shared, &core, key, pd, va, dst, need)
+        let dma = self.shared.iommu.dma();
+        mem_read(&self.shared, &dma, &core, key, pd, va, dst, need)
     }
 
     /// A device write through an MKey: `remote` requires `rw` (an RDMA WRITE), otherwise
@@ -676,13 +687,24 @@ impl super::Hca {
             Access::LOCAL_WRITE
         };
         let core = self.shared.core();
-        mem_write(&self.shared, &core, key, pd, va, src, need)
+        let dma = self.shared.iommu.dma();
+        mem_write(&self.shared, &dma, &core, key, pd, va, src, need)
     }
 
     /// A remote 8-byte atomic through an MKey (requires `a`); returns the original value.
     pub fn device_atomic(&self, key: u32, pd: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
         let core = self.shared.core();
-        mem_atomic(&self.shared, &core, key, pd, va, op, Access::REMOTE_ATOMIC)
+        let dma = self.shared.iommu.dma();
+        mem_atomic(
+            &self.shared,
+            &dma,
+            &core,
+            key,
+            pd,
+            va,
+            op,
+            Access::REMOTE_ATOMIC,
+        )
     }
 }
 

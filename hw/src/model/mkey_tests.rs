@@ -59,18 +59,37 @@ impl Rig {
         need: Access,
     ) -> Result<(), MemError> {
         let core = self.hca.shared.core();
-        mem_read(&self.hca.shared, &core, key, pd, va, dst, need)
+        mem_read(
+            &self.hca.shared,
+            &self.hca.shared.iommu.dma(),
+            &core,
+            key,
+            pd,
+            va,
+            dst,
+            need,
+        )
     }
 
     fn write(&self, key: u32, pd: u32, va: u64, src: &[u8], need: Access) -> Result<(), MemError> {
         let core = self.hca.shared.core();
-        mem_write(&self.hca.shared, &core, key, pd, va, src, need)
+        mem_write(
+            &self.hca.shared,
+            &self.hca.shared.iommu.dma(),
+            &core,
+            key,
+            pd,
+            va,
+            src,
+            need,
+        )
     }
 
     fn atomic(&self, key: u32, pd: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
         let core = self.hca.shared.core();
         mem_atomic(
             &self.hca.shared,
+            &self.hca.shared.iommu.dma(),
             &core,
             key,
             pd,
@@ -439,7 +458,16 @@ fn a_probe_decides_and_counts_as_reads_of_its_two_ends_would() {
         let want_counts = (mk - before.0, io - before.1);
         let got = {
             let core = r.hca.shared.core();
-            mem_probe(&r.hca.shared, &core, key, r.pd, va, len, need)
+            mem_probe(
+                &r.hca.shared,
+                &r.hca.shared.iommu.dma(),
+                &core,
+                key,
+                r.pd,
+                va,
+                len,
+                need,
+            )
         };
         let (mk2, io2) = counts(&r);
         assert_eq!(got, want, "va {va:#x} len {len:#x}");
@@ -447,7 +475,18 @@ fn a_probe_decides_and_counts_as_reads_of_its_two_ends_would() {
     }
     // A wrong key, PD or right is decided before any translation.
     let core = r.hca.shared.core();
-    let probe = |k, pd, need| mem_probe(&r.hca.shared, &core, k, pd, VA, 8, need);
+    let probe = |k, pd, need| {
+        mem_probe(
+            &r.hca.shared,
+            &r.hca.shared.iommu.dma(),
+            &core,
+            k,
+            pd,
+            VA,
+            8,
+            need,
+        )
+    };
     assert_eq!(probe(key ^ 1, r.pd, Access::NONE), Err(MemError::BadKey));
     assert_eq!(probe(key, r.other_pd, Access::NONE), Err(MemError::NotInPd));
     drop(core);
@@ -458,6 +497,7 @@ fn a_probe_decides_and_counts_as_reads_of_its_two_ends_would() {
     assert_eq!(
         mem_probe(
             &r.hca.shared,
+            &r.hca.shared.iommu.dma(),
             &core,
             rokey,
             r.pd,
@@ -468,34 +508,83 @@ fn a_probe_decides_and_counts_as_reads_of_its_two_ends_would() {
         Err(MemError::NoRight)
     );
     assert_eq!(
-        mem_probe(&r.hca.shared, &core, rokey, r.pd, u64::MAX, 2, Access::NONE),
+        mem_probe(
+            &r.hca.shared,
+            &r.hca.shared.iommu.dma(),
+            &core,
+            rokey,
+            r.pd,
+            u64::MAX,
+            2,
+            Access::NONE
+        ),
         Err(MemError::OutOfBounds),
         "a range past the address space"
     );
     // A probe that passed decides nothing for the next one once the page is unmapped or
     // the MKey destroyed.
-    let probe = |k| mem_probe(&r.hca.shared, &core, k, r.pd, VA, 16, Access::NONE);
+    let probe = |k| {
+        mem_probe(
+            &r.hca.shared,
+            &r.hca.shared.iommu.dma(),
+            &core,
+            k,
+            r.pd,
+            VA,
+            16,
+            Access::NONE,
+        )
+    };
     assert_eq!(probe(rokey), Ok(()));
     assert_eq!(probe(rokey), Ok(()));
     drop(core);
     let (mk, io) = counts(&r);
     drop(m);
     let core = r.hca.shared.core();
-    let probe = |k| mem_probe(&r.hca.shared, &core, k, r.pd, VA, 16, Access::NONE);
+    let probe = |k| {
+        mem_probe(
+            &r.hca.shared,
+            &r.hca.shared.iommu.dma(),
+            &core,
+            k,
+            r.pd,
+            VA,
+            16,
+            Access::NONE,
+        )
+    };
     assert_eq!(probe(rokey), Err(MemError::Unmapped));
     drop(core);
     assert_eq!(counts(&r), (mk + 1, io + 1));
     let _m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
     let core = r.hca.shared.core();
     assert_eq!(
-        mem_probe(&r.hca.shared, &core, rokey, r.pd, VA, 16, Access::NONE),
+        mem_probe(
+            &r.hca.shared,
+            &r.hca.shared.iommu.dma(),
+            &core,
+            rokey,
+            r.pd,
+            VA,
+            16,
+            Access::NONE
+        ),
         Ok(())
     );
     drop(core);
     assert_eq!(r.destroy(rokey).0, CmdStatus::Ok);
     let core = r.hca.shared.core();
     assert_eq!(
-        mem_probe(&r.hca.shared, &core, rokey, r.pd, VA, 16, Access::NONE),
+        mem_probe(
+            &r.hca.shared,
+            &r.hca.shared.iommu.dma(),
+            &core,
+            rokey,
+            r.pd,
+            VA,
+            16,
+            Access::NONE
+        ),
         Err(MemError::BadKey)
     );
 }
@@ -766,7 +855,16 @@ fn a_probe_asks_for_the_page_enables_of_its_direction() {
     let _m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
     let probe = |key, need| {
         let core = r.hca.shared.core();
-        mem_probe(&r.hca.shared, &core, key, r.pd, VA, 16, need)
+        mem_probe(
+            &r.hca.shared,
+            &r.hca.shared.iommu.dma(),
+            &core,
+            key,
+            r.pd,
+            VA,
+            16,
+            need,
+        )
     };
     // pg_access pages with only wr_en (2) and only rd_en (1).
     let mut wo = MkeyParams::mtt(r.pd, 1);

@@ -13,7 +13,7 @@ use crate::rc::{
     Sge, SgeList,
 };
 
-use super::Shared;
+use super::iommu::Dma;
 use super::vport::{GidEntry, L3_IPV4};
 use super::wq::{Hints, QueueBuf, extend_counter, read_dbr};
 
@@ -102,16 +102,16 @@ impl Qp {
     }
 
     /// The SQ producer counter from the DBR (16 bits used, §9.2), extended.
-    pub(crate) fn sq_pi(&self, sh: &Shared) -> Option<u32> {
-        let w = read_dbr(sh, self.dbr + 4).ok()?;
+    pub(crate) fn sq_pi(&self, dma: &Dma<'_>) -> Option<u32> {
+        let w = read_dbr(dma, self.dbr + 4).ok()?;
         Some(extend_counter(self.sq_ci, w & 0xFFFF, 16))
     }
 
     /// Starts loading the SQ DBR and the WQE at the SQ consumer counter into the cache
     /// (a doorbell was seen: both are read next, and their misses then overlap).
-    pub(crate) fn prefetch_sq(&mut self, sh: &Shared) {
+    pub(crate) fn prefetch_sq(&mut self, dma: &Dma<'_>) {
         let off = self.sq_wqebb_off(self.sq_ci);
-        self.hints.prefetch(sh, &self.buf, off, self.dbr + 4);
+        self.hints.prefetch(dma, &self.buf, off, self.dbr + 4);
     }
 
     /// Back to the state after CREATE_QP (2RST).
@@ -127,9 +127,9 @@ impl Qp {
     }
 
     /// The receive queue seen by the engine.
-    pub(crate) fn rq<'a>(&'a mut self, sh: &'a Shared) -> (Option<&'a mut RcQp>, Rq<'a>) {
+    pub(crate) fn rq<'a, 'd>(&'a mut self, dma: &'a Dma<'d>) -> (Option<&'a mut RcQp>, Rq<'a, 'd>) {
         let rq = Rq {
-            sh,
+            dma,
             buf: &self.buf,
             dbr: self.dbr,
             has_rq: self.has_rq,
@@ -219,8 +219,8 @@ impl Qp {
 
 /// The receive queue of one QP as the engine takes from it (§9.6): the producer counter
 /// is DBR dword 0 (16 bits), read only when the cached value says the queue is empty.
-pub(crate) struct Rq<'a> {
-    sh: &'a Shared,
+pub(crate) struct Rq<'a, 'd> {
+    dma: &'a Dma<'d>,
     buf: &'a QueueBuf,
     dbr: u64,
     has_rq: bool,
@@ -230,7 +230,7 @@ pub(crate) struct Rq<'a> {
     pi: &'a mut u32,
 }
 
-impl Rq<'_> {
+impl Rq<'_, '_> {
     /// Reads the RQ WQE at counter `n`: data segments up to the stride, ended early by a
     /// segment with `lkey` = `MLX5_INVALID_LKEY` (§9.6). Zero-length entries are skipped.
     fn read_wqe(&self, n: u32) -> SgeList {
@@ -241,7 +241,7 @@ impl Rq<'_> {
         for k in 0..(stride / 16).min(MAX_SGE) {
             if self
                 .buf
-                .read(self.sh, at + 16 * k as u64, &mut seg)
+                .read(self.dma, at + 16 * k as u64, &mut seg)
                 .is_err()
             {
                 // An unreachable WQE scatters nothing: the message fails its length check.
@@ -270,7 +270,7 @@ impl Rq<'_> {
             return false;
         }
         if *self.pi == *self.ci {
-            let Ok(w) = read_dbr(self.sh, self.dbr) else {
+            let Ok(w) = read_dbr(self.dma, self.dbr) else {
                 return false;
             };
             *self.pi = extend_counter(*self.ci, w & 0xFFFF, 16);
@@ -279,7 +279,7 @@ impl Rq<'_> {
     }
 }
 
-impl RecvQueue for Rq<'_> {
+impl RecvQueue for Rq<'_, '_> {
     fn take(&mut self) -> Option<RecvWqe> {
         if !self.pending() {
             return None;

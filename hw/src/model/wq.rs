@@ -8,7 +8,7 @@
 use crate::layout::Buf;
 
 use super::Shared;
-use super::iommu::DmaError;
+use super::iommu::{Dma, DmaError};
 
 /// Why a `pas` description was refused at create time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,25 +116,25 @@ impl QueueBuf {
     }
 
     /// Device read of `dst.len()` bytes at byte `off`.
-    pub(crate) fn read(&self, sh: &Shared, off: u64, dst: &mut [u8]) -> Result<(), DmaError> {
+    pub(crate) fn read(&self, dma: &Dma<'_>, off: u64, dst: &mut [u8]) -> Result<(), DmaError> {
         let n = dst.len();
-        self.pieces(off, n, |iova, r| sh.iommu.read(iova, &mut dst[r]))
+        self.pieces(off, n, |iova, r| dma.read(iova, &mut dst[r]))
     }
 
     /// Device write of `src` at byte `off`.
-    pub(crate) fn write(&self, sh: &Shared, off: u64, src: &[u8]) -> Result<(), DmaError> {
-        self.pieces(off, src.len(), |iova, r| sh.iommu.write(iova, &src[r]))
+    pub(crate) fn write(&self, dma: &Dma<'_>, off: u64, src: &[u8]) -> Result<(), DmaError> {
+        self.pieces(off, src.len(), |iova, r| dma.write(iova, &src[r]))
     }
 
     /// Writes one byte with release ordering (ownership bytes, written last).
-    pub(crate) fn write_u8_release(&self, sh: &Shared, off: u64, v: u8) -> Result<(), DmaError> {
-        self.pieces(off, 1, |iova, _| sh.iommu.write_u8_release(iova, v))
+    pub(crate) fn write_u8_release(&self, dma: &Dma<'_>, off: u64, v: u8) -> Result<(), DmaError> {
+        self.pieces(off, 1, |iova, _| dma.write_u8_release(iova, v))
     }
 }
 
 /// Prefetch hints for a queue buffer and one more address (its doorbell record): the host
 /// addresses of its pages, translated once per IOMMU generation
-/// ([`Iommu::host_hints`](super::iommu::Iommu::host_hints)). Only ever prefetched, never
+/// ([`Dma::host_hints`]). Only ever prefetched, never
 /// read through: the reads that follow go through the IOMMU as always, so an unmap keeps
 /// its exact semantics and a stale hint only wastes a prefetch.
 #[derive(Debug, Default)]
@@ -151,14 +151,14 @@ impl Hints {
     /// Starts loading the cache lines of byte `off` of `buf` and of IOVA `extra` (the
     /// doorbell record), so that the device reads of both that follow overlap their
     /// misses. Translates again first if the IOMMU table changed.
-    pub(crate) fn prefetch(&mut self, sh: &Shared, buf: &QueueBuf, off: u64, extra: u64) {
-        let g = sh.iommu.generation();
+    pub(crate) fn prefetch(&mut self, dma: &Dma<'_>, buf: &QueueBuf, off: u64, extra: u64) {
+        let g = dma.generation();
         let n = buf.pas.len();
         if self.generation != Some(g) || self.iovas.len() != n + 1 || self.iovas[n] != extra {
             self.iovas.clear();
             self.iovas.extend_from_slice(&buf.pas);
             self.iovas.push(extra);
-            self.generation = Some(sh.iommu.host_hints(&self.iovas, &mut self.hosts));
+            self.generation = Some(dma.host_hints(&self.iovas, &mut self.hosts));
         }
         let (page, in_page) = buf.locate(off);
         let at = |i: usize, off: u64| {
@@ -175,9 +175,9 @@ impl Hints {
 }
 
 /// Reads the big-endian dword at `iova` (doorbell records, prm-subset.md §9.3).
-pub(crate) fn read_dbr(sh: &Shared, iova: u64) -> Result<u32, DmaError> {
+pub(crate) fn read_dbr(dma: &Dma<'_>, iova: u64) -> Result<u32, DmaError> {
     let mut b = [0u8; 4];
-    sh.iommu.read(iova, &mut b)?;
+    dma.read(iova, &mut b)?;
     Ok(u32::from_be_bytes(b))
 }
 

@@ -135,7 +135,7 @@ pub(super) fn query_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Cm
         .ok_or(err(CmdStatus::BadResErr, s::BAD_CQ))?;
     // The consumer counter lives in the doorbell record; an unreachable one reports the
     // value last read.
-    let ci = read_dbr(ctx.sh, cq.dbr).map_or(cq.ci, |w| w & 0xFF_FFFF);
+    let ci = read_dbr(&ctx.sh.iommu.dma(), cq.dbr).map_or(cq.ci, |w| w & 0xFF_FFFF);
     let q = QueryCqOut::<()>::CQ_CONTEXT;
     let mut c = Cqc::new_unchecked(&mut out[q..q + 64]);
     c.set_status(match (cq.error, cq.error_syndrome) {

@@ -273,3 +273,48 @@ fn an_armed_cq_raises_one_completion_event_and_overrun_raises_cq_error() {
     assert!(ev.iter().any(|e| e.0 == 0x04 && e.1 == ca.cqn), "{ev:?}");
     assert_eq!(r.eqes().len(), 2, "one completion event, one CQ error");
 }
+
+#[test]
+fn an_unmap_during_traffic_returns_and_nothing_reaches_the_range_after_it() {
+    let hca = model(21);
+    let mut r = Rig::new(&hca);
+    let (mut a, _b, mut ca, _cb) = pair(&mut r);
+    const LEN: usize = 4 * PAGE;
+    let src = r.mr(LEN, ALL);
+    let dst = r.mr(LEN, ALL);
+    r.buf(src.idx).write_bytes(0, &pattern(LEN, 3));
+    // A run of 16 KiB WRITEs into dst (64 packets each on the loopback) keeps the device
+    // thread in its inner passes, each of which holds the IOMMU's read lock.
+    let n = 16;
+    let write = cat(&[&raddr(dst.va, dst.key), &data(src.key, src.va, LEN as u32)]);
+    for _ in 0..n {
+        r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &write);
+    }
+    hca.dma_unmap(dst.iova, LEN).unwrap();
+    // From here on the device must not touch dst: zero it and see it stay zero.
+    r.buf(dst.idx).write_bytes(0, &[0; LEN]);
+    // Every WRITE completes: those that landed before the unmap succeed, the first after
+    // it fails its rkey check in the IOMMU (remote access error), the rest are flushed.
+    let mut ok = 0;
+    for k in 0..n {
+        let e = r.wait(&mut ca);
+        match opcode(&e) {
+            CqeOpcode::Req => {
+                assert_eq!(ok, k, "a success after a failure");
+                ok += 1;
+            }
+            _ => assert_eq!(opcode(&e), CqeOpcode::ReqErr),
+        }
+    }
+    // A fresh pair: its WRITE to the range faults in the IOMMU.
+    let (mut c, _d, mut cc, _cd) = pair(&mut r);
+    let faults = hca.stats().iommu_faults;
+    r.post(&mut c, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &write);
+    let e = r.wait(&mut cc);
+    assert_eq!(opcode(&e), CqeOpcode::ReqErr);
+    assert_eq!(e[0x37], u8::from(CqeSyndrome::RemoteAccess));
+    assert!(hca.stats().iommu_faults > faults);
+    let mut got = vec![1u8; LEN];
+    r.buf(dst.idx).read_bytes(0, &mut got);
+    assert!(got.iter().all(|&x| x == 0), "written after the unmap");
+}
