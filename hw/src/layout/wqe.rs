@@ -154,7 +154,7 @@ pub mod fast {
             .into_iter()
             .enumerate()
             {
-                let v32 = seed as u32 ^ (i as u32 * 0x9E37_79B9);
+                let v32 = seed as u32 ^ (i as u32).wrapping_mul(0x9E37_79B9);
                 let mut b = [0u8; 3 * DS_UNIT];
                 let mut c = CtrlSeg::new_unchecked(&mut b[..DS_UNIT]);
                 c.set_opcode(u8::from(WqeOpcode::RdmaWrite).into());

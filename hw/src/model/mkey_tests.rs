@@ -149,7 +149,7 @@ impl MkeyParams {
             mode: 1,
             pd,
             start: VA,
-            len: pages * PAGE - (VA & (PAGE - 1)),
+            len: (pages * PAGE).saturating_sub(VA & (PAGE - 1)),
             log_page_size: 12,
             mtts: (0..pages).map(|k| (IOVA + k * PAGE) | 3).collect(),
             rights: (1, 1, 1, 1),
