@@ -12,6 +12,9 @@
 # The device-thread count includes its idle passes while it waits for the application
 # (few at write_bw's queue depth `-t 32`; most of it in write_lat, where valgrind runs one
 # thread at a time); "full passes" excludes them.
+# `--fair-sched=yes` hands valgrind's one-thread-at-a-time lock over in turn: without it a
+# thread spinning on memory kept it for whole timeslices, and write_lat's ping-pong could
+# take minutes (or seem to hang) depending on the machine's load.
 set -euo pipefail
 mode=${MODE:-bw}
 size=${1:-2}
@@ -31,7 +34,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 # Run from outside the repository so every source path in the profile is absolute (the
 # per-function sums below then see code inlined from every file alike).
-(cd "$dir" && valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$dir/cg" \
+(cd "$dir" && valgrind --tool=callgrind --fair-sched=yes --separate-threads=yes --callgrind-out-file="$dir/cg" \
     "$bin" "${cmd[@]}" >/dev/null 2>"$dir/log") || {
     cat "$dir/log" >&2
     exit 1
