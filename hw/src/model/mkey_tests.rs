@@ -86,16 +86,21 @@ impl Rig {
     }
 
     fn atomic(&self, key: u32, pd: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+        self.hca.device_atomic(key, pd, va, op)
+    }
+
+    /// `mem_probe` of `len` bytes at `va`, under the core lock and a DMA view of its own.
+    fn probe(&self, key: u32, pd: u32, va: u64, len: u64, need: Access) -> Result<(), MemError> {
         let core = self.hca.shared.core();
-        mem_atomic(
+        mem_probe(
             &self.hca.shared,
             &self.hca.shared.iommu.dma(),
             &core,
             key,
             pd,
             va,
-            op,
-            Access::REMOTE_ATOMIC,
+            len,
+            need,
         )
     }
 
@@ -456,137 +461,45 @@ fn a_probe_decides_and_counts_as_reads_of_its_two_ends_would() {
             .and_then(|()| r.read(key, r.pd, va + len - 1, &mut [0], need));
         let (mk, io) = counts(&r);
         let want_counts = (mk - before.0, io - before.1);
-        let got = {
-            let core = r.hca.shared.core();
-            mem_probe(
-                &r.hca.shared,
-                &r.hca.shared.iommu.dma(),
-                &core,
-                key,
-                r.pd,
-                va,
-                len,
-                need,
-            )
-        };
+        let got = r.probe(key, r.pd, va, len, need);
         let (mk2, io2) = counts(&r);
         assert_eq!(got, want, "va {va:#x} len {len:#x}");
         assert_eq!((mk2 - mk, io2 - io), want_counts, "va {va:#x} len {len:#x}");
     }
     // A wrong key, PD or right is decided before any translation.
-    let core = r.hca.shared.core();
-    let probe = |k, pd, need| {
-        mem_probe(
-            &r.hca.shared,
-            &r.hca.shared.iommu.dma(),
-            &core,
-            k,
-            pd,
-            VA,
-            8,
-            need,
-        )
-    };
-    assert_eq!(probe(key ^ 1, r.pd, Access::NONE), Err(MemError::BadKey));
-    assert_eq!(probe(key, r.other_pd, Access::NONE), Err(MemError::NotInPd));
-    drop(core);
+    assert_eq!(
+        r.probe(key ^ 1, r.pd, VA, 8, Access::NONE),
+        Err(MemError::BadKey)
+    );
+    assert_eq!(
+        r.probe(key, r.other_pd, VA, 8, Access::NONE),
+        Err(MemError::NotInPd)
+    );
     let mut ro = MkeyParams::mtt(r.pd, 1);
     ro.rights = (0, 1, 0, 0);
     let rokey = r.create(&ro).unwrap();
-    let core = r.hca.shared.core();
     assert_eq!(
-        mem_probe(
-            &r.hca.shared,
-            &r.hca.shared.iommu.dma(),
-            &core,
-            rokey,
-            r.pd,
-            VA,
-            8,
-            Access::REMOTE_WRITE
-        ),
+        r.probe(rokey, r.pd, VA, 8, Access::REMOTE_WRITE),
         Err(MemError::NoRight)
     );
     assert_eq!(
-        mem_probe(
-            &r.hca.shared,
-            &r.hca.shared.iommu.dma(),
-            &core,
-            rokey,
-            r.pd,
-            u64::MAX,
-            2,
-            Access::NONE
-        ),
+        r.probe(rokey, r.pd, u64::MAX, 2, Access::NONE),
         Err(MemError::OutOfBounds),
         "a range past the address space"
     );
     // A probe that passed decides nothing for the next one once the page is unmapped or
     // the MKey destroyed.
-    let probe = |k| {
-        mem_probe(
-            &r.hca.shared,
-            &r.hca.shared.iommu.dma(),
-            &core,
-            k,
-            r.pd,
-            VA,
-            16,
-            Access::NONE,
-        )
-    };
-    assert_eq!(probe(rokey), Ok(()));
-    assert_eq!(probe(rokey), Ok(()));
-    drop(core);
+    let probe = || r.probe(rokey, r.pd, VA, 16, Access::NONE);
+    assert_eq!(probe(), Ok(()));
+    assert_eq!(probe(), Ok(()));
     let (mk, io) = counts(&r);
     drop(m);
-    let core = r.hca.shared.core();
-    let probe = |k| {
-        mem_probe(
-            &r.hca.shared,
-            &r.hca.shared.iommu.dma(),
-            &core,
-            k,
-            r.pd,
-            VA,
-            16,
-            Access::NONE,
-        )
-    };
-    assert_eq!(probe(rokey), Err(MemError::Unmapped));
-    drop(core);
+    assert_eq!(probe(), Err(MemError::Unmapped));
     assert_eq!(counts(&r), (mk + 1, io + 1));
     let _m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
-    let core = r.hca.shared.core();
-    assert_eq!(
-        mem_probe(
-            &r.hca.shared,
-            &r.hca.shared.iommu.dma(),
-            &core,
-            rokey,
-            r.pd,
-            VA,
-            16,
-            Access::NONE
-        ),
-        Ok(())
-    );
-    drop(core);
+    assert_eq!(probe(), Ok(()));
     assert_eq!(r.destroy(rokey).0, CmdStatus::Ok);
-    let core = r.hca.shared.core();
-    assert_eq!(
-        mem_probe(
-            &r.hca.shared,
-            &r.hca.shared.iommu.dma(),
-            &core,
-            rokey,
-            r.pd,
-            VA,
-            16,
-            Access::NONE
-        ),
-        Err(MemError::BadKey)
-    );
+    assert_eq!(probe(), Err(MemError::BadKey));
 }
 
 #[test]
@@ -853,19 +766,7 @@ fn query_returns_the_context_and_mkeys_cost_icm() {
 fn a_probe_asks_for_the_page_enables_of_its_direction() {
     let r = rig();
     let _m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
-    let probe = |key, need| {
-        let core = r.hca.shared.core();
-        mem_probe(
-            &r.hca.shared,
-            &r.hca.shared.iommu.dma(),
-            &core,
-            key,
-            r.pd,
-            VA,
-            16,
-            need,
-        )
-    };
+    let probe = |key, need| r.probe(key, r.pd, VA, 16, need);
     // pg_access pages with only wr_en (2) and only rd_en (1).
     let mut wo = MkeyParams::mtt(r.pd, 1);
     wo.mtts[0] = IOVA | 2;
