@@ -76,6 +76,17 @@ pub trait Link {
     /// Receives one frame into `buf` if one is waiting, returning its length. `buf` must
     /// hold [`max_frame_len`](Self::max_frame_len) bytes. Never blocks.
     fn try_recv(&self, buf: &mut [u8]) -> Result<Option<usize>, LinkError>;
+    /// Whether a frame to `dst_mac` stays inside the device: it goes to the sending port's
+    /// own loopback queue and never crosses a wire. Such a frame cannot be corrupted on
+    /// the way, so its sender leaves the ICRC out (the field is sent as zero) and its
+    /// receiver does not verify it, as Linux's `lo` never computes a checksum: it
+    /// advertises `NETIF_F_HW_CSUM` (`drivers/net/loopback.c`, `loopback_setup`) and the
+    /// stack leaves checksums to a "hardware" that is just memory. Every frame that
+    /// crosses a link carries its ICRC. False unless a link says otherwise.
+    fn is_local(&self, dst_mac: &[u8; 6]) -> bool {
+        let _ = dst_mac;
+        false
+    }
     /// Sends one frame that `build` writes in place: `build` gets a buffer of at least
     /// [`max_frame_len`](Self::max_frame_len) bytes and returns the frame's length, or
     /// `None` to send nothing (then `Ok(())`). The provided version builds in `scratch`

@@ -160,6 +160,11 @@ impl Link for Loopback {
         self.enqueue(i, frame.len())
     }
 
+    /// Always: what a port sends to itself never leaves it.
+    fn is_local(&self, _dst_mac: &[u8; 6]) -> bool {
+        true
+    }
+
     fn try_recv(&self, buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
         if buf.len() < self.max_frame_len {
             return Err(LinkError::BufferTooSmall {

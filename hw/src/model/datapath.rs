@@ -302,6 +302,11 @@ impl Link for Wire<'_> {
     fn try_recv(&self, _buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
         Ok(None) // the port receives through `Port`, never through the engine
     }
+
+    /// A frame to the port's own MAC goes to its loopback queue.
+    fn is_local(&self, dst_mac: &[u8; 6]) -> bool {
+        *dst_mac == self.mac
+    }
 }
 
 impl Wire<'_> {
@@ -783,7 +788,8 @@ fn receive(
     let (mac, looped, peer) = (wire.mac, wire.looped, wire.peer);
     let mut any = false;
     // Frames are handled in the link's own buffer where it lends it (`Link::recv_with`).
-    // Loopback frames never left the device: their ICRC is not verified (`parse_trusted`).
+    // Loopback frames never left the device: they carry no ICRC (`Link::is_local`), and
+    // none is verified (`parse_trusted`).
     let mut handle = |frame: &[u8], looped: bool| {
         any = true;
         Counters::inc_dev(&sh.stats.packets_rx);
@@ -816,7 +822,7 @@ fn receive(
 }
 
 /// Hands one received frame to its QP's engine; `looped`: it came from the port's own
-/// loopback queue, so its ICRC is trusted, not verified (`RocePacket::parse_trusted`).
+/// loopback queue, so it carries no ICRC and none is verified (`RocePacket::parse_trusted`).
 #[allow(clippy::too_many_arguments)]
 fn deliver(
     sh: &Shared,

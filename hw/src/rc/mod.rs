@@ -132,6 +132,7 @@ impl Tx {
         };
         let at = self.hdr.payload_offset(ext);
         let hdr = &self.hdr;
+        let icrc = !link.is_local(&hdr.dst_mac());
         let mut fill_err = None;
         let mut emit_err = false;
         let sent = link.send_with(&mut self.frame, &mut |buf: &mut [u8]| {
@@ -144,7 +145,7 @@ impl Tx {
                 return None;
             }
             // Only a path that cannot carry the packet fails here (validated in `new`).
-            hdr.emit_in_place(buf, bth, ext, payload_len)
+            hdr.emit_in_place_with(buf, bth, ext, payload_len, icrc)
                 .map_err(|_| emit_err = true)
                 .ok()
         });

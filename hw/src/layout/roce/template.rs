@@ -139,6 +139,13 @@ impl HeaderTemplate {
         if ip_len == IPV4_SIZE { &V4 } else { &V6 }
     }
 
+    /// The destination MAC address of the connection's frames.
+    pub fn dst_mac(&self) -> [u8; 6] {
+        let mut mac = [0; 6];
+        mac.copy_from_slice(&self.real[..6]);
+        mac
+    }
+
     /// Bytes of Ethernet, IP, UDP and BTH.
     pub const fn header_len(&self) -> usize {
         L3 + self.ip_len + UDP_SIZE + BTH_SIZE
@@ -161,6 +168,22 @@ impl HeaderTemplate {
         ext: &ExtHeaders,
         payload_len: usize,
     ) -> Result<usize, WireError> {
+        self.emit_in_place_with(buf, bth, ext, payload_len, true)
+    }
+
+    /// [`emit_in_place`](Self::emit_in_place), or, if `icrc` is false, the same frame with
+    /// its ICRC field left zero and not computed: for a frame that never leaves the device
+    /// ([`Link::is_local`](crate::link::Link::is_local)), whose receiver does not verify it
+    /// ([`RocePacket::parse_trusted`](super::RocePacket::parse_trusted)). Every other byte
+    /// is the same.
+    pub fn emit_in_place_with(
+        &self,
+        buf: &mut [u8],
+        bth: BthVar,
+        ext: &ExtHeaders,
+        payload_len: usize,
+        icrc: bool,
+    ) -> Result<usize, WireError> {
         let (want, has_payload) =
             opcode_info(bth.opcode).ok_or(WireError::UnsupportedOpcode(bth.opcode))?;
         if ext.set() != want {
@@ -173,17 +196,19 @@ impl HeaderTemplate {
             });
         }
         let ext_len = want.len();
-        if self.ip_len == IPV4_SIZE {
-            self.emit_ip::<IPV4_SIZE>(buf, bth, ext, ext_len, payload_len)
-        } else {
-            self.emit_ip::<IPV6_SIZE>(buf, bth, ext, ext_len, payload_len)
+        match (self.ip_len == IPV4_SIZE, icrc) {
+            (true, true) => self.emit_ip::<IPV4_SIZE, true>(buf, bth, ext, ext_len, payload_len),
+            (true, false) => self.emit_ip::<IPV4_SIZE, false>(buf, bth, ext, ext_len, payload_len),
+            (false, true) => self.emit_ip::<IPV6_SIZE, true>(buf, bth, ext, ext_len, payload_len),
+            (false, false) => self.emit_ip::<IPV6_SIZE, false>(buf, bth, ext, ext_len, payload_len),
         }
     }
 
-    /// [`emit_in_place`](Self::emit_in_place) after the opcode checks, for an IP header of
-    /// `IP` bytes (the template's): every header offset is a constant.
+    /// [`emit_in_place_with`](Self::emit_in_place_with) after the opcode checks, for an IP
+    /// header of `IP` bytes (the template's): every header offset is a constant. `ICRC`:
+    /// compute the ICRC (else the field is zero and the headers are written unmasked).
     #[inline(always)]
-    fn emit_ip<const IP: usize>(
+    fn emit_ip<const IP: usize, const ICRC: bool>(
         &self,
         buf: &mut [u8],
         bth: BthVar,
@@ -215,8 +240,10 @@ impl HeaderTemplate {
             });
         }
         let buf = &mut buf[..total];
-        // The headers, masked, with this packet's lengths and BTH fields.
-        buf[..hdr_len].copy_from_slice(&self.masked[..hdr_len]);
+        // The headers, masked for the ICRC (else as sent), with this packet's lengths and
+        // BTH fields.
+        let src = if ICRC { &self.masked } else { &self.real };
+        buf[..hdr_len].copy_from_slice(&src[..hdr_len]);
         let ip_len_at = if IP == IPV4_SIZE { L3 + 2 } else { L3 + 4 };
         buf[ip_len_at..ip_len_at + 2].copy_from_slice(&(ip_field as u16).to_be_bytes());
         buf[l4 + 4..l4 + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
@@ -229,21 +256,29 @@ impl HeaderTemplate {
         // overwrites (one fixed-size store instead of a zero fill of 0 to 3 bytes).
         let pad_at = data_end - usize::from(pad);
         buf[pad_at..pad_at + 4].copy_from_slice(&[0; 4]);
-        let crc = icrc_of_masked(&buf[L3..data_end]);
+        let crc = if ICRC {
+            icrc_of_masked(&buf[L3..data_end])
+        } else {
+            0
+        };
         buf[data_end..total].copy_from_slice(&crc.to_le_bytes());
-        // The variant bytes as sent (`variant_bytes`, spelled out).
+        // The variant bytes as sent (`variant_bytes`, spelled out), if they were masked.
         let real = &self.real;
-        buf[l4 + 6..l4 + 8].copy_from_slice(&real[l4 + 6..l4 + 8]);
-        buf[l5 + 4] = real[l5 + 4];
+        if ICRC {
+            buf[l4 + 6..l4 + 8].copy_from_slice(&real[l4 + 6..l4 + 8]);
+            buf[l5 + 4] = real[l5 + 4];
+        }
         if IP == IPV4_SIZE {
-            buf[L3 + 1] = real[L3 + 1];
-            buf[L3 + 8] = real[L3 + 8];
+            if ICRC {
+                buf[L3 + 1] = real[L3 + 1];
+                buf[L3 + 8] = real[L3 + 8];
+            }
             let mut sum = self.ip_sum + ip_field as u32;
             while sum > 0xFFFF {
                 sum = (sum & 0xFFFF) + (sum >> 16);
             }
             buf[L3 + 10..L3 + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-        } else {
+        } else if ICRC {
             buf[L3..L3 + 4].copy_from_slice(&real[L3..L3 + 4]);
             buf[L3 + 7] = real[L3 + 7];
         }
@@ -369,6 +404,19 @@ mod tests {
                             assert_eq!(m, n);
                             assert_eq!(got[..m], want[..n], "{op:?} {len} {ip:?}");
                             RocePacket::parse(&got[..m]).expect("parses");
+                            // Without the ICRC: the same bytes but a zero ICRC field, which
+                            // only the trusting parser accepts.
+                            let mut local = vec![0x22u8; 512];
+                            local[at..at + len].copy_from_slice(&payload[..len]);
+                            let k = t
+                                .emit_in_place_with(&mut local, var, &ext, len, false)
+                                .expect("emit");
+                            assert_eq!(k, n);
+                            assert_eq!(local[..n - 4], want[..n - 4], "{op:?} {len} {ip:?}");
+                            assert_eq!(local[n - 4..n], [0; 4]);
+                            let trusted = RocePacket::parse_trusted(&local[..n]).expect("parses");
+                            assert_eq!(trusted.payload, &payload[..len]);
+                            assert!(RocePacket::parse(&local[..n]).is_err());
                         }
                     }
                 }

@@ -712,3 +712,39 @@ fn a_qp_is_idle_or_awaits_a_response_only_when_a_poll_has_nothing_else_to_do() {
     p.a.qp.set_error();
     assert!(!p.a.qp.is_idle() && !p.a.qp.awaits_response());
 }
+
+#[test]
+fn frames_that_stay_in_the_device_carry_no_icrc_and_others_do() {
+    use crate::link::Loopback;
+    let mut p = setup(Mtu::Mtu1024);
+    let sg = split(SRC, VA_SRC, 3000);
+    // Over the pair's link: every frame carries its ICRC (the receiving side verifies it).
+    p.a.post(wr(1, WrOp::Write { remote: remote(0) }, &sg));
+    p.a.step(&p.clock);
+    let mut buf = vec![0; p.b.link.max_frame_len()];
+    let n = p.b.link.try_recv(&mut buf).unwrap().expect("a request");
+    RocePacket::parse(&buf[..n]).expect("a valid ICRC");
+    // Into a port's own loopback queue: the same frames with a zero ICRC field.
+    let mut qp = RcQp::new(*p.a.qp.config()).unwrap();
+    qp.post_send(wr(2, WrOp::Write { remote: remote(0) }, &sg))
+        .unwrap();
+    let looped = Loopback::new(8, p.a.link.max_frame_len());
+    let (mut rq, mut cq) = (VecDeque::new(), Vec::new());
+    let mut env = Env {
+        link: &looped,
+        mem: &p.a.mem,
+        recv: &mut rq,
+        cq: &mut cq,
+        clock: &p.clock,
+    };
+    qp.poll(&mut env);
+    let mut frames = 0;
+    while let Some(n) = looped.try_recv(&mut buf).unwrap() {
+        assert_eq!(buf[n - 4..n], [0; 4]);
+        let pkt = RocePacket::parse_trusted(&buf[..n]).expect("parses");
+        assert_eq!(pkt.bth.psn, (qp.config().sq_psn + frames) & 0xFF_FFFF);
+        assert!(RocePacket::parse(&buf[..n]).is_err(), "no ICRC to verify");
+        frames += 1;
+    }
+    assert_eq!(frames, 3, "3,000 bytes in 1,024-byte packets");
+}
