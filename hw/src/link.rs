@@ -25,6 +25,8 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::ArrayQueue;
 
+use crate::rc::Burst;
+
 /// Why a frame could not be sent or received.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -53,6 +55,10 @@ pub enum LinkError {
     /// An I/O error of a socket-backed link.
     #[error("link I/O error")]
     Io(#[source] std::io::Error),
+    /// The link carries no [`Burst`]s: only one that keeps frames inside the device does
+    /// ([`Link::is_local`]).
+    #[error("the link does not carry bursts")]
+    NoBursts,
 }
 
 impl LinkError {
@@ -86,6 +92,19 @@ pub trait Link {
     fn is_local(&self, dst_mac: &[u8; 6]) -> bool {
         let _ = dst_mac;
         false
+    }
+    /// Sends a frame that `build` writes in place (as for [`send_with`](Self::send_with))
+    /// with a [`Burst`] beside it: the packets it stands for and where their payload is.
+    /// Only a local link carries bursts ([`is_local`](Self::is_local) for the frame's
+    /// destination); the provided version refuses with [`LinkError::NoBursts`] and builds
+    /// nothing.
+    fn send_burst(
+        &self,
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        burst: &Burst,
+    ) -> Result<(), LinkError> {
+        let _ = (build, burst);
+        Err(LinkError::NoBursts)
     }
     /// Sends one frame that `build` writes in place: `build` gets a buffer of at least
     /// [`max_frame_len`](Self::max_frame_len) bytes and returns the frame's length, or
@@ -244,6 +263,8 @@ struct Frame {
     start: usize,
     cap: usize,
     len: usize,
+    /// The burst beside the frame (a port's loopback queue only).
+    burst: Option<Burst>,
 }
 
 impl Frame {
@@ -256,6 +277,7 @@ impl Frame {
             start,
             cap,
             len: 0,
+            burst: None,
         }
     }
 

@@ -1,5 +1,5 @@
 //! Port counters end to end: the driver's QUERY_VPORT_COUNTER against the model after known
-//! RC traffic between two QPs in loopback, with every frame's size worked out by hand.
+//! RC traffic between two QPs in loopback, with every packet's size worked out by hand.
 
 use uhca::datapath::{Remote, Sge, WcStatus};
 use uhca::info::{CountersError, PortCounters};
@@ -69,12 +69,31 @@ fn known_rc_traffic_gives_exact_packet_and_octet_counts() {
     assert_eq!(wait_n(&mut p.cq_a, 1)[0].status, WcStatus::Success);
     assert_eq!(read(&back, 0, READ as usize), vec![0x5A; READ as usize]);
 
+    // One WRITE of 2,498 bytes: First (RETH, 1,024), Middle (1,024), Last (450 and a
+    // 2-byte pad), and its ACK. On the loopback queue the three go as one burst
+    // (`rc::Burst`), which the counters count as the three packets a wire would carry.
+    const LONG: u64 = 2 * 1024 + 450;
+    let long = mr(&p.pd, 4096, 0);
+    p.a.post_send(&SendWr {
+        wr_id: 100,
+        op: SendOp::Write {
+            local: Local::Sges(&[Sge::of(&src, 0, LONG as usize).unwrap()]),
+            remote: Remote::of(&long, 0),
+        },
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    p.a.ring_doorbell();
+    assert_eq!(wait_n(&mut p.cq_a, 1)[0].status, WcStatus::Success);
+    assert_eq!(read(&long, 0, LONG as usize), vec![0x5A; LONG as usize]);
+
     let write = FIXED + ip + RETH + LEN;
     let ack = FIXED + ip + AETH;
     let read_req = FIXED + ip + RETH;
     let read_resp = FIXED + ip + AETH + READ;
-    let frames = 2 * WRITES + 2;
-    let octets = WRITES * (write + ack) + read_req + read_resp;
+    let long_write = 3 * (FIXED + ip) + RETH + LONG + 2;
+    let frames = 2 * WRITES + 2 + 3 + 1;
+    let octets = WRITES * (write + ack) + read_req + read_resp + long_write + ack;
     // Loopback: every frame leaves the port and comes back in.
     let c = counters(&p, false);
     assert_eq!(c.vport.transmitted_ib_unicast.packets, frames);

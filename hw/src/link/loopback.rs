@@ -14,6 +14,7 @@
 use std::cell::{Cell, RefCell};
 
 use super::{Frame, Link, LinkError, LinkStats};
+use crate::rc::Burst;
 
 /// A link from a port to itself (see the module docs): what it sends, it receives.
 pub struct Loopback {
@@ -156,6 +157,7 @@ impl Link for Loopback {
             let mut f = self.bufs[i].borrow_mut();
             crate::copy::copy_bytes(&mut f.data_mut()[..frame.len()], frame);
             f.len = frame.len();
+            f.burst = None;
         }
         self.enqueue(i, frame.len())
     }
@@ -186,6 +188,32 @@ impl Link for Loopback {
         _scratch: &mut [u8],
         build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
     ) -> Result<(), LinkError> {
+        self.build(build, None)
+    }
+
+    /// Builds the frame in one of the queue's own buffers and keeps the burst beside it.
+    fn send_burst(
+        &self,
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        burst: &Burst,
+    ) -> Result<(), LinkError> {
+        self.build(build, Some(burst))
+    }
+
+    /// Lends the frame in the queue's own buffer: no copy, no scratch needed. A burst
+    /// beside it is not shown: the port receives with [`recv_local`](Loopback::recv_local).
+    fn recv_with(&self, _scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
+        self.recv_local(&mut |frame, _| f(frame))
+    }
+}
+
+impl Loopback {
+    /// Builds a frame in a free buffer, with `burst` beside it, and queues it.
+    fn build(
+        &self,
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        burst: Option<&Burst>,
+    ) -> Result<(), LinkError> {
         let i = self.take_free()?;
         let built = {
             // Buffer `i` came off the free list: nothing else borrows it.
@@ -193,6 +221,7 @@ impl Link for Loopback {
             let cap = f.cap;
             let n = build(f.data_mut()).filter(|&n| n <= cap);
             f.len = n.unwrap_or(0);
+            f.burst = burst.copied();
             n
         };
         match built {
@@ -204,8 +233,9 @@ impl Link for Loopback {
         }
     }
 
-    /// Lends the frame in the queue's own buffer: no copy, no scratch needed.
-    fn recv_with(&self, _scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
+    /// Receives one frame if one is waiting and lends it to `f` in the queue's own buffer,
+    /// with the [`Burst`] sent beside it, if any; returns whether there was one.
+    pub fn recv_local(&self, f: &mut dyn FnMut(&[u8], Option<&Burst>)) -> Result<bool, LinkError> {
         let Some(i) = self.dequeue() else {
             return Ok(false);
         };
@@ -213,7 +243,7 @@ impl Link for Loopback {
             // Buffer `i` came off the queue: nothing else borrows it.
             let frame = self.bufs[i].borrow();
             let n = frame.len;
-            f(&frame.data()[..n]);
+            f(&frame.data()[..n], frame.burst.as_ref());
             n
         };
         self.put_free(i);

@@ -307,6 +307,42 @@ impl Link for Wire<'_> {
     fn is_local(&self, dst_mac: &[u8; 6]) -> bool {
         *dst_mac == self.mac
     }
+
+    /// Queues the burst on the loopback queue, if its frame is for this port (else
+    /// `NoBursts`, nothing sent).
+    fn send_burst(
+        &self,
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        burst: &rc::Burst,
+    ) -> Result<(), LinkError> {
+        let mac = self.mac;
+        let mut foreign = false;
+        let r = self.looped.send_burst(
+            &mut |buf: &mut [u8]| {
+                let n = build(buf)?;
+                foreign = buf.first_chunk::<6>() != Some(&mac);
+                (!foreign).then_some(n)
+            },
+            burst,
+        );
+        match r {
+            Ok(()) if foreign => Err(LinkError::NoBursts),
+            Ok(()) => {
+                // Only the device thread writes these counters.
+                Counters::inc_dev(self.sent);
+                Counters::add_dev(&self.sh.stats.packets_tx, u64::from(burst.packets));
+                self.sh
+                    .stats
+                    .port
+                    .transmitted_burst(burst.packets, burst.wire_len);
+                Ok(())
+            }
+            r @ Err(_) => {
+                self.account(&r, 0);
+                r
+            }
+        }
+    }
 }
 
 impl Wire<'_> {
@@ -355,6 +391,40 @@ fn access_error(key: u32, e: MemError) -> AccessError {
 }
 
 impl rc::Memory for Mem<'_, '_> {
+    fn domain(&self) -> u32 {
+        self.pd
+    }
+
+    fn copy_in(
+        &self,
+        dst_key: u32,
+        dst_va: u64,
+        access: rc::Access,
+        src_domain: u32,
+        src_key: u32,
+        src_va: u64,
+        len: u64,
+    ) -> Result<(), rc::CopyFault> {
+        let dst = mkey::CopyEnd {
+            key: dst_key,
+            pd: self.pd,
+            va: dst_va,
+            need: need(access),
+        };
+        let src = mkey::CopyEnd {
+            key: src_key,
+            pd: src_domain,
+            va: src_va,
+            need: need(rc::Access::LocalRead),
+        };
+        let len =
+            usize::try_from(len).map_err(|_| rc::CopyFault::Target(AccessError::OutOfRange))?;
+        mkey::mem_copy(self.sh, self.dma, self.core, dst, src, len).map_err(|e| match e {
+            mkey::CopySide::Source(e) => rc::CopyFault::Source(access_error(src_key, e)),
+            mkey::CopySide::Target(e) => rc::CopyFault::Target(access_error(dst_key, e)),
+        })
+    }
+
     fn check(&self, key: u32, va: u64, len: u64, access: rc::Access) -> Result<(), AccessError> {
         if len == 0 {
             return Ok(());
@@ -790,10 +860,12 @@ fn receive(
     // Frames are handled in the link's own buffer where it lends it (`Link::recv_with`).
     // Loopback frames never left the device: they carry no ICRC (`Link::is_local`), and
     // none is verified (`parse_trusted`).
-    let mut handle = |frame: &[u8], looped: bool| {
+    // A loopback frame may come with a burst (`rc::Burst`): the packets it stands for.
+    let mut handle = |frame: &[u8], looped: bool, burst: Option<&rc::Burst>| {
         any = true;
-        Counters::inc_dev(&sh.stats.packets_rx);
-        deliver(sh, dma, core, dp, wire, clock, mac, frame, looped);
+        let packets = burst.map_or(1, |b| u64::from(b.packets));
+        Counters::add_dev(&sh.stats.packets_rx, packets);
+        deliver(sh, dma, core, dp, wire, clock, mac, frame, looped, burst);
     };
     for src in 0..2 {
         loop {
@@ -807,9 +879,9 @@ fn receive(
                 if looped.is_empty() {
                     break;
                 }
-                looped.recv_with(rx, &mut |f: &[u8]| handle(f, true))
+                looped.recv_local(&mut |f: &[u8], b| handle(f, true, b))
             } else if let Some(p) = peer {
-                p.recv_with(rx, &mut |f: &[u8]| handle(f, false))
+                p.recv_with(rx, &mut |f: &[u8]| handle(f, false, None))
             } else {
                 Ok(false)
             };
@@ -822,7 +894,8 @@ fn receive(
 }
 
 /// Hands one received frame to its QP's engine; `looped`: it came from the port's own
-/// loopback queue, so it carries no ICRC and none is verified (`RocePacket::parse_trusted`).
+/// loopback queue, so it carries no ICRC and none is verified (`RocePacket::parse_trusted`),
+/// and it may come with a `burst`.
 #[allow(clippy::too_many_arguments)]
 fn deliver(
     sh: &Shared,
@@ -834,6 +907,7 @@ fn deliver(
     mac: [u8; 6],
     frame: &[u8],
     looped: bool,
+    burst: Option<&rc::Burst>,
 ) {
     if frame.first_chunk::<6>() != Some(&mac) {
         return; // not for this port
@@ -844,7 +918,10 @@ fn deliver(
         sh.stats.port.received_error(frame.len());
         return; // malformed or bad ICRC: dropped as the wire would
     };
-    sh.stats.port.received(frame.len());
+    match burst {
+        Some(b) => sh.stats.port.received_burst(b.packets, b.wire_len),
+        None => sh.stats.port.received(frame.len()),
+    }
     let Some(qp) = dp.qps.get_mut(pkt.bth.dest_qp) else {
         return;
     };
@@ -864,7 +941,10 @@ fn deliver(
         cq: &mut sink,
         clock,
     };
-    engine.receive(pkt, &mut env);
+    match burst {
+        Some(b) => engine.receive_burst(pkt, b, &mut env),
+        None => engine.receive(pkt, &mut env),
+    }
     qp.active = true;
     qp.moved = true;
 }

@@ -625,6 +625,47 @@ impl Dma<'_> {
         })
     }
 
+    /// Device copy from the segments `src` to the segments `dst` (the same total length):
+    /// both are translated first, so a fault on either side touches nothing. The error
+    /// says which side faulted: `Err((true, e))` for the source.
+    pub(crate) fn copy_segments(
+        &self,
+        dst: &[(u64, usize)],
+        src: &[(u64, usize)],
+    ) -> Result<(), (bool, DmaError)> {
+        debug_assert_eq!(
+            src.iter().map(|s| s.1).sum::<usize>(),
+            dst.iter().map(|s| s.1).sum::<usize>()
+        );
+        self.io.gate().map_err(|e| (true, e))?;
+        let (mut from, mut to) = (Chunks::new(), Chunks::new());
+        for &(iova, len) in src {
+            self.translate(iova, len, false, &mut |c| from.push(c))
+                .map_err(|e| (true, e))?;
+        }
+        for &(iova, len) in dst {
+            self.translate(iova, len, true, &mut |c| to.push(c))
+                .map_err(|e| (false, e))?;
+        }
+        let (mut from, mut to) = (from.iter(), to.iter());
+        let (mut s, mut d) = (from.next(), to.next());
+        while let (Some((sr, so, sn)), Some((dr, dof, dn))) = (s, d) {
+            let n = sn.min(dn);
+            sr.copy_to(so, dr, dof, n);
+            s = if n == sn {
+                from.next()
+            } else {
+                Some((sr, so + n, sn - n))
+            };
+            d = if n == dn {
+                to.next()
+            } else {
+                Some((dr, dof + n, dn - n))
+            };
+        }
+        Ok(())
+    }
+
     /// Device read of `dst.len()` bytes at `iova`.
     pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaError> {
         let mut pos = 0;

@@ -373,6 +373,34 @@ impl HostRegion {
         unsafe { copy_raw(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) }
     }
 
+    /// Copies `len` bytes at `off` to `dst_off` of `dst` (which may be this region; the
+    /// ranges may then overlap, and the copy is a `memmove`).
+    pub(crate) fn copy_to(&self, off: usize, dst: &HostRegion, dst_off: usize, len: usize) {
+        self.check(off, len);
+        dst.check(dst_off, len);
+        let (s, d) = (self.addr() + off, dst.addr() + dst_off);
+        if s < d + len && d < s + len {
+            // SAFETY: both ranges inside their regions (checked), valid under the dma_map
+            // contract while the IOMMU holds them; `ptr::copy` allows the overlap.
+            unsafe {
+                std::ptr::copy(
+                    self.ptr.as_ptr().add(off),
+                    dst.ptr.as_ptr().add(dst_off),
+                    len,
+                )
+            }
+        } else {
+            // SAFETY: as above, and the ranges are disjoint.
+            unsafe {
+                copy_raw(
+                    self.ptr.as_ptr().add(off),
+                    dst.ptr.as_ptr().add(dst_off),
+                    len,
+                )
+            }
+        }
+    }
+
     /// Copies `src` to `off`.
     pub(crate) fn write(&self, off: usize, src: &[u8]) {
         self.check(off, src.len());

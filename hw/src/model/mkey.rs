@@ -630,6 +630,101 @@ pub(crate) fn mem_write(
     )
 }
 
+/// One end of a [`mem_copy`]: `va` through `key`, checked in `pd` for `need`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CopyEnd {
+    pub(crate) key: u32,
+    pub(crate) pd: u32,
+    pub(crate) va: u64,
+    pub(crate) need: Access,
+}
+
+/// Which end of a [`mem_copy`] refused, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CopySide {
+    Source(MemError),
+    Target(MemError),
+}
+
+/// Device copy of `len` bytes from `src` to `dst`, each end checked as [`mem_read`] and
+/// [`mem_write`] check theirs (the source first). Host memory to host memory moves once,
+/// straight between the two mappings (`Dma::copy_segments`), and a fault on either side
+/// touches nothing; where an end is device memory (the MEMIC window) the bytes go through
+/// a 4 KiB buffer, a piece at a time. Nothing for `len` 0.
+pub(crate) fn mem_copy(
+    sh: &Shared,
+    dma: &Dma<'_>,
+    core: &Core,
+    dst: CopyEnd,
+    src: CopyEnd,
+    len: usize,
+) -> Result<(), CopySide> {
+    if len == 0 {
+        return Ok(());
+    }
+    let mut bounce = false;
+    let mut target = Ok(());
+    access(
+        sh,
+        core,
+        src.key,
+        src.pd,
+        src.va,
+        len,
+        src.need,
+        Dir::Read,
+        |from| {
+            let Place::Host(from) = from else {
+                bounce = true;
+                return Ok(());
+            };
+            let mut src_fault = None;
+            target = access(
+                sh,
+                core,
+                dst.key,
+                dst.pd,
+                dst.va,
+                len,
+                dst.need,
+                Dir::Write,
+                |to| {
+                    let Place::Host(to) = to else {
+                        bounce = true;
+                        return Ok(());
+                    };
+                    match dma.copy_segments(to, from) {
+                        Ok(()) => Ok(()),
+                        Err((true, e)) => {
+                            src_fault = Some(e);
+                            Ok(())
+                        }
+                        Err((false, e)) => Err(e),
+                    }
+                },
+            );
+            src_fault.map_or(Ok(()), Err)
+        },
+    )
+    .map_err(CopySide::Source)?;
+    target.map_err(CopySide::Target)?;
+    if bounce {
+        let mut buf = [0u8; 4096];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(buf.len());
+            let at = done as u64;
+            let piece = &mut buf[..n];
+            mem_read(sh, dma, core, src.key, src.pd, src.va + at, piece, src.need)
+                .map_err(CopySide::Source)?;
+            mem_write(sh, dma, core, dst.key, dst.pd, dst.va + at, piece, dst.need)
+                .map_err(CopySide::Target)?;
+            done += n;
+        }
+    }
+    Ok(())
+}
+
 /// 8-byte atomic at `va` (8-byte aligned) through `key`; returns the original value. The
 /// value is big-endian in memory (IB atomics).
 #[allow(clippy::too_many_arguments)]

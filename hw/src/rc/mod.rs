@@ -170,6 +170,65 @@ impl Tx {
     }
 }
 
+impl Tx {
+    /// Whether this QP's frames stay inside the device on `link` ([`Link::is_local`]).
+    #[inline]
+    fn is_local(&self, link: &dyn Link) -> bool {
+        link.is_local(&self.hdr.dst_mac())
+    }
+
+    /// Bytes on a wire of `packets` packets with `len` payload bytes in all, the first
+    /// with the extension headers of `ext` and, if there are several, the last with an
+    /// ImmDt if `imm` (one MTU in every packet but the last, so only the last is padded).
+    fn wire_len(&self, ext: &ExtHeaders, packets: u32, len: u32, imm: bool) -> u32 {
+        let per = (self.hdr.header_len() + crate::layout::roce::ICRC_SIZE) as u32;
+        let last_imm = if imm && packets > 1 { 4 } else { 0 };
+        let pad = u32::from(crate::layout::roce::pad_count(len as usize));
+        per * packets + ext.set().len() as u32 + last_imm + len + pad
+    }
+
+    /// Sends the headers of a burst's first packet (no payload, no ICRC: the frame stays
+    /// in the device) with `burst` beside them ([`Link::send_burst`]).
+    #[allow(clippy::too_many_arguments)]
+    fn send_burst(
+        &mut self,
+        link: &dyn Link,
+        stats: &mut RcStats,
+        opcode: crate::layout::roce::RcOpcode,
+        psn: crate::layout::roce::Psn,
+        ext: &ExtHeaders,
+        burst: &Burst,
+    ) -> Result<(), TxStop> {
+        let bth = BthVar {
+            opcode: opcode.into(),
+            se: false,
+            ack_req: burst.ack_req,
+            psn: psn.get(),
+        };
+        let hdr = &self.hdr;
+        let mut emit_err = false;
+        let sent = link.send_burst(
+            &mut |buf: &mut [u8]| {
+                hdr.emit_in_place_with(buf, bth, ext, 0, false)
+                    .map_err(|_| emit_err = true)
+                    .ok()
+            },
+            burst,
+        );
+        match sent {
+            Ok(()) if !emit_err => {
+                stats.tx_packets += u64::from(burst.packets);
+                Ok(())
+            }
+            Err(LinkError::Full) => Err(TxStop::Busy),
+            Ok(()) | Err(_) => {
+                stats.tx_errors += u64::from(burst.packets);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Bytes of the largest header stack the engine emits around a payload: Ethernet, IPv6, UDP,
 /// BTH, RETH and ImmDt (RDMA WRITE Only with Immediate), pad and ICRC.
 pub const MAX_HEADERS_LEN: usize = 14 + 40 + 8 + 12 + 16 + 4 + 3 + 4;
@@ -311,6 +370,26 @@ impl RcQp {
             false
         };
         if fatal {
+            self.state = QpState::Error;
+        }
+    }
+
+    /// Takes one received frame that came with a [`Burst`] (a port's own loopback queue):
+    /// the RDMA WRITE packets it stands for. Dropped like [`receive`](Self::receive)'s
+    /// packets for another QP number or P_Key or in the error state.
+    pub fn receive_burst(&mut self, pkt: &RocePacket<'_>, burst: &Burst, env: &mut Env<'_>) {
+        self.stats.rx_packets += u64::from(burst.packets);
+        if pkt.bth.dest_qp != self.cfg.qpn
+            || pkt.bth.p_key & 0x7FFF != self.cfg.p_key & 0x7FFF
+            || self.state == QpState::Error
+        {
+            self.stats.rx_dropped += u64::from(burst.packets);
+            return;
+        }
+        if self
+            .resp
+            .on_burst(pkt, burst, env, &self.cfg, &mut self.stats)
+        {
             self.state = QpState::Error;
         }
     }

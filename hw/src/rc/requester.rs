@@ -21,7 +21,7 @@ mod queue;
 
 use queue::SendQueue;
 
-use super::sge::{CopyError, gather, scatter};
+use super::sge::{CopyError, check_gather, gather, scatter};
 use super::types::*;
 use super::{Env, RcStats, Tx, TxStop};
 use crate::layout::roce::{
@@ -478,6 +478,12 @@ impl Requester {
         if w.wr.fence && outstanding_rd() > 0 {
             return Ok(false);
         }
+        if matches!(w.wr.op, WrOp::Write { .. } | WrOp::WriteImm { .. })
+            && matches!(w.wr.local(), LocalRef::Sges(_))
+            && tx.is_local(cx.env.link)
+        {
+            return self.transmit_burst(cx, tx, k, inflight);
+        }
         let mtu = cx.cfg.mtu.bytes();
         let off = u64::from(k) * u64::from(mtu);
         let last = k + 1 == w.npkts;
@@ -560,6 +566,78 @@ impl Requester {
             cx.stats.retransmits += 1;
         }
         self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + 1 };
+        self.send_psn = next;
+        if !next.before(end) {
+            self.send_idx += 1;
+        }
+        if next.after(self.max_sent) {
+            self.max_sent = next;
+        }
+        if self.deadline.is_none() && self.arm_pending == 0 {
+            self.arm(cx.cfg, cx.env.clock);
+        }
+        Ok(true)
+    }
+
+    /// Sends the RDMA WRITE packets from packet `k` of the WQE at `send_idx` on, as many
+    /// as the send window has room for, as one [`Burst`] (the link is local): the payload
+    /// is checked here and copied by the responder. The same PSNs, AckReq rule and state
+    /// as that many calls of [`transmit_one`](Self::transmit_one).
+    fn transmit_burst(
+        &mut self,
+        cx: &mut Cx<'_, '_, '_>,
+        tx: &mut Tx,
+        k: u32,
+        inflight: u32,
+    ) -> Result<bool, TxStop> {
+        let idx = self.send_idx;
+        let w = &self.wqes[idx];
+        let LocalRef::Sges(sges) = w.wr.local() else {
+            unreachable!("bursts carry SGE payloads")
+        };
+        let max = cx.cfg.max_inflight;
+        let mtu = cx.cfg.mtu.bytes();
+        let n = (w.npkts - k).min(max.saturating_sub(inflight).max(1));
+        let off = k * mtu;
+        let len = (w.len - off).min(n * mtu);
+        let ends = k + n == w.npkts;
+        let mut ext = ExtHeaders::default();
+        let opcode = data_opcode(w.wr.op, w, k, k + 1 == w.npkts, &mut ext);
+        let imm = match w.wr.op {
+            WrOp::WriteImm { imm, .. } if ends => Some(imm),
+            _ => None,
+        };
+        // AckReq as `transmit_one` would set it on the last of the packets (on an earlier
+        // one it would only ask for an ACK that this one's ACK covers).
+        let ack_every = (max / 2).max(1);
+        let ack_req = (ends && (w.wr.signaled || w.end() == self.next_psn))
+            || inflight + n >= max
+            || self.since_ack_req + n >= ack_every;
+        if let Err(e) = check_gather(cx.env.mem, sges, u64::from(off), len as usize) {
+            self.wqes[idx].failed = Some(match e {
+                CopyError::Length => WcStatus::LocalLength,
+                CopyError::Access(_) => WcStatus::LocalProtection,
+            });
+            return Ok(false);
+        }
+        let burst = Burst {
+            packets: n,
+            len,
+            ends,
+            imm,
+            ack_req,
+            wire_len: tx.wire_len(&ext, n, len, imm.is_some()),
+            sges: *sges,
+            offset: u64::from(off),
+            domain: cx.env.mem.domain(),
+        };
+        let (psn, end) = (self.send_psn, w.end());
+        tx.send_burst(cx.env.link, cx.stats, opcode, psn, &ext, &burst)?;
+        if psn.before(self.max_sent) {
+            cx.stats.retransmits += u64::from(n.min(self.max_sent.diff(psn) as u32));
+        }
+        self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + n };
+        let next = psn.add(n);
         self.send_psn = next;
         if !next.before(end) {
             self.send_idx += 1;

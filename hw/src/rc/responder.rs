@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use super::sge::{CopyError, scatter};
+use super::sge::{CopyError, copy_in, scatter};
 use super::types::*;
 use super::{Env, RcStats, Tx, TxStop};
 use crate::layout::roce::{
@@ -81,6 +81,16 @@ enum Outcome {
     Done(u32),
     /// No receive WR posted.
     Rnr,
+}
+
+/// What an in-sequence burst did.
+enum BurstOutcome {
+    /// Executed: advance the expected PSN past it and ACK if asked.
+    Done,
+    /// Executed up to its last packet, which found no receive WR.
+    Rnr,
+    /// Its payload could not be read: dropped, nothing advanced.
+    Dropped,
 }
 
 /// The receive side of one QP.
@@ -232,6 +242,210 @@ impl Responder {
                 true
             }
         }
+    }
+
+    /// Handles a [`Burst`]: the RDMA WRITE packets it stands for, taken as
+    /// [`on_request`](Self::on_request) would take them one by one, with one R_Key check
+    /// and one copy. Returns true when the QP must go to error.
+    pub(super) fn on_burst(
+        &mut self,
+        pkt: &RocePacket<'_>,
+        burst: &Burst,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+        stats: &mut RcStats,
+    ) -> bool {
+        let p = Psn::new(pkt.bth.psn);
+        let d = p.diff(self.epsn);
+        if d != 0 {
+            // Ahead: as a lone packet ahead (one NAK until the expected one arrives).
+            // Behind: its first packet is a duplicate; a WRITE duplicate is acknowledged
+            // and the rest dropped, for the requester's timer to send again what the
+            // responder still lacks (a local queue loses nothing, so only a retry after
+            // a lost ACK gets here).
+            if d > 0 && !self.nak_sent {
+                self.nak_sent = true;
+                stats.seq_naks_sent += 1;
+                let nak = AethSyndrome::Nak(NakCode::PsnSequenceError);
+                let msn = self.msn;
+                self.push(
+                    Resp::Ack {
+                        psn: self.epsn,
+                        syndrome: nak,
+                        msn,
+                    },
+                    false,
+                );
+            } else if d < 0 {
+                stats.duplicates += 1;
+                self.push_ack(self.epsn.add(Psn::MASK));
+            }
+            return false;
+        }
+        match self.execute_burst(pkt, burst, env, cfg) {
+            Ok(BurstOutcome::Done) => {
+                self.epsn = self.epsn.add(burst.packets);
+                self.nak_sent = false;
+                if burst.ack_req {
+                    self.push_ack(p.add(burst.packets - 1));
+                }
+                false
+            }
+            Ok(BurstOutcome::Rnr) => {
+                // The last packet found no receive WR: every packet before it was taken.
+                let last = p.add(burst.packets - 1);
+                self.epsn = last;
+                self.nak_sent = false;
+                stats.rnr_naks_sent += 1;
+                let syndrome = AethSyndrome::RnrNak {
+                    timer: cfg.min_rnr_timer,
+                };
+                let msn = self.msn;
+                self.push(
+                    Resp::Ack {
+                        psn: last,
+                        syndrome,
+                        msn,
+                    },
+                    false,
+                );
+                false
+            }
+            Ok(BurstOutcome::Dropped) => false,
+            Err(code) => {
+                let msn = self.msn;
+                self.push(
+                    Resp::Ack {
+                        psn: p,
+                        syndrome: AethSyndrome::Nak(code),
+                        msn,
+                    },
+                    true,
+                );
+                true
+            }
+        }
+    }
+
+    /// Validates and executes an in-sequence burst: the checks of
+    /// [`execute`](Self::execute) for its first packet (opcode sequence, RETH, R_Key), the
+    /// lengths of all its packets, then the data and, if it ends the message, the end.
+    fn execute_burst(
+        &mut self,
+        pkt: &RocePacket<'_>,
+        b: &Burst,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+    ) -> Result<BurstOutcome, NakCode> {
+        use RcOpcode::*;
+        let mtu = cfg.mtu.bytes();
+        let op = pkt.opcode();
+        let idle = matches!(self.msg, InMsg::Idle);
+        let starts = match op {
+            RdmaWriteFirst | RdmaWriteOnly | RdmaWriteOnlyImm => true,
+            RdmaWriteMiddle | RdmaWriteLast | RdmaWriteLastImm => false,
+            _ => return Err(NakCode::InvalidRequest), // bursts carry RDMA WRITEs only
+        };
+        if starts != idle {
+            return Err(NakCode::InvalidRequest);
+        }
+        // The packets' lengths (C9-103..105): one MTU in all but the last, which has 1 to
+        // MTU (0 to MTU if it is an Only), and the opcodes their count implies.
+        let (n, len) = (b.packets, b.len);
+        let lone = n == 1 && b.ends;
+        let first_ok = match (starts, lone) {
+            (true, true) => matches!(op, RdmaWriteOnly | RdmaWriteOnlyImm),
+            (true, false) => op == RdmaWriteFirst,
+            (false, true) => matches!(op, RdmaWriteLast | RdmaWriteLastImm),
+            (false, false) => op == RdmaWriteMiddle,
+        };
+        let imm_ok = if lone {
+            matches!(op, RdmaWriteOnlyImm | RdmaWriteLastImm) == b.imm.is_some()
+        } else {
+            b.imm.is_none() || b.ends
+        };
+        let full = (n.max(1) - 1).checked_mul(mtu);
+        let tail = full.and_then(|f| len.checked_sub(f));
+        let len_ok = tail.is_some_and(|t| {
+            t <= mtu
+                && if b.ends {
+                    t > 0 || (lone && starts)
+                } else {
+                    t == mtu
+                }
+        });
+        if n == 0 || !first_ok || !imm_ok || !len_ok {
+            return Err(NakCode::InvalidRequest);
+        }
+        let full = full.unwrap_or(0);
+        let (va, rkey, left, total) = match self.msg {
+            InMsg::Write {
+                va,
+                rkey,
+                left,
+                total,
+            } => (va, rkey, left, total),
+            _ => {
+                let reth = checked_reth(pkt, env, cfg.remote_access.write, Access::RemoteWrite)?;
+                let n = reth.dma_length;
+                (reth.va, reth.r_key, n, n)
+            }
+        };
+        if len > left || (b.ends && len != left) {
+            return Err(NakCode::InvalidRequest);
+        }
+        if len > 0 {
+            let placed = copy_in(
+                env.mem,
+                rkey,
+                va,
+                Access::RemoteWrite,
+                b.domain,
+                &b.sges,
+                b.offset,
+                len as usize,
+            );
+            match placed {
+                Ok(()) => {}
+                Err(CopyFault::Target(_)) => return Err(NakCode::RemoteAccessError),
+                // The sender's memory no longer holds the payload (its key went away
+                // while the frame was queued): lost like a frame dropped on the way; the
+                // sender's timer sends it again and its own check then fails locally.
+                Err(CopyFault::Source(_)) => return Ok(BurstOutcome::Dropped),
+            }
+        }
+        if b.ends {
+            // WRITE with immediate consumes a receive WR after the data is placed; if
+            // none is posted the last packet is NAKed and placed again on its retry.
+            let recv = if b.imm.is_some() {
+                let Some(wqe) = env.recv.take() else {
+                    self.msg = InMsg::Write {
+                        va: va.wrapping_add(u64::from(full)),
+                        rkey,
+                        left: left - full,
+                        total,
+                    };
+                    return Ok(BurstOutcome::Rnr);
+                };
+                Some(wqe)
+            } else {
+                None
+            };
+            self.msg = InMsg::Idle;
+            self.msn = (self.msn + 1) & Psn::MASK;
+            if let Some(wqe) = recv {
+                let (op, st) = (WcOpcode::RecvRdmaWithImm, WcStatus::Success);
+                recv_completion(env, cfg, wqe.wr_id, op, st, total, b.imm, false);
+            }
+        } else {
+            self.msg = InMsg::Write {
+                va: va.wrapping_add(u64::from(len)),
+                rkey,
+                left: left - len,
+                total,
+            };
+        }
+        Ok(BurstOutcome::Done)
     }
 
     /// A request before the expected PSN.

@@ -1,6 +1,6 @@
 //! Scatter/gather lists and the copies between them and packet payloads.
 
-use super::types::{Access, AccessError, Memory, PostError};
+use super::types::{Access, AccessError, CopyFault, Memory, PostError};
 
 /// Most SGEs in one list (a send WQE of 16 data segments; the model may advertise fewer).
 pub const MAX_SGE: usize = 16;
@@ -132,4 +132,55 @@ pub(super) fn scatter(
     pieces(sges, offset, data.len(), |s, va, at, n| {
         mem.write(s.lkey, va, &data[at..at + n], Access::LocalWrite)
     })
+}
+
+/// Checks that `len` bytes from byte `offset` of the list may be read ([`Access::LocalRead`])
+/// without reading them: the sender's side of a [`Burst`](super::Burst), whose payload the
+/// receiver copies in later.
+pub(super) fn check_gather(
+    mem: &dyn Memory,
+    sges: &SgeList,
+    offset: u64,
+    len: usize,
+) -> Result<(), CopyError> {
+    pieces(sges, offset, len, |s, va, _, n| {
+        mem.check(s.lkey, va, n as u64, Access::LocalRead)
+    })
+}
+
+/// Copies `len` bytes from byte `offset` of `sges` (read in protection domain `domain`)
+/// to `dst_va` through `dst_key` with `access` ([`Memory::copy_in`] piece by piece).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn copy_in(
+    mem: &dyn Memory,
+    dst_key: u32,
+    dst_va: u64,
+    access: Access,
+    domain: u32,
+    sges: &SgeList,
+    offset: u64,
+    len: usize,
+) -> Result<(), CopyFault> {
+    let mut fault = None;
+    let res = pieces(sges, offset, len, |s, va, at, n| {
+        mem.copy_in(
+            dst_key,
+            dst_va + at as u64,
+            access,
+            domain,
+            s.lkey,
+            va,
+            n as u64,
+        )
+        .map_err(|f| {
+            fault = Some(f);
+            AccessError::Fault
+        })
+    });
+    match (res, fault) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(f)) => Err(f),
+        // The list is shorter than the sender checked: it changed under the frame.
+        (Err(_), None) => Err(CopyFault::Source(AccessError::OutOfRange)),
+    }
 }

@@ -673,6 +673,95 @@ pub trait Memory {
     /// the device ([`Access::RemoteAtomic`] required) and returns the original value. The
     /// byte order of the target is the model's choice.
     fn atomic(&self, key: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
+    /// The protection domain this memory checks keys in, as a [`Burst`] names it for the
+    /// receiving side's [`copy_in`](Self::copy_in). Opaque to the engine; 0 where there is
+    /// only one.
+    fn domain(&self) -> u32 {
+        0
+    }
+    /// Copies `len` bytes at `src_va` of local key `src_key`, checked in protection domain
+    /// `src_domain` with [`Access::LocalRead`], to `dst_va` through `dst_key` with
+    /// `access`: the receiving end of a [`Burst`], whose payload never left the sender's
+    /// memory. The provided version, for a memory with one domain, moves the bytes through
+    /// a small buffer with [`read`](Self::read) and [`write`](Self::write), after checking
+    /// the target; the model copies memory to memory.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_in(
+        &self,
+        dst_key: u32,
+        dst_va: u64,
+        access: Access,
+        src_domain: u32,
+        src_key: u32,
+        src_va: u64,
+        len: u64,
+    ) -> Result<(), CopyFault> {
+        let _ = src_domain;
+        self.check(dst_key, dst_va, len, access)
+            .map_err(CopyFault::Target)?;
+        let mut buf = [0u8; 1024];
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            self.read(src_key, src_va + done, &mut buf[..n], Access::LocalRead)
+                .map_err(CopyFault::Source)?;
+            self.write(dst_key, dst_va + done, &buf[..n], access)
+                .map_err(CopyFault::Target)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Which end of a [`Memory::copy_in`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CopyFault {
+    /// The sender's memory (its key no longer holds, say).
+    #[error("source: {0}")]
+    Source(AccessError),
+    /// The receiver's memory.
+    #[error("target: {0}")]
+    Target(AccessError),
+}
+
+/// Segmentation offload on a local link: consecutive request packets of one RDMA WRITE
+/// sent as one frame, whose payload stays in the sender's memory until the receiver
+/// copies it in.
+///
+/// Only a link that keeps frames inside the device ([`Link::is_local`], a port's own
+/// loopback queue) carries bursts ([`Link::send_burst`]), as Linux's `lo` takes 64 KiB
+/// segments (`NETIF_F_ALL_TSO`, MTU 64 KiB) and hands the sender's buffer to the receiver
+/// without a copy: nothing on such a path can split, lose or corrupt a packet, and no wire
+/// sees it. The frame holds the first packet's headers (opcode, PSN, RETH) and no payload;
+/// the burst says what the packets after it carry. The responder takes it as it would
+/// take the packets one by one (PSN, opcode sequence, lengths, R_Key, then the data, then
+/// an ACK if the last packet asks), with one key check and one copy for the whole. Every
+/// frame that crosses a link is a real packet of at most one MTU.
+///
+/// [`Link::is_local`]: crate::link::Link::is_local
+/// [`Link::send_burst`]: crate::link::Link::send_burst
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Burst {
+    /// Packets it stands for (at least 1), from the frame's PSN on.
+    pub packets: u32,
+    /// Payload bytes of all of them: one MTU in each but the last, which has 1 to MTU
+    /// (0 only in a lone zero-length packet).
+    pub len: u32,
+    /// The last packet ends the message (RDMA WRITE Last or Only, with `imm`).
+    pub ends: bool,
+    /// The immediate data of a last packet of RDMA WRITE with immediate.
+    pub imm: Option<u32>,
+    /// AckReq of the last packet.
+    pub ack_req: bool,
+    /// Bytes the packets would take on a wire (the port counters count them).
+    pub wire_len: u32,
+    /// The payload: `len` bytes from byte `offset` of `sges`, read in the sender's
+    /// protection domain `domain` ([`Memory::domain`]).
+    pub sges: SgeList,
+    /// See `sges`.
+    pub offset: u64,
+    /// See `sges`.
+    pub domain: u32,
 }
 
 /// A posted receive work request.

@@ -197,6 +197,21 @@ impl PortCounters {
         Counters::add_dev(&self.tx_octets, len as u64);
     }
 
+    /// Counts `packets` packets of `len` bytes in all sent as one burst on the loopback
+    /// queue (`rc::Burst`): the packets a wire would have carried.
+    #[inline]
+    pub(crate) fn transmitted_burst(&self, packets: u32, len: u32) {
+        Counters::add_dev(&self.tx_packets, u64::from(packets));
+        Counters::add_dev(&self.tx_octets, u64::from(len));
+    }
+
+    /// Counts `packets` packets of `len` bytes in all received as one burst.
+    #[inline]
+    pub(crate) fn received_burst(&self, packets: u32, len: u32) {
+        Counters::add_dev(&self.rx_packets, u64::from(packets));
+        Counters::add_dev(&self.rx_octets, u64::from(len));
+    }
+
     /// Counts one good frame of `len` bytes received.
     #[inline]
     pub(crate) fn received(&self, len: usize) {

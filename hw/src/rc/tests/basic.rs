@@ -724,10 +724,10 @@ fn frames_that_stay_in_the_device_carry_no_icrc_and_others_do() {
     let mut buf = vec![0; p.b.link.max_frame_len()];
     let n = p.b.link.try_recv(&mut buf).unwrap().expect("a request");
     RocePacket::parse(&buf[..n]).expect("a valid ICRC");
-    // Into a port's own loopback queue: the same frames with a zero ICRC field.
+    // Into a port's own loopback queue: the same frames with a zero ICRC field (a SEND:
+    // an RDMA WRITE goes as one burst there).
     let mut qp = RcQp::new(*p.a.qp.config()).unwrap();
-    qp.post_send(wr(2, WrOp::Write { remote: remote(0) }, &sg))
-        .unwrap();
+    qp.post_send(wr(2, WrOp::Send, &sg)).unwrap();
     let looped = Loopback::new(8, p.a.link.max_frame_len());
     let (mut rq, mut cq) = (VecDeque::new(), Vec::new());
     let mut env = Env {
