@@ -4,6 +4,7 @@
 //! runs are deterministic). `RC_TRACE=1` prints every frame each QP receives.
 
 mod basic;
+mod burst;
 mod errors;
 mod faults;
 
@@ -37,6 +38,10 @@ impl TestMem {
         self.regions
             .borrow_mut()
             .insert(key, Region { va, data, remote });
+    }
+    /// Forgets the region of `key` (a deregistered MR).
+    pub(super) fn deregister(&self, key: u32) {
+        self.regions.borrow_mut().remove(&key);
     }
     pub(super) fn bytes(&self, key: u32, va: u64, len: usize) -> Vec<u8> {
         let r = self.regions.borrow();
