@@ -375,3 +375,46 @@ fn randomized_mixed_operations_match_a_reference_copy() {
     );
     let _ = (&p.b, &p.cq_b);
 }
+
+/// A loopback WRITE goes as one burst whose payload the responder copies from the
+/// requester's memory: the source is still checked in the requester's PD and the target in
+/// the responder's.
+#[test]
+fn a_loopback_write_between_two_protection_domains_checks_each_key_in_its_own() {
+    use uhca::resource::CqConfig;
+    use uhca_tests::datapath::{connect, mr, pattern};
+    let (dev, _model) = uhca_tests::device();
+    let (pd_a, pd_b) = (dev.alloc_pd().unwrap(), dev.alloc_pd().unwrap());
+    let cfg = CqConfig::default();
+    let (mut cq_a, cq_b) = (dev.create_cq(&cfg).unwrap(), dev.create_cq(&cfg).unwrap());
+    let qcfg = QpConfig::default();
+    let mut a = dev.create_qp(&pd_a, &cq_a, &cq_a, &qcfg).unwrap();
+    let mut b = dev.create_qp(&pd_b, &cq_b, &cq_b, &qcfg).unwrap();
+    connect(&mut a, &dev, &mut b, &dev);
+    const LEN: usize = 40_000;
+    let src = mr(&pd_a, LEN, 0);
+    src.write(0, &pattern(LEN, 7)).unwrap();
+    let dst = mr(&pd_b, LEN, 0);
+    let mut write = |local: &uhca::resource::Mr, remote: &uhca::resource::Mr| {
+        a.post_send(&SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                local: Local::Sges(&[Sge::of(local, 0, LEN).unwrap()]),
+                remote: Remote::of(remote, 0),
+            },
+            flags: SIG,
+        })
+        .unwrap();
+        a.ring_doorbell();
+        wait_n(&mut cq_a, 1)[0]
+    };
+    assert!(write(&src, &dst).status.is_ok());
+    assert_eq!(read(&dst, 0, LEN), pattern(LEN, 7));
+    // The target's key in the requester's PD, not the responder's: a remote access error,
+    // nothing written.
+    let other = mr(&pd_a, LEN, 0);
+    let c = write(&src, &other);
+    assert!(is_err(&c, CqeSyndrome::RemoteAccess), "{c:?}");
+    assert_eq!(read(&other, 0, LEN), vec![0; LEN]);
+    drop(b);
+}

@@ -323,3 +323,55 @@ fn locking_the_table_again_while_a_pass_holds_it_panics_in_debug_builds() {
     drop(io);
     drop(mem);
 }
+
+#[test]
+fn a_copy_between_segments_crosses_mappings_overlaps_and_faults_untouched() {
+    let mut mem = pages();
+    for (i, b) in mem.0[3].iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    let io = Iommu::new();
+    io.set_bus_master(true);
+    io.map(0x10000, HostMapping::new(region(&mut mem, 0)))
+        .unwrap();
+    io.map(0x11000, HostMapping::new(region(&mut mem, 1)))
+        .unwrap();
+    io.map(0x20000, HostMapping::new(region(&mut mem, 2)).read_only())
+        .unwrap();
+    io.map(0x30000, HostMapping::new(region(&mut mem, 3)))
+        .unwrap();
+    let dma = io.dma();
+    // Source pieces across two mappings and from a third, into one target piece and a
+    // second one: 16 bytes of 1, 16 of 2, 8 of page 3's pattern.
+    dma.copy_segments(
+        &[(0x30800, 30), (0x30900, 10)],
+        &[(0x10ff0, 32), (0x30000, 8)],
+    )
+    .unwrap();
+    let mut got = [0u8; 40];
+    dma.read_segments(&[(0x30800, 30), (0x30900, 10)], &mut got)
+        .unwrap();
+    let want: Vec<u8> = [[1u8; 16].as_slice(), &[2; 16], &[0, 1, 2, 3, 4, 5, 6, 7]].concat();
+    assert_eq!(got.as_slice(), want);
+    // Overlapping ranges of one mapping: a memmove.
+    dma.copy_segments(&[(0x30010, 100)], &[(0x30000, 100)])
+        .unwrap();
+    let mut got = [0u8; 100];
+    dma.read(0x30010, &mut got).unwrap();
+    assert!(got.iter().enumerate().all(|(i, &b)| b == i as u8));
+    // A source hole or a read-only target: the side is named and nothing is written.
+    let faults = io.faults();
+    assert!(matches!(
+        dma.copy_segments(&[(0x10000, 8)], &[(0x30000, 4), (0x40000, 4)]),
+        Err((true, DmaError::Fault { .. }))
+    ));
+    assert!(matches!(
+        dma.copy_segments(&[(0x10000, 4), (0x20000, 4)], &[(0x30000, 8)]),
+        Err((false, DmaError::Fault { .. }))
+    ));
+    drop(dma);
+    assert_eq!(io.faults(), faults + 2);
+    drop(io);
+    assert!(mem.0[0].iter().all(|&v| v == 1), "no byte written");
+    assert!(mem.0[2].iter().all(|&v| v == 3), "no byte written");
+}
