@@ -638,6 +638,18 @@ impl Dma<'_> {
             dst.iter().map(|s| s.1).sum::<usize>()
         );
         self.io.gate().map_err(|e| (true, e))?;
+        // The common case: one segment on each side, each inside one mapping.
+        if let ([(s, n)], [(d, _)]) = (src, dst)
+            && let Some((ss, sm)) = self.t().lookup(*s)
+            && let Some((ds, dm)) = self.t().lookup(*d)
+            && dm.writable
+            && *n as u64 <= sm.len - (s - ss)
+            && *n as u64 <= dm.len - (d - ds)
+        {
+            sm.region
+                .copy_to((s - ss) as usize, &dm.region, (d - ds) as usize, *n);
+            return Ok(());
+        }
         let (mut from, mut to) = (Chunks::new(), Chunks::new());
         for &(iova, len) in src {
             self.translate(iova, len, false, &mut |c| from.push(c))

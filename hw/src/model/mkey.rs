@@ -709,18 +709,34 @@ pub(crate) fn mem_copy(
     .map_err(CopySide::Source)?;
     target.map_err(CopySide::Target)?;
     if bounce {
-        let mut buf = [0u8; 4096];
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(buf.len());
-            let at = done as u64;
-            let piece = &mut buf[..n];
-            mem_read(sh, dma, core, src.key, src.pd, src.va + at, piece, src.need)
-                .map_err(CopySide::Source)?;
-            mem_write(sh, dma, core, dst.key, dst.pd, dst.va + at, piece, dst.need)
-                .map_err(CopySide::Target)?;
-            done += n;
-        }
+        return copy_through_buffer(sh, dma, core, dst, src, len);
+    }
+    Ok(())
+}
+
+/// [`mem_copy`] where an end is device memory: a 4 KiB piece at a time through a buffer
+/// (apart, so that the host-to-host path does not zero the buffer on every call).
+#[cold]
+#[inline(never)]
+fn copy_through_buffer(
+    sh: &Shared,
+    dma: &Dma<'_>,
+    core: &Core,
+    dst: CopyEnd,
+    src: CopyEnd,
+    len: usize,
+) -> Result<(), CopySide> {
+    let mut buf = [0u8; 4096];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len());
+        let at = done as u64;
+        let piece = &mut buf[..n];
+        mem_read(sh, dma, core, src.key, src.pd, src.va + at, piece, src.need)
+            .map_err(CopySide::Source)?;
+        mem_write(sh, dma, core, dst.key, dst.pd, dst.va + at, piece, dst.need)
+            .map_err(CopySide::Target)?;
+        done += n;
     }
     Ok(())
 }

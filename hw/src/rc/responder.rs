@@ -386,7 +386,17 @@ impl Responder {
                 total,
             } => (va, rkey, left, total),
             _ => {
-                let reth = checked_reth(pkt, env, cfg.remote_access.write, Access::RemoteWrite)?;
+                // A burst of the whole message needs no look at the R_Key before the data
+                // moves: the copy checks the whole target range before it writes a byte
+                // (and a refusal there is the same NAK). One that leaves packets for later
+                // bursts is checked here, over the whole RETH range, as its first packet
+                // alone would be.
+                let allowed = cfg.remote_access.write;
+                let reth = if b.ends {
+                    reth_of(pkt, allowed)?
+                } else {
+                    checked_reth(pkt, env, allowed, Access::RemoteWrite)?
+                };
                 let n = reth.dma_length;
                 (reth.va, reth.r_key, n, n)
             }
@@ -899,18 +909,25 @@ fn checked_reth(
     allowed: bool,
     access: Access,
 ) -> Result<RethRepr, NakCode> {
-    if !allowed {
-        return Err(NakCode::InvalidRequest);
-    }
-    let reth = pkt.ext.reth.ok_or(NakCode::InvalidRequest)?;
+    let reth = reth_of(pkt, allowed)?;
     let n = reth.dma_length;
-    if n > 1 << 31 {
-        return Err(NakCode::InvalidRequest);
-    }
     if n > 0 {
         env.mem
             .check(reth.r_key, reth.va, u64::from(n), access)
             .map_err(|_| NakCode::RemoteAccessError)?;
+    }
+    Ok(reth)
+}
+
+/// The RETH of a request the QP's rights allow, its length in bounds; the R_Key is not
+/// looked at ([`checked_reth`] does).
+fn reth_of(pkt: &RocePacket<'_>, allowed: bool) -> Result<RethRepr, NakCode> {
+    if !allowed {
+        return Err(NakCode::InvalidRequest);
+    }
+    let reth = pkt.ext.reth.ok_or(NakCode::InvalidRequest)?;
+    if reth.dma_length > 1 << 31 {
+        return Err(NakCode::InvalidRequest);
     }
     Ok(reth)
 }
