@@ -221,7 +221,12 @@ impl Loopback {
             let cap = f.cap;
             let n = build(f.data_mut()).filter(|&n| n <= cap);
             f.len = n.unwrap_or(0);
-            f.burst = burst.copied();
+            match burst {
+                Some(b) => f.burst = Some(*b),
+                // Only the tag: a burst is some 300 bytes, a plain frame needs none.
+                None if f.burst.is_some() => f.burst = None,
+                None => {}
+            }
             n
         };
         match built {
