@@ -87,13 +87,34 @@ fn known_rc_traffic_gives_exact_packet_and_octet_counts() {
     assert_eq!(wait_n(&mut p.cq_a, 1)[0].status, WcStatus::Success);
     assert_eq!(read(&long, 0, LONG as usize), vec![0x5A; LONG as usize]);
 
+    // One READ of the same 2,498 bytes back: a request, then First (AETH), Middle and Last
+    // (AETH, 2-byte pad) responses, which the loopback queue also carries as one burst.
+    let back_long = mr(&p.pd, 4096, 0);
+    p.a.post_send(&SendWr {
+        wr_id: 101,
+        op: SendOp::Read {
+            local: &[Sge::of(&back_long, 0, LONG as usize).unwrap()],
+            remote: Remote::of(&long, 0),
+        },
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    p.a.ring_doorbell();
+    assert_eq!(wait_n(&mut p.cq_a, 1)[0].status, WcStatus::Success);
+    assert_eq!(
+        read(&back_long, 0, LONG as usize),
+        vec![0x5A; LONG as usize]
+    );
+
     let write = FIXED + ip + RETH + LEN;
     let ack = FIXED + ip + AETH;
     let read_req = FIXED + ip + RETH;
     let read_resp = FIXED + ip + AETH + READ;
     let long_write = 3 * (FIXED + ip) + RETH + LONG + 2;
-    let frames = 2 * WRITES + 2 + 3 + 1;
-    let octets = WRITES * (write + ack) + read_req + read_resp + long_write + ack;
+    let long_read = 3 * (FIXED + ip) + 2 * AETH + LONG + 2;
+    let frames = 2 * WRITES + 2 + 3 + 1 + 1 + 3;
+    let octets =
+        WRITES * (write + ack) + read_req + read_resp + long_write + ack + read_req + long_read;
     // Loopback: every frame leaves the port and comes back in.
     let c = counters(&p, false);
     assert_eq!(c.vport.transmitted_ib_unicast.packets, frames);

@@ -178,13 +178,14 @@ impl Tx {
     }
 
     /// Bytes on a wire of `packets` packets with `len` payload bytes in all, the first
-    /// with the extension headers of `ext` and, if there are several, the last with an
-    /// ImmDt if `imm` (one MTU in every packet but the last, so only the last is padded).
-    fn wire_len(&self, ext: &ExtHeaders, packets: u32, len: u32, imm: bool) -> u32 {
+    /// with the extension headers of `ext` and, if there are several, the last with a
+    /// 4-byte header of its own if `last_ext` (an ImmDt, or a READ response's AETH); one
+    /// MTU in every packet but the last, so only the last is padded.
+    fn wire_len(&self, ext: &ExtHeaders, packets: u32, len: u32, last_ext: bool) -> u32 {
         let per = (self.hdr.header_len() + crate::layout::roce::ICRC_SIZE) as u32;
-        let last_imm = if imm && packets > 1 { 4 } else { 0 };
+        let last = if last_ext && packets > 1 { 4 } else { 0 };
         let pad = u32::from(crate::layout::roce::pad_count(len as usize));
-        per * packets + ext.set().len() as u32 + last_imm + len + pad
+        per * packets + ext.set().len() as u32 + last + len + pad
     }
 
     /// Sends the headers of a burst's first packet (no payload, no ICRC: the frame stays
@@ -375,8 +376,9 @@ impl RcQp {
     }
 
     /// Takes one received frame that came with a [`Burst`] (a port's own loopback queue):
-    /// the RDMA WRITE packets it stands for. Dropped like [`receive`](Self::receive)'s
-    /// packets for another QP number or P_Key or in the error state.
+    /// the RDMA WRITE request or READ response packets it stands for. Dropped like
+    /// [`receive`](Self::receive)'s packets for another QP number or P_Key or in the error
+    /// state.
     pub fn receive_burst(&mut self, pkt: &RocePacket<'_>, burst: &Burst, env: &mut Env<'_>) {
         self.stats.rx_packets += u64::from(burst.packets);
         if pkt.bth.dest_qp != self.cfg.qpn
@@ -386,10 +388,14 @@ impl RcQp {
             self.stats.rx_dropped += u64::from(burst.packets);
             return;
         }
-        if self
-            .resp
-            .on_burst(pkt, burst, env, &self.cfg, &mut self.stats)
-        {
+        let fatal = if pkt.opcode().is_request() {
+            self.resp
+                .on_burst(pkt, burst, env, &self.cfg, &mut self.stats)
+        } else {
+            self.req
+                .on_read_burst(pkt, burst, env, &self.cfg, &mut self.stats)
+        };
+        if fatal {
             self.state = QpState::Error;
         }
     }

@@ -21,7 +21,7 @@ mod queue;
 
 use queue::SendQueue;
 
-use super::sge::{CopyError, check_gather, gather, scatter};
+use super::sge::{CopyError, check_gather, gather, scatter, scatter_from};
 use super::types::*;
 use super::{Env, RcStats, Tx, TxStop};
 use crate::layout::roce::{
@@ -649,6 +649,93 @@ impl Requester {
             self.arm(cx.cfg, cx.env.clock);
         }
         Ok(true)
+    }
+
+    /// Handles a READ response [`Burst`]: the rest of the READ's responses, taken as
+    /// [`on_read_response`](Self::on_read_response) would take them one by one (PSN,
+    /// opcodes, lengths), the data copied from the responder's memory into the local SGEs
+    /// at once. Returns true when the QP must go to error.
+    pub(super) fn on_read_burst(
+        &mut self,
+        pkt: &RocePacket<'_>,
+        b: &Burst,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+        stats: &mut RcStats,
+    ) -> bool {
+        let p = Psn::new(pkt.bth.psn);
+        if p.before(self.una) || !p.before(self.max_sent) {
+            stats.rx_dropped += u64::from(b.packets);
+            return false;
+        }
+        let mut cx = Cx { env, cfg, stats };
+        if self.retire_before(&mut cx, p) {
+            self.progressed(cx.cfg, cx.env.clock);
+        }
+        let Some(w) = self.wqes.front() else {
+            return false;
+        };
+        let Some(k) = w
+            .index_of(p)
+            .filter(|_| matches!(w.wr.op, WrOp::Read { .. }) && p == self.una)
+        else {
+            cx.stats.rx_dropped += u64::from(b.packets);
+            if p.after(self.una) {
+                return self.go_back(&mut cx, true);
+            }
+            return false;
+        };
+        // The responses from packet `k` to the READ's last: the opcode of the first, and
+        // the lengths of all (one MTU in each but the last).
+        let mtu = cx.cfg.mtu.bytes();
+        let lone = k + 1 == w.npkts;
+        let op_fits = if lone {
+            matches!(
+                pkt.opcode(),
+                RcOpcode::RdmaReadResponseLast | RcOpcode::RdmaReadResponseOnly
+            )
+        } else {
+            matches!(
+                pkt.opcode(),
+                RcOpcode::RdmaReadResponseFirst | RcOpcode::RdmaReadResponseMiddle
+            )
+        };
+        let [src] = b.sges.as_slice() else {
+            return self.fail_front(&mut cx, WcStatus::BadResponse);
+        };
+        let want = w.len - k * mtu;
+        if !op_fits || !b.ends || b.packets != w.npkts - k || b.len != want {
+            return self.fail_front(&mut cx, WcStatus::BadResponse);
+        }
+        let LocalRef::Sges(sges) = w.wr.local() else {
+            unreachable!("checked at post")
+        };
+        let at = u64::from(k) * u64::from(mtu);
+        let copied = scatter_from(
+            cx.env.mem,
+            sges,
+            at,
+            want as usize,
+            b.domain,
+            src.lkey,
+            src.addr.wrapping_add(b.offset),
+        );
+        match copied {
+            Ok(()) => {}
+            Err(CopyFault::Target(_)) => {
+                return self.fail_front(&mut cx, WcStatus::LocalProtection);
+            }
+            // The responder's memory went away after it checked it: lost like a dropped
+            // response; the timer asks again and the responder then answers with a NAK.
+            Err(CopyFault::Source(_)) => {
+                cx.stats.rx_dropped += u64::from(b.packets);
+                return false;
+            }
+        }
+        self.una = p.add(b.packets);
+        self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+        self.progressed(cx.cfg, cx.env.clock);
+        self.check_front(&mut cx)
     }
 
     /// Handles a response packet. Returns true when the QP must go to error.

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use super::sge::{CopyError, copy_in, scatter};
+use super::sge::{CopyError, Sge, SgeList, copy_in, scatter};
 use super::types::*;
 use super::{Env, RcStats, Tx, TxStop};
 use crate::layout::roce::{
@@ -81,6 +81,68 @@ enum Outcome {
     Done(u32),
     /// No receive WR posted.
     Rnr,
+}
+
+/// Sends the READ responses from `psn` to `last` (`left` bytes at `va` through `rkey`) as
+/// one [`Burst`] on a local link: the first one's headers (First or Only, or Middle or Last
+/// if `started`, with its AETH) and the R_Key and range for the requester to copy from.
+/// `Ok(false)`: the range no longer passes the remote-read check, nothing sent.
+#[allow(clippy::too_many_arguments)]
+fn read_burst(
+    tx: &mut Tx,
+    env: &mut Env<'_>,
+    stats: &mut RcStats,
+    psn: Psn,
+    last: Psn,
+    va: u64,
+    rkey: u32,
+    left: u32,
+    started: bool,
+    msn: u32,
+) -> Result<bool, TxStop> {
+    if env
+        .mem
+        .check(rkey, va, u64::from(left), Access::RemoteRead)
+        .is_err()
+    {
+        return Ok(false);
+    }
+    let packets = last.diff(psn) as u32 + 1;
+    let op = match (started, packets == 1) {
+        (false, true) => RcOpcode::RdmaReadResponseOnly,
+        (false, false) => RcOpcode::RdmaReadResponseFirst,
+        (true, true) => RcOpcode::RdmaReadResponseLast,
+        (true, false) => RcOpcode::RdmaReadResponseMiddle,
+    };
+    // AETH on First, Last and Only (IBA Vol. 1 Table 38).
+    let aeth = (!started || packets == 1).then_some(AethRepr {
+        syndrome: NO_CREDITS,
+        msn,
+    });
+    let ext = ExtHeaders {
+        aeth,
+        ..Default::default()
+    };
+    let mut sges = SgeList::new();
+    // One entry: cannot fail.
+    let _ = sges.push(Sge {
+        lkey: rkey,
+        addr: va,
+        len: left,
+    });
+    let burst = Burst {
+        packets,
+        len: left,
+        ends: true,
+        imm: None,
+        ack_req: false,
+        wire_len: tx.wire_len(&ext, packets, left, true),
+        sges,
+        offset: 0,
+        domain: env.mem.domain(),
+    };
+    tx.send_burst(env.link, stats, op, psn, &ext, &burst)?;
+    Ok(true)
 }
 
 /// What an in-sequence burst did.
@@ -777,6 +839,27 @@ impl Responder {
                     started,
                     msn,
                 } => {
+                    if tx.is_local(env.link) {
+                        // The whole rest as one burst, read by the requester (see
+                        // `read_burst`); a region that went away is NAKed here as below.
+                        match read_burst(tx, env, stats, psn, last, va, rkey, left, started, msn) {
+                            Ok(true) => {
+                                self.out.pop_front();
+                                continue;
+                            }
+                            Ok(false) => {
+                                let nak = AethSyndrome::Nak(NakCode::RemoteOperationalError);
+                                *r = Resp::Ack {
+                                    psn,
+                                    syndrome: nak,
+                                    msn,
+                                };
+                                fatal = true;
+                                continue;
+                            }
+                            Err(TxStop::Busy) => break,
+                        }
+                    }
                     let n = left.min(mtu) as usize;
                     let end = psn == last;
                     let op = match (started, end) {

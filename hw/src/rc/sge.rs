@@ -184,3 +184,40 @@ pub(super) fn copy_in(
         (Err(_), None) => Err(CopyFault::Source(AccessError::OutOfRange)),
     }
 }
+
+/// Copies `len` bytes at `src_va` through `src_key` (read in protection domain `domain`)
+/// to byte `offset` of the list ([`Access::LocalWrite`]): the requester's end of a READ
+/// response [`Burst`](super::Burst). A list shorter than `offset + len` is a target fault.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn scatter_from(
+    mem: &dyn Memory,
+    sges: &SgeList,
+    offset: u64,
+    len: usize,
+    domain: u32,
+    src_key: u32,
+    src_va: u64,
+) -> Result<(), CopyFault> {
+    let mut fault = None;
+    let res = pieces(sges, offset, len, |s, va, at, n| {
+        let from = src_va + at as u64;
+        mem.copy_in(
+            s.lkey,
+            va,
+            Access::LocalWrite,
+            domain,
+            src_key,
+            from,
+            n as u64,
+        )
+        .map_err(|f| {
+            fault = Some(f);
+            AccessError::Fault
+        })
+    });
+    match (res, fault) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(f)) => Err(f),
+        (Err(_), None) => Err(CopyFault::Target(AccessError::OutOfRange)),
+    }
+}

@@ -724,19 +724,20 @@ pub enum CopyFault {
     Target(AccessError),
 }
 
-/// Segmentation offload on a local link: consecutive request packets of one RDMA WRITE
-/// sent as one frame, whose payload stays in the sender's memory until the receiver
-/// copies it in.
+/// Segmentation offload on a local link: consecutive packets of one message (RDMA WRITE
+/// requests, or the responses to an RDMA READ) sent as one frame, whose payload stays in
+/// the sender's memory until the receiver copies it in.
 ///
 /// Only a link that keeps frames inside the device ([`Link::is_local`], a port's own
 /// loopback queue) carries bursts ([`Link::send_burst`]), as Linux's `lo` takes 64 KiB
 /// segments (`NETIF_F_ALL_TSO`, MTU 64 KiB) and hands the sender's buffer to the receiver
 /// without a copy: nothing on such a path can split, lose or corrupt a packet, and no wire
 /// sees it. The frame holds the first packet's headers (opcode, PSN, RETH) and no payload;
-/// the burst says what the packets after it carry. The responder takes it as it would
-/// take the packets one by one (PSN, opcode sequence, lengths, R_Key, then the data, then
-/// an ACK if the last packet asks), with one key check and one copy for the whole. Every
-/// frame that crosses a link is a real packet of at most one MTU.
+/// the burst says what the packets after it carry. The receiver takes it as it would
+/// take the packets one by one (a responder: PSN, opcode sequence, lengths, R_Key, then the
+/// data, then an ACK if the last packet asks; a requester: the response's PSN, opcodes and
+/// lengths, then the data and the completion), with one key check and one copy for the
+/// whole. Every frame that crosses a link is a real packet of at most one MTU.
 ///
 /// [`Link::is_local`]: crate::link::Link::is_local
 /// [`Link::send_burst`]: crate::link::Link::send_burst
@@ -747,7 +748,8 @@ pub struct Burst {
     /// Payload bytes of all of them: one MTU in each but the last, which has 1 to MTU
     /// (0 only in a lone zero-length packet).
     pub len: u32,
-    /// The last packet ends the message (RDMA WRITE Last or Only, with `imm`).
+    /// The last packet ends the message (RDMA WRITE Last or Only, with `imm`; a READ
+    /// response burst always does).
     pub ends: bool,
     /// The immediate data of a last packet of RDMA WRITE with immediate.
     pub imm: Option<u32>,
@@ -756,7 +758,8 @@ pub struct Burst {
     /// Bytes the packets would take on a wire (the port counters count them).
     pub wire_len: u32,
     /// The payload: `len` bytes from byte `offset` of `sges`, read in the sender's
-    /// protection domain `domain` ([`Memory::domain`]).
+    /// protection domain `domain` ([`Memory::domain`]). A READ response's is one entry:
+    /// the R_Key and address of the request, checked by the responder for remote read.
     pub sges: SgeList,
     /// See `sges`.
     pub offset: u64,

@@ -357,3 +357,77 @@ fn a_burst_resent_after_a_lost_ack_is_a_duplicate_acknowledged_once() {
         l.mem.bytes(SRC, VA_SRC, 5000)
     );
 }
+
+fn read(remote_off: u64) -> WrOp {
+    WrOp::Read {
+        remote: RemoteAddr {
+            addr: VA_DST + remote_off,
+            rkey: DST,
+        },
+    }
+}
+
+#[test]
+fn reads_of_every_size_come_back_as_one_burst_and_land_exactly() {
+    for mtu in [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096] {
+        let m = mtu.bytes();
+        let mut l = Local::new(mtu);
+        let sizes = [1, 3, m - 1, m, m + 1, 2 * m, 7 * m + 5, 40_000];
+        let mut off = 0u64;
+        for (i, n) in sizes.into_iter().enumerate() {
+            // Into three uneven SGEs of the source region.
+            l.a.post_send(wr(i as u64, read(off + 4), &split(SRC, VA_SRC + off, n)))
+                .unwrap();
+            l.settle();
+            assert_eq!(
+                l.mem.bytes(SRC, VA_SRC + off, n as usize),
+                l.mem.bytes(DST, VA_DST + off + 4, n as usize),
+                "{mtu:?} {n}"
+            );
+            off += u64::from(n) + 64;
+        }
+        let ok: Vec<_> = (0..sizes.len() as u64)
+            .map(|i| (i, WcStatus::Success))
+            .collect();
+        assert_eq!(l.sends(), ok, "{mtu:?}");
+        assert_eq!(
+            l.bursts,
+            sizes.len() as u64,
+            "one burst per READ's responses"
+        );
+        let packets: u64 = sizes.iter().map(|&n| u64::from(n.div_ceil(m))).sum();
+        assert_eq!(l.burst_packets, packets, "{mtu:?}");
+    }
+}
+
+#[test]
+fn a_read_into_a_bad_local_key_is_a_local_protection_error() {
+    let mut l = Local::new(Mtu::Mtu1024);
+    let sg = [Sge {
+        lkey: 0x777,
+        addr: VA_SRC,
+        len: 3000,
+    }];
+    l.a.post_send(wr(1, read(0), &sg)).unwrap();
+    l.settle();
+    assert_eq!(l.sends(), [(1, WcStatus::LocalProtection)]);
+}
+
+#[test]
+fn a_read_of_a_region_gone_under_its_responses_is_a_remote_operational_error() {
+    let mut l = Local::new(Mtu::Mtu1024);
+    let before = l.mem.bytes(SRC, VA_SRC, 3000);
+    l.a.post_send(wr(1, read(0), &split(SRC, VA_SRC, 3000)))
+        .unwrap();
+    // The request goes, the responder checks it and sends its responses as a burst.
+    l.step();
+    l.step();
+    assert_eq!(l.b.stats().rx_packets, 1);
+    // The region goes before the requester copies: the burst is lost, the retried
+    // request finds the region gone.
+    l.mem.deregister(DST);
+    l.settle();
+    assert_eq!(l.sends(), [(1, WcStatus::RemoteOperational)]);
+    assert_eq!(l.mem.bytes(SRC, VA_SRC, 3000), before, "nothing placed");
+    assert_eq!(l.a.stats().timeouts, 1);
+}
