@@ -562,10 +562,18 @@ impl Requester {
             });
             return Ok(false);
         }
+        self.sent(cx, psn, next, ack_req, end);
+        Ok(true)
+    }
+
+    /// The send cursor after the packets from `psn` to before `next` went out, the last
+    /// asking for an ACK if `ack_req`; `end`: the end of the WQE they belong to.
+    fn sent(&mut self, cx: &mut Cx<'_, '_, '_>, psn: Psn, next: Psn, ack_req: bool, end: Psn) {
+        let n = next.diff(psn) as u32;
         if psn.before(self.max_sent) {
-            cx.stats.retransmits += 1;
+            cx.stats.retransmits += u64::from(n.min(self.max_sent.diff(psn) as u32));
         }
-        self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + 1 };
+        self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + n };
         self.send_psn = next;
         if !next.before(end) {
             self.send_idx += 1;
@@ -576,7 +584,6 @@ impl Requester {
         if self.deadline.is_none() && self.arm_pending == 0 {
             self.arm(cx.cfg, cx.env.clock);
         }
-        Ok(true)
     }
 
     /// Sends the RDMA WRITE packets from packet `k` of the WQE at `send_idx` on, as many
@@ -633,21 +640,7 @@ impl Requester {
         };
         let (psn, end) = (self.send_psn, w.end());
         tx.send_burst(cx.env.link, cx.stats, opcode, psn, &ext, &burst)?;
-        if psn.before(self.max_sent) {
-            cx.stats.retransmits += u64::from(n.min(self.max_sent.diff(psn) as u32));
-        }
-        self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + n };
-        let next = psn.add(n);
-        self.send_psn = next;
-        if !next.before(end) {
-            self.send_idx += 1;
-        }
-        if next.after(self.max_sent) {
-            self.max_sent = next;
-        }
-        if self.deadline.is_none() && self.arm_pending == 0 {
-            self.arm(cx.cfg, cx.env.clock);
-        }
+        self.sent(cx, psn, psn.add(n), ack_req, end);
         Ok(true)
     }
 
@@ -669,22 +662,11 @@ impl Requester {
             return false;
         }
         let mut cx = Cx { env, cfg, stats };
-        if self.retire_before(&mut cx, p) {
-            self.progressed(cx.cfg, cx.env.clock);
-        }
-        let Some(w) = self.wqes.front() else {
-            return false;
+        let k = match self.read_response_at(&mut cx, p, b.packets) {
+            Ok(k) => k,
+            Err(fatal) => return fatal,
         };
-        let Some(k) = w
-            .index_of(p)
-            .filter(|_| matches!(w.wr.op, WrOp::Read { .. }) && p == self.una)
-        else {
-            cx.stats.rx_dropped += u64::from(b.packets);
-            if p.after(self.una) {
-                return self.go_back(&mut cx, true);
-            }
-            return false;
-        };
+        let w = &self.wqes[0];
         // The responses from packet `k` to the READ's last: the opcode of the first, and
         // the lengths of all (one MTU in each but the last).
         let mtu = cx.cfg.mtu.bytes();
@@ -835,6 +817,30 @@ impl Requester {
         }
     }
 
+    /// Where a READ response at `p` (standing for `packets` packets) falls: after retiring
+    /// what it acknowledges, `Ok(k)` if it is the next expected response, packet `k` of the
+    /// READ at the front. Otherwise it is dropped (and counted), and `Err` says whether the
+    /// QP must go to error: a gap (an earlier response or the request was lost, IBA
+    /// §9.7.5.1.3) goes back to resend.
+    fn read_response_at(
+        &mut self,
+        cx: &mut Cx<'_, '_, '_>,
+        p: Psn,
+        packets: u32,
+    ) -> Result<u32, bool> {
+        if self.retire_before(cx, p) {
+            self.progressed(cx.cfg, cx.env.clock);
+        }
+        let w = self.wqes.front().ok_or(false)?;
+        let k = w
+            .index_of(p)
+            .filter(|_| matches!(w.wr.op, WrOp::Read { .. }) && p == self.una);
+        k.ok_or_else(|| {
+            cx.stats.rx_dropped += u64::from(packets);
+            p.after(self.una) && self.go_back(cx, true)
+        })
+    }
+
     fn on_read_response(
         &mut self,
         cx: &mut Cx<'_, '_, '_>,
@@ -842,23 +848,11 @@ impl Requester {
         op: RcOpcode,
         data: &[u8],
     ) -> bool {
-        if self.retire_before(cx, p) {
-            self.progressed(cx.cfg, cx.env.clock);
-        }
-        let Some(w) = self.wqes.front() else {
-            return false;
+        let k = match self.read_response_at(cx, p, 1) {
+            Ok(k) => k,
+            Err(fatal) => return fatal,
         };
-        let Some(k) = w
-            .index_of(p)
-            .filter(|_| matches!(w.wr.op, WrOp::Read { .. }) && p == self.una)
-        else {
-            cx.stats.rx_dropped += 1;
-            if p.after(self.una) {
-                // A gap: an earlier response (or the request) was lost (IBA §9.7.5.1.3).
-                return self.go_back(cx, true);
-            }
-            return false;
-        };
+        let w = &self.wqes[0];
         let mtu = cx.cfg.mtu.bytes();
         let last = k + 1 == w.npkts;
         let want = if last { w.len - k * mtu } else { mtu };

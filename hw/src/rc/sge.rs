@@ -161,28 +161,16 @@ pub(super) fn copy_in(
     offset: u64,
     len: usize,
 ) -> Result<(), CopyFault> {
-    let mut fault = None;
-    let res = pieces(sges, offset, len, |s, va, at, n| {
-        mem.copy_in(
-            dst_key,
-            dst_va + at as u64,
-            access,
-            domain,
-            s.lkey,
-            va,
-            n as u64,
-        )
-        .map_err(|f| {
-            fault = Some(f);
-            AccessError::Fault
-        })
-    });
-    match (res, fault) {
-        (Ok(()), _) => Ok(()),
-        (Err(_), Some(f)) => Err(f),
-        // The list is shorter than the sender checked: it changed under the frame.
-        (Err(_), None) => Err(CopyFault::Source(AccessError::OutOfRange)),
-    }
+    // A list shorter than the sender checked changed under the frame: the source's fault.
+    copy_pieces(
+        sges,
+        offset,
+        len,
+        CopyFault::Source,
+        |s, va, at| (dst_key, dst_va + at, access, s.lkey, va),
+        mem,
+        domain,
+    )
 }
 
 /// Copies `len` bytes at `src_va` through `src_key` (read in protection domain `domain`)
@@ -198,26 +186,41 @@ pub(super) fn scatter_from(
     src_key: u32,
     src_va: u64,
 ) -> Result<(), CopyFault> {
+    copy_pieces(
+        sges,
+        offset,
+        len,
+        CopyFault::Target,
+        |s, va, at| (s.lkey, va, Access::LocalWrite, src_key, src_va + at),
+        mem,
+        domain,
+    )
+}
+
+/// [`Memory::copy_in`] for each piece of `len` bytes from byte `offset` of `sges`: `ends`
+/// maps a piece (entry, address, offset in the span) to (target key, target address,
+/// access, source key, source address). A list too short is `short`'s fault.
+fn copy_pieces(
+    sges: &SgeList,
+    offset: u64,
+    len: usize,
+    short: fn(AccessError) -> CopyFault,
+    ends: impl Fn(&Sge, u64, u64) -> (u32, u64, Access, u32, u64),
+    mem: &dyn Memory,
+    domain: u32,
+) -> Result<(), CopyFault> {
     let mut fault = None;
     let res = pieces(sges, offset, len, |s, va, at, n| {
-        let from = src_va + at as u64;
-        mem.copy_in(
-            s.lkey,
-            va,
-            Access::LocalWrite,
-            domain,
-            src_key,
-            from,
-            n as u64,
-        )
-        .map_err(|f| {
-            fault = Some(f);
-            AccessError::Fault
-        })
+        let (dk, dva, access, sk, sva) = ends(s, va, at as u64);
+        mem.copy_in(dk, dva, access, domain, sk, sva, n as u64)
+            .map_err(|f| {
+                fault = Some(f);
+                AccessError::Fault
+            })
     });
     match (res, fault) {
         (Ok(()), _) => Ok(()),
         (Err(_), Some(f)) => Err(f),
-        (Err(_), None) => Err(CopyFault::Target(AccessError::OutOfRange)),
+        (Err(_), None) => Err(short(AccessError::OutOfRange)),
     }
 }
