@@ -49,7 +49,7 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion, SparseArea};
 
 use host::ClientMemory;
-use uhca::hw::model::{Hca, ModelError};
+use uhca::hw::model::{Hca, IOVA_START, ModelError};
 
 /// Size of the config-space region: the conventional 256 bytes. The model's space is 4 KiB
 /// but has no PCI Express capability and nothing past 0x100; a 256-byte region makes QEMU's
@@ -370,6 +370,23 @@ impl ServerBackend for ModelDevice {
             self.unbacked.insert(address, size);
             return Ok(());
         };
+        // The model's IOMMU keeps the pages below IOVA_START unmapped, so that a null IOVA
+        // always faults. A client without an IOMMU of its own (QEMU, which maps guest RAM
+        // at its physical addresses) maps page 0 too: that part is accepted and left
+        // unbacked, like a map without a file, and the rest is mapped.
+        let below = IOVA_START.saturating_sub(address).min(size);
+        if below > 0 {
+            tracing::debug!(
+                iova = address,
+                size = below,
+                "DMA_MAP below the model's first usable IOVA: accepted, not DMA-able"
+            );
+            self.unbacked.insert(address, below);
+        }
+        let (address, offset, size) = (address + below, offset + below, size - below);
+        if size == 0 {
+            return Ok(());
+        }
         let len = usize::try_from(size).map_err(|_| invalid(format!("size {size:#x}")))?;
         let writable = flags.contains(DmaMapFlags::WRITE);
         let read_only = self
@@ -557,6 +574,25 @@ mod tests {
         d.dma_unmap(DmaUnmapFlags::empty(), 0x20_0000, 0x2000)
             .unwrap();
         assert!(d.hca.dma_mappings().is_empty());
+        // Page 0 (below the model's first usable IOVA), as QEMU maps guest RAM: accepted,
+        // the page left out and the rest mapped; the unmap of the whole range removes it.
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(0x3000).unwrap();
+        d.dma_map(
+            DmaMapFlags::READ_WRITE,
+            0,
+            0,
+            0x1000,
+            Some(f.try_clone().unwrap()),
+        )
+        .unwrap();
+        assert!(d.hca.dma_mappings().is_empty());
+        d.dma_unmap(DmaUnmapFlags::empty(), 0, 0x1000).unwrap();
+        d.dma_map(DmaMapFlags::READ_WRITE, 0, 0, 0x3000, Some(f))
+            .unwrap();
+        assert_eq!(d.hca.dma_mappings(), vec![(0x1000, 0x2fff)]);
+        d.dma_unmap(DmaUnmapFlags::empty(), 0, 0x3000).unwrap();
+        assert!(d.hca.dma_mappings().is_empty() && !d.unbacked.contains_key(&0));
         assert!(
             d.set_irqs(
                 VFIO_PCI_MSIX_IRQ_INDEX,
