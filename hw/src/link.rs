@@ -14,7 +14,9 @@
 //! as datagrams between processes) fits the same trait: `send` is one `sendto`, `try_recv`
 //! one non-blocking `recv`, and its socket errors travel in [`LinkError::Io`].
 //! [`Loopback`] is a port's queue to itself: the same buffer discipline on one thread,
-//! without atomics or locks.
+//! without atomics or locks. It is the one local link ([`Link::is_local`]): its frames
+//! carry no ICRC, and it alone takes [`Burst`]s ([`Link::send_burst`]), a frame with a
+//! description of the packets it stands for beside it.
 //!
 //! `Link` itself asks for no `Send` or `Sync` (a port's loopback queue and the engine's
 //! view of its port are neither); a link shared between threads is a
