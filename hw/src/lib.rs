@@ -1,6 +1,6 @@
 //! Hardware side of uhca: the mlx5 layouts and the software model of the HCA.
 //!
-//! - [`layout`]: every byte layout the driver and the device exchange (init segment,
+//! - [`layout`](mod@layout): every byte layout the driver and the device exchange (init segment,
 //!   command queue, command messages, contexts, WQEs, CQEs, EQEs), defined once from
 //!   `shared/spec/prm-subset.md` and used by both sides. Dependency-free and safe.
 //! - `model` (feature `model`, on by default): a software ConnectX-class HCA that speaks

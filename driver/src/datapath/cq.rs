@@ -2,7 +2,7 @@
 //! of each CQE, index checks against the work queues' shadows, and typed completions.
 //!
 //! The poller owns its consumer index (`&mut`): one thread polls a CQ at a time, with no
-//! lock. It finds the work queue of a CQE in a per-CQ table of [`WqShadow`]s that it caches
+//! lock. It finds the work queue of a CQE in a per-CQ table of `WqShadow`s that it caches
 //! locally; the shared table is locked only when a QP is created or destroyed, or the first
 //! time a new QPN is seen.
 

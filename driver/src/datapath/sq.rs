@@ -1,13 +1,13 @@
 //! The send and receive rings of a QP (prm-subset.md §9.2-9.6) and their shadows.
 //!
 //! Posting writes a WQE into the ring with whole 8-byte stores and advances a local
-//! producer counter; [`SendRing::ring_doorbell`] publishes a whole batch: doorbell record,
+//! producer counter; `SendRing::ring_doorbell` publishes a whole batch: doorbell record,
 //! then one doorbell (or BlueFlame) write. The common one-SGE WRITE/SEND has its own
 //! path (`SendRing::post_one_sge`): the control segment's constant part (QPN) is
 //! precomputed, and the three segments are six stores of values built in registers. Other
 //! WQEs are built in a stack buffer by [`WqeBuf`] and copied in.
 //!
-//! The [`WqShadow`] records each work request's `wr_id` and size where the CQ poller
+//! The `WqShadow` records each work request's `wr_id` and size where the CQ poller
 //! (possibly another thread) can find them; its words are atomics, written once per
 //! operation with plain stores on x86-64.
 

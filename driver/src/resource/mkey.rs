@@ -3,7 +3,7 @@
 //!
 //! Registration of host memory, in order:
 //! 1. check the access flags (remote write and remote atomic need local write, as verbs);
-//! 2. charge the pinned bytes against RLIMIT_MEMLOCK ([`MemlockPolicy`]) before pinning;
+//! 2. charge the pinned bytes against RLIMIT_MEMLOCK ([`MemlockPolicy`](crate::dma::MemlockPolicy)) before pinning;
 //! 3. pick the MKey page size `P` (by default the smallest power of two covering the MR,
 //!    at most `max_mkey_log_entity_size_mtt`, so the MTT has one or two entries), map the
 //!    buffer's pages into one `P`-aligned IOVA window ([`UserMapping`]);

@@ -52,9 +52,9 @@ layout! {
 
 /// Register offsets the driver touches directly (prm-subset.md §2).
 pub mod reg {
-    /// `cmdq_addr_h`: command queue address bits [63:32].
+    /// `cmdq_addr_h`: command queue address bits `[63:32]`.
     pub const CMDQ_ADDR_H: usize = 0x0010;
-    /// `cmdq_addr_l_sz`: address bits [31:12], nic_interface [9:8], log sizes [7:0].
+    /// `cmdq_addr_l_sz`: address bits `[31:12]`, nic_interface `[9:8]`, log sizes `[7:0]`.
     pub const CMDQ_ADDR_L_SZ: usize = 0x0014;
     /// `cmd_dbell`: write `1 << slot` to hand entries to the device.
     pub const CMD_DBELL: usize = 0x0018;
@@ -76,7 +76,7 @@ pub mod reg {
     pub const INTERNAL_TIMER_H: usize = 0x1000;
     /// `internal_timer_l`.
     pub const INTERNAL_TIMER_L: usize = 0x1004;
-    /// `health_counter`: [31:24] syndrome, [23:0] counter.
+    /// `health_counter`: `[31:24]` syndrome, `[23:0]` counter.
     pub const HEALTH_COUNTER: usize = 0x1010;
     /// Bytes of BAR0 the initialization segment covers.
     pub const INIT_SEG_SIZE: usize = 0x2010;
@@ -84,19 +84,19 @@ pub mod reg {
 
 /// `cmdq_addr_l_sz` fields (prm-subset.md §2).
 pub mod cmdq_addr_l_sz {
-    /// Address bits [31:12].
+    /// Address bits `[31:12]`.
     pub const ADDR_MASK: u32 = 0xFFFF_F000;
-    /// `nic_interface` shift ([9:8]).
+    /// `nic_interface` shift (`[9:8]`).
     pub const NIC_INTERFACE_SHIFT: u32 = 8;
-    /// `log_cmdq_size` ([7:4]).
+    /// `log_cmdq_size` (`[7:4]`).
     pub const fn log_cmdq_size(v: u32) -> u32 {
         (v >> 4) & 0xF
     }
-    /// `log_cmdq_stride` ([3:0]).
+    /// `log_cmdq_stride` (`[3:0]`).
     pub const fn log_cmdq_stride(v: u32) -> u32 {
         v & 0xF
     }
-    /// `nic_interface` ([9:8]).
+    /// `nic_interface` (`[9:8]`).
     pub const fn nic_interface(v: u32) -> u32 {
         (v >> 8) & 0x3
     }
@@ -145,7 +145,7 @@ crate::enum_with_unknown! {
 }
 
 /// Decodes a timeout register (`cmd_exec_to`, `cmd_q_init_to`; Linux `lib/tout.c`):
-/// [31:29] multiplier (0 ms, 1 s, 2 min, 3 h; low 2 bits used), [19:0] value.
+/// `[31:29]` multiplier (0 ms, 1 s, 2 min, 3 h; low 2 bits used), `[19:0]` value.
 /// Returns `None` for 0 (not reported).
 pub fn decode_timeout_ms(reg: u32) -> Option<u64> {
     let value = u64::from(reg & 0xF_FFFF);

@@ -11,7 +11,7 @@
 //! cqc.set_log_cq_size(10);
 //! cqc.set_dbr_addr(0x1000);
 //! assert_eq!(cqc.log_cq_size(), 10);
-//! assert_eq!(buf[0x0c], 10); // log_cq_size: 0x0c [28:24]
+//! assert_eq!(buf[0x0c], 10); // log_cq_size: 0x0c `[28:24]`
 //! ```
 //!
 //! Views are generic over [`Buf`], so the same view reads a command mailbox copy (`[u8]`)
@@ -525,7 +525,7 @@ macro_rules! layout {
     (@const $s:ident $off:literal $($rest:tt)*) => {};
 
     (@get $f:ident $off:literal [$msb:literal : $lsb:literal]) => {
-        #[doc = concat!("`", stringify!($f), "`: byte ", stringify!($off), " bits [", stringify!($msb), ":", stringify!($lsb), "].")]
+        #[doc = concat!("`", stringify!($f), "`: byte ", stringify!($off), " bits `[", stringify!($msb), ":", stringify!($lsb), "]`.")]
         #[inline]
         pub fn $f(&self) -> u32 {
             $crate::layout::Buf::get_bits(&self.buf, $off, $msb, $lsb)
@@ -551,7 +551,7 @@ macro_rules! layout {
     (@get $f:ident $off:literal flex) => {};
 
     (@set $f:ident $s:ident $off:literal [$msb:literal : $lsb:literal]) => {
-        #[doc = concat!("Sets `", stringify!($f), "` (byte ", stringify!($off), " bits [", stringify!($msb), ":", stringify!($lsb), "]).")]
+        #[doc = concat!("Sets `", stringify!($f), "` (byte ", stringify!($off), " bits `[", stringify!($msb), ":", stringify!($lsb), "]`).")]
         #[inline]
         pub fn $s(&mut self, v: u32) {
             $crate::layout::BufMut::set_bits(&mut self.buf, $off, $msb, $lsb, v)

@@ -25,9 +25,9 @@ pub const fn bf_reg_offset(k: usize, log_bf_reg_size: u32) -> usize {
 pub const QP_DBR_RCV: usize = 0;
 /// QP doorbell record: SQ producer counter in WQEBBs (BE32, 16 bits used).
 pub const QP_DBR_SND: usize = 4;
-/// CQ doorbell record: consumer index [23:0].
+/// CQ doorbell record: consumer index `[23:0]`.
 pub const CQ_DBR_SET_CI: usize = 0;
-/// CQ doorbell record: arm dword (`sn` [29:28], `cmd` [24], ci [23:0]).
+/// CQ doorbell record: arm dword (`sn` `[29:28]`, `cmd` `[24]`, ci `[23:0]`).
 pub const CQ_DBR_ARM: usize = 4;
 /// Bytes of one doorbell record.
 pub const DBR_SIZE: usize = 8;

@@ -29,9 +29,9 @@ pub mod fm_ce_se {
     pub const STRONG_ORDERING: u8 = 3 << 5;
     /// Small and fence (fence mode 4, rdma-core `MLX5_WQE_CTRL_FENCE`).
     pub const SMALL_AND_FENCE: u8 = 4 << 5;
-    /// Completion mode field mask ([3:2]).
+    /// Completion mode field mask (`[3:2]`).
     pub const CE_MASK: u8 = 0x0C;
-    /// Fence mode field mask ([7:5]).
+    /// Fence mode field mask (`[7:5]`).
     pub const FENCE_MASK: u8 = 0xE0;
 }
 

@@ -14,7 +14,7 @@
 //! - [`RecvQueue`]: the next posted receive buffer for an incoming SEND (or none: RNR NAK).
 //! - [`CompletionSink`]: one [`Completion`] per signaled or failed send WR and per receive.
 //! - [`Clock`]: time for the ACK and RNR timers ([`ManualClock`] for deterministic tests).
-//! - [`Link`](crate::link::Link): whole frames out; frames in arrive through
+//! - [`Link`]: whole frames out; frames in arrive through
 //!   [`RcQp::receive`] after the port parsed them and demultiplexed them by destination QP.
 //!
 //! One [`RcQp`] is one connected QP in the RTS state; all its methods take `&mut self`

@@ -9,7 +9,7 @@
 //! [`RocePacket::emit_in_place`](super::RocePacket::emit_in_place) writes for the same
 //! packet (tested).
 //!
-//! The ICRC (see [`icrc`](super::icrc)) covers the headers with their variant fields set
+//! The ICRC (see [`icrc`](mod@super::icrc)) covers the headers with their variant fields set
 //! to all-ones. The template keeps a second copy of its bytes with those fields already
 //! masked: the frame is written masked, the CRC runs once over the whole of it, and then
 //! the few variant bytes are written with their real values from the unmasked copy (the
