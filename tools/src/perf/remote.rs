@@ -44,21 +44,78 @@ pub enum Role {
     Server,
 }
 
-/// Listens on every address, TCP `port`.
-pub fn listen(port: u16) -> Result<TcpListener, ControlError> {
-    TcpListener::bind(("0.0.0.0", port)).map_err(|source| ControlError::Io {
+/// The server's listening sockets: every IPv6 and every IPv4 address of TCP `port`.
+pub struct Listener {
+    socks: Vec<TcpListener>,
+}
+
+/// How long [`accept`] sleeps between looks when it listens on two sockets.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+
+/// Listens on every address, IPv6 and IPv4, TCP `port`. `[::]` takes IPv4 clients as
+/// well where the kernel maps them (Linux's default, `net.ipv6.bindv6only=0`); then
+/// `0.0.0.0` on the same port is taken already and not needed. Where IPv6 is off, IPv4
+/// alone; where the two are separate, both.
+pub fn listen(port: u16) -> Result<Listener, ControlError> {
+    let err = |source| ControlError::Io {
         what: format!("listening on TCP port {port}"),
         source,
-    })
+    };
+    let v6 = TcpListener::bind(("::", port));
+    // Port 0 asks for any free port: the IPv4 socket must then take the IPv6 one's.
+    let port4 = match &v6 {
+        Ok(l) => l.local_addr().map_err(err)?.port(),
+        Err(_) => port,
+    };
+    let v4 = TcpListener::bind(("0.0.0.0", port4));
+    let socks: Vec<TcpListener> = match (v6, v4) {
+        (Ok(a), Ok(b)) => vec![a, b],
+        (Ok(a), Err(_)) => vec![a],
+        (Err(_), Ok(b)) => vec![b],
+        (Err(_), Err(e)) => return Err(err(e)),
+    };
+    Ok(Listener { socks })
+}
+
+impl Listener {
+    /// The port it listens on.
+    pub fn port(&self) -> Result<u16, ControlError> {
+        let a = self.socks[0]
+            .local_addr()
+            .map_err(|source| ControlError::Io {
+                what: "reading the listening port".into(),
+                source,
+            })?;
+        Ok(a.port())
+    }
 }
 
 /// Waits for one client on `l` (as perftest's server, for as long as it takes).
-pub fn accept(l: &TcpListener) -> Result<Control, ControlError> {
-    let (s, _) = l.accept().map_err(|source| ControlError::Io {
+pub fn accept(l: &Listener) -> Result<Control, ControlError> {
+    let err = |source| ControlError::Io {
         what: "accepting a client".into(),
         source,
-    })?;
-    Control::new(s)
+    };
+    if let [one] = l.socks.as_slice() {
+        let (s, _) = one.accept().map_err(err)?;
+        return Control::new(s);
+    }
+    for s in &l.socks {
+        s.set_nonblocking(true).map_err(err)?;
+    }
+    loop {
+        for sock in &l.socks {
+            match sock.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(false).map_err(err)?;
+                    return Control::new(s);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(err(e)),
+            }
+        }
+        std::thread::sleep(ACCEPT_POLL);
+    }
 }
 
 /// Connects to the server at `host`:`port`, trying each of its addresses for at most
@@ -466,4 +523,25 @@ impl Bench {
 
 fn not_remote() -> PerfError {
     PerfError::Setup("both ends are in this process: there is no remote client".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_takes_ipv4_and_ipv6_clients() {
+        let l = listen(0).unwrap();
+        let port = l.port().unwrap();
+        // IPv6 only where this machine has a loopback address for it.
+        let v6 = TcpListener::bind("[::1]:0").is_ok();
+        for host in ["127.0.0.1", "::1", "localhost"] {
+            if host == "::1" && !v6 {
+                continue;
+            }
+            let client = std::thread::spawn(move || connect(host, port).map(drop));
+            accept(&l).unwrap();
+            client.join().unwrap().unwrap();
+        }
+    }
 }
