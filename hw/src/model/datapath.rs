@@ -399,6 +399,16 @@ impl rc::Memory for Mem<'_, '_> {
         self.pd
     }
 
+    fn check_in(&self, domain: u32, key: u32, va: u64, len: u64) -> Result<(), AccessError> {
+        if len == 0 {
+            return Ok(());
+        }
+        va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
+        let need = need(rc::Access::LocalRead);
+        mkey::mem_probe(self.sh, self.dma, self.core, key, domain, va, len, need)
+            .map_err(|e| access_error(key, e))
+    }
+
     fn copy_in(
         &self,
         dst_key: u32,

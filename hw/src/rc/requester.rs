@@ -478,8 +478,10 @@ impl Requester {
         if w.wr.fence && outstanding_rd() > 0 {
             return Ok(false);
         }
-        if matches!(w.wr.op, WrOp::Write { .. } | WrOp::WriteImm { .. })
-            && matches!(w.wr.local(), LocalRef::Sges(_))
+        if matches!(
+            w.wr.op,
+            WrOp::Write { .. } | WrOp::WriteImm { .. } | WrOp::Send | WrOp::SendImm { .. }
+        ) && matches!(w.wr.local(), LocalRef::Sges(_))
             && tx.is_local(cx.env.link)
         {
             return self.transmit_burst(cx, tx, k, inflight);
@@ -586,7 +588,7 @@ impl Requester {
         }
     }
 
-    /// Sends the RDMA WRITE packets from packet `k` of the WQE at `send_idx` on, as many
+    /// Sends the RDMA WRITE or SEND packets from packet `k` of the WQE at `send_idx` on, as many
     /// as the send window has room for, as one [`Burst`] (the link is local): the payload
     /// is checked here and copied by the responder. The same PSNs, AckReq rule and state
     /// as that many calls of [`transmit_one`](Self::transmit_one).
@@ -611,9 +613,10 @@ impl Requester {
         let mut ext = ExtHeaders::default();
         let opcode = data_opcode(w.wr.op, w, k, k + 1 == w.npkts, &mut ext);
         let imm = match w.wr.op {
-            WrOp::WriteImm { imm, .. } if ends => Some(imm),
+            WrOp::WriteImm { imm, .. } | WrOp::SendImm { imm } if ends => Some(imm),
             _ => None,
         };
+        let se = ends && w.wr.solicited && matches!(w.wr.op, WrOp::Send | WrOp::SendImm { .. });
         // AckReq as `transmit_one` would set it on the last of the packets (on an earlier
         // one it would only ask for an ACK that this one's ACK covers).
         let ack_every = (max / 2).max(1);
@@ -632,6 +635,7 @@ impl Requester {
             len,
             ends,
             imm,
+            se,
             ack_req,
             wire_len: tx.wire_len(&ext, n, len, imm.is_some()),
             sges: *sges,

@@ -11,7 +11,9 @@
 
 use std::collections::VecDeque;
 
-use super::sge::{CopyError, Sge, SgeList, copy_in, scatter};
+use super::sge::{
+    CopyError, SendFault, Sge, SgeList, check_gather_in, copy_between, copy_in, scatter,
+};
 use super::types::*;
 use super::{Env, RcStats, Tx, TxStop};
 use crate::layout::roce::{
@@ -135,6 +137,7 @@ fn read_burst(
         len: left,
         ends: true,
         imm: None,
+        se: false,
         ack_req: false,
         wire_len: tx.wire_len(&ext, packets, left, true),
         sges,
@@ -149,10 +152,13 @@ fn read_burst(
 enum BurstOutcome {
     /// Executed: advance the expected PSN past it and ACK if asked.
     Done,
-    /// Executed up to its last packet, which found no receive WR.
-    Rnr,
+    /// The packets before the `k`-th were taken; the `k`-th found no receive WR.
+    Rnr(u32),
     /// Its payload could not be read: dropped, nothing advanced.
     Dropped,
+    /// The packets before the `k`-th were taken; the `k`-th failed with this NAK (the QP
+    /// goes to error).
+    Failed(u32, NakCode),
 }
 
 /// The receive side of one QP.
@@ -344,8 +350,12 @@ impl Responder {
             }
             return false;
         }
-        match self.execute_burst(pkt, burst, env, cfg) {
-            Ok(BurstOutcome::Done) => {
+        let outcome = match self.execute_burst(pkt, burst, env, cfg) {
+            Ok(o) => o,
+            Err(code) => BurstOutcome::Failed(0, code),
+        };
+        match outcome {
+            BurstOutcome::Done => {
                 self.epsn = self.epsn.add(burst.packets);
                 self.nak_sent = false;
                 if burst.ack_req {
@@ -353,10 +363,11 @@ impl Responder {
                 }
                 false
             }
-            Ok(BurstOutcome::Rnr) => {
-                // The last packet found no receive WR: every packet before it was taken.
-                let last = p.add(burst.packets - 1);
-                self.epsn = last;
+            BurstOutcome::Rnr(k) => {
+                // IBA §9.7.5.2.8, for the packet that found no receive WR; every packet
+                // before it was taken.
+                let at = p.add(k);
+                self.epsn = at;
                 self.nak_sent = false;
                 stats.rnr_naks_sent += 1;
                 let syndrome = AethSyndrome::RnrNak {
@@ -365,7 +376,7 @@ impl Responder {
                 let msn = self.msn;
                 self.push(
                     Resp::Ack {
-                        psn: last,
+                        psn: at,
                         syndrome,
                         msn,
                     },
@@ -373,12 +384,14 @@ impl Responder {
                 );
                 false
             }
-            Ok(BurstOutcome::Dropped) => false,
-            Err(code) => {
+            BurstOutcome::Dropped => false,
+            BurstOutcome::Failed(k, code) => {
+                let at = p.add(k);
+                self.epsn = at;
                 let msn = self.msn;
                 self.push(
                     Resp::Ack {
-                        psn: p,
+                        psn: at,
                         syndrome: AethSyndrome::Nak(code),
                         msn,
                     },
@@ -402,13 +415,25 @@ impl Responder {
         use RcOpcode::*;
         let mtu = cfg.mtu.bytes();
         let op = pkt.opcode();
-        let idle = matches!(self.msg, InMsg::Idle);
-        let starts = match op {
-            RdmaWriteFirst | RdmaWriteOnly | RdmaWriteOnlyImm => true,
-            RdmaWriteMiddle | RdmaWriteLast | RdmaWriteLastImm => false,
-            _ => return Err(NakCode::InvalidRequest), // bursts carry RDMA WRITEs only
+        // (starts a message, is a SEND, carries ImmDt)
+        let (starts, send, with_imm) = match op {
+            RdmaWriteFirst | RdmaWriteOnly => (true, false, false),
+            RdmaWriteOnlyImm => (true, false, true),
+            RdmaWriteMiddle | RdmaWriteLast => (false, false, false),
+            RdmaWriteLastImm => (false, false, true),
+            SendFirst | SendOnly => (true, true, false),
+            SendOnlyImm => (true, true, true),
+            SendMiddle | SendLast => (false, true, false),
+            SendLastImm => (false, true, true),
+            _ => return Err(NakCode::InvalidRequest), // bursts carry WRITEs and SENDs only
         };
-        if starts != idle {
+        // Opcode sequence (C9-102), as for the first packet alone.
+        let fits = match self.msg {
+            InMsg::Idle => starts,
+            InMsg::Send { .. } => !starts && send,
+            InMsg::Write { .. } => !starts && !send,
+        };
+        if !fits {
             return Err(NakCode::InvalidRequest);
         }
         // The packets' lengths (C9-103..105): one MTU in all but the last, which has 1 to
@@ -416,13 +441,19 @@ impl Responder {
         let (n, len) = (b.packets, b.len);
         let lone = n == 1 && b.ends;
         let first_ok = match (starts, lone) {
-            (true, true) => matches!(op, RdmaWriteOnly | RdmaWriteOnlyImm),
-            (true, false) => op == RdmaWriteFirst,
-            (false, true) => matches!(op, RdmaWriteLast | RdmaWriteLastImm),
-            (false, false) => op == RdmaWriteMiddle,
+            (true, true) => matches!(
+                op,
+                RdmaWriteOnly | RdmaWriteOnlyImm | SendOnly | SendOnlyImm
+            ),
+            (true, false) => matches!(op, RdmaWriteFirst | SendFirst),
+            (false, true) => matches!(
+                op,
+                RdmaWriteLast | RdmaWriteLastImm | SendLast | SendLastImm
+            ),
+            (false, false) => matches!(op, RdmaWriteMiddle | SendMiddle),
         };
         let imm_ok = if lone {
-            matches!(op, RdmaWriteOnlyImm | RdmaWriteLastImm) == b.imm.is_some()
+            with_imm == b.imm.is_some()
         } else {
             b.imm.is_none() || b.ends
         };
@@ -440,6 +471,9 @@ impl Responder {
             return Err(NakCode::InvalidRequest);
         }
         let full = full.unwrap_or(0);
+        if send {
+            return Ok(self.execute_send_burst(b, env, cfg));
+        }
         let (va, rkey, left, total) = match self.msg {
             InMsg::Write {
                 va,
@@ -497,7 +531,7 @@ impl Responder {
                         left: left - full,
                         total,
                     };
-                    return Ok(BurstOutcome::Rnr);
+                    return Ok(BurstOutcome::Rnr(n - 1));
                 };
                 Some(wqe)
             } else {
@@ -518,6 +552,74 @@ impl Responder {
             };
         }
         Ok(BurstOutcome::Done)
+    }
+
+    /// Executes an in-sequence SEND burst whose opcodes and lengths passed: takes a receive
+    /// WR if it starts the message (none: RNR for its first packet), checks that the payload
+    /// can still be read, then copies it into the receive WR's SGEs. Where the receive
+    /// buffer is too short or refuses a write, the packets before the one that met the
+    /// fault are taken, the bytes up to the fault are placed, and the receive completes in
+    /// error with the byte count of those packets, as packet by packet.
+    fn execute_send_burst(&mut self, b: &Burst, env: &mut Env<'_>, cfg: &QpConfig) -> BurstOutcome {
+        let mtu = u64::from(cfg.mtu.bytes());
+        if matches!(self.msg, InMsg::Idle) {
+            // The sender's memory is checked before a receive WR is spent on it (under
+            // the device's locks, so the copy below finds it as checked).
+            if check_gather_in(env.mem, b.domain, &b.sges, b.offset, b.len as usize).is_err() {
+                return BurstOutcome::Dropped;
+            }
+            let Some(wqe) = env.recv.take() else {
+                return BurstOutcome::Rnr(0);
+            };
+            self.msg = InMsg::Send { wqe, off: 0 };
+        } else if check_gather_in(env.mem, b.domain, &b.sges, b.offset, b.len as usize).is_err() {
+            return BurstOutcome::Dropped;
+        }
+        let InMsg::Send { wqe, off } = &mut self.msg else {
+            unreachable!("set above or checked by the caller")
+        };
+        let (wr_id, at) = (wqe.wr_id, *off);
+        let copied = copy_between(
+            env.mem,
+            &wqe.sges,
+            at,
+            b.domain,
+            &b.sges,
+            b.offset,
+            b.len as usize,
+        );
+        if let Err((done, fault)) = copied {
+            // The packet that met the fault: the bytes before it were placed.
+            let k = (done as u64 / mtu) as u32;
+            let (status, code) = match fault {
+                SendFault::Short => (WcStatus::LocalLength, NakCode::InvalidRequest),
+                SendFault::Target(_) | SendFault::Source(_) => {
+                    (WcStatus::LocalProtection, NakCode::RemoteOperationalError)
+                }
+            };
+            self.msg = InMsg::Idle;
+            let byte_len = (at + u64::from(k) * mtu) as u32;
+            recv_completion(
+                env,
+                cfg,
+                wr_id,
+                WcOpcode::Recv,
+                status,
+                byte_len,
+                None,
+                false,
+            );
+            return BurstOutcome::Failed(k, code);
+        }
+        *off += u64::from(b.len);
+        if b.ends {
+            let byte_len = (at + u64::from(b.len)) as u32;
+            self.msg = InMsg::Idle;
+            self.msn = (self.msn + 1) & Psn::MASK;
+            let (op, st) = (WcOpcode::Recv, WcStatus::Success);
+            recv_completion(env, cfg, wr_id, op, st, byte_len, b.imm, b.se);
+        }
+        BurstOutcome::Done
     }
 
     /// A request before the expected PSN.

@@ -224,3 +224,85 @@ fn copy_pieces(
         (Err(_), None) => Err(short(AccessError::OutOfRange)),
     }
 }
+
+/// Checks that `len` bytes from byte `offset` of the list may be read in protection domain
+/// `domain` ([`Memory::check_in`]): a receiver's look at a [`Burst`](super::Burst)'s
+/// payload before it spends a receive WR on it.
+pub(super) fn check_gather_in(
+    mem: &dyn Memory,
+    domain: u32,
+    sges: &SgeList,
+    offset: u64,
+    len: usize,
+) -> Result<(), CopyError> {
+    pieces(sges, offset, len, |s, va, _, n| {
+        mem.check_in(domain, s.lkey, va, n as u64)
+    })
+}
+
+/// Why [`copy_between`] stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SendFault {
+    /// The target list is shorter than its offset and the length.
+    Short,
+    /// A write to the target was refused.
+    Target(AccessError),
+    /// A read of the source was refused.
+    Source(AccessError),
+}
+
+/// Copies `len` bytes from byte `src_off` of `src` (read in protection domain `domain`) to
+/// byte `dst_off` of `dst` ([`Access::LocalWrite`]), in order: the receiving end of a SEND
+/// [`Burst`](super::Burst). On a fault, the bytes before it are placed and the error says
+/// how many (of the `len`) and why.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn copy_between(
+    mem: &dyn Memory,
+    dst: &SgeList,
+    dst_off: u64,
+    domain: u32,
+    src: &SgeList,
+    src_off: u64,
+    len: usize,
+) -> Result<(), (usize, SendFault)> {
+    let mut fault = None;
+    let res = pieces(dst, dst_off, len, |d, dva, at, n| {
+        let inner = pieces(src, src_off + at as u64, n, |s, sva, at2, n2| {
+            let to = dva + at2 as u64;
+            mem.copy_in(
+                d.lkey,
+                to,
+                Access::LocalWrite,
+                domain,
+                s.lkey,
+                sva,
+                n2 as u64,
+            )
+            .map_err(|f| {
+                fault = Some(match f {
+                    CopyFault::Target(e) => (at + at2, SendFault::Target(e)),
+                    CopyFault::Source(e) => (at + at2, SendFault::Source(e)),
+                });
+                AccessError::Fault
+            })
+        });
+        match inner {
+            Ok(()) => Ok(()),
+            Err(CopyError::Length) => {
+                // The source list is shorter than the sender checked.
+                fault = Some((at, SendFault::Source(AccessError::OutOfRange)));
+                Err(AccessError::Fault)
+            }
+            Err(CopyError::Access(e)) => Err(e),
+        }
+    });
+    match (res, fault) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(f)) => Err(f),
+        // The target list ran out: everything it holds from `dst_off` on was placed.
+        (Err(_), None) => {
+            let room = dst.total_len().saturating_sub(dst_off) as usize;
+            Err((room.min(len), SendFault::Short))
+        }
+    }
+}

@@ -679,6 +679,14 @@ pub trait Memory {
     fn domain(&self) -> u32 {
         0
     }
+    /// Whether `len` bytes at `va` may be read through local key `key` in protection domain
+    /// `domain` ([`Access::LocalRead`]): the receiving end's look at a [`Burst`]'s payload
+    /// before it commits anything to it. The provided version, for a memory with one
+    /// domain, is [`check`](Self::check).
+    fn check_in(&self, domain: u32, key: u32, va: u64, len: u64) -> Result<(), AccessError> {
+        let _ = domain;
+        self.check(key, va, len, Access::LocalRead)
+    }
     /// Copies `len` bytes at `src_va` of local key `src_key`, checked in protection domain
     /// `src_domain` with [`Access::LocalRead`], to `dst_va` through `dst_key` with
     /// `access`: the receiving end of a [`Burst`], whose payload never left the sender's
@@ -724,8 +732,8 @@ pub enum CopyFault {
     Target(AccessError),
 }
 
-/// Segmentation offload on a local link: consecutive packets of one message (RDMA WRITE
-/// requests, or the responses to an RDMA READ) sent as one frame, whose payload stays in
+/// Segmentation offload on a local link: consecutive packets of one message (RDMA WRITE or
+/// SEND requests, or the responses to an RDMA READ) sent as one frame, whose payload stays in
 /// the sender's memory until the receiver copies it in.
 ///
 /// Only a link that keeps frames inside the device ([`Link::is_local`], a port's own
@@ -748,11 +756,13 @@ pub struct Burst {
     /// Payload bytes of all of them: one MTU in each but the last, which has 1 to MTU
     /// (0 only in a lone zero-length packet).
     pub len: u32,
-    /// The last packet ends the message (RDMA WRITE Last or Only, with `imm`; a READ
-    /// response burst always does).
+    /// The last packet ends the message (RDMA WRITE or SEND Last or Only, with `imm`; a
+    /// READ response burst always does).
     pub ends: bool,
-    /// The immediate data of a last packet of RDMA WRITE with immediate.
+    /// The immediate data of a last packet of RDMA WRITE or SEND with immediate.
     pub imm: Option<u32>,
+    /// The solicited-event bit of a last packet of SEND.
+    pub se: bool,
     /// AckReq of the last packet.
     pub ack_req: bool,
     /// Bytes the packets would take on a wire (the port counters count them).

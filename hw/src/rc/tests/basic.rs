@@ -724,10 +724,17 @@ fn frames_that_stay_in_the_device_carry_no_icrc_and_others_do() {
     let mut buf = vec![0; p.b.link.max_frame_len()];
     let n = p.b.link.try_recv(&mut buf).unwrap().expect("a request");
     RocePacket::parse(&buf[..n]).expect("a valid ICRC");
-    // Into a port's own loopback queue: the same frames with a zero ICRC field (a SEND:
-    // an RDMA WRITE goes as one burst there).
-    let mut qp = RcQp::new(*p.a.qp.config()).unwrap();
-    qp.post_send(wr(2, WrOp::Send, &sg)).unwrap();
+    // Into a port's own loopback queue: the same frames with a zero ICRC field (an inline
+    // SEND of 500 bytes at MTU 256, two packets: a WRITE or SEND from memory goes as one
+    // burst there).
+    let mut cfg = *p.a.qp.config();
+    cfg.mtu = Mtu::Mtu256;
+    let mut qp = RcQp::new(cfg).unwrap();
+    let mut inline = wr(2, WrOp::Send, &[]);
+    let mut data = [0u8; MAX_INLINE];
+    data[..500].fill(7);
+    inline.local = LocalData::Inline { len: 500, data };
+    qp.post_send(inline).unwrap();
     let looped = Loopback::new(8, p.a.link.max_frame_len());
     let (mut rq, mut cq) = (VecDeque::new(), Vec::new());
     let mut env = Env {
@@ -746,5 +753,5 @@ fn frames_that_stay_in_the_device_carry_no_icrc_and_others_do() {
         assert!(RocePacket::parse(&buf[..n]).is_err(), "no ICRC to verify");
         frames += 1;
     }
-    assert_eq!(frames, 3, "3,000 bytes in 1,024-byte packets");
+    assert_eq!(frames, 2, "500 inline bytes in 256-byte packets");
 }

@@ -13,6 +13,7 @@ const VA_SRC: u64 = 0x10_0000;
 const VA_DST: u64 = 0x7F00_0000;
 const VA_RCV: u64 = 0x3000_0000;
 const LEN: usize = 1 << 20;
+const RCV_LEN: usize = 16384;
 
 /// Two QPs on one memory and one loopback queue, and what moved.
 struct Local {
@@ -32,13 +33,17 @@ struct Local {
 
 impl Local {
     fn new(mtu: Mtu) -> Self {
+        Self::with(config(QPN_A, QPN_B, mtu), config(QPN_B, QPN_A, mtu))
+    }
+
+    fn with(a: QpConfig, b: QpConfig) -> Self {
         let mem = TestMem::default();
         mem.register(SRC, VA_SRC, LEN, false);
         mem.register(DST, VA_DST, LEN, true);
-        mem.register(RCV, VA_RCV, 4096, false);
+        mem.register(RCV, VA_RCV, RCV_LEN, false);
         Self {
-            a: RcQp::new(config(QPN_A, QPN_B, mtu)).unwrap(),
-            b: RcQp::new(config(QPN_B, QPN_A, mtu)).unwrap(),
+            a: RcQp::new(a).unwrap(),
+            b: RcQp::new(b).unwrap(),
             mem,
             link: Loopback::new(64, 4096 + 256),
             rq: [VecDeque::new(), VecDeque::new()],
@@ -430,4 +435,149 @@ fn a_read_of_a_region_gone_under_its_responses_is_a_remote_operational_error() {
     assert_eq!(l.sends(), [(1, WcStatus::RemoteOperational)]);
     assert_eq!(l.mem.bytes(SRC, VA_SRC, 3000), before, "nothing placed");
     assert_eq!(l.a.stats().timeouts, 1);
+}
+
+/// One SEND and what the receiver has posted for it, run over real packets (a pair of QPs
+/// on a link) and over bursts (a local link): both must end the same.
+#[derive(Clone, Debug)]
+struct SendCase {
+    mtu: Mtu,
+    window: u32,
+    len: u32,
+    imm: Option<u32>,
+    solicited: bool,
+    /// The receive WR's SGEs (key, offset in the receive region, length).
+    recv: Vec<(u32, u64, u32)>,
+    /// The receive is posted only after the SEND has been NAKed for want of one.
+    late: bool,
+}
+
+/// (sender's (wr_id, status), receiver's completions, the receive region's bytes)
+type SendOutcome = (Vec<(u64, WcStatus)>, Vec<Completion>, Vec<u8>);
+
+impl SendCase {
+    fn wr(&self) -> WorkRequest {
+        let op = match self.imm {
+            Some(imm) => WrOp::SendImm { imm },
+            None => WrOp::Send,
+        };
+        let mut w = wr(9, op, &split(SRC, VA_SRC + 5, self.len));
+        w.solicited = self.solicited;
+        w
+    }
+
+    fn recv(&self) -> RecvWqe {
+        let sges: Vec<Sge> = self
+            .recv
+            .iter()
+            .map(|&(lkey, off, len)| Sge {
+                lkey,
+                addr: VA_RCV + off,
+                len,
+            })
+            .collect();
+        RecvWqe {
+            wr_id: 77,
+            sges: SgeList::from_slice(&sges).unwrap(),
+        }
+    }
+
+    fn configs(&self) -> (QpConfig, QpConfig) {
+        let mut a = config(QPN_A, QPN_B, self.mtu);
+        let mut b = config(QPN_B, QPN_A, self.mtu);
+        a.max_inflight = self.window;
+        b.max_inflight = self.window;
+        (a, b)
+    }
+
+    fn over_packets(&self) -> SendOutcome {
+        let (a, b) = self.configs();
+        let mut p = Pair::with(a, b, FaultConfig::default());
+        p.a.mem.register(SRC, VA_SRC, LEN, false);
+        p.b.mem.register(RCV, VA_RCV, RCV_LEN, false);
+        if !self.late {
+            p.b.rq.push_back(self.recv());
+        }
+        p.a.post(self.wr());
+        if self.late {
+            assert!(p.run_until(10_000, |p| p.b.qp.stats().rnr_naks_sent >= 1));
+            p.b.rq.push_back(self.recv());
+        }
+        p.settle();
+        let sends =
+            p.a.send_cqes()
+                .iter()
+                .map(|c| (c.wr_id, c.status))
+                .collect();
+        (sends, p.b.cq.clone(), p.b.mem.bytes(RCV, VA_RCV, RCV_LEN))
+    }
+
+    fn over_bursts(&self) -> SendOutcome {
+        let (a, b) = self.configs();
+        let mut l = Local::with(a, b);
+        if !self.late {
+            l.rq[1].push_back(self.recv());
+        }
+        l.a.post_send(self.wr()).unwrap();
+        if self.late {
+            for _ in 0..100 {
+                if l.b.stats().rnr_naks_sent >= 1 {
+                    break;
+                }
+                l.step();
+            }
+            assert_eq!(l.b.stats().rnr_naks_sent, 1);
+            l.rq[1].push_back(self.recv());
+        }
+        l.settle();
+        assert!(l.bursts > 0, "{self:?}: no burst");
+        (
+            l.sends(),
+            l.cq[1].clone(),
+            l.mem.bytes(RCV, VA_RCV, RCV_LEN),
+        )
+    }
+}
+
+#[test]
+fn sends_as_bursts_end_as_sends_as_packets_do() {
+    let m = 1024;
+    let cases = [
+        // Fits, at sizes around the MTU, in one SGE or three.
+        (m, vec![(RCV, 0, 8192)]),
+        (m + 1, vec![(RCV, 0, 8192)]),
+        (
+            5000,
+            vec![(RCV, 0, 1000), (RCV, 3000, 3000), (RCV, 8000, 1000)],
+        ),
+        (5000, vec![(RCV, 0, 5000)]),
+        // Too short: by a byte, by a packet and more, at a packet boundary.
+        (5000, vec![(RCV, 0, 4999)]),
+        (5000, vec![(RCV, 0, 1500), (RCV, 4000, 500)]),
+        (5000, vec![(RCV, 0, 2048)]),
+        // A bad key in the second SGE, which starts inside the second packet.
+        (5000, vec![(RCV, 0, 1500), (0x999, 0, 4000)]),
+        // A bad key in the first.
+        (3000, vec![(0x999, 0, 4000)]),
+    ];
+    for (len, recv) in cases {
+        for (window, imm, solicited, late) in [
+            (32, None, false, false),
+            (2, Some(0xABCD), true, false),
+            (32, Some(5), false, true),
+        ] {
+            let case = SendCase {
+                mtu: Mtu::Mtu1024,
+                window,
+                len,
+                imm,
+                solicited,
+                recv: recv.clone(),
+                late,
+            };
+            let want = case.over_packets();
+            let got = case.over_bursts();
+            assert_eq!(got, want, "{case:?}");
+        }
+    }
 }
