@@ -581,3 +581,137 @@ fn sends_as_bursts_end_as_sends_as_packets_do() {
         }
     }
 }
+
+/// What both ends saw and the bytes of the regions that may change.
+type Outcome = (Vec<Completion>, Vec<Completion>, Vec<u8>, Vec<u8>);
+
+/// Runs `wrs` from `a` (with `recvs` posted at `b`) over real packets and over bursts,
+/// for the same QP attributes, and returns both outcomes.
+fn both_ways(cfg: (QpConfig, QpConfig), wrs: &[WorkRequest], recvs: &[RecvWqe]) -> [Outcome; 2] {
+    const SPAN: usize = 64 * 1024;
+    let mut p = Pair::with(cfg.0, cfg.1, FaultConfig::default());
+    p.a.mem.register(SRC, VA_SRC, LEN, false);
+    p.b.mem.register(DST, VA_DST, LEN, true);
+    p.b.mem.register(RCV, VA_RCV, RCV_LEN, false);
+    p.b.mem.register(LOCAL_ONLY, VA_LOCAL_ONLY, 4096, false);
+    p.b.rq.extend(recvs.iter().copied());
+    for w in wrs {
+        p.a.post(*w);
+    }
+    p.settle();
+    let packets = (
+        p.a.cq.clone(),
+        p.b.cq.clone(),
+        p.b.mem.bytes(DST, VA_DST, SPAN),
+        p.a.mem.bytes(SRC, VA_SRC, SPAN),
+    );
+    let mut l = Local::with(cfg.0, cfg.1);
+    l.mem.register(LOCAL_ONLY, VA_LOCAL_ONLY, 4096, false);
+    l.rq[1].extend(recvs.iter().copied());
+    for w in wrs {
+        l.a.post_send(*w).unwrap();
+    }
+    l.settle();
+    let ok = l.cq[0].iter().all(|c| c.status == WcStatus::Success);
+    assert!(l.bursts > 0 || !ok, "no burst");
+    let bursts = (
+        l.cq[0].clone(),
+        l.cq[1].clone(),
+        l.mem.bytes(DST, VA_DST, SPAN),
+        l.mem.bytes(SRC, VA_SRC, SPAN),
+    );
+    [packets, bursts]
+}
+
+const LOCAL_ONLY: u32 = 0x400;
+const VA_LOCAL_ONLY: u64 = 0x5000_0000;
+
+#[test]
+fn writes_and_reads_as_bursts_end_as_they_do_as_packets() {
+    let remote = |addr: u64, rkey: u32| RemoteAddr { addr, rkey };
+    let write = |id, at: u64, len, to: RemoteAddr| {
+        wr(
+            id,
+            WrOp::Write { remote: to },
+            &split(SRC, VA_SRC + at, len),
+        )
+    };
+    let read = |id, at: u64, len, from: RemoteAddr| {
+        wr(
+            id,
+            WrOp::Read { remote: from },
+            &split(SRC, VA_SRC + at, len),
+        )
+    };
+    let recv = RecvWqe {
+        wr_id: 70,
+        sges: SgeList::new(),
+    };
+    let mut cases: Vec<(Vec<WorkRequest>, Vec<RecvWqe>)> = Vec::new();
+    for len in [0, 1, 1023, 1024, 1025, 5000, 40_000] {
+        cases.push((vec![write(1, 0, len, remote(VA_DST + 3, DST))], vec![]));
+        cases.push((
+            vec![read(2, 100, len.max(1), remote(VA_DST + 7, DST))],
+            vec![],
+        ));
+    }
+    // WRITE with immediate, with and without a receive (RNR until the retries run out).
+    let imm = |id, len| {
+        let op = WrOp::WriteImm {
+            remote: remote(VA_DST, DST),
+            imm: 0x1234,
+        };
+        wr(id, op, &split(SRC, VA_SRC, len))
+    };
+    cases.push((vec![imm(3, 5000)], vec![recv]));
+    cases.push((vec![imm(3, 5000)], vec![]));
+    // Errors: a bad R_Key, a range past the region, a region without remote rights, a
+    // READ into a bad L_Key; each followed by a WRITE that must be flushed.
+    let after = write(9, 0, 100, remote(VA_DST, DST));
+    cases.push((
+        vec![write(4, 0, 5000, remote(VA_DST, 0x999)), after],
+        vec![],
+    ));
+    let end = VA_DST + LEN as u64 - 3000;
+    cases.push((vec![write(4, 0, 5000, remote(end, DST)), after], vec![]));
+    cases.push((
+        vec![write(4, 0, 5000, remote(VA_LOCAL_ONLY, LOCAL_ONLY)), after],
+        vec![],
+    ));
+    cases.push((vec![read(5, 0, 5000, remote(VA_DST, 0x999)), after], vec![]));
+    let mut bad_local = read(5, 0, 3000, remote(VA_DST, DST));
+    bad_local.local = LocalData::Sges(
+        SgeList::from_slice(&[Sge {
+            lkey: 0x888,
+            addr: VA_SRC,
+            len: 3000,
+        }])
+        .unwrap(),
+    );
+    cases.push((vec![bad_local, after], vec![]));
+    // A queue of everything at once.
+    cases.push((
+        vec![
+            write(1, 0, 9000, remote(VA_DST, DST)),
+            read(2, 20_000, 9000, remote(VA_DST, DST)),
+            imm(3, 3000),
+            wr(6, WrOp::Send, &split(SRC, VA_SRC, 0)),
+            write(7, 100, 1, remote(VA_DST + 50_000, DST)),
+        ],
+        vec![recv, recv],
+    ));
+    for (mtu, window) in [(Mtu::Mtu1024, 32), (Mtu::Mtu256, 3), (Mtu::Mtu4096, 64)] {
+        let mut a = config(QPN_A, QPN_B, mtu);
+        let mut b = config(QPN_B, QPN_A, mtu);
+        (a.max_inflight, b.max_inflight) = (window, window);
+        (a.rnr_retry, b.rnr_retry) = (2, 2);
+        for (wrs, recvs) in &cases {
+            let [want, got] = both_ways((a, b), wrs, recvs);
+            assert!(!want.0.is_empty(), "no completion");
+            assert_eq!(got.0, want.0, "requester's completions: {mtu:?} {wrs:?}");
+            assert_eq!(got.1, want.1, "responder's completions: {mtu:?} {wrs:?}");
+            assert!(got.2 == want.2, "the target's bytes: {mtu:?} {wrs:?}");
+            assert!(got.3 == want.3, "the source's bytes: {mtu:?} {wrs:?}");
+        }
+    }
+}
