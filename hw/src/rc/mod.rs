@@ -376,7 +376,7 @@ impl RcQp {
     }
 
     /// Takes one received frame that came with a [`Burst`] (a port's own loopback queue):
-    /// the RDMA WRITE request or READ response packets it stands for. Dropped like
+    /// the RDMA WRITE or SEND request or READ response packets it stands for. Dropped like
     /// [`receive`](Self::receive)'s packets for another QP number or P_Key or in the error
     /// state.
     pub fn receive_burst(&mut self, pkt: &RocePacket<'_>, burst: &Burst, env: &mut Env<'_>) {

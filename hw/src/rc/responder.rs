@@ -312,7 +312,7 @@ impl Responder {
         }
     }
 
-    /// Handles a [`Burst`]: the RDMA WRITE packets it stands for, taken as
+    /// Handles a [`Burst`]: the RDMA WRITE or SEND packets it stands for, taken as
     /// [`on_request`](Self::on_request) would take them one by one, with one R_Key check
     /// and one copy. Returns true when the QP must go to error.
     pub(super) fn on_burst(
