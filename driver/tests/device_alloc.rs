@@ -10,13 +10,13 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
+mod alloc_common;
+
+use alloc_common::wait_into;
 use uhca::Device;
 use uhca::datapath::{Completion, Remote, Sge};
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr,
-};
+use uhca::resource::{Access, ConnectParams, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr};
 
 /// The system allocator, counting every thread's allocations (and reallocations).
 struct Counting;
@@ -53,24 +53,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-/// Polls `cq` until `n` completions arrived, into `out` (which has room: no allocation).
-/// The deadline only turns a hang into a failure; it is no timing assertion.
-fn wait_into(cq: &mut Cq, n: usize, out: &mut Vec<Completion>) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    out.clear();
-    while out.len() < n {
-        for c in cq.poll() {
-            out.push(c.expect("well-formed CQE"));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} completions",
-            out.len()
-        );
-        std::hint::spin_loop();
-    }
-}
 
 #[test]
 fn the_device_thread_allocates_nothing_in_steady_state() {

@@ -9,14 +9,14 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::time::{Duration, Instant};
 
+mod alloc_common;
+
+use alloc_common::wait_into;
 use uhca::Device;
 use uhca::datapath::rig::Rig;
 use uhca::datapath::{Completion, Remote, Sge, WcOpcode};
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr,
-};
+use uhca::resource::{Access, ConnectParams, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr};
 
 /// The system allocator, counting allocations (and reallocations) per thread.
 struct Counting;
@@ -116,24 +116,6 @@ fn post_ring_and_poll_allocate_nothing() {
     }
     assert_eq!(seen, 32_000);
     assert_eq!(allocs() - before, 0, "the hot path allocated");
-}
-
-/// Polls `cq` until `n` completions arrived, into `out` (which has room: no allocation).
-/// The deadline only turns a hang into a failure; it is no timing assertion.
-fn wait_into(cq: &mut Cq, n: usize, out: &mut Vec<Completion>) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    out.clear();
-    while out.len() < n {
-        for c in cq.poll() {
-            out.push(c.expect("well-formed CQE"));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} completions",
-            out.len()
-        );
-        std::hint::spin_loop();
-    }
 }
 
 #[test]

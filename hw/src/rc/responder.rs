@@ -474,29 +474,11 @@ impl Responder {
         if send {
             return Ok(self.execute_send_burst(b, env, cfg));
         }
-        let (va, rkey, left, total) = match self.msg {
-            InMsg::Write {
-                va,
-                rkey,
-                left,
-                total,
-            } => (va, rkey, left, total),
-            _ => {
-                // A burst of the whole message needs no look at the R_Key before the data
-                // moves: the copy checks the whole target range before it writes a byte
-                // (and a refusal there is the same NAK). One that leaves packets for later
-                // bursts is checked here, over the whole RETH range, as its first packet
-                // alone would be.
-                let allowed = cfg.remote_access.write;
-                let reth = if b.ends {
-                    reth_of(pkt, allowed)?
-                } else {
-                    checked_reth(pkt, env, allowed, Access::RemoteWrite)?
-                };
-                let n = reth.dma_length;
-                (reth.va, reth.r_key, n, n)
-            }
-        };
+        // A burst of the whole message needs no look at the R_Key before the data moves:
+        // the copy checks the whole target range before it writes a byte (and a refusal
+        // there is the same NAK). One that leaves packets for later bursts is checked here,
+        // over the whole RETH range, as its first packet alone would be.
+        let (va, rkey, left, total) = self.write_target(pkt, env, cfg, !b.ends)?;
         if len > left || (b.ends && len != left) {
             return Err(NakCode::InvalidRequest);
         }
@@ -537,12 +519,7 @@ impl Responder {
             } else {
                 None
             };
-            self.msg = InMsg::Idle;
-            self.msn = (self.msn + 1) & Psn::MASK;
-            if let Some(wqe) = recv {
-                let (op, st) = (WcOpcode::RecvRdmaWithImm, WcStatus::Success);
-                recv_completion(env, cfg, wqe.wr_id, op, st, total, b.imm, false);
-            }
+            self.end_write(env, cfg, recv, total, b.imm);
         } else {
             self.msg = InMsg::Write {
                 va: va.wrapping_add(u64::from(len)),
@@ -620,6 +597,53 @@ impl Responder {
             recv_completion(env, cfg, wr_id, op, st, byte_len, b.imm, b.se);
         }
         BurstOutcome::Done
+    }
+
+    /// Where an RDMA WRITE packet's data goes, as (address, R_Key, bytes left, message
+    /// length): the message in progress, or the RETH of a First or Only (the QP's rights and
+    /// the length checked; the R_Key over the whole range too if `probe`).
+    fn write_target(
+        &self,
+        pkt: &RocePacket<'_>,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+        probe: bool,
+    ) -> Result<(u64, u32, u32, u32), NakCode> {
+        if let InMsg::Write {
+            va,
+            rkey,
+            left,
+            total,
+        } = self.msg
+        {
+            return Ok((va, rkey, left, total));
+        }
+        let allowed = cfg.remote_access.write;
+        let reth = if probe {
+            checked_reth(pkt, env, allowed, Access::RemoteWrite)?
+        } else {
+            reth_of(pkt, allowed)?
+        };
+        let n = reth.dma_length;
+        Ok((reth.va, reth.r_key, n, n))
+    }
+
+    /// Ends an RDMA WRITE message of `total` bytes whose data is placed: the next MSN, and
+    /// the completion of the receive WR a WRITE with immediate `imm` consumed.
+    fn end_write(
+        &mut self,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+        recv: Option<RecvWqe>,
+        total: u32,
+        imm: Option<u32>,
+    ) {
+        self.msg = InMsg::Idle;
+        self.msn = (self.msn + 1) & Psn::MASK;
+        if let Some(wqe) = recv {
+            let (op, st) = (WcOpcode::RecvRdmaWithImm, WcStatus::Success);
+            recv_completion(env, cfg, wqe.wr_id, op, st, total, imm, false);
+        }
     }
 
     /// A request before the expected PSN.
@@ -757,20 +781,7 @@ impl Responder {
             }
             RdmaWriteFirst | RdmaWriteMiddle | RdmaWriteLast | RdmaWriteLastImm | RdmaWriteOnly
             | RdmaWriteOnlyImm => {
-                let (va, rkey, left, total) = match self.msg {
-                    InMsg::Write {
-                        va,
-                        rkey,
-                        left,
-                        total,
-                    } => (va, rkey, left, total),
-                    _ => {
-                        let reth =
-                            checked_reth(pkt, env, cfg.remote_access.write, Access::RemoteWrite)?;
-                        let n = reth.dma_length;
-                        (reth.va, reth.r_key, n, n)
-                    }
-                };
+                let (va, rkey, left, total) = self.write_target(pkt, env, cfg, true)?;
                 if len as u64 > u64::from(left) || (ends && len as u32 != left) {
                     return Err(NakCode::InvalidRequest);
                 }
@@ -790,12 +801,7 @@ impl Responder {
                     None
                 };
                 if ends {
-                    self.msg = InMsg::Idle;
-                    self.msn = (self.msn + 1) & Psn::MASK;
-                    if let Some(wqe) = recv {
-                        let (op, st) = (WcOpcode::RecvRdmaWithImm, WcStatus::Success);
-                        recv_completion(env, cfg, wqe.wr_id, op, st, total, imm, false);
-                    }
+                    self.end_write(env, cfg, recv, total, imm);
                 } else {
                     let va = va.wrapping_add(len as u64);
                     self.msg = InMsg::Write {
