@@ -318,3 +318,52 @@ fn an_unmap_during_traffic_returns_and_nothing_reaches_the_range_after_it() {
     r.buf(dst.idx).read_bytes(0, &mut got);
     assert!(got.iter().all(|&x| x == 0), "written after the unmap");
 }
+
+#[test]
+fn an_unmap_of_the_source_during_traffic_returns_and_nothing_is_read_from_it_after() {
+    let hca = model(22);
+    let mut r = Rig::new(&hca);
+    let (mut a, _b, mut ca, _cb) = pair(&mut r);
+    const LEN: usize = 4 * PAGE;
+    let src = r.mr(LEN, ALL);
+    let dst = r.mr(LEN, ALL);
+    r.buf(src.idx).write_bytes(0, &[0x11; LEN]);
+    // A run of 16 KiB WRITEs from src, each one burst on the loopback queue whose payload
+    // the responder reads from src when it takes it.
+    let n = 16;
+    let write = cat(&[&raddr(dst.va, dst.key), &data(src.key, src.va, LEN as u32)]);
+    for _ in 0..n {
+        r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &write);
+    }
+    // The first has landed; the others are in flight or queued when the unmap comes.
+    assert_eq!(opcode(&r.wait(&mut ca)), CqeOpcode::Req);
+    hca.dma_unmap(src.iova, LEN).unwrap();
+    // From here on the device must not read src: give it other bytes, which must never
+    // reach dst.
+    r.buf(src.idx).write_bytes(0, &[0x22; LEN]);
+    // Those taken before the unmap succeed; the first after it fails at the requester's
+    // own check (at once, or after its retry if its burst was already queued): a local
+    // protection error; the rest are flushed.
+    let mut ok = 1;
+    for k in 1..n {
+        let e = r.wait(&mut ca);
+        match opcode(&e) {
+            CqeOpcode::Req => {
+                assert_eq!(ok, k, "a success after a failure");
+                ok += 1;
+            }
+            _ => {
+                assert_eq!(opcode(&e), CqeOpcode::ReqErr);
+                if k == ok {
+                    assert_eq!(e[0x37], u8::from(CqeSyndrome::LocalProt));
+                }
+            }
+        }
+    }
+    let mut got = vec![0u8; LEN];
+    r.buf(dst.idx).read_bytes(0, &mut got);
+    assert!(
+        got.iter().all(|&x| x != 0x22),
+        "read from src after its unmap"
+    );
+}
