@@ -327,10 +327,10 @@ impl Responder {
         let d = p.diff(self.epsn);
         if d != 0 {
             // Ahead: as a lone packet ahead (one NAK until the expected one arrives).
-            // Behind: its first packet is a duplicate; a WRITE duplicate is acknowledged
-            // and the rest dropped, for the requester's timer to send again what the
-            // responder still lacks (a local queue loses nothing, so only a retry after
-            // a lost ACK gets here).
+            // Behind: its first packet is a duplicate; a WRITE or SEND duplicate is
+            // acknowledged and the rest dropped, for the requester's timer to send again
+            // what the responder still lacks (a local queue loses nothing, so only a retry
+            // after a lost ACK gets here).
             if d > 0 && !self.nak_sent {
                 self.nak_sent = true;
                 stats.seq_naks_sent += 1;
@@ -403,8 +403,9 @@ impl Responder {
     }
 
     /// Validates and executes an in-sequence burst: the checks of
-    /// [`execute`](Self::execute) for its first packet (opcode sequence, RETH, R_Key), the
-    /// lengths of all its packets, then the data and, if it ends the message, the end.
+    /// [`execute`](Self::execute) for its first packet (opcode sequence; a WRITE's RETH and
+    /// R_Key), the lengths of all its packets, then the data and, if it ends the message,
+    /// the end (SENDs: [`execute_send_burst`](Self::execute_send_burst)).
     fn execute_burst(
         &mut self,
         pkt: &RocePacket<'_>,
