@@ -648,7 +648,7 @@ impl Requester {
         Ok(true)
     }
 
-    /// Handles a READ response [`Burst`]: the rest of the READ's responses, taken as
+    /// Handles a READ response [`Burst`]: the next of the READ's responses, taken as
     /// [`on_read_response`](Self::on_read_response) would take them one by one (PSN,
     /// opcodes, lengths), the data copied from the responder's memory into the local SGEs
     /// at once. Returns true when the QP must go to error.
@@ -671,10 +671,11 @@ impl Requester {
             Err(fatal) => return fatal,
         };
         let w = &self.wqes[0];
-        // The responses from packet `k` to the READ's last: the opcode of the first, and
-        // the lengths of all (one MTU in each but the last).
+        // The responses from packet `k` on (to the READ's last if the burst `ends`): the
+        // opcode of the first, and the lengths of all (one MTU in each but the READ's last).
         let mtu = cx.cfg.mtu.bytes();
-        let lone = k + 1 == w.npkts;
+        let rest = w.npkts - k;
+        let lone = rest == 1;
         let op_fits = if lone {
             matches!(
                 pkt.opcode(),
@@ -689,8 +690,17 @@ impl Requester {
         let [src] = b.sges.as_slice() else {
             return self.fail_front(&mut cx, WcStatus::BadResponse);
         };
-        let want = w.len - k * mtu;
-        if !op_fits || !b.ends || b.packets != w.npkts - k || b.len != want {
+        let want = if b.ends {
+            w.len - k * mtu
+        } else {
+            b.packets.saturating_mul(mtu)
+        };
+        let count_ok = if b.ends {
+            b.packets == rest
+        } else {
+            (1..rest).contains(&b.packets)
+        };
+        if !op_fits || !count_ok || b.len != want {
             return self.fail_front(&mut cx, WcStatus::BadResponse);
         }
         let LocalRef::Sges(sges) = w.wr.local() else {
@@ -719,7 +729,9 @@ impl Requester {
             }
         }
         self.una = p.add(b.packets);
-        self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+        if b.ends {
+            self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+        }
         self.progressed(cx.cfg, cx.env.clock);
         self.check_front(&mut cx)
     }

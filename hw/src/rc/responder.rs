@@ -85,15 +85,23 @@ enum Outcome {
     Rnr,
 }
 
-/// Sends the READ responses from `psn` to `last` (`left` bytes at `va` through `rkey`) as
-/// one [`Burst`] on a local link: the first one's headers (First or Only, or Middle or Last
-/// if `started`, with its AETH) and the R_Key and range for the requester to copy from.
-/// `Ok(false)`: the range no longer passes the remote-read check, nothing sent.
+/// Most READ responses in one [`Burst`]: as many packets as a requester's send window in
+/// the model (64), so that one large READ holds the device thread for one copy of at most
+/// 256 KiB at a time, like a WRITE burst, and other queues and an IOMMU unmap get their
+/// turn between.
+const MAX_READ_BURST: u32 = 64;
+
+/// Sends READ responses from `psn` on (up to `last`; `left` bytes at `va` through `rkey`)
+/// as one [`Burst`] on a local link, at most [`MAX_READ_BURST`] of them: the first one's
+/// headers (First or Only, or Middle or Last if `started`, with the AETH where it has one)
+/// and the R_Key and range for the requester to copy from. Returns the packets and bytes
+/// sent, or `None` if the range no longer passes the remote-read check (nothing sent).
 #[allow(clippy::too_many_arguments)]
 fn read_burst(
     tx: &mut Tx,
     env: &mut Env<'_>,
     stats: &mut RcStats,
+    mtu: u32,
     psn: Psn,
     last: Psn,
     va: u64,
@@ -101,23 +109,27 @@ fn read_burst(
     left: u32,
     started: bool,
     msn: u32,
-) -> Result<bool, TxStop> {
+) -> Result<Option<(u32, u32)>, TxStop> {
+    let rest = last.diff(psn) as u32 + 1;
+    let packets = rest.min(MAX_READ_BURST);
+    let ends = packets == rest;
+    let len = if ends { left } else { packets * mtu };
     if env
         .mem
-        .check(rkey, va, u64::from(left), Access::RemoteRead)
+        .check(rkey, va, u64::from(len), Access::RemoteRead)
         .is_err()
     {
-        return Ok(false);
+        return Ok(None);
     }
-    let packets = last.diff(psn) as u32 + 1;
-    let op = match (started, packets == 1) {
+    let lone = packets == 1 && ends;
+    let op = match (started, lone) {
         (false, true) => RcOpcode::RdmaReadResponseOnly,
         (false, false) => RcOpcode::RdmaReadResponseFirst,
         (true, true) => RcOpcode::RdmaReadResponseLast,
         (true, false) => RcOpcode::RdmaReadResponseMiddle,
     };
     // AETH on First, Last and Only (IBA Vol. 1 Table 38).
-    let aeth = (!started || packets == 1).then_some(AethRepr {
+    let aeth = (!started || lone).then_some(AethRepr {
         syndrome: NO_CREDITS,
         msn,
     });
@@ -130,22 +142,22 @@ fn read_burst(
     let _ = sges.push(Sge {
         lkey: rkey,
         addr: va,
-        len: left,
+        len,
     });
     let burst = Burst {
         packets,
-        len: left,
-        ends: true,
+        len,
+        ends,
         imm: None,
         se: false,
         ack_req: false,
-        wire_len: tx.wire_len(&ext, packets, left, true),
+        wire_len: tx.wire_len(&ext, packets, len, ends),
         sges,
         offset: 0,
         domain: env.mem.domain(),
     };
     tx.send_burst(env.link, stats, op, psn, &ext, &burst)?;
-    Ok(true)
+    Ok(Some((packets, len)))
 }
 
 /// What an in-sequence burst did.
@@ -949,14 +961,33 @@ impl Responder {
                     msn,
                 } => {
                     if tx.is_local(env.link) {
-                        // The whole rest as one burst, read by the requester (see
-                        // `read_burst`); a region that went away is NAKed here as below.
-                        match read_burst(tx, env, stats, psn, last, va, rkey, left, started, msn) {
-                            Ok(true) => {
+                        // The rest as bursts, read by the requester (see `read_burst`); a
+                        // region that went away is NAKed here as below.
+                        let sent = read_burst(
+                            tx, env, stats, mtu, psn, last, va, rkey, left, started, msn,
+                        );
+                        match sent {
+                            Ok(Some((n, _))) if n == last.diff(psn) as u32 + 1 => {
                                 self.out.pop_front();
                                 continue;
                             }
-                            Ok(false) => {
+                            Ok(Some((n, len))) => {
+                                if let Resp::Read {
+                                    psn,
+                                    va,
+                                    left,
+                                    started,
+                                    ..
+                                } = r
+                                {
+                                    *psn = psn.add(n);
+                                    *va = va.wrapping_add(u64::from(len));
+                                    *left -= len;
+                                    *started = true;
+                                }
+                                continue;
+                            }
+                            Ok(None) => {
                                 let nak = AethSyndrome::Nak(NakCode::RemoteOperationalError);
                                 *r = Resp::Ack {
                                     psn,
