@@ -487,13 +487,13 @@ impl Responder {
         if send {
             return Ok(self.execute_send_burst(b, env, cfg));
         }
-        // A burst of the whole message needs no look at the R_Key before the data moves:
-        // the copy checks the whole target range before it writes a byte (and a refusal
-        // there is the same NAK). One that leaves packets for later bursts is checked here,
+        // A burst of the whole message needs no look at the R_Key before the data moves
+        // (see `write_target`); one that leaves packets for later bursts is checked here,
         // over the whole RETH range, as its first packet alone would be.
-        let (va, rkey, left, total) = self.write_target(pkt, env, cfg, !b.ends)?;
+        let whole = starts && b.ends;
+        let (va, rkey, left, total) = self.write_target(pkt, env, cfg, !whole)?;
         if len > left || (b.ends && len != left) {
-            return Err(NakCode::InvalidRequest);
+            return Err(length_nak(env, whole, rkey, va, total));
         }
         if len > 0 {
             let placed = copy_in(
@@ -615,6 +615,13 @@ impl Responder {
     /// Where an RDMA WRITE packet's data goes, as (address, R_Key, bytes left, message
     /// length): the message in progress, or the RETH of a First or Only (the QP's rights and
     /// the length checked; the R_Key over the whole range too if `probe`).
+    ///
+    /// The R_Key check is needed before the data moves only when later packets will carry
+    /// the rest of the range (C9-88: the whole RETH range is checked at the first packet).
+    /// When this packet (or burst) carries the whole message, the write itself checks the
+    /// whole range before it places a byte, with the same outcome and the same NAK, so
+    /// the caller passes `probe: false` and saves an MKey lookup on the path of every small
+    /// WRITE ([`length_nak`] keeps the order of the errors of a packet that is bad twice).
     fn write_target(
         &self,
         pkt: &RocePacket<'_>,
@@ -794,9 +801,12 @@ impl Responder {
             }
             RdmaWriteFirst | RdmaWriteMiddle | RdmaWriteLast | RdmaWriteLastImm | RdmaWriteOnly
             | RdmaWriteOnlyImm => {
-                let (va, rkey, left, total) = self.write_target(pkt, env, cfg, true)?;
+                // An Only packet needs no look at the R_Key before its data moves (see
+                // `write_target`).
+                let whole = only;
+                let (va, rkey, left, total) = self.write_target(pkt, env, cfg, !whole)?;
                 if len as u64 > u64::from(left) || (ends && len as u32 != left) {
-                    return Err(NakCode::InvalidRequest);
+                    return Err(length_nak(env, whole, rkey, va, total));
                 }
                 if len > 0 {
                     env.mem
@@ -1140,6 +1150,23 @@ fn checked_reth(
             .map_err(|_| NakCode::RemoteAccessError)?;
     }
     Ok(reth)
+}
+
+/// The NAK for an RDMA WRITE whose lengths do not add up: Invalid Request, unless its R_Key
+/// check was left to the write (`skipped`, see `Responder::write_target`) and fails, which
+/// the first packet would have reported first: Remote Access Error.
+fn length_nak(env: &mut Env<'_>, skipped: bool, rkey: u32, va: u64, total: u32) -> NakCode {
+    let bad_key = skipped
+        && total > 0
+        && env
+            .mem
+            .check(rkey, va, u64::from(total), Access::RemoteWrite)
+            .is_err();
+    if bad_key {
+        NakCode::RemoteAccessError
+    } else {
+        NakCode::InvalidRequest
+    }
 }
 
 /// The RETH of a request the QP's rights allow, its length in bounds; the R_Key is not

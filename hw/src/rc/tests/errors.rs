@@ -517,3 +517,74 @@ fn an_idle_qp_polls_without_reading_the_clock_until_a_timer_runs() {
         (Some(9_000_000 + timeout), 2, 0)
     );
 }
+
+/// The NAK a responder answers a crafted RDMA WRITE Only with (`rkey`, the RETH length
+/// `dma`, `len` payload bytes), and whether anything was written.
+fn nak_for_write_only(
+    rkey: u32,
+    dma: u32,
+    len: usize,
+) -> (Option<crate::layout::roce::AethSyndrome>, bool) {
+    let mut p = setup();
+    let before = p.b.mem.bytes(DST, VA_DST, 256);
+    let cfg = *p.a.qp.config();
+    let payload = vec![0xEE; len];
+    let pkt = RocePacket {
+        eth: cfg.path.eth,
+        ip: cfg.path.ip,
+        udp: crate::layout::roce::UdpRepr {
+            src_port: cfg.path.udp_src_port,
+            dst_port: crate::layout::roce::ROCE_UDP_PORT,
+            payload_len: 0,
+        },
+        bth: crate::layout::roce::BthRepr {
+            opcode: crate::layout::roce::RcOpcode::RdmaWriteOnly.into(),
+            p_key: cfg.p_key,
+            dest_qp: QPN_B,
+            ack_req: true,
+            psn: p.b.qp.config().rq_psn,
+            ..Default::default()
+        },
+        ext: ExtHeaders {
+            reth: Some(crate::layout::roce::RethRepr {
+                va: VA_DST,
+                r_key: rkey,
+                dma_length: dma,
+            }),
+            ..Default::default()
+        },
+        payload: &payload,
+    };
+    let b = &mut p.b;
+    let mut env = Env {
+        link: &b.link,
+        mem: &b.mem,
+        recv: &mut b.rq,
+        cq: &mut b.cq,
+        clock: &p.clock,
+    };
+    b.qp.receive(&pkt, &mut env);
+    b.qp.poll(&mut env);
+    let mut buf = vec![0; p.a.link.max_frame_len()];
+    let n = p.a.link.try_recv(&mut buf).unwrap().expect("an answer");
+    let answer = RocePacket::parse(&buf[..n]).unwrap();
+    let written = p.b.mem.bytes(DST, VA_DST, 256) != before;
+    (answer.ext.aeth.map(|a| a.syndrome), written)
+}
+
+#[test]
+fn a_write_only_with_a_bad_key_is_a_remote_access_error_whatever_its_lengths_say() {
+    use crate::layout::roce::{AethSyndrome as S, NakCode as N};
+    let ack = Some(S::Ack { credits: 0x1F });
+    assert_eq!(nak_for_write_only(DST, 100, 100), (ack, true));
+    // A bad key: a remote access error, nothing written, whatever the lengths say (the
+    // key is checked before the lengths, as for the First packet of a longer message).
+    let remote = Some(S::Nak(N::RemoteAccessError));
+    assert_eq!(nak_for_write_only(0x999, 100, 100), (remote, false));
+    assert_eq!(nak_for_write_only(0x999, 100, 50), (remote, false));
+    // Past the region's end, likewise.
+    assert_eq!(nak_for_write_only(DST, 1 << 20, 100), (remote, false));
+    // A good key and lengths that do not add up: an invalid request, nothing written.
+    let invalid = Some(S::Nak(N::InvalidRequest));
+    assert_eq!(nak_for_write_only(DST, 100, 50), (invalid, false));
+}
