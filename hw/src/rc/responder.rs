@@ -85,10 +85,9 @@ enum Outcome {
     Rnr,
 }
 
-/// Most READ responses in one [`Burst`]: as many packets as a requester's send window in
-/// the model (64), so that one large READ holds the device thread for one copy of at most
-/// 256 KiB at a time, like a WRITE burst, and other queues and an IOMMU unmap get their
-/// turn between.
+/// Most READ responses in one [`Burst`] (a WRITE's burst is bounded by the requester's
+/// send window instead): one large READ holds the device thread for one copy of at most
+/// 256 KiB at a time, and other queues and an IOMMU unmap get their turn between.
 const MAX_READ_BURST: u32 = 64;
 
 /// Sends READ responses from `psn` on (up to `last`; `left` bytes at `va` through `rkey`)
