@@ -23,7 +23,7 @@ use queue::SendQueue;
 
 use super::sge::{CopyError, check_gather, gather, scatter, scatter_from};
 use super::types::*;
-use super::{Env, RcStats, Tx, TxStop};
+use super::{BURST_MIN, Env, RcStats, Tx, TxStop};
 use crate::layout::roce::{
     AethSyndrome, AtomicEthRepr, ExtHeaders, NakCode, Psn, RcOpcode, RethRepr, RocePacket,
 };
@@ -482,6 +482,7 @@ impl Requester {
             w.wr.op,
             WrOp::Write { .. } | WrOp::WriteImm { .. } | WrOp::Send | WrOp::SendImm { .. }
         ) && matches!(w.wr.local(), LocalRef::Sges(_))
+            && (w.npkts - k > 1 || w.len > BURST_MIN)
             && tx.is_local(cx.env.link)
         {
             return self.transmit_burst(cx, tx, k, inflight);

@@ -15,7 +15,7 @@ use super::sge::{
     CopyError, SendFault, Sge, SgeList, check_gather_in, copy_between, copy_in, scatter,
 };
 use super::types::*;
-use super::{Env, RcStats, Tx, TxStop};
+use super::{BURST_MIN, Env, RcStats, Tx, TxStop};
 use crate::layout::roce::{
     AethRepr, AethSyndrome, AtomicAckEthRepr, ExtHeaders, NakCode, Psn, RcOpcode, RethRepr,
     RocePacket,
@@ -969,7 +969,7 @@ impl Responder {
                     started,
                     msn,
                 } => {
-                    if tx.is_local(env.link) {
+                    if tx.is_local(env.link) && (psn != last || left > BURST_MIN) {
                         // The rest as bursts, read by the requester (see `read_burst`); a
                         // region that went away is NAKed here as below.
                         let sent = read_burst(
