@@ -95,6 +95,12 @@ const MAX_READ_BURST: u32 = 64;
 /// headers (First or Only, or Middle or Last if `started`, with the AETH where it has one)
 /// and the R_Key and range for the requester to copy from. Returns the packets and bytes
 /// sent, or `None` if the range no longer passes the remote-read check (nothing sent).
+///
+/// The data is read when the requester takes the burst, so requests that came after the
+/// READ may have been executed by then and a later WRITE to the range may show. IB allows
+/// that: an RDMA READ is not ordered against later requests unless the later one is fenced
+/// (which the requester then holds back until the READ completes), and the packet path,
+/// which reads when it transmits the responses, behaves the same.
 #[allow(clippy::too_many_arguments)]
 fn read_burst(
     tx: &mut Tx,
