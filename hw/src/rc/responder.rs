@@ -557,18 +557,16 @@ impl Responder {
     /// error with the byte count of those packets, as packet by packet.
     fn execute_send_burst(&mut self, b: &Burst, env: &mut Env<'_>, cfg: &QpConfig) -> BurstOutcome {
         let mtu = u64::from(cfg.mtu.bytes());
+        // The sender's memory is checked before a receive WR is spent on it (under the
+        // device's locks, so the copy below finds it as checked).
+        if check_gather_in(env.mem, b.domain, &b.sges, b.offset, b.len as usize).is_err() {
+            return BurstOutcome::Dropped;
+        }
         if matches!(self.msg, InMsg::Idle) {
-            // The sender's memory is checked before a receive WR is spent on it (under
-            // the device's locks, so the copy below finds it as checked).
-            if check_gather_in(env.mem, b.domain, &b.sges, b.offset, b.len as usize).is_err() {
-                return BurstOutcome::Dropped;
-            }
             let Some(wqe) = env.recv.take() else {
                 return BurstOutcome::Rnr(0);
             };
             self.msg = InMsg::Send { wqe, off: 0 };
-        } else if check_gather_in(env.mem, b.domain, &b.sges, b.offset, b.len as usize).is_err() {
-            return BurstOutcome::Dropped;
         }
         let InMsg::Send { wqe, off } = &mut self.msg else {
             unreachable!("set above or checked by the caller")
