@@ -24,9 +24,10 @@
 //! Frames whose destination MAC is the port's own go to the loopback queue, so one HCA can
 //! run both ends of a connection; others go to the attached link (`Hca::attach_link`).
 //! The loopback queue never leaves the device: its frames carry no ICRC, and RDMA WRITEs,
-//! SENDs from memory and READ responses cross it as bursts (`rc::Burst`: a frame of headers standing for several
-//! packets, whose payload the receiver copies from the sender's memory through both MKeys,
-//! `mkey::mem_copy`). Frames on a link are always real packets.
+//! SENDs from memory and READ responses cross it as bursts (`rc::Burst`: a frame of
+//! headers standing for several packets, whose payload the receiver copies from the
+//! sender's memory through both MKeys, `mkey::mem_copy`). Frames on a link are always real
+//! packets.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! - [`headers`]: one `layout!` view and one `Repr` per header ([`Bth`]/[`BthRepr`], ...).
-//! - [`icrc`](mod@icrc): the invariant CRC over the masked IP/UDP/BTH headers and the rest of the packet.
+//! - [`icrc`](mod@icrc): the invariant CRC over the masked IP/UDP/BTH headers and the rest of
+//!   the packet.
 //! - [`template`]: [`HeaderTemplate`], a connection's fixed header bytes: the data path's
 //!   frame builder (the same bytes as [`RocePacket`]'s, written with fewer steps).
 //! - [`packet`]: [`RocePacket`] (emit) and [`RocePacket::parse`] (validating parse into a
