@@ -1,0 +1,154 @@
+//! The requester's side of [`Burst`]s on a local link: WRITEs and SENDs sent as bursts,
+//! and READ response bursts taken as their packets would be.
+
+use super::*;
+
+impl Requester {
+    /// Sends the RDMA WRITE or SEND packets from packet `k` of the WQE at `send_idx` on, as many
+    /// as the send window has room for, as one [`Burst`] (the link is local): the payload
+    /// is checked here and copied by the responder. The same PSNs, AckReq rule and state
+    /// as that many calls of [`transmit_one`](Self::transmit_one).
+    pub(super) fn transmit_burst(
+        &mut self,
+        cx: &mut Cx<'_, '_, '_>,
+        tx: &mut Tx,
+        k: u32,
+        inflight: u32,
+    ) -> Result<bool, TxStop> {
+        let idx = self.send_idx;
+        let w = &self.wqes[idx];
+        let LocalRef::Sges(sges) = w.wr.local() else {
+            unreachable!("bursts carry SGE payloads")
+        };
+        let max = cx.cfg.max_inflight;
+        let mtu = cx.cfg.mtu.bytes();
+        let n = (w.npkts - k).min(max.saturating_sub(inflight).max(1));
+        let off = k * mtu;
+        let len = (w.len - off).min(n * mtu);
+        let ends = k + n == w.npkts;
+        let mut ext = ExtHeaders::default();
+        let opcode = data_opcode(w.wr.op, w, k, k + 1 == w.npkts, &mut ext);
+        let imm = match w.wr.op {
+            WrOp::WriteImm { imm, .. } | WrOp::SendImm { imm } if ends => Some(imm),
+            _ => None,
+        };
+        let se = ends && w.wr.solicited && matches!(w.wr.op, WrOp::Send | WrOp::SendImm { .. });
+        // AckReq as `transmit_one` would set it on the last of the packets (on an earlier
+        // one it would only ask for an ACK that this one's ACK covers).
+        let ack_every = (max / 2).max(1);
+        let ack_req = (ends && (w.wr.signaled || w.end() == self.next_psn))
+            || inflight + n >= max
+            || self.since_ack_req + n >= ack_every;
+        if let Err(e) = check_gather(cx.env.mem, sges, u64::from(off), len as usize) {
+            self.wqes[idx].failed = Some(match e {
+                CopyError::Length => WcStatus::LocalLength,
+                CopyError::Access(_) => WcStatus::LocalProtection,
+            });
+            return Ok(false);
+        }
+        let burst = Burst {
+            packets: n,
+            len,
+            ends,
+            imm,
+            se,
+            ack_req,
+            wire_len: tx.wire_len(&ext, n, len, imm.is_some()),
+            sges: *sges,
+            offset: u64::from(off),
+            domain: cx.env.mem.domain(),
+        };
+        let (psn, end) = (self.send_psn, w.end());
+        tx.send_burst(cx.env.link, cx.stats, opcode, psn, &ext, &burst)?;
+        self.sent(cx, psn, psn.add(n), ack_req, end);
+        Ok(true)
+    }
+
+    /// Handles a READ response [`Burst`]: the next of the READ's responses, taken as
+    /// [`on_read_response`](Self::on_read_response) would take them one by one (PSN,
+    /// opcodes, lengths), the data copied from the responder's memory into the local SGEs
+    /// at once. Returns true when the QP must go to error.
+    pub(in crate::rc) fn on_read_burst(
+        &mut self,
+        pkt: &RocePacket<'_>,
+        b: &Burst,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+        stats: &mut RcStats,
+    ) -> bool {
+        let p = Psn::new(pkt.bth.psn);
+        if p.before(self.una) || !p.before(self.max_sent) {
+            stats.rx_dropped += u64::from(b.packets);
+            return false;
+        }
+        let mut cx = Cx { env, cfg, stats };
+        let k = match self.read_response_at(&mut cx, p, b.packets) {
+            Ok(k) => k,
+            Err(fatal) => return fatal,
+        };
+        let w = &self.wqes[0];
+        // The responses from packet `k` on (to the READ's last if the burst `ends`): the
+        // opcode of the first, and the lengths of all (one MTU in each but the READ's last).
+        let mtu = cx.cfg.mtu.bytes();
+        let rest = w.npkts - k;
+        let lone = rest == 1;
+        let op_fits = if lone {
+            matches!(
+                pkt.opcode(),
+                RcOpcode::RdmaReadResponseLast | RcOpcode::RdmaReadResponseOnly
+            )
+        } else {
+            matches!(
+                pkt.opcode(),
+                RcOpcode::RdmaReadResponseFirst | RcOpcode::RdmaReadResponseMiddle
+            )
+        };
+        let [src] = b.sges.as_slice() else {
+            return self.fail_front(&mut cx, WcStatus::BadResponse);
+        };
+        let want = if b.ends {
+            w.len - k * mtu
+        } else {
+            b.packets.saturating_mul(mtu)
+        };
+        let count_ok = if b.ends {
+            b.packets == rest
+        } else {
+            (1..rest).contains(&b.packets)
+        };
+        if !op_fits || !count_ok || b.len != want {
+            return self.fail_front(&mut cx, WcStatus::BadResponse);
+        }
+        let LocalRef::Sges(sges) = w.wr.local() else {
+            unreachable!("checked at post")
+        };
+        let at = u64::from(k) * u64::from(mtu);
+        let copied = scatter_from(
+            cx.env.mem,
+            sges,
+            at,
+            want as usize,
+            b.domain,
+            src.lkey,
+            src.addr.wrapping_add(b.offset),
+        );
+        match copied {
+            Ok(()) => {}
+            Err(CopyFault::Target(_)) => {
+                return self.fail_front(&mut cx, WcStatus::LocalProtection);
+            }
+            // The responder's memory went away after it checked it: lost like a dropped
+            // response; the timer asks again and the responder then answers with a NAK.
+            Err(CopyFault::Source(_)) => {
+                cx.stats.rx_dropped += u64::from(b.packets);
+                return false;
+            }
+        }
+        self.una = p.add(b.packets);
+        if b.ends {
+            self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+        }
+        self.progressed(cx.cfg, cx.env.clock);
+        self.check_front(&mut cx)
+    }
+}

@@ -1,0 +1,370 @@
+//! The responder's side of [`Burst`]s on a local link: WRITE and SEND bursts taken as
+//! their packets would be, and READ responses sent as bursts.
+
+use super::*;
+
+/// Most READ responses in one [`Burst`] (a WRITE's burst is bounded by the requester's
+/// send window instead): one large READ holds the device thread for one copy of at most
+/// 256 KiB at a time, and other queues and an IOMMU unmap get their turn between.
+const MAX_READ_BURST: u32 = 64;
+
+/// Sends READ responses from `psn` on (up to `last`; `left` bytes at `va` through `rkey`)
+/// as one [`Burst`] on a local link, at most [`MAX_READ_BURST`] of them: the first one's
+/// headers (First or Only, or Middle or Last if `started`, with the AETH where it has one)
+/// and the R_Key and range for the requester to copy from. Returns the packets and bytes
+/// sent, or `None` if the range no longer passes the remote-read check (nothing sent).
+///
+/// The data is read when the requester takes the burst, so requests that came after the
+/// READ may have been executed by then and a later WRITE to the range may show. IB allows
+/// that: an RDMA READ is not ordered against later requests unless the later one is fenced
+/// (which the requester then holds back until the READ completes), and the packet path,
+/// which reads when it transmits the responses, behaves the same.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn read_burst(
+    tx: &mut Tx,
+    env: &mut Env<'_>,
+    stats: &mut RcStats,
+    mtu: u32,
+    psn: Psn,
+    last: Psn,
+    va: u64,
+    rkey: u32,
+    left: u32,
+    started: bool,
+    msn: u32,
+) -> Result<Option<(u32, u32)>, TxStop> {
+    let rest = last.diff(psn) as u32 + 1;
+    let packets = rest.min(MAX_READ_BURST);
+    let ends = packets == rest;
+    let len = if ends { left } else { packets * mtu };
+    if env
+        .mem
+        .check(rkey, va, u64::from(len), Access::RemoteRead)
+        .is_err()
+    {
+        return Ok(None);
+    }
+    let (op, ext) = read_response_head(started, packets == 1 && ends, msn);
+    let mut sges = SgeList::new();
+    // One entry: cannot fail.
+    let _ = sges.push(Sge {
+        lkey: rkey,
+        addr: va,
+        len,
+    });
+    let burst = Burst {
+        packets,
+        len,
+        ends,
+        imm: None,
+        se: false,
+        ack_req: false,
+        wire_len: tx.wire_len(&ext, packets, len, ends),
+        sges,
+        offset: 0,
+        domain: env.mem.domain(),
+    };
+    tx.send_burst(env.link, stats, op, psn, &ext, &burst)?;
+    Ok(Some((packets, len)))
+}
+
+/// What an in-sequence burst did.
+enum BurstOutcome {
+    /// Executed: advance the expected PSN past it and ACK if asked.
+    Done,
+    /// The packets before the `k`-th were taken; the `k`-th found no receive WR.
+    Rnr(u32),
+    /// Its payload could not be read: dropped, nothing advanced.
+    Dropped,
+    /// The packets before the `k`-th were taken; the `k`-th failed with this NAK (the QP
+    /// goes to error).
+    Failed(u32, NakCode),
+}
+
+impl Responder {
+    /// Handles a [`Burst`]: the RDMA WRITE or SEND packets it stands for, taken as
+    /// [`on_request`](Self::on_request) would take them one by one, with one R_Key check
+    /// and one copy. Returns true when the QP must go to error.
+    pub(in crate::rc) fn on_burst(
+        &mut self,
+        pkt: &RocePacket<'_>,
+        burst: &Burst,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+        stats: &mut RcStats,
+    ) -> bool {
+        let p = Psn::new(pkt.bth.psn);
+        let d = p.diff(self.epsn);
+        if d != 0 {
+            // Ahead: as a lone packet ahead (one NAK until the expected one arrives).
+            // Behind: its first packet is a duplicate; a WRITE or SEND duplicate is
+            // acknowledged and the rest dropped, for the requester's timer to send again
+            // what the responder still lacks (a local queue loses nothing, so only a retry
+            // after a lost ACK gets here).
+            if d > 0 && !self.nak_sent {
+                self.nak_sent = true;
+                stats.seq_naks_sent += 1;
+                let nak = AethSyndrome::Nak(NakCode::PsnSequenceError);
+                let msn = self.msn;
+                self.push(
+                    Resp::Ack {
+                        psn: self.epsn,
+                        syndrome: nak,
+                        msn,
+                    },
+                    false,
+                );
+            } else if d < 0 {
+                stats.duplicates += 1;
+                self.push_ack(self.epsn.add(Psn::MASK));
+            }
+            return false;
+        }
+        let outcome = match self.execute_burst(pkt, burst, env, cfg) {
+            Ok(o) => o,
+            Err(code) => BurstOutcome::Failed(0, code),
+        };
+        match outcome {
+            BurstOutcome::Done => {
+                self.epsn = self.epsn.add(burst.packets);
+                self.nak_sent = false;
+                if burst.ack_req {
+                    self.push_ack(p.add(burst.packets - 1));
+                }
+                false
+            }
+            BurstOutcome::Rnr(k) => {
+                // IBA §9.7.5.2.8, for the packet that found no receive WR; every packet
+                // before it was taken.
+                let at = p.add(k);
+                self.epsn = at;
+                self.nak_sent = false;
+                stats.rnr_naks_sent += 1;
+                let syndrome = AethSyndrome::RnrNak {
+                    timer: cfg.min_rnr_timer,
+                };
+                let msn = self.msn;
+                self.push(
+                    Resp::Ack {
+                        psn: at,
+                        syndrome,
+                        msn,
+                    },
+                    false,
+                );
+                false
+            }
+            BurstOutcome::Dropped => false,
+            BurstOutcome::Failed(k, code) => {
+                let at = p.add(k);
+                self.epsn = at;
+                let msn = self.msn;
+                self.push(
+                    Resp::Ack {
+                        psn: at,
+                        syndrome: AethSyndrome::Nak(code),
+                        msn,
+                    },
+                    true,
+                );
+                true
+            }
+        }
+    }
+
+    /// Validates and executes an in-sequence burst: the checks of
+    /// [`execute`](Self::execute) for its first packet (opcode sequence; a WRITE's RETH and
+    /// R_Key), the lengths of all its packets, then the data and, if it ends the message,
+    /// the end (SENDs: [`execute_send_burst`](Self::execute_send_burst)).
+    fn execute_burst(
+        &mut self,
+        pkt: &RocePacket<'_>,
+        b: &Burst,
+        env: &mut Env<'_>,
+        cfg: &QpConfig,
+    ) -> Result<BurstOutcome, NakCode> {
+        use RcOpcode::*;
+        let mtu = cfg.mtu.bytes();
+        let op = pkt.opcode();
+        // (starts a message, is a SEND, carries ImmDt)
+        let (starts, send, with_imm) = match op {
+            RdmaWriteFirst | RdmaWriteOnly => (true, false, false),
+            RdmaWriteOnlyImm => (true, false, true),
+            RdmaWriteMiddle | RdmaWriteLast => (false, false, false),
+            RdmaWriteLastImm => (false, false, true),
+            SendFirst | SendOnly => (true, true, false),
+            SendOnlyImm => (true, true, true),
+            SendMiddle | SendLast => (false, true, false),
+            SendLastImm => (false, true, true),
+            _ => return Err(NakCode::InvalidRequest), // bursts carry WRITEs and SENDs only
+        };
+        // Opcode sequence (C9-102), as for the first packet alone.
+        let fits = match self.msg {
+            InMsg::Idle => starts,
+            InMsg::Send { .. } => !starts && send,
+            InMsg::Write { .. } => !starts && !send,
+        };
+        if !fits {
+            return Err(NakCode::InvalidRequest);
+        }
+        // The packets' lengths (C9-103..105): one MTU in all but the last, which has 1 to
+        // MTU (0 to MTU if it is an Only), and the opcodes their count implies.
+        let (n, len) = (b.packets, b.len);
+        let lone = n == 1 && b.ends;
+        let first_ok = match (starts, lone) {
+            (true, true) => matches!(
+                op,
+                RdmaWriteOnly | RdmaWriteOnlyImm | SendOnly | SendOnlyImm
+            ),
+            (true, false) => matches!(op, RdmaWriteFirst | SendFirst),
+            (false, true) => matches!(
+                op,
+                RdmaWriteLast | RdmaWriteLastImm | SendLast | SendLastImm
+            ),
+            (false, false) => matches!(op, RdmaWriteMiddle | SendMiddle),
+        };
+        let imm_ok = if lone {
+            with_imm == b.imm.is_some()
+        } else {
+            b.imm.is_none() || b.ends
+        };
+        let full = (n.max(1) - 1).checked_mul(mtu);
+        let tail = full.and_then(|f| len.checked_sub(f));
+        let len_ok = tail.is_some_and(|t| {
+            t <= mtu
+                && if b.ends {
+                    t > 0 || (lone && starts)
+                } else {
+                    t == mtu
+                }
+        });
+        if n == 0 || !first_ok || !imm_ok || !len_ok {
+            return Err(NakCode::InvalidRequest);
+        }
+        let full = full.unwrap_or(0);
+        if send {
+            return Ok(self.execute_send_burst(b, env, cfg));
+        }
+        // A burst of the whole message needs no look at the R_Key before the data moves
+        // (see `write_target`); one that leaves packets for later bursts is checked here,
+        // over the whole RETH range, as its first packet alone would be.
+        let whole = starts && b.ends;
+        let (va, rkey, left, total) = self.write_target(pkt, env, cfg, !whole)?;
+        if len > left || (b.ends && len != left) {
+            return Err(length_nak(env, whole, rkey, va, total));
+        }
+        if len > 0 {
+            let placed = copy_in(
+                env.mem,
+                rkey,
+                va,
+                Access::RemoteWrite,
+                b.domain,
+                &b.sges,
+                b.offset,
+                len as usize,
+            );
+            match placed {
+                Ok(()) => {}
+                Err(CopyFault::Target(_)) => return Err(NakCode::RemoteAccessError),
+                // The sender's memory no longer holds the payload (its key went away
+                // while the frame was queued): lost like a frame dropped on the way; the
+                // sender's timer sends it again and its own check then fails locally.
+                Err(CopyFault::Source(_)) => return Ok(BurstOutcome::Dropped),
+            }
+        }
+        if b.ends {
+            // WRITE with immediate consumes a receive WR after the data is placed; if
+            // none is posted the last packet is NAKed and placed again on its retry.
+            let recv = if b.imm.is_some() {
+                let Some(wqe) = env.recv.take() else {
+                    self.msg = InMsg::Write {
+                        va: va.wrapping_add(u64::from(full)),
+                        rkey,
+                        left: left - full,
+                        total,
+                    };
+                    return Ok(BurstOutcome::Rnr(n - 1));
+                };
+                Some(wqe)
+            } else {
+                None
+            };
+            self.end_write(env, cfg, recv, total, b.imm);
+        } else {
+            self.msg = InMsg::Write {
+                va: va.wrapping_add(u64::from(len)),
+                rkey,
+                left: left - len,
+                total,
+            };
+        }
+        Ok(BurstOutcome::Done)
+    }
+
+    /// Executes an in-sequence SEND burst whose opcodes and lengths passed: takes a receive
+    /// WR if it starts the message (none: RNR for its first packet), checks that the payload
+    /// can still be read, then copies it into the receive WR's SGEs. Where the receive
+    /// buffer is too short or refuses a write, the packets before the one that met the
+    /// fault are taken, the bytes up to the fault are placed, and the receive completes in
+    /// error with the byte count of those packets, as packet by packet.
+    fn execute_send_burst(&mut self, b: &Burst, env: &mut Env<'_>, cfg: &QpConfig) -> BurstOutcome {
+        let mtu = u64::from(cfg.mtu.bytes());
+        // The sender's memory is checked before a receive WR is spent on it (under the
+        // device's locks, so the copy below finds it as checked).
+        if check_gather_in(env.mem, b.domain, &b.sges, b.offset, b.len as usize).is_err() {
+            return BurstOutcome::Dropped;
+        }
+        if matches!(self.msg, InMsg::Idle) {
+            let Some(wqe) = env.recv.take() else {
+                return BurstOutcome::Rnr(0);
+            };
+            self.msg = InMsg::Send { wqe, off: 0 };
+        }
+        let InMsg::Send { wqe, off } = &mut self.msg else {
+            unreachable!("set above or checked by the caller")
+        };
+        let (wr_id, at) = (wqe.wr_id, *off);
+        let copied = copy_between(
+            env.mem,
+            &wqe.sges,
+            at,
+            b.domain,
+            &b.sges,
+            b.offset,
+            b.len as usize,
+        );
+        if let Err((done, fault)) = copied {
+            // The packet that met the fault: the bytes before it were placed.
+            let k = (done as u64 / mtu) as u32;
+            let (status, code) = match fault {
+                SendFault::Short => (WcStatus::LocalLength, NakCode::InvalidRequest),
+                SendFault::Target(_) | SendFault::Source(_) => {
+                    (WcStatus::LocalProtection, NakCode::RemoteOperationalError)
+                }
+            };
+            self.msg = InMsg::Idle;
+            let byte_len = (at + u64::from(k) * mtu) as u32;
+            recv_completion(
+                env,
+                cfg,
+                wr_id,
+                WcOpcode::Recv,
+                status,
+                byte_len,
+                None,
+                false,
+            );
+            return BurstOutcome::Failed(k, code);
+        }
+        *off += u64::from(b.len);
+        if b.ends {
+            let byte_len = (at + u64::from(b.len)) as u32;
+            self.msg = InMsg::Idle;
+            self.msn = (self.msn + 1) & Psn::MASK;
+            let (op, st) = (WcOpcode::Recv, WcStatus::Success);
+            recv_completion(env, cfg, wr_id, op, st, byte_len, b.imm, b.se);
+        }
+        BurstOutcome::Done
+    }
+}
