@@ -1,0 +1,284 @@
+//! What the RC engine sees of the device: its link ([`Wire`]: the port's loopback queue by
+//! destination MAC, else the attached link, with the port's counters) and its memory
+//! ([`Mem`]: the MKey translation with the QP's PD, through the pass's IOMMU lock).
+
+use super::*;
+
+/// What the engine transmits through: loopback by destination MAC, else the peer link.
+pub(super) struct Wire<'a> {
+    /// The port's MAC: frames to it go to `looped`.
+    pub(super) mac: [u8; 6],
+    /// The port's loopback queue.
+    pub(super) looped: &'a Loopback,
+    /// The attached link, if any.
+    pub(super) peer: Option<&'a (dyn Link + Send + Sync)>,
+    /// Frames sent (the pass's progress).
+    pub(super) sent: &'a AtomicU64,
+    /// Frames refused because a queue was full.
+    pub(super) full: &'a AtomicU64,
+    pub(super) sh: &'a Shared,
+}
+
+impl Link for Wire<'_> {
+    fn max_frame_len(&self) -> usize {
+        self.peer
+            .map_or(usize::MAX, |p| p.max_frame_len())
+            .min(self.looped.max_frame_len())
+    }
+
+    fn send(&self, frame: &[u8]) -> Result<(), LinkError> {
+        let r = if frame.first_chunk::<6>() == Some(&self.mac) {
+            self.looped.send(frame)
+        } else if let Some(p) = self.peer {
+            p.send(frame)
+        } else {
+            // No link attached: the frame leaves into nothing, as on an unplugged port.
+            Ok(())
+        };
+        self.account(&r, frame.len());
+        r
+    }
+
+    /// Builds the frame in the buffer of the likelier link (the peer if one is attached,
+    /// else the loopback queue) and, if its destination MAC says it belongs on the other,
+    /// copies it there instead: in the common cases each frame is written once.
+    fn send_with(
+        &self,
+        scratch: &mut [u8],
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<(), LinkError> {
+        let mac = self.mac;
+        let mut built = false;
+        let mut len = 0;
+        let mut other = None;
+        let r = match self.peer {
+            Some(p) => p.send_with(scratch, &mut |buf: &mut [u8]| {
+                let n = build(buf)?;
+                (built, len) = (true, n);
+                if buf.first_chunk::<6>() == Some(&mac) {
+                    other = Some(self.looped.send(&buf[..n]));
+                    return None;
+                }
+                Some(n)
+            }),
+            None => self.looped.send_with(scratch, &mut |buf: &mut [u8]| {
+                let n = build(buf)?;
+                (built, len) = (true, n);
+                if buf.first_chunk::<6>() == Some(&mac) {
+                    return Some(n);
+                }
+                // No link attached: the frame leaves into nothing, as on an unplugged port.
+                other = Some(Ok(()));
+                None
+            }),
+        };
+        if !built && r.is_ok() {
+            return Ok(()); // the builder sent nothing
+        }
+        let r = other.unwrap_or(r);
+        self.account(&r, len);
+        r
+    }
+
+    fn try_recv(&self, _buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
+        Ok(None) // the port receives through `Port`, never through the engine
+    }
+
+    /// A frame to the port's own MAC goes to its loopback queue.
+    fn is_local(&self, dst_mac: &[u8; 6]) -> bool {
+        *dst_mac == self.mac
+    }
+
+    /// Queues the burst on the loopback queue, if its frame is for this port (else
+    /// `NoBursts`, nothing sent).
+    fn send_burst(
+        &self,
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        burst: &rc::Burst,
+    ) -> Result<(), LinkError> {
+        let mac = self.mac;
+        let mut foreign = false;
+        let r = self.looped.send_burst(
+            &mut |buf: &mut [u8]| {
+                let n = build(buf)?;
+                foreign = buf.first_chunk::<6>() != Some(&mac);
+                (!foreign).then_some(n)
+            },
+            burst,
+        );
+        match r {
+            Ok(()) if foreign => Err(LinkError::NoBursts),
+            Ok(()) => {
+                // Only the device thread writes these counters.
+                Counters::inc_dev(self.sent);
+                Counters::add_dev(&self.sh.stats.packets_tx, u64::from(burst.packets));
+                self.sh
+                    .stats
+                    .port
+                    .transmitted_burst(burst.packets, burst.wire_len);
+                Ok(())
+            }
+            r @ Err(_) => {
+                self.account(&r, 0);
+                r
+            }
+        }
+    }
+}
+
+impl Wire<'_> {
+    /// Counts a send's outcome (a frame of `len` bytes).
+    fn account(&self, r: &Result<(), LinkError>, len: usize) {
+        // Only the device thread writes `sent`, `full` and `packets_tx`.
+        match r {
+            Ok(()) => {
+                Counters::inc_dev(self.sent);
+                Counters::inc_dev(&self.sh.stats.packets_tx);
+                self.sh.stats.port.transmitted(len);
+            }
+            Err(LinkError::Full) => {
+                Counters::inc_dev(self.full);
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Memory as the engine sees it: the MKey translation with the QP's PD.
+pub(super) struct Mem<'a, 'd> {
+    pub(super) sh: &'a Shared,
+    pub(super) dma: &'a Dma<'d>,
+    pub(super) core: &'a Core,
+    /// The QP's protection domain.
+    pub(super) pd: u32,
+}
+
+fn need(a: rc::Access) -> Access {
+    match a {
+        rc::Access::LocalRead => Access::NONE,
+        rc::Access::LocalWrite => Access::LOCAL_WRITE,
+        rc::Access::RemoteRead => Access::REMOTE_READ,
+        rc::Access::RemoteWrite => Access::REMOTE_WRITE,
+        rc::Access::RemoteAtomic => Access::REMOTE_ATOMIC,
+    }
+}
+
+fn access_error(key: u32, e: MemError) -> AccessError {
+    match e {
+        MemError::BadKey | MemError::NotInPd => AccessError::InvalidKey { key },
+        MemError::OutOfBounds => AccessError::OutOfRange,
+        MemError::NoRight => AccessError::Denied,
+        MemError::Unmapped => AccessError::Fault,
+    }
+}
+
+impl rc::Memory for Mem<'_, '_> {
+    fn domain(&self) -> u32 {
+        self.pd
+    }
+
+    fn check_in(&self, domain: u32, key: u32, va: u64, len: u64) -> Result<(), AccessError> {
+        if len == 0 {
+            return Ok(());
+        }
+        va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
+        let need = need(rc::Access::LocalRead);
+        mkey::mem_probe(self.sh, self.dma, self.core, key, domain, va, len, need)
+            .map_err(|e| access_error(key, e))
+    }
+
+    fn copy_in(
+        &self,
+        dst_key: u32,
+        dst_va: u64,
+        access: rc::Access,
+        src_domain: u32,
+        src_key: u32,
+        src_va: u64,
+        len: u64,
+    ) -> Result<(), rc::CopyFault> {
+        let dst = mkey::CopyEnd {
+            key: dst_key,
+            pd: self.pd,
+            va: dst_va,
+            need: need(access),
+        };
+        let src = mkey::CopyEnd {
+            key: src_key,
+            pd: src_domain,
+            va: src_va,
+            need: need(rc::Access::LocalRead),
+        };
+        let len =
+            usize::try_from(len).map_err(|_| rc::CopyFault::Target(AccessError::OutOfRange))?;
+        mkey::mem_copy(self.sh, self.dma, self.core, dst, src, len).map_err(|e| match e {
+            mkey::CopySide::Source(e) => rc::CopyFault::Source(access_error(src_key, e)),
+            mkey::CopySide::Target(e) => rc::CopyFault::Target(access_error(dst_key, e)),
+        })
+    }
+
+    fn check(&self, key: u32, va: u64, len: u64, access: rc::Access) -> Result<(), AccessError> {
+        if len == 0 {
+            return Ok(());
+        }
+        // Key, PD, bounds and rights of the whole range are decided by one MKey lookup
+        // and its first and last byte (the MKey range is contiguous); holes in the
+        // translation show up when the data moves. The probe decides as one-byte reads
+        // would but reads nothing: the destination line stays where the host has it
+        // until the data is written.
+        va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
+        mkey::mem_probe(
+            self.sh,
+            self.dma,
+            self.core,
+            key,
+            self.pd,
+            va,
+            len,
+            need(access),
+        )
+        .map_err(|e| access_error(key, e))
+    }
+
+    fn read(&self, key: u32, va: u64, buf: &mut [u8], a: rc::Access) -> Result<(), AccessError> {
+        mkey::mem_read(self.sh, self.dma, self.core, key, self.pd, va, buf, need(a))
+            .map_err(|e| access_error(key, e))
+    }
+
+    fn write(&self, key: u32, va: u64, data: &[u8], a: rc::Access) -> Result<(), AccessError> {
+        mkey::mem_write(
+            self.sh,
+            self.dma,
+            self.core,
+            key,
+            self.pd,
+            va,
+            data,
+            need(a),
+        )
+        .map_err(|e| access_error(key, e))
+    }
+
+    fn atomic(&self, key: u32, va: u64, op: rc::AtomicOp) -> Result<u64, AccessError> {
+        if !va.is_multiple_of(8) {
+            return Err(AccessError::Misaligned);
+        }
+        let op = match op {
+            rc::AtomicOp::CompareSwap { compare, swap } => {
+                iommu::AtomicOp::CmpSwap { compare, swap }
+            }
+            rc::AtomicOp::FetchAdd { add } => iommu::AtomicOp::FetchAdd(add),
+        };
+        mkey::mem_atomic(
+            self.sh,
+            self.dma,
+            self.core,
+            key,
+            self.pd,
+            va,
+            op,
+            Access::REMOTE_ATOMIC,
+        )
+        .map_err(|e| access_error(key, e))
+    }
+}
