@@ -200,9 +200,17 @@ impl Link for Loopback {
         self.build(build, Some(burst))
     }
 
-    /// Lends the frame in the queue's own buffer: no copy, no scratch needed. A burst
-    /// beside it is not shown: the port receives with [`recv_local`](Loopback::recv_local).
+    /// Lends the frame in the queue's own buffer: no copy, no scratch needed. A frame that
+    /// came with a burst is left queued and refused with `NoBursts`: its payload is not in
+    /// the frame, and only [`recv_local`](Loopback::recv_local) hands it over whole.
     fn recv_with(&self, _scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
+        if self.queued.get() > 0 {
+            let i = self.ring[self.head.get()].get() as usize;
+            // Buffer `i` is queued: only a receive, which is not running, borrows it.
+            if self.bufs[i].borrow().burst.is_some() {
+                return Err(LinkError::NoBursts);
+            }
+        }
         self.recv_local(&mut |frame, _| f(frame))
     }
 }
@@ -283,6 +291,49 @@ mod tests {
         let mut out = Vec::new();
         while l.recv_with(&mut [], &mut |f| out.push(f.to_vec())).unwrap() {}
         out
+    }
+
+    #[test]
+    fn a_burst_comes_back_beside_its_frame_and_only_through_recv_local() {
+        let l = Loopback::new(4, 64);
+        let burst = Burst {
+            packets: 3,
+            len: 2500,
+            ends: true,
+            imm: None,
+            se: false,
+            ack_req: true,
+            wire_len: 2700,
+            sges: crate::rc::SgeList::new(),
+            offset: 0,
+            domain: 7,
+        };
+        l.send_burst(
+            &mut |b| {
+                b[..8].copy_from_slice(&frame(1));
+                Some(8)
+            },
+            &burst,
+        )
+        .unwrap();
+        l.send(&frame(2)).unwrap();
+        // Not through the plain receive: the frame stays queued.
+        assert!(matches!(
+            l.recv_with(&mut [], &mut |_| panic!("lent")),
+            Err(LinkError::NoBursts)
+        ));
+        let mut got = Vec::new();
+        while l
+            .recv_local(&mut |f, b| got.push((f.to_vec(), b.copied())))
+            .unwrap()
+        {}
+        assert_eq!(
+            got,
+            [(frame(1).to_vec(), Some(burst)), (frame(2).to_vec(), None)]
+        );
+        // A buffer that held a burst holds none once a plain frame is built in it.
+        l.send(&frame(3)).unwrap();
+        assert_eq!(drain(&l), [frame(3).to_vec()]);
     }
 
     #[test]
