@@ -62,6 +62,9 @@ pub struct Settings {
     pub gpu: Option<GpuPlacement>,
     /// Path MTU of the connection (`-m`); RDMA messages are cut into packets of this size.
     pub mtu: Mtu,
+    /// The built-in model's loopback queue takes its offloads (no ICRC, bursts:
+    /// `ModelConfig::loopback_offload`); false: real packets there too (`--no-offload`).
+    pub loopback_offload: bool,
 }
 
 /// Why a run could not happen.
@@ -284,8 +287,11 @@ pub struct Bench {
     settings: Settings,
 }
 
-fn model(mac_last: u8) -> Result<std::sync::Arc<ModelFunction>, PerfError> {
-    let mut cfg = ModelConfig::default();
+fn model(mac_last: u8, offload: bool) -> Result<std::sync::Arc<ModelFunction>, PerfError> {
+    let mut cfg = ModelConfig {
+        loopback_offload: offload,
+        ..ModelConfig::default()
+    };
     cfg.mac[5] = mac_last;
     ModelFunction::new(cfg).map_err(setup("starting the model"))
 }
@@ -293,9 +299,9 @@ fn model(mac_last: u8) -> Result<std::sync::Arc<ModelFunction>, PerfError> {
 impl Bench {
     /// Boots the model(s), creates and connects the QPs for `s` with buffers of `max_size`.
     pub fn new(s: &Settings, max_size: usize, pair: bool) -> Result<Bench, PerfError> {
-        let mut models = vec![model(0x10)?];
+        let mut models = vec![model(0x10, s.loopback_offload)?];
         if pair {
-            models.push(model(0x20)?);
+            models.push(model(0x20, s.loopback_offload)?);
             Hca::link_pair(models[0].hca(), models[1].hca()).map_err(setup("linking models"))?;
         }
         let open = |m: &std::sync::Arc<ModelFunction>| {
@@ -826,6 +832,7 @@ mod tests {
             use_dm: false,
             gpu: None,
             mtu: Mtu::M4096,
+            loopback_offload: true,
         };
         let mut b = Bench::new(&s, 4096, false).unwrap();
         let r = b.bandwidth(4096).unwrap();
@@ -849,6 +856,7 @@ mod tests {
             use_dm: false,
             gpu: None,
             mtu: Mtu::M1024,
+            loopback_offload: true,
         };
         let mut b = Bench::new(&s, 8192, false).unwrap();
         for size in [64, 8192] {
@@ -874,6 +882,7 @@ mod tests {
                 use_dm: false,
                 gpu: None,
                 mtu: Mtu::M1024,
+                loopback_offload: true,
             };
             let mut b = Bench::new(&s, size, true).unwrap();
             assert_eq!(b.bandwidth(size).unwrap().iters, 50, "{op:?}");

@@ -22,6 +22,10 @@ fn bad_flags_are_messages_not_panics() {
         (&["write_bw", "-s", "banana"], "invalid value"),
         (&["no_such_test"], "invalid value"),
         (&["write_bw", "--no-such-flag"], "unexpected argument"),
+        (
+            &["write_bw", "--no-offload", "-p", "18599"],
+            "built-in model",
+        ),
     ] {
         let (code, _, err) = perf(args);
         assert_ne!(code, 0, "{args:?} should fail");
@@ -43,6 +47,24 @@ fn small_runs_print_perftest_tables() {
     assert!(
         out.lines()
             .any(|l| l.trim_start().starts_with("4096       100 ")),
+        "{out}"
+    );
+    // The loopback as real packets: the same table.
+    let args = [
+        "write_bw",
+        "-s",
+        "8192",
+        "-n",
+        "100",
+        "-t",
+        "16",
+        "--no-offload",
+    ];
+    let (code, out, err) = perf(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("8192       100 ")),
         "{out}"
     );
     let (code, out, err) = perf(&["send_lat", "-s", "2", "-n", "100", "--pair"]);

@@ -105,6 +105,11 @@ pub struct ModelConfig {
     pub memic_size: u32,
     /// Name (memfd name, logs).
     pub name: String,
+    /// The port's loopback queue takes Linux `lo`'s offloads (default): frames a port sends
+    /// to itself carry no ICRC, and RDMA WRITE, SEND and READ response payloads cross it as
+    /// bursts (`rc::Burst`), copied once from the sender's memory. False: they are real
+    /// packets, one per MTU with an ICRC, as on a link.
+    pub loopback_offload: bool,
 }
 
 impl Default for ModelConfig {
@@ -118,6 +123,7 @@ impl Default for ModelConfig {
             init_pages: 8,
             memic_size: 256 << 10,
             name: "model0".to_string(),
+            loopback_offload: true,
         }
     }
 }
@@ -229,10 +235,14 @@ pub struct Stats {
     pub cq_overruns: u64,
     /// Send WQEs taken from send queues.
     pub wqes_executed: u64,
-    /// RoCEv2 frames the port sent (loopback included).
+    /// RoCEv2 packets the port sent (loopback included; a burst counts as the packets it
+    /// stands for).
     pub packets_tx: u64,
-    /// Frames the port received (loopback included).
+    /// Packets the port received (loopback included, bursts as their packets).
     pub packets_rx: u64,
+    /// Bursts the port sent on its loopback queue (`rc::Burst`; 0 without
+    /// [`ModelConfig::loopback_offload`]).
+    pub bursts_tx: u64,
     /// Request packets the RC transport retransmitted.
     pub retransmits: u64,
 }
@@ -255,6 +265,7 @@ pub(crate) struct Counters {
     pub(crate) wqes_executed: AtomicU64,
     pub(crate) packets_tx: AtomicU64,
     pub(crate) packets_rx: AtomicU64,
+    pub(crate) bursts_tx: AtomicU64,
     /// The port's QUERY_VPORT_COUNTER counters (`cmd::vport::PortCounters`).
     pub(crate) port: cmd::vport::PortCounters,
 }
@@ -265,7 +276,7 @@ impl Counters {
     }
 
     /// [`inc`](Self::inc) for a counter whose writers never run at once: `polls` and the
-    /// port's frame counts (device thread only), `packets_tx`, `packets_rx`,
+    /// port's frame counts (device thread only), `packets_tx`, `packets_rx`, `bursts_tx`,
     /// `wqes_executed`, `cqes` (data path, with the core lock held). A load and a store,
     /// no locked read-modify-write on the data path; readers still see every value whole.
     pub(crate) fn inc_dev(c: &AtomicU64) {
@@ -551,6 +562,7 @@ impl Hca {
             wqes_executed: ld(&c.wqes_executed),
             packets_tx: ld(&c.packets_tx),
             packets_rx: ld(&c.packets_rx),
+            bursts_tx: ld(&c.bursts_tx),
             retransmits: core.dp.retransmits(),
         }
     }

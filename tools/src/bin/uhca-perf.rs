@@ -146,6 +146,11 @@ struct Args {
     /// Use two model HCAs joined by an in-process link instead of one in loopback.
     #[arg(long)]
     pair: bool,
+    /// The built-in model's own loopback as real packets (an ICRC and one frame per MTU),
+    /// without the offloads it takes by default like Linux's `lo` (no ICRC; WRITE, SEND and
+    /// READ response payloads as bursts, copied once).
+    #[arg(long = "no-offload")]
+    no_offload: bool,
     /// The device (`-d model|BDF`, `--vfio-user SOCKET`).
     #[command(flatten)]
     dev: DeviceFlags,
@@ -340,6 +345,13 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
     if a.use_dm && !a.mode.is_bw() {
         return Err("--use_dm is supported by the bandwidth tests".into());
     }
+    if a.no_offload && a.role().is_some() {
+        return Err(
+            "--no-offload applies to the built-in model's own loopback (no server, client, \
+             device or link flags)"
+                .into(),
+        );
+    }
     let gpu = gpu_placement(a)?;
     if let Some(role) = a.role() {
         remote_checks(a, role)?;
@@ -357,6 +369,7 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             use_dm: a.use_dm,
             gpu,
             mtu,
+            loopback_offload: !a.no_offload,
         },
     ))
 }

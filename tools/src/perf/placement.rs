@@ -195,6 +195,7 @@ mod tests {
                     reg,
                 }),
                 mtu: uhca::resource::Mtu::M1024,
+                loopback_offload: true,
             };
             let mut b = Bench::new(&s, 4096, false).unwrap();
             assert_eq!(b.bandwidth(4096).unwrap().iters, 100, "{op:?}");

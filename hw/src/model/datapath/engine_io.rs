@@ -84,9 +84,10 @@ impl Link for Wire<'_> {
         Ok(None) // the port receives through `Port`, never through the engine
     }
 
-    /// A frame to the port's own MAC goes to its loopback queue.
+    /// A frame to the port's own MAC goes to its loopback queue, which takes the offloads
+    /// unless the model was made without them (`ModelConfig::loopback_offload`).
     fn is_local(&self, dst_mac: &[u8; 6]) -> bool {
-        *dst_mac == self.mac
+        *dst_mac == self.mac && self.sh.cfg.loopback_offload
     }
 
     /// Queues the burst on the loopback queue, if its frame is for this port (else
@@ -112,6 +113,7 @@ impl Link for Wire<'_> {
                 // Only the device thread writes these counters.
                 Counters::inc_dev(self.sent);
                 Counters::add_dev(&self.sh.stats.packets_tx, u64::from(burst.packets));
+                Counters::inc_dev(&self.sh.stats.bursts_tx);
                 self.sh
                     .stats
                     .port

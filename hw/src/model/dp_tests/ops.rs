@@ -367,3 +367,39 @@ fn an_unmap_of_the_source_during_traffic_returns_and_nothing_is_read_from_it_aft
         "read from src after its unmap"
     );
 }
+
+#[test]
+fn the_loopback_carries_the_same_packets_with_or_without_its_offloads() {
+    let mut seen = Vec::new();
+    for offload in [true, false] {
+        let hca = Hca::new(ModelConfig {
+            mac: [0x02, 0, 0, 0, 0, 23],
+            name: "dp-offload".into(),
+            loopback_offload: offload,
+            ..Default::default()
+        })
+        .expect("model");
+        let mut r = Rig::new(&hca);
+        let (mut a, _b, mut ca, _cb) = pair(&mut r);
+        let src = r.mr(3 * PAGE, ALL);
+        let dst = r.mr(3 * PAGE, ALL);
+        let bytes = pattern(5000, 9);
+        r.buf(src.idx).write_bytes(0, &bytes);
+        // A WRITE of 20 packets of 256 bytes, then a READ of it back: 20 responses.
+        let write = cat(&[&raddr(dst.va, dst.key), &data(src.key, src.va, 5000)]);
+        r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &write);
+        assert_eq!(opcode(&r.wait(&mut ca)), CqeOpcode::Req);
+        let read = cat(&[&raddr(dst.va, dst.key), &data(src.key, src.va + 6000, 5000)]);
+        r.post(&mut a, WqeOpcode::RdmaRead.into(), CQ_UPDATE, 0, &read);
+        assert_eq!(opcode(&r.wait(&mut ca)), CqeOpcode::Req);
+        let mut back = vec![0u8; 5000];
+        r.buf(src.idx).read_bytes(6000, &mut back);
+        assert_eq!(back, bytes, "offload {offload}");
+        let s = hca.stats();
+        // With the offloads, the WRITE and the READ's responses go as one burst each.
+        assert_eq!(s.bursts_tx, if offload { 2 } else { 0 });
+        seen.push((s.packets_tx, s.packets_rx));
+    }
+    // 20 WRITE packets and their ACK, a READ request and 20 responses, either way.
+    assert_eq!(seen, [(42, 42), (42, 42)]);
+}
