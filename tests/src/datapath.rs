@@ -32,7 +32,16 @@ pub struct Pair {
 /// A pair with CQs of `cq_entries`, QPs made with `cfg`, and both connect parameters passed
 /// through `tune` (PSNs: a sends from 100, b from 200).
 pub fn pair_with(cq_entries: u32, cfg: QpConfig, tune: impl Fn(&mut ConnectParams)) -> Pair {
-    let (dev, model) = device();
+    pair_on(device(), cq_entries, cfg, tune)
+}
+
+/// [`pair_with`] on a given booted device and its model.
+pub fn pair_on(
+    (dev, model): (Device, Arc<ModelFunction>),
+    cq_entries: u32,
+    cfg: QpConfig,
+    tune: impl Fn(&mut ConnectParams),
+) -> Pair {
     let pd = dev.alloc_pd().unwrap();
     let cq = || {
         dev.create_cq(&CqConfig {

@@ -16,13 +16,18 @@ pub fn model() -> Arc<ModelFunction> {
 
 /// [`model`] with port MAC `mac` (models joined by a link need distinct MACs).
 pub fn model_with_mac(mac: [u8; 6]) -> Arc<ModelFunction> {
-    ModelFunction::new(ModelConfig {
+    model_with(|c| c.mac = mac)
+}
+
+/// [`model`] with its configuration changed by `tune` first.
+pub fn model_with(tune: impl FnOnce(&mut ModelConfig)) -> Arc<ModelFunction> {
+    let mut cfg = ModelConfig {
         boot_delay: Duration::from_millis(2),
         health_period: Duration::from_millis(1),
-        mac,
         ..ModelConfig::default()
-    })
-    .expect("model starts")
+    };
+    tune(&mut cfg);
+    ModelFunction::new(cfg).expect("model starts")
 }
 
 /// Device options for tests: health polled every 50 ms (three misses span at least 100 ms, so a
@@ -38,7 +43,11 @@ pub fn config() -> DeviceConfig {
 
 /// A booted device on a fresh model.
 pub fn device() -> (Device, Arc<ModelFunction>) {
-    let m = model();
+    device_on(model())
+}
+
+/// A booted device on model `m`.
+pub fn device_on(m: Arc<ModelFunction>) -> (Device, Arc<ModelFunction>) {
     let d = Device::open(m.clone(), config()).expect("boot");
     (d, m)
 }

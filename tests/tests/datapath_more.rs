@@ -234,6 +234,19 @@ enum Expect {
 
 #[test]
 fn randomized_mixed_operations_match_a_reference_copy() {
+    randomized_mixed_operations(uhca_tests::model());
+}
+
+/// The same run with the model's loopback as real packets (`ModelConfig::loopback_offload`
+/// off: an ICRC and one frame per MTU, no bursts).
+#[test]
+fn randomized_mixed_operations_match_a_reference_copy_over_real_packets() {
+    randomized_mixed_operations(uhca_tests::model_with(|c| c.loopback_offload = false));
+}
+
+/// 100,000 random WRITEs (inline and not), READs and atomics between two QPs on `model`,
+/// against a reference copy of the target memory.
+fn randomized_mixed_operations(model: std::sync::Arc<uhca::pci::model::ModelFunction>) {
     const OPS: u64 = 100_000;
     const BATCH: u64 = 16;
     const RLEN: usize = 1 << 16;
@@ -247,7 +260,7 @@ fn randomized_mixed_operations_match_a_reference_copy() {
         max_inline: MAX_INLINE as u32,
         ..QpConfig::default()
     };
-    let mut p = pair_with(1024, cfg, |_| {});
+    let mut p = uhca_tests::datapath::pair_on(uhca_tests::device_on(model), 1024, cfg, |_| {});
     let mut rng = Rng(0x5EED_1234_ABCD_0001);
     let remote = p.pd.alloc_mr(RLEN, Access::ALL).unwrap();
     let src = p.pd.alloc_mr(RLEN, Access::ALL).unwrap();
