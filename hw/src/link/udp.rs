@@ -10,8 +10,38 @@
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 
 use super::{Counters, Link, LinkError, LinkStats, bump};
+
+/// Bytes asked for each direction's socket buffer. A requester sends up to a window of
+/// frames back to back (128 of up to ~4.4 KiB in the model); a default receive buffer
+/// (~200 KiB) drops most of them, and every frame lost at a burst's tail costs an ACK
+/// timeout. The kernel doubles the value for its bookkeeping and caps it at
+/// `net.core.rmem_max`/`wmem_max` unless the process may force it.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// `setsockopt(SOL_SOCKET, opt, value)` on `sock`.
+#[allow(unsafe_code)]
+fn set_socket_int(sock: &UdpSocket, opt: libc::c_int, value: usize) -> io::Result<()> {
+    let v = libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the descriptor is `sock`'s, open for the whole call; the option value is a
+    // `c_int` on this stack frame, passed with its exact size, and only read.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            std::ptr::from_ref(&v).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
 
 /// A UDP-backed link end.
 #[derive(Debug)]
@@ -36,6 +66,18 @@ impl UdpLink {
         let sock = UdpSocket::bind(local)?;
         sock.connect(peer)?;
         sock.set_nonblocking(true)?;
+        for (name, opt, force) in [
+            ("receive", libc::SO_RCVBUF, libc::SO_RCVBUFFORCE),
+            ("send", libc::SO_SNDBUF, libc::SO_SNDBUFFORCE),
+        ] {
+            // Past the system's limit (`net.core.rmem_max`/`wmem_max`) only with
+            // CAP_NET_ADMIN; else up to the limit, which may be too small for a window.
+            if set_socket_int(&sock, force, SOCKET_BUFFER).is_err()
+                && let Err(e) = set_socket_int(&sock, opt, SOCKET_BUFFER)
+            {
+                tracing::warn!(error = %e, "UDP link: {name} buffer size not set");
+            }
+        }
         let local = sock.local_addr()?;
         Ok(UdpLink {
             sock,
@@ -165,5 +207,50 @@ mod tests {
         assert_eq!(a.stats().tx_frames, 2);
         assert_eq!(b.stats().rx_bytes, 131);
         assert!(UdpLink::new(any(), pa, 0).is_err());
+    }
+
+    /// Whether this process may size socket buffers to `SOCKET_BUFFER`: as root
+    /// (SO_RCVBUFFORCE), or where the system's limit allows it.
+    fn big_buffers_allowed() -> bool {
+        let root = std::fs::read_to_string("/proc/self/status")
+            .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t")));
+        let limit = |f: &str| {
+            std::fs::read_to_string(f)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0)
+        };
+        root || (limit("/proc/sys/net/core/rmem_max") >= SOCKET_BUFFER
+            && limit("/proc/sys/net/core/wmem_max") >= SOCKET_BUFFER)
+    }
+
+    #[test]
+    fn a_window_of_frames_sent_back_to_back_is_not_dropped() {
+        if !big_buffers_allowed() {
+            eprintln!("skipped: net.core.rmem_max/wmem_max below {SOCKET_BUFFER} and not root");
+            return;
+        }
+        let a0 = UdpSocket::bind(any()).unwrap();
+        let b0 = UdpSocket::bind(any()).unwrap();
+        let (pa, pb) = (a0.local_addr().unwrap(), b0.local_addr().unwrap());
+        drop((a0, b0));
+        let a = UdpLink::bind(pa, pb).unwrap();
+        let b = UdpLink::bind(pb, pa).unwrap();
+        // Two send windows of MTU-sized frames before the receiver looks: a default
+        // socket buffer (~200 KiB) holds some 40.
+        let frame = vec![0x5Au8; 4096 + 80];
+        for _ in 0..256 {
+            a.send(&frame).unwrap();
+        }
+        let mut buf = vec![0u8; b.max_frame_len()];
+        let mut got = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while got < 256 && std::time::Instant::now() < deadline {
+            match b.try_recv(&mut buf).unwrap() {
+                Some(_) => got += 1,
+                None => std::thread::yield_now(),
+            }
+        }
+        assert_eq!(got, 256, "frames dropped by a socket buffer");
     }
 }
