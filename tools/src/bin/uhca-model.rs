@@ -47,6 +47,11 @@ struct Args {
     /// Remove a stale socket left at the path (never one a server still listens on).
     #[arg(long)]
     replace: bool,
+    /// The port's own loopback as real packets (an ICRC and one frame per MTU), without the
+    /// offloads it takes by default like Linux's `lo` (no ICRC; WRITE, SEND and READ response
+    /// payloads as bursts).
+    #[arg(long = "no-offload")]
+    no_offload: bool,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -116,6 +121,7 @@ fn run(args: Args) -> Result<(), String> {
     let hca = Hca::new(ModelConfig {
         mac: args.mac,
         name: args.name.clone(),
+        loopback_offload: !args.no_offload,
         ..ModelConfig::default()
     })
     .map_err(|e| format!("starting the model: {e}"))?;
