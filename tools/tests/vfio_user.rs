@@ -79,7 +79,19 @@ fn write(a: &mut Qp, cq: &mut Cq, src: &Mr, dst: &Mr, len: usize) {
 
 #[test]
 fn every_operation_over_vfio_user_and_teardown_returns_every_page() {
-    let mut model = ModelProc::spawn(&[]);
+    every_operation_over_vfio_user(&[]);
+}
+
+/// The same with the model process's loopback as real packets (`uhca-model --no-offload`).
+#[test]
+fn every_operation_over_vfio_user_with_the_loopback_as_real_packets() {
+    every_operation_over_vfio_user(&["--no-offload"]);
+}
+
+/// Boots a `uhca-model` process started with `extra` over vfio-user, runs every operation
+/// between two QPs in its loopback, and tears down, checking that every page comes back.
+fn every_operation_over_vfio_user(extra: &[&str]) {
+    let mut model = ModelProc::spawn(extra);
     let f = model.connect();
     let dev = bounded({
         let f = f.clone();
