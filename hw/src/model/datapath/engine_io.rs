@@ -155,6 +155,30 @@ pub(super) struct Mem<'a, 'd> {
     pub(super) pd: u32,
 }
 
+impl Mem<'_, '_> {
+    /// Whether `len` bytes at `va` may be accessed through `key` in protection domain `pd`
+    /// with `access`: key, PD, bounds and rights of the whole range decided by one MKey
+    /// lookup and its first and last byte (the MKey range is contiguous); holes in the
+    /// translation show up when the data moves. The probe decides as one-byte reads would
+    /// but reads nothing: the destination line stays where the host has it until the data
+    /// is written. Nothing to check for `len` 0.
+    fn probe(
+        &self,
+        pd: u32,
+        key: u32,
+        va: u64,
+        len: u64,
+        access: rc::Access,
+    ) -> Result<(), AccessError> {
+        if len == 0 {
+            return Ok(());
+        }
+        va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
+        mkey::mem_probe(self.sh, self.dma, self.core, key, pd, va, len, need(access))
+            .map_err(|e| access_error(key, e))
+    }
+}
+
 fn need(a: rc::Access) -> Access {
     match a {
         rc::Access::LocalRead => Access::NONE,
@@ -180,13 +204,7 @@ impl rc::Memory for Mem<'_, '_> {
     }
 
     fn check_in(&self, domain: u32, key: u32, va: u64, len: u64) -> Result<(), AccessError> {
-        if len == 0 {
-            return Ok(());
-        }
-        va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
-        let need = need(rc::Access::LocalRead);
-        mkey::mem_probe(self.sh, self.dma, self.core, key, domain, va, len, need)
-            .map_err(|e| access_error(key, e))
+        self.probe(domain, key, va, len, rc::Access::LocalRead)
     }
 
     fn copy_in(
@@ -220,26 +238,7 @@ impl rc::Memory for Mem<'_, '_> {
     }
 
     fn check(&self, key: u32, va: u64, len: u64, access: rc::Access) -> Result<(), AccessError> {
-        if len == 0 {
-            return Ok(());
-        }
-        // Key, PD, bounds and rights of the whole range are decided by one MKey lookup
-        // and its first and last byte (the MKey range is contiguous); holes in the
-        // translation show up when the data moves. The probe decides as one-byte reads
-        // would but reads nothing: the destination line stays where the host has it
-        // until the data is written.
-        va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
-        mkey::mem_probe(
-            self.sh,
-            self.dma,
-            self.core,
-            key,
-            self.pd,
-            va,
-            len,
-            need(access),
-        )
-        .map_err(|e| access_error(key, e))
+        self.probe(self.pd, key, va, len, access)
     }
 
     fn read(&self, key: u32, va: u64, buf: &mut [u8], a: rc::Access) -> Result<(), AccessError> {
