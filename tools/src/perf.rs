@@ -117,6 +117,11 @@ const STALL: Duration = Duration::from_secs(30);
 const SPINS_PER_CLOCK: u32 = 4096;
 
 /// The stall timeout of a poll loop, reading the clock once per [`SPINS_PER_CLOCK`] spins.
+/// At each read the loop also yields the CPU: a wait that long is one where some other
+/// thread needs the core (a model's device thread, or a second uhca-perf process, on a
+/// machine with fewer cores than busy threads: two uhca-perf processes linked over UDP on
+/// 2 vCPUs took ~6 ms per `write_lat` half round trip, taking turns by scheduler slices,
+/// and ~70 µs yielding). On a core of its own the yield returns at once.
 struct StallTimer {
     start: Option<Instant>,
     spins: u32,
@@ -139,6 +144,7 @@ impl StallTimer {
         if !self.spins.is_multiple_of(SPINS_PER_CLOCK) {
             return Ok(None);
         }
+        std::thread::yield_now();
         let now = Instant::now();
         match self.start {
             None => self.start = Some(now),
