@@ -81,6 +81,26 @@ enum Resp {
     },
 }
 
+impl Resp {
+    /// A READ response after `packets` of its packets, `bytes` in all, went out: the next
+    /// PSN and address, the bytes left, started. Nothing for another response.
+    fn read_sent(&mut self, packets: u32, bytes: u32) {
+        if let Resp::Read {
+            psn,
+            va,
+            left,
+            started,
+            ..
+        } = self
+        {
+            *psn = psn.add(packets);
+            *va = va.wrapping_add(u64::from(bytes));
+            *left -= bytes;
+            *started = true;
+        }
+    }
+}
+
 /// What an in-sequence request did.
 enum Outcome {
     /// Executed: advance the expected PSN by this many and ACK if asked.
@@ -610,19 +630,7 @@ impl Responder {
                                 continue;
                             }
                             Ok(Some((n, len))) => {
-                                if let Resp::Read {
-                                    psn,
-                                    va,
-                                    left,
-                                    started,
-                                    ..
-                                } = r
-                                {
-                                    *psn = psn.add(n);
-                                    *va = va.wrapping_add(u64::from(len));
-                                    *left -= len;
-                                    *started = true;
-                                }
+                                r.read_sent(n, len);
                                 continue;
                             }
                             Ok(None) => {
@@ -658,20 +666,7 @@ impl Responder {
                             continue;
                         }
                         Ok(Ok(())) => {
-                            let Resp::Read {
-                                psn,
-                                va,
-                                left,
-                                started,
-                                ..
-                            } = r
-                            else {
-                                unreachable!()
-                            };
-                            *psn = psn.next();
-                            *va = va.wrapping_add(n as u64);
-                            *left -= n as u32;
-                            *started = true;
+                            r.read_sent(1, n as u32);
                             Ok(end)
                         }
                         Err(e) => Err(e),

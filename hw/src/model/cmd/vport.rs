@@ -190,19 +190,12 @@ pub(crate) struct PortCounts {
 }
 
 impl PortCounters {
-    /// Counts one frame of `len` bytes sent.
+    /// Counts `packets` packets of `octets` bytes in all sent: one frame, or the packets a
+    /// burst on the loopback queue stands for (`rc::Burst`), as a wire would have carried them.
     #[inline]
-    pub(crate) fn transmitted(&self, len: usize) {
-        Counters::inc_dev(&self.tx_packets);
-        Counters::add_dev(&self.tx_octets, len as u64);
-    }
-
-    /// Counts `packets` packets of `len` bytes in all sent as one burst on the loopback
-    /// queue (`rc::Burst`): the packets a wire would have carried.
-    #[inline]
-    pub(crate) fn transmitted_burst(&self, packets: u32, len: u32) {
+    pub(crate) fn transmitted(&self, packets: u32, octets: u64) {
         Counters::add_dev(&self.tx_packets, u64::from(packets));
-        Counters::add_dev(&self.tx_octets, u64::from(len));
+        Counters::add_dev(&self.tx_octets, octets);
     }
 
     /// Counts `packets` packets of `len` bytes in all received as one burst.
@@ -305,8 +298,8 @@ mod counter_tests {
         let r = Rig::new(&hca);
         assert_eq!(query(&r, false), vec![0u8; OUT]);
         let port = &hca.shared.stats.port;
-        port.transmitted(100);
-        port.transmitted(62);
+        port.transmitted(1, 100);
+        port.transmitted(1, 62);
         port.received(174);
         port.received_error(33);
         let out = query(&r, false);

@@ -35,7 +35,7 @@ impl Link for Wire<'_> {
             // No link attached: the frame leaves into nothing, as on an unplugged port.
             Ok(())
         };
-        self.account(&r, frame.len());
+        self.account(&r, 1, frame.len() as u64);
         r
     }
 
@@ -76,7 +76,7 @@ impl Link for Wire<'_> {
             return Ok(()); // the builder sent nothing
         }
         let r = other.unwrap_or(r);
-        self.account(&r, len);
+        self.account(&r, 1, len as u64);
         r
     }
 
@@ -107,36 +107,28 @@ impl Link for Wire<'_> {
             },
             burst,
         );
-        match r {
-            Ok(()) if foreign => Err(LinkError::NoBursts),
-            Ok(()) => {
-                // Only the device thread writes these counters.
-                Counters::inc_dev(self.sent);
-                Counters::add_dev(&self.sh.stats.packets_tx, u64::from(burst.packets));
-                Counters::inc_dev(&self.sh.stats.bursts_tx);
-                self.sh
-                    .stats
-                    .port
-                    .transmitted_burst(burst.packets, burst.wire_len);
-                Ok(())
-            }
-            r @ Err(_) => {
-                self.account(&r, 0);
-                r
-            }
+        if foreign && r.is_ok() {
+            return Err(LinkError::NoBursts);
         }
+        self.account(&r, burst.packets, u64::from(burst.wire_len));
+        if r.is_ok() {
+            // Only the device thread writes it.
+            Counters::inc_dev(&self.sh.stats.bursts_tx);
+        }
+        r
     }
 }
 
 impl Wire<'_> {
-    /// Counts a send's outcome (a frame of `len` bytes).
-    fn account(&self, r: &Result<(), LinkError>, len: usize) {
+    /// Counts a send's outcome: a frame standing for `packets` packets of `octets` bytes in
+    /// all (one, as long as the frame, but for a burst).
+    fn account(&self, r: &Result<(), LinkError>, packets: u32, octets: u64) {
         // Only the device thread writes `sent`, `full` and `packets_tx`.
         match r {
             Ok(()) => {
                 Counters::inc_dev(self.sent);
-                Counters::inc_dev(&self.sh.stats.packets_tx);
-                self.sh.stats.port.transmitted(len);
+                Counters::add_dev(&self.sh.stats.packets_tx, u64::from(packets));
+                self.sh.stats.port.transmitted(packets, octets);
             }
             Err(LinkError::Full) => {
                 Counters::inc_dev(self.full);
