@@ -491,6 +491,9 @@ fn sq_doorbells(sh: &Shared, dma: &Dma<'_>, core: &Core, dp: &mut DataPath) -> b
     any
 }
 
+/// WQEBBs read ahead of the one being fetched.
+const PREFETCH_AHEAD: u32 = 4;
+
 /// Takes the new WQEs of `qp`'s SQ (§9.2): to the engine in RTS, flushed in ERR, left in
 /// place in RST/INIT/RTR (RTR2RTS runs them).
 pub(crate) fn run_sq(
@@ -510,6 +513,10 @@ pub(crate) fn run_sq(
     qp.active = true;
     qp.moved = true;
     while (pi.wrapping_sub(qp.sq_ci) as i32) > 0 {
+        let ahead = qp.sq_ci.wrapping_add(PREFETCH_AHEAD);
+        if (pi.wrapping_sub(ahead) as i32) > 0 {
+            qp.hints.prefetch_line(&qp.buf, qp.sq_wqebb_off(ahead));
+        }
         let idx = qp.sq_ci as u16;
         let Some((ctrl, posted)) = fetch(dma, qp) else {
             to_error(qp);

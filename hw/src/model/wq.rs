@@ -172,6 +172,18 @@ impl Hints {
         at(page, in_page);
         at(n, 0);
     }
+
+    /// Starts loading the cache line of byte `off` of `buf`, with the translation of the
+    /// last [`prefetch`](Self::prefetch) (nothing before the first).
+    pub(crate) fn prefetch_line(&self, buf: &QueueBuf, off: u64) {
+        let (page, in_page) = buf.locate(off);
+        if let Some(&(host, len)) = self.hosts.get(page)
+            && host != 0
+            && in_page < len as u64
+        {
+            super::mem::prefetch(host + in_page as usize);
+        }
+    }
 }
 
 /// Reads the big-endian dword at `iova` (doorbell records, prm-subset.md §9.3).
