@@ -250,17 +250,27 @@ fn run_reference(a: &RefArgs) -> Result<(), String> {
                     _ => return Err("cacheline needs two CPUs".into()),
                 },
             };
-            let r = reference::cacheline(cpus, a.iters.unwrap_or(1_000_000))
-                .map_err(|e| e.to_string())?;
+            let n = a.iters.unwrap_or(1_000_000);
             println!("{LINE}");
             println!("                    Cache-line transfer (one way, ping-pong)");
-            println!(" CPUs            : {} <-> {}", r.cpus.0, r.cpus.1);
+            println!(" CPUs            : {} <-> {}", cpus.0, cpus.1);
+            println!(" one line        : written by both threads in turn");
+            println!(" two lines       : each written by one thread, watched by the other");
+            println!("                   (a doorbell and the data it leads to)");
             println!("{LINE}");
-            println!(" #round_trips    t_typical[nsec]    t_min[nsec]");
-            println!(
-                " {:<15} {:<18.1} {:.1}",
-                r.round_trips, r.typical_ns, r.min_ns
-            );
+            println!(" #lines  #round_trips    t_typical[nsec]    t_min[nsec]");
+            for lines in [reference::Lines::One, reference::Lines::Two] {
+                let r = reference::cacheline(cpus, n, lines).map_err(|e| e.to_string())?;
+                let name = if lines == reference::Lines::One {
+                    "one"
+                } else {
+                    "two"
+                };
+                println!(
+                    " {:<7} {:<15} {:<18.1} {:.1}",
+                    name, r.round_trips, r.typical_ns, r.min_ns
+                );
+            }
         }
         RefMode::memcpy => {
             let n = a
