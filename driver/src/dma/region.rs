@@ -10,6 +10,10 @@ use uhca_hw::layout::{Buf, BufMut};
 use super::{DmaError, DmaSpace, system_page_size};
 use crate::pci::{DmaMapping, FileBacking, Iova};
 
+/// The largest alignment a region's IOVA gets (its size rounded up to a power of two, up
+/// to this): 1 GiB, the largest MKey page the model offers.
+const MAX_ALIGN: u64 = 1 << 30;
+
 /// The page size backing a region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PageSize {
@@ -143,7 +147,19 @@ impl DmaRegion {
             // SAFETY: unmapping the mapping created just above, referenced nowhere else.
             unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
         };
-        let iova = match space.alloc_iova(len as u64, page.bytes() as u64) {
+        // Size-aligned where the IOVA space allows, as Linux's DMA API allocates IOVAs
+        // (drivers/iommu/dma-iommu.c `iommu_dma_alloc_iova` asks `alloc_iova_fast` for a
+        // size-aligned range): a region of up to 1 GiB then lies in one naturally aligned
+        // power-of-two block, and an MKey over it (`Pd::alloc_mr`) needs one MTT entry,
+        // so the device translates any access to it in one step. Page-aligned if that
+        // does not fit.
+        let aligned = (len as u64)
+            .next_power_of_two()
+            .clamp(page.bytes() as u64, MAX_ALIGN);
+        let iova = match space
+            .alloc_iova(len as u64, aligned)
+            .or_else(|_| space.alloc_iova(len as u64, page.bytes() as u64))
+        {
             Ok(i) => i,
             Err(e) => {
                 unmap_mem();
@@ -433,5 +449,38 @@ impl BufMut for DmaSlice<'_> {
     }
     fn write_bytes(&mut self, off: usize, src: &[u8]) {
         self.write(off, src)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pci::null::NullFunction;
+
+    /// NullFunction's IOVA space: [4 GiB, 1 TiB).
+    const END: u64 = 1 << 40;
+
+    #[test]
+    fn regions_are_size_aligned() {
+        let space = DmaSpace::new(Arc::new(NullFunction::default()));
+        // A page first, so that the next free IOVA is only page-aligned.
+        let _page = space.alloc(4096).expect("page");
+        for len in [4096usize, 12 << 10, 100_000, 3 << 20] {
+            let r = space.alloc(len).expect("region");
+            let want = (r.len() as u64).next_power_of_two();
+            assert_eq!(r.iova().0 % want, 0, "{len} bytes at {:#x}", r.iova().0);
+        }
+    }
+
+    #[test]
+    fn a_region_falls_back_to_page_alignment_where_size_alignment_does_not_fit() {
+        let space = DmaSpace::new(Arc::new(NullFunction::default()));
+        // Leave only the last 12 KiB free: 4 KiB-aligned, not 16 KiB-aligned.
+        let _rest = space
+            .alloc_iova(END - (1 << 32) - 0x3000, 4096)
+            .expect("the rest");
+        let r = space.alloc(0x3000).expect("fits page-aligned");
+        assert_eq!(r.iova().0, END - 0x3000);
+        assert!(space.alloc(4096).is_err(), "the space is full");
     }
 }
