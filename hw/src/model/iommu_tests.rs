@@ -1,4 +1,4 @@
-//! Tests of the model IOMMU: translation, the last-hit hint, probes and their generation,
+//! Tests of the model IOMMU: translation, the lookup hints, probes and their generation,
 //! read-only mappings, and the pass-wide read lock (`Dma`) against `unmap`.
 
 use std::ptr::NonNull;
@@ -25,7 +25,51 @@ fn region(p: &mut Pages, i: usize) -> HostRegion {
 }
 
 #[test]
-fn the_last_hit_hint_never_outlives_an_unmap_or_a_remap() {
+fn lookups_over_more_mappings_than_hints_find_each_and_stale_hints_miss() {
+    let mut mem = pages();
+    let io = Iommu::new();
+    io.set_bus_master(true);
+    // Twice as many mappings as hints, each page twice (distinct IOVAs, same memory).
+    let iovas: Vec<u64> = (0..2 * HINTS as u64).map(|k| 0x10_0000 * (k + 1)).collect();
+    for (k, &iova) in iovas.iter().enumerate() {
+        io.map(iova, HostMapping::new(region(&mut mem, k % 4)))
+            .unwrap();
+    }
+    let byte = |iova| io.read_u8_acquire(iova);
+    for round in 0..3 {
+        // Cycling over all of them evicts every hint; the reverse order hits the last ones.
+        let order: Vec<usize> = if round == 1 {
+            (0..iovas.len()).rev().collect()
+        } else {
+            (0..iovas.len()).collect()
+        };
+        for k in order {
+            assert_eq!(
+                byte(iovas[k] + 7),
+                Ok(k as u8 % 4 + 1),
+                "round {round}, {k}"
+            );
+        }
+    }
+    // Every other mapping unmapped: the hints (indexes) now name other mappings or none.
+    for &iova in iovas.iter().step_by(2) {
+        io.unmap(iova, 4096).unwrap();
+    }
+    for (k, &iova) in iovas.iter().enumerate() {
+        let want = if k % 2 == 0 {
+            Err(DmaError::Fault {
+                iova: iova + 100,
+                len: 1,
+            })
+        } else {
+            Ok(k as u8 % 4 + 1)
+        };
+        assert_eq!(byte(iova + 100), want, "{k}");
+    }
+}
+
+#[test]
+fn a_hint_never_outlives_an_unmap_or_a_remap() {
     let mut mem = pages();
     let io = Iommu::new();
     io.set_bus_master(true);
@@ -38,14 +82,14 @@ fn the_last_hit_hint_never_outlives_an_unmap_or_a_remap() {
     assert_eq!(
         byte(0x30010),
         Ok(3),
-        "the hint now points at the last mapping"
+        "a hint now points at the last mapping"
     );
     assert_eq!(byte(0x10010), Ok(1));
     assert_eq!(byte(0x20fff), Ok(2));
     assert!(byte(0x21000).is_err(), "just past a mapping");
     assert!(byte(0xffff).is_err(), "just before one");
-    // Unmapping the hinted mapping: the next access faults, and the indexes after it
-    // shift, so a stale index would now name another mapping.
+    // Unmapping a hinted mapping: the next access faults, and the indexes after it
+    // shift, so the stale hints now name other mappings.
     assert_eq!(byte(0x10000), Ok(1));
     io.unmap(0x10000, 4096).unwrap();
     assert!(byte(0x10000).is_err());
