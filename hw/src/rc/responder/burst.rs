@@ -99,8 +99,9 @@ impl Responder {
             // Ahead: as a lone packet ahead (one NAK until the expected one arrives).
             // Behind: its first packet is a duplicate; a WRITE or SEND duplicate is
             // acknowledged and the rest dropped, for the requester's timer to send again
-            // what the responder still lacks (a local queue loses nothing, so only a retry
-            // after a lost ACK gets here).
+            // what the responder still lacks. A local queue loses nothing, so only a
+            // go-back-N retry after a lost ACK gets here, and it covers exactly the packets
+            // that were in flight, all of which the responder holds: there is no rest.
             if d > 0 && !self.nak_sent {
                 self.nak_sent = true;
                 stats.seq_naks_sent += 1;

@@ -727,3 +727,28 @@ fn writes_and_reads_as_bursts_end_as_they_do_as_packets() {
         assert!(bursts >= 10, "{mtu:?}: few bursts ({bursts})");
     }
 }
+
+#[test]
+fn a_lost_ack_in_a_message_of_three_windows_costs_one_timeout() {
+    // The first ACK (a window in) is lost and the window stalls: after the timeout the
+    // requester goes back to its first unacknowledged packet with a burst of the packets
+    // that were in flight, all of which the responder already holds. It acknowledges them
+    // as one duplicate, and the rest of the message follows without a second timeout. (A
+    // go-back-N retry on the loopback queue covers exactly the packets in flight at the
+    // timeout, so a retry burst never reaches past what the responder expects.)
+    let mut l = Local::new(Mtu::Mtu256);
+    let window = l.a.config().max_inflight;
+    let len = 3 * window * 256;
+    l.a.post_send(wr(1, write(0), &split(SRC, VA_SRC, len)))
+        .unwrap();
+    l.drop_to_a = 1;
+    l.settle();
+    assert_eq!(l.sends(), [(1, WcStatus::Success)]);
+    assert_eq!(l.a.stats().timeouts, 1);
+    assert_eq!(l.a.stats().retransmits, u64::from(window));
+    assert_eq!(l.b.stats().duplicates, 1);
+    assert_eq!(
+        l.mem.bytes(DST, VA_DST, len as usize),
+        l.mem.bytes(SRC, VA_SRC, len as usize)
+    );
+}
