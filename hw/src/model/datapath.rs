@@ -616,7 +616,7 @@ fn receive(
     // A loopback frame may come with a burst (`rc::Burst`): the packets it stands for.
     let mut handle = |frame: &[u8], looped: bool, burst: Option<&rc::Burst>| {
         any = true;
-        let packets = burst.map_or(1, |b| u64::from(b.packets));
+        let packets = burst.map_or(1, |b| u64::from(b.frame_packets()));
         Counters::add_dev(&sh.stats.packets_rx, packets);
         deliver(sh, dma, core, dp, wire, clock, mac, frame, looped, burst);
     };
@@ -672,7 +672,10 @@ fn deliver(
         return; // malformed or bad ICRC: dropped as the wire would
     };
     match burst {
-        Some(b) => sh.stats.port.received_burst(b.packets, b.wire_len),
+        Some(b) => sh
+            .stats
+            .port
+            .received_burst(b.frame_packets(), b.frame_wire_len()),
         None => sh.stats.port.received(frame.len()),
     }
     let Some(qp) = dp.qps.get_mut(pkt.bth.dest_qp) else {

@@ -37,7 +37,7 @@ mod tests;
 pub use sge::{MAX_INLINE, MAX_SGE, Sge, SgeList};
 pub use types::*;
 
-use crate::layout::roce::{BthRepr, BthVar, ExtHeaders, HeaderTemplate, RocePacket, UdpRepr};
+use crate::layout::roce::{BthRepr, BthVar, ExtHeaders, HeaderTemplate, Psn, RocePacket, UdpRepr};
 use crate::link::{Link, LinkError};
 use requester::Requester;
 use responder::Responder;
@@ -218,12 +218,12 @@ impl Tx {
         );
         match sent {
             Ok(()) if !emit_err => {
-                stats.tx_packets += u64::from(burst.packets);
+                stats.tx_packets += u64::from(burst.frame_packets());
                 Ok(())
             }
             Err(LinkError::Full) => Err(TxStop::Busy),
             Ok(()) | Err(_) => {
-                stats.tx_errors += u64::from(burst.packets);
+                stats.tx_errors += u64::from(burst.frame_packets());
                 Ok(())
             }
         }
@@ -386,6 +386,40 @@ impl RcQp {
     /// [`receive`](Self::receive)'s packets for another QP number or P_Key or in the error
     /// state.
     pub fn receive_burst(&mut self, pkt: &RocePacket<'_>, burst: &Burst, env: &mut Env<'_>) {
+        self.receive_one_burst(pkt, burst, env);
+        // The WRITEs that follow it in the frame, each as if in a burst of its own.
+        let mut psn = Psn::new(pkt.bth.psn).add(burst.packets);
+        for m in burst.more.as_slice() {
+            let mut p = *pkt;
+            p.bth.opcode = m.opcode;
+            p.bth.psn = psn.get();
+            p.bth.ack_req = m.ack_req;
+            p.bth.se = false;
+            p.ext = ExtHeaders {
+                reth: Some(m.reth),
+                imm_dt: m.imm.filter(|_| m.packets == 1),
+                ..ExtHeaders::default()
+            };
+            let b = Burst {
+                packets: m.packets,
+                len: m.reth.dma_length,
+                ends: true,
+                imm: m.imm,
+                se: false,
+                ack_req: m.ack_req,
+                wire_len: m.wire_len,
+                sges: SgeList::from_slice(&[m.sge]).unwrap_or_default(),
+                offset: 0,
+                domain: burst.domain,
+                more: MoreWrites::default(),
+            };
+            self.receive_one_burst(&p, &b, env);
+            psn = psn.add(m.packets);
+        }
+    }
+
+    /// [`receive_burst`](Self::receive_burst) for the burst's own packets.
+    fn receive_one_burst(&mut self, pkt: &RocePacket<'_>, burst: &Burst, env: &mut Env<'_>) {
         self.stats.rx_packets += u64::from(burst.packets);
         if pkt.bth.dest_qp != self.cfg.qpn
             || pkt.bth.p_key & 0x7FFF != self.cfg.p_key & 0x7FFF

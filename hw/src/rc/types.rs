@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::sge::{MAX_INLINE, Sge, SgeList};
-use crate::layout::roce::{EthRepr, IpRepr, Psn};
+use crate::layout::roce::{EthRepr, IpRepr, Psn, RethRepr};
 
 /// Path MTU (IBA Vol. 1 §9.7.7.2; the qpc `mtu` encoding 1..=5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -747,6 +747,10 @@ pub enum CopyFault {
 /// lengths, then the data and the completion), with one key check and one copy for the
 /// whole. Every frame that crosses a link is a real packet of at most one MTU.
 ///
+/// A burst that ends its message may carry whole RDMA WRITEs that follow it in the send
+/// queue ([`more`](Self::more)), as a TCP sender coalesces small writes into one segment:
+/// the receiver takes each as if it came in a burst of its own, in order.
+///
 /// [`Link::is_local`]: crate::link::Link::is_local
 /// [`Link::send_burst`]: crate::link::Link::send_burst
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -775,6 +779,79 @@ pub struct Burst {
     pub offset: u64,
     /// See `sges`.
     pub domain: u32,
+    /// Whole RDMA WRITEs that follow this burst's message in PSN order (none unless it
+    /// `ends` it); their payloads are read in the same `domain`.
+    pub more: MoreWrites,
+}
+
+impl Burst {
+    /// Packets the frame stands for: the burst's own and those of [`more`](Self::more).
+    pub fn frame_packets(&self) -> u32 {
+        self.more
+            .as_slice()
+            .iter()
+            .fold(self.packets, |n, m| n + m.packets)
+    }
+
+    /// Bytes the frame's packets would take on a wire.
+    pub fn frame_wire_len(&self) -> u32 {
+        self.more
+            .as_slice()
+            .iter()
+            .fold(self.wire_len, |n, m| n + m.wire_len)
+    }
+}
+
+/// Most whole RDMA WRITEs a [`Burst`] carries after its own message.
+pub const MAX_MORE: usize = 7;
+
+/// A whole RDMA WRITE (or WRITE with immediate) from one local SGE, carried by a
+/// [`Burst`] after its own message: what its first packet's headers say, and its payload.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MoreWrite {
+    /// Its packets (all of the message's, at least 1).
+    pub packets: u32,
+    /// The first packet's raw opcode (RDMA WRITE First, Only or Only with Immediate).
+    pub opcode: u8,
+    /// The RETH: remote address, R_Key and the message's length.
+    pub reth: RethRepr,
+    /// The immediate data of a WRITE with immediate.
+    pub imm: Option<u32>,
+    /// AckReq of its last packet.
+    pub ack_req: bool,
+    /// Bytes its packets would take on a wire.
+    pub wire_len: u32,
+    /// The payload, read in the burst's domain.
+    pub sge: Sge,
+}
+
+/// The [`MoreWrite`]s of a [`Burst`]: up to [`MAX_MORE`], in order (no allocation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MoreWrites {
+    items: [MoreWrite; MAX_MORE],
+    len: u8,
+}
+
+impl MoreWrites {
+    /// The entries, in order.
+    pub fn as_slice(&self) -> &[MoreWrite] {
+        &self.items[..usize::from(self.len)]
+    }
+
+    /// Appends `w`; false (nothing appended) when full.
+    pub fn push(&mut self, w: MoreWrite) -> bool {
+        let Some(slot) = self.items.get_mut(usize::from(self.len)) else {
+            return false;
+        };
+        *slot = w;
+        self.len += 1;
+        true
+    }
+
+    /// Whether another entry fits.
+    pub fn is_full(&self) -> bool {
+        usize::from(self.len) == MAX_MORE
+    }
 }
 
 /// A posted receive work request.

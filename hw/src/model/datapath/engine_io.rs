@@ -110,7 +110,7 @@ impl Link for Wire<'_> {
         if foreign && r.is_ok() {
             return Err(LinkError::NoBursts);
         }
-        self.account(&r, burst.packets, u64::from(burst.wire_len));
+        self.account(&r, burst.frame_packets(), u64::from(burst.frame_wire_len()));
         if r.is_ok() {
             // Only the device thread writes it.
             Counters::inc_dev(&self.sh.stats.bursts_tx);

@@ -46,6 +46,13 @@ impl Requester {
             });
             return Ok(false);
         }
+        let (psn, end) = (self.send_psn, w.end());
+        let more = if ends {
+            let since = if ack_req { 0 } else { self.since_ack_req + n };
+            self.more_writes(cx, tx, idx + 1, inflight + n, since)
+        } else {
+            MoreWrites::default()
+        };
         let burst = Burst {
             packets: n,
             len,
@@ -57,11 +64,78 @@ impl Requester {
             sges: *sges,
             offset: u64::from(off),
             domain: cx.env.mem.domain(),
+            more,
         };
-        let (psn, end) = (self.send_psn, w.end());
         tx.send_burst(cx.env.link, cx.stats, opcode, psn, &ext, &burst)?;
         self.sent(cx, psn, psn.add(n), ack_req, end);
+        for m in burst.more.as_slice() {
+            let at = self.send_psn;
+            self.sent(cx, at, at.add(m.packets), m.ack_req, at.add(m.packets));
+        }
         Ok(true)
+    }
+
+    /// The whole RDMA WRITEs from the WQE at `idx` on that can follow a burst in its frame
+    /// ([`Burst::more`]): each from one local SGE that passes its check, not fenced, large
+    /// enough for a burst of its own, and fitting the send window whole (`inflight`
+    /// packets before it, `since` since the last AckReq). Their AckReq bits are the ones
+    /// [`transmit_burst`](Self::transmit_burst) would give them. The first WQE that does
+    /// not qualify ends the list; it goes out on its own, as before.
+    fn more_writes(
+        &self,
+        cx: &mut Cx<'_, '_, '_>,
+        tx: &Tx,
+        mut idx: usize,
+        mut inflight: u32,
+        mut since: u32,
+    ) -> MoreWrites {
+        let mut more = MoreWrites::default();
+        let max = cx.cfg.max_inflight;
+        let ack_every = (max / 2).max(1);
+        while !more.is_full()
+            && let Some(w) = self.wqes.get(idx)
+        {
+            let imm = match w.wr.op {
+                WrOp::Write { .. } => None,
+                WrOp::WriteImm { imm, .. } => Some(imm),
+                _ => break,
+            };
+            let LocalRef::Sges(sges) = w.wr.local() else {
+                break;
+            };
+            let [sge] = sges.as_slice() else {
+                break;
+            };
+            let n = w.npkts;
+            if w.failed.is_some()
+                || w.wr.fence
+                || (n == 1 && w.len <= BURST_MIN)
+                || inflight + n > max
+                || check_gather(cx.env.mem, sges, 0, w.len as usize).is_err()
+            {
+                break;
+            }
+            let ack_req = w.wr.signaled
+                || w.end() == self.next_psn
+                || inflight + n >= max
+                || since + n >= ack_every;
+            let mut ext = ExtHeaders::default();
+            let opcode = data_opcode(w.wr.op, w, 0, n == 1, &mut ext);
+            let Some(reth) = ext.reth else { break };
+            more.push(MoreWrite {
+                packets: n,
+                opcode: opcode.into(),
+                reth,
+                imm,
+                ack_req,
+                wire_len: tx.wire_len(&ext, n, w.len, imm.is_some()),
+                sge: *sge,
+            });
+            inflight += n;
+            since = if ack_req { 0 } else { since + n };
+            idx += 1;
+        }
+        more
     }
 
     /// Handles a READ response [`Burst`]: the next of the READ's responses, taken as

@@ -24,9 +24,11 @@ struct Local {
     rq: [VecDeque<RecvWqe>; 2],
     cq: [Vec<Completion>; 2],
     clock: ManualClock,
-    /// Request frames that came with a burst, and the packets they stood for.
+    /// Request frames that came with a burst, the packets they stood for, and the whole
+    /// WRITEs that followed a burst's own message in its frame (`Burst::more`).
     bursts: u64,
     burst_packets: u64,
+    more: u64,
     /// Frames for `a` to throw away (lost ACKs).
     drop_to_a: u32,
 }
@@ -51,6 +53,7 @@ impl Local {
             clock: ManualClock::new(1_000_000),
             bursts: 0,
             burst_packets: 0,
+            more: 0,
             drop_to_a: 0,
         }
     }
@@ -69,6 +72,7 @@ impl Local {
             clock,
             bursts,
             burst_packets,
+            more,
             drop_to_a,
         } = self;
         let mut moved = 0;
@@ -107,7 +111,8 @@ impl Local {
                             );
                         }
                         *bursts += 1;
-                        *burst_packets += u64::from(burst.packets);
+                        *burst_packets += u64::from(burst.frame_packets());
+                        *more += burst.more.as_slice().len() as u64;
                         qp.receive_burst(&pkt, burst, &mut env);
                     }
                     None => {
@@ -593,12 +598,13 @@ fn sends_as_bursts_end_as_sends_as_packets_do() {
 type Outcome = (Vec<Completion>, Vec<Completion>, Vec<u8>, Vec<u8>);
 
 /// Runs `wrs` from `a` (with `recvs` posted at `b`) over real packets and over bursts,
-/// for the same QP attributes, and returns both outcomes and the bursts the second took.
+/// for the same QP attributes, and returns both outcomes, the bursts the second took and
+/// the WRITEs that followed another message in a burst's frame.
 fn both_ways(
     cfg: (QpConfig, QpConfig),
     wrs: &[WorkRequest],
     recvs: &[RecvWqe],
-) -> ([Outcome; 2], u64) {
+) -> ([Outcome; 2], u64, u64) {
     const SPAN: usize = 64 * 1024;
     let mut p = Pair::with(cfg.0, cfg.1, FaultConfig::default());
     p.a.mem.register(SRC, VA_SRC, LEN, false);
@@ -629,7 +635,7 @@ fn both_ways(
         l.mem.bytes(DST, VA_DST, SPAN),
         l.mem.bytes(SRC, VA_SRC, SPAN),
     );
-    ([packets, bursts], l.bursts)
+    ([packets, bursts], l.bursts, l.more)
 }
 
 const LOCAL_ONLY: u32 = 0x400;
@@ -716,7 +722,7 @@ fn writes_and_reads_as_bursts_end_as_they_do_as_packets() {
         (a.rnr_retry, b.rnr_retry) = (2, 2);
         let mut bursts = 0;
         for (wrs, recvs) in &cases {
-            let ([want, got], n) = both_ways((a, b), wrs, recvs);
+            let ([want, got], n, _) = both_ways((a, b), wrs, recvs);
             bursts += n;
             assert!(!want.0.is_empty(), "no completion");
             assert_eq!(got.0, want.0, "requester's completions: {mtu:?} {wrs:?}");
@@ -751,4 +757,127 @@ fn a_lost_ack_in_a_message_of_three_windows_costs_one_timeout() {
         l.mem.bytes(DST, VA_DST, len as usize),
         l.mem.bytes(SRC, VA_SRC, len as usize)
     );
+}
+
+#[test]
+fn writes_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
+    // Streams of one-SGE WRITEs, which a burst carries after its own message
+    // (`Burst::more`) while the window has room, with every way one can refuse to follow
+    // or fail on the way: a failure in the middle of a frame must end as the same packets
+    // would end.
+    let remote = |off: u64, rkey: u32| RemoteAddr {
+        addr: VA_DST + off,
+        rkey,
+    };
+    let one = |id: u64, op: WrOp, at: u64, len: u32| {
+        wr(
+            id,
+            op,
+            &[Sge {
+                lkey: SRC,
+                addr: VA_SRC + at,
+                len,
+            }],
+        )
+    };
+    let nth = |id: u64, len: u32| {
+        let mut w = one(id, write(id * 5000), id * 3000, len);
+        w.signaled = id.is_multiple_of(3);
+        w
+    };
+    let stream = |n: u64| -> Vec<WorkRequest> {
+        let sizes = [600, 1024, 3000, 4096, 5000, 2000, 700, 9000];
+        (1..=n)
+            .map(|id| nth(id, sizes[id as usize % sizes.len()]))
+            .collect()
+    };
+    let recv = RecvWqe {
+        wr_id: 70,
+        sges: SgeList::new(),
+    };
+    let mut cases: Vec<(Vec<WorkRequest>, Vec<RecvWqe>)> = vec![(stream(12), vec![])];
+    // With immediate: one receive for the first, none for the second (RNR in mid-frame).
+    let mut imm = stream(10);
+    for id in [4, 7] {
+        imm[id - 1].op = WrOp::WriteImm {
+            remote: remote(id as u64 * 5000, DST),
+            imm: 0xabc0 + id as u32,
+        };
+    }
+    cases.push((imm, vec![recv]));
+    // A bad R_Key, a range past the region, a region without remote rights, a bad local
+    // key, each at the fifth WRITE: what follows it is flushed.
+    let end = LEN as u64 - 100;
+    for op in [
+        WrOp::Write {
+            remote: remote(0, 0x999),
+        },
+        WrOp::Write {
+            remote: remote(end, DST),
+        },
+        WrOp::Write {
+            remote: RemoteAddr {
+                addr: VA_LOCAL_ONLY,
+                rkey: LOCAL_ONLY,
+            },
+        },
+    ] {
+        let mut s = stream(9);
+        s[4].op = op;
+        cases.push((s, vec![]));
+    }
+    let mut bad_local = stream(9);
+    bad_local[4].local = LocalData::Sges(
+        SgeList::from_slice(&[Sge {
+            lkey: 0x888,
+            addr: VA_SRC,
+            len: 3000,
+        }])
+        .unwrap(),
+    );
+    cases.push((bad_local, vec![]));
+    // What does not follow: a fenced WRITE behind a READ, a two-SGE WRITE, a one-packet
+    // WRITE too small for a burst, a SEND.
+    let mut mixed = stream(10);
+    mixed[2] = one(
+        30,
+        WrOp::Read {
+            remote: remote(200_000, DST),
+        },
+        90_000,
+        5000,
+    );
+    mixed[3].fence = true;
+    mixed[5] = wr(60, write(300_000), &split(SRC, VA_SRC + 7, 6000));
+    mixed[6] = one(70, write(310_000), 11, 100);
+    mixed[8] = one(90, WrOp::Send, 5, 3000);
+    cases.push((mixed, vec![recv]));
+    let mut more = 0;
+    for (mtu, window) in [(Mtu::Mtu1024, 32), (Mtu::Mtu256, 5), (Mtu::Mtu4096, 64)] {
+        let mut a = config(QPN_A, QPN_B, mtu);
+        let mut b = config(QPN_B, QPN_A, mtu);
+        (a.max_inflight, b.max_inflight) = (window, window);
+        (a.rnr_retry, b.rnr_retry) = (2, 2);
+        for (wrs, recvs) in &cases {
+            let ([want, got], _, m) = both_ways((a, b), wrs, recvs);
+            more += m;
+            assert!(!want.0.is_empty(), "no completion");
+            assert_eq!(got.0, want.0, "requester's completions: {mtu:?} {wrs:?}");
+            assert_eq!(got.1, want.1, "responder's completions: {mtu:?} {wrs:?}");
+            assert!(got.2 == want.2, "the target's bytes: {mtu:?} {wrs:?}");
+            assert!(got.3 == want.3, "the source's bytes: {mtu:?} {wrs:?}");
+        }
+    }
+    assert!(more >= 30, "few WRITEs followed a burst ({more})");
+    // A stream that fails nowhere is acknowledged as it goes: no timer runs out (a WRITE
+    // that followed a burst without its AckReq would leave the last ones to the timer).
+    let mut l = Local::new(Mtu::Mtu1024);
+    for w in stream(40) {
+        l.a.post_send(w).unwrap();
+    }
+    l.settle();
+    assert!(l.more > 20, "{}", l.more);
+    assert_eq!(l.a.stats().timeouts, 0);
+    assert_eq!(l.a.stats().retransmits, 0);
+    assert_eq!(l.a.stats().tx_packets, l.b.stats().rx_packets);
 }
