@@ -387,32 +387,42 @@ impl RcQp {
     /// state.
     pub fn receive_burst(&mut self, pkt: &RocePacket<'_>, burst: &Burst, env: &mut Env<'_>) {
         self.receive_one_burst(pkt, burst, env);
-        // The WRITEs that follow it in the frame, each as if in a burst of its own.
+        let more = burst.more.as_slice();
+        if more.is_empty() {
+            return;
+        }
+        // The WRITEs that follow it in the frame, each as if in a burst of its own (one
+        // packet and one burst, set up once and refilled for each).
         let mut psn = Psn::new(pkt.bth.psn).add(burst.packets);
-        for m in burst.more.as_slice() {
-            let mut p = *pkt;
+        let mut p = *pkt;
+        p.bth.se = false;
+        let mut b = Burst {
+            packets: 0,
+            len: 0,
+            ends: true,
+            imm: None,
+            se: false,
+            ack_req: false,
+            wire_len: 0,
+            sges: SgeList::new(),
+            offset: 0,
+            domain: burst.domain,
+            more: MoreWrites::default(),
+        };
+        for m in more {
             p.bth.opcode = m.opcode;
             p.bth.psn = psn.get();
             p.bth.ack_req = m.ack_req;
-            p.bth.se = false;
             p.ext = ExtHeaders {
                 reth: Some(m.reth),
                 imm_dt: m.imm.filter(|_| m.packets == 1),
                 ..ExtHeaders::default()
             };
-            let b = Burst {
-                packets: m.packets,
-                len: m.reth.dma_length,
-                ends: true,
-                imm: m.imm,
-                se: false,
-                ack_req: m.ack_req,
-                wire_len: m.wire_len,
-                sges: SgeList::from_slice(&[m.sge]).unwrap_or_default(),
-                offset: 0,
-                domain: burst.domain,
-                more: MoreWrites::default(),
-            };
+            (b.packets, b.len, b.imm) = (m.packets, m.reth.dma_length, m.imm);
+            (b.ack_req, b.wire_len) = (m.ack_req, m.wire_len);
+            b.sges.clear();
+            // One entry in an emptied list: cannot fail.
+            let _ = b.sges.push(m.sge);
             self.receive_one_burst(&p, &b, env);
             psn = psn.add(m.packets);
         }
