@@ -431,3 +431,64 @@ fn a_loopback_write_between_two_protection_domains_checks_each_key_in_its_own() 
     assert_eq!(read(&other, 0, LEN), vec![0; LEN]);
     drop(b);
 }
+
+#[test]
+fn a_frame_of_writes_with_a_bad_key_in_the_middle_ends_as_one_write_at_a_time_would() {
+    // Eight WRITEs posted at once cross the loopback queue in one frame (a burst and the
+    // WRITEs that follow it), and the model copies the whole ones back to back after
+    // checking them all. A bad R_Key in the middle: the WRITEs before it land, it fails
+    // with a remote access error and writes nothing, and those after it are flushed.
+    use uhca_tests::datapath::{mr, pattern};
+    const LEN: usize = 5000;
+    const N: usize = 8;
+    for bad in [None, Some(0), Some(3), Some(7)] {
+        let mut p = pair_with(1024, QpConfig::default(), |_| {});
+        let src = mr(&p.pd, N * LEN, 0);
+        src.write(0, &pattern(N * LEN, 3)).unwrap();
+        let dst = mr(&p.pd, N * LEN, 0);
+        let sges: Vec<[Sge; 1]> = (0..N)
+            .map(|i| [Sge::of(&src, i * LEN, LEN).unwrap()])
+            .collect();
+        for (i, sge) in sges.iter().enumerate() {
+            let mut remote = Remote::of(&dst, (i * LEN) as u64);
+            if bad == Some(i) {
+                remote.rkey ^= 0x100;
+            }
+            p.a.post_send(&SendWr {
+                wr_id: i as u64,
+                op: SendOp::Write {
+                    local: Local::Sges(sge),
+                    remote,
+                },
+                flags: SIG,
+            })
+            .unwrap();
+        }
+        let frames = p.model.hca().stats().bursts_tx;
+        p.a.ring_doorbell();
+        let done = wait_n(&mut p.cq_a, N);
+        if bad.is_none() {
+            let frames = p.model.hca().stats().bursts_tx - frames;
+            assert!(frames < N as u64 / 2, "{frames} frames for {N} WRITEs");
+        }
+        let want = pattern(N * LEN, 3);
+        for (i, c) in done.iter().enumerate() {
+            assert_eq!(c.wr_id, i as u64);
+            let landed = read(&dst, i * LEN, LEN) == want[i * LEN..(i + 1) * LEN];
+            match bad {
+                Some(b) if i == b => {
+                    assert!(is_err(c, CqeSyndrome::RemoteAccess), "{bad:?} {c:?}");
+                    assert_eq!(read(&dst, i * LEN, LEN), vec![0; LEN], "{bad:?} {i}");
+                }
+                Some(b) if i > b => {
+                    assert!(is_err(c, CqeSyndrome::WrFlush), "{bad:?} {c:?}");
+                    assert!(!landed, "{bad:?} {i}");
+                }
+                _ => {
+                    assert!(c.status.is_ok(), "{bad:?} {c:?}");
+                    assert!(landed, "{bad:?} {i}");
+                }
+            }
+        }
+    }
+}

@@ -694,6 +694,24 @@ impl Dma<'_> {
         Ok(())
     }
 
+    /// The host memory of `len` bytes at `iova` if they lie in one mapping (a writable
+    /// one if `write`) and bus mastering is on: the region and the offset in it, valid
+    /// while this pass holds the table. `None` says nothing more (nothing is counted): the
+    /// caller goes the usual way, which decides and counts the refusal.
+    pub(crate) fn host_span(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+    ) -> Option<(&HostRegion, usize)> {
+        if !self.io.bus_master.load(Ordering::Acquire) {
+            return None;
+        }
+        let (start, m) = self.t().lookup(iova)?;
+        let off = iova - start;
+        (len as u64 <= m.len - off && (m.writable || !write)).then_some((&m.region, off as usize))
+    }
+
     /// Device read of `dst.len()` bytes at `iova`.
     pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaError> {
         let mut pos = 0;

@@ -714,6 +714,63 @@ pub(crate) fn mem_copy(
     Ok(())
 }
 
+/// Most copies [`mem_copy_batch`] takes at once.
+pub(crate) const MAX_BATCH: usize = 8;
+
+/// [`mem_copy`] of up to [`MAX_BATCH`] copies `(dst, src, len)` in order: checks both ends
+/// of each (the source first, as `mem_copy`), then makes the copies that passed back to
+/// back, and returns how many. It stops at the first copy that any check refuses, or
+/// whose end is device memory or spans two host mappings: that one is not attempted and
+/// nothing of it is counted (the caller's `mem_copy` of it decides and counts).
+pub(crate) fn mem_copy_batch(
+    dma: &Dma<'_>,
+    core: &Core,
+    copies: &[(CopyEnd, CopyEnd, usize)],
+) -> usize {
+    let mut spans = [None; MAX_BATCH];
+    let mut n = 0;
+    for (&(dst, src, len), span) in copies.iter().zip(&mut spans) {
+        let (Some(from), Some(to)) = (
+            host_span(dma, core, src, len, Dir::Read),
+            host_span(dma, core, dst, len, Dir::Write),
+        ) else {
+            break;
+        };
+        *span = Some((from, to, len));
+        n += 1;
+    }
+    for &((from, s), (to, d), len) in spans[..n].iter().flatten() {
+        from.copy_to(s, to, d, len);
+    }
+    n
+}
+
+/// Where `len` (at least 1) bytes at `end` land if every check passes and they lie in
+/// one host mapping: [`access`]'s checks without its counting, then the IOMMU's.
+fn host_span<'t>(
+    dma: &'t Dma<'_>,
+    core: &Core,
+    end: CopyEnd,
+    len: usize,
+    dir: Dir,
+) -> Option<(&'t super::mem::HostRegion, usize)> {
+    let n = len as u64;
+    let m = admit(core, end.key, end.pd, end.va, n, end.need, dir).ok()?;
+    let iova = match translate(m, end.va, n, dir).ok()? {
+        Target::Iova(iova) => iova,
+        Target::Pages => {
+            let mut segs = Segs::new();
+            translate_pages(m, end.va, n, dir, &mut segs).ok()?;
+            let [(iova, _)] = segs.as_slice() else {
+                return None;
+            };
+            *iova
+        }
+        Target::Bar(_) => return None,
+    };
+    dma.host_span(iova, len, dir == Dir::Write)
+}
+
 /// [`mem_copy`] where an end is device memory: a 4 KiB piece at a time through a buffer
 /// (apart, so that the host-to-host path does not zero the buffer on every call).
 #[cold]

@@ -793,3 +793,73 @@ fn a_probe_asks_for_the_page_enables_of_its_direction() {
         Err(MemError::NoRight)
     );
 }
+
+#[test]
+fn a_copy_batch_stops_before_the_first_copy_a_check_refuses_and_counts_nothing() {
+    let r = rig();
+    // Two mappings, IOVA-contiguous: pages 0-3, then pages 4-5 on their own.
+    let mut m = MappedBuffer::new(&r.hca, IOVA, 4 * PAGE as usize);
+    let m2 = MappedBuffer::new(&r.hca, IOVA + 4 * PAGE, 2 * PAGE as usize);
+    let key = r.create(&MkeyParams::mtt(r.pd, 6)).unwrap();
+    let mut ro = MkeyParams::mtt(r.pd, 6);
+    ro.rights = (1, 1, 0, 0); // no remote write
+    ro.variant = 0x33;
+    let ro = r.create(&ro).unwrap();
+    let other = r.create(&MkeyParams::mtt(r.other_pd, 6)).unwrap();
+    let data: Vec<u8> = (0..PAGE as usize).map(|i| (i * 13 + 1) as u8).collect();
+    m.buf.write_bytes(0x123, &data[..PAGE as usize - 0x123]);
+    let at = |key, va, need| CopyEnd {
+        key,
+        pd: r.pd,
+        va,
+        need,
+    };
+    let src = at(key, VA, Access::NONE); // offset 0x123 of `m`
+    let good = |k: u64| (at(key, VA + k * PAGE, Access::REMOTE_WRITE), src, 700);
+    let batch = |copies: &[(CopyEnd, CopyEnd, usize)]| {
+        let core = r.hca.shared.core();
+        mem_copy_batch(&r.hca.shared.iommu.dma(), &core, copies)
+    };
+    // Whether page `k` of the key (offset 0x123) holds the source's first 700 bytes.
+    let landed = |m: &MappedBuffer<'_>, m2: &MappedBuffer<'_>, k: u64| {
+        let mut v = vec![0u8; 700];
+        let (buf, off) = if k < 4 {
+            (&m.buf, (k * PAGE + 0x123) as usize)
+        } else {
+            (&m2.buf, ((k - 4) * PAGE + 0x123) as usize)
+        };
+        buf.read_bytes(off, &mut v);
+        v == data[..700]
+    };
+    let refused = [
+        // A bad key, another PD, a missing right, a source out of the key's range, a range
+        // over two host mappings.
+        (at(0x77, VA + 2 * PAGE, Access::REMOTE_WRITE), src, 700),
+        (at(other, VA + 2 * PAGE, Access::REMOTE_WRITE), src, 700),
+        (at(ro, VA + 2 * PAGE, Access::REMOTE_WRITE), src, 700),
+        (
+            at(key, VA + 2 * PAGE, Access::REMOTE_WRITE),
+            at(key, VA - 0x200, Access::NONE),
+            700,
+        ),
+        (
+            at(key, VA + 4 * PAGE - 0x200, Access::REMOTE_WRITE),
+            src,
+            700,
+        ),
+    ];
+    for bad in refused {
+        m.buf.write_bytes(PAGE as usize, &[0; 3 * PAGE as usize]);
+        assert_eq!(batch(&[good(1), bad, good(2)]), 1, "{bad:?}");
+        assert!(landed(&m, &m2, 1), "the copy before it is made: {bad:?}");
+        assert!(!landed(&m, &m2, 2), "nothing after it: {bad:?}");
+        assert_eq!(r.faults(), 0, "nothing counted: {bad:?}");
+    }
+    assert_eq!(batch(&[good(1), good(2), good(4)]), 3);
+    assert!(landed(&m, &m2, 1) && landed(&m, &m2, 2) && landed(&m, &m2, 4));
+    // Bus mastering off: nothing.
+    r.hca.shared.iommu.set_bus_master(false);
+    assert_eq!(batch(&[good(1)]), 0);
+    r.hca.shared.iommu.set_bus_master(true);
+    drop(m2);
+}

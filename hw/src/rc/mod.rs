@@ -386,45 +386,65 @@ impl RcQp {
     /// [`receive`](Self::receive)'s packets for another QP number or P_Key or in the error
     /// state.
     pub fn receive_burst(&mut self, pkt: &RocePacket<'_>, burst: &Burst, env: &mut Env<'_>) {
-        self.receive_one_burst(pkt, burst, env);
         let more = burst.more.as_slice();
         if more.is_empty() {
+            self.receive_one_burst(pkt, burst, env);
             return;
         }
-        // The WRITEs that follow it in the frame, each as if in a burst of its own (one
-        // packet and one burst, set up once and refilled for each).
-        let mut psn = Psn::new(pkt.bth.psn).add(burst.packets);
-        let mut p = *pkt;
-        p.bth.se = false;
-        let mut b = Burst {
-            packets: 0,
-            len: 0,
-            ends: true,
-            imm: None,
-            se: false,
-            ack_req: false,
-            wire_len: 0,
-            sges: SgeList::new(),
-            offset: 0,
-            domain: burst.domain,
-            more: MoreWrites::default(),
-        };
-        for m in more {
-            p.bth.opcode = m.opcode;
-            p.bth.psn = psn.get();
-            p.bth.ack_req = m.ack_req;
-            p.ext = ExtHeaders {
-                reth: Some(m.reth),
-                imm_dt: m.imm.filter(|_| m.packets == 1),
-                ..ExtHeaders::default()
-            };
-            (b.packets, b.len, b.imm) = (m.packets, m.reth.dma_length, m.imm);
-            (b.ack_req, b.wire_len) = (m.ack_req, m.wire_len);
-            b.sges.clear();
-            // One entry in an emptied list: cannot fail.
-            let _ = b.sges.push(m.sge);
-            self.receive_one_burst(&p, &b, env);
-            psn = psn.add(m.packets);
+        // The burst's own message (0) and the WRITEs that follow it in the frame (1..),
+        // each taken as if in a burst of its own, in order. Whole plain WRITEs in sequence
+        // are planned, then copied back to back (`Memory::copy_in_batch`: the checks of
+        // all of them before the first byte moves, where between copies each check would
+        // find the cache flushed by the copy before it), then taken; the first one the
+        // memory does not copy, and every message not planned, go the usual way.
+        let mut msg = Follow::new(pkt, burst);
+        let accepts =
+            pkt.bth.dest_qp == self.cfg.qpn && pkt.bth.p_key & 0x7FFF == self.cfg.p_key & 0x7FFF;
+        let mut reqs = [NO_COPY; MAX_MORE + 1];
+        // Messages from `first` on are not taken yet; `n` of them are planned.
+        let (mut first, mut n) = (0, 0);
+        let mut at = self.resp.expected();
+        for i in 0..=more.len() {
+            let (p, b) = msg.get(i);
+            let req = (accepts && self.state != QpState::Error)
+                .then(|| self.resp.plan_write(p, b, &self.cfg, at))
+                .flatten();
+            if let Some(r) = req {
+                reqs[n] = r;
+                n += 1;
+                at = at.add(b.packets);
+                continue;
+            }
+            self.take_planned(&reqs[..n], first, &mut msg, env);
+            let (p, b) = msg.get(i);
+            self.receive_one_burst(p, b, env);
+            (first, n) = (i + 1, 0);
+            at = self.resp.expected();
+        }
+        self.take_planned(&reqs[..n], first, &mut msg, env);
+    }
+
+    /// Copies the planned WRITEs `reqs` (messages `first..` of `msg`) and takes those the
+    /// memory copied; the rest go the usual way.
+    fn take_planned(
+        &mut self,
+        reqs: &[CopyIn],
+        first: usize,
+        msg: &mut Follow<'_, '_>,
+        env: &mut Env<'_>,
+    ) {
+        if reqs.is_empty() {
+            return;
+        }
+        let done = env.mem.copy_in_batch(reqs);
+        for i in first..first + reqs.len() {
+            let (p, b) = msg.get(i);
+            if i < first + done {
+                self.stats.rx_packets += u64::from(b.packets);
+                self.resp.take_planned_write(b.packets, b.ack_req);
+            } else {
+                self.receive_one_burst(p, b, env);
+            }
         }
     }
 
@@ -483,6 +503,78 @@ impl RcQp {
             return None;
         }
         self.req.deadline()
+    }
+}
+
+/// A copy request that copies nothing (fills arrays of [`CopyIn`]).
+const NO_COPY: CopyIn = CopyIn {
+    dst_key: 0,
+    dst_va: 0,
+    access: Access::LocalRead,
+    src_domain: 0,
+    src_key: 0,
+    src_va: 0,
+    len: 0,
+};
+
+/// The messages of a [`Burst`]'s frame as bursts of their own: the burst's own (0), then
+/// the WRITEs that follow it ([`Burst::more`]), set up one at a time in one packet and
+/// one burst that are refilled (a burst is too large to build for each).
+struct Follow<'a, 'p> {
+    pkt: &'a RocePacket<'p>,
+    burst: &'a Burst,
+    p: RocePacket<'p>,
+    b: Burst,
+}
+
+impl<'a, 'p> Follow<'a, 'p> {
+    fn new(pkt: &'a RocePacket<'p>, burst: &'a Burst) -> Self {
+        let mut p = *pkt;
+        p.bth.se = false;
+        Follow {
+            pkt,
+            burst,
+            p,
+            b: Burst {
+                packets: 0,
+                len: 0,
+                ends: true,
+                imm: None,
+                se: false,
+                ack_req: false,
+                wire_len: 0,
+                sges: SgeList::new(),
+                offset: 0,
+                domain: burst.domain,
+                more: MoreWrites::default(),
+            },
+        }
+    }
+
+    /// Message `i`: its first packet's headers and its burst.
+    fn get(&mut self, i: usize) -> (&RocePacket<'p>, &Burst) {
+        let more = self.burst.more.as_slice();
+        let Some(m) = i.checked_sub(1).and_then(|k| more.get(k)) else {
+            return (self.pkt, self.burst);
+        };
+        let before = more[..i - 1]
+            .iter()
+            .fold(self.burst.packets, |n, m| n + m.packets);
+        let (p, b) = (&mut self.p, &mut self.b);
+        p.bth.opcode = m.opcode;
+        p.bth.psn = Psn::new(self.pkt.bth.psn).add(before).get();
+        p.bth.ack_req = m.ack_req;
+        p.ext = ExtHeaders {
+            reth: Some(m.reth),
+            imm_dt: m.imm.filter(|_| m.packets == 1),
+            ..ExtHeaders::default()
+        };
+        (b.packets, b.len, b.imm) = (m.packets, m.reth.dma_length, m.imm);
+        (b.ack_req, b.wire_len) = (m.ack_req, m.wire_len);
+        b.sges.clear();
+        // One entry in an emptied list: cannot fail.
+        let _ = b.sges.push(m.sge);
+        (&self.p, &self.b)
     }
 }
 

@@ -719,6 +719,56 @@ pub trait Memory {
         }
         Ok(())
     }
+
+    /// Makes the copies of `reqs` in order, as [`copy_in`](Self::copy_in) would one after
+    /// another, up to the first that a check of either end would refuse, and returns how
+    /// many it made. That one and those after it are not attempted: nothing of theirs is
+    /// touched or counted, and the caller takes them the usual way. The provided version
+    /// checks both ends of each before copying it; the model checks every copy first and
+    /// then moves the bytes back to back.
+    fn copy_in_batch(&self, reqs: &[CopyIn]) -> usize {
+        for (i, r) in reqs.iter().enumerate() {
+            let passes = self
+                .check_in(r.src_domain, r.src_key, r.src_va, r.len)
+                .is_ok()
+                && self.check(r.dst_key, r.dst_va, r.len, r.access).is_ok();
+            let copied = passes
+                && self
+                    .copy_in(
+                        r.dst_key,
+                        r.dst_va,
+                        r.access,
+                        r.src_domain,
+                        r.src_key,
+                        r.src_va,
+                        r.len,
+                    )
+                    .is_ok();
+            if !copied {
+                return i;
+            }
+        }
+        reqs.len()
+    }
+}
+
+/// One copy of a [`Memory::copy_in_batch`]: the arguments of [`Memory::copy_in`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyIn {
+    /// The target's key.
+    pub dst_key: u32,
+    /// The target's address.
+    pub dst_va: u64,
+    /// The access the target needs.
+    pub access: Access,
+    /// The protection domain the source is read in.
+    pub src_domain: u32,
+    /// The source's local key.
+    pub src_key: u32,
+    /// The source's address.
+    pub src_va: u64,
+    /// Bytes.
+    pub len: u64,
 }
 
 /// Which end of a [`Memory::copy_in`] refused.

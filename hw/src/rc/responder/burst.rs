@@ -370,3 +370,72 @@ impl Responder {
         BurstOutcome::Done
     }
 }
+
+impl Responder {
+    /// The copy of a [`Burst`] that is a whole plain RDMA WRITE (First or Only, ending
+    /// the message, no immediate) from one local segment, if it would be taken in
+    /// sequence at `psn` with every check before its copy passing: the expected PSN (the
+    /// caller's count of the WRITEs planned before it), no message in progress, the QP's
+    /// remote-write right, a RETH of exactly its length, and packet lengths as
+    /// [`execute_burst`](Self::execute_burst) checks them. Changes nothing: a WRITE planned
+    /// and copied is then taken by [`take_planned_write`](Self::take_planned_write); one
+    /// that is not goes through [`on_burst`](Self::on_burst), whose outcome is the same.
+    pub(in crate::rc) fn plan_write(
+        &self,
+        pkt: &RocePacket<'_>,
+        b: &Burst,
+        cfg: &QpConfig,
+        psn: Psn,
+    ) -> Option<CopyIn> {
+        use RcOpcode::*;
+        let (n, len, mtu) = (b.packets, b.len, cfg.mtu.bytes());
+        let op_fits = match pkt.opcode() {
+            RdmaWriteFirst => n > 1,
+            RdmaWriteOnly => n == 1,
+            _ => false,
+        };
+        let reth = pkt.ext.reth?;
+        let [sge] = b.sges.as_slice() else {
+            return None;
+        };
+        let lens_fit = len > n.checked_sub(1)?.checked_mul(mtu)?
+            && len <= n.checked_mul(mtu)?
+            && reth.dma_length == len
+            && len <= 1 << 31
+            && b.offset.checked_add(u64::from(len))? <= u64::from(sge.len);
+        let planned = op_fits
+            && lens_fit
+            && b.ends
+            && b.imm.is_none()
+            && Psn::new(pkt.bth.psn) == psn
+            && matches!(self.msg, InMsg::Idle)
+            && cfg.remote_access.write;
+        planned.then(|| CopyIn {
+            dst_key: reth.r_key,
+            dst_va: reth.va,
+            access: Access::RemoteWrite,
+            src_domain: b.domain,
+            src_key: sge.lkey,
+            src_va: sge.addr.wrapping_add(b.offset),
+            len: u64::from(len),
+        })
+    }
+
+    /// The expected PSN.
+    pub(in crate::rc) fn expected(&self) -> Psn {
+        self.epsn
+    }
+
+    /// Takes a WRITE [`plan_write`](Self::plan_write) planned (at the expected PSN) and
+    /// the memory copied: as [`on_burst`](Self::on_burst) ends one it executed.
+    pub(in crate::rc) fn take_planned_write(&mut self, packets: u32, ack_req: bool) {
+        let p = self.epsn;
+        self.msg = InMsg::Idle;
+        self.msn = (self.msn + 1) & Psn::MASK;
+        self.epsn = p.add(packets);
+        self.nak_sent = false;
+        if ack_req {
+            self.push_ack(p.add(packets - 1));
+        }
+    }
+}
