@@ -148,6 +148,24 @@ pub(super) struct Mem<'a, 'd> {
 }
 
 impl Mem<'_, '_> {
+    /// The target (in this memory's PD) and source (in its own domain, read locally) of a
+    /// copy in.
+    fn ends(&self, r: &rc::CopyIn) -> (mkey::CopyEnd, mkey::CopyEnd) {
+        let dst = mkey::CopyEnd {
+            key: r.dst_key,
+            pd: self.pd,
+            va: r.dst_va,
+            need: need(r.access),
+        };
+        let src = mkey::CopyEnd {
+            key: r.src_key,
+            pd: r.src_domain,
+            va: r.src_va,
+            need: need(rc::Access::LocalRead),
+        };
+        (dst, src)
+    }
+
     /// Whether `len` bytes at `va` may be accessed through `key` in protection domain `pd`
     /// with `access`: key, PD, bounds and rights of the whole range decided by one MKey
     /// lookup and its first and last byte (the MKey range is contiguous); holes in the
@@ -217,18 +235,15 @@ impl rc::Memory for Mem<'_, '_> {
         src_va: u64,
         len: u64,
     ) -> Result<(), rc::CopyFault> {
-        let dst = mkey::CopyEnd {
-            key: dst_key,
-            pd: self.pd,
-            va: dst_va,
-            need: need(access),
-        };
-        let src = mkey::CopyEnd {
-            key: src_key,
-            pd: src_domain,
-            va: src_va,
-            need: need(rc::Access::LocalRead),
-        };
+        let (dst, src) = self.ends(&rc::CopyIn {
+            dst_key,
+            dst_va,
+            access,
+            src_domain,
+            src_key,
+            src_va,
+            len,
+        });
         let len =
             usize::try_from(len).map_err(|_| rc::CopyFault::Target(AccessError::OutOfRange))?;
         mkey::mem_copy(self.sh, self.dma, self.core, dst, src, len).map_err(|e| match e {
@@ -244,22 +259,11 @@ impl rc::Memory for Mem<'_, '_> {
             let Ok(len) = usize::try_from(r.len) else {
                 break;
             };
-            let dst = mkey::CopyEnd {
-                key: r.dst_key,
-                pd: self.pd,
-                va: r.dst_va,
-                need: need(r.access),
-            };
-            let src = mkey::CopyEnd {
-                key: r.src_key,
-                pd: r.src_domain,
-                va: r.src_va,
-                need: need(rc::Access::LocalRead),
-            };
             // A zero-length copy checks nothing (`mem_copy`): not one for a batch.
             if len == 0 {
                 break;
             }
+            let (dst, src) = self.ends(r);
             *c = (dst, src, len);
             n += 1;
         }
