@@ -359,10 +359,7 @@ impl RcQp {
     /// every packet in the error state, are dropped (and counted).
     pub fn receive(&mut self, pkt: &RocePacket<'_>, env: &mut Env<'_>) {
         self.stats.rx_packets += 1;
-        if pkt.bth.dest_qp != self.cfg.qpn
-            || pkt.bth.p_key & 0x7FFF != self.cfg.p_key & 0x7FFF
-            || self.state == QpState::Error
-        {
+        if !self.accepts(pkt) {
             // IBA §9.6.1.1: a packet failing the QP or P_Key check is silently dropped.
             self.stats.rx_dropped += 1;
             return;
@@ -398,37 +395,48 @@ impl RcQp {
         // find the cache flushed by the copy before it), then taken; the first one the
         // memory does not copy, and every message not planned, go the usual way.
         let mut msg = Follow::new(pkt, burst);
-        let accepts =
-            pkt.bth.dest_qp == self.cfg.qpn && pkt.bth.p_key & 0x7FFF == self.cfg.p_key & 0x7FFF;
         let mut reqs = [NO_COPY; MAX_MORE + 1];
+        // Each planned WRITE's packets and AckReq.
+        let mut planned = [(0, false); MAX_MORE + 1];
         // Messages from `first` on are not taken yet; `n` of them are planned.
         let (mut first, mut n) = (0, 0);
         let mut at = self.resp.expected();
         for i in 0..=more.len() {
             let (p, b) = msg.get(i);
-            let req = (accepts && self.state != QpState::Error)
+            let req = self
+                .accepts(p)
                 .then(|| self.resp.plan_write(p, b, &self.cfg, at))
                 .flatten();
             if let Some(r) = req {
-                reqs[n] = r;
+                (reqs[n], planned[n]) = (r, (b.packets, b.ack_req));
                 n += 1;
                 at = at.add(b.packets);
                 continue;
             }
-            self.take_planned(&reqs[..n], first, &mut msg, env);
+            self.take_planned(&reqs[..n], &planned[..n], first, &mut msg, env);
             let (p, b) = msg.get(i);
             self.receive_one_burst(p, b, env);
             (first, n) = (i + 1, 0);
             at = self.resp.expected();
         }
-        self.take_planned(&reqs[..n], first, &mut msg, env);
+        self.take_planned(&reqs[..n], &planned[..n], first, &mut msg, env);
     }
 
-    /// Copies the planned WRITEs `reqs` (messages `first..` of `msg`) and takes those the
-    /// memory copied; the rest go the usual way.
+    /// Whether a packet is for this QP (its number, its P_Key) and the QP takes packets
+    /// (not in error); IBA §9.6.1.1: one that is not is silently dropped.
+    fn accepts(&self, pkt: &RocePacket<'_>) -> bool {
+        pkt.bth.dest_qp == self.cfg.qpn
+            && pkt.bth.p_key & 0x7FFF == self.cfg.p_key & 0x7FFF
+            && self.state != QpState::Error
+    }
+
+    /// Copies the planned WRITEs `reqs` (messages `first..` of `msg`, with their packets
+    /// and AckReq in `planned`) and takes those the memory copied; the rest go the usual
+    /// way.
     fn take_planned(
         &mut self,
         reqs: &[CopyIn],
+        planned: &[(u32, bool)],
         first: usize,
         msg: &mut Follow<'_, '_>,
         env: &mut Env<'_>,
@@ -436,25 +444,21 @@ impl RcQp {
         if reqs.is_empty() {
             return;
         }
-        let done = env.mem.copy_in_batch(reqs);
-        for i in first..first + reqs.len() {
+        let done = env.mem.copy_in_batch(reqs).min(reqs.len());
+        for &(packets, ack_req) in &planned[..done] {
+            self.stats.rx_packets += u64::from(packets);
+            self.resp.take_planned_write(packets, ack_req);
+        }
+        for i in first + done..first + reqs.len() {
             let (p, b) = msg.get(i);
-            if i < first + done {
-                self.stats.rx_packets += u64::from(b.packets);
-                self.resp.take_planned_write(b.packets, b.ack_req);
-            } else {
-                self.receive_one_burst(p, b, env);
-            }
+            self.receive_one_burst(p, b, env);
         }
     }
 
     /// [`receive_burst`](Self::receive_burst) for the burst's own packets.
     fn receive_one_burst(&mut self, pkt: &RocePacket<'_>, burst: &Burst, env: &mut Env<'_>) {
         self.stats.rx_packets += u64::from(burst.packets);
-        if pkt.bth.dest_qp != self.cfg.qpn
-            || pkt.bth.p_key & 0x7FFF != self.cfg.p_key & 0x7FFF
-            || self.state == QpState::Error
-        {
+        if !self.accepts(pkt) {
             self.stats.rx_dropped += u64::from(burst.packets);
             return;
         }

@@ -527,13 +527,7 @@ impl Requester {
             op => {
                 let n = (w.len - off as u32).min(mtu) as usize;
                 let opcode = data_opcode(op, w, k, last, &mut ext);
-                // AckReq (IBA §9.7.2, C9-98): on the last packet of a signaled message or
-                // of the last message posted, when the window is about to fill, and every
-                // half window; the responder acknowledges nothing else (coalescing).
-                let ack_every = (cx.cfg.max_inflight / 2).max(1);
-                let ack_req = (last && (w.wr.signaled || w.end() == self.next_psn))
-                    || inflight + 1 >= cx.cfg.max_inflight
-                    || self.since_ack_req + 1 >= ack_every;
+                let ack_req = self.ack_req(cx.cfg, w, last, inflight, 1, self.since_ack_req);
                 let se = last && w.wr.solicited && matches!(op, WrOp::Send | WrOp::SendImm { .. });
                 (opcode, n, ack_req, se, psn.next())
             }
@@ -572,6 +566,27 @@ impl Requester {
 
     /// The send cursor after the packets from `psn` to before `next` went out, the last
     /// asking for an ACK if `ack_req`; `end`: the end of the WQE they belong to.
+    /// AckReq (IBA §9.7.2, C9-98) for the last of `n` packets of `w` sent with `inflight`
+    /// packets ahead of them and `since` since the last AckReq: on the last packet
+    /// (`ends`) of a signaled message or of the last message posted, when the window is
+    /// about to fill, and every half window; the responder acknowledges nothing else
+    /// (coalescing). A burst asks as its last packet would (an earlier one would only ask
+    /// for an ACK that this one's ACK covers).
+    fn ack_req(
+        &self,
+        cfg: &QpConfig,
+        w: &SendWqe,
+        ends: bool,
+        inflight: u32,
+        n: u32,
+        since: u32,
+    ) -> bool {
+        let ack_every = (cfg.max_inflight / 2).max(1);
+        (ends && (w.wr.signaled || w.end() == self.next_psn))
+            || inflight + n >= cfg.max_inflight
+            || since + n >= ack_every
+    }
+
     fn sent(&mut self, cx: &mut Cx<'_, '_, '_>, psn: Psn, next: Psn, ack_req: bool, end: Psn) {
         let n = next.diff(psn) as u32;
         if psn.before(self.max_sent) {

@@ -33,12 +33,7 @@ impl Requester {
             _ => None,
         };
         let se = ends && w.wr.solicited && matches!(w.wr.op, WrOp::Send | WrOp::SendImm { .. });
-        // AckReq as `transmit_one` would set it on the last of the packets (on an earlier
-        // one it would only ask for an ACK that this one's ACK covers).
-        let ack_every = (max / 2).max(1);
-        let ack_req = (ends && (w.wr.signaled || w.end() == self.next_psn))
-            || inflight + n >= max
-            || self.since_ack_req + n >= ack_every;
+        let ack_req = self.ack_req(cx.cfg, w, ends, inflight, n, self.since_ack_req);
         if let Err(e) = check_gather(cx.env.mem, sges, u64::from(off), len as usize) {
             self.wqes[idx].failed = Some(match e {
                 CopyError::Length => WcStatus::LocalLength,
@@ -91,7 +86,6 @@ impl Requester {
     ) -> MoreWrites {
         let mut more = MoreWrites::default();
         let max = cx.cfg.max_inflight;
-        let ack_every = (max / 2).max(1);
         while !more.is_full()
             && let Some(w) = self.wqes.get(idx)
         {
@@ -115,10 +109,7 @@ impl Requester {
             {
                 break;
             }
-            let ack_req = w.wr.signaled
-                || w.end() == self.next_psn
-                || inflight + n >= max
-                || since + n >= ack_every;
+            let ack_req = self.ack_req(cx.cfg, w, true, inflight, n, since);
             let mut ext = ExtHeaders::default();
             let opcode = data_opcode(w.wr.op, w, 0, n == 1, &mut ext);
             let Some(reth) = ext.reth else { break };
