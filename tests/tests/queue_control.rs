@@ -209,3 +209,74 @@ fn rts2rts_changes_the_rnr_retry_count() {
         Err(QueueError::State { .. })
     ));
 }
+
+/// Outstanding RDMA READs/atomics above the device's limit (16 on the model:
+/// `log_max_ra_req_qp` = `log_max_ra_res_qp` = 4) are refused before any command, at the
+/// transition that sets them, and the QP stays where it was; the limit itself is taken.
+#[test]
+fn read_atomic_depths_above_the_device_limit_are_refused() {
+    let mut p = pair_with(64, QpConfig::default(), |_| {});
+    p.a.reset().unwrap();
+    let addr = p.dev.roce_address(0).unwrap();
+    let mut pa = ConnectParams::new(p.b.qpn(), addr.gid, addr.mac);
+    (pa.sq_psn, pa.rq_psn) = (100, 200);
+    let ok = pa;
+
+    pa.max_dest_rd_atomic = 17;
+    p.a.to_init(pa.access).unwrap();
+    let e = p.a.to_rtr(&pa).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            QueueError::AboveCap {
+                what: "max_dest_rd_atomic",
+                requested: 17,
+                max: 16,
+                cap: "log_max_ra_res_qp",
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "max_dest_rd_atomic: 17 is more than the device's 16 (log_max_ra_res_qp)"
+    );
+    assert_eq!(p.a.query_state().unwrap(), QpState::Init);
+
+    p.a.to_rtr(&ok).unwrap();
+    let mut pa = ok;
+    pa.max_rd_atomic = 255;
+    let e = p.a.to_rts(&pa).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            QueueError::AboveCap {
+                what: "max_rd_atomic",
+                requested: 255,
+                max: 16,
+                cap: "log_max_ra_req_qp",
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(p.a.query_state().unwrap(), QpState::Rtr);
+
+    // The limit itself (the default) connects, and a READ completes.
+    assert_eq!(ok.max_rd_atomic, 16);
+    p.a.to_rts(&ok).unwrap();
+    let src = mr(&p.pd, 256, 0x5C);
+    let dst = mr(&p.pd, 256, 0);
+    p.a.post_send(&SendWr {
+        wr_id: 1,
+        op: SendOp::Read {
+            local: &[Sge::of(&dst, 0, 256).unwrap()],
+            remote: Remote::of(&src, 0),
+        },
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    p.a.ring_doorbell();
+    let c = wait_n(&mut p.cq_a, 1);
+    assert_eq!((c[0].status, c[0].wr_id), (WcStatus::Success, 1));
+    assert_eq!(read(&dst, 0, 256), vec![0x5C; 256]);
+}

@@ -60,6 +60,18 @@ pub enum QueueError {
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     Config(&'static str),
+    /// A value above what the device supports.
+    #[error("{what}: {requested} is more than the device's {max} ({cap})")]
+    AboveCap {
+        /// Which value.
+        what: &'static str,
+        /// The request.
+        requested: u32,
+        /// The device limit.
+        max: u32,
+        /// The capability that sets the limit.
+        cap: &'static str,
+    },
     /// No free MSI-X vector for another event CQ.
     #[error("no free interrupt vector for a completion EQ")]
     NoVector,

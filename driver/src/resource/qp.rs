@@ -328,6 +328,33 @@ fn ceil_log2(v: u32) -> u32 {
     v.max(1).next_power_of_two().trailing_zeros()
 }
 
+/// Refuses more outstanding RDMA READs/atomics (`what`, `requested`) than the device
+/// allows (`2^log_max`, from capability `cap`). The QP context holds the log2 rounded up,
+/// as Linux's mlx5_ib writes it (`fls(n - 1)` in `__mlx5_ib_modify_qp`), so a value up to
+/// the limit never rounds past it. mlx5_ib refuses a larger value with EINVAL
+/// (`mlx5_ib_modify_qp`); it compares `max_rd_atomic` with `log_max_ra_res_qp` and
+/// `max_dest_rd_atomic` with `log_max_ra_req_qp`, crossed. We compare each with its own
+/// side (a requester's reads with `log_max_ra_req_qp`, a responder's with
+/// `log_max_ra_res_qp`), as `ibv_query_device` reports them (`max_qp_init_rd_atom`,
+/// `max_qp_rd_atom`); ConnectX devices report the same value for both.
+fn read_atomic_cap(
+    what: &'static str,
+    requested: u8,
+    log_max: u32,
+    cap: &'static str,
+) -> Result<(), QueueError> {
+    let max = 1u32 << log_max.min(31);
+    if u32::from(requested) > max {
+        return Err(QueueError::AboveCap {
+            what,
+            requested: requested.into(),
+            max,
+            cap,
+        });
+    }
+    Ok(())
+}
+
 impl Device {
     /// Creates an RC QP in RESET on `pd`, completing sends to `send_cq` and receives to
     /// `recv_cq` (which may be the same CQ), prm-subset.md §6.6.
@@ -535,9 +562,15 @@ impl Qp {
         if p.min_rnr_timer > 31 {
             return Err(QueueError::Config("min_rnr_timer is 5 bits"));
         }
-        let log_msg =
-            CmdHcaCap::new_unchecked(&self.dev.caps.get().ok_or(QueueError::Closed)?.general[..])
-                .log_max_msg();
+        let caps =
+            CmdHcaCap::new_unchecked(&self.dev.caps.get().ok_or(QueueError::Closed)?.general[..]);
+        let log_msg = caps.log_max_msg();
+        read_atomic_cap(
+            "max_dest_rd_atomic",
+            p.max_dest_rd_atomic,
+            caps.log_max_ra_res_qp(),
+            "log_max_ra_res_qp",
+        )?;
         let (pdn, s, r) = (self.pdn, self.scq.cqn, self.rcq.cqn);
         queue_ops::modify_qp(&*self.dev, Opcode::Init2RtrQp, self.qpn, 0, |q| {
             Self::common(q, pdn, s, r);
@@ -572,6 +605,14 @@ impl Qp {
                 "retry_cnt/rnr_retry are 3 bits, timeout 5",
             ));
         }
+        let caps =
+            CmdHcaCap::new_unchecked(&self.dev.caps.get().ok_or(QueueError::Closed)?.general[..]);
+        read_atomic_cap(
+            "max_rd_atomic",
+            p.max_rd_atomic,
+            caps.log_max_ra_req_qp(),
+            "log_max_ra_req_qp",
+        )?;
         let (pdn, s, r) = (self.pdn, self.scq.cqn, self.rcq.cqn);
         queue_ops::modify_qp(&*self.dev, Opcode::Rtr2RtsQp, self.qpn, 0, |q| {
             Self::common(q, pdn, s, r);
