@@ -68,6 +68,10 @@ pub struct DeviceSummary {
     pub max_eq: u64,
     /// Maximum message size in bytes.
     pub max_msg_sz: u64,
+    /// Outstanding RDMA READs/atomics a QP may have as responder (`max_qp_rd_atom`).
+    pub max_qp_rd_atom: u32,
+    /// Outstanding RDMA READs/atomics a QP may issue as requester (`max_qp_init_rd_atom`).
+    pub max_qp_init_rd_atom: u32,
     /// Atomic support ("ATOMIC_HCA" or "ATOMIC_NONE").
     pub atomic_cap: &'static str,
     /// Maximum device memory (MEMIC) in bytes; 0 when absent.
@@ -83,6 +87,16 @@ fn pow2(log: u32) -> u64 {
 }
 
 impl Device {
+    /// The most outstanding RDMA READs/atomics a QP may have, as requester and as
+    /// responder: `2^log_max_ra_req_qp` and `2^log_max_ra_res_qp` (Linux mlx5_ib reports
+    /// them as `max_qp_init_rd_atom` and `max_qp_rd_atom`), at most 128, what the QP
+    /// context's 3-bit `log_sra_max` / `log_rra_max` hold.
+    pub fn rd_atomic_limits(&self) -> (u32, u32) {
+        let g = CmdHcaCap::new_unchecked(&self.caps().general[..]);
+        let limit = |log: u32| 1u32 << log.min(7);
+        (limit(g.log_max_ra_req_qp()), limit(g.log_max_ra_res_qp()))
+    }
+
     /// Queries the device and summarizes it.
     pub fn summary(&self) -> Result<DeviceSummary, DeviceError> {
         let info = self.info();
@@ -146,6 +160,8 @@ impl Device {
             max_pd: pow2(g.log_max_pd()),
             max_eq: pow2(g.log_max_eq()),
             max_msg_sz: pow2(g.log_max_msg()),
+            max_qp_rd_atom: self.rd_atomic_limits().1,
+            max_qp_init_rd_atom: self.rd_atomic_limits().0,
             atomic_cap: if atomic_ok {
                 "ATOMIC_HCA"
             } else {

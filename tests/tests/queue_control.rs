@@ -216,6 +216,9 @@ fn rts2rts_changes_the_rnr_retry_count() {
 #[test]
 fn read_atomic_depths_above_the_device_limit_are_refused() {
     let mut p = pair_with(64, QpConfig::default(), |_| {});
+    assert_eq!(p.dev.rd_atomic_limits(), (16, 16));
+    let s = p.dev.summary().unwrap();
+    assert_eq!((s.max_qp_init_rd_atom, s.max_qp_rd_atom), (16, 16));
     p.a.reset().unwrap();
     let addr = p.dev.roce_address(0).unwrap();
     let mut pa = ConnectParams::new(p.b.qpn(), addr.gid, addr.mac);

@@ -329,7 +329,8 @@ fn ceil_log2(v: u32) -> u32 {
 }
 
 /// Refuses more outstanding RDMA READs/atomics (`what`, `requested`) than the device
-/// allows (`2^log_max`, from capability `cap`). The QP context holds the log2 rounded up,
+/// allows (`2^log_max`, from capability `cap`, at most 128: the QP context's 3-bit
+/// `log_sra_max` / `log_rra_max`, [`Device::rd_atomic_limits`]). The context holds the log2 rounded up,
 /// as Linux's mlx5_ib writes it (`fls(n - 1)` in `__mlx5_ib_modify_qp`), so a value up to
 /// the limit never rounds past it. mlx5_ib refuses a larger value with EINVAL
 /// (`mlx5_ib_modify_qp`); it compares `max_rd_atomic` with `log_max_ra_res_qp` and
@@ -343,7 +344,7 @@ fn read_atomic_cap(
     log_max: u32,
     cap: &'static str,
 ) -> Result<(), QueueError> {
-    let max = 1u32 << log_max.min(31);
+    let max = 1u32 << log_max.min(7);
     if u32::from(requested) > max {
         return Err(QueueError::AboveCap {
             what,

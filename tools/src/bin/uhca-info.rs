@@ -165,6 +165,8 @@ fn print_text(s: &DeviceSummary, verbose: bool, counters: Option<&Counters>) {
     println!("\tmax_cqe:\t\t\t{}", s.max_cqe);
     println!("\tmax_mr:\t\t\t\t{}", s.max_mr);
     println!("\tmax_pd:\t\t\t\t{}", s.max_pd);
+    println!("\tmax_qp_rd_atom:\t\t\t{}", s.max_qp_rd_atom);
+    println!("\tmax_qp_init_rd_atom:\t\t{}", s.max_qp_init_rd_atom);
     println!("\tatomic_cap:\t\t\t{}", s.atomic_cap);
     println!("\tmax_dm_size:\t\t\t{}", s.max_dm_size);
     if verbose {
@@ -243,6 +245,8 @@ fn to_json(s: &DeviceSummary, counters: Option<&Counters>) -> serde_json::Value 
         "max_pd": s.max_pd,
         "max_eq": s.max_eq,
         "max_msg_sz": s.max_msg_sz,
+        "max_qp_rd_atom": s.max_qp_rd_atom,
+        "max_qp_init_rd_atom": s.max_qp_init_rd_atom,
         "atomic_cap": s.atomic_cap,
         "max_dm_size": s.max_dm_size,
         "fw_pages": s.fw_pages,
