@@ -65,6 +65,45 @@ pub struct Settings {
     /// The built-in model's loopback queue takes its offloads (no ICRC, bursts:
     /// `ModelConfig::loopback_offload`); false: real packets there too (`--no-offload`).
     pub loopback_offload: bool,
+    /// Outstanding RDMA READs/atomics per QP as requester (perftest's `-o`); `None`: the
+    /// device's limit ([`Device::rd_atomic_limits`]).
+    pub outs: Option<u8>,
+    /// Bandwidth tests ask for a completion every this many messages (perftest's `-Q`,
+    /// at most the depth); `None`: every quarter of the depth.
+    pub cq_mod: Option<u32>,
+    /// Bandwidth tests post this many work requests per doorbell, once the send queue has
+    /// room for all of them (perftest's `-l`); `None`: as many as the queue takes.
+    pub post_list: Option<u32>,
+}
+
+impl Settings {
+    /// The bandwidth loop's completion interval and list length (`-Q`, `-l`). A completion
+    /// every `cq_mod` requests (default: a quarter of the depth), but at least every
+    /// `depth - list + 1`: a full queue (`depth` requests after the last completion, less
+    /// a list that did not fit) then always holds a signaled one, and the run never waits
+    /// for a completion nobody asked for.
+    fn pacing(&self) -> (u64, Option<u64>) {
+        let depth = u64::from(self.tx_depth.max(1));
+        let list = self.post_list.map(|l| u64::from(l).clamp(1, depth));
+        let cq_mod = self
+            .cq_mod
+            .map_or(depth / 4, u64::from)
+            .clamp(1, depth - list.unwrap_or(1) + 1);
+        (cq_mod, list)
+    }
+}
+
+/// How a run paces its requests, as its header reports it (perftest's "CQ Moderation",
+/// "Post List" and "Outstand reads").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pacing {
+    /// Bandwidth tests ask for a completion every this many requests.
+    pub cq_mod: u64,
+    /// Bandwidth tests ring the doorbell once per this many requests; `None`: once per
+    /// batch the send queue takes.
+    pub post_list: Option<u64>,
+    /// Outstanding RDMA READs/atomics per QP as requester.
+    pub outs: u32,
 }
 
 /// Why a run could not happen.
@@ -330,6 +369,8 @@ impl Bench {
             let mut ps = ConnectParams::new(c.qpn(), ca.gid, ca.mac);
             (ps.sq_psn, ps.rq_psn) = (psn + 7, psn);
             (pc.mtu, ps.mtu) = (s.mtu, s.mtu);
+            read_depths(&mut pc, &dev_c, s);
+            read_depths(&mut ps, &dev_s, s);
             c.connect(&pc).map_err(setup("connecting"))?;
             sv.connect(&ps).map_err(setup("connecting"))?;
         }
@@ -340,6 +381,20 @@ impl Bench {
             _models: models,
             settings: s.clone(),
         })
+    }
+
+    /// How this run paces its requests (`-Q`, `-l`, `-o` as they take effect).
+    pub fn pacing(&self) -> Pacing {
+        let (cq_mod, post_list) = self.settings.pacing();
+        let outs = self
+            .settings
+            .outs
+            .map_or(self.me.dev.rd_atomic_limits().0, u32::from);
+        Pacing {
+            cq_mod,
+            post_list,
+            outs,
+        }
     }
 
     /// Where QP `qp`'s requests land: the peer's receiving half.
@@ -392,6 +447,29 @@ impl Bench {
         };
         SendWr { wr_id, op, flags }
     }
+}
+
+/// How many requests the bandwidth loop posts before its next doorbell, with `room` for
+/// that many in the send queue and `left` still to post: with lists (`-l`), a whole list,
+/// or all that is left when that is less, and 0 while the queue has no room for either;
+/// without, all it has room for.
+fn list_len(room: u64, left: u64, list: Option<u64>) -> u64 {
+    match list {
+        None => room.min(left),
+        Some(l) if room >= l => l,
+        Some(_) if room >= left => left,
+        Some(_) => 0,
+    }
+}
+
+/// Sets the outstanding RDMA READs/atomics of a QP on `dev`: as requester `s.outs`
+/// (perftest's `-o`; default: the device's limit), as responder the device's limit. An
+/// `-o` above the limit is refused when the QP connects (`QueueError::AboveCap`).
+pub(crate) fn read_depths(p: &mut ConnectParams, dev: &Device, s: &Settings) {
+    let (req, res) = dev.rd_atomic_limits();
+    let byte = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
+    p.max_rd_atomic = s.outs.unwrap_or(byte(req));
+    p.max_dest_rd_atomic = byte(res);
 }
 
 fn check(c: Result<Completion, PollError>) -> Result<Completion, PerfError> {
@@ -507,7 +585,7 @@ impl Bench {
     fn run_bandwidth(&mut self, size: usize) -> Result<BwResult, PerfError> {
         let s = self.settings.clone();
         let nq = s.qps as usize;
-        let sig_every = u64::from((s.tx_depth / 4).max(1));
+        let (sig_every, list) = s.pacing();
         let inline = vec![0xA5u8; s.inline_size as usize];
         let iters = if s.duration.is_some() {
             u64::MAX
@@ -538,21 +616,32 @@ impl Bench {
                 let local = self.me.sge(q, size);
                 let cap = done[q] + u64::from(s.tx_depth);
                 let limit = if stop { posted[q] } else { cap.min(iters) };
-                while posted[q] < limit {
-                    let last = posted[q] + 1 == iters;
-                    let flags = if (posted[q] + 1).is_multiple_of(sig_every) || last {
-                        SendFlags::SIGNALED
-                    } else {
-                        SendFlags::NONE
-                    };
-                    let wr = self.wr(q, size, posted[q], flags, &local, &inline);
-                    match self.me.qps[q].post_send(&wr) {
-                        Ok(()) => posted[q] += 1,
-                        Err(PostError::QueueFull) => break,
-                        Err(e) => return Err(e.into()),
+                // Lists of `list` requests, each rung once; a shorter one only at the end.
+                'lists: loop {
+                    let n = list_len(limit - posted[q], iters - posted[q], list);
+                    if n == 0 {
+                        break;
                     }
+                    let end = posted[q] + n;
+                    while posted[q] < end {
+                        let last = posted[q] + 1 == iters;
+                        let flags = if (posted[q] + 1).is_multiple_of(sig_every) || last {
+                            SendFlags::SIGNALED
+                        } else {
+                            SendFlags::NONE
+                        };
+                        let wr = self.wr(q, size, posted[q], flags, &local, &inline);
+                        match self.me.qps[q].post_send(&wr) {
+                            Ok(()) => posted[q] += 1,
+                            Err(PostError::QueueFull) => {
+                                self.me.qps[q].ring_doorbell();
+                                break 'lists;
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    self.me.qps[q].ring_doorbell();
                 }
-                self.me.qps[q].ring_doorbell();
             }
             let mut progressed = 0u64;
             for c in self.me.cq.poll() {
@@ -826,6 +915,84 @@ mod tests {
     }
 
     #[test]
+    fn lists_are_whole_but_for_the_last() {
+        // (room, left, list) -> requests before the doorbell
+        for (room, left, list, n) in [
+            (16, 100, Some(4), 4),
+            (3, 100, Some(4), 0),
+            (0, 100, Some(4), 0),
+            (3, 3, Some(4), 3),
+            (2, 3, Some(4), 0),
+            (0, 0, Some(1), 0),
+            (12, 100, None, 12),
+            (12, 5, None, 5),
+            (0, 100, None, 0),
+        ] {
+            assert_eq!(list_len(room, left, list), n, "{room} {left} {list:?}");
+        }
+    }
+
+    fn settings(op: Op, iters: u64, tx_depth: u32) -> Settings {
+        Settings {
+            op,
+            size: 4096,
+            iters,
+            duration: None,
+            qps: 1,
+            tx_depth,
+            inline_size: 0,
+            use_dm: false,
+            gpu: None,
+            mtu: Mtu::M4096,
+            loopback_offload: true,
+            outs: None,
+            cq_mod: None,
+            post_list: None,
+        }
+    }
+
+    /// `-Q`: the model writes one CQE per `cq_mod` WRITEs (and one for the last); `-l`:
+    /// lists of 3 with 60 messages and a depth of 16 fill the queue to 15 and every message
+    /// completes.
+    #[test]
+    fn cq_mod_and_post_lists_shape_the_bandwidth_run() {
+        for (cq_mod, post_list, cqes) in [
+            (None, None, 15),
+            (Some(10), None, 6),
+            (Some(12), None, 5),
+            (Some(7), Some(3), 9),
+            // A completion at most every `depth - list + 1` requests, so a full queue holds
+            // one: `-Q 16 -l 3` (one every 14), `-l 16` (every request).
+            (Some(16), Some(3), 5),
+            (None, Some(16), 60),
+        ] {
+            let mut s = settings(Op::Write, 60, 16);
+            (s.cq_mod, s.post_list) = (cq_mod, post_list);
+            let mut b = Bench::new(&s, 4096, false).unwrap();
+            let before = b._models[0].hca().stats().cqes;
+            assert_eq!(b.bandwidth(4096).unwrap().iters, 60);
+            let n = b._models[0].hca().stats().cqes - before;
+            assert_eq!(n, cqes, "{cq_mod:?} {post_list:?}");
+        }
+    }
+
+    /// `-o`: one outstanding READ still reads everything; more than the device allows is
+    /// refused by name when the QPs connect.
+    #[test]
+    fn outstanding_reads_reach_the_qps() {
+        let mut s = settings(Op::Read, 40, 16);
+        s.outs = Some(1);
+        let mut b = Bench::new(&s, 4096, false).unwrap();
+        assert_eq!(b.pacing().outs, 1);
+        assert_eq!(b.bandwidth(4096).unwrap().iters, 40);
+        s.outs = None;
+        assert_eq!(Bench::new(&s, 4096, false).unwrap().pacing().outs, 16);
+        s.outs = Some(17);
+        let e = Bench::new(&s, 4096, false).err().expect("17 > 16");
+        assert!(e.to_string().contains("max_rd_atomic: 17"), "{e}");
+    }
+
+    #[test]
     fn write_bw_and_lat_run_on_the_model() {
         let s = Settings {
             op: Op::Write,
@@ -839,6 +1006,9 @@ mod tests {
             gpu: None,
             mtu: Mtu::M4096,
             loopback_offload: true,
+            outs: None,
+            cq_mod: None,
+            post_list: None,
         };
         let mut b = Bench::new(&s, 4096, false).unwrap();
         let r = b.bandwidth(4096).unwrap();
@@ -863,6 +1033,9 @@ mod tests {
             gpu: None,
             mtu: Mtu::M1024,
             loopback_offload: true,
+            outs: None,
+            cq_mod: None,
+            post_list: None,
         };
         let mut b = Bench::new(&s, 8192, false).unwrap();
         for size in [64, 8192] {
@@ -889,6 +1062,9 @@ mod tests {
                 gpu: None,
                 mtu: Mtu::M1024,
                 loopback_offload: true,
+                outs: None,
+                cq_mod: None,
+                post_list: None,
             };
             let mut b = Bench::new(&s, size, true).unwrap();
             assert_eq!(b.bandwidth(size).unwrap().iters, 50, "{op:?}");

@@ -22,6 +22,19 @@ fn bad_flags_are_messages_not_panics() {
         (&["write_bw", "-s", "banana"], "invalid value"),
         (&["no_such_test"], "invalid value"),
         (&["write_bw", "--no-such-flag"], "unexpected argument"),
+        (&["read_bw", "-o", "0"], "invalid value"),
+        (
+            &["read_bw", "-o", "17", "-n", "10"],
+            "max_rd_atomic: 17 is more than the device's 16",
+        ),
+        (&["write_bw", "-Q", "0"], "invalid value"),
+        (&["write_bw", "-l", "0"], "a list is 1..=the depth"),
+        (
+            &["write_bw", "-l", "33", "-t", "32"],
+            "a list is 1..=the depth (-t 32)",
+        ),
+        (&["write_bw", "-c", "UD"], "RC queue pairs only"),
+        (&["write_bw", "-i", "2"], "one port"),
         (
             &["write_bw", "--no-offload", "-p", "18599"],
             "built-in model",
@@ -31,6 +44,30 @@ fn bad_flags_are_messages_not_panics() {
         assert_ne!(code, 0, "{args:?} should fail");
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// perftest's `-o`, `-Q`, `-l`, `-c RC` and `-i 1` are taken (`-Q` above the depth is cut
+/// to it, as perftest does).
+#[test]
+fn perftest_pacing_flags_run() {
+    for args in [
+        &["read_bw", "-s", "4096", "-n", "100", "-t", "16", "-o", "2"][..],
+        &["atomic_lat", "-n", "50", "-o", "1"],
+        &[
+            "write_bw", "-s", "4096", "-n", "100", "-t", "16", "-Q", "1000", "-l", "3",
+        ],
+        &[
+            "send_bw", "-s", "4096", "-n", "100", "-t", "16", "-Q", "5", "-l", "16", "-c", "rc",
+            "-i", "1",
+        ],
+    ] {
+        let (code, out, err) = perf(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(
+            out.contains(" 100 ") || out.contains(" 50 "),
+            "{args:?}: {out}"
+        );
     }
 }
 

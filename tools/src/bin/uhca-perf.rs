@@ -28,7 +28,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use uhca::resource::Mtu;
 use uhca_tools::device::{self, DeviceFlags, DeviceSpec};
-use uhca_tools::perf::control::{Endpoint, Hello};
+use uhca_tools::perf::control::Hello;
 use uhca_tools::perf::remote::{self, Role};
 use uhca_tools::perf::{Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, Op, Settings};
 
@@ -133,6 +133,24 @@ struct Args {
     /// Accepted for perftest compatibility (CPU frequency warnings do not apply).
     #[arg(short = 'F')]
     no_freq_check: bool,
+    /// Outstanding RDMA READs/atomics per QP (READ and atomic tests; default: the device's
+    /// limit, `max_qp_init_rd_atom` in `uhca-info`).
+    #[arg(short = 'o', long = "outs", value_parser = clap::value_parser!(u8).range(1..))]
+    outs: Option<u8>,
+    /// Bandwidth tests: ask for a completion every this many messages (at most the depth,
+    /// as perftest; default: a quarter of the depth).
+    #[arg(short = 'Q', long = "cq-mod", value_parser = clap::value_parser!(u32).range(1..))]
+    cq_mod: Option<u32>,
+    /// Bandwidth tests: post this many work requests per doorbell, once the send queue has
+    /// room for all of them (1..=depth; default: as many as the queue takes).
+    #[arg(short = 'l', long = "post_list")]
+    post_list: Option<u32>,
+    /// Connection type: RC, the only one uhca has.
+    #[arg(short = 'c', long = "connection", default_value = "RC")]
+    connection: String,
+    /// Port of the device: 1, the only one.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u32,
     /// Put the local buffers in device memory (MEMIC); bandwidth tests.
     #[arg(long = "use_dm")]
     use_dm: bool,
@@ -333,6 +351,23 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
     if !(1..=64).contains(&a.qps) {
         return Err(format!("-q {}: 1..=64 QPs", a.qps));
     }
+    if let Some(l) = a.post_list
+        && !(1..=a.tx_depth).contains(&l)
+    {
+        return Err(format!(
+            "-l {l}: a list is 1..=the depth (-t {}) work requests",
+            a.tx_depth
+        ));
+    }
+    if !a.connection.eq_ignore_ascii_case("RC") {
+        return Err(format!(
+            "-c {}: uhca has RC queue pairs only (no UC, UD, XRC, DC or SRD)",
+            a.connection
+        ));
+    }
+    if a.ib_port != 1 {
+        return Err(format!("-i {}: the device has one port, 1", a.ib_port));
+    }
     let mtu = match a.mtu {
         256 => Mtu::M256,
         512 => Mtu::M512,
@@ -380,6 +415,9 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             gpu,
             mtu,
             loopback_offload: !a.no_offload,
+            outs: a.outs,
+            cq_mod: a.cq_mod,
+            post_list: a.post_list,
         },
     ))
 }
@@ -450,7 +488,9 @@ fn gpu_placement(a: &Args) -> Result<Option<GpuPlacement>, String> {
     }))
 }
 
-fn header(a: &Args, s: &Settings, ends: Option<(&Endpoint, &Endpoint)>) {
+fn header(a: &Args, s: &Settings, bench: &Bench) {
+    let ends = bench.endpoints();
+    let pacing = bench.pacing();
     let kind = if a.mode.is_bw() { "BW" } else { "Latency" };
     println!("{LINE}");
     println!("                    {} {kind} Test", a.mode.title());
@@ -463,6 +503,16 @@ fn header(a: &Args, s: &Settings, ends: Option<(&Endpoint, &Endpoint)>) {
     println!(" Number of qps  : {}\t\tTransport type : IB", s.qps);
     println!(" Connection type : RC\t\tUsing SRQ      : OFF");
     println!(" TX depth        : {}", s.tx_depth);
+    if a.mode.is_bw() {
+        println!(" CQ Moderation   : {}", pacing.cq_mod);
+        match pacing.post_list {
+            Some(l) => println!(" Post List       : {l}"),
+            None => println!(" Post List       : as the queue takes"),
+        }
+    }
+    if matches!(s.op, Op::Read | Op::Atomic) {
+        println!(" Outstand reads  : {}", pacing.outs);
+    }
     println!(" Mtu             : {}[B]", 128u32 << s.mtu as u32);
     println!(" Max inline data : {}[B]", s.inline_size);
     println!(
@@ -549,7 +599,7 @@ fn run(a: &Args) -> Result<(), String> {
             let (sizes, settings) = validate(a)?;
             let max = *sizes.iter().max().expect("at least one size");
             let mut bench = Bench::new(&settings, max, a.pair).map_err(|e| e.to_string())?;
-            header(a, &settings, None);
+            header(a, &settings, &bench);
             drive(a, &mut bench, &sizes)
         }
         Some(role) => {
@@ -610,7 +660,7 @@ fn client(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
     remote::propose(&mut ctl, &hello_of(a, &sizes, &settings)).map_err(|e| e.to_string())?;
     let mut bench = Bench::connect(dev, &settings, max, a.gid_index, ctl, Role::Client)
         .map_err(|e| e.to_string())?;
-    header(a, &settings, bench.endpoints());
+    header(a, &settings, &bench);
     drive(a, &mut bench, &sizes)?;
     bench.bye().map_err(|e| e.to_string())
 }
@@ -636,7 +686,7 @@ fn server(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
     let max = *sizes.iter().max().expect("at least one size");
     let mut bench = Bench::connect(dev, &settings, max, b.gid_index, ctl, Role::Server)
         .map_err(|e| e.to_string())?;
-    header(&b, &settings, bench.endpoints());
+    header(&b, &settings, &bench);
     let mut columns = false;
     for &s in &sizes {
         if b.mode.is_bw() {

@@ -196,6 +196,9 @@ mod tests {
                 }),
                 mtu: uhca::resource::Mtu::M1024,
                 loopback_offload: true,
+                outs: None,
+                cq_mod: None,
+                post_list: None,
             };
             let mut b = Bench::new(&s, 4096, false).unwrap();
             assert_eq!(b.bandwidth(4096).unwrap().iters, 100, "{op:?}");

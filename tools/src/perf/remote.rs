@@ -255,6 +255,7 @@ impl Bench {
             (p.sq_psn, p.rq_psn) = (m.psn, t.psn);
             p.mtu = s.mtu;
             p.sgid_index = gid_index;
+            super::read_depths(&mut p, dev, s);
             qp.connect(&p).map_err(setup("connecting"))?;
         }
         if role == Role::Server {
