@@ -74,6 +74,10 @@ pub struct Settings {
     /// Bandwidth tests post this many work requests per doorbell, once the send queue has
     /// room for all of them (perftest's `-l`); `None`: as many as the queue takes.
     pub post_list: Option<u32>,
+    /// Sleep on completion events instead of spinning on the CQ (perftest's `-e`): this
+    /// end's CQ gets its own EQ and interrupt; where a loop finds no completion it arms the
+    /// CQ, polls once more, and waits.
+    pub events: bool,
 }
 
 impl Settings {
@@ -194,6 +198,62 @@ impl StallTimer {
     }
 }
 
+/// How a loop waits for its CQ: spinning ([`StallTimer`]), or with `-e` sleeping on the
+/// CQ's completion events. A completion that comes before the CQ is armed raises no event
+/// (§9.3), so after an empty poll the CQ is armed and polled once more before the wait.
+struct CqWait {
+    events: bool,
+    armed: bool,
+    timer: StallTimer,
+    /// Since when the waits found nothing.
+    quiet_since: Option<Instant>,
+}
+
+/// The longest single sleep on an event; the stall timeout counts them.
+const EVENT_WAIT: Duration = Duration::from_millis(100);
+
+impl CqWait {
+    fn new(events: bool) -> CqWait {
+        CqWait {
+            events,
+            armed: false,
+            timer: StallTimer::new(),
+            quiet_since: None,
+        }
+    }
+
+    /// One poll of `cq` found nothing: spin, or arm (the caller polls again), or sleep
+    /// until an event or [`EVENT_WAIT`]. An error once nothing came for [`STALL`]. Returns
+    /// the time when it read the clock.
+    fn idle(&mut self, cq: &mut Cq) -> Result<Option<Instant>, PerfError> {
+        if !self.events {
+            return self.timer.spin();
+        }
+        if !self.armed {
+            cq.req_notify(false);
+            self.armed = true;
+            return Ok(None);
+        }
+        self.armed = false;
+        let woke = cq
+            .wait(Some(EVENT_WAIT))
+            .map_err(setup("waiting for a completion event"))?;
+        let now = Instant::now();
+        if woke {
+            self.quiet_since = None;
+        } else if now.duration_since(*self.quiet_since.get_or_insert(now)) > STALL {
+            return Err(PerfError::Stalled(STALL));
+        }
+        Ok(Some(now))
+    }
+
+    /// A poll found completions.
+    fn progress(&mut self) {
+        self.timer = StallTimer::new();
+        self.quiet_since = None;
+    }
+}
+
 /// One end of this process: device, PD, CQ, QPs and a buffer per QP.
 struct End {
     /// Bytes in each half of a buffer: the largest message.
@@ -216,7 +276,7 @@ impl End {
         let cq = dev
             .create_cq(&CqConfig {
                 entries: (2 * (s.tx_depth + rx_depth) * s.qps).max(64),
-                events: false,
+                events: s.events,
             })
             .map_err(setup("CQ"))?;
         let cfg = QpConfig {
@@ -607,7 +667,7 @@ impl Bench {
         // The time as last read: on progress, and every SPINS_PER_CLOCK idle loops.
         let mut now = start;
         let mut next_beat = start + remote::BEAT;
-        let mut idle = StallTimer::new();
+        let mut idle = CqWait::new(s.events);
         let mut meter = Meter::new(size, (s.iters / 20).max(sig_every).max(1), start);
         let deadline = s.duration.map(|d| start + d);
         loop {
@@ -657,9 +717,9 @@ impl Bench {
             }
             if progressed > 0 {
                 now = Instant::now();
-                idle = StallTimer::new();
+                idle.progress();
                 meter.add(progressed, now);
-            } else if let Some(t) = idle.spin()? {
+            } else if let Some(t) = idle.idle(&mut self.me.cq)? {
                 now = t;
             }
             self.beat(now, &mut next_beat)?;
@@ -710,7 +770,7 @@ impl Bench {
                     let wr = self.wr(0, size, i, SendFlags::SIGNALED, &local, &inline);
                     self.me.qps[0].post_send(&wr)?;
                     self.me.qps[0].ring_doorbell();
-                    wait_one(&mut self.me.cq)?;
+                    wait_one(&mut self.me.cq, s.events)?;
                 }
             }
             let t1 = Instant::now();
@@ -748,10 +808,10 @@ impl Bench {
     fn pingpong_send(&mut self, size: usize, i: u64, inline: &[u8]) -> Result<(), PerfError> {
         put_send(&mut self.me, &self.settings, size, i, inline)?;
         if let Peer::Local(server) = &mut self.peer {
-            await_recv(server)?;
+            await_recv(server, self.settings.events)?;
             put_send(server, &self.settings, size, i, inline)?;
         }
-        await_recv(&mut self.me)
+        await_recv(&mut self.me, self.settings.events)
     }
 }
 
@@ -849,9 +909,9 @@ fn put_send(
 
 /// Waits for a receive completion on `dst` (taking send completions on the way) and posts
 /// a receive in its place.
-fn await_recv(dst: &mut End) -> Result<(), PerfError> {
+fn await_recv(dst: &mut End, events: bool) -> Result<(), PerfError> {
     loop {
-        let c = wait_one(&mut dst.cq)?;
+        let c = wait_one(&mut dst.cq, events)?;
         if c.opcode == WcOpcode::Recv {
             break;
         }
@@ -859,13 +919,13 @@ fn await_recv(dst: &mut End) -> Result<(), PerfError> {
     dst.post_recvs(0, 1)
 }
 
-fn wait_one(cq: &mut Cq) -> Result<Completion, PerfError> {
-    let mut timer = StallTimer::new();
+fn wait_one(cq: &mut Cq, events: bool) -> Result<Completion, PerfError> {
+    let mut wait = CqWait::new(events);
     loop {
         if let Some(c) = cq.poll().next() {
             return check(c);
         }
-        timer.spin()?;
+        wait.idle(cq)?;
     }
 }
 
@@ -948,6 +1008,7 @@ mod tests {
             outs: None,
             cq_mod: None,
             post_list: None,
+            events: false,
         }
     }
 
@@ -992,6 +1053,39 @@ mod tests {
         assert!(e.to_string().contains("max_rd_atomic: 17"), "{e}");
     }
 
+    /// `-e`: the runs complete sleeping on completion events, and the model raised
+    /// interrupts for them (none without `-e`).
+    #[test]
+    fn events_wake_the_waits() {
+        for (op, bw) in [
+            (Op::Read, true),
+            (Op::Read, false),
+            (Op::Atomic, false),
+            (Op::Send, false),
+        ] {
+            for events in [false, true] {
+                let mut s = settings(op, 50, 16);
+                s.events = events;
+                s.size = if op == Op::Atomic { 8 } else { 64 };
+                let mut b = Bench::new(&s, 64, false).unwrap();
+                let irqs = || b._models[0].hca().stats().irqs_signalled;
+                let before = irqs();
+                let n = if bw {
+                    b.bandwidth(s.size).unwrap().iters
+                } else {
+                    b.latency(s.size).unwrap().iters
+                };
+                assert_eq!(n, 50, "{op:?} {bw} {events}");
+                let raised = b._models[0].hca().stats().irqs_signalled - before;
+                assert_eq!(
+                    raised > 0,
+                    events,
+                    "{op:?} bw {bw} events {events}: {raised}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn write_bw_and_lat_run_on_the_model() {
         let s = Settings {
@@ -1009,6 +1103,7 @@ mod tests {
             outs: None,
             cq_mod: None,
             post_list: None,
+            events: false,
         };
         let mut b = Bench::new(&s, 4096, false).unwrap();
         let r = b.bandwidth(4096).unwrap();
@@ -1036,6 +1131,7 @@ mod tests {
             outs: None,
             cq_mod: None,
             post_list: None,
+            events: false,
         };
         let mut b = Bench::new(&s, 8192, false).unwrap();
         for size in [64, 8192] {
@@ -1065,6 +1161,7 @@ mod tests {
                 outs: None,
                 cq_mod: None,
                 post_list: None,
+                events: false,
             };
             let mut b = Bench::new(&s, size, true).unwrap();
             assert_eq!(b.bandwidth(size).unwrap().iters, 50, "{op:?}");

@@ -35,6 +35,8 @@ fn bad_flags_are_messages_not_panics() {
         ),
         (&["write_bw", "-c", "UD"], "RC queue pairs only"),
         (&["write_bw", "-i", "2"], "one port"),
+        (&["write_lat", "-e"], "watches the message's last byte"),
+        (&["send_bw", "-e"], "run a server and a client"),
         (
             &["write_bw", "--no-offload", "-p", "18599"],
             "built-in model",
@@ -53,7 +55,8 @@ fn bad_flags_are_messages_not_panics() {
 fn perftest_pacing_flags_run() {
     for args in [
         &["read_bw", "-s", "4096", "-n", "100", "-t", "16", "-o", "2"][..],
-        &["atomic_lat", "-n", "50", "-o", "1"],
+        &["atomic_lat", "-n", "50", "-o", "1", "-e"],
+        &["write_bw", "-s", "4096", "-n", "100", "-t", "16", "-e"],
         &[
             "write_bw", "-s", "4096", "-n", "100", "-t", "16", "-Q", "1000", "-l", "3",
         ],

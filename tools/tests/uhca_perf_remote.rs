@@ -232,15 +232,18 @@ fn read_bw_between_two_processes_from_another_gid() {
 }
 
 #[test]
-fn send_bw_between_two_processes_both_report() {
+fn send_bw_between_two_processes_both_report_with_events_at_the_client() {
     let (c, s) = run_pair(
         "send_bw",
-        &["-s", "1024", "-n", "100", "-q", "2", "-t", "16"],
+        &["-s", "1024", "-n", "100", "-q", "2", "-t", "16", "-e"],
     );
     // 100 messages on each of the 2 QPs, counted by the sender and by the receiver.
     check_row(&c, BW, 1024, 200, 3);
     check_row(&s, BW, 1024, 200, 3);
     assert!(s.contains("Number of qps  : 2"), "{s}");
+    // The client sleeps on completion events (-e is its own: the server polls).
+    assert!(c.contains("Completions     : events"), "{c}");
+    assert!(s.contains("Completions     : polling"), "{s}");
 }
 
 #[test]

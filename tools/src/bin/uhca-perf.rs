@@ -145,6 +145,10 @@ struct Args {
     /// room for all of them (1..=depth; default: as many as the queue takes).
     #[arg(short = 'l', long = "post_list")]
     post_list: Option<u32>,
+    /// Sleep on completion events instead of polling the CQ (not write_lat, which watches
+    /// memory, as perftest; send_bw only between two processes).
+    #[arg(short = 'e', long = "events")]
+    events: bool,
     /// Connection type: RC, the only one uhca has.
     #[arg(short = 'c', long = "connection", default_value = "RC")]
     connection: String,
@@ -365,6 +369,19 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             a.connection
         ));
     }
+    if a.events && a.mode == Mode::write_lat {
+        return Err(
+            "-e: write_lat watches the message's last byte in memory, not a CQ (as perftest)"
+                .into(),
+        );
+    }
+    if a.events && a.mode == Mode::send_bw && a.role().is_none() {
+        return Err(
+            "-e: send_bw with both ends in this process polls two CQs and cannot sleep on \
+             one; run a server and a client"
+                .into(),
+        );
+    }
     if a.ib_port != 1 {
         return Err(format!("-i {}: the device has one port, 1", a.ib_port));
     }
@@ -418,6 +435,7 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             outs: a.outs,
             cq_mod: a.cq_mod,
             post_list: a.post_list,
+            events: a.events,
         },
     ))
 }
@@ -513,6 +531,10 @@ fn header(a: &Args, s: &Settings, bench: &Bench) {
     if matches!(s.op, Op::Read | Op::Atomic) {
         println!(" Outstand reads  : {}", pacing.outs);
     }
+    println!(
+        " Completions     : {}",
+        if s.events { "events" } else { "polling" }
+    );
     println!(" Mtu             : {}[B]", 128u32 << s.mtu as u32);
     println!(" Max inline data : {}[B]", s.inline_size);
     println!(

@@ -469,7 +469,7 @@ impl Bench {
         for i in 0..iters {
             match op {
                 Op::Write => await_tag(&self.me, self.rx_off, size, super::tag(i))?,
-                _ => await_recv(&mut self.me)?,
+                _ => await_recv(&mut self.me, self.settings.events)?,
             }
             let t = Instant::now();
             if let Some(a) = answered {
