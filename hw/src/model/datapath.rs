@@ -531,14 +531,28 @@ pub(crate) fn run_sq(
         });
         match result {
             Ok(()) => {}
-            Err(None) => return, // engine full: retried on the next pass
+            // The engine is full (or its PSN span would be): taken again on a later pass
+            // (`kick`), once earlier requests have completed.
+            Err(None) => {
+                qp.kick = true;
+                return;
+            }
+            // A send queue completes in order: a WQE refused here waits the same way
+            // until the engine has completed or flushed every WQE before it.
+            Err(Some(_)) if qp.engine.as_ref().is_some_and(|e| e.send_queue_len() > 0) => {
+                qp.kick = true;
+                return;
+            }
             Err(Some(s)) => {
-                let flush = qp.state == QpState::Err;
+                // In error already (here, or in the engine since its last poll): flushed.
+                let flush = qp.state == QpState::Err
+                    || qp
+                        .engine
+                        .as_ref()
+                        .is_some_and(|e| e.state() == rc::QpState::Error);
                 let s = if flush { CqeSyndrome::WrFlush } else { s };
                 Sink::new(sh, dma, cqs, events, qp).error(false, idx, ctrl.opcode, s);
-                if !flush {
-                    to_error(qp);
-                }
+                to_error(qp);
             }
         }
         qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
@@ -723,10 +737,15 @@ fn transmit(
     let DataPath {
         qps, cqs, events, ..
     } = dp;
-    for qp in qps.values_mut().filter(|q| q.active && (first || q.moved)) {
+    for qp in qps.values_mut() {
+        // WQEs left in the SQ (RTR2RTS, a full engine, in-order completion): taken now,
+        // whether or not the QP was active.
         if qp.kick {
             qp.kick = false;
             run_sq(sh, dma, core, qp, cqs, events);
+        }
+        if !(qp.active && (first || qp.moved)) {
+            continue;
         }
         qp.moved = false;
         if qp.engine.as_ref().is_some_and(|e| e.is_idle()) {

@@ -213,6 +213,7 @@ impl Qp {
             max_dest_rd_atomic: 1 << c.log_rra_max(),
             max_inflight: MAX_INFLIGHT,
             sq_depth: self.sq_size(),
+            log_max_msg: c.log_msg_max() as u8,
             remote_access: RemoteAccess {
                 read: c.rre() == 1,
                 write: c.rwe() == 1,

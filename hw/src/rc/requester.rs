@@ -166,11 +166,18 @@ impl Requester {
         if matches!(wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. }) && len != 8 {
             return Err(PostError::BadAtomicLength { len }.into());
         }
-        if len > 1 << 31 {
+        let mtu = u64::from(cfg.mtu.bytes());
+        let npkts = len.div_ceil(mtu).max(1);
+        // PSN order is serial arithmetic over half the 24-bit space (IBA §9.7.1): a
+        // message may not span half of it, nor may the posted requests together.
+        if len > 1 << cfg.log_max_msg.min(31) || npkts >= u64::from(Psn::HALF) {
             return Err(PostError::TooLong { len }.into());
         }
-        let mtu = u64::from(cfg.mtu.bytes());
-        let npkts = len.div_ceil(mtu).max(1) as u32;
+        let npkts = npkts as u32;
+        if self.next_psn.diff(self.una) as u32 + npkts >= Psn::HALF {
+            // Taken once the requests before it have completed.
+            return Err(PostError::QueueFull.into());
+        }
         (w.first, w.npkts, w.len, w.failed) = (self.next_psn, npkts, len as u32, None);
         self.next_psn = self.next_psn.add(npkts);
         self.wqes.push();

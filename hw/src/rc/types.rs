@@ -98,6 +98,9 @@ pub struct QpConfig {
     pub max_inflight: u32,
     /// Send work requests that can be outstanding.
     pub sq_depth: u32,
+    /// Longest message the requester sends, `2^log_max_msg` bytes (qpc `log_msg_max`,
+    /// at most 31: IBA's 2^31); a longer one completes with a local length error.
+    pub log_max_msg: u8,
     /// Remote operations this responder allows (qpc `rre`, `rwe`, `rae`).
     pub remote_access: RemoteAccess,
     /// Byte order of atomic results written locally.
@@ -172,6 +175,8 @@ impl QpConfig {
         check("max_dest_rd_atomic", v.into(), v > 0)?;
         let v = self.max_inflight;
         check("max_inflight", v, v > 0 && v < Psn::HALF)?;
+        let v = self.log_max_msg;
+        check("log_max_msg", v.into(), v <= 31)?;
         check(
             "sq_depth",
             self.sq_depth,

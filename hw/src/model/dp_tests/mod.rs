@@ -4,6 +4,7 @@
 
 mod cmds;
 mod ops;
+mod wqe_fuzz;
 
 use super::cmd::dispatch;
 use super::mem::MappedBuffer;
@@ -291,6 +292,7 @@ impl<'a> Rig<'a> {
             {
                 let mut c = Qpc::new_unchecked(&mut q[..]);
                 c.set_mtu(1);
+                c.set_log_msg_max(30); // as the driver sets it (caps.log_max_msg)
                 c.set_remote_qpn(peer_qpn);
                 c.set_next_rcv_psn(0x100);
                 c.set_log_rra_max(2);
@@ -343,6 +345,12 @@ impl<'a> Rig<'a> {
             c.set_imm(imm);
         }
         w[16..16 + segs.len()].copy_from_slice(segs);
+        self.post_wqe(q, &w);
+    }
+
+    /// Writes the whole WQE `w` (control segment included, a multiple of 64 bytes) at the
+    /// SQ producer counter, updates the DBR and rings the doorbell.
+    pub(super) fn post_wqe(&mut self, q: &mut TQp, w: &[u8]) {
         let nbb = w.len() / 64;
         for b in 0..nbb {
             let slot = ((q.sq_pi + b as u32) & ((1 << q.log_sq) - 1)) as usize;

@@ -624,6 +624,10 @@ fn config_is_validated() {
             max_rd_atomic: 0,
             ..good
         },
+        QpConfig {
+            log_max_msg: 32,
+            ..good
+        },
     ];
     for b in bad {
         assert!(

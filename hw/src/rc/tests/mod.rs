@@ -266,6 +266,7 @@ pub(super) fn config(qpn: u32, dest: u32, mtu: Mtu) -> QpConfig {
         max_dest_rd_atomic: 4,
         max_inflight: 32,
         sq_depth: 256,
+        log_max_msg: 31,
         remote_access: RemoteAccess::ALL,
         atomic_endianness: AtomicEndianness::Host,
     }

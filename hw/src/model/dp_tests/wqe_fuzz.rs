@@ -1,0 +1,405 @@
+//! Random send WQEs, as a buggy or hostile driver could write them: any opcode, any
+//! segment count, segments that mix valid and random keys, addresses, lengths and inline
+//! headers, fences and solicited bits. The device must answer every WQE (all ask for a
+//! CQE) with exactly one CQE, in order and naming it, a success or an error with a PRM
+//! syndrome, then flush errors only; it must write nothing a key does not allow, and keep
+//! running.
+//!
+//! The generator is a fixed-seed xorshift: the same WQEs on every run.
+
+use super::*;
+use crate::layout::cqe::{CqeOpcode, CqeSyndrome};
+use crate::layout::wqe::fm_ce_se::{CQ_UPDATE, SOLICITED};
+use crate::layout::wqe::{INLINE_SEG, WqeOpcode};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len() as u64) as usize]
+    }
+}
+
+/// The memory the random WQEs aim at.
+struct Targets {
+    /// Every right; source and target of the random operations.
+    rw: Mem,
+    /// Remote read only: no WQE may change it.
+    ro: Mem,
+}
+
+const OPCODES: [WqeOpcode; 13] = [
+    WqeOpcode::Nop,
+    WqeOpcode::SendInval,
+    WqeOpcode::RdmaWrite,
+    WqeOpcode::RdmaWriteImm,
+    WqeOpcode::Send,
+    WqeOpcode::SendImm,
+    WqeOpcode::Lso,
+    WqeOpcode::RdmaRead,
+    WqeOpcode::AtomicCs,
+    WqeOpcode::AtomicFa,
+    WqeOpcode::AtomicMaskedCs,
+    WqeOpcode::AtomicMaskedFa,
+    WqeOpcode::Umr,
+];
+
+/// A key: one of the targets', a random one, or the invalid lkey.
+fn key(rng: &mut Rng, t: &Targets) -> u32 {
+    match rng.below(6) {
+        0..=2 => t.rw.key,
+        3 => t.ro.key,
+        4 => INVALID_LKEY,
+        _ => rng.next() as u32,
+    }
+}
+
+/// An address near a target (inside, at its edges or past them) or anywhere.
+fn addr(rng: &mut Rng, t: &Targets) -> u64 {
+    let base = match rng.below(4) {
+        0 | 1 => t.rw.va,
+        2 => t.ro.va,
+        _ => return rng.next(),
+    };
+    (base + rng.below(4 * PAGE as u64 + 64)).wrapping_sub(32)
+}
+
+/// A length: small, a few MTUs, past a 4-page target, 0, or anything.
+fn len(rng: &mut Rng) -> u32 {
+    match rng.below(6) {
+        0 | 1 => rng.below(64) as u32,
+        2 | 3 => rng.below(3 * PAGE as u64) as u32,
+        4 => 0,
+        _ => rng.next() as u32,
+    }
+}
+
+/// 0 to 4 random segments after the control segment.
+fn segments(rng: &mut Rng, t: &Targets) -> Vec<u8> {
+    let mut segs = Vec::new();
+    for _ in 0..rng.below(5) {
+        match rng.below(5) {
+            0 => segs.extend_from_slice(&raddr(addr(rng, t), key(rng, t))),
+            1 => segs.extend_from_slice(&data(key(rng, t), addr(rng, t), len(rng))),
+            2 => {
+                // An inline segment: its header claims 0-199 bytes (or anything), and
+                // 0-199 bytes follow.
+                let claim = if rng.below(4) == 0 {
+                    rng.next() as u32 & !INLINE_SEG
+                } else {
+                    rng.below(200) as u32
+                };
+                segs.extend_from_slice(&(INLINE_SEG | claim).to_be_bytes());
+                let n = rng.below(200) as usize;
+                segs.extend((0..n).map(|_| rng.next() as u8));
+                segs.resize(segs.len().next_multiple_of(16), 0);
+            }
+            3 => {
+                // An atomic segment: swap/add and compare.
+                let mut s = [0u8; 16];
+                s.write_be64(0, rng.next());
+                s.write_be64(8, rng.next());
+                segs.extend_from_slice(&s);
+            }
+            _ => segs.extend((0..16).map(|_| rng.next() as u8)),
+        }
+    }
+    segs
+}
+
+/// A well-formed WQE's opcode and segments for a valid operation on the targets, with
+/// one field in four made wrong (a key, an address, a length).
+fn well_formed(rng: &mut Rng, t: &Targets) -> (u8, Vec<u8>) {
+    let mut k = t.rw.key;
+    let mut rkey = if rng.below(3) == 0 {
+        t.ro.key
+    } else {
+        t.rw.key
+    };
+    let mut off = rng.below(2 * PAGE as u64) & !7;
+    let mut n = 1 + rng.below(2 * PAGE as u64) as u32;
+    match rng.below(8) {
+        0 => k = key(rng, t),
+        1 => rkey = key(rng, t),
+        2 => off = rng.below(8 * PAGE as u64),
+        3 => n = len(rng),
+        _ => {}
+    }
+    let remote = raddr(t.rw.va.wrapping_add(off), rkey);
+    let local = |n: u32| data(k, t.rw.va + 3 * PAGE as u64, n);
+    let op = rng.pick(&[
+        WqeOpcode::Nop,
+        WqeOpcode::RdmaWrite,
+        WqeOpcode::RdmaWriteImm,
+        WqeOpcode::Send,
+        WqeOpcode::SendImm,
+        WqeOpcode::RdmaRead,
+        WqeOpcode::AtomicCs,
+        WqeOpcode::AtomicFa,
+    ]);
+    let segs = match op {
+        WqeOpcode::Nop => Vec::new(),
+        WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm | WqeOpcode::RdmaRead => {
+            cat(&[&remote, &local(n)])
+        }
+        WqeOpcode::Send | WqeOpcode::SendImm => local(n.min(PAGE as u32)).to_vec(),
+        _ => {
+            let mut a = [0u8; 16];
+            a.write_be64(0, rng.below(100));
+            a.write_be64(8, rng.below(100));
+            cat(&[&remote, &a, &local(8)])
+        }
+    };
+    (op.into(), segs)
+}
+
+/// A WQE at `q`'s producer counter: a control segment with `opcode`, random fence and
+/// solicited bits (CQ_UPDATE always), the segments of `segs` and, one time in six, a `ds`
+/// that does not match them (the WQE then spans what `ds` says, the segments cut or
+/// padded with zeros).
+fn wqe(rng: &mut Rng, q: &TQp, opcode: u8, segs: &[u8]) -> Vec<u8> {
+    let ds = if rng.below(6) == 0 {
+        rng.below(16) as usize
+    } else {
+        1 + segs.len().div_ceil(16)
+    };
+    let mut w = vec![0u8; (ds * 16).max(1).next_multiple_of(64)];
+    let n = segs.len().min(w.len() - 16);
+    w[16..16 + n].copy_from_slice(&segs[..n]);
+    let mut c = CtrlSeg::new_unchecked(&mut w[..16]);
+    c.set_opcode(opcode.into());
+    c.set_wqe_index(q.sq_pi & 0xFFFF);
+    c.set_qpn(q.qpn);
+    c.set_ds(ds as u32);
+    let fence = rng.pick(&[0u8, 1 << 5, 2 << 5, 3 << 5, 4 << 5]);
+    let sol = if rng.below(4) == 0 { SOLICITED } else { 0 };
+    c.set_fm_ce_se((CQ_UPDATE | fence | sol).into());
+    c.set_imm(rng.next() as u32);
+    w
+}
+
+fn pattern(buf: &crate::model::DmaBuffer, seed: u8) {
+    let bytes: Vec<u8> = (0..4 * PAGE)
+        .map(|i| (i as u8).wrapping_mul(29) ^ seed)
+        .collect();
+    let mut b = buf;
+    b.write_bytes(0, &bytes);
+}
+
+fn unchanged(buf: &crate::model::DmaBuffer, seed: u8) -> bool {
+    let mut got = vec![0u8; 4 * PAGE];
+    buf.read_bytes(0, &mut got);
+    got.iter()
+        .enumerate()
+        .all(|(i, &x)| x == (i as u8).wrapping_mul(29) ^ seed)
+}
+
+#[test]
+fn random_send_wqes_each_get_one_cqe_and_move_only_what_keys_allow() {
+    let hca = model(9);
+    let mut r = Rig::new(&hca);
+    let t = Targets {
+        rw: r.mr(4 * PAGE, (1, 1, 1, 1)),
+        ro: r.mr(4 * PAGE, (1, 1, 0, 0)),
+    };
+    // Memory mapped for the device but under no MKey.
+    let bare = r.alloc(4 * PAGE);
+    pattern(r.buf(t.ro.idx), 0x11);
+    pattern(r.buf(bare.idx), 0x22);
+    let mut rng = Rng(0xF00D_5EED_0BAD_CAFE);
+    let (mut ok, mut failed) = (0, 0);
+    for round in 0..1000 {
+        let (ca, cb) = (r.cq(6), r.cq(6));
+        let (mut a, mut b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
+        let (mac, gid) = r.addr();
+        r.connect(a.qpn, b.qpn, mac, gid);
+        r.connect(b.qpn, a.qpn, mac, gid);
+        let mut ca = ca;
+        // Receives for the SENDs and WRITEs with immediate (one each at most): no RNR.
+        for _ in 0..8 {
+            r.post_recv(
+                &mut b,
+                &[(t.rw.key, t.rw.va + 3 * PAGE as u64, PAGE as u32)],
+            );
+        }
+        let n = 1 + rng.below(6) as usize;
+        let mut posted = Vec::new();
+        for _ in 0..n {
+            // Half well-formed (with a fault one time in four), half random.
+            let (opcode, segs) = if rng.below(2) == 0 {
+                well_formed(&mut rng, &t)
+            } else {
+                let op = if rng.below(8) == 0 {
+                    rng.next() as u8
+                } else {
+                    rng.pick(&OPCODES).into()
+                };
+                (op, segments(&mut rng, &t))
+            };
+            let w = wqe(&mut rng, &a, opcode, &segs);
+            posted.push(a.sq_pi as u16);
+            if round >= 940 {
+                eprintln!(
+                    "DEBUG round {round} idx {} op {:#x} ds {} fm {:#x} len {} w {:02x?}",
+                    a.sq_pi,
+                    w[3],
+                    w[7] & 0x3f,
+                    w[11],
+                    w.len(),
+                    &w[..w.len().min(80)]
+                );
+            }
+            r.post_wqe(&mut a, &w);
+        }
+        // One CQE per WQE, in order; after the first error, only flushes.
+        let mut errored = false;
+        for (k, &idx) in posted.iter().enumerate() {
+            let e = r.wait(&mut ca);
+            let op = CqeOpcode::from(e[63] >> 4);
+            let counter = (e.read_be32(0x3c) >> 16) as u16;
+            if round >= 940 {
+                eprintln!("DEBUG cqe {op:?} counter {counter} syn {:#x}", e[0x37]);
+            }
+            assert_eq!(counter, idx, "round {round} WQE {k}: {op:?}");
+            match op {
+                CqeOpcode::Req => {
+                    assert!(!errored, "round {round} WQE {k}: success after an error");
+                    ok += 1;
+                }
+                CqeOpcode::ReqErr => {
+                    let syn = CqeSyndrome::from(e[0x37]);
+                    if errored {
+                        assert_eq!(syn, CqeSyndrome::WrFlush, "round {round} WQE {k}");
+                    } else {
+                        assert!(
+                            matches!(
+                                syn,
+                                CqeSyndrome::LocalLength
+                                    | CqeSyndrome::LocalQpOp
+                                    | CqeSyndrome::LocalProt
+                                    | CqeSyndrome::RemoteInvalReq
+                                    | CqeSyndrome::RemoteAccess
+                                    | CqeSyndrome::RemoteOp
+                            ),
+                            "round {round} WQE {k}: {syn:?}"
+                        );
+                        failed += 1;
+                    }
+                    errored = true;
+                }
+                other => panic!("round {round} WQE {k}: CQE opcode {other:?}"),
+            }
+        }
+        assert!(r.poll(&mut ca).is_none(), "round {round}: an extra CQE");
+        assert!(
+            unchanged(r.buf(t.ro.idx), 0x11),
+            "round {round}: read-only MR written"
+        );
+        assert!(
+            unchanged(r.buf(bare.idx), 0x22),
+            "round {round}: unregistered memory written"
+        );
+    }
+    // Both outcomes were reached: the generator is not all errors (or all successes).
+    assert!(ok > 200 && failed > 200, "{ok} successes, {failed} errors");
+    assert_eq!(
+        hca.stats().iommu_faults,
+        0,
+        "every DMA stayed in mapped memory"
+    );
+}
+
+/// Two QPs of one model connected through the loopback, each with its own CQ; a receive
+/// posted on the second.
+fn pair(r: &mut Rig<'_>, t: &Targets) -> (TQp, TCq) {
+    let (ca, cb) = (r.cq(6), r.cq(6));
+    let (a, mut b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
+    let (mac, gid) = r.addr();
+    r.connect(a.qpn, b.qpn, mac, gid);
+    r.connect(b.qpn, a.qpn, mac, gid);
+    r.post_recv(
+        &mut b,
+        &[(t.rw.key, t.rw.va + 3 * PAGE as u64, PAGE as u32)],
+    );
+    (a, ca)
+}
+
+/// The status and WQE counter of a send CQE.
+fn outcome(e: &[u8; 64]) -> (CqeOpcode, u8, u32) {
+    (
+        CqeOpcode::from(e[63] >> 4),
+        e[0x37],
+        e.read_be32(0x3c) >> 16,
+    )
+}
+
+/// A WQE the device refuses as it takes it (an unknown opcode) waits for the READ posted
+/// before it: the READ completes first, then the refused WQE with its error. (Found by the
+/// random WQEs above: the refusal came first and the READ was flushed.)
+#[test]
+fn a_refused_wqe_completes_after_the_wqes_before_it() {
+    let hca = model(10);
+    let mut r = Rig::new(&hca);
+    let t = Targets {
+        rw: r.mr(4 * PAGE, (1, 1, 1, 1)),
+        ro: r.mr(PAGE, (1, 1, 0, 0)),
+    };
+    let (mut a, mut ca) = pair(&mut r, &t);
+    // READ 3 pages (48 responses at MTU 256) then an unknown opcode, one doorbell.
+    let read = cat(&[
+        &raddr(t.rw.va, t.rw.key),
+        &data(t.rw.key, t.rw.va + PAGE as u64, 3 * PAGE as u32),
+    ]);
+    let mut w = wqe(&mut Rng(1), &a, WqeOpcode::RdmaRead.into(), &read);
+    w[11] = CQ_UPDATE; // no fence, no solicited bit
+    let mut bad = vec![0u8; 64];
+    let mut c = CtrlSeg::new_unchecked(&mut bad[..16]);
+    c.set_opcode(0xDB);
+    c.set_wqe_index(1);
+    c.set_qpn(a.qpn);
+    c.set_ds(1);
+    c.set_fm_ce_se(CQ_UPDATE.into());
+    // Both in the ring before the doorbell that the device sees.
+    let mut both = w.clone();
+    both.extend_from_slice(&bad);
+    r.post_wqe(&mut a, &both);
+    assert_eq!(outcome(&r.wait(&mut ca)), (CqeOpcode::Req, 0, 0));
+    assert_eq!(
+        outcome(&r.wait(&mut ca)),
+        (CqeOpcode::ReqErr, CqeSyndrome::LocalQpOp.into(), 1)
+    );
+}
+
+/// A message longer than the QP's `log_msg_max` (2^30 here, as the driver sets it from
+/// the capability) completes with a local length error and sends nothing.
+#[test]
+fn a_message_over_the_qp_limit_fails_with_local_length() {
+    let hca = model(11);
+    let mut r = Rig::new(&hca);
+    let t = Targets {
+        rw: r.mr(4 * PAGE, (1, 1, 1, 1)),
+        ro: r.mr(PAGE, (1, 1, 0, 0)),
+    };
+    let (mut a, mut ca) = pair(&mut r, &t);
+    let before = hca.stats().packets_tx;
+    let segs = cat(&[
+        &raddr(t.rw.va, t.rw.key),
+        &data(t.rw.key, t.rw.va, (1 << 30) + 1),
+    ]);
+    r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+    assert_eq!(
+        outcome(&r.wait(&mut ca)),
+        (CqeOpcode::ReqErr, CqeSyndrome::LocalLength.into(), 0)
+    );
+    assert_eq!(hca.stats().packets_tx, before);
+}
