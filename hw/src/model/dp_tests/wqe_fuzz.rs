@@ -403,3 +403,191 @@ fn a_message_over_the_qp_limit_fails_with_local_length() {
     );
     assert_eq!(hca.stats().packets_tx, before);
 }
+
+/// All CQEs `cq` receives until none has come for 20 ms.
+fn drain(r: &Rig<'_>, cq: &mut TCq) -> Vec<[u8; 64]> {
+    let mut got = Vec::new();
+    let mut quiet = std::time::Instant::now();
+    while quiet.elapsed() < std::time::Duration::from_millis(20) {
+        match r.poll(cq) {
+            Some(e) => {
+                got.push(e);
+                quiet = std::time::Instant::now();
+            }
+            None => std::thread::yield_now(),
+        }
+    }
+    got
+}
+
+/// Random receive WQEs (0-4 scatter entries with valid, read-only-for-local-writes,
+/// random or terminating keys, any address and length) meet well-formed SENDs, SENDs
+/// with immediate and WRITEs with immediate of random lengths. The sender gets one CQE
+/// per WQE in order (successes, then one error, then flushes); the receiver's CQEs come
+/// in receive order the same way, one success per successful message; nothing lands in
+/// memory whose key forbids local writes, or in memory under no key.
+#[test]
+fn random_receive_wqes_meet_sends() {
+    let hca = model(12);
+    let mut r = Rig::new(&hca);
+    let t = Targets {
+        rw: r.mr(4 * PAGE, (1, 1, 1, 1)),
+        ro: r.mr(4 * PAGE, (0, 1, 0, 0)), // no local write: receives must not land here
+    };
+    let bare = r.alloc(4 * PAGE);
+    pattern(r.buf(t.ro.idx), 0x33);
+    pattern(r.buf(bare.idx), 0x44);
+    let mut rng = Rng(0x00DE_C0DE_5EED_0002);
+    let (mut delivered, mut refused) = (0, 0);
+    for round in 0..300 {
+        let (ca, cb) = (r.cq(6), r.cq(6));
+        let (mut a, mut b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
+        let (mac, gid) = r.addr();
+        r.connect(a.qpn, b.qpn, mac, gid);
+        r.connect(b.qpn, a.qpn, mac, gid);
+        let (mut ca, mut cb) = (ca, cb);
+        let n_recv = 1 + rng.below(6) as usize;
+        for _ in 0..n_recv {
+            if rng.below(2) == 0 {
+                // Room for any message of this test: two pages in two entries.
+                let at = t.rw.va + 2 * PAGE as u64;
+                r.post_recv(
+                    &mut b,
+                    &[
+                        (t.rw.key, at, PAGE as u32),
+                        (t.rw.key, at + PAGE as u64, PAGE as u32),
+                    ],
+                );
+                continue;
+            }
+            let sges: Vec<(u32, u64, u32)> = (0..rng.below(5))
+                .map(|_| {
+                    let k = match rng.below(6) {
+                        0..=2 => t.rw.key,
+                        3 => t.ro.key,
+                        4 => INVALID_LKEY,
+                        _ => rng.next() as u32,
+                    };
+                    let len = if rng.below(4) == 0 {
+                        len(&mut rng)
+                    } else {
+                        rng.below(PAGE as u64) as u32
+                    };
+                    (k, addr(&mut rng, &t), len)
+                })
+                .collect();
+            r.post_recv(&mut b, &sges);
+        }
+        // At most one message per receive: no RNR wait.
+        let n_send = 1 + rng.below(n_recv as u64) as usize;
+        let mut ops = Vec::new();
+        for _ in 0..n_send {
+            let n = rng.below(2 * PAGE as u64) as u32;
+            let local = data(t.rw.key, t.rw.va, n);
+            let (op, segs) = match rng.below(3) {
+                0 => (WqeOpcode::Send, local.to_vec()),
+                1 => (WqeOpcode::SendImm, local.to_vec()),
+                _ => (
+                    WqeOpcode::RdmaWriteImm,
+                    cat(&[
+                        &raddr(t.rw.va + PAGE as u64, t.rw.key),
+                        &data(t.rw.key, t.rw.va, n.min(PAGE as u32)),
+                    ]),
+                ),
+            };
+            let mut w = wqe(&mut rng, &a, op.into(), &segs);
+            w[11] = CQ_UPDATE; // every WQE signaled
+            // The ds matching its segments (this test varies the receives).
+            CtrlSeg::new_unchecked(&mut w[..16]).set_ds(1 + segs.len().div_ceil(16) as u32);
+            w.truncate((16 + segs.len()).next_multiple_of(64));
+            ops.push(a.sq_pi as u16);
+            r.post_wqe(&mut a, &w);
+        }
+        let mut sent_ok = 0;
+        let mut errored = false;
+        for (k, &idx) in ops.iter().enumerate() {
+            let (op, syn, counter) = outcome(&r.wait(&mut ca));
+            assert_eq!(counter as u16, idx, "round {round} send {k}");
+            match op {
+                CqeOpcode::Req => {
+                    assert!(!errored, "round {round} send {k}: success after an error");
+                    sent_ok += 1;
+                }
+                CqeOpcode::ReqErr if errored => {
+                    assert_eq!(
+                        syn,
+                        u8::from(CqeSyndrome::WrFlush),
+                        "round {round} send {k}"
+                    )
+                }
+                CqeOpcode::ReqErr => {
+                    errored = true;
+                    assert!(
+                        matches!(
+                            CqeSyndrome::from(syn),
+                            CqeSyndrome::RemoteInvalReq
+                                | CqeSyndrome::RemoteAccess
+                                | CqeSyndrome::RemoteOp
+                        ),
+                        "round {round} send {k}: {:?}",
+                        CqeSyndrome::from(syn)
+                    );
+                }
+                other => panic!("round {round} send {k}: {other:?}"),
+            }
+        }
+        let got = drain(&r, &mut cb);
+        let mut recv_ok = 0;
+        let mut recv_err = false;
+        for (k, e) in got.iter().enumerate() {
+            let (op, syn, counter) = outcome(e);
+            assert_eq!(counter as usize, k, "round {round} receive {k}");
+            match op {
+                CqeOpcode::RespSend | CqeOpcode::RespSendImm | CqeOpcode::RespWrImm => {
+                    assert!(
+                        !recv_err,
+                        "round {round} receive {k}: success after an error"
+                    );
+                    recv_ok += 1;
+                }
+                CqeOpcode::RespErr if recv_err => {
+                    assert_eq!(
+                        syn,
+                        u8::from(CqeSyndrome::WrFlush),
+                        "round {round} receive {k}"
+                    )
+                }
+                CqeOpcode::RespErr => {
+                    recv_err = true;
+                    refused += 1;
+                }
+                other => panic!("round {round} receive {k}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            recv_ok, sent_ok,
+            "round {round}: receives completed vs messages acknowledged"
+        );
+        if recv_err {
+            assert_eq!(
+                got.len(),
+                n_recv,
+                "round {round}: every receive completes once in error"
+            );
+        }
+        delivered += recv_ok;
+        assert!(
+            unchanged(r.buf(t.ro.idx), 0x33),
+            "round {round}: a key without local write was written"
+        );
+        assert!(
+            unchanged(r.buf(bare.idx), 0x44),
+            "round {round}: unregistered memory written"
+        );
+    }
+    assert!(
+        delivered > 100 && refused > 50,
+        "{delivered} delivered, {refused} refused"
+    );
+    assert_eq!(hca.stats().iommu_faults, 0);
+}
