@@ -157,12 +157,22 @@ pub struct FaultConfig {
     pub reorder_one_in: u32,
     /// Flip bits in one random byte of one frame in `n`.
     pub corrupt_one_in: u32,
+    /// Change one byte of the transport headers (the BTH and the 52 bytes after it) of one
+    /// frame in `n` and seal it with a fresh ICRC: a wrong or hostile sender rather than a
+    /// noisy wire, so the frame passes the receiver's ICRC check and reaches its parser
+    /// and transport. Off in every other test.
+    pub mangle_one_in: u32,
 }
 
 impl FaultConfig {
     /// True when any fault is enabled.
     pub const fn any(&self) -> bool {
-        self.drop_one_in | self.duplicate_one_in | self.reorder_one_in | self.corrupt_one_in != 0
+        self.drop_one_in
+            | self.duplicate_one_in
+            | self.reorder_one_in
+            | self.corrupt_one_in
+            | self.mangle_one_in
+            != 0
     }
 }
 
@@ -209,6 +219,8 @@ pub struct LinkStats {
     pub reordered: u64,
     /// Sent frames the injector corrupted.
     pub corrupted: u64,
+    /// Sent frames the injector mangled (resealed with a valid ICRC).
+    pub mangled: u64,
 }
 
 /// The counters every `Link` implementation keeps (a UDP link never duplicates, reorders or
@@ -224,6 +236,7 @@ pub(crate) struct Counters {
     duplicated: AtomicU64,
     reordered: AtomicU64,
     corrupted: AtomicU64,
+    mangled: AtomicU64,
 }
 
 impl Counters {
@@ -240,6 +253,7 @@ impl Counters {
             duplicated: g(&self.duplicated),
             reordered: g(&self.reordered),
             corrupted: g(&self.corrupted),
+            mangled: g(&self.mangled),
         }
     }
 }
@@ -308,6 +322,33 @@ impl SplitMix64 {
     /// True with probability 1/n (never for n = 0).
     fn one_in(&mut self, n: u32) -> bool {
         n != 0 && self.next().is_multiple_of(u64::from(n))
+    }
+}
+
+/// Changes one byte of `frame`'s transport headers (from the BTH, at most 64 bytes, never
+/// the ICRC) and writes a fresh ICRC (see [`FaultConfig::mangle_one_in`]); false if the
+/// frame is too short or its IP header unreadable (then it is left alone).
+fn mangle(frame: &mut [u8], pos: u64, bits: u64) -> bool {
+    use crate::layout::roce::headers::{ETH_SIZE, IPV4_SIZE, IPV6_SIZE, UDP_SIZE};
+    use crate::layout::roce::{ICRC_SIZE, icrc::icrc_in_place};
+    let ip_len = match frame.get(ETH_SIZE).map(|b| b >> 4) {
+        Some(4) => IPV4_SIZE,
+        Some(6) => IPV6_SIZE,
+        _ => return false,
+    };
+    let bth = ETH_SIZE + ip_len + UDP_SIZE;
+    let Some(span) = frame.len().checked_sub(bth + ICRC_SIZE).filter(|&n| n > 0) else {
+        return false;
+    };
+    let at = bth + (pos % span.min(64) as u64) as usize;
+    frame[at] ^= (bits % 255 + 1) as u8;
+    let end = frame.len() - ICRC_SIZE;
+    match icrc_in_place(&mut frame[ETH_SIZE..end]) {
+        Ok(c) => {
+            frame[end..].copy_from_slice(&c.to_le_bytes());
+            true
+        }
+        Err(_) => false,
     }
 }
 
@@ -440,6 +481,14 @@ impl Direction {
             let at = (pos % f.len as u64) as usize;
             f.data_mut()[at] ^= (bits % 255 + 1) as u8; // never 0: the byte always changes
             bump(&stats.corrupted, 1);
+        }
+        // Drawn only when enabled: the other faults' sequences stay those of their seeds.
+        if inj.rng.one_in(cfg.mangle_one_in) {
+            let (pos, bits) = (inj.rng.next(), inj.rng.next());
+            let n = f.len;
+            if mangle(&mut f.data_mut()[..n], pos, bits) {
+                bump(&stats.mangled, 1);
+            }
         }
         // The duplicate is best effort: without a free buffer it is lost, as on a wire.
         let copy = if dup { self.free.pop() } else { None };

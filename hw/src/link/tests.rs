@@ -173,6 +173,7 @@ fn each_fault_does_what_it_says() {
         FaultConfig {
             seed,
             corrupt_one_in: 10,
+            mangle_one_in: 0,
             ..Default::default()
         },
         n,
@@ -199,6 +200,7 @@ fn faults_are_deterministic_per_seed() {
         duplicate_one_in: 11,
         reorder_one_in: 7,
         corrupt_one_in: 13,
+        mangle_one_in: 0,
     };
     let first = run(all(42), 1000);
     assert_eq!(first, run(all(42), 1000));
@@ -214,6 +216,7 @@ fn faults_never_leak_buffers() {
         duplicate_one_in: 2,
         reorder_one_in: 2,
         corrupt_one_in: 0,
+        mangle_one_in: 0,
     };
     let (a, b) = pair(cfg(4, faults));
     // Fill past the brim with every fault on, many times over; each round must still be

@@ -133,16 +133,17 @@ impl Requester {
         self.wqes.len()
     }
 
-    /// The next time `run` must be called: the ACK timer or the end of an RNR wait.
-    /// A timer still to be started makes it due at once.
+    /// The next time `run` must be called: the end of an RNR wait, else the ACK timer.
+    /// During an RNR wait `run` does nothing before it ends, the ACK timer included (the
+    /// retransmission after the wait covers what that timer would): an ACK deadline that
+    /// passed during the wait was reported as due on every poll until the wait ended (a
+    /// busy loop of up to the RNR timer, 655 ms for a NAK's timer 0). A timer still to be
+    /// started makes it due at once.
     pub(super) fn deadline(&self) -> Option<u64> {
         if self.arm_pending != 0 {
             return Some(0);
         }
-        match (self.deadline, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.rnr_until.or(self.deadline)
     }
 
     /// Queues a request that `fill` writes in place into its entry (see

@@ -215,6 +215,7 @@ fn all_faults(seed: u64, one_in: u32) -> FaultConfig {
         duplicate_one_in: one_in,
         reorder_one_in: one_in,
         corrupt_one_in: one_in,
+        mangle_one_in: 0,
     }
 }
 
@@ -254,6 +255,7 @@ fn each_fault_alone_is_recovered() {
         |seed| FaultConfig {
             seed,
             corrupt_one_in: 8,
+            mangle_one_in: 0,
             ..Default::default()
         },
     ];

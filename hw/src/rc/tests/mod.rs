@@ -7,6 +7,7 @@ mod basic;
 mod burst;
 mod errors;
 mod faults;
+mod mangle;
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
