@@ -85,6 +85,10 @@ pub enum ServerError {
     /// The vfio-user transport failed (bind, accept, a broken message).
     #[error("vfio-user: {0}")]
     VfioUser(#[source] vfio_user::Error),
+    /// A client's message made the vfio-user server code panic (see
+    /// [`ModelServer::serve_one`]); the session ended, the server goes on.
+    #[error("vfio-user: the client's message broke the session: {0}")]
+    ClientBroke(String),
 }
 
 /// A model HCA served over vfio-user on a UNIX socket.
@@ -136,11 +140,30 @@ impl ModelServer {
     /// Waits for one client and serves it until it disconnects; then drops its DMA
     /// mappings and interrupt routes and resets the model for the next one. A transport
     /// error of the client's connection ends the session the same way and is returned.
+    ///
+    /// The `vfio_user` crate (0.1.7) panics on some malformed messages rather than
+    /// returning an error: a VERSION whose size is below the VERSION header (the body length
+    /// underflows to a huge allocation) or whose capabilities lack their terminating NUL
+    /// (`CString::from_vec_with_nul(..).unwrap()`). Any client can send those, so a panic in
+    /// a session is caught here and ends that session like a broken connection: the
+    /// client's mappings and interrupt routes are dropped and the model reset
+    /// (`release_client`), which is all the state a session leaves, and the server serves
+    /// the next client (`tools/tests/vfio_user_fuzz.rs` sends such sessions).
     pub fn serve_one(&mut self) -> Result<(), ServerError> {
-        let r = self.server.run(&mut self.device);
+        let (server, device) = (&self.server, &mut self.device);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.run(device)));
+        let r = match r {
+            Ok(r) => r.map_err(ServerError::VfioUser),
+            Err(p) => Err(ServerError::ClientBroke(
+                p.downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into()),
+            )),
+        };
         tracing::info!(result = ?r, "client session ended");
         self.device.release_client();
-        r.map_err(ServerError::VfioUser)
+        r
     }
 }
 

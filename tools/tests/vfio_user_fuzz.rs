@@ -1,0 +1,125 @@
+//! A hostile or broken vfio-user client: `uhca-model --persist` gets sessions of random
+//! bytes, truncated and oversized messages, and after a proper VERSION handshake random
+//! commands with random bodies. Each session may fail, but the server process must live
+//! on and serve the next client; at the end a real client boots the device through it.
+//! The generator is a fixed-seed xorshift: the same sessions on every run.
+
+mod model_proc;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::Command;
+use std::time::Duration;
+
+use model_proc::ModelProc;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// A vfio-user message: the 16-byte header (message id, command, size, flags, error) and
+/// `body`; `size` overrides the size field (else header + body).
+fn message(id: u16, cmd: u16, body: &[u8], size: Option<u32>) -> Vec<u8> {
+    let mut m = Vec::with_capacity(16 + body.len());
+    m.extend_from_slice(&id.to_le_bytes());
+    m.extend_from_slice(&cmd.to_le_bytes());
+    m.extend_from_slice(&size.unwrap_or(16 + body.len() as u32).to_le_bytes());
+    m.extend_from_slice(&0u32.to_le_bytes()); // flags: a command
+    m.extend_from_slice(&0u32.to_le_bytes()); // error
+    m.extend_from_slice(body);
+    m
+}
+
+/// The VERSION command a client opens with (major 0, minor 1, JSON capabilities).
+fn version() -> Vec<u8> {
+    let mut body = vec![0, 0, 1, 0];
+    body.extend_from_slice(br#"{"capabilities":{"max_msg_fds":8,"max_data_xfer_size":1048576}}"#);
+    body.push(0);
+    message(0, 1, &body, None)
+}
+
+/// One session's bytes.
+fn session(rng: &mut Rng) -> Vec<u8> {
+    match rng.below(4) {
+        // Noise.
+        0 => {
+            let n = 1 + rng.below(300) as usize;
+            rng.bytes(n)
+        }
+        // A VERSION with a body cut short, or with a size field that lies.
+        1 => {
+            let mut v = version();
+            match rng.below(3) {
+                0 => v.truncate(rng.below(v.len() as u64) as usize),
+                1 => v[4..8].copy_from_slice(&(rng.next() as u32).to_le_bytes()),
+                _ => {
+                    let at = 20 + rng.below(v.len() as u64 - 20) as usize;
+                    v[at] = rng.next() as u8; // the JSON garbled
+                }
+            }
+            v
+        }
+        // A proper handshake, then random commands.
+        _ => {
+            let mut s = version();
+            for id in 1..1 + rng.below(12) as u16 {
+                let cmd = rng.below(18) as u16;
+                let n = rng.below(96) as usize;
+                let body = rng.bytes(n);
+                let size = match rng.below(6) {
+                    0 => Some(rng.below(16) as u32),
+                    1 => Some(rng.next() as u32),
+                    _ => None,
+                };
+                s.extend(message(id, cmd, &body, size));
+            }
+            s
+        }
+    }
+}
+
+#[test]
+fn a_hostile_client_never_takes_the_server_down() {
+    let model = ModelProc::spawn(&["--persist"]);
+    let mut rng = Rng(0xBAD_C1_1E47);
+    for k in 0..150 {
+        let mut c = UnixStream::connect(&model.sock)
+            .unwrap_or_else(|e| panic!("session {k}: the server is gone: {e}"));
+        c.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        c.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        // The server may close the connection on the first bad byte: a failed write is
+        // its answer, not an error of the test.
+        let _ = c.write_all(&session(&mut rng));
+        let mut sink = [0u8; 4096];
+        let _ = c.read(&mut sink);
+        drop(c);
+    }
+    // Still serving: a real client boots the device and reads it.
+    let out = Command::new(env!("CARGO_BIN_EXE_uhca-info"))
+        .arg("--vfio-user")
+        .arg(&model.sock)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["vendor_id"], 0x15b3);
+}
