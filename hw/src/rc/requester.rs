@@ -193,6 +193,18 @@ impl Requester {
             .unwrap_or(self.wqes.len())
     }
 
+    /// Moves `una` to `to` within the front request (READ responses up to `to` arrived),
+    /// and the send cursor with it where a go-back had left it behind: a late response to
+    /// a READ being asked for again. The cursor is never before `una` (the window and
+    /// offset arithmetic of `transmit_one` count from `una`).
+    pub(super) fn advance_una(&mut self, to: Psn) {
+        self.una = to;
+        if self.send_psn.before(to) {
+            self.send_psn = to;
+            self.send_idx = self.locate(to);
+        }
+    }
+
     /// Restarts transmission at `p`.
     fn rewind(&mut self, p: Psn) {
         self.send_psn = p;
@@ -769,7 +781,7 @@ impl Requester {
         if scatter(cx.env.mem, sges, u64::from(k) * u64::from(mtu), data).is_err() {
             return self.fail_front(cx, WcStatus::LocalProtection);
         }
-        self.una = p.next();
+        self.advance_una(p.next());
         if last {
             self.complete_front(cx.env, cx.cfg, WcStatus::Success);
         }

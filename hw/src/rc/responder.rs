@@ -322,10 +322,10 @@ impl Responder {
                 let mtu = u64::from(cfg.mtu.bytes());
                 let hit = self.replay.iter().find_map(|r| match r.kind {
                     ReplayKind::Read { va, rkey, len } => {
-                        let k = p.diff(r.first);
-                        let off = k as u64 * mtu;
-                        let same = k >= 0
-                            && (k as u32) < r.npkts
+                        // Before this READ's first PSN: not a repeat of it.
+                        let k = u32::try_from(p.diff(r.first)).ok()?;
+                        let off = u64::from(k) * mtu;
+                        let same = k < r.npkts
                             && rkey == reth.r_key
                             && va.wrapping_add(off) == reth.va
                             && u64::from(len) - off.min(u64::from(len))

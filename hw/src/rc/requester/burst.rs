@@ -209,7 +209,7 @@ impl Requester {
                 return false;
             }
         }
-        self.una = p.add(b.packets);
+        self.advance_una(p.add(b.packets));
         if b.ends {
             self.complete_front(cx.env, cx.cfg, WcStatus::Success);
         }
