@@ -12,6 +12,16 @@
 //! start at 1, so 0 means "no doorbell"), then arms the CQ for the next CQE (`cmd` 0) or the
 //! next solicited or error CQE (`cmd` 1). If such a CQE was already written after `ci`, the
 //! event fires at once.
+//!
+//! Moderation (§7.2 `cq_period`, `cq_max_count`, set at CREATE_CQ or by MODIFY_CQ): an
+//! armed CQ's event is held back until `cq_max_count` CQEs that could raise it have been
+//! written, or `cq_period` µs after the first of them, whichever comes first (either at 0
+//! does not count; both at 0, the default, raise it at once). The period is measured from
+//! that first CQE (`cq_period_mode` 1, "upon CQE"); the datapath looks at it on every
+//! pass (`Cq::tick`), so a device thread that backed off to sleeping raises it when it
+//! wakes, within its longest sleep (1 ms) of the due time.
+
+use std::time::{Duration, Instant};
 
 use crate::layout::cqe::{CQE_SIZE, OP_OWN_OFFSET, cqe_owner_for};
 use crate::layout::uar::{CQ_DOORBELL, UAR_SIZE};
@@ -63,10 +73,15 @@ pub(crate) struct Cq {
     pub(crate) error: bool,
     /// The CQ_ERROR syndrome that put the CQ in error (1 overrun, 2 write failure).
     pub(crate) error_syndrome: u8,
-    /// `cq_period` (moderation period; recorded and reported, events are not delayed).
+    /// `cq_period`: an armed event waits this many µs after the first CQE that could raise
+    /// it (0: no wait by time).
     pub(crate) period: u32,
-    /// `cq_max_count` (moderation count; recorded and reported, events are not delayed).
+    /// `cq_max_count`: ... or until this many such CQEs (0: no count).
     pub(crate) max_count: u32,
+    /// CQEs that could raise the armed event, held back by moderation.
+    pub(crate) held: u32,
+    /// When the held event is due by the period.
+    pub(crate) due: Option<Instant>,
 }
 
 impl Cq {
@@ -119,13 +134,40 @@ impl Cq {
         if let Some(sol_only) = self.arm
             && (!sol_only || solicited)
         {
-            self.arm = None;
-            events.push(Event::Comp {
-                eqn: self.eqn,
-                cqn: self.cqn,
-            });
+            self.held += 1;
+            let unmoderated = self.period == 0 && self.max_count == 0;
+            if unmoderated || (self.max_count != 0 && self.held >= self.max_count) {
+                self.raise(events);
+            } else if self.period != 0 && self.due.is_none() {
+                self.due = Some(Instant::now() + Duration::from_micros(u64::from(self.period)));
+            }
         }
         true
+    }
+
+    /// Raises the armed completion event (and ends the arm and its moderation).
+    pub(crate) fn raise(&mut self, events: &mut Vec<Event>) {
+        self.arm = None;
+        self.held = 0;
+        self.due = None;
+        events.push(Event::Comp {
+            eqn: self.eqn,
+            cqn: self.cqn,
+        });
+    }
+
+    /// Raises a held event whose period is over at `now`; true if it did.
+    pub(crate) fn tick(&mut self, now: Instant, events: &mut Vec<Event>) -> bool {
+        if self.due.is_some_and(|d| now >= d) && self.arm.is_some() {
+            self.raise(events);
+            return true;
+        }
+        false
+    }
+
+    /// Whether moderation applies to this CQ's events.
+    pub(crate) fn moderated(&self) -> bool {
+        self.period != 0 || self.max_count != 0
     }
 
     fn fail(&mut self, events: &mut Vec<Event>, syndrome: u8) -> bool {
@@ -148,12 +190,10 @@ impl Cq {
         } else {
             self.pi.wrapping_sub(ci) as i32 > 0
         };
+        self.held = 0;
+        self.due = None;
         if pending {
-            self.arm = None;
-            events.push(Event::Comp {
-                eqn: self.eqn,
-                cqn: self.cqn,
-            });
+            self.raise(events);
         } else {
             self.arm = Some(sol_only);
         }

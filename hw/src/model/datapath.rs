@@ -79,9 +79,12 @@ pub(crate) struct DataPath {
     pub(crate) events: Vec<Event>,
     /// Retransmissions of destroyed or reset QPs.
     pub(crate) retired_retransmits: u64,
-    /// The last pass left nothing to do: no active QP, no frame queued, no link attached
-    /// (`watch::Watch`).
+    /// The last pass left nothing to do: no active QP, no frame queued, no link attached,
+    /// no moderated event held (`watch::Watch`).
     pub(crate) settled: bool,
+    /// CQs with event moderation set (`Cq::moderated`): a pass looks for held events whose
+    /// period is over only while there are any.
+    pub(crate) moderated: u32,
 }
 
 impl DataPath {
@@ -391,6 +394,9 @@ pub(crate) fn poll(
             sh,
         };
         let mut busy = cq_doorbells(sh, dp);
+        if dp.moderated != 0 {
+            busy |= cq_timers(dp);
+        }
         for pass in 0..INNER_PASSES {
             clock.next_pass();
             // One IOMMU read lock for every DMA of the inner pass (`iommu::Dma`), dropped
@@ -415,8 +421,11 @@ pub(crate) fn poll(
     };
     std::mem::swap(&mut core.dp, dp);
     post_events(sh, core);
-    core.dp.settled =
-        !exhausted && port.peer.is_none() && !core.dp.qps.values().any(|q| q.active || q.kick);
+    let held = core.dp.moderated != 0 && core.dp.cqs.values().any(|c| c.due.is_some());
+    core.dp.settled = !exhausted
+        && !held
+        && port.peer.is_none()
+        && !core.dp.qps.values().any(|q| q.active || q.kick);
     busy
 }
 
@@ -443,6 +452,17 @@ pub(crate) fn post_events(sh: &Shared, core: &mut Core) {
         }
     }
     core.dp.events = events;
+}
+
+/// Raises the moderated completion events whose period is over (`Cq::tick`).
+fn cq_timers(dp: &mut DataPath) -> bool {
+    let now = std::time::Instant::now();
+    let DataPath { cqs, events, .. } = dp;
+    let mut any = false;
+    for cq in cqs.values_mut() {
+        any |= cq.tick(now, events);
+    }
+    any
 }
 
 fn cq_doorbells(sh: &Shared, dp: &mut DataPath) -> bool {

@@ -7,8 +7,8 @@
 //! armed), `last_solicit_index`, `consumer_counter` (read from the doorbell record, §9.3) and
 //! `producer_counter` (CQEs written), all 24-bit counters. MODIFY_CQ supports `op_mod` 0 with
 //! the period, count and overrun-ignore fields; resizing (`op_mod` 1) is not modelled and is
-//! refused with BAD_OP_MOD. The model records the moderation values and reports them, but
-//! does not delay completion events by them.
+//! refused with BAD_OP_MOD. The moderation values hold an armed CQ's completion event back
+//! as `model::cq` describes.
 
 use crate::layout::cmd::CmdStatus;
 use crate::layout::cmds::{
@@ -81,6 +81,9 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
         .alloc()
         .ok_or(err(CmdStatus::NoResErr, s::NO_FREE_CQ))?;
     let dp = &mut ctx.core.dp;
+    if c.cq_period() != 0 || c.cq_max_count() != 0 {
+        dp.moderated += 1;
+    }
     dp.cqs.insert(
         cqn,
         Cq {
@@ -99,6 +102,8 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
             error_syndrome: 0,
             period: c.cq_period(),
             max_count: c.cq_max_count(),
+            held: 0,
+            due: None,
         },
     );
     dp.cq_uar(uar, true);
@@ -120,6 +125,9 @@ pub(super) fn destroy_cq(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
         return Err(err(CmdStatus::ResBusy, s::CQ_IN_USE));
     }
     let cq = dp.cqs.remove(cqn).expect("checked above");
+    if cq.moderated() {
+        dp.moderated -= 1;
+    }
     dp.cq_uar(cq.uar, false);
     ctx.core.cqns.free(cqn);
     Ok(())
@@ -180,6 +188,7 @@ pub(super) fn modify_cq(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> 
     if select & !(MODIFY_CQ_PERIOD | MODIFY_CQ_COUNT | MODIFY_CQ_OVERRUN) != 0 {
         return Err(bad_param(s::CQ_BAD_FIELD_SELECT));
     }
+    let was = cq.moderated();
     if select & MODIFY_CQ_PERIOD != 0 {
         cq.period = c.cq_period();
     }
@@ -188,6 +197,18 @@ pub(super) fn modify_cq(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> 
     }
     if select & MODIFY_CQ_OVERRUN != 0 {
         cq.oi = c.oi() != 0;
+    }
+    let now = cq.moderated();
+    // Moderation off with an event held: raised now (posted after the next pass).
+    let release = !now && cq.held != 0 && cq.arm.is_some();
+    let dp = &mut ctx.core.dp;
+    if release && let Some(cq) = dp.cqs.get_mut(cqn) {
+        cq.raise(&mut dp.events);
+    }
+    match (was, now) {
+        (false, true) => dp.moderated += 1,
+        (true, false) => dp.moderated -= 1,
+        _ => {}
     }
     Ok(())
 }

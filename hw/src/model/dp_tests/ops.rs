@@ -403,3 +403,91 @@ fn the_loopback_carries_the_same_packets_with_or_without_its_offloads() {
     // 20 WRITE packets and their ACK, a READ request and 20 responses, either way.
     assert_eq!(seen, [(42, 42), (42, 42)]);
 }
+
+/// Sets `cq`'s moderation with MODIFY_CQ: `period` µs, `count` CQEs.
+fn moderate(r: &Rig<'_>, cq: &TCq, period: u32, count: u32) {
+    use crate::layout::cmds::{MODIFY_CQ_COUNT, MODIFY_CQ_PERIOD, ModifyCqIn};
+    use crate::layout::cqc::Cqc;
+    let mut i = header(Opcode::ModifyCq, ModifyCqIn::<()>::SIZE);
+    {
+        let mut m = ModifyCqIn::new_unchecked(&mut i[..]);
+        m.set_cqn(cq.cqn);
+        m.set_modify_field_select(MODIFY_CQ_PERIOD | MODIFY_CQ_COUNT);
+    }
+    let at = ModifyCqIn::<()>::CQ_CONTEXT;
+    let mut c = Cqc::new_unchecked(&mut i[at..at + 64]);
+    c.set_cq_period(period);
+    c.set_cq_max_count(count);
+    let (st, syn, _) = r.cmd(&i, 16);
+    assert_eq!(st, CmdStatus::Ok, "MODIFY_CQ {syn:#x}");
+}
+
+/// Completion events of `cq` so far.
+fn comp_events(r: &Rig<'_>, cq: &TCq) -> usize {
+    r.eqes()
+        .iter()
+        .filter(|e| e.0 == 0x00 && e.2 & 0xFF_FFFF == cq.cqn)
+        .count()
+}
+
+/// Waits (bounded: a hang is a failure, no timing is asserted) until `cq` has had `n`
+/// completion events.
+fn wait_events(r: &Rig<'_>, cq: &TCq, n: usize) {
+    let start = std::time::Instant::now();
+    while comp_events(r, cq) < n {
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "no event {n} on CQ {}",
+            cq.cqn
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// MODIFY_CQ moderation holds an armed CQ's event back: with a count of 3, the event comes
+/// with the third CQE, not before; with a period, not before the period after the first
+/// CQE (it comes once the period is over, with no further CQE); moderation turned off
+/// raises an event held meanwhile.
+#[test]
+fn moderation_holds_the_completion_event_back_by_count_and_by_period() {
+    let hca = model(7);
+    let mut r = Rig::new(&hca);
+    let (mut a, _b, mut ca, _cb) = pair(&mut r);
+    let m = r.mr(PAGE, ALL);
+    let segs = cat(&[&raddr(m.va + 512, m.key), &data(m.key, m.va, 8)]);
+    let mut write = |r: &mut Rig<'_>, ca: &mut TCq| {
+        r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+        r.wait(ca);
+    };
+    // By count: two CQEs raise nothing, the third does.
+    moderate(&r, &ca, 0, 3);
+    r.arm(&ca, false);
+    write(&mut r, &mut ca);
+    write(&mut r, &mut ca);
+    // Time for an event that should not come to show up anyway.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert_eq!(comp_events(&r, &ca), 0, "held for the count");
+    write(&mut r, &mut ca);
+    wait_events(&r, &ca, 1);
+    // By period (the count 0): one CQE, then nothing else happens; the event comes when
+    // the period is over, and not before.
+    let period = std::time::Duration::from_millis(4); // cq_period is 12 bits of µs
+    moderate(&r, &ca, period.as_micros() as u32, 0);
+    r.arm(&ca, false);
+    let t0 = std::time::Instant::now();
+    write(&mut r, &mut ca);
+    wait_events(&r, &ca, 2);
+    assert!(t0.elapsed() >= period, "raised before the period was over");
+    // Held by a count that is never reached, then moderation off: raised at once.
+    moderate(&r, &ca, 0, 100);
+    r.arm(&ca, false);
+    write(&mut r, &mut ca);
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert_eq!(comp_events(&r, &ca), 2, "held for the count");
+    moderate(&r, &ca, 0, 0);
+    wait_events(&r, &ca, 3);
+    // Unmoderated again: the next armed CQE raises its event.
+    r.arm(&ca, false);
+    write(&mut r, &mut ca);
+    wait_events(&r, &ca, 4);
+}
