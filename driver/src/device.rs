@@ -249,7 +249,25 @@ impl DeviceInner {
     }
 
     /// Gives (`n > 0`) or takes back (`n < 0`) firmware pages (prm-subset.md §10).
+    ///
+    /// A request for more than [`MAX_PAGES_PER_REQUEST`] is answered as an allocation
+    /// failure (MANAGE_PAGES "can't give"), and one to take back more than the device holds
+    /// asks for what it holds: Linux trusts the count (it allocates page by page until
+    /// memory runs out), but a count from a device gone wrong (up to 2^31 pages, 8 TiB)
+    /// must not exhaust the host or size a 16 GiB command output.
     pub(crate) fn answer_page_request(&self, n: i32) -> Result<(), DeviceError> {
+        if n > 0 && n.unsigned_abs() as usize > MAX_PAGES_PER_REQUEST {
+            tracing::warn!(
+                "the device asked for {n} pages; refusing more than {MAX_PAGES_PER_REQUEST}"
+            );
+            let _ = ops::cant_give_pages(self);
+            return Ok(());
+        }
+        let n = if n < 0 {
+            -(n.unsigned_abs().min(self.fw_pages() as u32) as i32)
+        } else {
+            n
+        };
         if n > 0 {
             let addrs = {
                 let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
@@ -286,6 +304,10 @@ impl DeviceInner {
         self.pages.lock().unwrap_or_else(|e| e.into_inner()).given()
     }
 }
+
+/// The most firmware pages one PAGE_REQUEST may get: 4 GiB worth (ConnectX devices ask
+/// for tens of MiB at boot).
+pub const MAX_PAGES_PER_REQUEST: usize = 1 << 20;
 
 impl Exec for DeviceInner {
     fn exec(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>, CmdError> {

@@ -411,3 +411,31 @@ fn a_device_lost_while_firmware_initializes_ends_the_wait_with_device_lost() {
         other => panic!("expected DeviceLost, got {:?}", other.map(|_| ())),
     }
 }
+
+/// A device gone wrong asks for 2^31 - 1 pages (8 TiB), then offers back 2^31: the driver
+/// refuses the first ("can't give") without allocating, takes back no more than the device
+/// holds, and the device goes on answering commands with its pages accounted for.
+#[test]
+fn absurd_page_requests_are_refused_or_bounded() {
+    let (dev, m) = device();
+    let held = m.hca().stats().fw_pages_held;
+    assert!(held > 0);
+    m.hca().inject_page_request(i32::MAX);
+    // Events are taken while commands wait.
+    for _ in 0..20 {
+        ops::query_issi(dev.cmd()).unwrap();
+    }
+    assert_eq!(m.hca().stats().fw_pages_held, held, "nothing was given");
+    m.hca().inject_page_request(i32::MIN);
+    for _ in 0..20 {
+        ops::query_issi(dev.cmd()).unwrap();
+    }
+    // The device may take its pages back again after giving them (it still needs them);
+    // whatever it holds, the driver's books agree, and commands still work.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while m.hca().stats().fw_pages_held != dev.summary().unwrap().fw_pages as u64 {
+        assert!(Instant::now() < deadline, "books disagree");
+        ops::query_issi(dev.cmd()).unwrap();
+    }
+    let _pd = dev.alloc_pd().unwrap();
+}

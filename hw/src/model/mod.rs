@@ -524,6 +524,24 @@ impl Hca {
         Ok(())
     }
 
+    /// Fault injection: posts a PAGE_REQUEST event asking for `n` pages (`n < 0`: offering
+    /// `-n` back), whatever the device needs, as firmware gone wrong would. Nothing happens
+    /// before INIT_HCA set up the event queues.
+    pub fn inject_page_request(&self, n: i32) {
+        let mut core = self.shared.core();
+        let mut eqe = [0u8; 64];
+        crate::layout::eqe::EqePageReq::new_unchecked(&mut eqe[..]).set_num_pages(n as u32);
+        let mut data = [0u8; 28];
+        data.copy_from_slice(&eqe[0x20..0x3c]);
+        eq::post_event(
+            &self.shared,
+            &mut core,
+            crate::layout::eqe::EventType::PageRequest,
+            0,
+            &data,
+        );
+    }
+
     /// Fault injection.
     pub fn faults(&self) -> &Faults {
         &self.shared.faults
