@@ -411,7 +411,9 @@ fn translate_pages(m: &Mkey, va: u64, len: u64, dir: Dir, segs: &mut Segs) -> Re
     loop {
         let e = mtt_entry(mtts, (cur >> lps) - first, *pg_access, dir.enables())?;
         let iova = (e & MTT_ADDR_MASK) + (cur & (page - 1));
-        let chunk = ((cur | (page - 1)) + 1).min(end) - cur;
+        // The end of `cur`'s page; the last page of the address space ends at 2^64, past
+        // any `end`, which saturating to u64::MAX keeps.
+        let chunk = (cur | (page - 1)).saturating_add(1).min(end) - cur;
         segs.push(iova, chunk as usize);
         cur += chunk;
         if cur >= end {
