@@ -158,6 +158,9 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .try_init();
+    // One log line per panic: a client's malformed message can make the vfio-user crate
+    // panic, which `ModelServer::serve_one` turns into the end of that session.
+    std::panic::set_hook(Box::new(|info| tracing::error!(%info, "panic")));
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
