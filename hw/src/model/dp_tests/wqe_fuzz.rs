@@ -591,3 +591,110 @@ fn random_receive_wqes_meet_sends() {
     );
     assert_eq!(hca.stats().iommu_faults, 0);
 }
+
+/// Queues made from contexts a driver got wrong: CQs and QPs whose sizes, strides, page
+/// sizes, page offsets, CQ and EQ numbers, UARs, PDs and doorbell records are random (and
+/// PAS entries sometimes off), then connected, sent a random WQE and destroyed. Each
+/// command succeeds or is refused with a status; the device thread never dies (nothing
+/// overflows in the debug build); and a proper pair still carries a WRITE afterwards.
+#[test]
+fn random_queue_contexts_are_refused_or_run() {
+    use crate::layout::cmds::CreateCqIn;
+    use crate::layout::cqc::Cqc;
+    let hca = model(13);
+    let mut r = Rig::new(&hca);
+    let t = Targets {
+        rw: r.mr(4 * PAGE, (1, 1, 1, 1)),
+        ro: r.mr(PAGE, (1, 1, 0, 0)),
+    };
+    let mut rng = Rng(0x0BAD_C0DE_0000_0005);
+    let (mut cqs_made, mut qps_made) = (0, 0);
+    let rounds: u32 = std::env::var("QUEUE_FUZZ_ROUNDS").map_or(400, |v| v.parse().unwrap());
+    for round in 0..rounds {
+        // A CQ: the Rig's well-formed input, with fields changed at random.
+        let (mut i, _, _) = r.cq_input(2);
+        {
+            let at = CreateCqIn::<()>::CQ_CONTEXT;
+            let mut c = Cqc::new_unchecked(&mut i[at..at + 64]);
+            match rng.below(8) {
+                0 => c.set_log_cq_size(rng.below(32) as u32),
+                1 => c.set_log_page_size(rng.below(32) as u32),
+                2 => c.set_page_offset(rng.below(64) as u32),
+                3 => c.set_c_eqn_or_apu_element(rng.next() as u32),
+                4 => c.set_uar_page(rng.below(64) as u32),
+                5 => c.set_dbr_addr(rng.next()),
+                6 => {
+                    c.set_cq_period(rng.below(4096) as u32);
+                    c.set_cq_max_count(rng.below(65536) as u32);
+                }
+                _ => {}
+            }
+        }
+        if rng.below(6) == 0 {
+            i.write_be64(0x110, rng.next()); // the first PAS entry
+        }
+        let (st, _, out) = r.cmd(&i, 16);
+        let cqn = if st == CmdStatus::Ok {
+            cqs_made += 1;
+            crate::layout::cmds::CreateCqOut::new_unchecked(&out[..]).cqn()
+        } else {
+            r.cq(2).cqn
+        };
+        // A QP on it, with random geometry and numbers.
+        let (mut i, mut q) = r.qp_input(cqn, cqn, 1 + rng.below(6) as u32, 1 + rng.below(6) as u32);
+        {
+            let at = crate::layout::cmds::CreateQpIn::<()>::QPC;
+            let mut c = Qpc::new_unchecked(&mut i[at..]);
+            match rng.below(9) {
+                0 => c.set_log_sq_size(rng.below(16) as u32),
+                1 => c.set_log_rq_size(rng.below(16) as u32),
+                2 => c.set_log_rq_stride(rng.below(8) as u32),
+                3 => c.set_cqn_snd(rng.next() as u32 & 0xFF_FFFF),
+                4 => c.set_pd(rng.next() as u32 & 0xFF_FFFF),
+                5 => c.set_uar_page(rng.below(64) as u32),
+                6 => c.set_dbr_addr(rng.next()),
+                7 => c.set_rq_type(rng.below(8) as u32),
+                _ => {}
+            }
+        }
+        let (st, _, out) = r.cmd(&i, 16);
+        if st != CmdStatus::Ok {
+            continue;
+        }
+        qps_made += 1;
+        q.qpn = crate::layout::cmds::CreateQpOut::new_unchecked(&out[..]).qpn();
+        let (mac, gid) = r.addr();
+        if rng.below(4) != 0 {
+            r.connect(q.qpn, q.qpn, mac, gid);
+            let (op, segs) = well_formed(&mut rng, &t);
+            let w = wqe(&mut rng, &q, op, &segs);
+            if w.len() / 64 <= 1 << q.log_sq {
+                r.post_wqe(&mut q, &w);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        let (st, syn, _) = r.simple(Opcode::DestroyQp, q.qpn);
+        assert_eq!(st, CmdStatus::Ok, "round {round}: DESTROY_QP {syn:#x}");
+        assert!(
+            !hca.thread.as_ref().is_some_and(|h| h.is_finished()),
+            "round {round}: the device thread died"
+        );
+    }
+    assert!(
+        cqs_made > 100 && qps_made > 100,
+        "{cqs_made} CQs, {qps_made} QPs"
+    );
+    // Still a working device: a fresh pair carries a WRITE.
+    let (ca, cb) = (r.cq(6), r.cq(6));
+    let (mut a, b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
+    let (mac, gid) = r.addr();
+    r.connect(a.qpn, b.qpn, mac, gid);
+    r.connect(b.qpn, a.qpn, mac, gid);
+    let mut ca = ca;
+    let segs = cat(&[
+        &raddr(t.rw.va, t.rw.key),
+        &data(t.rw.key, t.rw.va + PAGE as u64, 64),
+    ]);
+    r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+    assert_eq!(outcome(&r.wait(&mut ca)).0, CqeOpcode::Req);
+}
