@@ -246,6 +246,7 @@ fn create_control_eq(dev: &Arc<DeviceInner>, uar: u32) -> Result<(), DeviceError
     *dev.events.lock().unwrap_or_else(|e| e.into_inner()) = Some(Events {
         eq,
         pending: Default::default(),
+        dropped: 0,
     });
     Ok(())
 }

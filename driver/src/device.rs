@@ -139,6 +139,23 @@ pub enum AsyncEvent {
 pub(crate) struct Events {
     pub(crate) eq: EqRing,
     pub(crate) pending: VecDeque<AsyncEvent>,
+    /// Events dropped from a full `pending` (oldest first).
+    pub(crate) dropped: u64,
+}
+
+/// Asynchronous events kept for [`Device::take_events`]: past this many the oldest go (and
+/// are counted, [`Device::dropped_events`]), so an application that never looks, or a
+/// device that floods events, cannot make the queue grow without bound.
+pub const MAX_PENDING_EVENTS: usize = 1024;
+
+impl Events {
+    fn keep(&mut self, e: AsyncEvent) {
+        if self.pending.len() == MAX_PENDING_EVENTS {
+            self.pending.pop_front();
+            self.dropped += 1;
+        }
+        self.pending.push_back(e);
+    }
 }
 
 const OPEN: u8 = 0;
@@ -229,14 +246,12 @@ impl DeviceInner {
                 }
                 EventType::PortChange => {
                     let p = EqePortChange::new_unchecked(&eqe[..]);
-                    ev.pending.push_back(AsyncEvent::PortChange {
+                    ev.keep(AsyncEvent::PortChange {
                         port: p.port(),
                         subtype: PortChangeSubtype::from(p.sub_type() as u8),
                     });
                 }
-                other => ev
-                    .pending
-                    .push_back(AsyncEvent::Other { event: other, eqe }),
+                other => ev.keep(AsyncEvent::Other { event: other, eqe }),
             }
             if n % 64 == 0 {
                 ev.eq.update_ci(&self.bar, false);
@@ -404,6 +419,12 @@ impl Device {
         g.as_mut()
             .map(|e| e.pending.drain(..).collect())
             .unwrap_or_default()
+    }
+
+    /// Asynchronous events dropped so far because [`MAX_PENDING_EVENTS`] were waiting.
+    pub fn dropped_events(&self) -> u64 {
+        let g = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_ref().map_or(0, |e| e.dropped)
     }
 
     /// Checks the device's health now (subject to the poll interval).

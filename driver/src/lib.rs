@@ -40,5 +40,8 @@ pub mod peer;
 pub mod resource;
 
 pub use boot::cap_word;
-pub use device::{AsyncEvent, Caps, Device, DeviceConfig, DeviceError, DeviceInfo, is_status};
+pub use device::{
+    AsyncEvent, Caps, Device, DeviceConfig, DeviceError, DeviceInfo, MAX_PAGES_PER_REQUEST,
+    MAX_PENDING_EVENTS, is_status,
+};
 pub use uhca_hw as hw;

@@ -528,18 +528,19 @@ impl Hca {
     /// `-n` back), whatever the device needs, as firmware gone wrong would. Nothing happens
     /// before INIT_HCA set up the event queues.
     pub fn inject_page_request(&self, n: i32) {
-        let mut core = self.shared.core();
         let mut eqe = [0u8; 64];
         crate::layout::eqe::EqePageReq::new_unchecked(&mut eqe[..]).set_num_pages(n as u32);
         let mut data = [0u8; 28];
         data.copy_from_slice(&eqe[0x20..0x3c]);
-        eq::post_event(
-            &self.shared,
-            &mut core,
-            crate::layout::eqe::EventType::PageRequest,
-            0,
-            &data,
-        );
+        self.inject_event(crate::layout::eqe::EventType::PageRequest, 0, &data);
+    }
+
+    /// Fault injection: posts an asynchronous event of type `t` with `sub_type` and the
+    /// 28 bytes of event data (EQE bytes 0x20-0x3b) to the EQs that asked for that type,
+    /// as the device would on a port change, an error or the like.
+    pub fn inject_event(&self, t: crate::layout::eqe::EventType, sub_type: u8, data: &[u8; 28]) {
+        let mut core = self.shared.core();
+        eq::post_event(&self.shared, &mut core, t, sub_type, data);
     }
 
     /// Fault injection.
