@@ -78,6 +78,9 @@ pub struct Settings {
     /// end's CQ gets its own EQ and interrupt; where a loop finds no completion it arms the
     /// CQ, polls once more, and waits.
     pub events: bool,
+    /// Bandwidth tests run both ways at once (perftest's `-b`): each end streams to the
+    /// other, and the result counts both directions. Both ends in this process only.
+    pub bidirectional: bool,
 }
 
 impl Settings {
@@ -476,36 +479,128 @@ impl Bench {
         }
         Ok(())
     }
+}
 
-    fn wr<'a>(
-        &self,
-        qp: usize,
-        size: usize,
-        wr_id: u64,
-        flags: SendFlags,
-        local: &'a [Sge; 1],
-        inline: &'a [u8],
-    ) -> SendWr<'a> {
-        let remote = self.target(qp);
-        let data = if size <= self.settings.inline_size as usize && self.settings.op != Op::Read {
-            Local::Inline(&inline[..size])
-        } else {
-            Local::Sges(local)
-        };
-        let op = match self.settings.op {
-            Op::Write => SendOp::Write {
-                local: data,
-                remote,
-            },
-            Op::Read => SendOp::Read { local, remote },
-            Op::Send => SendOp::Send { local: data },
-            Op::Atomic => SendOp::FetchAdd {
-                local: local[0],
-                remote,
-                add: 1,
-            },
-        };
-        SendWr { wr_id, op, flags }
+/// A request of the test's kind: `size` bytes of `local` (inline when the settings allow)
+/// to `remote`.
+fn make_wr<'a>(
+    s: &Settings,
+    size: usize,
+    wr_id: u64,
+    flags: SendFlags,
+    local: &'a [Sge; 1],
+    inline: &'a [u8],
+    remote: Remote,
+) -> SendWr<'a> {
+    let data = if size <= s.inline_size as usize && s.op != Op::Read {
+        Local::Inline(&inline[..size])
+    } else {
+        Local::Sges(local)
+    };
+    let op = match s.op {
+        Op::Write => SendOp::Write {
+            local: data,
+            remote,
+        },
+        Op::Read => SendOp::Read { local, remote },
+        Op::Send => SendOp::Send { local: data },
+        Op::Atomic => SendOp::FetchAdd {
+            local: local[0],
+            remote,
+            add: 1,
+        },
+    };
+    SendWr { wr_id, op, flags }
+}
+
+/// The most QPs a run may use (`-q`).
+pub const MAX_QPS: u32 = 64;
+
+/// One direction of a bandwidth run: what an end has posted and seen completed per QP.
+struct Stream {
+    posted: Vec<u64>,
+    done: Vec<u64>,
+}
+
+/// What the posting loop of a bandwidth run needs from the run.
+struct Pace<'a> {
+    s: &'a Settings,
+    size: usize,
+    iters: u64,
+    sig_every: u64,
+    list: Option<u64>,
+    inline: &'a [u8],
+}
+
+impl End {
+    /// Posts on every QP what the depth allows (none once `stop`), in lists of `p.list`,
+    /// to `targets[q]`.
+    fn pump(
+        &mut self,
+        st: &mut Stream,
+        targets: &[Remote],
+        p: &Pace<'_>,
+        stop: bool,
+    ) -> Result<(), PerfError> {
+        for (q, &target) in targets.iter().enumerate().take(self.qps.len()) {
+            let local = self.sge(q, p.size);
+            let cap = st.done[q] + u64::from(p.s.tx_depth);
+            let limit = if stop { st.posted[q] } else { cap.min(p.iters) };
+            // Lists of `list` requests, each rung once; a shorter one only at the end.
+            'lists: loop {
+                let n = list_len(limit - st.posted[q], p.iters - st.posted[q], p.list);
+                if n == 0 {
+                    break;
+                }
+                let end = st.posted[q] + n;
+                while st.posted[q] < end {
+                    let i = st.posted[q];
+                    let flags = if (i + 1).is_multiple_of(p.sig_every) || i + 1 == p.iters {
+                        SendFlags::SIGNALED
+                    } else {
+                        SendFlags::NONE
+                    };
+                    let wr = make_wr(p.s, p.size, i, flags, &local, p.inline, target);
+                    match self.qps[q].post_send(&wr) {
+                        Ok(()) => st.posted[q] += 1,
+                        Err(PostError::QueueFull) => {
+                            self.qps[q].ring_doorbell();
+                            break 'lists;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                self.qps[q].ring_doorbell();
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the completions waiting: send completions advance `st` (returns how many
+    /// messages completed); a receive is posted again for each receive completion.
+    fn reap(&mut self, st: &mut Stream) -> Result<u64, PerfError> {
+        let mut progressed = 0;
+        let mut refill = 0u64;
+        let mut per_qp = [0u32; MAX_QPS as usize];
+        for c in self.cq.poll() {
+            let c = check(c)?;
+            let q = self.qps.iter().position(|x| x.qpn() == c.qpn).unwrap_or(0);
+            if c.opcode == WcOpcode::Recv {
+                per_qp[q] += 1;
+                refill += 1;
+            } else {
+                progressed += c.wr_id + 1 - st.done[q];
+                st.done[q] = c.wr_id + 1;
+            }
+        }
+        if refill > 0 {
+            for (q, &k) in per_qp.iter().enumerate().take(self.qps.len()) {
+                if k > 0 {
+                    self.post_recvs(q, k)?;
+                }
+            }
+        }
+        Ok(progressed)
     }
 }
 
@@ -652,68 +747,57 @@ impl Bench {
         } else {
             s.iters
         };
-        if s.op == Op::Send
-            && let Peer::Local(server) = &mut self.peer
-        {
-            for q in 0..nq {
-                server.fill_recvs(q)?;
+        // The other direction of `-b`: the local peer streams into this end's buffers.
+        let both = s.bidirectional && matches!(self.peer, Peer::Local(_));
+        if s.op == Op::Send {
+            if let Peer::Local(server) = &mut self.peer {
+                for q in 0..nq {
+                    server.fill_recvs(q)?;
+                }
+            }
+            if both {
+                for q in 0..nq {
+                    self.me.fill_recvs(q)?;
+                }
             }
         }
         self.begin(size)?;
-        let mut posted = vec![0u64; nq];
-        let mut done = vec![0u64; nq];
-        let qpn_index: Vec<u32> = self.me.qps.iter().map(|q| q.qpn()).collect();
+        let to_peer: Vec<Remote> = (0..nq).map(|q| self.target(q)).collect();
+        let to_me: Vec<Remote> = (0..nq)
+            .map(|q| self.me.bufs[q].remote(self.rx_off as u64))
+            .collect();
+        let fresh = || Stream {
+            posted: vec![0; nq],
+            done: vec![0; nq],
+        };
+        let (mut mine, mut theirs) = (fresh(), fresh());
+        let pace = Pace {
+            s: &s,
+            size,
+            iters,
+            sig_every,
+            list,
+            inline: &inline,
+        };
         let start = Instant::now();
         // The time as last read: on progress, and every SPINS_PER_CLOCK idle loops.
         let mut now = start;
         let mut next_beat = start + remote::BEAT;
         let mut idle = CqWait::new(s.events);
-        let mut meter = Meter::new(size, (s.iters / 20).max(sig_every).max(1), start);
+        let window = (s.iters / 20).max(sig_every).max(1);
+        let mut meter = Meter::new(size, window, start);
         let deadline = s.duration.map(|d| start + d);
         loop {
             let stop = deadline.is_some_and(|d| now >= d);
-            for q in 0..nq {
-                let local = self.me.sge(q, size);
-                let cap = done[q] + u64::from(s.tx_depth);
-                let limit = if stop { posted[q] } else { cap.min(iters) };
-                // Lists of `list` requests, each rung once; a shorter one only at the end.
-                'lists: loop {
-                    let n = list_len(limit - posted[q], iters - posted[q], list);
-                    if n == 0 {
-                        break;
-                    }
-                    let end = posted[q] + n;
-                    while posted[q] < end {
-                        let last = posted[q] + 1 == iters;
-                        let flags = if (posted[q] + 1).is_multiple_of(sig_every) || last {
-                            SendFlags::SIGNALED
-                        } else {
-                            SendFlags::NONE
-                        };
-                        let wr = self.wr(q, size, posted[q], flags, &local, &inline);
-                        match self.me.qps[q].post_send(&wr) {
-                            Ok(()) => posted[q] += 1,
-                            Err(PostError::QueueFull) => {
-                                self.me.qps[q].ring_doorbell();
-                                break 'lists;
-                            }
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                    self.me.qps[q].ring_doorbell();
+            self.me.pump(&mut mine, &to_peer, &pace, stop)?;
+            let mut progressed = self.me.reap(&mut mine)?;
+            if let Peer::Local(server) = &mut self.peer {
+                if both {
+                    server.pump(&mut theirs, &to_me, &pace, stop)?;
+                    progressed += server.reap(&mut theirs)?;
+                } else if s.op == Op::Send {
+                    server.reap_recvs()?;
                 }
-            }
-            let mut progressed = 0u64;
-            for c in self.me.cq.poll() {
-                let c = check(c)?;
-                let q = qpn_index.iter().position(|&n| n == c.qpn).unwrap_or(0);
-                progressed += c.wr_id + 1 - done[q];
-                done[q] = c.wr_id + 1;
-            }
-            if s.op == Op::Send
-                && let Peer::Local(server) = &mut self.peer
-            {
-                server.reap_recvs()?;
             }
             if progressed > 0 {
                 now = Instant::now();
@@ -723,13 +807,17 @@ impl Bench {
                 now = t;
             }
             self.beat(now, &mut next_beat)?;
-            let all_done = (0..nq).all(|q| done[q] == posted[q]);
-            if all_done && (stop || (deadline.is_none() && done.iter().all(|&d| d >= iters))) {
+            let settled = |st: &Stream| {
+                (0..nq).all(|q| st.done[q] == st.posted[q])
+                    && (stop || (deadline.is_none() && st.done.iter().all(|&d| d >= iters)))
+            };
+            if settled(&mine) && (!both || settled(&theirs)) {
                 break;
             }
         }
         let r = meter.result(Instant::now());
-        self.finish(size, r.iters)?;
+        let mine_total: u64 = mine.done.iter().sum();
+        self.finish(size, mine_total)?;
         Ok(r)
     }
 
@@ -767,7 +855,8 @@ impl Bench {
                 Op::Send => self.pingpong_send(size, i, &inline)?,
                 Op::Read | Op::Atomic => {
                     let local = self.me.sge(0, size);
-                    let wr = self.wr(0, size, i, SendFlags::SIGNALED, &local, &inline);
+                    let remote = self.target(0);
+                    let wr = make_wr(&s, size, i, SendFlags::SIGNALED, &local, &inline, remote);
                     self.me.qps[0].post_send(&wr)?;
                     self.me.qps[0].ring_doorbell();
                     wait_one(&mut self.me.cq, s.events)?;
@@ -1009,6 +1098,7 @@ mod tests {
             cq_mod: None,
             post_list: None,
             events: false,
+            bidirectional: false,
         }
     }
 
@@ -1051,6 +1141,27 @@ mod tests {
         s.outs = Some(17);
         let e = Bench::new(&s, 4096, false).err().expect("17 > 16");
         assert!(e.to_string().contains("max_rd_atomic: 17"), "{e}");
+    }
+
+    /// `-b`: both ends stream to each other; the result counts both directions, and the
+    /// device executed that many requests.
+    #[test]
+    fn bidirectional_runs_count_both_ways() {
+        for op in [Op::Write, Op::Read, Op::Send, Op::Atomic] {
+            let mut s = settings(op, 50, 16);
+            s.bidirectional = true;
+            s.qps = 2;
+            s.size = if op == Op::Atomic { 8 } else { 4096 };
+            let mut b = Bench::new(&s, 4096, false).unwrap();
+            let wqes = || b._models[0].hca().stats().wqes_executed;
+            let before = wqes();
+            assert_eq!(b.bandwidth(s.size).unwrap().iters, 200, "{op:?}");
+            assert_eq!(
+                b._models[0].hca().stats().wqes_executed - before,
+                200,
+                "{op:?}"
+            );
+        }
     }
 
     /// `-e`: the runs complete sleeping on completion events, and the model raised
@@ -1104,6 +1215,7 @@ mod tests {
             cq_mod: None,
             post_list: None,
             events: false,
+            bidirectional: false,
         };
         let mut b = Bench::new(&s, 4096, false).unwrap();
         let r = b.bandwidth(4096).unwrap();
@@ -1132,6 +1244,7 @@ mod tests {
             cq_mod: None,
             post_list: None,
             events: false,
+            bidirectional: false,
         };
         let mut b = Bench::new(&s, 8192, false).unwrap();
         for size in [64, 8192] {
@@ -1162,6 +1275,7 @@ mod tests {
                 cq_mod: None,
                 post_list: None,
                 events: false,
+                bidirectional: false,
             };
             let mut b = Bench::new(&s, size, true).unwrap();
             assert_eq!(b.bandwidth(size).unwrap().iters, 50, "{op:?}");

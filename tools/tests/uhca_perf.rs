@@ -36,6 +36,9 @@ fn bad_flags_are_messages_not_panics() {
         (&["write_bw", "-c", "UD"], "RC queue pairs only"),
         (&["write_bw", "-i", "2"], "one port"),
         (&["write_lat", "-e"], "watches the message's last byte"),
+        (&["write_lat", "-b"], "bandwidth tests"),
+        (&["write_bw", "-b", "-e"], "two CQs"),
+        (&["write_bw", "-b", "-p", "18599"], "not supported yet"),
         (&["send_bw", "-e"], "run a server and a client"),
         (
             &["write_bw", "--no-offload", "-p", "18599"],
@@ -58,6 +61,9 @@ fn perftest_pacing_flags_run() {
         &["atomic_lat", "-n", "50", "-o", "1", "-e"],
         &["write_bw", "-s", "4096", "-n", "100", "-t", "16", "-e"],
         &[
+            "send_bw", "-s", "4096", "-n", "50", "-t", "16", "-b", "-q", "2",
+        ],
+        &[
             "write_bw", "-s", "4096", "-n", "100", "-t", "16", "-Q", "1000", "-l", "3",
         ],
         &[
@@ -67,8 +73,9 @@ fn perftest_pacing_flags_run() {
     ] {
         let (code, out, err) = perf(args);
         assert_eq!(code, 0, "{args:?}: {err}");
+        // The messages completed: 100 or 50, and with -b on 2 QPs 2 x 2 x 50.
         assert!(
-            out.contains(" 100 ") || out.contains(" 50 "),
+            [" 100 ", " 50 ", " 200 "].iter().any(|n| out.contains(n)),
             "{args:?}: {out}"
         );
     }

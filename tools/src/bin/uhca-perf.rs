@@ -30,7 +30,9 @@ use uhca::resource::Mtu;
 use uhca_tools::device::{self, DeviceFlags, DeviceSpec};
 use uhca_tools::perf::control::Hello;
 use uhca_tools::perf::remote::{self, Role};
-use uhca_tools::perf::{Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, Op, Settings};
+use uhca_tools::perf::{
+    Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, MAX_QPS, Op, Settings,
+};
 
 /// perftest's default TCP port.
 const DEFAULT_PORT: u16 = 18515;
@@ -149,6 +151,10 @@ struct Args {
     /// memory, as perftest; send_bw only between two processes).
     #[arg(short = 'e', long = "events")]
     events: bool,
+    /// Bandwidth tests: both directions at once, each end streaming to the other; the
+    /// result counts both (as perftest's `-b`). Both ends in this process only.
+    #[arg(short = 'b', long = "bidirectional")]
+    bidirectional: bool,
     /// Connection type: RC, the only one uhca has.
     #[arg(short = 'c', long = "connection", default_value = "RC")]
     connection: String,
@@ -352,8 +358,21 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
     if !(1..=8192).contains(&a.tx_depth) {
         return Err(format!("-t {}: the depth must be 1..=8192", a.tx_depth));
     }
-    if !(1..=64).contains(&a.qps) {
-        return Err(format!("-q {}: 1..=64 QPs", a.qps));
+    if !(1..=MAX_QPS).contains(&a.qps) {
+        return Err(format!("-q {}: 1..={MAX_QPS} QPs", a.qps));
+    }
+    if a.bidirectional && !a.mode.is_bw() {
+        return Err("-b is for the bandwidth tests".into());
+    }
+    if a.bidirectional && a.role().is_some() {
+        return Err(
+            "-b runs both directions with both ends in this process; between two processes \
+             it is not supported yet"
+                .into(),
+        );
+    }
+    if a.bidirectional && a.events {
+        return Err("-e with -b polls two CQs and cannot sleep on one".into());
     }
     if let Some(l) = a.post_list
         && !(1..=a.tx_depth).contains(&l)
@@ -436,6 +455,7 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             cq_mod: a.cq_mod,
             post_list: a.post_list,
             events: a.events,
+            bidirectional: a.bidirectional,
         },
     ))
 }
@@ -535,6 +555,9 @@ fn header(a: &Args, s: &Settings, bench: &Bench) {
         " Completions     : {}",
         if s.events { "events" } else { "polling" }
     );
+    if s.bidirectional {
+        println!(" Bidirectional   : ON (both directions counted)");
+    }
     println!(" Mtu             : {}[B]", 128u32 << s.mtu as u32);
     println!(" Max inline data : {}[B]", s.inline_size);
     println!(

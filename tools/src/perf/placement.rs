@@ -200,6 +200,7 @@ mod tests {
                 cq_mod: None,
                 post_list: None,
                 events: false,
+                bidirectional: false,
             };
             let mut b = Bench::new(&s, 4096, false).unwrap();
             assert_eq!(b.bandwidth(4096).unwrap().iters, 100, "{op:?}");
