@@ -698,3 +698,86 @@ fn random_queue_contexts_are_refused_or_run() {
     r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
     assert_eq!(outcome(&r.wait(&mut ca)).0, CqeOpcode::Req);
 }
+
+/// A driver writing nonsense to BAR0 while traffic runs: random 32-bit values at random
+/// places of the init segment (command queue address, command doorbell), of the UAR pages
+/// in use (SQ, CQ and EQ doorbells, BlueFlame registers), of unused UARs and of the MEMIC
+/// window, between WRITEs on a connected pair. The device thread must live through it
+/// (nothing panics or overflows in the debug build); after a function reset the model is
+/// whole again and carries a WRITE. Fixed-seed xorshift.
+#[test]
+fn random_bar_writes_never_stop_the_device() {
+    use crate::layout::init_seg::reg;
+    use crate::layout::uar::UAR_SIZE;
+    let hca = model(14);
+    let mut rng = Rng(0xBA20_F022_0000_0006);
+    {
+        let mut r = Rig::new(&hca);
+        let t = Targets {
+            rw: r.mr(4 * PAGE, (1, 1, 1, 1)),
+            ro: r.mr(PAGE, (1, 1, 0, 0)),
+        };
+        let (mut a, _b, mut ca, _cb) = {
+            let (ca, cb) = (r.cq(6), r.cq(6));
+            let (a, b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
+            let (mac, gid) = r.addr();
+            r.connect(a.qpn, b.qpn, mac, gid);
+            r.connect(b.qpn, a.qpn, mac, gid);
+            (a, b, ca, cb)
+        };
+        let uar = r.uar as usize * UAR_SIZE;
+        let bar_len = hca.bar0().len;
+        let batches: u32 = std::env::var("BAR_FUZZ_BATCHES").map_or(200, |v| v.parse().unwrap());
+        for batch in 0..batches {
+            for _ in 0..50 {
+                let off = match rng.below(6) {
+                    0 => [reg::CMDQ_ADDR_H, reg::CMDQ_ADDR_L_SZ, reg::CMD_DBELL]
+                        [rng.below(3) as usize],
+                    1 | 2 => uar + (rng.below(UAR_SIZE as u64) as usize & !3),
+                    3 => rng.below(4 * UAR_SIZE as u64) as usize & !3,
+                    _ => rng.below(bar_len as u64) as usize & !3,
+                };
+                // The health buffer and counter stay the device's own (the driver only reads
+                // them); writes there are not a driver's.
+                if (reg::HEALTH_BUFFER..reg::HEALTH_COUNTER + 4).contains(&off) {
+                    continue;
+                }
+                hca.shared.bar.write_be32(off, rng.next() as u32);
+            }
+            let segs = cat(&[
+                &raddr(t.rw.va, t.rw.key),
+                &data(t.rw.key, t.rw.va + PAGE as u64, 64),
+            ]);
+            r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            while r.poll(&mut ca).is_some() {}
+            assert!(
+                !hca.thread.as_ref().is_some_and(|h| h.is_finished()),
+                "batch {batch}: the device thread died"
+            );
+        }
+    }
+    // The writes reached the device: commands ran from the garbage queue address, and
+    // doorbells were taken.
+    let st = hca.stats();
+    assert!(
+        st.commands_done + st.delivery_errors > 0 || st.wqes_executed > 0,
+        "{st:?}"
+    );
+    // A function reset: everything back to power-on, and a fresh pair works.
+    hca.reset();
+    let mut r = Rig::new(&hca);
+    let rw = r.mr(4 * PAGE, (1, 1, 1, 1));
+    let (ca, cb) = (r.cq(6), r.cq(6));
+    let (mut a, b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
+    let (mac, gid) = r.addr();
+    r.connect(a.qpn, b.qpn, mac, gid);
+    r.connect(b.qpn, a.qpn, mac, gid);
+    let mut ca = ca;
+    let segs = cat(&[
+        &raddr(rw.va, rw.key),
+        &data(rw.key, rw.va + PAGE as u64, 64),
+    ]);
+    r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
+    assert_eq!(outcome(&r.wait(&mut ca)).0, CqeOpcode::Req);
+}
