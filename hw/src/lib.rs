@@ -10,6 +10,7 @@
 //!   seeded fault injection.
 //! - `rc` (feature `model`): the RC transport engine (requester and responder state
 //!   machines over RoCEv2) that the model's QPs run.
+//! - [`rng`]: the deterministic generator of the fixed-seed random tests.
 
 #![deny(unsafe_code)]
 
@@ -23,3 +24,4 @@ pub mod link;
 pub mod model;
 #[cfg(feature = "model")]
 pub mod rc;
+pub mod rng;

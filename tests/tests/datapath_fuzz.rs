@@ -17,22 +17,8 @@ use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::resource::{
     Access, ConnectParams, Local, Mr, Pd, QpConfig, QpState, SendFlags, SendOp, SendWr,
 };
+use uhca_hw::rng::XorShift64 as Rng;
 use uhca_tests::datapath::{Pair, pair_with};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 const REGION: usize = 16 << 10;
 
@@ -196,7 +182,7 @@ fn random_work_and_life_cycle_events_complete_every_request_once() {
     };
     let mut p = pair_with(256, cfg, quick);
     let mut regions = Regions::new(&p.pd);
-    let mut rng = Rng(0xC0FF_EE00_1234_ABCD);
+    let mut rng = Rng::new(0xC0FF_EE00_1234_ABCD);
     let mut o = Outstanding::default();
     let mut psn = 5000;
     let inline = [0xA7u8; 64];

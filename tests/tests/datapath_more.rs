@@ -4,6 +4,7 @@
 use uhca::datapath::{Completion, Remote, Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::resource::{Access, Local, Mtu, QpConfig, SendFlags, SendOp, SendWr};
+use uhca_hw::rng::XorShift64 as Rng;
 use uhca_tests::datapath::{Pair, pair_with, read, wait_n};
 
 const SIG: SendFlags = SendFlags::SIGNALED;
@@ -209,20 +210,6 @@ fn device_memory_as_source_target_and_atomic_operand() {
     assert_eq!(u64::from_be_bytes(v), 15);
 }
 
-/// A small deterministic generator (xorshift64*), so the run is the same every time.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// What a completed operation must have produced locally.
 enum Expect {
     None,
@@ -261,7 +248,7 @@ fn randomized_mixed_operations(model: std::sync::Arc<uhca::pci::model::ModelFunc
         ..QpConfig::default()
     };
     let mut p = uhca_tests::datapath::pair_on(uhca_tests::device_on(model), 1024, cfg, |_| {});
-    let mut rng = Rng(0x5EED_1234_ABCD_0001);
+    let mut rng = Rng::new(0x5EED_1234_ABCD_0001);
     let remote = p.pd.alloc_mr(RLEN, Access::ALL).unwrap();
     let src = p.pd.alloc_mr(RLEN, Access::ALL).unwrap();
     let rd = p.pd.alloc_mr(BATCH as usize * 4096, Access::ALL).unwrap();

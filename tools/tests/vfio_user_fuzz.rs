@@ -12,24 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use model_proc::ModelProc;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
+use uhca::hw::rng::XorShift64 as Rng;
 
 /// A vfio-user message: the 16-byte header (message id, command, size, flags, error) and
 /// `body`; `size` overrides the size field (else header + body).
@@ -95,7 +78,7 @@ fn session(rng: &mut Rng) -> Vec<u8> {
 #[test]
 fn a_hostile_client_never_takes_the_server_down() {
     let model = ModelProc::spawn(&["--persist"]);
-    let mut rng = Rng(0x000B_ADC1_1E47);
+    let mut rng = Rng::new(0x000B_ADC1_1E47);
     for k in 0..150 {
         let mut c = UnixStream::connect(&model.sock)
             .unwrap_or_else(|e| panic!("session {k}: the server is gone: {e}"));

@@ -409,13 +409,8 @@ fn a_qp_cache_reload_on_an_odd_pass_keeps_the_owner_rule() {
 #[test]
 fn random_cqes_are_reported_or_taken_never_followed_blindly() {
     let mut r = rig();
-    let mut x = 0xC0E5_EED5_1234_0001_u64;
-    let mut next = move || {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    };
+    let mut rng = uhca_hw::rng::XorShift64::new(0xC0E5_EED5_1234_0001_u64);
+    let mut next = move || rng.next();
     // Outstanding WQEs: (first send counter, wr_id), oldest first.
     let mut out: std::collections::VecDeque<(u32, u64)> = Default::default();
     let (mut counter, mut id) = (0u32, 0u64);

@@ -157,13 +157,8 @@ mod random {
         ];
         let mut a = IovaAllocator::new(&ranges);
         let before = a.free.clone();
-        let mut x = 0x10A_5EED_u64;
-        let mut next = move || {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        };
+        let mut rng = uhca_hw::rng::XorShift64::new(0x10A_5EED_u64);
+        let mut next = move || rng.next();
         let mut live: Vec<(u64, u64)> = Vec::new();
         for _ in 0..20_000 {
             if live.len() < 64 && next() % 3 != 0 {

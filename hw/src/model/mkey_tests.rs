@@ -900,13 +900,8 @@ fn random_mkeys_and_accesses_never_reach_past_their_translation() {
     let m = MappedBuffer::new(&r.hca, IOVA, (pages * PAGE) as usize);
     let mut guard = MappedBuffer::new(&r.hca, IOVA + 64 * PAGE, (4 * PAGE) as usize);
     guard.buf.write_bytes(0, &[0x5A; 4 * PAGE as usize]);
-    let mut x = 0x003E_ED0F_C0DE_0004_u64;
-    let mut next = move || {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    };
+    let mut rng = crate::rng::XorShift64::new(0x003E_ED0F_C0DE_0004_u64);
+    let mut next = move || rng.next();
     let (mut made, mut ok) = (0, 0);
     let rounds: u32 = std::env::var("MKEY_FUZZ_ROUNDS").map_or(3000, |v| v.parse().unwrap());
     for round in 0..rounds {

@@ -464,13 +464,8 @@ mod tests {
     /// to itself, never a panic. Fixed-seed xorshift.
     #[test]
     fn damaged_lines_parse_to_errors_or_to_messages_that_round_trip() {
-        let mut x = 0x5EED_0C0A_7201_u64;
-        let mut next = move || {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        };
+        let mut rng = uhca::hw::rng::XorShift64::new(0x5EED_0C0A_7201_u64);
+        let mut next = move || rng.next();
         let valid: Vec<String> = [
             "uhca-perf/1 HELLO mode=write_bw size=65536 all=0 iters=5000 duration=0 qps=2 tx_depth=128 inline=0 mtu=1024",
             "uhca-perf/1 END gid=fe800000000000000000000000000001 mac=020000000001 qp=17:4096:7f0000001000:819:65536",

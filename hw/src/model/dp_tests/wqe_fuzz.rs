@@ -11,24 +11,7 @@ use super::*;
 use crate::layout::cqe::{CqeOpcode, CqeSyndrome};
 use crate::layout::wqe::fm_ce_se::{CQ_UPDATE, SOLICITED};
 use crate::layout::wqe::{INLINE_SEG, WqeOpcode};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.below(v.len() as u64) as usize]
-    }
-}
+use crate::rng::XorShift64 as Rng;
 
 /// The memory the random WQEs aim at.
 struct Targets {
@@ -216,7 +199,7 @@ fn random_send_wqes_each_get_one_cqe_and_move_only_what_keys_allow() {
     let bare = r.alloc(4 * PAGE);
     pattern(r.buf(t.ro.idx), 0x11);
     pattern(r.buf(bare.idx), 0x22);
-    let mut rng = Rng(0xF00D_5EED_0BAD_CAFE);
+    let mut rng = Rng::new(0xF00D_5EED_0BAD_CAFE);
     let (mut ok, mut failed) = (0, 0);
     for round in 0..1000 {
         let (ca, cb) = (r.cq(6), r.cq(6));
@@ -360,7 +343,7 @@ fn a_refused_wqe_completes_after_the_wqes_before_it() {
         &raddr(t.rw.va, t.rw.key),
         &data(t.rw.key, t.rw.va + PAGE as u64, 3 * PAGE as u32),
     ]);
-    let mut w = wqe(&mut Rng(1), &a, WqeOpcode::RdmaRead.into(), &read);
+    let mut w = wqe(&mut Rng::new(1), &a, WqeOpcode::RdmaRead.into(), &read);
     w[11] = CQ_UPDATE; // no fence, no solicited bit
     let mut bad = vec![0u8; 64];
     let mut c = CtrlSeg::new_unchecked(&mut bad[..16]);
@@ -437,7 +420,7 @@ fn random_receive_wqes_meet_sends() {
     let bare = r.alloc(4 * PAGE);
     pattern(r.buf(t.ro.idx), 0x33);
     pattern(r.buf(bare.idx), 0x44);
-    let mut rng = Rng(0x00DE_C0DE_5EED_0002);
+    let mut rng = Rng::new(0x00DE_C0DE_5EED_0002);
     let (mut delivered, mut refused) = (0, 0);
     for round in 0..300 {
         let (ca, cb) = (r.cq(6), r.cq(6));
@@ -607,7 +590,7 @@ fn random_queue_contexts_are_refused_or_run() {
         rw: r.mr(4 * PAGE, (1, 1, 1, 1)),
         ro: r.mr(PAGE, (1, 1, 0, 0)),
     };
-    let mut rng = Rng(0x0BAD_C0DE_0000_0005);
+    let mut rng = Rng::new(0x0BAD_C0DE_0000_0005);
     let (mut cqs_made, mut qps_made) = (0, 0);
     let rounds: u32 = std::env::var("QUEUE_FUZZ_ROUNDS").map_or(400, |v| v.parse().unwrap());
     for round in 0..rounds {
@@ -710,7 +693,7 @@ fn random_bar_writes_never_stop_the_device() {
     use crate::layout::init_seg::reg;
     use crate::layout::uar::UAR_SIZE;
     let hca = model(14);
-    let mut rng = Rng(0xBA20_F022_0000_0006);
+    let mut rng = Rng::new(0xBA20_F022_0000_0006);
     {
         let mut r = Rig::new(&hca);
         let t = Targets {
