@@ -324,6 +324,17 @@ impl<'a> Rig<'a> {
         assert_eq!(st, CmdStatus::Ok, "RTR2RTS {syn:#x}");
     }
 
+    /// Two QPs connected to each other through the loopback, each with its own CQ of 64:
+    /// `(a, b, a's CQ, b's CQ)`.
+    pub(super) fn pair(&mut self) -> (TQp, TQp, TCq, TCq) {
+        let (ca, cb) = (self.cq(6), self.cq(6));
+        let (a, b) = (self.qp(ca.cqn, ca.cqn), self.qp(cb.cqn, cb.cqn));
+        let (mac, gid) = self.addr();
+        self.connect(a.qpn, b.qpn, mac, gid);
+        self.connect(b.qpn, a.qpn, mac, gid);
+        (a, b, ca, cb)
+    }
+
     /// The port's MAC and its IPv4 GID (index 1).
     pub(super) fn addr(&self) -> ([u8; 6], [u8; 16]) {
         let core = self.hca.shared.core();

@@ -18,16 +18,6 @@ fn wqe_counter(e: &[u8; 64]) -> u32 {
     e.read_be32(0x3c) >> 16
 }
 
-/// Two QPs of one model connected through the loopback, each with its own CQ.
-fn pair<'a>(r: &mut Rig<'a>) -> (TQp, TQp, TCq, TCq) {
-    let (ca, cb) = (r.cq(6), r.cq(6));
-    let (a, b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
-    let (mac, gid) = r.addr();
-    r.connect(a.qpn, b.qpn, mac, gid);
-    r.connect(b.qpn, a.qpn, mac, gid);
-    (a, b, ca, cb)
-}
-
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
 }
@@ -36,7 +26,7 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 fn rdma_write_read_and_send_move_exact_bytes_over_the_loopback() {
     let hca = model(1);
     let mut r = Rig::new(&hca);
-    let (mut a, mut b, mut ca, mut cb) = pair(&mut r);
+    let (mut a, mut b, mut ca, mut cb) = r.pair();
     let src = r.mr(3 * PAGE, ALL);
     let dst = r.mr(3 * PAGE, ALL);
     let bytes = pattern(5000, 7);
@@ -114,7 +104,7 @@ fn rdma_write_read_and_send_move_exact_bytes_over_the_loopback() {
 fn atomics_and_write_with_immediate() {
     let hca = model(2);
     let mut r = Rig::new(&hca);
-    let (mut a, mut b, mut ca, mut cb) = pair(&mut r);
+    let (mut a, mut b, mut ca, mut cb) = r.pair();
     let local = r.mr(PAGE, ALL);
     let target = r.mr(PAGE, ALL);
     let mut t = r.buf(target.idx);
@@ -175,7 +165,7 @@ fn atomics_and_write_with_immediate() {
 fn a_bad_rkey_fails_with_remote_access_and_later_work_is_flushed() {
     let hca = model(3);
     let mut r = Rig::new(&hca);
-    let (mut a, _b, mut ca, _cb) = pair(&mut r);
+    let (mut a, _b, mut ca, _cb) = r.pair();
     let src = r.mr(PAGE, ALL);
     let ro = r.mr(PAGE, (1, 1, 0, 0)); // no remote write
     let mut s = r.buf(src.idx);
@@ -199,7 +189,7 @@ fn a_bad_rkey_fails_with_remote_access_and_later_work_is_flushed() {
     );
     assert_eq!(wqe_counter(&e), 1);
     // A bad lkey is a local protection error on the next fresh QP.
-    let (mut c, _d, mut cc, _) = pair(&mut r);
+    let (mut c, _d, mut cc, _) = r.pair();
     let segs = cat(&[&raddr(src.va, src.key), &data(0x999_933, src.va, 8)]);
     r.post(&mut c, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
     let e = r.wait(&mut cc);
@@ -240,7 +230,7 @@ fn two_models_linked_by_link_pair_carry_a_write() {
 fn an_armed_cq_raises_one_completion_event_and_overrun_raises_cq_error() {
     let hca = model(6);
     let mut r = Rig::new(&hca);
-    let (mut a, _b, mut ca, _cb) = pair(&mut r);
+    let (mut a, _b, mut ca, _cb) = r.pair();
     let m = r.mr(PAGE, ALL);
     let segs = cat(&[&raddr(m.va + 512, m.key), &data(m.key, m.va, 8)]);
     r.arm(&ca, false);
@@ -278,7 +268,7 @@ fn an_armed_cq_raises_one_completion_event_and_overrun_raises_cq_error() {
 fn an_unmap_during_traffic_returns_and_nothing_reaches_the_range_after_it() {
     let hca = model(21);
     let mut r = Rig::new(&hca);
-    let (mut a, _b, mut ca, _cb) = pair(&mut r);
+    let (mut a, _b, mut ca, _cb) = r.pair();
     const LEN: usize = 4 * PAGE;
     let src = r.mr(LEN, ALL);
     let dst = r.mr(LEN, ALL);
@@ -307,7 +297,7 @@ fn an_unmap_during_traffic_returns_and_nothing_reaches_the_range_after_it() {
         }
     }
     // A fresh pair: its WRITE to the range faults in the IOMMU.
-    let (mut c, _d, mut cc, _cd) = pair(&mut r);
+    let (mut c, _d, mut cc, _cd) = r.pair();
     let faults = hca.stats().iommu_faults;
     r.post(&mut c, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &write);
     let e = r.wait(&mut cc);
@@ -323,7 +313,7 @@ fn an_unmap_during_traffic_returns_and_nothing_reaches_the_range_after_it() {
 fn an_unmap_of_the_source_during_traffic_returns_and_nothing_is_read_from_it_after() {
     let hca = model(22);
     let mut r = Rig::new(&hca);
-    let (mut a, _b, mut ca, _cb) = pair(&mut r);
+    let (mut a, _b, mut ca, _cb) = r.pair();
     const LEN: usize = 4 * PAGE;
     let src = r.mr(LEN, ALL);
     let dst = r.mr(LEN, ALL);
@@ -380,7 +370,7 @@ fn the_loopback_carries_the_same_packets_with_or_without_its_offloads() {
         })
         .expect("model");
         let mut r = Rig::new(&hca);
-        let (mut a, _b, mut ca, _cb) = pair(&mut r);
+        let (mut a, _b, mut ca, _cb) = r.pair();
         let src = r.mr(3 * PAGE, ALL);
         let dst = r.mr(3 * PAGE, ALL);
         let bytes = pattern(5000, 9);
@@ -452,7 +442,7 @@ fn wait_events(r: &Rig<'_>, cq: &TCq, n: usize) {
 fn moderation_holds_the_completion_event_back_by_count_and_by_period() {
     let hca = model(7);
     let mut r = Rig::new(&hca);
-    let (mut a, _b, mut ca, _cb) = pair(&mut r);
+    let (mut a, _b, mut ca, _cb) = r.pair();
     let m = r.mr(PAGE, ALL);
     let segs = cat(&[&raddr(m.va + 512, m.key), &data(m.key, m.va, 8)]);
     let mut write = |r: &mut Rig<'_>, ca: &mut TCq| {

@@ -202,11 +202,7 @@ fn random_send_wqes_each_get_one_cqe_and_move_only_what_keys_allow() {
     let mut rng = Rng::new(0xF00D_5EED_0BAD_CAFE);
     let (mut ok, mut failed) = (0, 0);
     for round in 0..1000 {
-        let (ca, cb) = (r.cq(6), r.cq(6));
-        let (mut a, mut b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
-        let (mac, gid) = r.addr();
-        r.connect(a.qpn, b.qpn, mac, gid);
-        r.connect(b.qpn, a.qpn, mac, gid);
+        let (mut a, mut b, ca, _cb) = r.pair();
         let mut ca = ca;
         // Receives for the SENDs and WRITEs with immediate (one each at most): no RNR.
         for _ in 0..8 {
@@ -305,11 +301,7 @@ fn random_send_wqes_each_get_one_cqe_and_move_only_what_keys_allow() {
 /// Two QPs of one model connected through the loopback, each with its own CQ; a receive
 /// posted on the second.
 fn pair(r: &mut Rig<'_>, t: &Targets) -> (TQp, TCq) {
-    let (ca, cb) = (r.cq(6), r.cq(6));
-    let (a, mut b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
-    let (mac, gid) = r.addr();
-    r.connect(a.qpn, b.qpn, mac, gid);
-    r.connect(b.qpn, a.qpn, mac, gid);
+    let (a, mut b, ca, _) = r.pair();
     r.post_recv(
         &mut b,
         &[(t.rw.key, t.rw.va + 3 * PAGE as u64, PAGE as u32)],
@@ -423,11 +415,7 @@ fn random_receive_wqes_meet_sends() {
     let mut rng = Rng::new(0x00DE_C0DE_5EED_0002);
     let (mut delivered, mut refused) = (0, 0);
     for round in 0..300 {
-        let (ca, cb) = (r.cq(6), r.cq(6));
-        let (mut a, mut b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
-        let (mac, gid) = r.addr();
-        r.connect(a.qpn, b.qpn, mac, gid);
-        r.connect(b.qpn, a.qpn, mac, gid);
+        let (mut a, mut b, ca, cb) = r.pair();
         let (mut ca, mut cb) = (ca, cb);
         let n_recv = 1 + rng.below(6) as usize;
         for _ in 0..n_recv {
@@ -668,11 +656,7 @@ fn random_queue_contexts_are_refused_or_run() {
         "{cqs_made} CQs, {qps_made} QPs"
     );
     // Still a working device: a fresh pair carries a WRITE.
-    let (ca, cb) = (r.cq(6), r.cq(6));
-    let (mut a, b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
-    let (mac, gid) = r.addr();
-    r.connect(a.qpn, b.qpn, mac, gid);
-    r.connect(b.qpn, a.qpn, mac, gid);
+    let (mut a, _b, ca, _cb) = r.pair();
     let mut ca = ca;
     let segs = cat(&[
         &raddr(t.rw.va, t.rw.key),
@@ -701,11 +685,7 @@ fn random_bar_writes_never_stop_the_device() {
             ro: r.mr(PAGE, (1, 1, 0, 0)),
         };
         let (mut a, _b, mut ca, _cb) = {
-            let (ca, cb) = (r.cq(6), r.cq(6));
-            let (a, b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
-            let (mac, gid) = r.addr();
-            r.connect(a.qpn, b.qpn, mac, gid);
-            r.connect(b.qpn, a.qpn, mac, gid);
+            let (a, b, ca, cb) = r.pair();
             (a, b, ca, cb)
         };
         let uar = r.uar as usize * UAR_SIZE;
@@ -751,11 +731,7 @@ fn random_bar_writes_never_stop_the_device() {
     hca.reset();
     let mut r = Rig::new(&hca);
     let rw = r.mr(4 * PAGE, (1, 1, 1, 1));
-    let (ca, cb) = (r.cq(6), r.cq(6));
-    let (mut a, b) = (r.qp(ca.cqn, ca.cqn), r.qp(cb.cqn, cb.cqn));
-    let (mac, gid) = r.addr();
-    r.connect(a.qpn, b.qpn, mac, gid);
-    r.connect(b.qpn, a.qpn, mac, gid);
+    let (mut a, _b, ca, _cb) = r.pair();
     let mut ca = ca;
     let segs = cat(&[
         &raddr(rw.va, rw.key),
