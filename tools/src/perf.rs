@@ -82,7 +82,7 @@ pub struct Settings {
     /// CQ, polls once more, and waits.
     pub events: bool,
     /// Bandwidth tests run both ways at once (perftest's `-b`): each end streams to the
-    /// other, and the result counts both directions. Both ends in this process only.
+    /// other, and the result counts both directions.
     pub bidirectional: bool,
 }
 
@@ -617,7 +617,8 @@ impl Bench {
         } else {
             s.iters
         };
-        // The other direction of `-b`: the local peer streams into this end's buffers.
+        // The other direction of `-b`: the local peer streams into this end's buffers here;
+        // a remote server streams on its own and reports at the end (`finish`).
         let both = s.bidirectional && matches!(self.peer, Peer::Local(_));
         if s.op == Op::Send {
             if let Peer::Local(server) = &mut self.peer {
@@ -625,7 +626,7 @@ impl Bench {
                     server.fill_recvs(q)?;
                 }
             }
-            if both {
+            if s.bidirectional {
                 for q in 0..nq {
                     self.me.fill_recvs(q)?;
                 }
@@ -685,10 +686,15 @@ impl Bench {
                 break;
             }
         }
-        let r = meter.result(Instant::now());
+        let end = Instant::now();
+        let r = meter.result(end);
         let mine_total: u64 = mine.done.iter().sum();
-        self.finish(size, mine_total)?;
-        Ok(r)
+        Ok(match self.finish(size, mine_total)? {
+            Some((their_iters, their_peak)) => {
+                remote::both_ways(r, their_iters, their_peak, start, end)
+            }
+            None => r,
+        })
     }
 
     /// Latency of `size`-byte messages on QP 0: ping-pong (half the round trip) for WRITE and

@@ -38,7 +38,6 @@ fn bad_flags_are_messages_not_panics() {
         (&["write_lat", "-e"], "watches the message's last byte"),
         (&["write_lat", "-b"], "bandwidth tests"),
         (&["write_bw", "-b", "-e"], "two CQs"),
-        (&["write_bw", "-b", "-p", "18599"], "not supported yet"),
         (&["send_bw", "-e"], "run a server and a client"),
         (
             &["write_bw", "--no-offload", "-p", "18599"],

@@ -448,3 +448,24 @@ fn the_in_process_model_without_a_link_cannot_be_an_end() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// `-b` between two processes: the server streams to the client as the client streams to
+/// it; both print both directions together (2 x 200 messages), for WRITE and for SEND
+/// (where each end keeps receives posted for the other's SENDs).
+#[test]
+fn bidirectional_runs_between_two_processes_count_both_ways() {
+    for mode in ["write_bw", "send_bw", "read_bw"] {
+        let (c, s) = run_pair(mode, &["-s", "4096", "-n", "200", "-t", "32", "-b"]);
+        check_row(&c, BW, 4096, 400, 3);
+        check_row(&s, BW, 4096, 400, 3);
+        assert!(c.contains("Bidirectional   : ON"), "{c}");
+    }
+    // With -D the client's DONE ends the server's direction too; both count more than
+    // their own messages.
+    let (c, s) = run_pair("write_bw", &["-s", "4096", "-D", "1", "-t", "32", "-b"]);
+    for out in [&c, &s] {
+        let r = rows(out, BW);
+        assert_eq!(r.len(), 1, "{out}");
+        assert!(r[0][1].parse::<u64>().unwrap() > 0, "{out}");
+    }
+}

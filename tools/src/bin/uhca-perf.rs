@@ -152,7 +152,7 @@ struct Args {
     #[arg(short = 'e', long = "events")]
     events: bool,
     /// Bandwidth tests: both directions at once, each end streaming to the other; the
-    /// result counts both (as perftest's `-b`). Both ends in this process only.
+    /// result counts both (as perftest's `-b`), on both ends of a client/server run.
     #[arg(short = 'b', long = "bidirectional")]
     bidirectional: bool,
     /// Connection type: RC, the only one uhca has.
@@ -364,15 +364,12 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
     if a.bidirectional && !a.mode.is_bw() {
         return Err("-b is for the bandwidth tests".into());
     }
-    if a.bidirectional && a.role().is_some() {
+    if a.bidirectional && a.events && a.role().is_none() {
         return Err(
-            "-b runs both directions with both ends in this process; between two processes \
-             it is not supported yet"
+            "-e with -b and both ends in this process polls two CQs and cannot sleep on one; \
+             run a server and a client"
                 .into(),
         );
-    }
-    if a.bidirectional && a.events {
-        return Err("-e with -b polls two CQs and cannot sleep on one".into());
     }
     if let Some(l) = a.post_list
         && !(1..=a.tx_depth).contains(&l)
@@ -666,6 +663,7 @@ fn hello_of(a: &Args, sizes: &[usize], s: &Settings) -> Hello {
         tx_depth: s.tx_depth,
         inline_size: s.inline_size,
         mtu: 128u32 << s.mtu as u32,
+        bidir: s.bidirectional,
     }
 }
 
@@ -680,6 +678,7 @@ fn adopt(a: &Args, h: &Hello) -> Args {
     b.tx_depth = h.tx_depth;
     b.inline_size = Some(h.inline_size);
     b.mtu = h.mtu;
+    b.bidirectional = h.bidir;
     b
 }
 

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! client                                   server
-//! HELLO mode= size= all= iters= duration= qps= tx_depth= inline= mtu=
+//! HELLO mode= size= all= iters= duration= qps= tx_depth= inline= mtu= bidir=
 //!                                          HELLO (the same fields: what it will run)
 //!                                          or ERROR why (a different mode), then it exits
 //! END gid= mac= qp=QPN:PSN:ADDR:RKEY:LEN ... (one qp= per QP)
@@ -16,13 +16,17 @@
 //!                                          READY size= (the server has posted its receives)
 //!   ... the test; every second a BEAT from the client while it drives
 //! DONE size= iters= (messages completed)
+//!                                          RESULT size= iters= peak= (with bidir=1 only:
+//!                                          the server's own direction, messages and
+//!                                          bytes/s)
 //!                                          ACK size= (the server has counted them)
 //! -- at the end --
 //! BYE                                      BYE
 //! ```
 //!
 //! The mode must be the same on both ends (else both report the mismatch); the size, the
-//! iterations, `-D`, the QP count, the depth, the inline size and the MTU are the client's:
+//! iterations, `-D`, the QP count, the depth, the inline size, the MTU and `-b` (`bidir`,
+//! absent in a peer that predates it: 0) are the client's:
 //! the server runs with what the client sent. GIDs are 32 hex digits, MACs 12, addresses hex,
 //! the rest decimal. Every read has a deadline ([`Control::recv`]): a peer that goes quiet or
 //! away is an error, never a hang.
@@ -95,6 +99,8 @@ pub struct Hello {
     pub inline_size: u32,
     /// Path MTU in bytes.
     pub mtu: u32,
+    /// Both directions at once (`-b`): the server streams to the client too.
+    pub bidir: bool,
 }
 
 /// One QP of an end, as its peer needs it.
@@ -145,6 +151,16 @@ pub enum Msg {
         /// Messages completed, all QPs together.
         iters: u64,
     },
+    /// The server's own direction of a bidirectional `size`: messages it completed and its
+    /// peak bandwidth (bytes/s).
+    Result {
+        /// Message size.
+        size: u64,
+        /// Messages completed.
+        iters: u64,
+        /// Peak bandwidth, bytes/s.
+        peak: u64,
+    },
     /// The server has finished `size` too.
     Ack(u64),
     /// The end of the conversation.
@@ -172,7 +188,7 @@ impl Msg {
     pub fn emit(&self) -> String {
         let body = match self {
             Msg::Hello(h) => format!(
-                "HELLO mode={} size={} all={} iters={} duration={} qps={} tx_depth={} inline={} mtu={}",
+                "HELLO mode={} size={} all={} iters={} duration={} qps={} tx_depth={} inline={} mtu={} bidir={}",
                 h.mode,
                 h.size,
                 u8::from(h.all),
@@ -181,7 +197,8 @@ impl Msg {
                 h.qps,
                 h.tx_depth,
                 h.inline_size,
-                h.mtu
+                h.mtu,
+                u8::from(h.bidir)
             ),
             Msg::Error(why) => format!("ERROR {}", why.replace(['\n', '\r'], " ")),
             Msg::End(e) => {
@@ -195,6 +212,9 @@ impl Msg {
             Msg::Ready(size) => format!("READY size={size}"),
             Msg::Beat => "BEAT".into(),
             Msg::Done { size, iters } => format!("DONE size={size} iters={iters}"),
+            Msg::Result { size, iters, peak } => {
+                format!("RESULT size={size} iters={iters} peak={peak}")
+            }
             Msg::Ack(size) => format!("ACK size={size}"),
             Msg::Bye => "BYE".into(),
         };
@@ -244,6 +264,15 @@ impl Msg {
                 tx_depth: n32("tx_depth")?,
                 inline_size: n32("inline")?,
                 mtu: n32("mtu")?,
+                // Absent in a peer from before `-b`: unidirectional.
+                bidir: match fields.iter().any(|(n, _)| *n == "bidir") {
+                    false => false,
+                    true => match num("bidir")? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err(bad()),
+                    },
+                },
             }),
             "END" => {
                 let mut qps = Vec::new();
@@ -272,6 +301,11 @@ impl Msg {
             "DONE" => Msg::Done {
                 size: num("size")?,
                 iters: num("iters")?,
+            },
+            "RESULT" => Msg::Result {
+                size: num("size")?,
+                iters: num("iters")?,
+                peak: num("peak")?,
             },
             "ACK" => Msg::Ack(num("size")?),
             "BYE" => Msg::Bye,
@@ -418,6 +452,7 @@ mod tests {
                 tx_depth: 128,
                 inline_size: 0,
                 mtu: 4096,
+                bidir: true,
             }),
             Msg::Error("mode mismatch".into()),
             Msg::End(Endpoint {
@@ -448,6 +483,11 @@ mod tests {
             Msg::Done {
                 size: 2,
                 iters: 1000,
+            },
+            Msg::Result {
+                size: 2,
+                iters: 1000,
+                peak: 12_345_678_901,
             },
             Msg::Ack(2),
             Msg::Bye,
@@ -502,6 +542,17 @@ mod tests {
             parsed > 100,
             "{parsed}: some damaged lines are still messages"
         );
+    }
+
+    /// A peer from before `-b` sends no `bidir`: unidirectional.
+    #[test]
+    fn a_hello_without_bidir_is_unidirectional() {
+        let line = "uhca-perf/1 HELLO mode=write_bw size=1 all=0 iters=1 duration=0 qps=1 tx_depth=1 inline=0 mtu=1024";
+        let Msg::Hello(h) = Msg::parse(line).unwrap() else {
+            panic!("not a HELLO")
+        };
+        assert!(!h.bidir);
+        assert!(Msg::parse(&format!("{line} bidir=2")).is_err());
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! The client drives every test. For `*_bw` WRITE, READ and atomics and for `read_lat` and
 //! `atomic_lat` the server is passive: its memory is the target, and it waits for the
 //! client's DONE. For `send_bw` the server keeps receives posted and counts them; for
-//! `write_lat` and `send_lat` it is the other half of the ping-pong.
+//! `write_lat` and `send_lat` it is the other half of the ping-pong. With `-b` (the
+//! client's HELLO says `bidir=1`) the server of a bandwidth test streams to the client as
+//! well and reports its direction in a RESULT before its ACK; both ends print both
+//! directions together.
 
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -14,6 +17,7 @@ use uhca::datapath::Remote;
 use uhca::resource::ConnectParams;
 
 use super::control::{Control, ControlError, Endpoint, Hello, Msg, QpInfo};
+use super::stream::{Pace, Stream};
 use super::{
     Bench, BwResult, End, LatResult, Meter, Op, Peer, PerfError, Settings, StallTimer, await_recv,
     await_tag, lat_stats, put_send, put_write, rx_off, setup,
@@ -333,17 +337,58 @@ impl Bench {
     }
 
     /// Client, after running `size` with `iters` messages completed: DONE, and the
-    /// server's ACK.
-    pub(super) fn finish(&mut self, size: usize, iters: u64) -> Result<(), PerfError> {
-        let Some(ctl) = self.ctl(Role::Client)? else {
-            return Ok(());
+    /// server's ACK; in a bidirectional run first the server's RESULT, returned as its
+    /// messages and peak bandwidth (bytes/s). While the server finishes its direction of a
+    /// bidirectional SEND test, this end keeps reposting the receives its SENDs take.
+    pub(super) fn finish(
+        &mut self,
+        size: usize,
+        iters: u64,
+    ) -> Result<Option<(u64, f64)>, PerfError> {
+        let Bench {
+            me, peer, settings, ..
+        } = self;
+        let Peer::Remote {
+            ctl,
+            role: Role::Client,
+            ..
+        } = peer
+        else {
+            return Ok(None);
         };
         ctl.send(&Msg::Done {
             size: size as u64,
             iters,
         })?;
+        let mut theirs = None;
+        if settings.bidirectional {
+            let n = me.qps.len();
+            // Its own requests are all done: only receive completions come now.
+            let mut sink = Stream {
+                posted: vec![0; n],
+                done: vec![0; n],
+            };
+            let deadline = Instant::now() + REPLY;
+            theirs = loop {
+                if settings.op == Op::Send {
+                    me.reap(&mut sink)?;
+                }
+                match ctl.try_recv("RESULT")? {
+                    Some(Msg::Result {
+                        size: n,
+                        iters,
+                        peak,
+                    }) if n == size as u64 => break Some((iters, peak as f64)),
+                    Some(m) => return Err(unexpected("RESULT", &m).into()),
+                    None if Instant::now() > deadline => {
+                        return Err(ControlError::Timeout(REPLY, "RESULT").into());
+                    }
+                    None => std::thread::sleep(Duration::from_micros(50)),
+                }
+            };
+        }
         match ctl.recv(REPLY, "ACK")? {
-            Msg::Ack(n) if n == size as u64 => Ok(()),
+            Msg::Ack(n) if n == size as u64 => Ok(theirs),
             m => Err(unexpected("ACK", &m).into()),
         }
     }
@@ -383,6 +428,9 @@ impl Bench {
 
     fn run_serve_bandwidth(&mut self, size: usize) -> Result<Option<BwResult>, PerfError> {
         self.await_start(size)?;
+        if self.settings.bidirectional {
+            return self.serve_both_ways(size).map(Some);
+        }
         if self.settings.op != Op::Send {
             self.tell(&Msg::Ready(size as u64))?;
             self.await_done(size)?;
@@ -437,6 +485,91 @@ impl Bench {
         }
         self.tell(&Msg::Ack(size as u64))?;
         Ok(Some(meter.result(last)))
+    }
+
+    /// Server side of a bidirectional bandwidth test of `size` (`-b`): streams to the
+    /// client as the client streams to it (the same settings; with `-D` until the client's
+    /// DONE), keeps receives posted for the client's SENDs, and hears the client's beats.
+    /// It then sends its RESULT and ACK; its own result counts both directions (its
+    /// messages and those the client's DONE reports).
+    fn serve_both_ways(&mut self, size: usize) -> Result<BwResult, PerfError> {
+        let s = self.settings.clone();
+        let nq = self.me.qps.len();
+        let (sig_every, list) = s.pacing();
+        let inline = vec![0xA5u8; s.inline_size as usize];
+        let iters = if s.duration.is_some() {
+            u64::MAX
+        } else {
+            s.iters
+        };
+        if s.op == Op::Send {
+            for q in 0..nq {
+                self.me.fill_recvs(q)?;
+            }
+        }
+        self.tell(&Msg::Ready(size as u64))?;
+        let targets: Vec<Remote> = (0..nq).map(|q| self.target(q)).collect();
+        let mut st = Stream {
+            posted: vec![0; nq],
+            done: vec![0; nq],
+        };
+        let pace = Pace {
+            s: &s,
+            size,
+            iters,
+            sig_every,
+            list,
+            inline: &inline,
+        };
+        let start = Instant::now();
+        let window = (s.iters / 20).max(sig_every).max(1);
+        let mut meter = Meter::new(size, window, start);
+        let (mut theirs, mut heard, mut next_check) = (None, start, start);
+        let mut idle = StallTimer::new();
+        let mut now = start;
+        loop {
+            // With -D the client's DONE ends this end's stream too.
+            let stop = s.duration.is_some() && theirs.is_some();
+            self.me.pump(&mut st, &targets, &pace, stop)?;
+            let n = self.me.reap(&mut st)?;
+            if n > 0 {
+                now = Instant::now();
+                idle = StallTimer::new();
+                meter.add(n, now);
+            } else if let Some(t) = idle.spin()? {
+                now = t;
+            }
+            // The control connection, a few times a second: beats, the DONE, or silence.
+            if now >= next_check {
+                next_check = now + Duration::from_millis(50);
+                let ctl = self.ctl(Role::Server)?.ok_or_else(not_remote)?;
+                match ctl.try_recv("DONE")? {
+                    Some(Msg::Beat) => heard = now,
+                    Some(Msg::Done { size: n, iters }) if n == size as u64 => {
+                        (theirs, heard) = (Some(iters), now)
+                    }
+                    Some(m) => return Err(unexpected("BEAT or DONE", &m).into()),
+                    None if theirs.is_none() && now.duration_since(heard) > QUIET => {
+                        return Err(ControlError::Timeout(QUIET, "DONE").into());
+                    }
+                    None => {}
+                }
+            }
+            let drained = (0..nq).all(|q| st.done[q] == st.posted[q]);
+            let finished = stop || (s.duration.is_none() && st.done.iter().all(|&d| d >= iters));
+            if drained && finished && theirs.is_some() {
+                break;
+            }
+        }
+        let end = Instant::now();
+        let mine = meter.result(end);
+        self.tell(&Msg::Result {
+            size: size as u64,
+            iters: mine.iters,
+            peak: mine.peak as u64,
+        })?;
+        self.tell(&Msg::Ack(size as u64))?;
+        Ok(both_ways(mine, theirs.unwrap_or(0), 0.0, start, end))
     }
 
     /// Server side of a latency test of `size`: the other half of the WRITE and SEND
@@ -519,6 +652,27 @@ impl Bench {
             ctl.send(&Msg::Bye)?;
         }
         Ok(())
+    }
+}
+
+/// A bidirectional result: `mine` (this end's direction, measured from `start` to `end`)
+/// with the other direction's `their_iters` messages and `their_peak` bytes/s added.
+pub(super) fn both_ways(
+    mine: BwResult,
+    their_iters: u64,
+    their_peak: f64,
+    start: Instant,
+    end: Instant,
+) -> BwResult {
+    let secs = end.duration_since(start).as_secs_f64().max(1e-9);
+    let iters = mine.iters + their_iters;
+    let avg = (iters * mine.size as u64) as f64 / secs;
+    BwResult {
+        iters,
+        avg,
+        msg_rate: iters as f64 / secs,
+        peak: (mine.peak + their_peak).max(avg),
+        ..mine
     }
 }
 
