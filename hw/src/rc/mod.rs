@@ -332,7 +332,9 @@ impl RcQp {
 
     /// Queues a send work request. Checked here: the queue has room, the local data fit
     /// the opcode (inline only for SEND/WRITE, 8 bytes for atomics), the length is at most
-    /// 2^31 bytes. In the error state the request is accepted and completes as flushed on
+    /// the QP's `2^log_max_msg` bytes ([`QpConfig::log_max_msg`]). A request that would
+    /// make the posted ones span half the PSN space gets `QueueFull` until earlier ones
+    /// complete. In the error state the request is accepted and completes as flushed on
     /// the next [`poll`](Self::poll).
     pub fn post_send(&mut self, wr: WorkRequest) -> Result<(), PostError> {
         self.post_send_with(|slot: &mut SendSlot| slot.fill_from(&wr))

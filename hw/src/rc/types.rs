@@ -475,8 +475,9 @@ pub enum PostError {
         /// Bytes given.
         len: u64,
     },
-    /// The message is longer than 2^31 bytes (IBA Vol. 1 §9.4 message size limit).
-    #[error("message of {len} bytes exceeds 2^31")]
+    /// The message is longer than the QP allows (`QpConfig::log_max_msg`, at most IBA's
+    /// 2^31 bytes, Vol. 1 §9.4), or alone spans half the PSN space.
+    #[error("message of {len} bytes exceeds the QP's maximum message size")]
     TooLong {
         /// Bytes given.
         len: u64,
