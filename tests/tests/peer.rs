@@ -531,3 +531,141 @@ fn client_callbacks_run_in_order_once_and_after_the_mkey_is_dead() {
     }
     assert_eq!(dev.registrations(), 0);
 }
+
+/// Random peer-memory life cycles under traffic: ranges of the model GPU's BAR exported
+/// and registered (whole or in part), WRITEs into them at random offsets and lengths (some
+/// past the end), MRs revoked one by one, dropped, or all at once by an exporter reset or
+/// memory decoding turned off and on, and the QPs started over after each failure. Every
+/// WRITE completes once; a byte of the BAR changes only inside a range that was registered
+/// in that round; writes through a revoked key change nothing; the driver always unmapped
+/// before the exporter had to. Fixed-seed xorshift.
+#[test]
+fn random_registrations_and_revocations_under_traffic() {
+    use uhca_hw::rng::XorShift64;
+    let mut p = pair();
+    let (g, dev) = gpu();
+    let src = mr(&p.pd, 64 << 10, 0x11);
+    let bar_len: u64 = 4 << 20;
+    let mut rng = XorShift64::new(0x0FEE_D5EE_D000_0007);
+    let mut next_id = 0u64;
+    let (mut ok, mut failed) = (0, 0);
+    let rounds: u32 = std::env::var("PEER_FUZZ_ROUNDS").map_or(60, |v| v.parse().unwrap());
+    for round in 0..rounds {
+        g.gpu().fill(0, bar_len as usize, 0x5A).unwrap();
+        // (the MR, its BAR offset) for the MRs of this round; and every range registered.
+        let mut live: Vec<(uhca::peer::PeerMr, u64)> = Vec::new();
+        let mut revoked: Vec<uhca::peer::PeerMr> = Vec::new();
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut outstanding = 0usize;
+        for _ in 0..20 {
+            match rng.below(8) {
+                0..=2 => {
+                    let pages = bar_len / 4096;
+                    let first = rng.below(pages);
+                    let n = 1 + rng.below((pages - first).min(64));
+                    let Ok(buf) = dev.export(1, first * 4096, n * 4096) else {
+                        continue;
+                    };
+                    let (off, len) = if rng.below(2) == 0 {
+                        (0, n * 4096)
+                    } else {
+                        let o = rng.below(n) * 4096;
+                        (o, (1 + rng.below(n - o / 4096)) * 4096)
+                    };
+                    let target = PeerTarget::Range { addr: off, len };
+                    if let Ok(pmr) = p.pd.reg_peer_mr(&buf, target, Access::ALL) {
+                        ranges.push((first * 4096 + off, len));
+                        live.push((pmr, first * 4096 + off));
+                    }
+                }
+                3..=5 if !live.is_empty() && outstanding < 900 => {
+                    for _ in 0..1 + rng.below(8) {
+                        let (pmr, _) = &live[rng.below(live.len() as u64) as usize];
+                        let len = 1 + rng.below(8192) as usize;
+                        let off = rng.below(pmr.len() + 64);
+                        let wr = SendWr {
+                            wr_id: next_id,
+                            op: SendOp::Write {
+                                local: Local::Sges(&[Sge::of(&src, 0, len).unwrap()]),
+                                remote: pmr.remote(off),
+                            },
+                            flags: SIG,
+                        };
+                        if p.a.post_send(&wr).is_ok() {
+                            next_id += 1;
+                            outstanding += 1;
+                        }
+                    }
+                    p.a.ring_doorbell();
+                }
+                6 if !live.is_empty() => {
+                    let (pmr, _) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    if rng.below(2) == 0 {
+                        pmr.revoke().unwrap();
+                        revoked.push(pmr);
+                    } // else dropped: deregistered
+                }
+                7 => {
+                    if rng.below(2) == 0 {
+                        dev.reset().unwrap();
+                    } else {
+                        dev.set_memory_enabled(false).unwrap();
+                        dev.set_memory_enabled(true).unwrap();
+                    }
+                    revoked.extend(live.drain(..).map(|(m, _)| m));
+                }
+                _ => {}
+            }
+        }
+        // Every WRITE completes once; after a failure both QPs start over.
+        let got = wait_n(&mut p.cq_a, outstanding);
+        let errs = got.iter().filter(|c| is_err(c)).count();
+        (ok, failed) = (ok + got.len() - errs, failed + errs);
+        if errs > 0 {
+            reconnect(&mut p);
+        }
+        let inside = |at: u64| ranges.iter().any(|&(s, l)| at >= s && at < s + l);
+        let now = bar(&g, 0, bar_len as usize);
+        if let Some(at) = (0..bar_len).find(|&a| now[a as usize] != 0x5A && !inside(a)) {
+            panic!("round {round}: BAR byte {at:#x} changed outside every registered range");
+        }
+        // Nothing lands through a revoked key: paint, write, compare.
+        if let Some(m) = revoked.first() {
+            assert!(m.is_revoked());
+            g.gpu().fill(0, bar_len as usize, 0x5A).unwrap();
+            let wr = SendWr {
+                wr_id: next_id,
+                op: SendOp::Write {
+                    local: Local::Sges(&[Sge::of(&src, 0, 64).unwrap()]),
+                    remote: m.remote(0),
+                },
+                flags: SIG,
+            };
+            next_id += 1;
+            p.a.post_send(&wr).unwrap();
+            p.a.ring_doorbell();
+            let c = wait_n(&mut p.cq_a, 1);
+            assert!(
+                is_err(&c[0]),
+                "round {round}: a write through a revoked key: {c:?}"
+            );
+            reconnect(&mut p);
+            assert!(
+                bar(&g, 0, bar_len as usize).iter().all(|&b| b == 0x5A),
+                "round {round}: a revoked key reached the BAR"
+            );
+        }
+        drop(live);
+        drop(revoked);
+        assert_eq!(dev.registrations(), 0, "round {round}");
+    }
+    assert!(
+        ok > 100 && failed > 20,
+        "{ok} writes landed, {failed} failed"
+    );
+    assert_eq!(
+        g.gpu().stats().forced_unmaps,
+        0,
+        "the driver always unmapped first"
+    );
+}
