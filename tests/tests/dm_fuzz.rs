@@ -11,6 +11,10 @@ use uhca::resource::{Access, Dm, Mr, QpConfig, SendFlags, SendOp, SendWr};
 use uhca_hw::rng::XorShift64;
 use uhca_tests::datapath::{mr, pair_with, wait_n};
 
+/// A live allocation: its id, the handle, the length its pattern covers, and the regions
+/// registered over it with their offsets.
+type Live = (u64, Dm, usize, Vec<(Mr, usize)>);
+
 /// The byte of allocation `id` at offset `i`.
 fn byte(id: u64, i: usize) -> u8 {
     (i as u8).wrapping_mul(13) ^ (id as u8).wrapping_mul(101) ^ 0x5A
@@ -22,8 +26,7 @@ fn random_device_memory_use_keeps_allocations_apart() {
     let caps = p.dev.dm_caps().expect("the model has device memory");
     let mut rng = XorShift64::new(0x0D3E_F022_0000_0008);
     let local = mr(&p.pd, 4096, 0);
-    // (id, allocation, length counted from the pattern, registrations over it)
-    let mut live: Vec<(u64, Dm, usize, Vec<(Mr, usize)>)> = Vec::new();
+    let mut live: Vec<Live> = Vec::new();
     let (mut next_id, mut refused) = (0u64, 0u32);
     let steps: u64 = std::env::var("DM_FUZZ_STEPS").map_or(4000, |v| v.parse().unwrap());
     for step in 0..steps {
