@@ -148,7 +148,7 @@ struct Args {
     #[arg(short = 'l', long = "post_list")]
     post_list: Option<u32>,
     /// Sleep on completion events instead of polling the CQ (not write_lat, which watches
-    /// memory, as perftest; send_bw only between two processes).
+    /// memory, as perftest; send_bw and -b only between two processes).
     #[arg(short = 'e', long = "events")]
     events: bool,
     /// Bandwidth tests: both directions at once, each end streaming to the other; the
