@@ -610,13 +610,8 @@ impl Bench {
     fn run_bandwidth(&mut self, size: usize) -> Result<BwResult, PerfError> {
         let s = self.settings.clone();
         let nq = s.qps as usize;
-        let (sig_every, list) = s.pacing();
-        let inline = vec![0xA5u8; s.inline_size as usize];
-        let iters = if s.duration.is_some() {
-            u64::MAX
-        } else {
-            s.iters
-        };
+        let pace = Pace::new(&s, size);
+        let iters = pace.iters;
         // The other direction of `-b`: the local peer streams into this end's buffers here;
         // a remote server streams on its own and reports at the end (`finish`).
         let both = s.bidirectional && matches!(self.peer, Peer::Local(_));
@@ -637,26 +632,13 @@ impl Bench {
         let to_me: Vec<Remote> = (0..nq)
             .map(|q| self.me.bufs[q].remote(self.rx_off as u64))
             .collect();
-        let fresh = || Stream {
-            posted: vec![0; nq],
-            done: vec![0; nq],
-        };
-        let (mut mine, mut theirs) = (fresh(), fresh());
-        let pace = Pace {
-            s: &s,
-            size,
-            iters,
-            sig_every,
-            list,
-            inline: &inline,
-        };
+        let (mut mine, mut theirs) = (Stream::new(nq), Stream::new(nq));
         let start = Instant::now();
         // The time as last read: on progress, and every SPINS_PER_CLOCK idle loops.
         let mut now = start;
         let mut next_beat = start + remote::BEAT;
         let mut idle = CqWait::new(s.events);
-        let window = (s.iters / 20).max(sig_every).max(1);
-        let mut meter = Meter::new(size, window, start);
+        let mut meter = Meter::new(size, pace.window(), start);
         let deadline = s.duration.map(|d| start + d);
         loop {
             let stop = deadline.is_some_and(|d| now >= d);

@@ -362,12 +362,8 @@ impl Bench {
         })?;
         let mut theirs = None;
         if settings.bidirectional {
-            let n = me.qps.len();
             // Its own requests are all done: only receive completions come now.
-            let mut sink = Stream {
-                posted: vec![0; n],
-                done: vec![0; n],
-            };
+            let mut sink = Stream::new(me.qps.len());
             let deadline = Instant::now() + REPLY;
             theirs = loop {
                 if settings.op == Op::Send {
@@ -495,13 +491,8 @@ impl Bench {
     fn serve_both_ways(&mut self, size: usize) -> Result<BwResult, PerfError> {
         let s = self.settings.clone();
         let nq = self.me.qps.len();
-        let (sig_every, list) = s.pacing();
-        let inline = vec![0xA5u8; s.inline_size as usize];
-        let iters = if s.duration.is_some() {
-            u64::MAX
-        } else {
-            s.iters
-        };
+        let pace = Pace::new(&s, size);
+        let iters = pace.iters;
         if s.op == Op::Send {
             for q in 0..nq {
                 self.me.fill_recvs(q)?;
@@ -509,21 +500,9 @@ impl Bench {
         }
         self.tell(&Msg::Ready(size as u64))?;
         let targets: Vec<Remote> = (0..nq).map(|q| self.target(q)).collect();
-        let mut st = Stream {
-            posted: vec![0; nq],
-            done: vec![0; nq],
-        };
-        let pace = Pace {
-            s: &s,
-            size,
-            iters,
-            sig_every,
-            list,
-            inline: &inline,
-        };
+        let mut st = Stream::new(nq);
         let start = Instant::now();
-        let window = (s.iters / 20).max(sig_every).max(1);
-        let mut meter = Meter::new(size, window, start);
+        let mut meter = Meter::new(size, pace.window(), start);
         let (mut theirs, mut heard, mut next_check) = (None, start, start);
         let mut idle = StallTimer::new();
         let mut now = start;

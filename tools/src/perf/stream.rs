@@ -44,14 +44,51 @@ pub(super) struct Stream {
     pub(super) done: Vec<u64>,
 }
 
-/// What the posting loop of a bandwidth run needs from the run.
+impl Stream {
+    /// Nothing posted yet on `qps` QPs.
+    pub(super) fn new(qps: usize) -> Stream {
+        Stream {
+            posted: vec![0; qps],
+            done: vec![0; qps],
+        }
+    }
+}
+
+/// How a bandwidth run of `size`-byte messages posts, from its settings: how many
+/// messages per QP (unbounded with `-D`), the completion interval and list length
+/// (`Settings::pacing`), and the inline data.
 pub(super) struct Pace<'a> {
     pub(super) s: &'a Settings,
     pub(super) size: usize,
     pub(super) iters: u64,
     pub(super) sig_every: u64,
     pub(super) list: Option<u64>,
-    pub(super) inline: &'a [u8],
+    pub(super) inline: Vec<u8>,
+}
+
+impl Pace<'_> {
+    /// The pace of `size`-byte messages under `s`.
+    pub(super) fn new(s: &Settings, size: usize) -> Pace<'_> {
+        let (sig_every, list) = s.pacing();
+        Pace {
+            s,
+            size,
+            iters: if s.duration.is_some() {
+                u64::MAX
+            } else {
+                s.iters
+            },
+            sig_every,
+            list,
+            inline: vec![0xA5; s.inline_size as usize],
+        }
+    }
+
+    /// Messages per peak-bandwidth window: a twentieth of the run, at least one
+    /// completion interval.
+    pub(super) fn window(&self) -> u64 {
+        (self.s.iters / 20).max(self.sig_every).max(1)
+    }
 }
 
 impl End {
@@ -82,7 +119,7 @@ impl End {
                     } else {
                         SendFlags::NONE
                     };
-                    let wr = make_wr(p.s, p.size, i, flags, &local, p.inline, target);
+                    let wr = make_wr(p.s, p.size, i, flags, &local, &p.inline, target);
                     match self.qps[q].post_send(&wr) {
                         Ok(()) => st.posted[q] += 1,
                         Err(PostError::QueueFull) => {

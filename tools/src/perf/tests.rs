@@ -152,24 +152,8 @@ fn events_wake_the_waits() {
 
 #[test]
 fn write_bw_and_lat_run_on_the_model() {
-    let s = Settings {
-        op: Op::Write,
-        size: 4096,
-        iters: 200,
-        duration: None,
-        qps: 2,
-        tx_depth: 16,
-        inline_size: 0,
-        use_dm: false,
-        gpu: None,
-        mtu: Mtu::M4096,
-        loopback_offload: true,
-        outs: None,
-        cq_mod: None,
-        post_list: None,
-        events: false,
-        bidirectional: false,
-    };
+    let mut s = settings(Op::Write, 200, 16);
+    s.qps = 2;
     let mut b = Bench::new(&s, 4096, false).unwrap();
     let r = b.bandwidth(4096).unwrap();
     assert_eq!(r.iters, 400);
@@ -181,24 +165,8 @@ fn write_bw_and_lat_run_on_the_model() {
 #[test]
 fn sends_of_growing_sizes_fit_the_receives_left_posted() {
     // `-a`: the receives posted for one size are still there for the next, larger one.
-    let s = Settings {
-        op: Op::Send,
-        size: 0,
-        iters: 20,
-        duration: None,
-        qps: 1,
-        tx_depth: 8,
-        inline_size: 0,
-        use_dm: false,
-        gpu: None,
-        mtu: Mtu::M1024,
-        loopback_offload: true,
-        outs: None,
-        cq_mod: None,
-        post_list: None,
-        events: false,
-        bidirectional: false,
-    };
+    let mut s = settings(Op::Send, 20, 8);
+    (s.size, s.mtu) = (0, Mtu::M1024);
     let mut b = Bench::new(&s, 8192, false).unwrap();
     for size in [64, 8192] {
         assert_eq!(b.bandwidth(size).unwrap().iters, 20, "{size}");
@@ -212,24 +180,8 @@ fn sends_of_growing_sizes_fit_the_receives_left_posted() {
 fn every_operation_completes_between_two_linked_models() {
     for op in [Op::Read, Op::Send, Op::Atomic] {
         let size = if op == Op::Atomic { 8 } else { 64 };
-        let s = Settings {
-            op,
-            size,
-            iters: 50,
-            duration: None,
-            qps: 1,
-            tx_depth: 8,
-            inline_size: 16,
-            use_dm: false,
-            gpu: None,
-            mtu: Mtu::M1024,
-            loopback_offload: true,
-            outs: None,
-            cq_mod: None,
-            post_list: None,
-            events: false,
-            bidirectional: false,
-        };
+        let mut s = settings(op, 50, 8);
+        (s.size, s.inline_size, s.mtu) = (size, 16, Mtu::M1024);
         let mut b = Bench::new(&s, size, true).unwrap();
         assert_eq!(b.bandwidth(size).unwrap().iters, 50, "{op:?}");
         assert_eq!(b.latency(size).unwrap().iters, 50, "{op:?}");
