@@ -322,15 +322,7 @@ fn atomics_return_the_original_value() {
 fn a_mixed_pipeline_completes_in_order_both_ways() {
     let mut p = setup(Mtu::Mtu1024);
     for s in [&mut p.a, &mut p.b] {
-        for i in 0..40 {
-            let sges = SgeList::from_slice(&[Sge {
-                lkey: DST,
-                addr: VA_DST + 0x3_0000 + i * 4096,
-                len: 4096,
-            }])
-            .unwrap();
-            s.rq.push_back(RecvWqe { wr_id: i, sges });
-        }
+        s.post_recv_slots(DST, VA_DST + 0x3_0000, 4096, 40);
     }
     for (k, s) in [&mut p.a, &mut p.b].into_iter().enumerate() {
         for i in 0..120u64 {

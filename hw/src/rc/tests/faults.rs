@@ -73,15 +73,7 @@ fn run_workload_to_end(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) 
         s.mem.register(DST, VA_DST, (N * SLOT + 8) as usize, true);
         s.mem.register(RCV, VA_RCV, (N * SLOT) as usize, false);
         s.mem.fill(DST, VA_DST + COUNTER, &0u64.to_le_bytes());
-        for i in 0..N {
-            let sges = SgeList::from_slice(&[Sge {
-                lkey: RCV,
-                addr: VA_RCV + i * SLOT,
-                len: SLOT as u32,
-            }])
-            .unwrap();
-            s.rq.push_back(RecvWqe { wr_id: i, sges });
-        }
+        s.post_recv_slots(RCV, VA_RCV, SLOT, N);
     }
     let len = |i: u64, w: &WrOp| match w {
         WrOp::FetchAdd { .. } => 8,

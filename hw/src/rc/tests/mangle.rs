@@ -78,15 +78,7 @@ fn run(seed: u64, mtu: Mtu, faults: FaultConfig) -> (Pair, [u64; 2]) {
         s.mem.register(DST, VA_DST, (N * SLOT) as usize, true);
         s.mem.register(RCV, VA_RCV, (N * SLOT) as usize, false);
         s.mem.register(GUARD, VA_GUARD, (N * SLOT) as usize, false);
-        for i in 0..N {
-            let sges = SgeList::from_slice(&[Sge {
-                lkey: RCV,
-                addr: VA_RCV + i * SLOT,
-                len: SLOT as u32,
-            }])
-            .unwrap();
-            s.rq.push_back(RecvWqe { wr_id: i, sges });
-        }
+        s.post_recv_slots(RCV, VA_RCV, SLOT, N);
     }
     let signaled = |i: u64| i % 3 != 1 || i == N - 1;
     for s in [&mut p.a, &mut p.b] {

@@ -194,6 +194,20 @@ impl Side {
         )
     }
 
+    /// Queues `n` receives of `slot` bytes each under `key`, the `i`th (wr_id `i`) at
+    /// `va + i * slot`.
+    pub(super) fn post_recv_slots(&mut self, key: u32, va: u64, slot: u64, n: u64) {
+        for i in 0..n {
+            let sges = SgeList::from_slice(&[Sge {
+                lkey: key,
+                addr: va + i * slot,
+                len: slot as u32,
+            }])
+            .unwrap();
+            self.rq.push_back(RecvWqe { wr_id: i, sges });
+        }
+    }
+
     /// Posts a work request (panics on a post error: tests of those call `post_send`).
     pub(super) fn post(&mut self, wr: WorkRequest) {
         self.qp.post_send(wr).unwrap();
