@@ -302,18 +302,7 @@ fn a_killed_model_process_is_reported_as_device_lost() {
 fn uhca_info_reads_a_model_process_and_persist_serves_clients_in_turn() {
     let mut model = ModelProc::spawn(&["--persist"]);
     for _ in 0..2 {
-        let out = Command::new(env!("CARGO_BIN_EXE_uhca-info"))
-            .arg("--vfio-user")
-            .arg(&model.sock)
-            .arg("--json")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = model.info_json();
         assert_eq!(v["vendor_id"], 0x15b3);
         assert_eq!(v["ports"][0]["state"], "PORT_ACTIVE");
     }

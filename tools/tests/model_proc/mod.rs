@@ -63,6 +63,23 @@ impl ModelProc {
         p
     }
 
+    /// `uhca-info --vfio-user SOCK --json`: the device facts a client reads through this
+    /// server (the run must succeed).
+    pub fn info_json(&self) -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_uhca-info"))
+            .arg("--vfio-user")
+            .arg(&self.sock)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
     /// Waits (bounded) for the process to exit by itself.
     pub fn wait_exit(&mut self) -> ExitStatus {
         let deadline = Instant::now() + Duration::from_secs(30);
