@@ -37,6 +37,9 @@ fn bad_flags_are_messages_not_panics() {
         (&["write_bw", "-i", "2"], "one port"),
         (&["write_lat", "-e"], "watches the message's last byte"),
         (&["write_lat", "-b"], "bandwidth tests"),
+        (&["write_bw", "--output", "latency"], "latency tests"),
+        (&["write_lat", "--output=bandwidth"], "bandwidth tests"),
+        (&["write_bw", "--output=peak"], "invalid value"),
         (&["write_bw", "-b", "-e"], "two CQs"),
         (&["send_bw", "-e"], "run a server and a client"),
         (
@@ -78,6 +81,51 @@ fn perftest_pacing_flags_run() {
             "{args:?}: {out}"
         );
     }
+}
+
+/// `--output` prints one figure per size and nothing else (as perftest, for scripts);
+/// `-N` prints the peak as 0.
+#[test]
+fn output_prints_one_figure_per_size() {
+    for (args, lines) in [
+        (
+            &["write_bw", "-s", "4096", "-n", "100", "--output=bandwidth"][..],
+            1,
+        ),
+        (
+            &[
+                "send_bw",
+                "-s",
+                "4096",
+                "-n",
+                "100",
+                "--output",
+                "message_rate",
+            ],
+            1,
+        ),
+        (&["write_lat", "-n", "100", "--output=latency"], 1),
+        (&["read_bw", "-a", "-n", "20", "--output=bandwidth"], 23),
+    ] {
+        let (code, out, err) = perf(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let got: Vec<&str> = out.lines().collect();
+        assert_eq!(got.len(), lines, "{args:?}: {out}");
+        for l in got {
+            let v: f64 = l
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{args:?}: {l:?}"));
+            assert!(v > 0.0, "{args:?}: {l}");
+        }
+    }
+    let (code, out, _) = perf(&["write_bw", "-s", "4096", "-n", "100", "-N"]);
+    assert_eq!(code, 0);
+    let row = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("4096"))
+        .unwrap();
+    assert_eq!(row.split_whitespace().nth(2), Some("0.00"), "{row}");
 }
 
 #[test]

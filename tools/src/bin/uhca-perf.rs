@@ -90,6 +90,19 @@ impl Mode {
     }
 }
 
+/// The one figure `--output` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[allow(non_camel_case_types)]
+#[value(rename_all = "snake_case")]
+enum Output {
+    /// BW average, in MB/s (Gb/s with `--report_gbits`).
+    bandwidth,
+    /// Messages per second, in millions.
+    message_rate,
+    /// t_typical, in µs.
+    latency,
+}
+
 /// perftest-like RDMA benchmarks on uhca (default device: the built-in model HCA).
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -155,6 +168,14 @@ struct Args {
     /// result counts both (as perftest's `-b`), on both ends of a client/server run.
     #[arg(short = 'b', long = "bidirectional")]
     bidirectional: bool,
+    /// Do not measure the peak bandwidth (printed as 0, as perftest's `-N`).
+    #[arg(short = 'N', long = "noPeak")]
+    no_peak: bool,
+    /// Print only this figure, one line per size, with no header or table (perftest's
+    /// `--output`): `bandwidth` or `message_rate` for bandwidth tests, `latency`
+    /// (t_typical, µs) for latency tests.
+    #[arg(long = "output", value_enum)]
+    output: Option<Output>,
     /// Connection type: RC, the only one uhca has.
     #[arg(short = 'c', long = "connection", default_value = "RC")]
     connection: String,
@@ -398,6 +419,15 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
                 .into(),
         );
     }
+    match a.output {
+        Some(Output::latency) if a.mode.is_bw() => {
+            return Err("--output=latency is for the latency tests".into());
+        }
+        Some(Output::bandwidth | Output::message_rate) if !a.mode.is_bw() => {
+            return Err("--output=bandwidth and message_rate are for the bandwidth tests".into());
+        }
+        _ => {}
+    }
     if a.ib_port != 1 {
         return Err(format!("-i {}: the device has one port, 1", a.ib_port));
     }
@@ -524,6 +554,9 @@ fn gpu_placement(a: &Args) -> Result<Option<GpuPlacement>, String> {
 }
 
 fn header(a: &Args, s: &Settings, bench: &Bench) {
+    if a.output.is_some() {
+        return;
+    }
     let ends = bench.endpoints();
     let pacing = bench.pacing();
     let kind = if a.mode.is_bw() { "BW" } else { "Latency" };
@@ -579,25 +612,33 @@ fn header(a: &Args, s: &Settings, bench: &Bench) {
     }
 }
 
-fn bw_line(r: &BwResult, gbits: bool) {
+fn bw_line(a: &Args, r: &BwResult) {
     let conv = |b: f64| {
-        if gbits {
+        if a.report_gbits {
             b * 8.0 / 1e9
         } else {
             b / (1 << 20) as f64
         }
     };
-    println!(
-        " {:<10} {:<10}     {:<18.2} {:<20.2} {:.6}",
-        r.size,
-        r.iters,
-        conv(r.peak),
-        conv(r.avg),
-        r.msg_rate / 1e6
-    );
+    match a.output {
+        Some(Output::bandwidth) => println!("{:.2}", conv(r.avg)),
+        Some(_) => println!("{:.6}", r.msg_rate / 1e6),
+        None => println!(
+            " {:<10} {:<10}     {:<18.2} {:<20.2} {:.6}",
+            r.size,
+            r.iters,
+            if a.no_peak { 0.0 } else { conv(r.peak) },
+            conv(r.avg),
+            r.msg_rate / 1e6
+        ),
+    }
 }
 
-fn lat_line(r: &LatResult) {
+fn lat_line(a: &Args, r: &LatResult) {
+    if a.output.is_some() {
+        println!("{:.2}", r.typical);
+        return;
+    }
     println!(
         " {:<7} {:<11}  {:<13.2} {:<12.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
         r.size, r.iters, r.min, r.max, r.typical, r.avg, r.stdev, r.p99, r.p999
@@ -605,11 +646,24 @@ fn lat_line(r: &LatResult) {
 }
 
 fn bw_columns(a: &Args) {
+    if a.output.is_some() {
+        return;
+    }
     let unit = if a.report_gbits { "Gb/sec" } else { "MB/sec" };
     println!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]");
 }
 
-fn lat_columns() {
+/// The table's closing line (none with `--output`).
+fn closing(a: &Args) {
+    if a.output.is_none() {
+        println!("{LINE}");
+    }
+}
+
+fn lat_columns(a: &Args) {
+    if a.output.is_some() {
+        return;
+    }
     println!(
         " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
     );
@@ -620,18 +674,15 @@ fn drive(a: &Args, bench: &mut Bench, sizes: &[usize]) -> Result<(), String> {
     if a.mode.is_bw() {
         bw_columns(a);
         for &s in sizes {
-            bw_line(
-                &bench.bandwidth(s).map_err(|e| e.to_string())?,
-                a.report_gbits,
-            );
+            bw_line(a, &bench.bandwidth(s).map_err(|e| e.to_string())?);
         }
     } else {
-        lat_columns();
+        lat_columns(a);
         for &s in sizes {
-            lat_line(&bench.latency(s).map_err(|e| e.to_string())?);
+            lat_line(a, &bench.latency(s).map_err(|e| e.to_string())?);
         }
     }
-    println!("{LINE}");
+    closing(a);
     Ok(())
 }
 
@@ -738,16 +789,16 @@ fn server(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
                 if !std::mem::replace(&mut columns, true) {
                     bw_columns(&b);
                 }
-                bw_line(&r, b.report_gbits);
+                bw_line(&b, &r);
             }
         } else if let Some(r) = bench.serve_latency(s).map_err(|e| e.to_string())? {
             if !std::mem::replace(&mut columns, true) {
-                lat_columns();
+                lat_columns(&b);
             }
-            lat_line(&r);
+            lat_line(&b, &r);
         }
     }
-    println!("{LINE}");
+    closing(&b);
     bench.bye().map_err(|e| e.to_string())
 }
 
