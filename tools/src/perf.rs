@@ -345,26 +345,6 @@ impl End {
         }
         Ok(())
     }
-
-    /// Polls the CQ once, posts a receive for each one completed; returns how many.
-    fn reap_recvs(&mut self) -> Result<u64, PerfError> {
-        let mut refill = vec![0u32; self.qps.len()];
-        let mut n = 0;
-        for c in self.cq.poll() {
-            let c = check(c)?;
-            if c.opcode == WcOpcode::Recv {
-                let q = self.qps.iter().position(|x| x.qpn() == c.qpn).unwrap_or(0);
-                refill[q] += 1;
-                n += 1;
-            }
-        }
-        for (q, k) in refill.into_iter().enumerate() {
-            if k > 0 {
-                self.post_recvs(q, k)?;
-            }
-        }
-        Ok(n)
-    }
 }
 
 /// Offset of the half of each buffer that the peer writes into.

@@ -139,27 +139,43 @@ impl End {
     /// messages completed); a receive is posted again for each receive completion.
     pub(super) fn reap(&mut self, st: &mut Stream) -> Result<u64, PerfError> {
         let mut progressed = 0;
-        let mut refill = 0u64;
+        self.reap_with(|q, wr_id| {
+            progressed += wr_id + 1 - st.done[q];
+            st.done[q] = wr_id + 1;
+        })?;
+        Ok(progressed)
+    }
+
+    /// Polls the CQ once and posts a receive for each receive completed; returns how many
+    /// (send completions are ignored: an end that only receives has none).
+    pub(super) fn reap_recvs(&mut self) -> Result<u64, PerfError> {
+        self.reap_with(|_, _| {})
+    }
+
+    /// Polls the CQ once: hands each send completion's QP index and `wr_id` to `sent`,
+    /// posts a receive again for each receive completion and returns how many there were.
+    /// Nothing is allocated: this runs in the measured loop.
+    fn reap_with(&mut self, mut sent: impl FnMut(usize, u64)) -> Result<u64, PerfError> {
+        let mut recvs = 0u64;
         let mut per_qp = [0u32; MAX_QPS as usize];
         for c in self.cq.poll() {
             let c = check(c)?;
             let q = self.qps.iter().position(|x| x.qpn() == c.qpn).unwrap_or(0);
             if c.opcode == WcOpcode::Recv {
                 per_qp[q] += 1;
-                refill += 1;
+                recvs += 1;
             } else {
-                progressed += c.wr_id + 1 - st.done[q];
-                st.done[q] = c.wr_id + 1;
+                sent(q, c.wr_id);
             }
         }
-        if refill > 0 {
+        if recvs > 0 {
             for (q, &k) in per_qp.iter().enumerate().take(self.qps.len()) {
                 if k > 0 {
                     self.post_recvs(q, k)?;
                 }
             }
         }
-        Ok(progressed)
+        Ok(recvs)
     }
 }
 
