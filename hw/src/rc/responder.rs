@@ -70,33 +70,31 @@ enum Resp {
         orig: u64,
         msn: u32,
     },
-    Read {
-        psn: Psn,
-        last: Psn,
-        va: u64,
-        rkey: u32,
-        left: u32,
-        started: bool,
-        msn: u32,
-    },
+    Read(ReadResp),
+}
+
+/// What is left of a READ's responses: from `psn` to `last`, `left` bytes at `va` through
+/// `rkey`; `started`: some have gone (the next is a Middle or Last).
+#[derive(Clone, Copy)]
+struct ReadResp {
+    psn: Psn,
+    last: Psn,
+    va: u64,
+    rkey: u32,
+    left: u32,
+    started: bool,
+    msn: u32,
 }
 
 impl Resp {
     /// A READ response after `packets` of its packets, `bytes` in all, went out: the next
     /// PSN and address, the bytes left, started. Nothing for another response.
     fn read_sent(&mut self, packets: u32, bytes: u32) {
-        if let Resp::Read {
-            psn,
-            va,
-            left,
-            started,
-            ..
-        } = self
-        {
-            *psn = psn.add(packets);
-            *va = va.wrapping_add(u64::from(bytes));
-            *left -= bytes;
-            *started = true;
+        if let Resp::Read(r) = self {
+            r.psn = r.psn.add(packets);
+            r.va = r.va.wrapping_add(u64::from(bytes));
+            r.left -= bytes;
+            r.started = true;
         }
     }
 }
@@ -144,7 +142,7 @@ impl Responder {
     fn push(&mut self, r: Resp, must: bool) {
         let cap = match r {
             Resp::Ack { .. } => self.out_cap,
-            Resp::Read { .. } | Resp::Atomic { .. } => 4 * self.out_cap,
+            Resp::Read(_) | Resp::Atomic { .. } => 4 * self.out_cap,
         };
         if must || self.out.len() < cap {
             self.out.push_back(r);
@@ -337,7 +335,7 @@ impl Responder {
                 if let Some(last) = hit {
                     let (va, rkey, left) = (reth.va, reth.r_key, reth.dma_length);
                     self.push(
-                        Resp::Read {
+                        Resp::Read(ReadResp {
                             psn: p,
                             last,
                             va,
@@ -345,7 +343,7 @@ impl Responder {
                             left,
                             started: false,
                             msn,
-                        },
+                        }),
                         false,
                     );
                 }
@@ -502,7 +500,7 @@ impl Responder {
                 let last = p.add(npkts - 1);
                 let (va, rkey, msn) = (reth.va, reth.r_key, self.msn);
                 self.push(
-                    Resp::Read {
+                    Resp::Read(ReadResp {
                         psn: p,
                         last,
                         va,
@@ -510,7 +508,7 @@ impl Responder {
                         left: n,
                         started: false,
                         msn,
-                    },
+                    }),
                     false,
                 );
                 Ok(Outcome::Done(npkts))
@@ -609,21 +607,20 @@ impl Responder {
                     tx.send(env.link, stats, op, psn, (false, false), &ext)
                         .map(|()| true)
                 }
-                Resp::Read {
-                    psn,
-                    last,
-                    va,
-                    rkey,
-                    left,
-                    started,
-                    msn,
-                } => {
+                Resp::Read(rd) => {
+                    let ReadResp {
+                        psn,
+                        last,
+                        va,
+                        rkey,
+                        left,
+                        started,
+                        msn,
+                    } = rd;
                     if tx.is_local(env.link) && (psn != last || left > BURST_MIN) {
                         // The rest as bursts, read by the requester (see `read_burst`); a
                         // region that went away is NAKed here as below.
-                        let sent = read_burst(
-                            tx, env, stats, mtu, psn, last, va, rkey, left, started, msn,
-                        );
+                        let sent = read_burst(tx, env, stats, mtu, &rd);
                         match sent {
                             Ok(Some((n, _))) if n == last.diff(psn) as u32 + 1 => {
                                 self.out.pop_front();

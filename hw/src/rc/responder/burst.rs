@@ -8,9 +8,9 @@ use super::*;
 /// 256 KiB at a time, and other queues and an IOMMU unmap get their turn between.
 const MAX_READ_BURST: u32 = 64;
 
-/// Sends READ responses from `psn` on (up to `last`; `left` bytes at `va` through `rkey`)
-/// as one [`Burst`] on a local link, at most [`MAX_READ_BURST`] of them: the first one's
-/// headers (First or Only, or Middle or Last if `started`, with the AETH where it has one)
+/// Sends the READ responses `rd` has left as one [`Burst`] on a local link, at most
+/// [`MAX_READ_BURST`] of them: the first one's headers (First or Only, or Middle or Last if
+/// some have gone, with the AETH where it has one)
 /// and the R_Key and range for the requester to copy from. Returns the packets and bytes
 /// sent, or `None` if the range no longer passes the remote-read check (nothing sent).
 ///
@@ -19,20 +19,22 @@ const MAX_READ_BURST: u32 = 64;
 /// that: an RDMA READ is not ordered against later requests unless the later one is fenced
 /// (which the requester then holds back until the READ completes), and the packet path,
 /// which reads when it transmits the responses, behaves the same.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn read_burst(
     tx: &mut Tx,
     env: &mut Env<'_>,
     stats: &mut RcStats,
     mtu: u32,
-    psn: Psn,
-    last: Psn,
-    va: u64,
-    rkey: u32,
-    left: u32,
-    started: bool,
-    msn: u32,
+    rd: &ReadResp,
 ) -> Result<Option<(u32, u32)>, TxStop> {
+    let ReadResp {
+        psn,
+        last,
+        va,
+        rkey,
+        left,
+        started,
+        msn,
+    } = *rd;
     let rest = last.diff(psn) as u32 + 1;
     let packets = rest.min(MAX_READ_BURST);
     let ends = packets == rest;
