@@ -688,19 +688,13 @@ fn a_qp_is_idle_or_awaits_a_response_only_when_a_poll_has_nothing_else_to_do() {
     let mut buf = vec![0; p.b.link.max_frame_len()];
     let n = p.b.link.try_recv(&mut buf).unwrap().expect("the request");
     let pkt = RocePacket::parse(&buf[..n]).unwrap();
-    let b = &mut p.b;
-    let mut env = Env {
-        link: &b.link,
-        mem: &b.mem,
-        recv: &mut b.rq,
-        cq: &mut b.cq,
-        clock: &p.clock,
-    };
-    b.qp.receive(&pkt, &mut env);
-    assert!(!b.qp.is_idle(), "an ACK owed");
-    assert!(!b.qp.awaits_response());
-    assert_eq!(b.qp.poll(&mut env), None);
-    assert!(b.qp.is_idle());
+    p.b.with_env(&p.clock, |qp, env| {
+        qp.receive(&pkt, env);
+        assert!(!qp.is_idle(), "an ACK owed");
+        assert!(!qp.awaits_response());
+        assert_eq!(qp.poll(env), None);
+        assert!(qp.is_idle());
+    });
     p.settle();
     assert!(p.a.qp.is_idle() && p.b.qp.is_idle());
     assert_eq!(p.a.send_cqes().len(), 1);

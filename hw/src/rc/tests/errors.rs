@@ -425,17 +425,7 @@ fn an_ack_timer_started_without_a_reading_starts_two_polls_later_and_fires() {
         inner: ManualClock::new(5_000_000),
         reads: std::cell::Cell::new(0),
     };
-    let a = &mut p.a;
-    let mut poll = || {
-        let mut env = Env {
-            link: &a.link,
-            mem: &a.mem,
-            recv: &mut a.rq,
-            cq: &mut a.cq,
-            clock: &clock,
-        };
-        (a.qp.poll(&mut env), a.qp.stats())
-    };
+    let mut poll = || poll_with(&mut p.a, &clock);
     // The send reads no clock; the timer is due to start at once.
     let (d, s) = poll();
     assert_eq!((s.tx_packets, clock.reads.get(), d), (1, 0, Some(0)));
@@ -464,14 +454,7 @@ fn an_ack_timer_started_without_a_reading_starts_two_polls_later_and_fires() {
 
 /// Polls `s` once with `clock`; returns the next deadline and the counters.
 fn poll_with(s: &mut Side, clock: &dyn Clock) -> (Option<u64>, RcStats) {
-    let mut env = Env {
-        link: &s.link,
-        mem: &s.mem,
-        recv: &mut s.rq,
-        cq: &mut s.cq,
-        clock,
-    };
-    (s.qp.poll(&mut env), s.qp.stats())
+    s.with_env(clock, |qp, env| (qp.poll(env), qp.stats()))
 }
 
 #[test]
@@ -555,16 +538,10 @@ fn nak_for_write_only(
         },
         payload: &payload,
     };
-    let b = &mut p.b;
-    let mut env = Env {
-        link: &b.link,
-        mem: &b.mem,
-        recv: &mut b.rq,
-        cq: &mut b.cq,
-        clock: &p.clock,
-    };
-    b.qp.receive(&pkt, &mut env);
-    b.qp.poll(&mut env);
+    p.b.with_env(&p.clock, |qp, env| {
+        qp.receive(&pkt, env);
+        qp.poll(env);
+    });
     let mut buf = vec![0; p.a.link.max_frame_len()];
     let n = p.a.link.try_recv(&mut buf).unwrap().expect("an answer");
     let answer = RocePacket::parse(&buf[..n]).unwrap();

@@ -284,14 +284,7 @@ fn made_up_packets_in_a_live_connection() {
                 continue;
             };
             let side = if to_b { &mut p.b } else { &mut p.a };
-            let mut env = Env {
-                link: &side.link,
-                mem: &side.mem,
-                recv: &mut side.rq,
-                cq: &mut side.cq,
-                clock: &p.clock,
-            };
-            side.qp.receive(&parsed, &mut env);
+            side.with_env(&p.clock, |qp, env| qp.receive(&parsed, env));
             injected += 1;
         }
         assert!(

@@ -150,6 +150,23 @@ impl Side {
         }
     }
 
+    /// Runs `f` with the QP and an [`Env`] of this side's link, memory, receive queue and
+    /// completions under `clock`: for tests that hand the engine packets themselves.
+    pub(super) fn with_env<R>(
+        &mut self,
+        clock: &dyn Clock,
+        f: impl FnOnce(&mut RcQp, &mut Env<'_>) -> R,
+    ) -> R {
+        let mut env = Env {
+            link: &self.link,
+            mem: &self.mem,
+            recv: &mut self.rq,
+            cq: &mut self.cq,
+            clock,
+        };
+        f(&mut self.qp, &mut env)
+    }
+
     /// Receives every waiting frame, then polls. Returns (frames moved, next deadline).
     fn step(&mut self, clock: &ManualClock) -> (u64, Option<u64>) {
         let before = self.link.stats();
