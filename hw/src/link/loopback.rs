@@ -307,7 +307,7 @@ mod tests {
             sges: crate::rc::SgeList::new(),
             offset: 0,
             domain: 7,
-            more: crate::rc::MoreWrites::default(),
+            more: crate::rc::MoreMsgs::default(),
         };
         l.send_burst(
             &mut |b| {

@@ -390,12 +390,13 @@ impl RcQp {
             self.receive_one_burst(pkt, burst, env);
             return;
         }
-        // The burst's own message (0) and the WRITEs that follow it in the frame (1..),
-        // each taken as if in a burst of its own, in order. Whole plain WRITEs in sequence
-        // are planned, then copied back to back (`Memory::copy_in_batch`: the checks of
-        // all of them before the first byte moves, where between copies each check would
-        // find the cache flushed by the copy before it), then taken; the first one the
-        // memory does not copy, and every message not planned, go the usual way.
+        // The burst's own message (0) and the WRITEs and SENDs that follow it in the frame
+        // (1..), each taken as if in a burst of its own, in order. Whole plain WRITEs in
+        // sequence are planned, then copied back to back (`Memory::copy_in_batch`: the
+        // checks of all of them before the first byte moves, where between copies each
+        // check would find the cache flushed by the copy before it), then taken; the first
+        // one the memory does not copy, and every message not planned (SENDs among them),
+        // go the usual way.
         let mut msg = Follow::new(pkt, burst);
         let mut reqs = [NO_COPY; MAX_MORE + 1];
         // Each planned WRITE's packets and AckReq.
@@ -524,8 +525,8 @@ const NO_COPY: CopyIn = CopyIn {
 };
 
 /// The messages of a [`Burst`]'s frame as bursts of their own: the burst's own (0), then
-/// the WRITEs that follow it ([`Burst::more`]), set up one at a time in one packet and
-/// one burst that are refilled (a burst is too large to build for each).
+/// the WRITEs and SENDs that follow it ([`Burst::more`]), set up one at a time in one
+/// packet and one burst that are refilled (a burst is too large to build for each).
 struct Follow<'a, 'p> {
     pkt: &'a RocePacket<'p>,
     burst: &'a Burst,
@@ -552,7 +553,7 @@ impl<'a, 'p> Follow<'a, 'p> {
                 sges: SgeList::new(),
                 offset: 0,
                 domain: burst.domain,
-                more: MoreWrites::default(),
+                more: MoreMsgs::default(),
             },
         }
     }
@@ -570,12 +571,14 @@ impl<'a, 'p> Follow<'a, 'p> {
         p.bth.opcode = m.opcode;
         p.bth.psn = Psn::new(self.pkt.bth.psn).add(before).get();
         p.bth.ack_req = m.ack_req;
+        // Its first packet's: the SE bit is on a SEND's last.
+        p.bth.se = m.se && m.packets == 1;
         p.ext = ExtHeaders {
-            reth: Some(m.reth),
+            reth: m.reth,
             imm_dt: m.imm.filter(|_| m.packets == 1),
             ..ExtHeaders::default()
         };
-        (b.packets, b.len, b.imm) = (m.packets, m.reth.dma_length, m.imm);
+        (b.packets, b.len, b.imm, b.se) = (m.packets, m.len, m.imm, m.se);
         (b.ack_req, b.wire_len) = (m.ack_req, m.wire_len);
         b.sges.clear();
         // One entry in an emptied list: cannot fail.

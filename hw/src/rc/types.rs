@@ -803,9 +803,9 @@ pub enum CopyFault {
 /// lengths, then the data and the completion), with one key check and one copy for the
 /// whole. Every frame that crosses a link is a real packet of at most one MTU.
 ///
-/// A burst that ends its message may carry whole RDMA WRITEs that follow it in the send
-/// queue ([`more`](Self::more)), as a TCP sender coalesces small writes into one segment:
-/// the receiver takes each as if it came in a burst of its own, in order.
+/// A burst that ends its message may carry whole RDMA WRITEs and SENDs that follow it in
+/// the send queue ([`more`](Self::more)), as a TCP sender coalesces small writes into one
+/// segment: the receiver takes each as if it came in a burst of its own, in order.
 ///
 /// [`Link::is_local`]: crate::link::Link::is_local
 /// [`Link::send_burst`]: crate::link::Link::send_burst
@@ -835,9 +835,9 @@ pub struct Burst {
     pub offset: u64,
     /// See `sges`.
     pub domain: u32,
-    /// Whole RDMA WRITEs that follow this burst's message in PSN order (none unless it
-    /// `ends` it); their payloads are read in the same `domain`.
-    pub more: MoreWrites,
+    /// Whole RDMA WRITEs and SENDs that follow this burst's message in PSN order (none
+    /// unless it `ends` it); their payloads are read in the same `domain`.
+    pub more: MoreMsgs,
 }
 
 impl Burst {
@@ -858,21 +858,26 @@ impl Burst {
     }
 }
 
-/// Most whole RDMA WRITEs a [`Burst`] carries after its own message.
+/// Most whole messages a [`Burst`] carries after its own.
 pub const MAX_MORE: usize = 7;
 
-/// A whole RDMA WRITE (or WRITE with immediate) from one local SGE, carried by a
-/// [`Burst`] after its own message: what its first packet's headers say, and its payload.
+/// A whole RDMA WRITE or SEND (with or without immediate) from one local SGE, carried by
+/// a [`Burst`] after its own message: what its first packet's headers say, and its payload.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MoreWrite {
+pub struct MoreMsg {
     /// Its packets (all of the message's, at least 1).
     pub packets: u32,
-    /// The first packet's raw opcode (RDMA WRITE First, Only or Only with Immediate).
+    /// The first packet's raw opcode (RDMA WRITE or SEND First, Only or Only with
+    /// Immediate).
     pub opcode: u8,
-    /// The RETH: remote address, R_Key and the message's length.
-    pub reth: RethRepr,
-    /// The immediate data of a WRITE with immediate.
+    /// A WRITE's RETH: remote address, R_Key and the message's length (none for a SEND).
+    pub reth: Option<RethRepr>,
+    /// The message's length in bytes.
+    pub len: u32,
+    /// The immediate data of a WRITE or SEND with immediate.
     pub imm: Option<u32>,
+    /// The solicited-event bit of a SEND's last packet.
+    pub se: bool,
     /// AckReq of its last packet.
     pub ack_req: bool,
     /// Bytes its packets would take on a wire.
@@ -881,21 +886,21 @@ pub struct MoreWrite {
     pub sge: Sge,
 }
 
-/// The [`MoreWrite`]s of a [`Burst`]: up to [`MAX_MORE`], in order (no allocation).
+/// The [`MoreMsg`]s of a [`Burst`]: up to [`MAX_MORE`], in order (no allocation).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MoreWrites {
-    items: [MoreWrite; MAX_MORE],
+pub struct MoreMsgs {
+    items: [MoreMsg; MAX_MORE],
     len: u8,
 }
 
-impl MoreWrites {
+impl MoreMsgs {
     /// The entries, in order.
-    pub fn as_slice(&self) -> &[MoreWrite] {
+    pub fn as_slice(&self) -> &[MoreMsg] {
         &self.items[..usize::from(self.len)]
     }
 
     /// Appends `w`; false (nothing appended) when full.
-    pub fn push(&mut self, w: MoreWrite) -> bool {
+    pub fn push(&mut self, w: MoreMsg) -> bool {
         let Some(slot) = self.items.get_mut(usize::from(self.len)) else {
             return false;
         };

@@ -44,9 +44,9 @@ impl Requester {
         let (psn, end) = (self.send_psn, w.end());
         let more = if ends {
             let since = if ack_req { 0 } else { self.since_ack_req + n };
-            self.more_writes(cx, tx, idx + 1, inflight + n, since)
+            self.more_msgs(cx, tx, idx + 1, inflight + n, since)
         } else {
-            MoreWrites::default()
+            MoreMsgs::default()
         };
         let burst = Burst {
             packets: n,
@@ -70,28 +70,30 @@ impl Requester {
         Ok(true)
     }
 
-    /// The whole RDMA WRITEs from the WQE at `idx` on that can follow a burst in its frame
-    /// ([`Burst::more`]): each from one local SGE that passes its check, not fenced, large
-    /// enough for a burst of its own, and fitting the send window whole (`inflight`
-    /// packets before it, `since` since the last AckReq). Their AckReq bits are the ones
-    /// [`transmit_burst`](Self::transmit_burst) would give them. The first WQE that does
-    /// not qualify ends the list; it goes out on its own, as before.
-    fn more_writes(
+    /// The whole RDMA WRITEs and SENDs from the WQE at `idx` on that can follow a burst in
+    /// its frame ([`Burst::more`]): each from one local SGE that passes its check, not
+    /// fenced, large enough for a burst of its own, and fitting the send window whole
+    /// (`inflight` packets before it, `since` since the last AckReq). Their AckReq bits
+    /// are the ones [`transmit_burst`](Self::transmit_burst) would give them. The first WQE
+    /// that does not qualify ends the list; it goes out on its own, as before.
+    fn more_msgs(
         &self,
         cx: &mut Cx<'_, '_, '_>,
         tx: &Tx,
         mut idx: usize,
         mut inflight: u32,
         mut since: u32,
-    ) -> MoreWrites {
-        let mut more = MoreWrites::default();
+    ) -> MoreMsgs {
+        let mut more = MoreMsgs::default();
         let max = cx.cfg.max_inflight;
         while !more.is_full()
             && let Some(w) = self.wqes.get(idx)
         {
-            let imm = match w.wr.op {
-                WrOp::Write { .. } => None,
-                WrOp::WriteImm { imm, .. } => Some(imm),
+            let (imm, send) = match w.wr.op {
+                WrOp::Write { .. } => (None, false),
+                WrOp::WriteImm { imm, .. } => (Some(imm), false),
+                WrOp::Send => (None, true),
+                WrOp::SendImm { imm } => (Some(imm), true),
                 _ => break,
             };
             let LocalRef::Sges(sges) = w.wr.local() else {
@@ -112,12 +114,13 @@ impl Requester {
             let ack_req = self.ack_req(cx.cfg, w, true, inflight, n, since);
             let mut ext = ExtHeaders::default();
             let opcode = data_opcode(w.wr.op, w, 0, n == 1, &mut ext);
-            let Some(reth) = ext.reth else { break };
-            more.push(MoreWrite {
+            more.push(MoreMsg {
                 packets: n,
                 opcode: opcode.into(),
-                reth,
+                reth: ext.reth,
+                len: w.len,
                 imm,
+                se: send && w.wr.solicited,
                 ack_req,
                 wire_len: tx.wire_len(&ext, n, w.len, imm.is_some()),
                 sge: *sge,

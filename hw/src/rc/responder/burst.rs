@@ -65,7 +65,7 @@ pub(super) fn read_burst(
         sges,
         offset: 0,
         domain: env.mem.domain(),
-        more: MoreWrites::default(),
+        more: MoreMsgs::default(),
     };
     tx.send_burst(env.link, stats, op, psn, &ext, &burst)?;
     Ok(Some((packets, len)))

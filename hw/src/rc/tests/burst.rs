@@ -837,7 +837,7 @@ fn writes_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     );
     cases.push((bad_local, vec![]));
     // What does not follow: a fenced WRITE behind a READ, a two-SGE WRITE, a one-packet
-    // WRITE too small for a burst, a SEND.
+    // WRITE too small for a burst; and a SEND among them, which follows as a WRITE does.
     let mut mixed = stream(10);
     mixed[2] = one(
         30,
@@ -880,4 +880,164 @@ fn writes_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     assert_eq!(l.a.stats().timeouts, 0);
     assert_eq!(l.a.stats().retransmits, 0);
     assert_eq!(l.a.stats().tx_packets, l.b.stats().rx_packets);
+}
+
+#[test]
+fn sends_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
+    // Streams of one-SGE SENDs, which a burst carries after its own message as it carries
+    // WRITEs (`Burst::more`): each takes a receive WR, mid-frame failures (no receive, a
+    // receive too short, a bad local key, a bad key in the receive) must end as the same
+    // packets would end.
+    const SLOT: u64 = 5000;
+    let one = |id: u64, op: WrOp, len: u32| {
+        let sge = Sge {
+            lkey: SRC,
+            addr: VA_SRC + id * 3000,
+            len,
+        };
+        let mut w = wr(id, op, &[sge]);
+        w.signaled = id.is_multiple_of(3);
+        w
+    };
+    let sizes = [600, 1024, 3000, 4096, 5000, 2000, 700, 4500];
+    let stream = |n: u64| -> Vec<WorkRequest> {
+        (1..=n)
+            .map(|id| one(id, WrOp::Send, sizes[id as usize % sizes.len()]))
+            .collect()
+    };
+    // Receive `i` takes slot `i` of the target region (the bytes the outcome compares).
+    let recvs = |n: u64| -> Vec<RecvWqe> {
+        (0..n)
+            .map(|i| {
+                let sge = Sge {
+                    lkey: DST,
+                    addr: VA_DST + i * SLOT,
+                    len: SLOT as u32,
+                };
+                RecvWqe {
+                    wr_id: 100 + i,
+                    sges: SgeList::from_slice(&[sge]).unwrap(),
+                }
+            })
+            .collect()
+    };
+    let mut cases: Vec<(Vec<WorkRequest>, Vec<RecvWqe>)> = vec![(stream(12), recvs(12))];
+    // With immediate data and the solicited bit on some.
+    let mut imm = stream(10);
+    for id in [2, 5, 9] {
+        imm[id - 1].op = WrOp::SendImm {
+            imm: 0x5e0 + id as u32,
+        };
+        imm[id - 1].solicited = id != 5;
+    }
+    imm[6].solicited = true;
+    cases.push((imm, recvs(10)));
+    // Receives for the first six only: the seventh is RNR NAKed in mid-frame until the
+    // retries run out.
+    cases.push((stream(10), recvs(6)));
+    // The fifth receive is too short, or has a bad key; the fifth SEND a bad local key.
+    let mut short = recvs(9);
+    short[4].sges = SgeList::from_slice(&[Sge {
+        lkey: DST,
+        addr: VA_DST + 4 * SLOT,
+        len: 100,
+    }])
+    .unwrap();
+    cases.push((stream(9), short));
+    let mut bad_recv = recvs(9);
+    bad_recv[4].sges = SgeList::from_slice(&[Sge {
+        lkey: 0x999,
+        addr: VA_DST + 4 * SLOT,
+        len: SLOT as u32,
+    }])
+    .unwrap();
+    cases.push((stream(9), bad_recv));
+    let mut bad_local = stream(9);
+    bad_local[4].local = LocalData::Sges(
+        SgeList::from_slice(&[Sge {
+            lkey: 0x888,
+            addr: VA_SRC,
+            len: 3000,
+        }])
+        .unwrap(),
+    );
+    cases.push((bad_local, recvs(9)));
+    // SENDs and WRITEs mixed, and a fenced SEND behind a READ, which does not follow.
+    let mut mixed = stream(10);
+    for id in [3, 4, 8] {
+        mixed[id - 1].op = write(200_000 + id as u64 * 5000);
+    }
+    mixed[5] = one(
+        6,
+        WrOp::Read {
+            remote: RemoteAddr {
+                addr: VA_DST + 300_000,
+                rkey: DST,
+            },
+        },
+        4000,
+    );
+    mixed[6].fence = true;
+    cases.push((mixed, recvs(7)));
+    let mut more = 0;
+    for (mtu, window) in [(Mtu::Mtu1024, 32), (Mtu::Mtu256, 5), (Mtu::Mtu4096, 64)] {
+        let mut a = config(QPN_A, QPN_B, mtu);
+        let mut b = config(QPN_B, QPN_A, mtu);
+        (a.max_inflight, b.max_inflight) = (window, window);
+        (a.rnr_retry, b.rnr_retry) = (2, 2);
+        for (wrs, recvs) in &cases {
+            let ([want, got], _, m) = both_ways((a, b), wrs, recvs);
+            more += m;
+            assert!(!want.0.is_empty(), "no completion");
+            assert_eq!(got.0, want.0, "requester's completions: {mtu:?} {wrs:?}");
+            assert_eq!(got.1, want.1, "responder's completions: {mtu:?} {wrs:?}");
+            assert!(got.2 == want.2, "the target's bytes: {mtu:?} {wrs:?}");
+            assert!(got.3 == want.3, "the source's bytes: {mtu:?} {wrs:?}");
+        }
+    }
+    assert!(more >= 30, "few SENDs followed a burst ({more})");
+    // A stream that fails nowhere is acknowledged as it goes, and every receive completes
+    // with its SEND's length, immediate data and solicited bit.
+    let mut l = Local::new(Mtu::Mtu1024);
+    let n = 40;
+    for i in 0..n {
+        let sge = Sge {
+            lkey: DST,
+            addr: VA_DST + i * SLOT,
+            len: SLOT as u32,
+        };
+        l.rq[1].push_back(RecvWqe {
+            wr_id: i,
+            sges: SgeList::from_slice(&[sge]).unwrap(),
+        });
+    }
+    let mut sends = stream(n);
+    sends[n as usize - 1].op = WrOp::SendImm { imm: 7 };
+    sends[n as usize - 1].solicited = true;
+    for w in &sends {
+        l.a.post_send(*w).unwrap();
+    }
+    l.settle();
+    assert!(l.more > 20, "{}", l.more);
+    assert_eq!(l.a.stats().timeouts, 0);
+    assert_eq!(l.a.stats().retransmits, 0);
+    assert_eq!(l.cq[1].len(), n as usize);
+    for (i, (c, w)) in l.cq[1].iter().zip(&sends).enumerate() {
+        let LocalData::Sges(s) = w.local else {
+            unreachable!()
+        };
+        let len = s.as_slice()[0].len;
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len),
+            (i as u64, WcStatus::Success, len)
+        );
+        let last = i == n as usize - 1;
+        assert_eq!((c.imm, c.solicited), (last.then_some(7), last), "{c:?}");
+        let at = i as u64 * SLOT;
+        assert_eq!(
+            l.mem.bytes(DST, VA_DST + at, len as usize),
+            l.mem
+                .bytes(SRC, VA_SRC + (i as u64 + 1) * 3000, len as usize)
+        );
+    }
 }
