@@ -575,6 +575,7 @@ impl<'a, 'p> Follow<'a, 'p> {
         p.bth.se = m.se && m.packets == 1;
         p.ext = ExtHeaders {
             reth: m.reth,
+            aeth: m.aeth,
             imm_dt: m.imm.filter(|_| m.packets == 1),
             ..ExtHeaders::default()
         };

@@ -59,6 +59,7 @@ enum ReplayKind {
 }
 
 /// A response waiting for the link.
+#[derive(Clone, Copy)]
 enum Resp {
     Ack {
         psn: Psn,
@@ -572,8 +573,8 @@ impl Responder {
     ) -> bool {
         let mut fatal = false;
         let mtu = cfg.mtu.bytes();
-        while let Some(r) = self.out.front_mut() {
-            let sent = match *r {
+        while let Some(&front) = self.out.front() {
+            let sent = match front {
                 Resp::Ack { psn, syndrome, msn } => {
                     let ext = ExtHeaders {
                         aeth: Some(AethRepr { syndrome, msn }),
@@ -620,19 +621,20 @@ impl Responder {
                     if tx.is_local(env.link) && (psn != last || left > BURST_MIN) {
                         // The rest as bursts, read by the requester (see `read_burst`); a
                         // region that went away is NAKed here as below.
-                        let sent = read_burst(tx, env, stats, mtu, &rd);
+                        let sent = read_burst(tx, env, stats, mtu, &rd, self.out.range(1..));
                         match sent {
-                            Ok(Some((n, _))) if n == last.diff(psn) as u32 + 1 => {
-                                self.out.pop_front();
+                            Ok(Some((n, _, followed))) if n == last.diff(psn) as u32 + 1 => {
+                                // This READ and the whole ones that followed it are sent.
+                                self.out.drain(..=followed);
                                 continue;
                             }
-                            Ok(Some((n, len))) => {
-                                r.read_sent(n, len);
+                            Ok(Some((n, len, _))) => {
+                                self.out[0].read_sent(n, len);
                                 continue;
                             }
                             Ok(None) => {
                                 let nak = AethSyndrome::Nak(NakCode::RemoteOperationalError);
-                                *r = Resp::Ack {
+                                self.out[0] = Resp::Ack {
                                     psn,
                                     syndrome: nak,
                                     msn,
@@ -654,7 +656,7 @@ impl Responder {
                         Ok(Err(_)) => {
                             // The region went away after the request was checked.
                             let nak = AethSyndrome::Nak(NakCode::RemoteOperationalError);
-                            *r = Resp::Ack {
+                            self.out[0] = Resp::Ack {
                                 psn,
                                 syndrome: nak,
                                 msn,
@@ -663,7 +665,7 @@ impl Responder {
                             continue;
                         }
                         Ok(Ok(())) => {
-                            r.read_sent(1, n as u32);
+                            self.out[0].read_sent(1, n as u32);
                             Ok(end)
                         }
                         Err(e) => Err(e),

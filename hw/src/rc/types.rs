@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::sge::{MAX_INLINE, Sge, SgeList};
-use crate::layout::roce::{EthRepr, IpRepr, Psn, RethRepr};
+use crate::layout::roce::{AethRepr, EthRepr, IpRepr, Psn, RethRepr};
 
 /// Path MTU (IBA Vol. 1 §9.7.7.2; the qpc `mtu` encoding 1..=5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -803,9 +803,10 @@ pub enum CopyFault {
 /// lengths, then the data and the completion), with one key check and one copy for the
 /// whole. Every frame that crosses a link is a real packet of at most one MTU.
 ///
-/// A burst that ends its message may carry whole RDMA WRITEs and SENDs that follow it in
-/// the send queue ([`more`](Self::more)), as a TCP sender coalesces small writes into one
-/// segment: the receiver takes each as if it came in a burst of its own, in order.
+/// A burst that ends its message may carry whole messages that follow it ([`more`](Self::more)):
+/// RDMA WRITEs and SENDs that follow it in the send queue, or the responses to READs that
+/// follow it in the responder's queue, as a TCP sender coalesces small writes into one
+/// segment. The receiver takes each as if it came in a burst of its own, in order.
 ///
 /// [`Link::is_local`]: crate::link::Link::is_local
 /// [`Link::send_burst`]: crate::link::Link::send_burst
@@ -835,8 +836,9 @@ pub struct Burst {
     pub offset: u64,
     /// See `sges`.
     pub domain: u32,
-    /// Whole RDMA WRITEs and SENDs that follow this burst's message in PSN order (none
-    /// unless it `ends` it); their payloads are read in the same `domain`.
+    /// Whole messages (RDMA WRITEs and SENDs after a request burst, READ responses after a
+    /// READ response burst) that follow this burst's message in PSN order (none unless it
+    /// `ends` it); their payloads are read in the same `domain`.
     pub more: MoreMsgs,
 }
 
@@ -861,14 +863,16 @@ impl Burst {
 /// Most whole messages a [`Burst`] carries after its own.
 pub const MAX_MORE: usize = 7;
 
-/// A whole RDMA WRITE or SEND (with or without immediate) from one local SGE, carried by
-/// a [`Burst`] after its own message: what its first packet's headers say, and its payload.
+/// A whole RDMA WRITE or SEND (with or without immediate) from one local SGE, or all the
+/// responses to one RDMA READ, carried by a [`Burst`] after its own message: what its first
+/// packet's headers say, and its payload (a READ response's: the R_Key and range of the
+/// request, in the responder's domain).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MoreMsg {
     /// Its packets (all of the message's, at least 1).
     pub packets: u32,
     /// The first packet's raw opcode (RDMA WRITE or SEND First, Only or Only with
-    /// Immediate).
+    /// Immediate; RDMA READ Response First or Only).
     pub opcode: u8,
     /// A WRITE's RETH: remote address, R_Key and the message's length (none for a SEND).
     pub reth: Option<RethRepr>,
@@ -878,6 +882,8 @@ pub struct MoreMsg {
     pub imm: Option<u32>,
     /// The solicited-event bit of a SEND's last packet.
     pub se: bool,
+    /// A READ response's AETH (its first packet's).
+    pub aeth: Option<AethRepr>,
     /// AckReq of its last packet.
     pub ack_req: bool,
     /// Bytes its packets would take on a wire.

@@ -121,6 +121,7 @@ impl Requester {
                 len: w.len,
                 imm,
                 se: send && w.wr.solicited,
+                aeth: None,
                 ack_req,
                 wire_len: tx.wire_len(&ext, n, w.len, imm.is_some()),
                 sge: *sge,

@@ -8,6 +8,10 @@ use super::*;
 /// 256 KiB at a time, and other queues and an IOMMU unmap get their turn between.
 const MAX_READ_BURST: u32 = 64;
 
+/// Most READ responses in one frame with those of the whole READs that follow
+/// ([`Burst::more`]): as many packets as a WRITE's send window.
+const MAX_READ_FRAME: u32 = 4 * MAX_READ_BURST;
+
 /// Sends the READ responses `rd` has left as one [`Burst`] on a local link, at most
 /// [`MAX_READ_BURST`] of them: the first one's headers (First or Only, or Middle or Last if
 /// some have gone, with the AETH where it has one)
@@ -19,13 +23,14 @@ const MAX_READ_BURST: u32 = 64;
 /// that: an RDMA READ is not ordered against later requests unless the later one is fenced
 /// (which the requester then holds back until the READ completes), and the packet path,
 /// which reads when it transmits the responses, behaves the same.
-pub(super) fn read_burst(
+pub(super) fn read_burst<'a>(
     tx: &mut Tx,
     env: &mut Env<'_>,
     stats: &mut RcStats,
     mtu: u32,
     rd: &ReadResp,
-) -> Result<Option<(u32, u32)>, TxStop> {
+    next: impl Iterator<Item = &'a Resp>,
+) -> Result<Option<(u32, u32, usize)>, TxStop> {
     let ReadResp {
         psn,
         last,
@@ -47,6 +52,11 @@ pub(super) fn read_burst(
         return Ok(None);
     }
     let (op, ext) = read_response_head(started, packets == 1 && ends, msn);
+    let more = if ends {
+        more_reads(tx, env, packets, next)
+    } else {
+        MoreMsgs::default()
+    };
     let mut sges = SgeList::new();
     // One entry: cannot fail.
     let _ = sges.push(Sge {
@@ -65,10 +75,58 @@ pub(super) fn read_burst(
         sges,
         offset: 0,
         domain: env.mem.domain(),
-        more: MoreMsgs::default(),
+        more,
     };
     tx.send_burst(env.link, stats, op, psn, &ext, &burst)?;
-    Ok(Some((packets, len)))
+    Ok(Some((packets, len, burst.more.as_slice().len())))
+}
+
+/// The responses to the whole READs queued `next` (after one whose last response a burst
+/// carries, `packets` of them) that can follow it in its frame ([`Burst::more`]): READs
+/// none of whose responses went yet, large enough for a burst of their own, whose range
+/// still passes the remote-read check, up to [`MAX_READ_FRAME`] packets in the frame. The
+/// first that does not qualify ends the list; it goes in a frame of its own, as before.
+fn more_reads<'a>(
+    tx: &Tx,
+    env: &mut Env<'_>,
+    mut packets: u32,
+    next: impl Iterator<Item = &'a Resp>,
+) -> MoreMsgs {
+    let mut more = MoreMsgs::default();
+    for r in next {
+        let Resp::Read(f) = r else { break };
+        let n = f.last.diff(f.psn) as u32 + 1;
+        if more.is_full()
+            || f.started
+            || (n == 1 && f.left <= BURST_MIN)
+            || packets + n > MAX_READ_FRAME
+            || env
+                .mem
+                .check(f.rkey, f.va, u64::from(f.left), Access::RemoteRead)
+                .is_err()
+        {
+            break;
+        }
+        let (op, ext) = read_response_head(false, n == 1, f.msn);
+        more.push(MoreMsg {
+            packets: n,
+            opcode: op.into(),
+            reth: None,
+            len: f.left,
+            imm: None,
+            se: false,
+            ack_req: false,
+            wire_len: tx.wire_len(&ext, n, f.left, true),
+            sge: Sge {
+                lkey: f.rkey,
+                addr: f.va,
+                len: f.left,
+            },
+            aeth: ext.aeth,
+        });
+        packets += n;
+    }
+    more
 }
 
 /// What an in-sequence burst did.

@@ -1041,3 +1041,112 @@ fn sends_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
         );
     }
 }
+
+#[test]
+fn reads_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
+    // Streams of READs, whose responses a READ response burst carries after its own
+    // (`Burst::more`) when their requests wait together at the responder: READs of more
+    // responses than a burst takes, and a failure at either end in the middle of a frame,
+    // must end as the same packets would end.
+    let from = |off: u64, rkey: u32| RemoteAddr {
+        addr: VA_DST + off,
+        rkey,
+    };
+    let one = |id: u64, op: WrOp, len: u32| {
+        let sge = Sge {
+            lkey: SRC,
+            addr: VA_SRC + id * 20_000,
+            len,
+        };
+        let mut w = wr(id, op, &[sge]);
+        w.signaled = !id.is_multiple_of(4);
+        w
+    };
+    let sizes = [600, 1024, 3000, 4096, 5000, 20_000, 700, 9000];
+    let read = |id: u64, len: u32| {
+        one(
+            id,
+            WrOp::Read {
+                remote: from(id * 30_000, DST),
+            },
+            len,
+        )
+    };
+    let stream = |n: u64| -> Vec<WorkRequest> {
+        (1..=n).map(|id| read(id, sizes[id as usize % 8])).collect()
+    };
+    let mut cases: Vec<Vec<WorkRequest>> = vec![stream(14)];
+    // A bad R_Key, a range past the region, a region without remote rights, a bad local
+    // key, each at the fifth READ.
+    let end = LEN as u64 - 100;
+    for remote in [
+        from(0, 0x999),
+        RemoteAddr {
+            addr: VA_DST + end,
+            rkey: DST,
+        },
+        RemoteAddr {
+            addr: VA_LOCAL_ONLY,
+            rkey: LOCAL_ONLY,
+        },
+    ] {
+        let mut s = stream(9);
+        s[4].op = WrOp::Read { remote };
+        cases.push(s);
+    }
+    let mut bad_local = stream(9);
+    bad_local[4].local = LocalData::Sges(
+        SgeList::from_slice(&[Sge {
+            lkey: 0x888,
+            addr: VA_SRC,
+            len: 3000,
+        }])
+        .unwrap(),
+    );
+    cases.push(bad_local);
+    // READs and WRITEs mixed, a fenced READ, and a small READ that goes as a packet.
+    let mut mixed = stream(10);
+    for id in [3, 7] {
+        mixed[id - 1].op = write(500_000 + id as u64 * 10_000);
+    }
+    mixed[4].fence = true;
+    mixed[5] = read(6, 40);
+    cases.push(mixed);
+    let mut more = 0;
+    for (mtu, window) in [(Mtu::Mtu1024, 32), (Mtu::Mtu256, 5), (Mtu::Mtu4096, 64)] {
+        let mut a = config(QPN_A, QPN_B, mtu);
+        let mut b = config(QPN_B, QPN_A, mtu);
+        (a.max_inflight, b.max_inflight) = (window, window);
+        for wrs in &cases {
+            let ([want, got], _, m) = both_ways((a, b), wrs, &[]);
+            more += m;
+            assert!(!want.0.is_empty(), "no completion");
+            assert_eq!(got.0, want.0, "requester's completions: {mtu:?} {wrs:?}");
+            assert_eq!(got.1, want.1, "responder's completions: {mtu:?} {wrs:?}");
+            assert!(got.2 == want.2, "the target's bytes: {mtu:?} {wrs:?}");
+            assert!(got.3 == want.3, "the source's bytes: {mtu:?} {wrs:?}");
+        }
+    }
+    assert!(more >= 30, "few READ responses followed a burst ({more})");
+    // A clean stream lands every byte where it belongs, with no timeout.
+    let mut l = Local::new(Mtu::Mtu1024);
+    let wrs = stream(24);
+    for w in &wrs {
+        l.a.post_send(*w).unwrap();
+    }
+    l.settle();
+    assert!(l.more > 10, "{}", l.more);
+    assert_eq!(l.a.stats().timeouts, 0);
+    assert!(l.sends().iter().all(|&(_, st)| st == WcStatus::Success));
+    for (id, w) in (1..).zip(&wrs) {
+        let LocalData::Sges(s) = w.local else {
+            unreachable!()
+        };
+        let len = s.as_slice()[0].len as usize;
+        assert_eq!(
+            l.mem.bytes(SRC, VA_SRC + id * 20_000, len),
+            l.mem.bytes(DST, VA_DST + id * 30_000, len),
+            "READ {id}"
+        );
+    }
+}
