@@ -14,9 +14,11 @@ const MAX_READ_FRAME: u32 = 4 * MAX_READ_BURST;
 
 /// Sends the READ responses `rd` has left as one [`Burst`] on a local link, at most
 /// [`MAX_READ_BURST`] of them: the first one's headers (First or Only, or Middle or Last if
-/// some have gone, with the AETH where it has one)
-/// and the R_Key and range for the requester to copy from. Returns the packets and bytes
-/// sent, or `None` if the range no longer passes the remote-read check (nothing sent).
+/// some have gone, with the AETH where it has one) and the R_Key and range for the
+/// requester to copy from. If they end the READ, the responses to whole READs queued
+/// `next` go in the same frame ([`more_reads`]). Returns the packets and bytes of `rd`'s
+/// sent and how many READs followed them, or `None` if the range no longer passes the
+/// remote-read check (nothing sent).
 ///
 /// The data is read when the requester takes the burst, so requests that came after the
 /// READ may have been executed by then and a later WRITE to the range may show. IB allows
