@@ -147,7 +147,7 @@ pub enum AtomicOp {
 }
 
 /// IOVAs `[start, end)` that one mapping held at `generation` of the table: what a
-/// successful probe saw ([`Iommu::probe_segments`]), an IOTLB entry for later probes
+/// successful probe saw ([`Dma::probe_segments`]), an IOTLB entry for later probes
 /// ([`Iommu::still_mapped`]). The default is empty.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Seen {
@@ -218,7 +218,7 @@ pub(crate) struct Iommu {
     writers: AtomicU64,
     /// Bumped (under the write lock) by every change of the table: host addresses
     /// translated at one generation are known stale once it has moved
-    /// ([`host_hints`](Self::host_hints)).
+    /// ([`Dma::host_hints`]).
     generation: AtomicU64,
 }
 
@@ -343,7 +343,7 @@ impl Iommu {
         t.index_of(iova).is_some_and(|i| t.maps[i].1.tag == tag)
     }
 
-    /// The table's current generation (see [`host_hints`](Self::host_hints)).
+    /// The table's current generation (see [`Dma::host_hints`]).
     #[inline]
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)

@@ -1,5 +1,5 @@
 //! The requester's send queue: a ring of entries that stay in place from post to
-//! completion. A request is written straight into its entry ([`SendQueue::post_with`]) and
+//! completion. A request is written straight into its entry ([`Requester::post_with`](super::Requester::post_with)) and
 //! read there by the transmit path; nothing moves the (large) entries, and an entry's
 //! buffers are reused, not cleared, by the next request that lands in it.
 //!
