@@ -1,13 +1,14 @@
-//! Control-path operations on live queues: QUERY_CQ / MODIFY_CQ through [`Cq::query`] and
-//! [`Cq::modify_moderation`], reusing a QP after 2RST, and RTS2RTS.
+//! Control-path operations on live queues: QUERY_CQ / MODIFY_CQ through [`Cq::query`],
+//! [`Cq::modify_moderation`] and [`Cq::modify_period_mode`], reusing a QP after 2RST, and
+//! RTS2RTS.
 
 use std::time::{Duration, Instant};
 
 use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::resource::{
-    ConnectParams, CqArmState, CqStatus, Local, QpConfig, QpState, QueueError, RtsAttrs, SendFlags,
-    SendOp, SendWr,
+    ConnectParams, CqArmState, CqPeriodMode, CqStatus, Local, QpConfig, QpState, QueueError,
+    RtsAttrs, SendFlags, SendOp, SendWr,
 };
 use uhca_tests::datapath::{Pair, mr, pair_with, read, wait_n};
 
@@ -46,6 +47,7 @@ fn query_cq_reports_size_counters_and_moderation() {
     assert_eq!(q.status, CqStatus::Ok);
     assert_eq!(q.arm, CqArmState::Fired);
     assert_eq!((q.period, q.max_count, q.overrun_ignore), (0, 0, false));
+    assert_eq!(q.period_mode, CqPeriodMode::FromEvent);
 
     writes(&mut p, 3, 100, 1);
     let q = p.cq_a.query().unwrap();
@@ -60,6 +62,15 @@ fn query_cq_reports_size_counters_and_moderation() {
         Err(QueueError::Config(_))
     ));
     assert_eq!(p.cq_a.query().unwrap().period, 100);
+    // The period mode, set alone, leaves period and count as they were.
+    p.cq_a.modify_period_mode(CqPeriodMode::FromCqe).unwrap();
+    let q = p.cq_a.query().unwrap();
+    assert_eq!(
+        (q.period, q.max_count, q.period_mode),
+        (100, 8, CqPeriodMode::FromCqe)
+    );
+    p.cq_a.modify_period_mode(CqPeriodMode::FromEvent).unwrap();
+    assert_eq!(p.cq_a.query().unwrap().period_mode, CqPeriodMode::FromEvent);
     // Completions still flow with moderation set.
     writes(&mut p, 2, 64, 9);
     assert_eq!(p.cq_a.query().unwrap().producer_counter, 5);

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use uhca_hw::layout::caps::CmdHcaCap;
-use uhca_hw::layout::cmds::{MODIFY_CQ_COUNT, MODIFY_CQ_PERIOD};
-use uhca_hw::layout::cqc::Cqc;
+use uhca_hw::layout::cmds::{MODIFY_CQ_COUNT, MODIFY_CQ_PERIOD, MODIFY_CQ_PERIOD_MODE};
+use uhca_hw::layout::cqc::{CQ_PERIOD_FROM_CQE, CQ_PERIOD_FROM_EQE, Cqc};
 use uhca_hw::layout::cqe::CQE_SIZE;
 use uhca_hw::layout::eqe::{EqeComp, EventType};
 use uhca_hw::layout::uar::{CQ_DBR_ARM, CQ_DOORBELL, UAR_SIZE, cq_arm_word};
@@ -155,8 +155,24 @@ pub struct CqInfo {
     pub period: u16,
     /// Moderation count (`cq_max_count`; 0 = off).
     pub max_count: u16,
+    /// Where the moderation period starts (`cq_period_mode`).
+    pub period_mode: CqPeriodMode,
     /// Overrun ignore (`oi`).
     pub overrun_ignore: bool,
+}
+
+/// Where a CQ's moderation period starts (`cq_period_mode`; Linux's DIM calls the two
+/// "EQE" and "CQE" modes). Either way the count, when set, raises the event as soon as that
+/// many CQEs are held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CqPeriodMode {
+    /// From the CQ's last completion event: events come at most once a period, and a CQE
+    /// after a longer quiet raises its event at once. The device's default.
+    #[default]
+    FromEvent,
+    /// From the last CQE: every CQE restarts the period, so during a burst only the count
+    /// raises events, and the event comes a period after the burst ends.
+    FromCqe,
 }
 
 /// Per-device state of the completion machinery (lives in the device).
@@ -416,13 +432,20 @@ impl Cq {
             },
             period: c.cq_period() as u16,
             max_count: c.cq_max_count() as u16,
+            // 2 and 3 are not defined; the device refuses them.
+            period_mode: if c.cq_period_mode() == CQ_PERIOD_FROM_CQE {
+                CqPeriodMode::FromCqe
+            } else {
+                CqPeriodMode::FromEvent
+            },
             overrun_ignore: c.oi() != 0,
         })
     }
 
-    /// MODIFY_CQ: sets the completion-event moderation (`cq_period` up to 4095, `cq_max_count`;
-    /// 0 and 0 turn it off). The software model records and reports the values but does not
-    /// delay events by them.
+    /// MODIFY_CQ: sets the completion-event moderation (`cq_period` in µs up to 4095,
+    /// `cq_max_count`; 0 and 0 turn it off): an armed CQ's event waits until that many CQEs
+    /// are held or the period is over ([`CqPeriodMode`] says from when). Turning it off
+    /// raises an event held meanwhile.
     pub fn modify_moderation(&mut self, period: u16, count: u16) -> Result<(), QueueError> {
         if period > 0xFFF {
             return Err(QueueError::Config("CQ moderation period above 4095"));
@@ -439,6 +462,21 @@ impl Cq {
                 c.set_cq_max_count(u32::from(count));
             },
         )?;
+        Ok(())
+    }
+
+    /// MODIFY_CQ: sets where the moderation period starts (`cq_period_mode`).
+    pub fn modify_period_mode(&mut self, mode: CqPeriodMode) -> Result<(), QueueError> {
+        if !self.obj.dev.is_open() {
+            return Err(QueueError::Closed);
+        }
+        let raw = match mode {
+            CqPeriodMode::FromEvent => CQ_PERIOD_FROM_EQE,
+            CqPeriodMode::FromCqe => CQ_PERIOD_FROM_CQE,
+        };
+        queue_ops::modify_cq(&*self.obj.dev, self.obj.cqn, MODIFY_CQ_PERIOD_MODE, |c| {
+            c.set_cq_period_mode(raw)
+        })?;
         Ok(())
     }
 

@@ -12,7 +12,7 @@ pub mod pd;
 pub mod qp;
 pub mod uar;
 
-pub use cq::{Cq, CqArmState, CqConfig, CqInfo, CqStatus, QueueError};
+pub use cq::{Cq, CqArmState, CqConfig, CqInfo, CqPeriodMode, CqStatus, QueueError};
 pub use eq::EqRing;
 pub use memic::{Dm, DmCaps};
 pub use mkey::{Access, MemError, Mr, MrOptions};

@@ -297,6 +297,9 @@ pub const MODIFY_CQ_PERIOD: u32 = 1 << 0;
 pub const MODIFY_CQ_COUNT: u32 = 1 << 1;
 /// `modify_field_select` bit: `oi` (Linux `MLX5_CQ_MODIFY_OVERRUN`).
 pub const MODIFY_CQ_OVERRUN: u32 = 1 << 2;
+/// `modify_field_select` bit: `cq_period_mode` (Linux `MLX5_CQ_MODIFY_PERIOD_MODE`,
+/// include/linux/mlx5/cq.h).
+pub const MODIFY_CQ_PERIOD_MODE: u32 = 1 << 4;
 
 layout! {
     /// `create_qp_in` (272 bytes), prm-subset.md.

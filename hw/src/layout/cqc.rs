@@ -30,3 +30,11 @@ layout! {
     producer_counter, set_producer_counter: 0x02c [23:0],
     dbr_addr, set_dbr_addr: 0x038 u64,
 }
+
+/// `cq_period_mode` 0: the moderation period runs from the CQ's last completion event
+/// (Linux `MLX5_CQ_PERIOD_MODE_START_FROM_EQE`, include/linux/mlx5/mlx5_ifc.h).
+pub const CQ_PERIOD_FROM_EQE: u32 = 0;
+/// `cq_period_mode` 1: the moderation period restarts with every CQE, so an event waits for
+/// a quiet period (Linux `MLX5_CQ_PERIOD_MODE_START_FROM_CQE`; commit "net/mlx5e: CQE
+/// based moderation", 2016). 2 and 3 are not defined.
+pub const CQ_PERIOD_FROM_CQE: u32 = 1;

@@ -13,16 +13,25 @@
 //! next solicited or error CQE (`cmd` 1). If such a CQE was already written after `ci`, the
 //! event fires at once.
 //!
-//! Moderation (§7.2 `cq_period`, `cq_max_count`, set at CREATE_CQ or by MODIFY_CQ): an
-//! armed CQ's event is held back until `cq_max_count` CQEs that could raise it have been
-//! written, or `cq_period` µs after the first of them, whichever comes first (either at 0
-//! does not count; both at 0, the default, raise it at once). The period is measured from
-//! that first CQE (`cq_period_mode` 1, "upon CQE"); the datapath looks at it on every
-//! pass (`Cq::tick`), so a device thread that backed off to sleeping raises it when it
-//! wakes, within its longest sleep (1 ms) of the due time.
+//! Moderation (§7.2 `cq_period`, `cq_max_count`, `cq_period_mode`, set at CREATE_CQ or by
+//! MODIFY_CQ): an armed CQ's event is held back until `cq_max_count` CQEs that could raise
+//! it have been written, or until the period is over, whichever comes first (either at 0
+//! does not count; both at 0, the default, raise it at once). When the period is over
+//! depends on `cq_period_mode` (Linux commit "net/mlx5e: CQE based moderation", 2016):
+//! - 0, from the EQE (the default, and what mlx5_ib leaves RDMA CQs at): `cq_period` µs
+//!   after the CQ's last completion event. A CQE after a longer quiet raises its event at
+//!   once; events come at most once a period.
+//! - 1, from the CQE: `cq_period` µs after the last CQE; every CQE restarts the timer, so
+//!   during a burst only the count raises events, and the event comes a period after the
+//!   burst ends.
+//!
+//! The datapath looks at a held event's due time on every pass (`Cq::tick`), so a device
+//! thread that backed off to sleeping raises it when it wakes, within its longest sleep
+//! (1 ms) of the due time.
 
 use std::time::{Duration, Instant};
 
+use crate::layout::cqc::{CQ_PERIOD_FROM_CQE, CQ_PERIOD_FROM_EQE};
 use crate::layout::cqe::{CQE_SIZE, OP_OWN_OFFSET, cqe_owner_for};
 use crate::layout::uar::{CQ_DOORBELL, UAR_SIZE};
 
@@ -73,15 +82,90 @@ pub(crate) struct Cq {
     pub(crate) error: bool,
     /// The CQ_ERROR syndrome that put the CQ in error (1 overrun, 2 write failure).
     pub(crate) error_syndrome: u8,
-    /// `cq_period`: an armed event waits this many µs after the first CQE that could raise
-    /// it (0: no wait by time).
+    /// Completion-event moderation.
+    pub(crate) moder: Moderation,
+}
+
+/// One CQ's completion-event moderation (the module docs).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Moderation {
+    /// `cq_period` in µs (0: no wait by time).
     pub(crate) period: u32,
-    /// `cq_max_count`: ... or until this many such CQEs (0: no count).
+    /// `cq_max_count` (0: no count).
     pub(crate) max_count: u32,
-    /// CQEs that could raise the armed event, held back by moderation.
+    /// `cq_period_mode`: [`CQ_PERIOD_FROM_EQE`] or [`CQ_PERIOD_FROM_CQE`].
+    pub(crate) mode: u32,
+    /// CQEs that could raise the armed event, held back.
     pub(crate) held: u32,
     /// When the held event is due by the period.
     pub(crate) due: Option<Instant>,
+    /// When the CQ last raised a completion event (the period's start in mode 0).
+    last_event: Option<Instant>,
+}
+
+impl Moderation {
+    /// Moderation from a context's fields.
+    pub(crate) fn new(period: u32, max_count: u32, mode: u32) -> Moderation {
+        Moderation {
+            period,
+            max_count,
+            mode,
+            ..Moderation::default()
+        }
+    }
+
+    /// Whether it holds events back at all.
+    pub(crate) fn on(&self) -> bool {
+        self.period != 0 || self.max_count != 0
+    }
+
+    /// A CQE that could raise the armed event was written (`now` reads the clock, only
+    /// when the period needs it): true to raise the event now, false to hold it.
+    fn cqe(&mut self, now: impl FnOnce() -> Instant) -> bool {
+        self.held += 1;
+        if !self.on() || (self.max_count != 0 && self.held >= self.max_count) {
+            return true;
+        }
+        if self.period == 0 {
+            return false;
+        }
+        let now = now();
+        let period = Duration::from_micros(u64::from(self.period));
+        let due = if self.mode == CQ_PERIOD_FROM_CQE {
+            now + period
+        } else {
+            match self.last_event {
+                Some(t) => t + period,
+                None => now,
+            }
+        };
+        if due <= now {
+            return true;
+        }
+        self.due = Some(due);
+        false
+    }
+
+    /// Whether a held event is due at `now`.
+    fn due_at(&self, now: Instant) -> bool {
+        self.due.is_some_and(|d| now >= d)
+    }
+
+    /// The event was raised (`now` reads the clock, only when mode 0 needs it): nothing is
+    /// held any more.
+    fn raised(&mut self, now: impl FnOnce() -> Instant) {
+        self.held = 0;
+        self.due = None;
+        if self.period != 0 && self.mode == CQ_PERIOD_FROM_EQE {
+            self.last_event = Some(now());
+        }
+    }
+
+    /// A new arm: nothing held from before.
+    fn rearmed(&mut self) {
+        self.held = 0;
+        self.due = None;
+    }
 }
 
 impl Cq {
@@ -133,14 +217,9 @@ impl Cq {
         }
         if let Some(sol_only) = self.arm
             && (!sol_only || solicited)
+            && self.moder.cqe(Instant::now)
         {
-            self.held += 1;
-            let unmoderated = self.period == 0 && self.max_count == 0;
-            if unmoderated || (self.max_count != 0 && self.held >= self.max_count) {
-                self.raise(events);
-            } else if self.period != 0 && self.due.is_none() {
-                self.due = Some(Instant::now() + Duration::from_micros(u64::from(self.period)));
-            }
+            self.raise(events);
         }
         true
     }
@@ -148,8 +227,7 @@ impl Cq {
     /// Raises the armed completion event (and ends the arm and its moderation).
     pub(crate) fn raise(&mut self, events: &mut Vec<Event>) {
         self.arm = None;
-        self.held = 0;
-        self.due = None;
+        self.moder.raised(Instant::now);
         events.push(Event::Comp {
             eqn: self.eqn,
             cqn: self.cqn,
@@ -158,7 +236,7 @@ impl Cq {
 
     /// Raises a held event whose period is over at `now`; true if it did.
     pub(crate) fn tick(&mut self, now: Instant, events: &mut Vec<Event>) -> bool {
-        if self.due.is_some_and(|d| now >= d) && self.arm.is_some() {
+        if self.moder.due_at(now) && self.arm.is_some() {
             self.raise(events);
             return true;
         }
@@ -167,7 +245,7 @@ impl Cq {
 
     /// Whether moderation applies to this CQ's events.
     pub(crate) fn moderated(&self) -> bool {
-        self.period != 0 || self.max_count != 0
+        self.moder.on()
     }
 
     fn fail(&mut self, events: &mut Vec<Event>, syndrome: u8) -> bool {
@@ -190,8 +268,7 @@ impl Cq {
         } else {
             self.pi.wrapping_sub(ci) as i32 > 0
         };
-        self.held = 0;
-        self.due = None;
+        self.moder.rearmed();
         if pending {
             self.raise(events);
         } else {
@@ -209,4 +286,77 @@ pub(crate) fn take_doorbell(sh: &Shared, uar: u32) -> Option<(u32, u32)> {
     let cqn = sh.bar.swap_be32(base + 4, 0);
     let word = sh.bar.read_be32(base);
     (cqn != 0).then_some((word, cqn & 0xFF_FFFF))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Feeds one CQE at `t`; true if it raises the event (which is then marked raised).
+    fn cqe_at(m: &mut Moderation, t: Instant) -> bool {
+        let raise = m.cqe(|| t);
+        if raise {
+            m.raised(|| t);
+        }
+        raise
+    }
+
+    #[test]
+    fn from_the_eqe_events_come_at_most_once_a_period() {
+        let t0 = Instant::now();
+        let mut m = Moderation::new(4000, 0, CQ_PERIOD_FROM_EQE);
+        // No event yet: the period is long over, the first CQE raises at once.
+        assert!(cqe_at(&mut m, t0));
+        // Within the period after that event: held until it is over.
+        assert!(!cqe_at(&mut m, t0 + MS));
+        assert!(!cqe_at(&mut m, t0 + 2 * MS));
+        assert_eq!((m.held, m.due), (2, Some(t0 + 4 * MS)));
+        assert!(!m.due_at(t0 + 3 * MS) && m.due_at(t0 + 4 * MS));
+        m.raised(|| t0 + 4 * MS);
+        // A CQE after a longer quiet: at once again.
+        assert!(cqe_at(&mut m, t0 + 9 * MS));
+        assert!(!cqe_at(&mut m, t0 + 10 * MS));
+        assert_eq!(m.due, Some(t0 + 13 * MS));
+    }
+
+    #[test]
+    fn from_the_cqe_every_cqe_restarts_the_period() {
+        let t0 = Instant::now();
+        let mut m = Moderation::new(4000, 0, CQ_PERIOD_FROM_CQE);
+        assert!(!cqe_at(&mut m, t0));
+        assert_eq!(m.due, Some(t0 + 4 * MS));
+        // A burst keeps pushing it back; the event comes a period after the last CQE.
+        for k in 1..10 {
+            assert!(!cqe_at(&mut m, t0 + k * MS));
+        }
+        assert_eq!((m.held, m.due), (10, Some(t0 + 13 * MS)));
+        assert!(!m.due_at(t0 + 12 * MS) && m.due_at(t0 + 13 * MS));
+    }
+
+    #[test]
+    fn the_count_raises_whatever_the_period_and_zero_turns_either_off() {
+        let t0 = Instant::now();
+        for mode in [CQ_PERIOD_FROM_EQE, CQ_PERIOD_FROM_CQE] {
+            let mut m = Moderation::new(4000, 3, mode);
+            // (In mode 0 the first CQE raises at once: no event yet.)
+            if mode == CQ_PERIOD_FROM_EQE {
+                assert!(cqe_at(&mut m, t0));
+            }
+            assert!(!cqe_at(&mut m, t0 + MS));
+            assert!(!cqe_at(&mut m, t0 + MS));
+            assert!(cqe_at(&mut m, t0 + MS), "mode {mode}: the third CQE");
+            assert_eq!((m.held, m.due), (0, None));
+        }
+        // No period: only the count; no count and no period: every CQE.
+        let mut m = Moderation::new(0, 2, CQ_PERIOD_FROM_EQE);
+        assert!(!cqe_at(&mut m, t0) && cqe_at(&mut m, t0));
+        assert_eq!(m.due, None);
+        let mut m = Moderation::new(0, 0, CQ_PERIOD_FROM_CQE);
+        assert!(cqe_at(&mut m, t0) && cqe_at(&mut m, t0));
+        // The clock is read only when the period needs it.
+        let mut m = Moderation::new(0, 5, CQ_PERIOD_FROM_CQE);
+        assert!(!m.cqe(|| unreachable!("no period, no clock")));
+    }
 }

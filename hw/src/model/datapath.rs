@@ -421,7 +421,7 @@ pub(crate) fn poll(
     };
     std::mem::swap(&mut core.dp, dp);
     post_events(sh, core);
-    let held = core.dp.moderated != 0 && core.dp.cqs.values().any(|c| c.due.is_some());
+    let held = core.dp.moderated != 0 && core.dp.cqs.values().any(|c| c.moder.due.is_some());
     core.dp.settled = !exhausted
         && !held
         && port.peer.is_none()

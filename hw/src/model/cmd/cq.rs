@@ -13,13 +13,13 @@
 use crate::layout::cmd::CmdStatus;
 use crate::layout::cmds::{
     CreateCqIn, CreateCqOut, DestroyCqIn, MODIFY_CQ_COUNT, MODIFY_CQ_OP_MOD_MODIFY,
-    MODIFY_CQ_OVERRUN, MODIFY_CQ_PERIOD, ModifyCqIn, QueryCqIn, QueryCqOut,
+    MODIFY_CQ_OVERRUN, MODIFY_CQ_PERIOD, MODIFY_CQ_PERIOD_MODE, ModifyCqIn, QueryCqIn, QueryCqOut,
 };
-use crate::layout::cqc::Cqc;
+use crate::layout::cqc::{CQ_PERIOD_FROM_CQE, Cqc};
 use crate::layout::cqe::CQE_SIZE;
 
 use super::super::caps::LOG_MAX_CQ_SZ;
-use super::super::cq::Cq;
+use super::super::cq::{Cq, Moderation};
 use super::super::wq::{BufError, QueueBuf, read_dbr};
 use super::{CmdResult, Ctx, bad_param, err, syndrome as s};
 
@@ -53,6 +53,9 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
     if c.cqe_sz() != 0 || c.cqe_comp_en() != 0 || c.cc() != 0 || c.apu_cq() != 0 {
         return Err(bad_param(s::CQ_UNSUPPORTED_FORMAT));
     }
+    if c.cq_period_mode() > CQ_PERIOD_FROM_CQE {
+        return Err(bad_param(s::CQ_BAD_PERIOD_MODE));
+    }
     let uar = c.uar_page();
     if !ctx.core.uars.contains(uar) {
         return Err(err(CmdStatus::BadResErr, s::CQ_BAD_UAR));
@@ -81,7 +84,8 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
         .alloc()
         .ok_or(err(CmdStatus::NoResErr, s::NO_FREE_CQ))?;
     let dp = &mut ctx.core.dp;
-    if c.cq_period() != 0 || c.cq_max_count() != 0 {
+    let moder = Moderation::new(c.cq_period(), c.cq_max_count(), c.cq_period_mode());
+    if moder.on() {
         dp.moderated += 1;
     }
     dp.cqs.insert(
@@ -100,10 +104,7 @@ pub(super) fn create_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
             last_solicited: 0,
             error: false,
             error_syndrome: 0,
-            period: c.cq_period(),
-            max_count: c.cq_max_count(),
-            held: 0,
-            due: None,
+            moder,
         },
     );
     dp.cq_uar(uar, true);
@@ -159,8 +160,9 @@ pub(super) fn query_cq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> Cm
     });
     c.set_log_cq_size(cq.log_size);
     c.set_uar_page(cq.uar);
-    c.set_cq_period(cq.period);
-    c.set_cq_max_count(cq.max_count);
+    c.set_cq_period(cq.moder.period);
+    c.set_cq_max_count(cq.moder.max_count);
+    c.set_cq_period_mode(cq.moder.mode);
     c.set_c_eqn_or_apu_element(cq.eqn);
     c.set_last_solicit_index(cq.last_solicited & 0xFF_FFFF);
     c.set_consumer_counter(ci);
@@ -185,22 +187,30 @@ pub(super) fn modify_cq(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> 
         .cqs
         .get_mut(cqn)
         .ok_or(err(CmdStatus::BadResErr, s::BAD_CQ))?;
-    if select & !(MODIFY_CQ_PERIOD | MODIFY_CQ_COUNT | MODIFY_CQ_OVERRUN) != 0 {
+    if select & !(MODIFY_CQ_PERIOD | MODIFY_CQ_COUNT | MODIFY_CQ_OVERRUN | MODIFY_CQ_PERIOD_MODE)
+        != 0
+    {
         return Err(bad_param(s::CQ_BAD_FIELD_SELECT));
+    }
+    if select & MODIFY_CQ_PERIOD_MODE != 0 && c.cq_period_mode() > CQ_PERIOD_FROM_CQE {
+        return Err(bad_param(s::CQ_BAD_PERIOD_MODE));
     }
     let was = cq.moderated();
     if select & MODIFY_CQ_PERIOD != 0 {
-        cq.period = c.cq_period();
+        cq.moder.period = c.cq_period();
     }
     if select & MODIFY_CQ_COUNT != 0 {
-        cq.max_count = c.cq_max_count();
+        cq.moder.max_count = c.cq_max_count();
     }
     if select & MODIFY_CQ_OVERRUN != 0 {
         cq.oi = c.oi() != 0;
     }
+    if select & MODIFY_CQ_PERIOD_MODE != 0 {
+        cq.moder.mode = c.cq_period_mode();
+    }
     let now = cq.moderated();
     // Moderation off with an event held: raised now (posted after the next pass).
-    let release = !now && cq.held != 0 && cq.arm.is_some();
+    let release = !now && cq.moder.held != 0 && cq.arm.is_some();
     let dp = &mut ctx.core.dp;
     if release && let Some(cq) = dp.cqs.get_mut(cqn) {
         cq.raise(&mut dp.events);

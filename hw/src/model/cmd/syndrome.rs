@@ -155,8 +155,11 @@ pub const BAD_PAS: u32 = 0x0012_0009;
 pub const BUF_UNREACHABLE: u32 = 0x0012_000a;
 /// BAD_PARAM_ERR: a doorbell record is misaligned or unreachable.
 pub const BAD_DBR: u32 = 0x0012_000b;
-/// BAD_PARAM_ERR: MODIFY_CQ `modify_field_select` names a field other than period, count, `oi`.
+/// BAD_PARAM_ERR: MODIFY_CQ `modify_field_select` names a field other than period, count,
+/// `oi` and period mode.
 pub const CQ_BAD_FIELD_SELECT: u32 = 0x0012_000c;
+/// BAD_PARAM_ERR: a `cq_period_mode` other than 0 (from the EQE) or 1 (from the CQE).
+pub const CQ_BAD_PERIOD_MODE: u32 = 0x0012_000d;
 /// NO_RES_ERR: no free QP number.
 pub const NO_FREE_QP: u32 = 0x0013_0001;
 /// BAD_RES_ERR: the QP does not exist.
@@ -262,6 +265,7 @@ pub const ALL: &[(&str, u32)] = &[
     ("CQ_IN_USE", CQ_IN_USE),
     ("CQ_UMEM_UNSUPPORTED", CQ_UMEM_UNSUPPORTED),
     ("CQ_BAD_FIELD_SELECT", CQ_BAD_FIELD_SELECT),
+    ("CQ_BAD_PERIOD_MODE", CQ_BAD_PERIOD_MODE),
     ("BAD_PAS", BAD_PAS),
     ("BUF_UNREACHABLE", BUF_UNREACHABLE),
     ("BAD_DBR", BAD_DBR),
