@@ -26,6 +26,7 @@
 //! end-to-end credits (ACKs carry "invalid credit count", so the requester does not wait for
 //! credits), alternate paths/APM, congestion control (ECN/CNP), UC/UD transports.
 
+mod burst;
 mod requester;
 mod responder;
 mod sge;
@@ -34,6 +35,7 @@ mod types;
 #[cfg(test)]
 mod tests;
 
+pub use burst::{Burst, MAX_MORE, MoreMsg, MoreMsgs};
 pub use sge::{MAX_INLINE, MAX_SGE, Sge, SgeList};
 pub use types::*;
 

@@ -22,6 +22,7 @@ mod queue;
 
 use queue::SendQueue;
 
+use super::burst::*;
 use super::sge::{CopyError, check_gather, gather, scatter, scatter_from};
 use super::types::*;
 use super::{BURST_MIN, Env, RcStats, Tx, TxStop};

@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 
+use super::burst::*;
 use super::sge::{
     CopyError, SendFault, Sge, SgeList, check_gather_in, copy_between, copy_in, scatter,
 };
