@@ -7,7 +7,8 @@
 //! Invariants: every posted request and receive completes exactly once (success or an
 //! error with its syndrome), the poller never meets a malformed CQE, nothing is written
 //! to memory registered without remote rights, and the model keeps answering. The
-//! generator is a fixed-seed xorshift: the same run every time.
+//! generator is a fixed-seed xorshift: the same run every time (`DATAPATH_FUZZ_SEED` and
+//! `DATAPATH_FUZZ_STEPS` run others, longer).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -182,11 +183,11 @@ fn random_work_and_life_cycle_events_complete_every_request_once() {
     };
     let mut p = pair_with(256, cfg, quick);
     let mut regions = Regions::new(&p.pd);
-    let mut rng = Rng::new(0xC0FF_EE00_1234_ABCD);
+    let mut rng = Rng::new(env_or("DATAPATH_FUZZ_SEED", 0xC0FF_EE00_1234_ABCD));
     let mut o = Outstanding::default();
     let mut psn = 5000;
     let inline = [0xA7u8; 64];
-    for step in 0..3000 {
+    for step in 0..env_or("DATAPATH_FUZZ_STEPS", 3000) as u32 {
         match rng.below(20) {
             // Requests, one doorbell.
             0..=8 => {
@@ -318,4 +319,16 @@ fn random_work_and_life_cycle_events_complete_every_request_once() {
         0,
         "no DMA outside mapped memory"
     );
+}
+
+/// The number in environment variable `name` (decimal, or hex with `0x`), else `default`.
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).map_or(default, |v| {
+        let v = v.trim();
+        match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => v.parse(),
+        }
+        .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
+    })
 }
