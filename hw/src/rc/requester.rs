@@ -575,10 +575,7 @@ impl Requester {
             fill,
         )?;
         if let Err(e) = filled {
-            self.wqes[idx].failed = Some(match e {
-                CopyError::Length => WcStatus::LocalLength,
-                CopyError::Access(_) => WcStatus::LocalProtection,
-            });
+            self.wqes[idx].failed = Some(local_status(e));
             return Ok(false);
         }
         self.sent(cx, psn, next, ack_req, end);
@@ -834,6 +831,14 @@ impl std::fmt::Debug for Requester {
             .field("deadline", &self.deadline)
             .field("rnr_until", &self.rnr_until)
             .finish_non_exhaustive()
+    }
+}
+
+/// The completion status of a request whose local data the device could not gather.
+pub(super) fn local_status(e: CopyError) -> WcStatus {
+    match e {
+        CopyError::Length => WcStatus::LocalLength,
+        CopyError::Access(_) => WcStatus::LocalProtection,
     }
 }
 

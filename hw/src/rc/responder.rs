@@ -624,13 +624,25 @@ impl Responder {
                         // region that went away is NAKed here as below.
                         let sent = read_burst(tx, env, stats, mtu, &rd, self.out.range(1..));
                         match sent {
-                            Ok(Some((n, _, followed))) if n == last.diff(psn) as u32 + 1 => {
+                            Ok(Some(s)) if s.packets == last.diff(psn) as u32 + 1 => {
                                 // This READ and the whole ones that followed it are sent.
-                                self.out.drain(..=followed);
+                                self.out.drain(..=s.followed);
+                                if s.refused_next
+                                    && let Some(&Resp::Read(f)) = self.out.front()
+                                {
+                                    // Its range failed on the way: NAKed as below.
+                                    let nak = AethSyndrome::Nak(NakCode::RemoteOperationalError);
+                                    self.out[0] = Resp::Ack {
+                                        psn: f.psn,
+                                        syndrome: nak,
+                                        msn: f.msn,
+                                    };
+                                    fatal = true;
+                                }
                                 continue;
                             }
-                            Ok(Some((n, len, _))) => {
-                                self.out[0].read_sent(n, len);
+                            Ok(Some(s)) => {
+                                self.out[0].read_sent(s.packets, s.bytes);
                                 continue;
                             }
                             Ok(None) => {

@@ -344,23 +344,34 @@ impl<'a> Rig<'a> {
     /// Writes a WQE (`segs` after the control segment) at the SQ producer counter, updates
     /// the DBR and rings the doorbell with the first 8 bytes of the control segment.
     pub(super) fn post(&mut self, q: &mut TQp, opcode: u8, fm_ce_se: u8, imm: u32, segs: &[u8]) {
-        let ds = 1 + segs.len().div_ceil(16);
-        let mut w = vec![0u8; (ds * 16).next_multiple_of(64)];
-        {
-            let mut c = CtrlSeg::new_unchecked(&mut w[..16]);
-            c.set_opcode(opcode.into());
-            c.set_wqe_index(q.sq_pi & 0xFFFF);
-            c.set_qpn(q.qpn);
-            c.set_ds(ds as u32);
-            c.set_fm_ce_se(fm_ce_se.into());
-            c.set_imm(imm);
-        }
-        w[16..16 + segs.len()].copy_from_slice(segs);
-        self.post_wqe(q, &w);
+        self.post_many(q, &[(opcode, fm_ce_se, imm, segs)]);
     }
 
-    /// Writes the whole WQE `w` (control segment included, a multiple of 64 bytes) at the
-    /// SQ producer counter, updates the DBR and rings the doorbell.
+    /// Posts the WQEs `(opcode, fm_ce_se, imm, segs)` of `wqes` with one doorbell: the
+    /// device finds them all at once.
+    pub(super) fn post_many(&mut self, q: &mut TQp, wqes: &[(u8, u8, u32, &[u8])]) {
+        let mut all = Vec::new();
+        for &(opcode, fm_ce_se, imm, segs) in wqes {
+            let ds = 1 + segs.len().div_ceil(16);
+            let mut w = vec![0u8; (ds * 16).next_multiple_of(64)];
+            {
+                let mut c = CtrlSeg::new_unchecked(&mut w[..16]);
+                c.set_opcode(opcode.into());
+                c.set_wqe_index((q.sq_pi + (all.len() / 64) as u32) & 0xFFFF);
+                c.set_qpn(q.qpn);
+                c.set_ds(ds as u32);
+                c.set_fm_ce_se(fm_ce_se.into());
+                c.set_imm(imm);
+            }
+            w[16..16 + segs.len()].copy_from_slice(segs);
+            all.extend_from_slice(&w);
+        }
+        self.post_wqe(q, &all);
+    }
+
+    /// Writes the whole WQE `w` (control segment included, a multiple of 64 bytes; or
+    /// several, back to back) at the SQ producer counter, updates the DBR and rings the
+    /// doorbell (with the first one's control segment).
     pub(super) fn post_wqe(&mut self, q: &mut TQp, w: &[u8]) {
         let nbb = w.len() / 64;
         for b in 0..nbb {

@@ -517,3 +517,41 @@ fn moderation_holds_the_completion_event_back_by_count_and_by_period() {
     write(&mut r, &mut ca);
     wait_events(&r, &ca, 6);
 }
+
+/// WRITEs posted together follow the first one's burst in its frame; one whose source the
+/// device refuses on the way (a bad lkey) fails with a local protection error, the rest
+/// are flushed, and the refusal is counted once in `mkey_faults` (the look-ahead that met
+/// it does not leave it to be checked, and counted, again).
+#[test]
+fn a_bad_lkey_among_writes_that_follow_a_burst_fails_once() {
+    let hca = model(9);
+    let mut r = Rig::new(&hca);
+    let (mut a, _b, mut ca, _cb) = r.pair();
+    let src = r.mr(8 * PAGE, ALL);
+    let dst = r.mr(8 * PAGE, ALL);
+    let segs: Vec<Vec<u8>> = (0..5u64)
+        .map(|i| {
+            let lkey = if i == 3 { 0x0BAD_0000 } else { src.key };
+            let at = i * PAGE as u64;
+            cat(&[
+                &raddr(dst.va + at, dst.key),
+                &data(lkey, src.va + at, PAGE as u32),
+            ])
+        })
+        .collect();
+    let op = WqeOpcode::RdmaWrite.into();
+    let wqes: Vec<(u8, u8, u32, &[u8])> = segs.iter().map(|s| (op, CQ_UPDATE, 0, &s[..])).collect();
+    let faults = hca.stats().mkey_faults;
+    r.post_many(&mut a, &wqes);
+    let got: Vec<(CqeOpcode, u8)> = (0..5)
+        .map(|_| {
+            let e = r.wait(&mut ca);
+            (opcode(&e), e[0x37])
+        })
+        .collect();
+    let ok = (CqeOpcode::Req, 0);
+    let prot = (CqeOpcode::ReqErr, u8::from(CqeSyndrome::LocalProt));
+    let flush = (CqeOpcode::ReqErr, u8::from(CqeSyndrome::WrFlush));
+    assert_eq!(got, [ok, ok, ok, prot, flush]);
+    assert_eq!(hca.stats().mkey_faults, faults + 1, "counted once");
+}

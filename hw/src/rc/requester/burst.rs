@@ -35,18 +35,15 @@ impl Requester {
         let se = ends && w.wr.solicited && matches!(w.wr.op, WrOp::Send | WrOp::SendImm { .. });
         let ack_req = self.ack_req(cx.cfg, w, ends, inflight, n, self.since_ack_req);
         if let Err(e) = check_gather(cx.env.mem, sges, u64::from(off), len as usize) {
-            self.wqes[idx].failed = Some(match e {
-                CopyError::Length => WcStatus::LocalLength,
-                CopyError::Access(_) => WcStatus::LocalProtection,
-            });
+            self.wqes[idx].failed = Some(local_status(e));
             return Ok(false);
         }
         let (psn, end) = (self.send_psn, w.end());
-        let more = if ends {
+        let (more, refused) = if ends {
             let since = if ack_req { 0 } else { self.since_ack_req + n };
             self.more_msgs(cx, tx, idx + 1, inflight + n, since)
         } else {
-            MoreMsgs::default()
+            (MoreMsgs::default(), None)
         };
         let burst = Burst {
             packets: n,
@@ -61,6 +58,11 @@ impl Requester {
             domain: cx.env.mem.domain(),
             more,
         };
+        // A WQE whose source the look-ahead refused fails now, as it would when its turn
+        // came: its check is not made (and counted) twice.
+        if let Some((at, st)) = refused {
+            self.wqes[at].failed = Some(st);
+        }
         tx.send_burst(cx.env.link, cx.stats, opcode, psn, &ext, &burst)?;
         self.sent(cx, psn, psn.add(n), ack_req, end);
         for m in burst.more.as_slice() {
@@ -75,7 +77,8 @@ impl Requester {
     /// fenced, large enough for a burst of its own, and fitting the send window whole
     /// (`inflight` packets before it, `since` since the last AckReq). Their AckReq bits
     /// are the ones [`transmit_burst`](Self::transmit_burst) would give them. The first WQE
-    /// that does not qualify ends the list; it goes out on its own, as before.
+    /// that does not qualify ends the list; it goes out on its own, as before, unless its
+    /// source failed the check: that WQE's index and status come back with the list.
     fn more_msgs(
         &self,
         cx: &mut Cx<'_, '_, '_>,
@@ -83,7 +86,7 @@ impl Requester {
         mut idx: usize,
         mut inflight: u32,
         mut since: u32,
-    ) -> MoreMsgs {
+    ) -> (MoreMsgs, Option<(usize, WcStatus)>) {
         let mut more = MoreMsgs::default();
         let max = cx.cfg.max_inflight;
         while !more.is_full()
@@ -107,9 +110,11 @@ impl Requester {
                 || w.wr.fence
                 || (n == 1 && w.len <= BURST_MIN)
                 || inflight + n > max
-                || check_gather(cx.env.mem, sges, 0, w.len as usize).is_err()
             {
                 break;
+            }
+            if let Err(e) = check_gather(cx.env.mem, sges, 0, w.len as usize) {
+                return (more, Some((idx, local_status(e))));
             }
             let ack_req = self.ack_req(cx.cfg, w, true, inflight, n, since);
             let mut ext = ExtHeaders::default();
@@ -130,7 +135,7 @@ impl Requester {
             since = if ack_req { 0 } else { since + n };
             idx += 1;
         }
-        more
+        (more, None)
     }
 
     /// Handles a READ response [`Burst`]: the next of the READ's responses, taken as

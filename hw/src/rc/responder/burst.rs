@@ -16,9 +16,8 @@ const MAX_READ_FRAME: u32 = 4 * MAX_READ_BURST;
 /// [`MAX_READ_BURST`] of them: the first one's headers (First or Only, or Middle or Last if
 /// some have gone, with the AETH where it has one) and the R_Key and range for the
 /// requester to copy from. If they end the READ, the responses to whole READs queued
-/// `next` go in the same frame ([`more_reads`]). Returns the packets and bytes of `rd`'s
-/// sent and how many READs followed them, or `None` if the range no longer passes the
-/// remote-read check (nothing sent).
+/// `next` go in the same frame ([`more_reads`]). Returns what went ([`ReadSent`]), or
+/// `None` if the range no longer passes the remote-read check (nothing sent).
 ///
 /// The data is read when the requester takes the burst, so requests that came after the
 /// READ may have been executed by then and a later WRITE to the range may show. IB allows
@@ -32,7 +31,7 @@ pub(super) fn read_burst<'a>(
     mtu: u32,
     rd: &ReadResp,
     next: impl Iterator<Item = &'a Resp>,
-) -> Result<Option<(u32, u32, usize)>, TxStop> {
+) -> Result<Option<ReadSent>, TxStop> {
     let ReadResp {
         psn,
         last,
@@ -54,10 +53,10 @@ pub(super) fn read_burst<'a>(
         return Ok(None);
     }
     let (op, ext) = read_response_head(started, packets == 1 && ends, msn);
-    let more = if ends {
+    let (more, refused_next) = if ends {
         more_reads(tx, env, packets, next)
     } else {
-        MoreMsgs::default()
+        (MoreMsgs::default(), false)
     };
     let mut sges = SgeList::new();
     // One entry: cannot fail.
@@ -80,20 +79,38 @@ pub(super) fn read_burst<'a>(
         more,
     };
     tx.send_burst(env.link, stats, op, psn, &ext, &burst)?;
-    Ok(Some((packets, len, burst.more.as_slice().len())))
+    Ok(Some(ReadSent {
+        packets,
+        bytes: len,
+        followed: burst.more.as_slice().len(),
+        refused_next,
+    }))
+}
+
+/// What [`read_burst`] sent.
+pub(super) struct ReadSent {
+    /// The READ's responses that went, and their bytes.
+    pub(super) packets: u32,
+    pub(super) bytes: u32,
+    /// Whole READs whose responses followed them in the frame (the next ones queued).
+    pub(super) followed: usize,
+    /// The READ queued after those failed its remote-read check on the way: it is to be
+    /// NAKed as its own burst would be, without a second check.
+    pub(super) refused_next: bool,
 }
 
 /// The responses to the whole READs queued `next` (after one whose last response a burst
 /// carries, `packets` of them) that can follow it in its frame ([`Burst::more`]): READs
 /// none of whose responses went yet, large enough for a burst of their own, whose range
 /// still passes the remote-read check, up to [`MAX_READ_FRAME`] packets in the frame. The
-/// first that does not qualify ends the list; it goes in a frame of its own, as before.
+/// first that does not qualify ends the list; it goes in a frame of its own, as before,
+/// unless it failed the check (then true comes back with the list).
 fn more_reads<'a>(
     tx: &Tx,
     env: &mut Env<'_>,
     mut packets: u32,
     next: impl Iterator<Item = &'a Resp>,
-) -> MoreMsgs {
+) -> (MoreMsgs, bool) {
     let mut more = MoreMsgs::default();
     for r in next {
         let Resp::Read(f) = r else { break };
@@ -102,12 +119,15 @@ fn more_reads<'a>(
             || f.started
             || (n == 1 && f.left <= BURST_MIN)
             || packets + n > MAX_READ_FRAME
-            || env
-                .mem
-                .check(f.rkey, f.va, u64::from(f.left), Access::RemoteRead)
-                .is_err()
         {
             break;
+        }
+        if env
+            .mem
+            .check(f.rkey, f.va, u64::from(f.left), Access::RemoteRead)
+            .is_err()
+        {
+            return (more, true);
         }
         let (op, ext) = read_response_head(false, n == 1, f.msn);
         more.push(MoreMsg {
@@ -128,7 +148,7 @@ fn more_reads<'a>(
         });
         packets += n;
     }
-    more
+    (more, false)
 }
 
 /// What an in-sequence burst did.

@@ -28,6 +28,8 @@ struct Region {
 #[derive(Default)]
 pub(super) struct TestMem {
     regions: RefCell<HashMap<u32, Region>>,
+    /// Checks ([`Memory::check`]) that failed: what a device counts as faults.
+    pub refused: std::cell::Cell<u64>,
 }
 
 impl TestMem {
@@ -76,7 +78,11 @@ impl TestMem {
 
 impl Memory for TestMem {
     fn check(&self, key: u32, va: u64, len: u64, access: Access) -> Result<(), AccessError> {
-        self.span(key, va, len, access).map(drop)
+        let res = self.span(key, va, len, access).map(drop);
+        if res.is_err() {
+            self.refused.set(self.refused.get() + 1);
+        }
+        res
     }
     fn read(&self, key: u32, va: u64, buf: &mut [u8], access: Access) -> Result<(), AccessError> {
         let at = self.span(key, va, buf.len() as u64, access)?;

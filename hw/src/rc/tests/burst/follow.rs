@@ -376,3 +376,78 @@ fn reads_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
         );
     }
 }
+
+/// A READ whose region goes away while it waits behind a READ whose response burst it
+/// would follow is NAKed (Remote Operational Error) as it would be on its own, after one
+/// failed check of its range, not two.
+#[test]
+fn a_read_whose_region_went_away_behind_a_burst_is_nakd_after_one_check() {
+    const GONE: u32 = 0x500;
+    const VA_GONE: u64 = 0x6000_0000;
+    let mut l = Local::new(Mtu::Mtu1024);
+    l.mem.register(GONE, VA_GONE, 8192, true);
+    for (id, rkey, addr) in [
+        (1, DST, VA_DST),
+        (2, GONE, VA_GONE),
+        (3, DST, VA_DST + 8192),
+    ] {
+        let op = WrOp::Read {
+            remote: RemoteAddr { addr, rkey },
+        };
+        let w = wr(id, op, &split(SRC, VA_SRC + id * 4096, 3000));
+        l.a.post_send(w).unwrap();
+    }
+    // `a` sends the three requests; `b` takes them (checking each) and answers nothing yet.
+    let Local {
+        a,
+        b,
+        mem,
+        link,
+        rq: [rq_a, rq_b],
+        cq: [cq_a, cq_b],
+        clock,
+        ..
+    } = &mut l;
+    let mut env = Env {
+        link: &*link,
+        mem: &*mem,
+        recv: rq_a,
+        cq: cq_a,
+        clock: &*clock,
+    };
+    a.poll(&mut env);
+    let mut env = Env {
+        link: &*link,
+        mem: &*mem,
+        recv: rq_b,
+        cq: cq_b,
+        clock: &*clock,
+    };
+    while link
+        .recv_local(&mut |frame, burst| {
+            assert!(burst.is_none(), "READ requests are packets");
+            let pkt = RocePacket::parse_trusted(frame).unwrap();
+            b.receive(&pkt, &mut env);
+        })
+        .unwrap()
+    {}
+    assert_eq!(b.stats().rx_packets, 3);
+    // The second READ's region goes before its responses.
+    l.mem.deregister(GONE);
+    let refused = l.mem.refused.get();
+    l.settle();
+    assert_eq!(
+        l.sends(),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::RemoteOperational),
+            (3, WcStatus::Flushed)
+        ]
+    );
+    assert_eq!(l.mem.refused.get() - refused, 1, "its range checked once");
+    assert_eq!(
+        l.mem.bytes(SRC, VA_SRC + 4096, 3000),
+        l.mem.bytes(DST, VA_DST, 3000),
+        "the first READ landed"
+    );
+}
