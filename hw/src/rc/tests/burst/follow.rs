@@ -28,6 +28,17 @@ fn same_both_ways(cases: &[(Vec<WorkRequest>, Vec<RecvWqe>)]) -> u64 {
     more
 }
 
+/// `wrs` with the `i`-th reading its data through a local key that does not exist.
+fn bad_lkey_at(mut wrs: Vec<WorkRequest>, i: usize) -> Vec<WorkRequest> {
+    let sge = Sge {
+        lkey: 0x888,
+        addr: VA_SRC,
+        len: 3000,
+    };
+    wrs[i].local = LocalData::Sges(SgeList::from_slice(&[sge]).unwrap());
+    wrs
+}
+
 #[test]
 fn writes_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     // Streams of one-SGE WRITEs, which a burst carries after its own message
@@ -95,15 +106,7 @@ fn writes_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
         s[4].op = op;
         cases.push((s, vec![]));
     }
-    let mut bad_local = stream(9);
-    bad_local[4].local = LocalData::Sges(
-        SgeList::from_slice(&[Sge {
-            lkey: 0x888,
-            addr: VA_SRC,
-            len: 3000,
-        }])
-        .unwrap(),
-    );
+    let bad_local = bad_lkey_at(stream(9), 4);
     cases.push((bad_local, vec![]));
     // What does not follow: a fenced WRITE behind a READ, a two-SGE WRITE, a one-packet
     // WRITE too small for a burst; and a SEND among them, which follows as a WRITE does.
@@ -206,15 +209,7 @@ fn sends_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     }])
     .unwrap();
     cases.push((stream(9), bad_recv));
-    let mut bad_local = stream(9);
-    bad_local[4].local = LocalData::Sges(
-        SgeList::from_slice(&[Sge {
-            lkey: 0x888,
-            addr: VA_SRC,
-            len: 3000,
-        }])
-        .unwrap(),
-    );
+    let bad_local = bad_lkey_at(stream(9), 4);
     cases.push((bad_local, recvs(9)));
     // SENDs and WRITEs mixed, and a fenced SEND behind a READ, which does not follow.
     let mut mixed = stream(10);
@@ -333,15 +328,7 @@ fn reads_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
         s[4].op = WrOp::Read { remote };
         cases.push(s);
     }
-    let mut bad_local = stream(9);
-    bad_local[4].local = LocalData::Sges(
-        SgeList::from_slice(&[Sge {
-            lkey: 0x888,
-            addr: VA_SRC,
-            len: 3000,
-        }])
-        .unwrap(),
-    );
+    let bad_local = bad_lkey_at(stream(9), 4);
     cases.push(bad_local);
     // READs and WRITEs mixed, a fenced READ, and a small READ that goes as a packet.
     let mut mixed = stream(10);
