@@ -62,6 +62,14 @@ impl Local {
     /// sent, the earliest deadline).
     fn step(&mut self) -> (u64, Option<u64>) {
         let sent = self.link.stats().tx_frames;
+        let moved = self.deliver();
+        let deadline = [self.poll(0), self.poll(1)].into_iter().flatten().min();
+        (moved + self.link.stats().tx_frames - sent, deadline)
+    }
+
+    /// Hands every queued frame to its QP (`a` or `b` by destination QPN), polling
+    /// neither. Returns how many.
+    fn deliver(&mut self) -> u64 {
         let Local {
             a,
             b,
@@ -125,20 +133,20 @@ impl Local {
             })
             .unwrap()
         {}
-        let mut deadline = None;
-        for (qp, recv, cq) in [(a, rq_a, cq_a), (b, rq_b, cq_b)] {
-            let mut env = Env {
-                link: &*link,
-                mem: &*mem,
-                recv,
-                cq,
-                clock: &*clock,
-            };
-            if let Some(d) = qp.poll(&mut env) {
-                deadline = Some(deadline.map_or(d, |x: u64| x.min(d)));
-            }
-        }
-        (moved + link.stats().tx_frames - sent, deadline)
+        moved
+    }
+
+    /// Polls QP `a` (0) or `b` (1) once; returns its next deadline.
+    fn poll(&mut self, which: usize) -> Option<u64> {
+        let qp = if which == 0 { &mut self.a } else { &mut self.b };
+        let mut env = Env {
+            link: &self.link,
+            mem: &self.mem,
+            recv: &mut self.rq[which],
+            cq: &mut self.cq[which],
+            clock: &self.clock,
+        };
+        qp.poll(&mut env)
     }
 
     /// Runs until both send queues are empty, jumping the clock to the next timer when
