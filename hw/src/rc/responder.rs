@@ -88,6 +88,13 @@ struct ReadResp {
     msn: u32,
 }
 
+impl ReadResp {
+    /// Responses left to send, from `psn` to `last`.
+    fn packets_left(&self) -> u32 {
+        self.last.diff(self.psn) as u32 + 1
+    }
+}
+
 impl Resp {
     /// A READ response after `packets` of its packets, `bytes` in all, went out: the next
     /// PSN and address, the bytes left, started. Nothing for another response.
@@ -624,7 +631,7 @@ impl Responder {
                         // region that went away is NAKed here as below.
                         let sent = read_burst(tx, env, stats, mtu, &rd, self.out.range(1..));
                         match sent {
-                            Ok(Some(s)) if s.packets == last.diff(psn) as u32 + 1 => {
+                            Ok(Some(s)) if s.ends => {
                                 // This READ and the whole ones that followed it are sent.
                                 self.out.drain(..=s.followed);
                                 if s.refused_next

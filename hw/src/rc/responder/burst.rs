@@ -32,27 +32,18 @@ pub(super) fn read_burst<'a>(
     rd: &ReadResp,
     next: impl Iterator<Item = &'a Resp>,
 ) -> Result<Option<ReadSent>, TxStop> {
-    let ReadResp {
-        psn,
-        last,
-        va,
-        rkey,
-        left,
-        started,
-        msn,
-    } = *rd;
-    let rest = last.diff(psn) as u32 + 1;
+    let rest = rd.packets_left();
     let packets = rest.min(MAX_READ_BURST);
     let ends = packets == rest;
-    let len = if ends { left } else { packets * mtu };
+    let len = if ends { rd.left } else { packets * mtu };
     if env
         .mem
-        .check(rkey, va, u64::from(len), Access::RemoteRead)
+        .check(rd.rkey, rd.va, u64::from(len), Access::RemoteRead)
         .is_err()
     {
         return Ok(None);
     }
-    let (op, ext) = read_response_head(started, packets == 1 && ends, msn);
+    let (op, ext) = read_response_head(rd.started, packets == 1 && ends, rd.msn);
     let (more, refused_next) = if ends {
         more_reads(tx, env, packets, next)
     } else {
@@ -61,8 +52,8 @@ pub(super) fn read_burst<'a>(
     let mut sges = SgeList::new();
     // One entry: cannot fail.
     let _ = sges.push(Sge {
-        lkey: rkey,
-        addr: va,
+        lkey: rd.rkey,
+        addr: rd.va,
         len,
     });
     let burst = Burst {
@@ -78,10 +69,11 @@ pub(super) fn read_burst<'a>(
         domain: env.mem.domain(),
         more,
     };
-    tx.send_burst(env.link, stats, op, psn, &ext, &burst)?;
+    tx.send_burst(env.link, stats, op, rd.psn, &ext, &burst)?;
     Ok(Some(ReadSent {
         packets,
         bytes: len,
+        ends,
         followed: burst.more.as_slice().len(),
         refused_next,
     }))
@@ -92,6 +84,8 @@ pub(super) struct ReadSent {
     /// The READ's responses that went, and their bytes.
     pub(super) packets: u32,
     pub(super) bytes: u32,
+    /// They were its last: the READ is answered.
+    pub(super) ends: bool,
     /// Whole READs whose responses followed them in the frame (the next ones queued).
     pub(super) followed: usize,
     /// The READ queued after those failed its remote-read check on the way: it is to be
@@ -114,7 +108,7 @@ fn more_reads<'a>(
     let mut more = MoreMsgs::default();
     for r in next {
         let Resp::Read(f) = r else { break };
-        let n = f.last.diff(f.psn) as u32 + 1;
+        let n = f.packets_left();
         if more.is_full()
             || f.started
             || (n == 1 && f.left <= BURST_MIN)
