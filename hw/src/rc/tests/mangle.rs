@@ -71,7 +71,9 @@ fn check_order(what: &str, cqes: &[Completion], n: u64, signaled: impl Fn(u64) -
     assert!(expect <= n, "{what}: more completions than requests");
 }
 
-fn run(seed: u64, mtu: Mtu, faults: FaultConfig) -> (Pair, [u64; 2]) {
+/// A pair whose sides each hold the regions (one without remote access, the guard), `N`
+/// receives and `N` mixed requests ([`op`]), request `i` signaled if `signaled(i)`.
+fn loaded_pair(mtu: Mtu, faults: FaultConfig, signaled: impl Fn(u64) -> bool) -> Pair {
     let mut p = Pair::new(mtu, faults);
     for s in [&mut p.a, &mut p.b] {
         s.mem.register(SRC, VA_SRC, (N * SLOT) as usize, false);
@@ -80,7 +82,6 @@ fn run(seed: u64, mtu: Mtu, faults: FaultConfig) -> (Pair, [u64; 2]) {
         s.mem.register(GUARD, VA_GUARD, (N * SLOT) as usize, false);
         s.post_recv_slots(RCV, VA_RCV, SLOT, N);
     }
-    let signaled = |i: u64| i % 3 != 1 || i == N - 1;
     for s in [&mut p.a, &mut p.b] {
         for i in 0..N {
             let w = op(i);
@@ -94,7 +95,17 @@ fn run(seed: u64, mtu: Mtu, faults: FaultConfig) -> (Pair, [u64; 2]) {
             s.post(r);
         }
     }
-    let guard = |s: &Side| s.mem.bytes(GUARD, VA_GUARD, (N * SLOT) as usize);
+    p
+}
+
+/// The guard region's bytes: memory without remote access, which nothing may change.
+fn guard(s: &Side) -> Vec<u8> {
+    s.mem.bytes(GUARD, VA_GUARD, (N * SLOT) as usize)
+}
+
+fn run(seed: u64, mtu: Mtu, faults: FaultConfig) -> (Pair, [u64; 2]) {
+    let signaled = |i: u64| i % 3 != 1 || i == N - 1;
+    let mut p = loaded_pair(mtu, faults, signaled);
     let before = [guard(&p.a), guard(&p.b)];
     let ended = p.run_until(2_000_000, |p| {
         p.a.qp.send_queue_len() == 0 && p.b.qp.send_queue_len() == 0
@@ -183,27 +194,8 @@ fn made_up_packets_in_a_live_connection() {
     let seeds: u64 = std::env::var("RC_MANGLE_SEEDS").map_or(40, |s| s.parse().unwrap());
     for seed in 0..seeds {
         let mtu = Mtu::from_ib((seed % 5) as u8 + 1).unwrap();
-        let mut p = Pair::new(mtu, FaultConfig::default());
-        for s in [&mut p.a, &mut p.b] {
-            s.mem.register(SRC, VA_SRC, (N * SLOT) as usize, false);
-            s.mem.register(DST, VA_DST, (N * SLOT) as usize, true);
-            s.mem.register(RCV, VA_RCV, (N * SLOT) as usize, false);
-            s.mem.register(GUARD, VA_GUARD, (N * SLOT) as usize, false);
-            s.post_recv_slots(RCV, VA_RCV, SLOT, N);
-        }
-        let guard = |s: &Side| s.mem.bytes(GUARD, VA_GUARD, (N * SLOT) as usize);
+        let mut p = loaded_pair(mtu, FaultConfig::default(), |_| true);
         let before = [guard(&p.a), guard(&p.b)];
-        for s in [&mut p.a, &mut p.b] {
-            for i in 0..N {
-                let w = op(i);
-                let len = if matches!(w, WrOp::FetchAdd { .. }) {
-                    8
-                } else {
-                    (i * 997 % SLOT) as u32
-                };
-                s.post(wr(i, w, &split(SRC, VA_SRC + i * SLOT, len)));
-            }
-        }
         let opcodes: Vec<RcOpcode> = (0..=0x17u8)
             .map(RcOpcode::from)
             .filter(|o| o.headers().is_some())
