@@ -171,6 +171,7 @@ pub(super) fn alloc_bufs(
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::settings;
     use super::super::{Bench, Op, Settings};
     use super::*;
 
@@ -182,25 +183,13 @@ mod tests {
             (Op::Send, GpuReg::PeerClient),
         ] {
             let s = Settings {
-                op,
-                size: 4096,
-                iters: 50,
-                duration: None,
                 qps: 2,
-                tx_depth: 8,
-                inline_size: 0,
-                use_dm: false,
                 gpu: Some(GpuPlacement {
                     source: GpuSource::Model,
                     reg,
                 }),
                 mtu: uhca::resource::Mtu::M1024,
-                loopback_offload: true,
-                outs: None,
-                cq_mod: None,
-                post_list: None,
-                events: false,
-                bidirectional: false,
+                ..settings(op, 50, 8)
             };
             let mut b = Bench::new(&s, 4096, false).unwrap();
             assert_eq!(b.bandwidth(4096).unwrap().iters, 100, "{op:?}");

@@ -34,7 +34,8 @@ fn lists_are_whole_but_for_the_last() {
     }
 }
 
-fn settings(op: Op, iters: u64, tx_depth: u32) -> Settings {
+/// Settings for a local run of `op`: 4 KiB messages, one QP, MTU 4096, the rest off.
+pub(super) fn settings(op: Op, iters: u64, tx_depth: u32) -> Settings {
     Settings {
         op,
         size: 4096,
