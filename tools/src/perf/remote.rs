@@ -456,18 +456,7 @@ impl Bench {
             // The control connection, a few times a second: the DONE, or silence.
             if let Some(now) = now.filter(|&t| t >= next_check) {
                 next_check = now + Duration::from_millis(50);
-                let ctl = self.ctl(Role::Server)?.ok_or_else(not_remote)?;
-                match ctl.try_recv("DONE")? {
-                    Some(Msg::Beat) => heard = now,
-                    Some(Msg::Done { size: s, iters }) if s == size as u64 => {
-                        (expected, heard) = (Some(iters), now)
-                    }
-                    Some(m) => return Err(unexpected("BEAT or DONE", &m).into()),
-                    None if expected.is_none() && now.duration_since(heard) > QUIET => {
-                        return Err(ControlError::Timeout(QUIET, "DONE").into());
-                    }
-                    None => {}
-                }
+                self.check_done(size, now, &mut heard, &mut expected)?;
             }
             if let Some(e) = expected
                 && meter.total > e
@@ -481,6 +470,31 @@ impl Bench {
         }
         self.tell(&Msg::Ack(size as u64))?;
         Ok(Some(meter.result(last)))
+    }
+
+    /// A streaming server's look at the control connection at `now`, without waiting: a
+    /// beat or the client's DONE for `size` (its message count into `done`) renews
+    /// `heard`; no DONE and nothing heard for [`QUIET`] is an error.
+    fn check_done(
+        &mut self,
+        size: usize,
+        now: Instant,
+        heard: &mut Instant,
+        done: &mut Option<u64>,
+    ) -> Result<(), PerfError> {
+        let ctl = self.ctl(Role::Server)?.ok_or_else(not_remote)?;
+        match ctl.try_recv("DONE")? {
+            Some(Msg::Beat) => *heard = now,
+            Some(Msg::Done { size: s, iters }) if s == size as u64 => {
+                (*done, *heard) = (Some(iters), now)
+            }
+            Some(m) => return Err(unexpected("BEAT or DONE", &m).into()),
+            None if done.is_none() && now.duration_since(*heard) > QUIET => {
+                return Err(ControlError::Timeout(QUIET, "DONE").into());
+            }
+            None => {}
+        }
+        Ok(())
     }
 
     /// Server side of a bidirectional bandwidth test of `size` (`-b`): streams to the
@@ -521,18 +535,7 @@ impl Bench {
             // The control connection, a few times a second: beats, the DONE, or silence.
             if now >= next_check {
                 next_check = now + Duration::from_millis(50);
-                let ctl = self.ctl(Role::Server)?.ok_or_else(not_remote)?;
-                match ctl.try_recv("DONE")? {
-                    Some(Msg::Beat) => heard = now,
-                    Some(Msg::Done { size: n, iters }) if n == size as u64 => {
-                        (theirs, heard) = (Some(iters), now)
-                    }
-                    Some(m) => return Err(unexpected("BEAT or DONE", &m).into()),
-                    None if theirs.is_none() && now.duration_since(heard) > QUIET => {
-                        return Err(ControlError::Timeout(QUIET, "DONE").into());
-                    }
-                    None => {}
-                }
+                self.check_done(size, now, &mut heard, &mut theirs)?;
             }
             let drained = (0..nq).all(|q| st.done[q] == st.posted[q]);
             let finished = stop || (s.duration.is_none() && st.done.iter().all(|&d| d >= iters));
