@@ -605,6 +605,16 @@ fn sends_as_bursts_end_as_sends_as_packets_do() {
 /// What both ends saw and the bytes of the regions that may change.
 type Outcome = (Vec<Completion>, Vec<Completion>, Vec<u8>, Vec<u8>);
 
+/// Asserts that the run of `wrs` at `mtu` over bursts (`got`) ended as the run over
+/// packets (`want`), which completed something.
+fn same_outcome(want: &Outcome, got: &Outcome, mtu: Mtu, wrs: &[WorkRequest]) {
+    assert!(!want.0.is_empty(), "no completion");
+    assert_eq!(got.0, want.0, "requester's completions: {mtu:?} {wrs:?}");
+    assert_eq!(got.1, want.1, "responder's completions: {mtu:?} {wrs:?}");
+    assert!(got.2 == want.2, "the target's bytes: {mtu:?} {wrs:?}");
+    assert!(got.3 == want.3, "the source's bytes: {mtu:?} {wrs:?}");
+}
+
 /// Runs `wrs` from `a` (with `recvs` posted at `b`) over real packets and over bursts,
 /// for the same QP attributes, and returns both outcomes, the bursts the second took and
 /// the WRITEs that followed another message in a burst's frame.
@@ -732,11 +742,7 @@ fn writes_and_reads_as_bursts_end_as_they_do_as_packets() {
         for (wrs, recvs) in &cases {
             let ([want, got], n, _) = both_ways((a, b), wrs, recvs);
             bursts += n;
-            assert!(!want.0.is_empty(), "no completion");
-            assert_eq!(got.0, want.0, "requester's completions: {mtu:?} {wrs:?}");
-            assert_eq!(got.1, want.1, "responder's completions: {mtu:?} {wrs:?}");
-            assert!(got.2 == want.2, "the target's bytes: {mtu:?} {wrs:?}");
-            assert!(got.3 == want.3, "the source's bytes: {mtu:?} {wrs:?}");
+            same_outcome(&want, &got, mtu, wrs);
         }
         assert!(bursts >= 10, "{mtu:?}: few bursts ({bursts})");
     }
