@@ -1,13 +1,13 @@
 #!/bin/bash
 # Builds (once) a ~2 MB x86_64 guest kernel from Debian's linux-source-6.12
 # (bookworm-backports) with tinyconfig + iommufd.config: VFIO, IOMMUFD and the VFIO device
-# cdev built in. Cached under $VFIO_VM_WORK/iommufd-<hash of the fragment and this script>;
+# cdev built in. Cached under $UHCA_VM_CACHE (default /var/cache/uhca-vm)/iommufd-<hash of the
+# fragment and this script>;
 # about 3-4 min on 2 cores the first time. Prints the bzImage path on stdout (logs go to
 # stderr). Runs as root on Debian bookworm.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-W=${VFIO_VM_WORK:-$ROOT/target/vfio-vm}
+W=${UHCA_VM_CACHE:-/var/cache/uhca-vm}
 mkdir -p "$W" && W=$(cd "$W" && pwd)
 HASH=$(cat "$HERE/iommufd.config" "$0" | sha256sum | cut -c1-16)
 OUT=$W/iommufd-$HASH

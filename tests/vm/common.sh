@@ -2,8 +2,15 @@
 # run-vfio-vm-test.sh (QEMU's edu device) and run-vfio-user-test.sh (the HCA model over
 # vfio-user). Expects HERE (tests/vm), ROOT (the workspace) and W (the work dir) to be set,
 # and `set -euo pipefail`. Everything runs as root on Debian bookworm.
+#
+# What is slow to make and does not depend on the checkout (downloaded kernels, debootstrapped
+# trees, kernels built from source) is cached outside the clone, in VM_CACHE
+# ($UHCA_VM_CACHE, default /var/cache/uhca-vm), so a fresh clone on the same machine reuses it;
+# each script builds what is absent. Logs, initramfs and guest binaries stay in W.
 
 T0=${T0:-$SECONDS}
+VM_CACHE=${UHCA_VM_CACHE:-/var/cache/uhca-vm}
+mkdir -p "$VM_CACHE" && VM_CACHE=$(cd "$VM_CACHE" && pwd)
 say() { echo "vm-test: [$((SECONDS - T0))s] $*"; }
 export DEBIAN_FRONTEND=noninteractive
 VM_APT_UPDATED=""
@@ -22,10 +29,10 @@ vm_host_packages() {
   timeout 600 apt-get install -y -qq --no-install-recommends $missing >/dev/null
 }
 
-# The guest kernel in $W/kernel (sets K): the current Debian cloud kernel, downloaded and
-# unpacked (not installed); only vmlinuz and the VFIO modules are kept. Cached.
+# The guest kernel in $VM_CACHE/kernel-cloud (sets K): the current Debian cloud kernel,
+# downloaded and unpacked (not installed); only vmlinuz and the VFIO modules are kept. Cached.
 vm_guest_kernel() {
-  K=$W/kernel
+  K=$VM_CACHE/kernel-cloud
   if [ ! -f "$K/vmlinuz" ]; then
     pkg() { apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}'; }
     local PKG KV m f

@@ -10,7 +10,8 @@
 # QEMU >= 10.1 has the vfio-user client; Debian ships it in QEMU 11.1 from trixie-backports,
 # which needs glibc >= 2.38, so it runs from a debootstrapped trixie tree through chroot
 # (shared/spec/qemu-vfio.md §3, §6.C). Runs as root on Debian bookworm. Environment:
-#   VFIO_VM_WORK   work dir (default target/vfio-vm); kernel and trixie tree are cached there
+#   VFIO_VM_WORK   work dir (default target/vfio-vm): logs, initramfs, guest binaries
+#   UHCA_VM_CACHE  where the kernel and the trixie tree are cached (default /var/cache/uhca-vm)
 #   VFIO_USER_TIMEOUT  seconds the guest may run (default 420)
 #   UHCA_MODEL_BIN     a prebuilt uhca-model to serve instead of building it here
 set -euo pipefail
@@ -27,8 +28,8 @@ GUEST_TIMEOUT=${VFIO_USER_TIMEOUT:-420}
 vm_host_packages busybox-static cpio xz-utils debootstrap
 vm_guest_kernel
 
-# 2. QEMU 11.1 in a trixie tree (cached: a second run skips this).
-TR=$W/trixie
+# 2. QEMU 11.1 in a trixie tree (cached in VM_CACHE: a second run skips this).
+TR=$VM_CACHE/trixie
 # A command line that runs its arguments chrooted in the tree with /proc and /dev (in a
 # private mount namespace: no mounts outlive it).
 IN_TREE=(unshare -m sh -c 'mount -t proc proc "$0/proc" && mount --bind /dev "$0/dev" && exec chroot "$0" "$@"' "$TR")

@@ -5,7 +5,8 @@
 # on uhca's VfioFunction. Exits 0 only if every run printed "RESULT: N passed, 0 failed".
 #
 # Runs as root on Debian (bookworm); installs the Debian packages it needs. Environment:
-#   VFIO_VM_WORK    work dir (default target/vfio-vm); the kernel is cached there
+#   VFIO_VM_WORK    work dir (default target/vfio-vm): logs, initramfs, guest binaries
+#   UHCA_VM_CACHE   where kernels are cached (default /var/cache/uhca-vm)
 #   VFIO_VM_IOMMUFD 1: also build (once, cached by config hash) a kernel with IOMMUFD and
 #                   VFIO_DEVICE_CDEV (tests/vm/build-iommufd-kernel.sh) and boot it too
 set -euo pipefail
@@ -20,7 +21,7 @@ T0=$SECONDS
 # 1. Host packages.
 vm_host_packages qemu-system-x86 busybox-static cpio xz-utils
 
-# 2. Guest kernel: the current Debian cloud kernel (cached in $W/kernel).
+# 2. Guest kernel: the current Debian cloud kernel (cached in $VM_CACHE).
 vm_guest_kernel
 
 # 3. The guest program, statically linked.
