@@ -486,3 +486,29 @@ fn model_flag_and_socket_errors_name_the_users_input() {
     assert!(!out.status.success());
     assert!(err.contains("broadcast"), "{err}");
 }
+
+/// Logs to a file or a pipe carry no ANSI colour codes (without `NO_COLOR`).
+#[test]
+fn logs_to_a_pipe_have_no_colour_codes() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
+        .arg("--socket")
+        .arg(dir.path().join("m.sock"))
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains("listening"), "{line}");
+    assert!(
+        !line.contains('\u{1b}'),
+        "colour codes in a piped log: {line:?}"
+    );
+}

@@ -169,12 +169,7 @@ fn run(args: Args) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    uhca_tools::logging::init("RUST_LOG", "info");
     // One log line per panic: a client's malformed message can make the vfio-user crate
     // panic, which `ModelServer::serve_one` turns into the end of that session.
     std::panic::set_hook(Box::new(|info| tracing::error!(%info, "panic")));
