@@ -18,6 +18,7 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
     use init_seg::*;
     use mkc::*;
     use qpc::*;
+    use crate::layout::reg::*;
     use vport::*;
     use wqe::*;
     list![
@@ -121,6 +122,19 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
         QueryRoceAddressOut<()>,
         QueryVportCounterIn<()>,
         QueryVportCounterOut<()>,
+        HostEndiannessReg<()>,
+        DefaultTimeout<()>,
+        DtorReg<()>,
+        PaosReg<()>,
+        PtysReg<()>,
+        PmtuReg<()>,
+        NodeDescReg<()>,
+        PcamReg<()>,
+        McamReg<()>,
+        McqsReg<()>,
+        McqiReg<()>,
+        McqiCap<()>,
+        McqiVersion<()>,
     ]
 }
 

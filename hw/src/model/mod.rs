@@ -328,6 +328,27 @@ impl Faults {
     }
 }
 
+/// Something a driver asked for that the model does not implement: logged once per model
+/// (not per reset), so the next gap a driver runs into stands out in the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Gap {
+    /// A command opcode (answered BAD_OP).
+    Opcode(u16),
+    /// An ACCESS_REG register id (answered BAD_PARAM).
+    Register(u32),
+}
+
+/// The gaps seen so far.
+#[derive(Default)]
+pub(crate) struct Gaps(Mutex<std::collections::BTreeSet<Gap>>);
+
+impl Gaps {
+    /// True the first time `g` is seen.
+    pub(crate) fn first(&self, g: Gap) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(g)
+    }
+}
+
 /// State shared between the host-side handle and the device thread.
 pub(crate) struct Shared {
     pub(crate) cfg: ModelConfig,
@@ -348,6 +369,8 @@ pub(crate) struct Shared {
     /// Times a thread other than the device thread took `core` ([`Shared::core`]): the
     /// device thread's idle check (`watch::Watch`) then makes a full pass.
     pub(crate) lock_count: AtomicU64,
+    /// Commands and registers asked for that the model lacks (logged once each).
+    pub(crate) gaps: Gaps,
 }
 
 impl Shared {
@@ -430,6 +453,7 @@ impl Hca {
             boot_done_ns: AtomicU64::new(0),
             link: datapath::Attached::default(),
             lock_count: AtomicU64::new(0),
+            gaps: Gaps::default(),
         });
         health::power_on(&shared);
         let sh = shared.clone();
