@@ -230,3 +230,31 @@ fn gpu_placement_runs_on_the_model_gpu_and_says_so() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// The software model pins nothing, so the memory-lock limit does not apply to it: runs
+/// with many QPs or every size pass under a small `ulimit -l` without CAP_IPC_LOCK (a
+/// normal user's default), as they would on a machine with no NIC.
+#[test]
+fn the_model_runs_under_a_small_memlock_limit() {
+    // As root, drop CAP_IPC_LOCK from the bounding set so the limit would apply.
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    let drop_cap = if root {
+        "setpriv --bounding-set=-ipc_lock"
+    } else {
+        ""
+    };
+    for args in ["write_bw -q 64 -n 100 -s 65536", "write_bw -a -n 4"] {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -l 64 && exec {drop_cap} \"$0\" {args}"))
+            .arg(env!("CARGO_BIN_EXE_uhca-perf"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args}: {err}");
+        assert!(!err.contains("RLIMIT_MEMLOCK"), "{args}: {err}");
+    }
+}
