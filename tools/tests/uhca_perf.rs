@@ -24,6 +24,10 @@ fn bad_flags_are_messages_not_panics() {
         (&["write_bw", "-I", "4096"], "inline"),
         (&["write_bw", "-a", "-s", "64"], "exclude"),
         (&["write_lat", "--use_dm"], "use_dm"),
+        (
+            &["write_bw", "--use_dm", "-s", "1048576"],
+            "more than the device's 262144 bytes",
+        ),
         (&["atomic_bw", "-s", "16"], "8 bytes"),
         (&["write_bw", "-s", "banana"], "invalid value"),
         (&["no_such_test"], "invalid value"),

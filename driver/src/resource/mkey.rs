@@ -163,6 +163,17 @@ pub enum MemError {
         /// Largest the device accepts.
         max: u64,
     },
+    /// More device memory than the device has at all: freeing memory cannot help.
+    #[error(
+        "{len} bytes of device memory exceed the device's {max} bytes (max_memic_size \
+         and the MEMIC window): no allocation this large can succeed"
+    )]
+    DmTooLarge {
+        /// Requested length.
+        len: usize,
+        /// The most the device can give (`max_memic_size`, within the window).
+        max: u64,
+    },
     /// No free device memory of this size.
     #[error(
         "device memory exhausted: no free range of {len} bytes in the MEMIC window \
