@@ -11,6 +11,7 @@
 //! the other `End` or what the remote end told us about itself.
 
 pub mod control;
+mod meter;
 mod placement;
 pub mod remote;
 mod stream;
@@ -27,6 +28,7 @@ use uhca::resource::{
 };
 use uhca::{Device, DeviceConfig};
 
+use meter::Meter;
 use stream::{Pace, Stream, make_wr};
 
 /// The operation under test.
@@ -536,58 +538,6 @@ pub struct LatResult {
     pub p999: f64,
 }
 
-/// Messages completed over time: the average, and the best window of at least `window`
-/// messages and 1 ms (shorter windows measure completion bursts, not bandwidth).
-struct Meter {
-    size: usize,
-    start: Instant,
-    window: u64,
-    win_start: Instant,
-    win_done: u64,
-    peak: f64,
-    total: u64,
-}
-
-impl Meter {
-    fn new(size: usize, window: u64, start: Instant) -> Meter {
-        Meter {
-            size,
-            start,
-            window,
-            win_start: start,
-            win_done: 0,
-            peak: 0.0,
-            total: 0,
-        }
-    }
-
-    /// `n` more messages done, seen at `now`.
-    fn add(&mut self, n: u64, now: Instant) {
-        self.total += n;
-        self.win_done += n;
-        let dt = now.duration_since(self.win_start).as_secs_f64();
-        if self.win_done >= self.window && dt >= 1e-3 {
-            self.peak = self
-                .peak
-                .max((self.win_done * self.size as u64) as f64 / dt);
-            (self.win_start, self.win_done) = (now, 0);
-        }
-    }
-
-    /// The result of a run that ended at `end`.
-    fn result(&self, end: Instant) -> BwResult {
-        let secs = end.duration_since(self.start).as_secs_f64().max(1e-9);
-        let avg = (self.total * self.size as u64) as f64 / secs;
-        BwResult {
-            size: self.size,
-            iters: self.total,
-            peak: self.peak.max(avg),
-            avg,
-            msg_rate: self.total as f64 / secs,
-        }
-    }
-}
-
 impl Bench {
     /// Streams messages of `size` on every QP, `tx_depth` outstanding, one signaled WQE per
     /// quarter of the depth, one doorbell per batch. With a remote server, it is told
@@ -630,8 +580,12 @@ impl Bench {
         let mut idle = CqWait::new(s.events);
         let mut meter = Meter::new(size, pace.window(), start);
         let deadline = s.duration.map(|d| deadline(start, d));
+        // Messages posted in all (both directions with -b), for the peak's post times.
+        let posted = |a: &Stream, b: &Stream| -> u64 { a.posted.iter().chain(&b.posted).sum() };
         loop {
             let stop = deadline.is_some_and(|d| now >= d);
+            // `now` was read before these posts: a post time no later than theirs.
+            let before = posted(&mine, &theirs);
             self.me.pump(&mut mine, &to_peer, &pace, stop)?;
             let mut progressed = self.me.reap(&mut mine)?;
             if let Peer::Local(server) = &mut self.peer {
@@ -641,6 +595,9 @@ impl Bench {
                 } else if s.op == Op::Send {
                     server.reap_recvs()?;
                 }
+            }
+            if posted(&mine, &theirs) > before {
+                meter.posted(before, now);
             }
             if progressed > 0 {
                 now = Instant::now();
