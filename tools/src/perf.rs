@@ -135,7 +135,7 @@ pub enum PerfError {
     #[error("setup: {0}")]
     Setup(String),
     /// A work request failed.
-    #[error("work request {wr_id} failed: {status:?}")]
+    #[error("work request {wr_id} failed: {status}")]
     Completion {
         /// Its id.
         wr_id: u64,
@@ -399,7 +399,39 @@ fn model(mac_last: u8, offload: bool) -> Result<std::sync::Arc<ModelFunction>, P
     ModelFunction::new(cfg).map_err(setup("starting the model"))
 }
 
+/// Checks `-x`: the entry must exist in the port's GID table and hold an address (as
+/// perftest's `ibv_query_gid` check), so a bad index is a message before any connection,
+/// on the end that gave it, not a failed command later or the peer's "connection closed".
+pub fn check_gid_index(dev: &Device, index: u8) -> Result<(), String> {
+    let size = dev
+        .summary()
+        .map_err(|e| format!("-x {index}: reading the GID table: {e}"))?
+        .ports
+        .first()
+        .map_or(0, |p| p.gid_table_size);
+    if u32::from(index) >= size {
+        return Err(format!(
+            "-x {index}: the port's GID table has {size} entries (0..={}; uhca-info lists them)",
+            size.saturating_sub(1)
+        ));
+    }
+    let a = dev
+        .roce_address(u32::from(index))
+        .map_err(|e| format!("-x {index}: reading GID entry {index}: {e}"))?;
+    if a.gid == [0; 16] {
+        return Err(format!(
+            "-x {index}: GID entry {index} is empty (uhca-info lists the entries in use)"
+        ));
+    }
+    Ok(())
+}
+
 impl Bench {
+    /// The device of this process's end (the client's when both are here).
+    pub fn device(&self) -> &Device {
+        &self.me.dev
+    }
+
     /// Boots the model(s), creates and connects the QPs for `s` with buffers of `max_size`.
     pub fn new(s: &Settings, max_size: usize, pair: bool) -> Result<Bench, PerfError> {
         let mut models = vec![model(0x10, s.loopback_offload)?];

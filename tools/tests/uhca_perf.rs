@@ -15,6 +15,11 @@ fn bad_flags_are_messages_not_panics() {
         (&["write_bw", "-t", "0"], "depth"),
         (&["write_bw", "-n", "0"], "-n"),
         (
+            &["write_bw", "-x", "99"],
+            "-x 99: the port's GID table has 16 entries",
+        ),
+        (&["write_bw", "-x", "5"], "GID entry 5 is empty"),
+        (
             &["write_bw", "-D", "18446744073709551615"],
             "-D 18446744073709551615",
         ),
