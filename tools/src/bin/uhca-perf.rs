@@ -698,6 +698,7 @@ fn run(a: &Args) -> Result<(), String> {
             let (sizes, settings) = validate(a)?;
             let max = *sizes.iter().max().expect("at least one size");
             let mut bench = Bench::new(&settings, max, a.pair).map_err(|e| e.to_string())?;
+            perf::check_gid_index(bench.device(), a.gid_index)?;
             header(a, &settings, &bench);
             drive(a, &mut bench, &sizes)
         }
@@ -744,6 +745,10 @@ fn adopt(a: &Args, h: &Hello) -> Args {
 /// it has them, for send_bw, write_lat and send_lat) and closes the device.
 fn run_remote(a: &Args, role: Role) -> Result<(), String> {
     let dev = device::open(&a.spec(), uhca::DeviceConfig::default()).map_err(|e| e.to_string())?;
+    if let Err(e) = perf::check_gid_index(&dev, a.gid_index) {
+        let _ = dev.close();
+        return Err(e);
+    }
     let port = a.port.unwrap_or(DEFAULT_PORT);
     let result = match role {
         Role::Client => client(a, &dev, port),
