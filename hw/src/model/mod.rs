@@ -481,12 +481,16 @@ impl Hca {
         self.shared
             .config
             .lock()
-            .expect("config lock")
+            .unwrap_or_else(|e| e.into_inner())
             .read(off, buf);
         Ok(())
     }
 
-    /// Writes config space (read-only bits ignored); a bus-master change gates DMA.
+    /// Writes config space (read-only bits ignored); a bus-master change gates DMA. A write
+    /// of `Initiate FLR` in the PCI Express capability is a Function Level Reset: the
+    /// function's state goes back to power-on ([`reset`](Self::reset)) and so do the
+    /// config registers an FLR resets (bus mastering off), as vfio-pci expects between
+    /// two opens of the device.
     pub fn config_write(&self, off: u16, data: &[u8]) -> Result<(), ModelError> {
         if !ConfigSpace::in_range(off, data.len()) {
             return Err(ModelError::ConfigRange {
@@ -494,11 +498,19 @@ impl Hca {
                 len: data.len(),
             });
         }
-        let mut c = self.shared.config.lock().expect("config lock");
-        c.write(off, data);
+        let mut c = self.shared.config.lock().unwrap_or_else(|e| e.into_inner());
+        let flr = c.write(off, data);
+        if flr {
+            c.flr();
+        }
         self.shared
             .iommu
             .set_bus_master(c.command() & config::COMMAND_MASTER != 0);
+        drop(c);
+        if flr {
+            tracing::info!(name = %self.shared.cfg.name, "function level reset");
+            self.reset();
+        }
         Ok(())
     }
 

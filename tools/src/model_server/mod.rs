@@ -5,9 +5,11 @@
 //! `vfio_user` crate's [`vfio_user::Server`], to uhca's vfio-user backend
 //! (`uhca::pci::vfio_user`) or to QEMU's `vfio-user-pci` (qemu-vfio.md §3, §6.C). What the
 //! client sees:
-//! - **Config space** (region 7, the 256-byte PCI header): the model's ([`Hca::config_read`] /
-//!   [`Hca::config_write`]): vendor 0x15b3, device 0x1017, class 0x020000, a 64-bit BAR0
-//!   and an MSI-X capability whose table and PBA live in BAR0.
+//! - **Config space** (region 7, 4 KiB): the model's ([`Hca::config_read`] /
+//!   [`Hca::config_write`]): vendor 0x15b3, device 0x1017, class 0x020000, a 64-bit BAR0,
+//!   power management, PCI Express (with Function Level Reset: a write of `Initiate FLR`
+//!   resets the model), an MSI-X capability whose table and PBA live in BAR0, and the
+//!   vendor-specific capability mlx5_core looks for.
 //! - **BAR0** (region 0): the model's BAR0 memfd, declared with one sparse mmap area over the
 //!   whole BAR, so the client receives the fd and maps it: doorbells, UARs and the init
 //!   segment are then plain shared memory that the model's device thread polls, exactly as
@@ -49,13 +51,13 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion, SparseArea};
 
 use host::ClientMemory;
-use uhca::hw::model::{Hca, IOVA_START, ModelError};
+use uhca::hw::model::{Hca, ModelError};
 
-/// Size of the config-space region: the conventional 256 bytes. The model's space is 4 KiB
-/// but has no PCI Express capability and nothing past 0x100; a 256-byte region makes QEMU's
-/// vfio-pci treat the function as conventional PCI, as the proven edu recipe does
-/// (qemu-vfio.md Appendix C), instead of a PCIe function without a PCIe capability.
-pub const CONFIG_REGION_SIZE: u64 = 256;
+/// Size of the config-space region: the whole 4 KiB PCI Express space. The model is a PCIe
+/// function (PM, PCI Express with FLR, MSI-X and vendor-specific capabilities;
+/// `uhca_hw` `model::config`), so QEMU's vfio-pci shows the guest a PCIe endpoint that
+/// vfio-pci can reset between opens by FLR, and finds no extended capability at 0x100.
+pub const CONFIG_REGION_SIZE: u64 = 4096;
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -393,20 +395,8 @@ impl ServerBackend for ModelDevice {
             self.unbacked.insert(address, size);
             return Ok(());
         };
-        // The model's IOMMU keeps the pages below IOVA_START unmapped, so that a null IOVA
-        // always faults. A client without an IOMMU of its own (QEMU, which maps guest RAM
-        // at its physical addresses) maps page 0 too: that part is accepted and left
-        // unbacked, like a map without a file, and the rest is mapped.
-        let below = IOVA_START.saturating_sub(address).min(size);
-        if below > 0 {
-            tracing::debug!(
-                iova = address,
-                size = below,
-                "DMA_MAP below the model's first usable IOVA: accepted, not DMA-able"
-            );
-            self.unbacked.insert(address, below);
-        }
-        let (address, offset, size) = (address + below, offset + below, size - below);
+        // Every IOVA is DMA-able, page 0 included (QEMU maps guest RAM at its physical
+        // addresses from 0; a guest IOMMU may hand out IOVA 0).
         if size == 0 {
             return Ok(());
         }
@@ -597,25 +587,14 @@ mod tests {
         d.dma_unmap(DmaUnmapFlags::empty(), 0x20_0000, 0x2000)
             .unwrap();
         assert!(d.hca.dma_mappings().is_empty());
-        // Page 0 (below the model's first usable IOVA), as QEMU maps guest RAM: accepted,
-        // the page left out and the rest mapped; the unmap of the whole range removes it.
+        // Page 0, as QEMU maps guest RAM from physical address 0: DMA-able like any page.
         let f = tempfile::tempfile().unwrap();
         f.set_len(0x3000).unwrap();
-        d.dma_map(
-            DmaMapFlags::READ_WRITE,
-            0,
-            0,
-            0x1000,
-            Some(f.try_clone().unwrap()),
-        )
-        .unwrap();
-        assert!(d.hca.dma_mappings().is_empty());
-        d.dma_unmap(DmaUnmapFlags::empty(), 0, 0x1000).unwrap();
         d.dma_map(DmaMapFlags::READ_WRITE, 0, 0, 0x3000, Some(f))
             .unwrap();
-        assert_eq!(d.hca.dma_mappings(), vec![(0x1000, 0x2fff)]);
+        assert_eq!(d.hca.dma_mappings(), vec![(0, 0x2fff)]);
         d.dma_unmap(DmaUnmapFlags::empty(), 0, 0x3000).unwrap();
-        assert!(d.hca.dma_mappings().is_empty() && !d.unbacked.contains_key(&0));
+        assert!(d.hca.dma_mappings().is_empty());
         assert!(
             d.set_irqs(
                 VFIO_PCI_MSIX_IRQ_INDEX,
