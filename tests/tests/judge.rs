@@ -35,7 +35,10 @@ impl Raw {
         let cmd = CmdIf::new(bar.clone(), &dma, params).unwrap();
         let start = Instant::now();
         while bar.read32_be(reg::INITIALIZING) >> 31 == 1 {
-            assert!(start.elapsed() < Duration::from_secs(10), "still initializing");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "still initializing"
+            );
             std::thread::sleep(Duration::from_micros(200));
         }
         Raw { cmd, dma }
@@ -51,7 +54,8 @@ impl Raw {
 
 impl ops::Exec for Raw {
     fn exec(&self, i: &[u8], out_len: usize) -> Result<Vec<u8>, CmdError> {
-        self.cmd.exec(i, out_len, SlotClass::Regular, &mut || Ok(()))
+        self.cmd
+            .exec(i, out_len, SlotClass::Regular, &mut || Ok(()))
     }
 
     fn exec_pages(&self, i: &[u8], out_len: usize) -> Result<Vec<u8>, CmdError> {
@@ -83,7 +87,11 @@ fn a_capability_query_answers_a_short_outlen_with_the_start_of_the_page() {
     let raw = Raw::new();
     ops::enable_hca(&raw).unwrap();
     let full = ops::query_hca_cap(&raw, CapType::General, true).unwrap();
-    let i = input(Opcode::QueryHcaCap, (u16::from(CapType::General) << 1) | 1, 16);
+    let i = input(
+        Opcode::QueryHcaCap,
+        (u16::from(CapType::General) << 1) | 1,
+        16,
+    );
     let short = ops::Exec::exec(&raw, &i, 0x810).unwrap();
     assert_eq!(short.len(), 0x810);
     assert_eq!(&short[0x10..], &full[..0x800]);
@@ -126,7 +134,10 @@ fn the_eq_a_command_creates_gets_no_completion_of_that_command() {
     // The completion may follow the output by a moment (written after the ownership).
     let start = Instant::now();
     while event_type(0) != u8::from(EventType::Cmd) {
-        assert!(start.elapsed() < Duration::from_secs(10), "no completion EQE");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no completion EQE"
+        );
         std::thread::sleep(Duration::from_micros(200));
     }
     assert_eq!(event_type(1), 0, "one EQE per command");

@@ -545,6 +545,33 @@ impl Hca {
         }
     }
 
+    /// A BAR0 write that reaches the model as one access (a host serving a UAR page by
+    /// messages): a 4-byte EQ doorbell of an allocated UAR (offset 0x40 arm, 0x48 update)
+    /// is applied at once, so every write counts, as on hardware, even two to the same
+    /// word in a row. Returns false for any other write, which the caller stores in BAR
+    /// memory for the device thread to find.
+    pub fn doorbell_write(&self, offset: usize, data: &[u8]) -> bool {
+        use crate::layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM, UAR_SIZE};
+        let Ok(bytes) = <[u8; 4]>::try_from(data) else {
+            return false;
+        };
+        let arm = match offset % UAR_SIZE {
+            EQ_DOORBELL_ARM => true,
+            EQ_DOORBELL_NOARM => false,
+            _ => return false,
+        };
+        let Ok(uar) = u32::try_from(offset / UAR_SIZE) else {
+            return false;
+        };
+        let mut core = self.shared.core();
+        if !core.uars.contains(uar) {
+            return false;
+        }
+        // The driver stores the big-endian word: the bytes in memory order.
+        eq::apply_doorbell(&self.shared, &mut core, uar, arm, u32::from_be_bytes(bytes));
+        true
+    }
+
     /// Number of MSI-X vectors.
     pub fn num_irqs(&self) -> u32 {
         bar_layout::NUM_IRQS

@@ -13,7 +13,9 @@
 //! - **BAR0** (region 0): the model's BAR0 memfd, declared with one sparse mmap area over the
 //!   whole BAR, so the client receives the fd and maps it: doorbells, UARs and the init
 //!   segment are then plain shared memory that the model's device thread polls, exactly as
-//!   in-process. REGION_READ/REGION_WRITE of BAR0 reach the same memory; QEMU uses them
+//!   in-process. [`ModelServer::bind_trapping`] (`uhca-model --trap-uars N`) leaves the first
+//!   N UAR pages out of the areas: the client then writes there by REGION_WRITE, and each EQ
+//!   doorbell write is applied as it comes ([`Hca::doorbell_write`]). REGION_READ/REGION_WRITE of BAR0 reach the same memory; QEMU uses them
 //!   for the page of the MSI-X table, which its vfio-pci traps and emulates itself (it
 //!   carves that page out of the mmap since the region has no `MSIX_MAPPABLE` capability).
 //!   Regions 1-6 and 8 are absent (BAR1 is BAR0's upper half).
@@ -51,6 +53,7 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion, SparseArea};
 
 use host::ClientMemory;
+use uhca::hw::layout::uar::{FIRST_UAR_INDEX, UAR_SIZE};
 use uhca::hw::model::{Hca, ModelError};
 
 /// Size of the config-space region: the whole 4 KiB PCI Express space. The model is a PCIe
@@ -111,15 +114,31 @@ impl std::fmt::Debug for ModelServer {
 
 impl ModelServer {
     /// Binds `path` for `hca`. An existing path is an error unless `replace_stale` is set
-    /// and it is a socket nobody listens on, which is then removed.
+    /// and it is a socket nobody listens on, which is then removed. The whole BAR is
+    /// mmap-able.
     pub fn bind(hca: Hca, path: &Path, replace_stale: bool) -> Result<ModelServer, ServerError> {
+        ModelServer::bind_trapping(hca, path, replace_stale, 0)
+    }
+
+    /// [`bind`](Self::bind), with the first `trapped_uars` UAR pages of BAR0 (from
+    /// `FIRST_UAR_INDEX`, the pages a driver's first UARs get, where Linux and rdma-core's
+    /// mlx5_vfio put their EQs) left out of the mmap-able area: the client sends each
+    /// access there as a message, so every EQ doorbell write counts even when several EQs
+    /// arm through one word ([`Hca::doorbell_write`]). For QEMU; uhca's own vfio-user
+    /// backend maps the whole BAR and needs 0.
+    pub fn bind_trapping(
+        hca: Hca,
+        path: &Path,
+        replace_stale: bool,
+        trapped_uars: u32,
+    ) -> Result<ModelServer, ServerError> {
         prepare_path(path, replace_stale)?;
         let listener = listen_at(path)?;
         let server = vfio_user::Server::from_owned_fd(
             listener.into(),
             true,
             irq_table(&hca),
-            region_table(&hca),
+            region_table(&hca, trapped_uars),
         );
         tracing::info!(socket = %path.display(), name = %hca.config().name, "vfio-user server listening");
         Ok(ModelServer {
@@ -236,9 +255,13 @@ fn prepare_path(path: &Path, replace_stale: bool) -> Result<(), ServerError> {
     })
 }
 
-/// The PCI regions: config space and BAR0 (whole-BAR sparse mmap area with the BAR fd).
-fn region_table(hca: &Hca) -> Vec<ServerRegion> {
+/// The PCI regions: config space and BAR0 (sparse mmap areas with the BAR fd: the whole
+/// BAR, or all of it but `trapped_uars` UAR pages from `FIRST_UAR_INDEX`).
+fn region_table(hca: &Hca, trapped_uars: u32) -> Vec<ServerRegion> {
     let bar_len = hca.bar0().len as u64;
+    let page = UAR_SIZE as u64;
+    let hole_start = u64::from(FIRST_UAR_INDEX) * page;
+    let hole_end = (hole_start + u64::from(trapped_uars) * page).min(bar_len);
     (0..VFIO_PCI_NUM_REGIONS)
         .map(|index| {
             let mut info = vfio_region_info {
@@ -259,12 +282,16 @@ fn region_table(hca: &Hca) -> Vec<ServerRegion> {
                 info.size = bar_len;
                 info.flags = rw | VFIO_REGION_INFO_FLAG_MMAP;
                 info.offset = 0; // offset of the region in the mmap fd
-                region.sparse_areas.push(SparseArea {
-                    area: vfio_region_sparse_mmap_area {
-                        offset: 0,
-                        size: bar_len,
-                    },
-                });
+                let areas = if hole_end > hole_start {
+                    vec![(0, hole_start), (hole_end, bar_len - hole_end)]
+                } else {
+                    vec![(0, bar_len)]
+                };
+                for (offset, size) in areas.into_iter().filter(|a| a.1 > 0) {
+                    region.sparse_areas.push(SparseArea {
+                        area: vfio_region_sparse_mmap_area { offset, size },
+                    });
+                }
                 region.mmap_fd = Some(hca.bar0_fd());
             }
             region.region_info = info;
@@ -373,7 +400,13 @@ impl ServerBackend for ModelDevice {
                 tracing::trace!(offset = off, len = data.len(), "config write");
                 self.hca.config_write(off, data).map_err(model_err)
             }
-            VFIO_PCI_BAR0_REGION_INDEX => host::bar_write(&self.hca, offset, data),
+            VFIO_PCI_BAR0_REGION_INDEX => {
+                // One access: an EQ doorbell is applied as it comes (trapped UAR pages).
+                if usize::try_from(offset).is_ok_and(|o| self.hca.doorbell_write(o, data)) {
+                    return Ok(());
+                }
+                host::bar_write(&self.hca, offset, data)
+            }
             _ => Err(invalid(format!("region {region} does not exist"))),
         }
     }
@@ -506,13 +539,23 @@ mod tests {
     #[test]
     fn regions_and_irqs_describe_the_model() {
         let hca = Hca::new(ModelConfig::default()).unwrap();
-        let regions = region_table(&hca);
+        let regions = region_table(&hca, 0);
         assert_eq!(regions.len(), VFIO_PCI_NUM_REGIONS as usize);
         let bar = &regions[VFIO_PCI_BAR0_REGION_INDEX as usize];
         assert_eq!(bar.region_info.size, hca.bar0().len as u64);
         assert_eq!(bar.sparse_areas.len(), 1);
         assert_eq!(bar.sparse_areas[0].area.size, bar.region_info.size);
         assert_eq!(bar.mmap_fd, Some(hca.bar0_fd()));
+        // Two UAR pages served by messages: the BAR's areas leave exactly them out.
+        let trapped = region_table(&hca, 2);
+        let areas: Vec<(u64, u64)> = trapped[VFIO_PCI_BAR0_REGION_INDEX as usize]
+            .sparse_areas
+            .iter()
+            .map(|a| (a.area.offset, a.area.size))
+            .collect();
+        let hole = u64::from(FIRST_UAR_INDEX) * 4096;
+        let len = bar.region_info.size;
+        assert_eq!(areas, vec![(0, hole), (hole + 8192, len - hole - 8192)]);
         let cfg = &regions[VFIO_PCI_CONFIG_REGION_INDEX as usize];
         assert_eq!(cfg.region_info.size, CONFIG_REGION_SIZE);
         assert_eq!(regions[1].region_info.size, 0);
