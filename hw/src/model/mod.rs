@@ -66,6 +66,7 @@ pub use iommu::{AtomicOp, ByteOrder, DmaError, IOVA_END, IOVA_START};
 pub use mem::DmaBuffer;
 pub use mkey::MemError;
 
+use crate::layout::init_seg::{cmdq_addr_l_sz, reg};
 use config::ConfigSpace;
 use mem::BarMem;
 use state::Core;
@@ -312,6 +313,18 @@ impl Faults {
     /// does on an assert (prm-subset.md §2).
     pub fn set_health_syndrome(&self, synd: u8) {
         health::set_syndrome(&self.bar, synd);
+    }
+
+    /// Sets `nic_interface` (`cmdq_addr_l_sz` `[10:8]`) as firmware reports its state, e.g.
+    /// 7 (SW_RESET) while a firmware reset is under way (prm-subset.md §2).
+    pub fn set_nic_interface(&self, state: u32) {
+        loop {
+            let cur = self.bar.read_be32(reg::CMDQ_ADDR_L_SZ);
+            let new = cmdq_addr_l_sz::with_nic_interface(cur, state);
+            if self.bar.cmpxchg_be32(reg::CMDQ_ADDR_L_SZ, cur, new) {
+                return;
+            }
+        }
     }
 }
 
