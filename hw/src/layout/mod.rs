@@ -33,7 +33,9 @@ pub mod init_seg;
 pub mod mkc;
 pub mod qpc;
 pub mod roce;
+pub mod srq;
 pub mod uar;
+pub mod umr;
 pub mod vport;
 pub mod wqe;
 

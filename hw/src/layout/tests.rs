@@ -121,6 +121,23 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
         QueryRoceAddressOut<()>,
         QueryVportCounterIn<()>,
         QueryVportCounterOut<()>,
+        srq::Srqc<()>,
+        srq::XrcSrqc<()>,
+        srq::Wq<()>,
+        srq::Rmpc<()>,
+        srq::CreateSrqIn<()>,
+        srq::CreateSrqOut<()>,
+        srq::DestroySrqIn<()>,
+        srq::QuerySrqOut<()>,
+        srq::ArmRqIn<()>,
+        srq::CreateRmpIn<()>,
+        srq::ModifyRmpIn<()>,
+        srq::QueryRmpOut<()>,
+        srq::AllocXrcdOut<()>,
+        srq::DeallocXrcdIn<()>,
+        srq::QueryHcaVportPkeyIn<()>,
+        srq::QueryHcaVportPkeyOut<()>,
+        umr::UmrCtrlSeg<()>,
     ]
 }
 

@@ -124,6 +124,10 @@ pub(crate) struct Core {
     pub(crate) mkeys: MkeyTable,
     /// MEMIC allocations (prm-subset.md §11).
     pub(crate) memic: Memic,
+    /// XRC domains (ALLOC_XRCD; docs/spec/mlx5-ib-objects.md §1).
+    pub(crate) xrcds: IdAlloc,
+    /// SRQ, XRC SRQ and RMP numbers, one space (`srq.rs`).
+    pub(crate) srqns: IdAlloc,
 }
 
 impl Core {
@@ -151,6 +155,8 @@ impl Core {
                 u64::from(cfg.memic_size),
                 super::caps::LOG_MAX_MEMIC_ALIGN,
             ),
+            xrcds: IdAlloc::new(1, 1 << super::caps::LOG_MAX_XRCD),
+            srqns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_SRQ),
         }
     }
 

@@ -15,8 +15,10 @@ mod hca;
 mod memic;
 mod mkey;
 mod pages;
+mod pkey;
 pub(crate) mod qp;
 mod resource;
+mod srq;
 pub mod syndrome;
 pub(crate) mod vport;
 
@@ -196,6 +198,34 @@ static HANDLERS: &[Handler] = &[
         0x210,
         RUNNING,
         vport::query_vport_counter,
+    ),
+    // mlx5_ib's objects (docs/spec/mlx5-ib-objects.md): XRC domains, SRQs, the P_Key table.
+    h(Opcode::AllocXrcd, 16, 16, RUNNING, srq::alloc_xrcd),
+    h(Opcode::DeallocXrcd, 16, 16, RUNNING, srq::dealloc_xrcd),
+    h(Opcode::CreateSrq, 0x110, 16, RUNNING, srq::create_srq),
+    h(Opcode::DestroySrq, 16, 16, RUNNING, srq::destroy_srq),
+    h(Opcode::QuerySrq, 16, 0x110, RUNNING, srq::query_srq),
+    h(Opcode::ArmRq, 16, 16, RUNNING, srq::arm_rq),
+    h(
+        Opcode::CreateXrcSrq,
+        0x110,
+        16,
+        RUNNING,
+        srq::create_xrc_srq,
+    ),
+    h(Opcode::DestroyXrcSrq, 16, 16, RUNNING, srq::destroy_xrc_srq),
+    h(Opcode::QueryXrcSrq, 16, 0x110, RUNNING, srq::query_xrc_srq),
+    h(Opcode::ArmXrcSrq, 16, 16, RUNNING, srq::arm_xrc_srq),
+    h(Opcode::CreateRmp, 0x110, 16, RUNNING, srq::create_rmp),
+    h(Opcode::ModifyRmp, 0x110, 16, RUNNING, srq::modify_rmp),
+    h(Opcode::DestroyRmp, 16, 16, RUNNING, srq::destroy_rmp),
+    h(Opcode::QueryRmp, 16, 0x110, RUNNING, srq::query_rmp),
+    h(
+        Opcode::QueryHcaVportPkey,
+        16,
+        20,
+        RUNNING,
+        pkey::query_hca_vport_pkey,
     ),
 ];
 
