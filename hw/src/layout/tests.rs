@@ -10,6 +10,7 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
             vec![$( (<$p>::PRM_NAME, <$p>::SIZE, <$p>::FIELDS) ),*]
         };
     }
+    use crate::layout::reg::*;
     use caps::*;
     use cmd::*;
     use cmds::*;
@@ -18,7 +19,6 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
     use init_seg::*;
     use mkc::*;
     use qpc::*;
-    use crate::layout::reg::*;
     use vport::*;
     use wqe::*;
     list![

@@ -80,9 +80,11 @@ pub(crate) struct Handler {
     pub(crate) opcode: Opcode,
     /// Smallest acceptable `inlen`.
     pub(crate) min_in: usize,
-    /// Smallest acceptable `outlen`; also the size of the output buffer the handler fills
-    /// (handlers with variable output grow it).
+    /// Smallest acceptable `outlen`.
     pub(crate) min_out: usize,
+    /// Size of the output buffer the handler fills (handlers with variable output grow
+    /// it); bytes past `outlen` are cut when the output is written back.
+    pub(crate) out_size: usize,
     pub(crate) states: StateMask,
     pub(crate) run: fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> CmdResult,
 }
@@ -98,6 +100,27 @@ const fn h(
         opcode,
         min_in,
         min_out,
+        out_size: min_out,
+        states,
+        run,
+    }
+}
+
+/// A query whose answer is a fixed structure of `out_size` bytes that a driver may read
+/// the start of: any `outlen` from the 16-byte header up is answered, the output cut to
+/// `outlen` (pyverbs asks QUERY_HCA_CAP for 0x810 bytes; firmware-behaviour.md §Commands).
+const fn q(
+    opcode: Opcode,
+    min_in: usize,
+    out_size: usize,
+    states: StateMask,
+    run: fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> CmdResult,
+) -> Handler {
+    Handler {
+        opcode,
+        min_in,
+        min_out: 16,
+        out_size,
         states,
         run,
     }
@@ -107,13 +130,13 @@ const fn h(
 static HANDLERS: &[Handler] = &[
     h(Opcode::EnableHca, 16, 12, DISABLED, hca::enable_hca),
     h(Opcode::DisableHca, 16, 12, NOT_RUNNING, hca::disable_hca),
-    h(Opcode::QueryIssi, 16, 112, ENABLED, hca::query_issi),
+    q(Opcode::QueryIssi, 16, 112, ENABLED, hca::query_issi),
     h(Opcode::SetIssi, 16, 16, PRE_INIT, hca::set_issi),
-    h(Opcode::QueryHcaCap, 16, 4112, ENABLED, hca::query_hca_cap),
+    q(Opcode::QueryHcaCap, 16, 4112, ENABLED, hca::query_hca_cap),
     h(Opcode::SetHcaCap, 4112, 16, PRE_INIT, hca::set_hca_cap),
     h(Opcode::InitHca, 16, 16, PRE_INIT, hca::init_hca),
     h(Opcode::TeardownHca, 16, 16, RUNNING, hca::teardown_hca),
-    h(Opcode::QueryAdapter, 16, 272, ENABLED, hca::query_adapter),
+    q(Opcode::QueryAdapter, 16, 272, ENABLED, hca::query_adapter),
     h(Opcode::AccessReg, 16, 16, ENABLED, reg::access_reg),
     h(Opcode::Nop, 16, 16, ANY, hca::nop),
     h(
@@ -272,7 +295,7 @@ fn run(ctx: &mut Ctx<'_>, opcode: Opcode, input: &[u8], out: &mut Vec<u8>) -> Cm
     if ctx.outlen < h.min_out {
         return Err(err(CmdStatus::BadOutpLenErr, syndrome::OUTLEN_TOO_SHORT));
     }
-    out.resize(h.min_out.max(16), 0);
+    out.resize(h.out_size.max(16), 0);
     (h.run)(ctx, input, out)
 }
 
