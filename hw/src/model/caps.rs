@@ -23,6 +23,8 @@ pub(crate) const LOG_MAX_EQ: u32 = 4;
 pub(crate) const LOG_MAX_EQ_SZ: u32 = 22;
 /// `log_max_mkey`: 2^20 MKeys.
 pub(crate) const LOG_MAX_MKEY: u32 = 20;
+/// `log_max_transport_domain`: 2^16 transport domains.
+pub(crate) const LOG_MAX_TRANSPORT_DOMAIN: u32 = 16;
 /// `log_max_xrcd`: 2^16 XRC domains (docs/spec/mlx5-ib-objects.md §1).
 pub(crate) const LOG_MAX_XRCD: u32 = 16;
 /// `log_max_srq`: 2^16 SRQs, XRC SRQs and RMPs together (`srq.rs`).
@@ -246,7 +248,7 @@ fn fill_general(p: &mut [u8]) {
     c.set_log_bf_reg_size(LOG_BF_REG_SIZE);
     c.set_max_wqe_sz_sq(MAX_WQE_SZ_SQ);
     c.set_max_wqe_sz_rq(MAX_WQE_SZ_RQ);
-    c.set_log_max_transport_domain(16);
+    c.set_log_max_transport_domain(LOG_MAX_TRANSPORT_DOMAIN);
     c.set_log_max_pd(LOG_MAX_PD);
     c.set_max_num_eqs(1 << LOG_MAX_EQ);
     c.set_log_uar_page_sz(0);

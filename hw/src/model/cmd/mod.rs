@@ -223,7 +223,22 @@ static HANDLERS: &[Handler] = &[
         RUNNING,
         vport::query_vport_counter,
     ),
-    // mlx5_ib's objects (docs/spec/mlx5-ib-objects.md): XRC domains, SRQs, the P_Key table.
+    // mlx5_ib's objects (docs/spec/mlx5-ib-objects.md): transport and XRC domains, SRQs, the
+    // P_Key table.
+    h(
+        Opcode::AllocTransportDomain,
+        16,
+        16,
+        RUNNING,
+        resource::alloc_transport_domain,
+    ),
+    h(
+        Opcode::DeallocTransportDomain,
+        16,
+        16,
+        RUNNING,
+        resource::dealloc_transport_domain,
+    ),
     h(Opcode::AllocXrcd, 16, 16, RUNNING, srq::alloc_xrcd),
     h(Opcode::DeallocXrcd, 16, 16, RUNNING, srq::dealloc_xrcd),
     h(Opcode::CreateSrq, 0x110, 16, RUNNING, srq::create_srq),

@@ -205,6 +205,10 @@ pub const QP_BAD_PORT: u32 = 0x0013_000e;
 /// BAD_PARAM_ERR: RTR2RTS with attributes the transport cannot use.
 pub const QP_BAD_ATTR: u32 = 0x0013_000f;
 
+/// NO_RES_ERR: no free transport domain.
+pub const NO_FREE_TD: u32 = 0x0005_0006;
+/// BAD_RES_ERR: no such transport domain.
+pub const BAD_TD: u32 = 0x0005_0007;
 /// BAD_PARAM_ERR: a PA MKey with a translation list.
 pub const MKEY_PA_TRANSLATIONS: u32 = 0x0010_000f;
 /// BAD_PARAM_ERR: CREATE_QP names an SRQ (`rq_type` 1) that does not exist or is an XRC SRQ.
@@ -332,6 +336,8 @@ pub const ALL: &[(&str, u32)] = &[
     ("QP_BAD_ATTR", QP_BAD_ATTR),
     ("QP_NOT_RTS", QP_NOT_RTS),
     ("QP_BAD_OPT_PARAM", QP_BAD_OPT_PARAM),
+    ("NO_FREE_TD", NO_FREE_TD),
+    ("BAD_TD", BAD_TD),
     ("MKEY_PA_TRANSLATIONS", MKEY_PA_TRANSLATIONS),
     ("QP_BAD_SRQ", QP_BAD_SRQ),
     ("QP_BAD_QKEY", QP_BAD_QKEY),

@@ -621,3 +621,21 @@ fn umr_wqes_enable_translate_and_revoke_an_mkey() {
     r.post_wqe(&mut q, &w);
     assert_eq!(cqe_op(&r.wait(&mut cq)), CqeOpcode::ReqErr);
 }
+
+#[test]
+fn transport_domains_are_allocated_and_freed_once() {
+    let hca = model(18);
+    let r = Rig::new(&hca);
+    let alloc = || {
+        let (st, _, out) = r.cmd(&header(Opcode::AllocTransportDomain, 16), 16);
+        assert_eq!(st, CmdStatus::Ok);
+        out.read_be32(8) & 0xFF_FFFF
+    };
+    let (a, b) = (alloc(), alloc());
+    assert_ne!(a, b);
+    let mut d = header(Opcode::DeallocTransportDomain, 16);
+    d.write_be32(8, a);
+    assert_eq!(r.cmd(&d, 16).0, CmdStatus::Ok);
+    assert_eq!(status(&r.cmd(&d, 16)), (CmdStatus::BadResErr, s::BAD_TD));
+    assert_eq!(alloc(), a, "the lowest free number again");
+}
