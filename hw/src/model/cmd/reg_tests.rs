@@ -188,8 +188,9 @@ fn mcqs_and_mcqi_report_the_running_firmware_version() {
     McqsReg::new_unchecked(&mut q[..]).set_component_index(1);
     assert_eq!(access(&r, id::MCQS, 1, &q).1, s::REG_BAD_COMPONENT);
 
-    // As Linux's mlx5_reg_mcqi_version_query: info_type 1, data_size of mcqi_version.
-    let mut q = [0u8; McqiReg::<()>::SIZE + McqiVersion::<()>::SIZE];
+    // As Linux's mlx5_reg_mcqi_version_query: the 24-byte header alone, info_type 1,
+    // data_size of mcqi_version.
+    let mut q = [0u8; McqiReg::<()>::SIZE];
     {
         let mut m = McqiReg::new_unchecked(&mut q[..]);
         m.set_info_type(1);
@@ -215,6 +216,7 @@ fn mcqs_and_mcqi_report_the_running_firmware_version() {
     );
     McqiReg::new_unchecked(&mut q[..]).set_info_type(9);
     assert_eq!(access(&r, id::MCQI, 1, &q).1, s::REG_BAD_FIELD);
+    assert_eq!(access(&r, id::MCQI, 1, &q[..20]).0, CmdStatus::BadInpLenErr);
     McqiReg::new_unchecked(&mut q[..]).set_info_type(0);
     McqiReg::new_unchecked(&mut q[..]).set_read_pending_component(1);
     assert_eq!(access(&r, id::MCQI, 1, &q).1, s::REG_BAD_FIELD);
