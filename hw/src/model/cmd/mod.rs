@@ -15,9 +15,11 @@ mod hca;
 mod memic;
 mod mkey;
 mod pages;
+mod pkey;
 pub(crate) mod qp;
 pub(crate) mod reg;
 mod resource;
+mod srq;
 pub mod syndrome;
 pub(crate) mod vport;
 
@@ -220,6 +222,49 @@ static HANDLERS: &[Handler] = &[
         0x210,
         RUNNING,
         vport::query_vport_counter,
+    ),
+    // mlx5_ib's objects (docs/spec/mlx5-ib-objects.md): transport and XRC domains, SRQs, the
+    // P_Key table.
+    h(
+        Opcode::AllocTransportDomain,
+        16,
+        16,
+        RUNNING,
+        resource::alloc_transport_domain,
+    ),
+    h(
+        Opcode::DeallocTransportDomain,
+        16,
+        16,
+        RUNNING,
+        resource::dealloc_transport_domain,
+    ),
+    h(Opcode::AllocXrcd, 16, 16, RUNNING, srq::alloc_xrcd),
+    h(Opcode::DeallocXrcd, 16, 16, RUNNING, srq::dealloc_xrcd),
+    h(Opcode::CreateSrq, 0x110, 16, RUNNING, srq::create_srq),
+    h(Opcode::DestroySrq, 16, 16, RUNNING, srq::destroy_srq),
+    h(Opcode::QuerySrq, 16, 0x110, RUNNING, srq::query_srq),
+    h(Opcode::ArmRq, 16, 16, RUNNING, srq::arm_rq),
+    h(
+        Opcode::CreateXrcSrq,
+        0x110,
+        16,
+        RUNNING,
+        srq::create_xrc_srq,
+    ),
+    h(Opcode::DestroyXrcSrq, 16, 16, RUNNING, srq::destroy_xrc_srq),
+    h(Opcode::QueryXrcSrq, 16, 0x110, RUNNING, srq::query_xrc_srq),
+    h(Opcode::ArmXrcSrq, 16, 16, RUNNING, srq::arm_xrc_srq),
+    h(Opcode::CreateRmp, 0x110, 16, RUNNING, srq::create_rmp),
+    h(Opcode::ModifyRmp, 0x110, 16, RUNNING, srq::modify_rmp),
+    h(Opcode::DestroyRmp, 16, 16, RUNNING, srq::destroy_rmp),
+    h(Opcode::QueryRmp, 16, 0x110, RUNNING, srq::query_rmp),
+    h(
+        Opcode::QueryHcaVportPkey,
+        16,
+        20,
+        RUNNING,
+        pkey::query_hca_vport_pkey,
     ),
 ];
 
