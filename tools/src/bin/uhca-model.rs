@@ -54,6 +54,11 @@ struct Args {
     /// payloads as bursts).
     #[arg(long = "no-offload")]
     no_offload: bool,
+    /// Serve the first N UAR pages of BAR0 by messages instead of mmap (for QEMU): every
+    /// EQ doorbell write then counts, as on hardware, also when a driver arms several EQs
+    /// through one UAR word as Linux does. uhca's own vfio-user backend needs 0.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
+    trap_uars: u32,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -146,8 +151,8 @@ fn run(args: Args) -> Result<(), String> {
     // The stop signals wait while the socket is created and recorded for the handler: a
     // SIGTERM between the two would otherwise leave the socket behind.
     let blocked = StopSignalsBlocked::new();
-    let mut server =
-        ModelServer::bind(hca, &args.socket, args.replace).map_err(|e| e.to_string())?;
+    let mut server = ModelServer::bind_trapping(hca, &args.socket, args.replace, args.trap_uars)
+        .map_err(|e| e.to_string())?;
     if let Ok(c) = CString::new(args.socket.as_os_str().as_bytes()) {
         let _ = SOCKET.set(c);
     }
