@@ -87,6 +87,71 @@ impl NetConfig {
     }
 }
 
+/// The addresses a network port is put on, as [`resolve`] finds them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortAddrs {
+    /// The interface that has them.
+    pub interface: String,
+    /// The addresses, each with the UDP port to bind (IPv6 link-local ones with the
+    /// interface's index as scope).
+    pub addrs: Vec<SocketAddr>,
+    /// The interface's Ethernet address, if it has one (not `lo`).
+    pub mac: Option<[u8; 6]>,
+}
+
+/// Where `spec` puts a port listening on UDP `port`: an interface name gives all of that
+/// interface's addresses (as rxe takes a netdev's), an IP address that address alone (it
+/// must be one of an interface's).
+pub fn resolve(spec: &str, port: u16) -> io::Result<PortAddrs> {
+    let not_found = |what: String| io::Error::new(io::ErrorKind::NotFound, what);
+    let (interface, addrs) = match spec.parse::<IpAddr>() {
+        Ok(ip) => {
+            let name = sys::interface_of(ip)?
+                .ok_or_else(|| not_found(format!("no network interface has the address {ip}")))?;
+            let all = sys::interface_addrs(&name)?;
+            let one: Vec<(IpAddr, u32)> = all.into_iter().filter(|&(a, _)| a == ip).collect();
+            (name, one)
+        }
+        Err(_) => {
+            let all = sys::interface_addrs(spec)?;
+            if all.is_empty() {
+                return Err(not_found(format!(
+                    "`{spec}` is neither an IP address nor a network interface with addresses"
+                )));
+            }
+            (spec.to_owned(), all)
+        }
+    };
+    let addrs = addrs
+        .into_iter()
+        .map(|(a, index)| match a {
+            IpAddr::V6(v) if v.is_unicast_link_local() => {
+                SocketAddr::V6(SocketAddrV6::new(v, port, 0, index))
+            }
+            a => SocketAddr::new(a, port),
+        })
+        .collect();
+    let mac = std::fs::read_to_string(format!("/sys/class/net/{interface}/address"))
+        .ok()
+        .and_then(|s| parse_mac(s.trim()))
+        .filter(|m| *m != [0; 6]);
+    Ok(PortAddrs {
+        interface,
+        addrs,
+        mac,
+    })
+}
+
+/// `aa:bb:cc:dd:ee:ff` as bytes.
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut m = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut m {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(m)
+}
+
 /// Counters of a network port (a snapshot). Every datagram received is either handed to
 /// the model (`rx_datagrams`) or counted under exactly one drop reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
 
 /// Datagrams one system call sends or receives at most.
@@ -210,4 +210,83 @@ pub(crate) fn recv_batch(fd: RawFd, bufs: &mut [&mut [u8]], got: &mut [In]) -> i
         }
         return Ok(r);
     }
+}
+
+/// The IP addresses of the network interface `name`, in the kernel's order, each with the
+/// interface's index as its scope (for IPv6 link-local addresses); empty if there is no
+/// such interface or it has no address.
+pub(crate) fn interface_addrs(name: &str) -> io::Result<Vec<(IpAddr, u32)>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list it allocated into `head`; we free it below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, not freed yet.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: `ifa_name` is a NUL-terminated string of the list.
+        let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        if n.to_bytes() != name.as_bytes() {
+            continue;
+        }
+        // SAFETY: `ifa_addr` points at a socket address of the family it starts with;
+        // `from_raw` reads only as much as that family's structure, which the kernel
+        // provides in full.
+        let family = libc::c_int::from(unsafe { (*ifa.ifa_addr).sa_family });
+        let addr = match family {
+            libc::AF_INET => {
+                // SAFETY: as above, an AF_INET address is a whole `sockaddr_in`.
+                let sin: libc::sockaddr_in = unsafe { std::ptr::read(ifa.ifa_addr.cast()) };
+                IpAddr::from(sin.sin_addr.s_addr.to_ne_bytes())
+            }
+            libc::AF_INET6 => {
+                // SAFETY: as above, an AF_INET6 address is a whole `sockaddr_in6`.
+                let s: libc::sockaddr_in6 = unsafe { std::ptr::read(ifa.ifa_addr.cast()) };
+                IpAddr::from(s.sin6_addr.s6_addr)
+            }
+            _ => continue,
+        };
+        // SAFETY: `ifa_name` as above.
+        let index = unsafe { libc::if_nametoindex(ifa.ifa_name) };
+        out.push((addr, index));
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once; no reference into it remains.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+/// The name of the interface that has `addr`, if one has.
+pub(crate) fn interface_of(addr: IpAddr) -> io::Result<Option<String>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: as in `interface_addrs`.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut names = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: a node of the list, not freed yet.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if !ifa.ifa_name.is_null() {
+            // SAFETY: a NUL-terminated string of the list.
+            let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+            names.push(n.to_string_lossy().into_owned());
+        }
+    }
+    // SAFETY: freed once, nothing refers to it any more.
+    unsafe { libc::freeifaddrs(head) };
+    names.dedup();
+    for n in names {
+        if interface_addrs(&n)?.iter().any(|&(a, _)| a == addr) {
+            return Ok(Some(n));
+        }
+    }
+    Ok(None)
 }

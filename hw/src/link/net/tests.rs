@@ -345,3 +345,21 @@ fn a_capture_holds_every_frame_with_real_headers_and_valid_icrcs() {
         }
     }
 }
+
+#[test]
+fn loopback_resolves_to_its_addresses() {
+    let one = resolve("127.0.0.1", 4791).unwrap();
+    assert_eq!(one.interface, "lo");
+    assert_eq!(
+        one.addrs,
+        vec!["127.0.0.1:4791".parse::<SocketAddr>().unwrap()]
+    );
+    assert_eq!(one.mac, None);
+    let all = resolve("lo", 0).unwrap();
+    assert!(all.addrs.contains(&"127.0.0.1:0".parse().unwrap()));
+    assert!(
+        resolve("192.0.2.77", 4791).is_err(),
+        "TEST-NET-1 is on no interface"
+    );
+    assert!(resolve("no-such-if0", 4791).is_err());
+}
