@@ -828,6 +828,12 @@ impl Link for NetLink {
     }
 }
 
+impl Drop for NetLink {
+    fn drop(&mut self) {
+        tracing::info!(stats = ?self.stats(), "network port closed");
+    }
+}
+
 impl std::fmt::Debug for NetLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NetLink")
