@@ -710,6 +710,12 @@ fn deliver(
         sh.stats.port.received_error(frame.len());
         return; // malformed or bad ICRC: dropped as the wire would
     };
+    let Some(qp) = dp.qps.get_mut(pkt.bth.dest_qp) else {
+        // No such QP (IBA §9.6.1.1: dropped silently), counted with the port's receive
+        // errors.
+        sh.stats.port.received_error(frame.len());
+        return;
+    };
     match burst {
         Some(b) => sh
             .stats
@@ -717,9 +723,6 @@ fn deliver(
             .received_burst(b.frame_packets(), b.frame_wire_len()),
         None => sh.stats.port.received(frame.len()),
     }
-    let Some(qp) = dp.qps.get_mut(pkt.bth.dest_qp) else {
-        return;
-    };
     let mem = Mem {
         sh,
         dma,

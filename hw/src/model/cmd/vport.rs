@@ -212,7 +212,8 @@ impl PortCounters {
         Counters::add_dev(&self.rx_octets, len as u64);
     }
 
-    /// Counts one received frame of `len` bytes dropped as malformed or with a bad ICRC.
+    /// Counts one received frame of `len` bytes dropped as malformed, with a bad ICRC or for
+    /// a QP that does not exist.
     #[inline]
     pub(crate) fn received_error(&self, len: usize) {
         Counters::inc_dev(&self.rx_error_packets);
