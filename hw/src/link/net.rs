@@ -290,6 +290,8 @@ pub struct NetLink {
     rx: Mutex<Rx>,
     pcap: Mutex<Option<pcap::Pcap>>,
     stats: Counters,
+    /// Datagrams and octets dropped on receipt since the model last took them.
+    rx_errors: (AtomicU64, AtomicU64),
 }
 
 impl NetLink {
@@ -364,6 +366,7 @@ impl NetLink {
             }),
             pcap: Mutex::new(None),
             stats: Counters::default(),
+            rx_errors: (AtomicU64::new(0), AtomicU64::new(0)),
         })
     }
 
@@ -595,6 +598,16 @@ impl NetLink {
     /// its buffer, or `None` (dropped and counted).
     fn accept(&self, rx: &mut Rx, i: usize) -> Option<std::ops::Range<usize>> {
         let d = rx.got[i];
+        let r = self.accept_inner(rx, i);
+        if r.is_none() {
+            self.rx_errors.0.fetch_add(1, Ordering::Relaxed);
+            self.rx_errors.1.fetch_add(d.len as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn accept_inner(&self, rx: &mut Rx, i: usize) -> Option<std::ops::Range<usize>> {
+        let d = rx.got[i];
         if d.truncated {
             self.stats.add(C::RxTooLong, 1);
             return None;
@@ -817,6 +830,14 @@ impl Link for NetLink {
 
     fn offloads_icrc(&self, _dst_mac: &[u8; 6]) -> bool {
         true
+    }
+
+    fn take_rx_errors(&self) -> (u64, u64) {
+        let n = self.rx_errors.0.swap(0, Ordering::Relaxed);
+        if n == 0 {
+            return (0, 0);
+        }
+        (n, self.rx_errors.1.swap(0, Ordering::Relaxed))
     }
 
     fn flush(&self) -> Result<(), LinkError> {

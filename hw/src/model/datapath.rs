@@ -670,9 +670,17 @@ fn receive(
                 }
                 looped.recv_local(&mut |f: &[u8], b| handle(f, true, b))
             } else if let Some(p) = peer {
-                // A link that checks ICRCs itself delivers only frames that passed.
+                // A link that checks ICRCs itself delivers only frames that passed, and
+                // counts the others.
                 let verify = !p.offloads_icrc(&[0xFF; 6]);
-                p.recv_with(rx, &mut |f: &[u8]| handle(f, !verify, None))
+                let r = p.recv_with(rx, &mut |f: &[u8]| handle(f, !verify, None));
+                if !verify {
+                    let (n, octets) = p.take_rx_errors();
+                    if n > 0 {
+                        sh.stats.port.received_errors(n, octets);
+                    }
+                }
+                r
             } else {
                 Ok(false)
             };
