@@ -1,6 +1,7 @@
 //! `uhca-perf` between two processes, as perftest between two machines: two `uhca-model`
 //! processes joined by a UDP link on 127.0.0.1, a `uhca-perf` server on one and a client
-//! on the other. Every run and every wait is bounded: a broken exchange fails the test, it
+//! on the other, speaking uhca-perf's own exchange (`--oob uhca`; perftest's exchange is
+//! tested in `uhca_perf_perftest.rs`). Every run and every wait is bounded: a broken exchange fails the test, it
 //! never hangs the suite.
 
 mod common;
@@ -28,9 +29,16 @@ struct Perf {
 }
 
 impl Perf {
+    /// Runs uhca-perf with `args`; its own protocol (`--oob uhca`) unless they name one.
     fn spawn(args: &[&str]) -> Perf {
+        let oob: &[&str] = if args.contains(&"--oob") {
+            &[]
+        } else {
+            &["--oob", "uhca"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_uhca-perf"))
             .args(args)
+            .args(oob)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -93,6 +93,9 @@ impl IdAlloc {
     }
 }
 
+/// The first QPN the model gives out (0 and 1 are the special QPs).
+pub(crate) const FIRST_QPN: u32 = 2;
+
 /// Everything a function-level reset forgets.
 pub(crate) struct Core {
     pub(crate) life: Lifecycle,
@@ -152,7 +155,11 @@ impl Core {
             regs: super::cmd::reg::RegState::new(),
             driver_version: Vec::new(),
             cqns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_CQ),
-            qpns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_QP),
+            // QPNs 0 and 1 are the subnet management and general services QPs (IBA
+            // §10.2.3): a peer delivers packets for QP1 to its GSI QP (rxe: RC opcodes to
+            // it are dropped) and Wireshark decodes their payloads as MADs. An RC QP gets
+            // 2 and up (docs/spec/rocev2-net.md §3).
+            qpns: IdAlloc::new(FIRST_QPN, 1 << super::caps::LOG_MAX_QP),
             dp: Box::default(),
             mkeys: MkeyTable::new(super::caps::LOG_MAX_MKEY),
             memic: Memic::new(

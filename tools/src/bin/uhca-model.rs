@@ -10,6 +10,9 @@
 //! unless `--replace` is given and nobody listens on it.
 //! With `--link-local ADDR --link-peer ADDR` its port is joined to another `uhca-model`'s
 //! by a UDP link carrying the RoCEv2 frames (give the two processes distinct `--mac`s).
+//! With `--net IFACE|ADDR` its port is on the host's IP network instead, RoCEv2 on UDP 4791,
+//! where any RoCEv2 peer (Linux soft-RoCE, a ConnectX) reaches it; `--pcap FILE` captures
+//! every frame (`uhca_tools::net_port`).
 //! Logs go to stderr, filtered by `RUST_LOG` (default `info`).
 
 use std::ffi::CString;
@@ -43,6 +46,9 @@ struct Args {
     /// The peer model's UDP address (with --link-local).
     #[arg(long, requires = "link_local")]
     link_peer: Option<SocketAddr>,
+    /// The port on the host's IP network (RoCEv2 on UDP 4791) instead of a UDP link.
+    #[command(flatten)]
+    net: uhca_tools::net_port::NetFlags,
     /// Serve clients one after another instead of exiting after the first.
     #[arg(long)]
     persist: bool,
@@ -136,13 +142,28 @@ impl Drop for StopSignalsBlocked {
 
 fn run(args: Args) -> Result<(), String> {
     install_stop_handler();
-    let hca = Hca::new(ModelConfig {
+    let base = ModelConfig {
         mac: args.mac,
         name: args.name.clone(),
         loopback_offload: !args.no_offload,
         ..ModelConfig::default()
-    })
-    .map_err(|e| format!("starting the model: {e}"))?;
+    };
+    if args.net.net.is_some() && args.link_local.is_some() {
+        return Err("--net and --link-local are two different ports: give one".into());
+    }
+    // With --net the port takes the interface's addresses as GIDs and its MAC.
+    let (cfg, net) = match args.net.net {
+        Some(_) => {
+            let (cfg, link) =
+                uhca_tools::net_port::open_port(&args.net, base).map_err(|e| e.to_string())?;
+            (cfg, Some(link))
+        }
+        None => (base, None),
+    };
+    let hca = Hca::new(cfg).map_err(|e| format!("starting the model: {e}"))?;
+    if let Some(link) = net {
+        uhca_tools::net_port::attach(&hca, link);
+    }
     if let (Some(local), Some(peer)) = (args.link_local, args.link_peer) {
         let link = UdpLink::bind(local, peer).map_err(|e| format!("link on {local}: {e}"))?;
         tracing::info!(local = %link.local_addr(), %peer, "port linked over UDP");

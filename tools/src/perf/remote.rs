@@ -96,13 +96,18 @@ impl Listener {
 
 /// Waits for one client on `l` (as perftest's server, for as long as it takes).
 pub fn accept(l: &Listener) -> Result<Control, ControlError> {
+    Control::new(accept_tcp(l)?)
+}
+
+/// [`accept`]'s connection, before any protocol.
+pub fn accept_tcp(l: &Listener) -> Result<TcpStream, ControlError> {
     let err = |source| ControlError::Io {
         what: "accepting a client".into(),
         source,
     };
     if let [one] = l.socks.as_slice() {
         let (s, _) = one.accept().map_err(err)?;
-        return Control::new(s);
+        return Ok(s);
     }
     for s in &l.socks {
         s.set_nonblocking(true).map_err(err)?;
@@ -112,7 +117,7 @@ pub fn accept(l: &Listener) -> Result<Control, ControlError> {
             match sock.accept() {
                 Ok((s, _)) => {
                     s.set_nonblocking(false).map_err(err)?;
-                    return Control::new(s);
+                    return Ok(s);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(err(e)),
@@ -125,6 +130,11 @@ pub fn accept(l: &Listener) -> Result<Control, ControlError> {
 /// Connects to the server at `host`:`port`, trying each of its addresses for at most
 /// [`CONNECT`].
 pub fn connect(host: &str, port: u16) -> Result<Control, ControlError> {
+    Control::new(connect_tcp(host, port)?)
+}
+
+/// [`connect`]'s connection, before any protocol.
+pub fn connect_tcp(host: &str, port: u16) -> Result<TcpStream, ControlError> {
     let what = format!("connecting to {host}:{port}");
     let addrs = (host, port)
         .to_socket_addrs()
@@ -135,7 +145,7 @@ pub fn connect(host: &str, port: u16) -> Result<Control, ControlError> {
     let mut last = None;
     for a in addrs {
         match TcpStream::connect_timeout(&a, CONNECT) {
-            Ok(s) => return Control::new(s),
+            Ok(s) => return Ok(s),
             Err(e) => last = Some(e),
         }
     }
@@ -295,6 +305,7 @@ impl Bench {
     pub fn endpoints(&self) -> Option<(&Endpoint, &Endpoint)> {
         match &self.peer {
             Peer::Remote { ends, .. } => Some((&ends.0, &ends.1)),
+            Peer::Perftest(p) => Some((&p.ends.0, &p.ends.1)),
             Peer::Local(_) => None,
         }
     }
@@ -302,10 +313,20 @@ impl Bench {
     /// A failed run of a remote pair, most often a stall or a failed request because the
     /// peer went away: says so when the control connection shows it (closed, or an ERROR).
     pub(super) fn explain(&mut self, e: PerfError) -> PerfError {
-        if matches!(e, PerfError::Control(_) | PerfError::PeerHungUp) {
+        if matches!(
+            e,
+            PerfError::Control(_) | PerfError::PeerHungUp | PerfError::Perftest(_)
+        ) {
             return e;
         }
         match &mut self.peer {
+            Peer::Perftest(p) => match p.gone() {
+                Some(source) => PerfError::PerftestPeerLost {
+                    during: Box::new(e),
+                    source,
+                },
+                None => e,
+            },
             Peer::Remote { ctl, .. } => match ctl.try_recv("the run to end") {
                 Err(source) => PerfError::PeerLost {
                     during: Box::new(e),
@@ -322,6 +343,9 @@ impl Bench {
         match &mut self.peer {
             Peer::Local(_) => Ok(None),
             Peer::Remote { ctl, role: r, .. } if *r == role => Ok(Some(ctl)),
+            Peer::Perftest(_) => Err(PerfError::Setup(
+                "a perftest run has no uhca-perf control connection".into(),
+            )),
             Peer::Remote { .. } => Err(PerfError::Setup(format!(
                 "this end is not the {role:?}: it cannot do that"
             ))),
@@ -330,6 +354,9 @@ impl Bench {
 
     /// Client, before running `size`: START, and the server's READY.
     pub(super) fn begin(&mut self, size: usize) -> Result<(), PerfError> {
+        if matches!(self.peer, Peer::Perftest(_)) {
+            return self.pt_begin();
+        }
         let Some(ctl) = self.ctl(Role::Client)? else {
             return Ok(());
         };
