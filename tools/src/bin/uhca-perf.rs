@@ -15,8 +15,10 @@
 //! (a server: it waits for one client on TCP `-p`, 18515 by default) and `uhca-perf write_bw
 //! -d 0000:3b:00.0 SERVER` (the client). A device other than the built-in model
 //! (`-d BDF`, `--vfio-user SOCKET`, or the model on a UDP link: `--link-local ADDR
-//! --link-peer ADDR`), a HOST or `-p` asks for this mode. The two agree over
-//! TCP (`uhca_tools::perf::control`): the mode must be the same on both, and the size,
+//! --link-peer ADDR`), a HOST or `-p` asks for this mode. The two agree over TCP in
+//! perftest's own exchange (`uhca_tools::perf::perftest`; either end may be perftest's
+//! `ib_write_bw` & co., both get the same flags), or with `--oob uhca` in uhca-perf's own
+//! (`uhca_tools::perf::control`): the mode must be the same on both, and the size,
 //! iterations, `-D`, QPs, depth, inline size and MTU are the client's.
 //! `--use_cuda 0` puts both ends' buffers in the model GPU's BAR (peer memory registered
 //! through the peer-memory client; `--use_cuda_dmabuf` registers the dma-buf fd instead):
