@@ -7,7 +7,7 @@ use uhca::cmd::ops;
 use uhca::cmd::{CmdError, input};
 use uhca::health::HealthError;
 use uhca::hw::layout::cmd::{CapType, CmdStatus, Opcode};
-use uhca::hw::layout::init_seg::HealthSyndrome;
+use uhca::hw::layout::init_seg::{HealthSyndrome, NicInterface};
 use uhca::{Device, DeviceError};
 use uhca_tests::{config, device, model};
 
@@ -263,6 +263,23 @@ fn a_health_syndrome_is_reported() {
         other => panic!("{other}"),
     }
     drop(dev);
+}
+
+#[test]
+fn a_firmware_sw_reset_state_is_reported() {
+    let (dev, m) = device();
+    dev.check_health().unwrap();
+    // Firmware reports SW_RESET (7) in nic_interface [10:8]; a two-bit read saw 3 and missed it.
+    m.hca().faults().set_nic_interface(7);
+    match wait_for_health_error(&dev) {
+        DeviceError::Health(HealthError::NicInterface(n)) => {
+            assert_eq!(n, NicInterface::SwReset)
+        }
+        other => panic!("{other}"),
+    }
+    let e = ops::query_issi(dev.cmd()).unwrap_err();
+    assert!(matches!(e, CmdError::DeviceDead(_)), "{e}");
+    let _ = dev.close();
 }
 
 #[test]

@@ -1,11 +1,12 @@
 //! Shared code of the uhca tools. [`device`] opens the device a tool is pointed at (uhca-info,
 //! uhca-perf); [`perf`] is the engine behind `uhca-perf`; [`reference`](mod@reference)
 //! measures the machine figures its results are compared with (`uhca-perf cacheline|memcpy`);
-//! `model_server` (feature `vfio-user`) serves the model HCA over vfio-user for `uhca-model`.
+//! [`logging`] sets up their log output; `model_server` (feature `vfio-user`) serves the model HCA over vfio-user for `uhca-model`.
 
 #![deny(unsafe_code)]
 
 pub mod device;
+pub mod logging;
 #[cfg(feature = "vfio-user")]
 pub mod model_server;
 pub mod perf;

@@ -45,6 +45,16 @@ pub enum Op {
     Atomic,
 }
 
+/// The longest `-D` a run takes: a year. A longer one is a typo (`-D 18446744073709551615`
+/// overflowed the deadline's `Instant` and panicked); the engine clamps to it too, so a
+/// duration from elsewhere (a peer's HELLO) cannot overflow either.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The end of a `-D` run that began at `start` (`d` clamped to [`MAX_DURATION`]).
+pub fn deadline(start: Instant, d: Duration) -> Instant {
+    start + d.min(MAX_DURATION)
+}
+
 /// One run's settings (perftest flags).
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -638,7 +648,7 @@ impl Bench {
         let mut next_beat = start + remote::BEAT;
         let mut idle = CqWait::new(s.events);
         let mut meter = Meter::new(size, pace.window(), start);
-        let deadline = s.duration.map(|d| start + d);
+        let deadline = s.duration.map(|d| deadline(start, d));
         loop {
             let stop = deadline.is_some_and(|d| now >= d);
             self.me.pump(&mut mine, &to_peer, &pace, stop)?;

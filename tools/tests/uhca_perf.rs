@@ -14,6 +14,12 @@ fn bad_flags_are_messages_not_panics() {
         (&["write_bw", "-s", "99999999999"], "size"),
         (&["write_bw", "-t", "0"], "depth"),
         (&["write_bw", "-n", "0"], "-n"),
+        (
+            &["write_bw", "-D", "18446744073709551615"],
+            "-D 18446744073709551615",
+        ),
+        (&["read_bw", "-D", "31536001"], "1..=31536000 seconds"),
+        (&["write_bw", "-D", "0"], "1..=31536000 seconds"),
         (&["write_bw", "-q", "0"], "QPs"),
         (&["write_bw", "-I", "4096"], "inline"),
         (&["write_bw", "-a", "-s", "64"], "exclude"),

@@ -34,7 +34,8 @@ use uhca_tools::perf::control::Hello;
 use uhca_tools::perf::perftest::Oob;
 use uhca_tools::perf::remote::{self, Role};
 use uhca_tools::perf::{
-    Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, MAX_QPS, Op, PtOptions, Settings,
+    self as perf, Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, MAX_QPS, Op,
+    PtOptions, Settings,
 };
 
 /// perftest's default TCP port.
@@ -394,8 +395,13 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
     if iters == 0 {
         return Err("-n must be at least 1".into());
     }
-    if a.duration == Some(0) {
-        return Err("-D must be at least 1 second".into());
+    if let Some(d) = a.duration
+        && !(1..=perf::MAX_DURATION.as_secs()).contains(&d)
+    {
+        return Err(format!(
+            "-D {d}: the duration must be 1..={} seconds (a year)",
+            perf::MAX_DURATION.as_secs()
+        ));
     }
     if !(1..=8192).contains(&a.tx_depth) {
         return Err(format!("-t {}: the depth must be 1..=8192", a.tx_depth));
