@@ -408,8 +408,10 @@ pub(crate) fn poll(
             // Transmit before receive: a WQE just taken leaves in this inner pass and its
             // frame is received (loopback) right after, ahead of older ACKs.
             let moved = sq_doorbells(sh, &dma, core, dp)
-                | transmit(sh, &dma, core, dp, &wire, clock, pass == 0)
-                | receive(sh, &dma, core, dp, &wire, rx, clock);
+                | transmit(sh, &dma, core, dp, &wire, clock, pass == 0);
+            // A link that batches its sends sends what this pass gave it.
+            let _ = wire.flush();
+            let moved = moved | receive(sh, &dma, core, dp, &wire, rx, clock);
             drop(dma);
             if !moved {
                 exhausted = false;
@@ -648,11 +650,11 @@ fn receive(
     // Loopback frames never left the device: they carry no ICRC (`Link::is_local`), and
     // none is verified (`parse_trusted`).
     // A loopback frame may come with a burst (`rc::Burst`): the packets it stands for.
-    let mut handle = |frame: &[u8], looped: bool, burst: Option<&rc::Burst>| {
+    let mut handle = |frame: &[u8], trusted: bool, burst: Option<&rc::Burst>| {
         any = true;
         let packets = burst.map_or(1, |b| u64::from(b.frame_packets()));
         Counters::add_dev(&sh.stats.packets_rx, packets);
-        deliver(sh, dma, core, dp, wire, clock, mac, frame, looped, burst);
+        deliver(sh, dma, core, dp, wire, clock, mac, frame, trusted, burst);
     };
     for src in 0..2 {
         loop {
@@ -668,7 +670,9 @@ fn receive(
                 }
                 looped.recv_local(&mut |f: &[u8], b| handle(f, true, b))
             } else if let Some(p) = peer {
-                p.recv_with(rx, &mut |f: &[u8]| handle(f, false, None))
+                // A link that checks ICRCs itself delivers only frames that passed.
+                let verify = !p.offloads_icrc(&[0xFF; 6]);
+                p.recv_with(rx, &mut |f: &[u8]| handle(f, !verify, None))
             } else {
                 Ok(false)
             };
@@ -680,9 +684,10 @@ fn receive(
     any
 }
 
-/// Hands one received frame to its QP's engine; `looped`: it came from the port's own
-/// loopback queue, so it carries no ICRC and none is verified (`RocePacket::parse_trusted`),
-/// and it may come with a `burst`.
+/// Hands one received frame to its QP's engine; `trusted`: it came from the port's own
+/// loopback queue, so it carries no ICRC, or from a link that checked the ICRC itself
+/// (`Link::offloads_icrc`), and none is verified here (`RocePacket::parse_trusted`); a
+/// looped frame may come with a `burst`.
 #[allow(clippy::too_many_arguments)]
 fn deliver(
     sh: &Shared,
@@ -693,13 +698,13 @@ fn deliver(
     clock: &PassClock,
     mac: [u8; 6],
     frame: &[u8],
-    looped: bool,
+    trusted: bool,
     burst: Option<&rc::Burst>,
 ) {
     if frame.first_chunk::<6>() != Some(&mac) {
         return; // not for this port
     }
-    let parsed = RocePacket::parse_with(frame, !looped);
+    let parsed = RocePacket::parse_with(frame, !trusted);
     // By reference: the parsed packet is large, and nothing needs it moved.
     let Ok(pkt) = &parsed else {
         sh.stats.port.received_error(frame.len());

@@ -111,6 +111,12 @@ pub struct ModelConfig {
     /// bursts (`rc::Burst`), copied once from the sender's memory. False: they are real
     /// packets, one per MTU with an ICRC, as on a link.
     pub loopback_offload: bool,
+    /// The addresses of the network interface the port is put on
+    /// ([`link::net::NetLink`](crate::link::net::NetLink)); empty (default): the port has
+    /// the made-up addresses of its MAC. When given, the GID table holds them as Linux
+    /// builds a RoCE device's table from its netdev: the IPv6 link-local addresses first,
+    /// then the IPv4 addresses (IPv4-mapped), then the other IPv6 addresses, all RoCEv2.
+    pub port_addrs: Vec<std::net::IpAddr>,
 }
 
 impl Default for ModelConfig {
@@ -125,6 +131,7 @@ impl Default for ModelConfig {
             memic_size: 256 << 10,
             name: "model0".to_string(),
             loopback_offload: true,
+            port_addrs: Vec::new(),
         }
     }
 }

@@ -609,6 +609,9 @@ pub struct RcStats {
     pub rnr_naks_received: u64,
     /// ACKs (including coalesced) sent.
     pub acks_sent: u64,
+    /// Received packets dropped because their IP addresses are not the path's (source not
+    /// the peer's, destination not this QP's own): rxe's `check_addr`. Also in `rx_dropped`.
+    pub rx_bad_addr: u64,
 }
 
 /// The access a memory operation needs (IBA Vol. 1 §10.6.3 access rights).

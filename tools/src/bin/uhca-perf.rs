@@ -244,8 +244,11 @@ struct Args {
     /// The UDP address of the other end's link (with --link-local).
     #[arg(long, value_name = "ADDR", requires = "link_local")]
     link_peer: Option<std::net::SocketAddr>,
+    /// The model's port on the host's IP network (RoCEv2 on UDP 4791).
+    #[command(flatten)]
+    net: uhca_tools::net_port::NetFlags,
     /// The server to connect to: with it this process is the client; without it (and a
-    /// device other than the model, a linked model, or -p) the server.
+    /// device other than the model, a linked model, a network port, or -p) the server.
     host: Option<String>,
 }
 
@@ -256,6 +259,7 @@ impl Args {
             || self.port.is_some()
             || self.dev.vfio_user.is_some()
             || self.link_local.is_some()
+            || self.net.net.is_some()
             || self.dev.device != "model";
         match (&self.host, remote) {
             (_, false) => None,
@@ -268,6 +272,7 @@ impl Args {
     fn spec(&self) -> DeviceSpec {
         match (self.link_local, self.link_peer) {
             (Some(local), Some(peer)) => DeviceSpec::LinkedModel { local, peer },
+            _ if self.net.net.is_some() => DeviceSpec::NetModel(Box::new(self.net.clone())),
             _ => self.dev.spec(),
         }
     }
@@ -523,10 +528,24 @@ fn remote_checks(a: &Args, role: Role) -> Result<(), String> {
     if a.link_local.is_some() && a.dev.device != "model" {
         return Err("--link-local/--link-peer link the built-in model: not with -d BDF".into());
     }
-    if a.dev.vfio_user.is_none() && a.dev.device == "model" && a.link_local.is_none() {
+    if a.net.net.is_some() && (a.dev.device != "model" || a.dev.vfio_user.is_some()) {
+        return Err(
+            "--net puts the built-in model's port on the network: not with -d BDF or --vfio-user"
+                .into(),
+        );
+    }
+    if a.net.net.is_some() && a.link_local.is_some() {
+        return Err("--net and --link-local are two different ports: give one".into());
+    }
+    if a.dev.vfio_user.is_none()
+        && a.dev.device == "model"
+        && a.link_local.is_none()
+        && a.net.net.is_none()
+    {
         return Err(format!(
             "the built-in model (-d model) cannot be a {end} as it is: a model in this process \
-             has no link to another process. Give it one with --link-local ADDR --link-peer \
+             has no link to another process. Put its port on the network with --net IFACE|ADDR \
+             (RoCEv2 on UDP 4791), give it a link with --link-local ADDR --link-peer \
              ADDR (each end's --link-peer the other's --link-local), or run two `uhca-model \
              --socket S --mac M --link-local ADDR --link-peer ADDR` processes (distinct MACs) \
              and point each uhca-perf at one with --vfio-user S"
