@@ -430,7 +430,7 @@ fn the_in_process_model_without_a_link_cannot_be_an_end() {
             &["write_bw", "--vfio-user", "/nonexistent.sock", "--pair"][..],
             "--pair",
         ),
-        (&["write_lat", "-d", "0000:fe:1f.7", "-D", "1"], "-D"),
+        (&["send_lat", "-d", "0000:fe:1f.7", "-D", "1"], "-D"),
         (
             &["write_bw", "-d", "0000:fe:1f.7", "--use_cuda", "0"],
             "--use_cuda",

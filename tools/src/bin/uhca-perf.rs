@@ -564,8 +564,15 @@ fn remote_checks(a: &Args, role: Role) -> Result<(), String> {
                 .into(),
         );
     }
-    if a.duration.is_some() && !a.mode.is_bw() {
-        return Err("-D in a client/server run is supported by the bandwidth tests".into());
+    if a.duration.is_some()
+        && !a.mode.is_bw()
+        && (a.oob == OobKind::uhca || a.mode == Mode::send_lat)
+    {
+        return Err(
+            "-D in a client/server run is supported by the bandwidth tests, and with \
+             perftest's exchange by write_lat, read_lat and atomic_lat"
+                .into(),
+        );
     }
     Ok(())
 }

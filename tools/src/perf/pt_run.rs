@@ -534,17 +534,24 @@ impl Bench {
     /// `write_lat`'s ping-pong of `size` with a perftest peer, as `role`: iteration `i`
     /// carries `i + 1` (modulo 256) in the message's last byte; the server writes first.
     /// Each sample is half the time between two of this end's writes.
+    /// With `-D` it runs until then (each end on its own clock, as perftest's alarm), a wait
+    /// for the peer ending there too.
     fn pt_write_lat(&mut self, size: usize, role: Role) -> Result<LatResult, PerfError> {
-        let iters = self.settings.iters.max(1);
+        let deadline = self.settings.duration.map(|d| Instant::now() + d);
+        let iters = match deadline {
+            Some(_) => u64::MAX,
+            None => self.settings.iters.max(1),
+        };
         let mut inline = vec![0u8; self.settings.inline_size.max(1) as usize];
-        let mut samples = Vec::with_capacity(iters.min(10_000_000) as usize);
+        let mut samples = Vec::with_capacity(self.settings.iters.min(10_000_000) as usize);
         let to_peer = self.target(0);
         let rx = self.rx_off;
         let mut posted: Option<Instant> = None;
+        let mut done = 0;
         for i in 0..iters {
             let tag = ((i + 1) & 0xff) as u8;
-            if role == Role::Client {
-                super::await_tag(&self.me, rx, size, tag)?;
+            if role == Role::Client && !await_tag_until(&self.me, rx, size, tag, deadline)? {
+                break;
             }
             let t = Instant::now();
             if let Some(p) = posted {
@@ -569,16 +576,44 @@ impl Bench {
                 flags,
                 &mut inline,
             )?;
-            if role == Role::Server {
-                super::await_tag(&self.me, rx, size, tag)?;
+            if role == Role::Server && !await_tag_until(&self.me, rx, size, tag, deadline)? {
+                break;
             }
             if last {
                 super::await_send(&mut self.me, i, self.settings.events)?;
             }
+            done = i + 1;
         }
         let mut r = lat_stats(size, &mut samples);
-        r.iters = iters;
+        r.iters = done;
         Ok(r)
+    }
+}
+
+/// Waits until the last of the first `size` bytes of `dst`'s receiving half (at `rx`) is
+/// `tag`: true, or false once `deadline` has passed without it. The stall limit holds as
+/// in the ping-pongs without a deadline.
+fn await_tag_until(
+    dst: &End,
+    rx: usize,
+    size: usize,
+    tag: u8,
+    deadline: Option<Instant>,
+) -> Result<bool, PerfError> {
+    let mut timer = StallTimer::new();
+    let mut b = [0u8; 1];
+    loop {
+        dst.bufs[0]
+            .read(rx + size - 1, &mut b)
+            .map_err(setup("buffer"))?;
+        if b[0] == tag {
+            return Ok(true);
+        }
+        if let Some(now) = timer.spin()?
+            && deadline.is_some_and(|d| now >= d)
+        {
+            return Ok(false);
+        }
     }
 }
 

@@ -653,3 +653,47 @@ fn uhca_perf_runs_every_test_against_itself_over_the_model_link() {
         }
     }
 }
+
+/// `-D` in the latency tests, as perftest's: each end runs the WRITE ping-pong (or the
+/// client its READs) until its own deadline; a wait for the other end ends there too.
+#[test]
+fn latency_tests_run_for_a_duration() {
+    for op in [Op::Write, Op::Read] {
+        let (dev, peer_dev, _m) = devices();
+        let mut s = settings(op, 5, 16);
+        s.duration = Some(Duration::from_millis(1500));
+        let (tcp, server) = server_under_test(dev, s.clone(), 64, opts(false), |b| {
+            let r = b.pt_latency(8)?;
+            b.pt_end()?;
+            Ok(r.iter()
+                .map(|r| BwResult {
+                    size: r.size,
+                    iters: r.iters,
+                    peak: 0.0,
+                    avg: 0.0,
+                    msg_rate: 0.0,
+                })
+                .collect())
+        });
+        let mut b = Bench::connect_perftest(
+            &peer_dev,
+            &s,
+            64,
+            opts(false),
+            Oob::new(tcp, Role::Client).unwrap(),
+        )
+        .unwrap();
+        let n = b.latency(8).unwrap().iters;
+        b.pt_end().unwrap();
+        let r = server.join().unwrap().unwrap();
+        assert!(n > 5, "{op:?}: more than -n's 5 in the time: {n}");
+        if op == Op::Write {
+            // The two ends stop on their own clocks: one exchange apart at most.
+            assert!(
+                r[0].iters.abs_diff(n) <= 1,
+                "{op:?}: {} and {n}",
+                r[0].iters
+            );
+        }
+    }
+}
