@@ -451,10 +451,7 @@ impl Bench {
             Shape::Lat if op == Op::Write => return Ok(None),
             Shape::Bw if !duplex => {
                 self.pt_meet("the keys after the traffic", true)?;
-                let Bench { me, peer, .. } = self;
-                let Peer::Perftest(p) = peer else {
-                    return Ok(None);
-                };
+                let Some(p) = self.pt() else { return Ok(None) };
                 let mine = match (role, p.last) {
                     (Role::Client, Some(r)) => report_of(&r, gbits),
                     // The server measured nothing: perftest sends what its memory held.
@@ -468,7 +465,6 @@ impl Bench {
                 };
                 // The report follows the meeting at once (a wait across traffic here would
                 // outlast a peer of another test retrying its requests for ever).
-                let _ = me;
                 let r = p.oob.reports(&mine, Wait::Reply).map_err(oob_err)?;
                 if role == Role::Server {
                     theirs = Some(result_of(&r, gbits));
