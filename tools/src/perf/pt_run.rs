@@ -325,9 +325,10 @@ impl Bench {
     }
 
     /// After a bandwidth run of this end measured as `r`: a one-way run keeps it for the
-    /// report at the end (a SEND test meets the peer); a bidirectional one exchanges
-    /// reports (not SEND with `-D`, as perftest) and adds the peer's figures to its own, as
-    /// perftest's `print_full_bw_report` does.
+    /// report at the end; a bidirectional one exchanges reports (not SEND with `-D`, as
+    /// perftest) and adds the peer's figures to its own, as perftest's
+    /// `print_full_bw_report` does. With `-a` (perftest's `RUN_ALL`) the SEND tests, and
+    /// the bidirectional others, meet after each size; a single size has no such meeting.
     pub(super) fn pt_finish_bw(&mut self, r: BwResult) -> Result<BwResult, PerfError> {
         let duplex = self.settings.bidirectional;
         let duration = self.settings.duration.is_some();
@@ -335,7 +336,7 @@ impl Bench {
         let (shape, all, gbits) = (p.shape, p.opts.all, p.opts.gbits);
         if !duplex {
             p.last = Some(r);
-            if shape == Shape::SendBw {
+            if shape == Shape::SendBw && all {
                 self.pt_meet("the keys after the traffic", true)?;
             }
             return Ok(r);
@@ -359,7 +360,7 @@ impl Bench {
             out.avg += t.avg;
             out.msg_rate += t.msg_rate;
         }
-        if shape == Shape::SendBw {
+        if shape == Shape::SendBw && all {
             self.pt_meet("the keys after the traffic", true)?;
         }
         Ok(out)
@@ -367,7 +368,7 @@ impl Bench {
 
     /// Server of a bandwidth test of `size`: a bidirectional run streams as the client
     /// does; `send_bw` receives and counts `-n` messages per QP (with `-D`: until the
-    /// client's keys say it is done) and returns its own result; the other one-way tests
+    /// client's next keys, after its traffic, say it is done) and returns its own result; the other one-way tests
     /// have nothing to do per size (the client's report comes at the end, [`pt_end`]).
     pub fn pt_serve_bandwidth(&mut self, size: usize) -> Result<Option<BwResult>, PerfError> {
         let r = self.run_pt_serve_bandwidth(size);
@@ -378,7 +379,9 @@ impl Bench {
         if self.settings.bidirectional {
             return self.bandwidth(size).map(Some);
         }
-        let shape = self.pt().map(|p| p.shape);
+        let (shape, all) = self
+            .pt()
+            .map_or((None, false), |p| (Some(p.shape), p.opts.all));
         if shape != Some(Shape::SendBw) {
             return Ok(None);
         }
@@ -433,7 +436,9 @@ impl Bench {
             ))
             .into());
         }
-        self.pt_meet("the keys after the traffic", true)?;
+        if all {
+            self.pt_meet("the keys after the traffic", true)?;
+        }
         Ok(Some(meter.result(last)))
     }
 

@@ -366,7 +366,8 @@ fn a_write_bw_server_against_a_perftest_client() {
 
 /// ib_send_bw as the client on two QPs, uhca-perf as the server: each QP's keys are its
 /// own; the server posts its receives before the meeting that starts the traffic, counts
-/// `-n` messages per QP, meets after it and at the end.
+/// `-n` messages per QP and meets once more at the end (a soft-RoCE run showed that one
+/// size has no meeting after its traffic).
 #[test]
 fn a_send_bw_server_counts_a_perftest_clients_messages_on_every_qp() {
     let (dev, peer_dev, _m) = devices();
@@ -396,7 +397,7 @@ fn a_send_bw_server_counts_a_perftest_clients_messages_on_every_qp() {
     for q in 0..2 {
         f.post(q, Op::Send, 1024, 12, Remote { addr: 0, rkey: 0 });
     }
-    assert_eq!(f.keys(true, 0, 1), k[0], "the meeting after the traffic");
+    // One size: no meeting after the traffic (perftest's RUN_REGULAR), the closing one.
     assert_eq!(f.keys(true, 0, 1), k[0], "the closing meeting");
     assert_eq!(f.take(5), b"done\0");
     let r = t.join().unwrap().unwrap();
