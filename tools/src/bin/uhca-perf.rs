@@ -222,7 +222,8 @@ struct Args {
     port: Option<u16>,
     /// GID table index of this end (`ibv_devinfo -v` / `uhca-info` show the table;
     /// default: with perftest's exchange the first IPv4-mapped entry, as perftest picks
-    /// on RoCE, with `--oob uhca` entry 0).
+    /// on RoCE; with `--oob uhca` entry 0 on the client, on the server the first entry of
+    /// the client's kind).
     #[arg(short = 'x', long = "gid-index")]
     gid_index: Option<u8>,
     /// The client/server exchange over TCP: `perftest` (perftest's own: the peer may be
@@ -821,9 +822,8 @@ fn client(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
     }
     let mut ctl = remote::connect(host, port).map_err(|e| e.to_string())?;
     remote::propose(&mut ctl, &hello_of(a, &sizes, &settings)).map_err(|e| e.to_string())?;
-    let x = a.gid_index.unwrap_or(0);
-    let mut bench =
-        Bench::connect(dev, &settings, max, x, ctl, Role::Client).map_err(|e| e.to_string())?;
+    let mut bench = Bench::connect(dev, &settings, max, a.gid_index, ctl, Role::Client)
+        .map_err(|e| e.to_string())?;
     header(a, &settings, &bench);
     drive(a, &mut bench, &sizes)?;
     bench.bye().map_err(|e| e.to_string())
@@ -853,9 +853,8 @@ fn server(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
     };
     remote::confirm(&mut ctl, &hello).map_err(|e| e.to_string())?;
     let max = *sizes.iter().max().expect("at least one size");
-    let x = b.gid_index.unwrap_or(0);
-    let mut bench =
-        Bench::connect(dev, &settings, max, x, ctl, Role::Server).map_err(|e| e.to_string())?;
+    let mut bench = Bench::connect(dev, &settings, max, b.gid_index, ctl, Role::Server)
+        .map_err(|e| e.to_string())?;
     header(&b, &settings, &bench);
     let mut columns = false;
     for &s in &sizes {

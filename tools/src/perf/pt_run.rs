@@ -74,7 +74,7 @@ fn random_psn(salt: u32) -> u32 {
 }
 
 /// Whether `gid` is an IPv4-mapped address (`::ffff:a.b.c.d`).
-fn v4_mapped(gid: &[u8; 16]) -> bool {
+pub(super) fn v4_mapped(gid: &[u8; 16]) -> bool {
     gid[..10].iter().all(|&b| b == 0) && gid[10..12] == [0xff, 0xff]
 }
 
@@ -94,13 +94,17 @@ pub fn peer_mac(gid: &[u8; 16]) -> [u8; 6] {
 /// The GID index this end uses: `-x`, or the first IPv4-mapped RoCE entry (perftest's
 /// choice on RoCE, `get_best_gid_index`), else entry 0.
 fn gid_index(dev: &Device, chosen: Option<u8>) -> u8 {
-    if let Some(x) = chosen {
-        return x;
-    }
+    chosen.unwrap_or_else(|| gid_of_kind(dev, true))
+}
+
+/// The first GID table entry that is IPv4-mapped (`v4`) or an IPv6 address (not zero),
+/// else entry 0.
+pub(super) fn gid_of_kind(dev: &Device, v4: bool) -> u8 {
     (0..16u8)
         .find(|&i| {
-            dev.roce_address(u32::from(i))
-                .is_ok_and(|a| v4_mapped(&a.gid) && a.gid[12..] != [0; 4])
+            dev.roce_address(u32::from(i)).is_ok_and(|a| {
+                v4_mapped(&a.gid) == v4 && a.gid != [0; 16] && (!v4 || a.gid[12..] != [0; 4])
+            })
         })
         .unwrap_or(0)
 }
