@@ -675,3 +675,29 @@ fn a_perftest_mode_server_killed_mid_run_fails_the_client() {
         t.elapsed()
     );
 }
+
+/// A bad `-x` on a client of a link run is refused by that end before it connects (it
+/// failed later with a QueryRoceAddress BadParamErr while its server blamed the peer).
+#[test]
+fn a_bad_gid_index_is_refused_before_connecting() {
+    let (a, b) = (model_proc::free_udp_port(), model_proc::free_udp_port());
+    let (la, lb) = (format!("127.0.0.1:{a}"), format!("127.0.0.1:{b}"));
+    let port = free_tcp_port().to_string();
+    let (code, _, err) = common::run(
+        env!("CARGO_BIN_EXE_uhca-perf"),
+        &[
+            "write_bw",
+            "--link-local",
+            &la,
+            "--link-peer",
+            &lb,
+            "-p",
+            &port,
+            "-x",
+            "99",
+            "127.0.0.1",
+        ],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("-x 99: the port's GID table has"), "{err}");
+}

@@ -93,7 +93,7 @@ fn send_traffic(dev: &Device, n: u32) -> Result<(), String> {
             if let Some(c) = cq_a.poll().next() {
                 let c = c.map_err(|e| format!("completion of WRITE {k}: {e}"))?;
                 if c.status != WcStatus::Success {
-                    return Err(format!("WRITE {k} completed with {:?}", c.status));
+                    return Err(format!("WRITE {k} completed with {}", c.status));
                 }
                 break;
             }

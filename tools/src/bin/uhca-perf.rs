@@ -752,6 +752,9 @@ fn run(a: &Args) -> Result<(), String> {
             let (sizes, settings) = validate(a)?;
             let max = *sizes.iter().max().expect("at least one size");
             let mut bench = Bench::new(&settings, max, a.pair).map_err(|e| e.to_string())?;
+            if let Some(x) = a.gid_index {
+                perf::check_gid_index(bench.device(), x)?;
+            }
             header(a, &settings, &bench);
             drive(a, &mut bench, &sizes)
         }
@@ -798,6 +801,13 @@ fn adopt(a: &Args, h: &Hello) -> Args {
 /// it has them, for send_bw, write_lat and send_lat) and closes the device.
 fn run_remote(a: &Args, role: Role) -> Result<(), String> {
     let dev = device::open(&a.spec(), uhca::DeviceConfig::default()).map_err(|e| e.to_string())?;
+    if let Err(e) = a
+        .gid_index
+        .map_or(Ok(()), |x| perf::check_gid_index(&dev, x))
+    {
+        let _ = dev.close();
+        return Err(e);
+    }
     let port = a.port.unwrap_or(DEFAULT_PORT);
     let result = match role {
         Role::Client => client(a, &dev, port),

@@ -642,6 +642,11 @@ unsafe impl PciFunction for VfioUserFunction {
         Ok(())
     }
 
+    fn pins_dma_memory(&self) -> bool {
+        // The server maps the shared file; nothing is pinned on this process's account.
+        false
+    }
+
     fn num_irqs(&self) -> u32 {
         self.num_irqs
     }
