@@ -12,6 +12,13 @@ cd "$(dirname "$0")"
 export CARGO_TERM_COLOR=never
 SECS=${CAMPAIGN_SECS:-3600}
 JOBS=${FUZZ_JOBS:-1}
+# The instrumented build (several minutes from scratch) lives outside the clone, like the
+# guest tests' artefacts (tests/vm/common.sh), so a fresh CI clone on the same machine
+# reuses it; FUZZ_TARGET_DIR=target keeps it in fuzz/target.
+TARGET_DIR=${FUZZ_TARGET_DIR:-${UHCA_VM_CACHE:-/var/cache/uhca-vm}/fuzz-target}
+mkdir -p "$TARGET_DIR"
+TARGET_DIR=$(cd "$TARGET_DIR" && pwd)
+
 # Per-target libFuzzer flags (and the sanitizer's options, as FUZZ_ASAN):
 # - driver_device: no leak detection: the driver leaks a queue's memory on purpose when the
 #   device refuses to destroy the queue (the device may still write there), and a hostile
@@ -32,7 +39,7 @@ asan() {
     esac
 }
 targets=${FUZZ_TARGETS:-$(cargo +nightly fuzz list | grep -v make-seeds)}
-nice -n 19 cargo +nightly fuzz build -a
+nice -n 19 cargo +nightly fuzz build -a --target-dir "$TARGET_DIR"
 mkdir -p campaign
 echo "| Target | Seconds | Executions | exec/s | cov | ft | Corpus | Crashes |"
 echo "|---|---|---|---|---|---|---|---|"
@@ -41,7 +48,7 @@ for t in $targets; do
     log="campaign/$t.log"
     before=$(ls "artifacts/$t" | wc -l)
     rc=0
-    ASAN_OPTIONS="$(asan "$t")" nice -n 19 cargo +nightly fuzz run -a -j "$JOBS" "$t" "corpus-run/$t" "seeds/$t" -- \
+    ASAN_OPTIONS="$(asan "$t")" nice -n 19 cargo +nightly fuzz run -a --target-dir "$TARGET_DIR" -j "$JOBS" "$t" "corpus-run/$t" "seeds/$t" -- \
         -max_total_time="$SECS" -timeout=60 -rss_limit_mb=4096 -print_final_stats=1 $(extra "$t") \
         >"$log" 2>&1 || rc=$?
     execs=$(grep -h 'stat::number_of_executed_units' "$log" | awk '{s+=$2} END {print s+0}')

@@ -20,6 +20,13 @@ command -v c++ >/dev/null || {
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 cargo +nightly fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 
+# The instrumented build (several minutes from scratch) lives outside the clone, like the
+# guest tests' artefacts (tests/vm/common.sh), so a fresh CI clone on the same machine
+# reuses it; FUZZ_TARGET_DIR=target keeps it in fuzz/target.
+TARGET_DIR=${FUZZ_TARGET_DIR:-${UHCA_VM_CACHE:-/var/cache/uhca-vm}/fuzz-target}
+mkdir -p "$TARGET_DIR"
+TARGET_DIR=$(cd "$TARGET_DIR" && pwd)
+
 # Per-target libFuzzer flags (and the sanitizer's options, as FUZZ_ASAN):
 # - driver_device: no leak detection: the driver leaks a queue's memory on purpose when the
 #   device refuses to destroy the queue (the device may still write there), and a hostile
@@ -40,13 +47,13 @@ asan() {
     esac
 }
 targets=${FUZZ_TARGETS:-$(cargo +nightly fuzz list | grep -v make-seeds)}
-nice -n 10 cargo +nightly fuzz build -a
+nice -n 10 cargo +nightly fuzz build -a --target-dir "$TARGET_DIR"
 for t in $targets; do
     mkdir -p "corpus-run/$t"
     echo "== $t (${SECS}s)"
     log="corpus-run/$t.log"
     rc=0
-    ASAN_OPTIONS="$(asan "$t")" nice -n 10 cargo +nightly fuzz run -a "$t" "corpus-run/$t" "seeds/$t" -- \
+    ASAN_OPTIONS="$(asan "$t")" nice -n 10 cargo +nightly fuzz run -a --target-dir "$TARGET_DIR" "$t" "corpus-run/$t" "seeds/$t" -- \
         -max_total_time="$SECS" -timeout=60 -rss_limit_mb=4096 -print_final_stats=1 $(extra "$t") \
         >"$log" 2>&1 || rc=$?
     grep -E '^(#[0-9]+[[:space:]]+DONE|stat::number_of_executed_units|==[0-9]+==|SUMMARY|thread .* panicked|Test unit written)' "$log" || true

@@ -22,7 +22,7 @@ use uhca_hw::layout::cmd::{
 };
 use uhca_hw::layout::cmds::{ManagePagesIn, QueryPagesIn, QueryPagesOut, SetIssiIn};
 use uhca_hw::layout::init_seg::reg;
-use uhca_hw::model::{DmaBuffer, Hca, MAX_MSG, ModelConfig};
+use uhca_hw::model::{DmaBuffer, Hca, ModelConfig};
 
 use crate::Reader;
 
@@ -66,7 +66,8 @@ pub enum Fault {
     InLoop,
     /// A type other than CMD_XPORT.
     BadType,
-    /// `inlen` as given, even past [`MAX_MSG`] (no chain built past [`MAX_LEN`]).
+    /// `inlen` and `outlen` as given, even past the model's `MAX_MSG` (no chain is built
+    /// past [`MAX_LEN`]).
     RawLengths,
     /// The entry is left software-owned: the device must not run it.
     NotOwned,
@@ -138,7 +139,8 @@ pub struct Harness {
     hca: Hca,
     queue: DmaBuffer,
     data: DmaBuffer,
-    pages: DmaBuffer,
+    /// The canned boot's firmware pages (mapped; the device keeps their addresses).
+    _pages: DmaBuffer,
     token: u8,
 }
 
@@ -171,7 +173,7 @@ impl Harness {
             hca,
             queue,
             data,
-            pages,
+            _pages: pages,
             token: 0,
         };
         h.program_queue();
@@ -402,7 +404,6 @@ impl Harness {
                 return false;
             }
         }
-        let _ = &self.pages;
         ok(&self.exec(&cmd(0x102, 0, 32), 16))
     }
 
@@ -485,6 +486,3 @@ impl CloneInto for DmaBuffer {
         }
     }
 }
-
-/// Largest `inlen` the model takes (for documentation of [`Fault::RawLengths`]).
-pub const MODEL_MAX_MSG: usize = MAX_MSG;

@@ -66,7 +66,7 @@ fn decode(r: &mut Reader<'_>) -> BTreeMap<u8, Vec<Act>> {
             1 => Act::Refuse(r.u8(), r.u32()),
             2 => Act::Len(r.u16()),
             3 => Act::Delivery(r.u8()),
-            4 => Act::Bar(r.u16() % 0x1040 & !3, r.u32()),
+            4 => Act::Bar((r.u16() % 0x1040) & !3, r.u32()),
             5 => Act::PageRequest(r.u32() as i32),
             6 => {
                 let (t, s) = (r.u8(), r.u8());
