@@ -18,6 +18,8 @@
 //! - `5 n u32`: a PAGE_REQUEST for `n` pages (negative: pages offered back);
 //! - `6 type u8, sub u8, data [u8; 28]`: any event;
 //! - `7 syndrome u8`: the health syndrome (firmware assert).
+//!
+//! `UHCA_FUZZ_TRACE=1` prints how far the driver got (replaying one input).
 
 use std::collections::BTreeMap;
 use std::sync::mpsc;
@@ -169,21 +171,33 @@ pub fn run_input(data: &[u8]) {
         lie
     })));
     let cfg = DeviceConfig {
+        // Short enough that a syndrome or a stalled counter is seen within one run (a
+        // loaded machine may starve the model's health tick: a dead device is a typed
+        // error too).
+        health_interval: Duration::from_millis(2),
         init_timeout: Duration::from_millis(50),
         cmd_timeout: Some(Duration::from_millis(500)),
         ..DeviceConfig::default()
     };
     let pf: Arc<dyn PciFunction> = f.clone();
-    if let Ok(dev) = Device::open(pf, cfg) {
-        exercise(&dev);
-        let _ = dev.close();
+    let trace = std::env::var_os("UHCA_FUZZ_TRACE").is_some();
+    match Device::open(pf, cfg) {
+        Ok(dev) => {
+            exercise(&dev, trace);
+            let r = dev.close();
+            if trace {
+                eprintln!("close: {r:?}");
+            }
+        }
+        Err(e) if trace => eprintln!("open: {e}"),
+        Err(_) => {}
     }
     fuzzing::set_output_hook(None); // drops the hook and its sender
     injector.join().expect("injector");
 }
 
 /// What an application does after boot; every error is acceptable, nothing else is.
-fn exercise(dev: &Device) {
+fn exercise(dev: &Device, trace: bool) {
     let _ = dev.process_events();
     let _ = dev.check_health();
     let _ = dev.take_events();
@@ -206,4 +220,12 @@ fn exercise(dev: &Device) {
     }
     let _ = dev.process_events();
     let _ = dev.fw_pages();
+    if trace {
+        eprintln!(
+            "booted; mr {:?}, cq {:?}, cq with events {:?}",
+            mr.as_ref().map(|m| m.lkey()),
+            cq.as_ref().map(|c| c.cqn()),
+            cq2.as_ref().map(|c| c.cqn())
+        );
+    }
 }
