@@ -37,6 +37,8 @@ mod cq;
 mod datapath;
 mod device;
 mod eq;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod health;
 mod iommu;
 mod link_api;
