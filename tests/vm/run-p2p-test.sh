@@ -3,11 +3,12 @@
 # (`uhca-model`) and the model GPU (`uhca-model --gpu`, device memory in BAR1), behind an
 # emulated VT-d IOMMU (caching mode), on kernel 7.3 built with IOMMUFD, the VFIO device cdev,
 # PCI P2PDMA and the VFIO dma-buf export (tests/vm/build-iommufd-kernel.sh). The guest's
-# /init (tests/vm/init-p2p) binds both to vfio-pci and runs uhca-vm-p2p: the GPU's BAR range
+# /init (tests/vm/init-p2p) binds them to vfio-pci and runs uhca-vm-p2p: the GPU's BAR range
 # exported as a VFIO dma-buf, imported with IOMMU_IOAS_MAP_FILE under an MR of the HCA
 # (iommufd + device cdev), the legacy path's refusal, the typed refusals, and revocation by
-# memory decoding off, reset and close. Exits 0 only if the guest printed
-# "RESULT: N passed, 0 failed".
+# memory decoding off, reset and close; then the same against QEMU's ivshmem-plain as the
+# exporter, with RDMA WRITE and READ bytes checked in its BAR. Exits 0 only if both runs
+# printed "RESULT: N passed, 0 failed".
 #
 # Needs the trixie tree with QEMU 11.1 that tests/vm/run-vfio-user-test.sh builds (run that
 # first; CI does). Root on Debian bookworm. Environment: VFIO_VM_WORK, UHCA_VM_CACHE,
@@ -73,7 +74,10 @@ done
   || { tail -5 "$HLOG" "$GLOG" >&2; echo "vm-test: the servers did not start" >&2; exit 1; }
 
 # 3. Boot. The GPU sits behind a PCIe root port, so the kernel can reset it (secondary bus
-#    reset, which QEMU turns into the server's DEVICE_RESET).
+#    reset, which QEMU turns into the server's DEVICE_RESET). A second peer, QEMU's
+#    ivshmem-plain over a shared memfd (BAR2, 64-bit prefetchable), is a BAR that QEMU backs
+#    with a file: the HCA's server receives that fd with the DMA_MAP of the import, so bytes
+#    move HCA <-> BAR through the same kernel path (docs/spec/p2p-vm.md).
 say "booting the guest (timeout ${GUEST_TIMEOUT}s)"
 t=$SECONDS
 timeout "$GUEST_TIMEOUT" "${IN_TREE[@]}" qemu-system-x86_64 -accel tcg -machine q35,memory-backend=mem \
@@ -82,6 +86,8 @@ timeout "$GUEST_TIMEOUT" "${IN_TREE[@]}" qemu-system-x86_64 -accel tcg -machine 
   -device '{"driver":"vfio-user-pci","socket":{"type":"unix","path":"/tmp/uhca-p2p/hca.sock"}}' \
   -device pcie-root-port,id=rp1,slot=1 \
   -device '{"driver":"vfio-user-pci","bus":"rp1","socket":{"type":"unix","path":"/tmp/uhca-p2p/gpu.sock"}}' \
+  -object memory-backend-memfd,id=peermem,size=4M,share=on \
+  -device pcie-root-port,id=rp2,slot=2 -device ivshmem-plain,memdev=peermem,bus=rp2 \
   -nographic -no-reboot -kernel /tmp/uhca-p2p/vmlinuz -initrd /tmp/uhca-p2p/initrd.gz \
   -append "console=ttyS0 intel_iommu=on panic=-1 quiet" </dev/null 2>&1 | tr -d '\r' > "$CONSOLE" || true
 grep -aE '^(PASS|FAIL|INFO|RESULT|GUEST)|qemu-system|panicked|Kernel panic' "$CONSOLE" || true
@@ -109,6 +115,6 @@ if [ -n "${A:-}" ]; then
   fi
 fi
 say "GPU server ($GLOG): $(grep -c 'GPU reset' "$GLOG" || true) reset(s); $(grep -E 'session ended' "$GLOG" | sed -E 's/^[^ ]+ +//' || true)"
-vm_verdict "$CONSOLE" 1
+vm_verdict "$CONSOLE" 2
 rm -rf "$V"
 say "PASSED"

@@ -15,13 +15,15 @@
 //!   through the GPU's own BAR mapping), and the kernel refuses the revoked buffer (`ENODEV`,
 //!   `DmaBufRefusal::Revoked`).
 //!
-//! An RDMA WRITE into the GPU range while it is registered is run and its outcome printed as
-//! `INFO`: QEMU 11.1 hands the HCA's server an IOVA that maps another device's BAR without
-//! a file descriptor, and reaching it needs the vfio-user DMA_READ/DMA_WRITE messages,
-//! which the servers do not send yet (docs/spec/p2p-vm.md).
+//! With `--data` (the script's second run, against QEMU's ivshmem-plain as the exporter, whose
+//! BAR2 QEMU backs with a shared memfd) RDMA WRITE and READ must move bytes into and out of the
+//! peer's BAR, each byte checked through the peer's own BAR mapping. Against the model GPU the
+//! WRITE's outcome is printed as `INFO`: QEMU 11.1 hands the HCA's server an IOVA that maps a
+//! vfio-user function's BAR without a file descriptor, and reaching it needs the vfio-user
+//! DMA_READ/DMA_WRITE messages, which the servers do not send yet (docs/spec/p2p-vm.md).
 //!
-//! Usage: `uhca-vm-p2p --gpu BDF`. Prints `PASS:`/`FAIL:`/`INFO:` lines and
-//! `RESULT: N passed, M failed`; exits 1 if any check failed.
+//! Usage: `uhca-vm-p2p --gpu BDF [--bar N] [--data]` (BAR 1 by default). Prints
+//! `PASS:`/`FAIL:`/`INFO:` lines and `RESULT: N passed, M failed`; exits 1 if any check failed.
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
@@ -46,18 +48,41 @@ const LEN: u64 = 256 << 10;
 const FILL: u32 = 0xEEEE_EEEE;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let gpu = match (args.next().as_deref(), args.next()) {
-        (Some("--gpu"), Some(b)) => b,
-        (a, _) => {
-            eprintln!("uhca-vm-p2p: unexpected argument {a:?} (usage: uhca-vm-p2p --gpu BDF)");
-            std::process::exit(2);
-        }
+    let usage = "usage: uhca-vm-p2p --gpu BDF [--bar N] [--data]";
+    let mut peer = Peer {
+        bdf: String::new(),
+        bar: 1,
+        data: false,
     };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--data" => peer.data = true,
+            "--gpu" | "--bar" => {
+                let v = args.next().unwrap_or_default();
+                if a == "--gpu" {
+                    peer.bdf = v;
+                } else if let Ok(b) = v.parse() {
+                    peer.bar = b;
+                } else {
+                    eprintln!("uhca-vm-p2p: --bar {v:?} is not a BAR index ({usage})");
+                    std::process::exit(2);
+                }
+            }
+            a => {
+                eprintln!("uhca-vm-p2p: unexpected argument {a:?} ({usage})");
+                std::process::exit(2);
+            }
+        }
+    }
+    if peer.bdf.is_empty() {
+        eprintln!("uhca-vm-p2p: --gpu BDF is required ({usage})");
+        std::process::exit(2);
+    }
     report::init_tracing();
     let mut t = Tally::default();
     let t0 = Instant::now();
-    run(&mut t, &gpu);
+    run(&mut t, &peer);
     println!(
         "INFO: {} checks in {:.2} s",
         t.passed + t.failed,
@@ -65,6 +90,17 @@ fn main() {
     );
     t.print_result();
     std::process::exit(if t.failed == 0 { 0 } else { 1 });
+}
+
+/// The exporting peer function and what is checked with it.
+struct Peer {
+    /// Its PCI address.
+    bdf: String,
+    /// The BAR of device memory.
+    bar: u8,
+    /// Whether RDMA WRITE and READ must move bytes into and out of the BAR (a peer whose
+    /// BAR QEMU backs with a file: the HCA's server then receives it with the DMA_MAP).
+    data: bool,
 }
 
 fn opts(mode: VfioMode) -> VfioOptions {
@@ -82,14 +118,14 @@ fn is_refusal(r: &Result<impl std::fmt::Debug, PeerError>, want: Option<DmaBufRe
     }
 }
 
-fn run(t: &mut Tally, gpu_bdf: &str) {
+fn run(t: &mut Tally, p: &Peer) {
     t.check(
         Path::new("/dev/iommu").exists(),
         "/dev/iommu exists (CONFIG_IOMMUFD)",
     );
     // The GPU: iommufd + device cdev.
     let Some(g) = t.ok(
-        VfioFunction::open(gpu_bdf, &opts(VfioMode::Iommufd)),
+        VfioFunction::open(&p.bdf, &opts(VfioMode::Iommufd)),
         "model GPU opened through iommufd and its device cdev",
     ) else {
         return;
@@ -99,16 +135,16 @@ fn run(t: &mut Tally, gpu_bdf: &str) {
         format!("GPU mode {:?}", g.mode()),
     );
     let g: Arc<dyn PciFunction> = Arc::new(g);
-    let Some(bar) = t.ok(Bar::map(&g, 1), "GPU BAR1 mapped (device memory)") else {
+    let Some(bar) = t.ok(Bar::map(&g, p.bar), "peer BAR of device memory mapped") else {
         return;
     };
-    println!("INFO: GPU BAR1: {} MiB", bar.len() >> 20);
+    println!("INFO: BAR{}: {} KiB", p.bar, bar.len() >> 10);
     bar.write_u32s(0, &vec![FILL; bar.len() / 4]);
     let gpu = PeerDevice::new(g.clone());
 
     // Exports: the kernel's VFIO dma-buf, and its refusals.
     let Some(buf) = t.ok(
-        gpu.export(1, BAR_OFF, LEN),
+        gpu.export(p.bar, BAR_OFF, LEN),
         "BAR1 range exported as a VFIO dma-buf",
     ) else {
         return;
@@ -124,19 +160,19 @@ fn run(t: &mut Tally, gpu_bdf: &str) {
         exp.contains("vfio") && size.split_whitespace().nth(1) == Some(&LEN.to_string()),
         format!("fdinfo of the export: {exp:?}, {size:?}"),
     );
-    let past_end = gpu.export(1, bar.len() as u64 - 4096, 8192);
+    let past_end = gpu.export(p.bar, bar.len() as u64 - 4096, 8192);
     t.check(
         is_refusal(&past_end, Some(DmaBufRefusal::BadRange)),
         format!("export running past BAR1 refused by the kernel: {past_end:?}"),
     );
-    let no_bar = gpu.export(0, 0, 4096);
+    let no_bar = gpu.export(5, 0, 4096);
     t.check(
         is_refusal(&no_bar, None),
-        format!("export of the absent BAR0 refused: {no_bar:?}"),
+        format!("export of the absent BAR5 refused: {no_bar:?}"),
     );
 
     legacy_refusal(t, &buf);
-    iommufd_hca(t, &gpu, &buf, &bar);
+    iommufd_hca(t, p, &gpu, &buf, &bar);
 }
 
 /// The HCA through the legacy container: no dma-buf import there.
@@ -203,7 +239,7 @@ fn bar_untouched(bar: &Bar) -> bool {
 }
 
 /// The HCA through iommufd: import, MR, traffic, revocation.
-fn iommufd_hca(t: &mut Tally, gpu: &PeerDevice, buf: &PeerBuffer, bar: &Bar) {
+fn iommufd_hca(t: &mut Tally, p: &Peer, gpu: &PeerDevice, buf: &PeerBuffer, bar: &Bar) {
     let Some(bdf) = hca::find_and_bind(t, Path::new("/sys")) else {
         return;
     };
@@ -274,19 +310,23 @@ fn iommufd_hca(t: &mut Tally, gpu: &PeerDevice, buf: &PeerBuffer, bar: &Bar) {
     let Some(sge) = Sge::of(&src, 0, data.len()) else {
         return;
     };
-    // Device to device: outcome reported, not yet delivered (module docs).
-    let c = write_to(&mut a, &mut cq, 1, sge, pmr.remote(4096));
-    let mut got = vec![0u8; data.len()];
-    read_bar(bar, BAR_OFF as usize + 4096, &mut got);
-    println!(
-        "INFO: RDMA WRITE into the GPU range: {:?}; bytes in the BAR {}",
-        c.first().map(|c| c.status),
-        if got == data {
-            "match"
-        } else {
-            "do not match (no DMA_READ/DMA_WRITE path in the servers yet)"
-        }
-    );
+    if p.data {
+        data_checks(t, &mut a, &mut cq, &src, &pmr, bar, &data);
+    } else {
+        // Device to device without a file behind the BAR: outcome reported (module docs).
+        let c = write_to(&mut a, &mut cq, 1, sge, pmr.remote(4096));
+        let mut got = vec![0u8; data.len()];
+        read_bar(bar, BAR_OFF as usize + 4096, &mut got);
+        println!(
+            "INFO: RDMA WRITE into the peer range: {:?}; bytes in the BAR {}",
+            c.first().map(|c| c.status),
+            if got == data {
+                "match"
+            } else {
+                "do not match (no DMA_READ/DMA_WRITE path in the servers yet)"
+            }
+        );
+    }
     // Whatever happened, restore the fill so that "nothing lands after" can be checked.
     bar.write_u32s(BAR_OFF as usize, &vec![FILL; (LEN / 4) as usize]);
     drop((a, b));
@@ -342,7 +382,7 @@ fn iommufd_hca(t: &mut Tally, gpu: &PeerDevice, buf: &PeerBuffer, bar: &Bar) {
 
     // Revocation 3: close. Exports are refused from then on.
     gpu.close();
-    let r = gpu.export(1, BAR_OFF, LEN);
+    let r = gpu.export(p.bar, BAR_OFF, LEN);
     t.check(
         matches!(r, Err(PeerError::ExporterClosed)),
         format!("export after close refused: {r:?}"),
@@ -378,6 +418,62 @@ fn after_revocation(
     t.check(
         c.len() == 1 && !c[0].status.is_ok(),
         format!("{what}: a WRITE on the revoked rkey completes in error: {c:?}"),
+    );
+}
+
+/// RDMA WRITE host -> peer range and READ peer range -> host, each byte checked through the
+/// peer's own BAR mapping.
+fn data_checks(
+    t: &mut Tally,
+    a: &mut Qp,
+    cq: &mut Cq,
+    src: &uhca::resource::Mr,
+    pmr: &uhca::peer::PeerMr,
+    bar: &Bar,
+    data: &[u8],
+) {
+    let Some(sge) = Sge::of(src, 0, data.len()) else {
+        return;
+    };
+    let c = write_to(a, cq, 1, sge, pmr.remote(4096));
+    let mut got = vec![0u8; data.len()];
+    read_bar(bar, BAR_OFF as usize + 4096, &mut got);
+    let mut before = vec![0u8; 4096];
+    read_bar(bar, BAR_OFF as usize, &mut before);
+    t.check(
+        c.len() == 1 && c[0].status.is_ok() && got == data && before.iter().all(|&b| b == 0xEE),
+        format!(
+            "RDMA WRITE of {} bytes landed in the peer's BAR, nothing around it ({c:?})",
+            data.len()
+        ),
+    );
+    // READ: the peer range (written by the CPU through the BAR) into host memory.
+    let words: Vec<u32> = (0..1024u32).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
+    bar.write_u32s(BAR_OFF as usize + 65536, &words);
+    let mut expect = vec![0u8; 4096];
+    read_bar(bar, BAR_OFF as usize + 65536, &mut expect);
+    let Some(dst) = Sge::of(src, 4096, 4096) else {
+        return;
+    };
+    let posted = a.post_send(&SendWr {
+        wr_id: 3,
+        op: SendOp::Read {
+            local: &[dst],
+            remote: pmr.remote(65536),
+        },
+        flags: SendFlags::SIGNALED,
+    });
+    a.ring_doorbell();
+    let c = if posted.is_ok() {
+        wait(cq, 1)
+    } else {
+        Vec::new()
+    };
+    let mut back = vec![0u8; 4096];
+    let _ = src.read(4096, &mut back);
+    t.check(
+        c.len() == 1 && c[0].status.is_ok() && back == expect,
+        format!("RDMA READ of 4096 bytes from the peer's BAR ({c:?})"),
     );
 }
 
