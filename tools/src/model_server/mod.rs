@@ -32,9 +32,15 @@
 //! The crate's server serves one client per [`ModelServer::serve_one`]; between clients
 //! every DMA mapping is dropped, every vector disconnected and the model reset, so the next
 //! client finds a power-on device.
+//!
+//! [`GpuServer`] serves the model GPU (`uhca::hw::model::peer`) the same way, as a second
+//! function beside the HCA (`uhca-model --gpu`).
 
 mod doorman;
+mod gpu;
 mod host;
+
+pub use gpu::GpuServer;
 
 use std::collections::BTreeMap;
 use std::fs::File;
