@@ -50,6 +50,7 @@ mod sq;
 mod srq;
 mod state;
 mod table;
+mod ud;
 mod umr;
 mod vport;
 mod watch;
@@ -246,6 +247,9 @@ pub struct Stats {
     /// Bursts the port sent on its loopback queue (`rc::Burst`; 0 without
     /// [`ModelConfig::loopback_offload`]).
     pub bursts_tx: u64,
+    /// UD datagrams dropped on receipt (wrong Q_Key or P_Key, QP not ready, no receive
+    /// WQE posted; `model/ud.rs`).
+    pub ud_dropped: u64,
     /// Request packets the RC transport retransmitted.
     pub retransmits: u64,
 }
@@ -269,6 +273,7 @@ pub(crate) struct Counters {
     pub(crate) packets_tx: AtomicU64,
     pub(crate) packets_rx: AtomicU64,
     pub(crate) bursts_tx: AtomicU64,
+    pub(crate) ud_dropped: AtomicU64,
     /// The port's QUERY_VPORT_COUNTER counters (`cmd::vport::PortCounters`).
     pub(crate) port: cmd::vport::PortCounters,
 }
@@ -660,6 +665,7 @@ impl Hca {
             packets_tx: ld(&c.packets_tx),
             packets_rx: ld(&c.packets_rx),
             bursts_tx: ld(&c.bursts_tx),
+            ud_dropped: ld(&c.ud_dropped),
             retransmits: core.dp.retransmits(),
         }
     }

@@ -1,5 +1,5 @@
-//! Send queues that nothing carries on the wire: the UMR QP (REG_UMR), and the NOPs of UD
-//! and GSI QPs (docs/spec/mlx5-ib-objects.md §4, §6).
+//! The send queue of the UMR QP (REG_UMR), which nothing carries on the wire
+//! (docs/spec/mlx5-ib-objects.md §6; UD and GSI QPs: `ud.rs`).
 //!
 //! A doorbell on such a QP marks it (`Qp::local_work`); after the data path's pass, with
 //! the MKey table writable, [`run_local`] takes its new WQEs in order:
@@ -11,7 +11,7 @@
 //!   the UMR QP has none), placed at `xlt_offset` octowords with TRANSLATION_OFFSET_EN,
 //!   then the fields `mkey_mask` selects. The MKey must have been created with `umr_en`,
 //!   and the entries must fit its `translations_octword_size`;
-//! - anything else (a UD SEND: datagrams are not carried yet) fails with LOCAL_QP_OP.
+//! - anything else fails with LOCAL_QP_OP.
 //!
 //! A failed WQE completes in error (always, signaled or not) and moves the QP to ERR;
 //! later WQEs flush. Nothing changes in an MKey whose UMR fails.
@@ -46,7 +46,7 @@ pub(crate) fn run_local(sh: &Shared, core: &mut Core) {
         .dp
         .qps
         .values()
-        .filter(|q| q.local_work)
+        .filter(|q| q.local_work && q.kind == QpKind::RegUmr)
         .map(|q| q.qpn)
         .collect();
     if marked.is_empty() {
@@ -73,7 +73,7 @@ fn run_qp(sh: &Shared, dma: &Dma<'_>, core: &mut Core, qpn: u32) {
         && (pi.wrapping_sub(qp.sq_ci) as i32) > 0
     {
         let idx = qp.sq_ci as u16;
-        let (kind, state) = (qp.kind, qp.state);
+        let state = qp.state;
         let mut w = [0u8; MAX_WQE + SEND_WQE_BB];
         if qp
             .buf
@@ -100,7 +100,7 @@ fn run_qp(sh: &Shared, dma: &Dma<'_>, core: &mut Core, qpn: u32) {
         } else {
             match WqeOpcode::from(ctrl.opcode) {
                 WqeOpcode::Nop => Ok(()),
-                WqeOpcode::Umr if kind == QpKind::RegUmr => umr(sh, dma, core, &ctrl, &w),
+                WqeOpcode::Umr => umr(sh, dma, core, &ctrl, &w),
                 _ => Err(CqeSyndrome::LocalQpOp),
             }
         };
@@ -119,7 +119,7 @@ fn run_qp(sh: &Shared, dma: &Dma<'_>, core: &mut Core, qpn: u32) {
                     e.set_wqe_counter(idx.into());
                 }
                 cqe[OP_OWN_OFFSET] = u8::from(CqeOpcode::Req) << 4;
-                sink.push_send(&mut cqe);
+                sink.push_cqe(false, &mut cqe, false);
             }
             Ok(()) => {}
             Err(synd) => {
