@@ -378,6 +378,9 @@ pub(crate) struct Shared {
     pub(crate) lock_count: AtomicU64,
     /// Commands and registers asked for that the model lacks (logged once each).
     pub(crate) gaps: Gaps,
+    /// Command doorbell writes reach the model one by one ([`Hca::doorbell_write`]), so
+    /// `cmd_dbell` holds exactly the slots rung and only those run (`cmdif::run_queue`).
+    pub(crate) cmd_db_exact: AtomicBool,
 }
 
 impl Shared {
@@ -461,6 +464,7 @@ impl Hca {
             link: datapath::Attached::default(),
             lock_count: AtomicU64::new(0),
             gaps: Gaps::default(),
+            cmd_db_exact: AtomicBool::new(false),
         });
         health::power_on(&shared);
         let sh = shared.clone();
@@ -558,6 +562,8 @@ impl Hca {
         let mut core = self.shared.core();
         *core = Core::new(&self.shared.cfg);
         health::power_on(&self.shared);
+        // Until a doorbell comes by message again, they may come through memory.
+        self.shared.cmd_db_exact.store(false, Ordering::Release);
         Counters::inc(&self.shared.stats.resets);
         drop(core);
         if let Some(t) = &self.thread {
@@ -565,16 +571,35 @@ impl Hca {
         }
     }
 
-    /// A BAR0 write that reaches the model as one access (a host serving a UAR page by
+    /// A BAR0 write that reaches the model as one access (a host serving a BAR page by
     /// messages): a 4-byte EQ doorbell of an allocated UAR (offset 0x40 arm, 0x48 update)
     /// is applied at once, so every write counts, as on hardware, even two to the same
-    /// word in a row. Returns false for any other write, which the caller stores in BAR
-    /// memory for the device thread to find.
+    /// word in a row; a command doorbell (`cmd_dbell`) adds its bits to the slots to run,
+    /// and from then on only rung slots run. Returns false for any other write, which the
+    /// caller stores in BAR memory for the device thread to find.
     pub fn doorbell_write(&self, offset: usize, data: &[u8]) -> bool {
+        use crate::layout::init_seg::reg;
         use crate::layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM, UAR_SIZE};
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
             return false;
         };
+        if offset == reg::CMD_DBELL {
+            // The command doorbell: its bits add to those not yet taken, and from now on
+            // only rung entries run (no write is lost, so no scan of every entry is needed).
+            self.shared.cmd_db_exact.store(true, Ordering::Release);
+            let bits = u32::from_be_bytes(bytes);
+            let bar = &self.shared.bar;
+            loop {
+                let old = bar.read_be32(reg::CMD_DBELL);
+                if bar.cmpxchg_be32(reg::CMD_DBELL, old, old | bits) {
+                    break;
+                }
+            }
+            if let Some(t) = &self.thread {
+                t.thread().unpark();
+            }
+            return true;
+        }
         let arm = match offset % UAR_SIZE {
             EQ_DOORBELL_ARM => true,
             EQ_DOORBELL_NOARM => false,

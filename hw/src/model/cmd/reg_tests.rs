@@ -231,3 +231,15 @@ fn host_endianness_keeps_what_the_driver_wrote() {
     assert_eq!(access(&r, id::HOST_ENDIANNESS, 0, &w).0, CmdStatus::Ok);
     assert_eq!(read_ok(&r, id::HOST_ENDIANNESS, &[0; 16])[0], 0x80);
 }
+
+#[test]
+fn an_unknown_opcode_is_bad_op_and_logged_once() {
+    let hca = model(68);
+    let r = Rig::new(&hca);
+    for _ in 0..2 {
+        let (st, syn, _) = r.cmd(&header(Opcode::Unknown(0x7fe), 16), 16);
+        assert_eq!((st, syn), (CmdStatus::BadOpErr, s::BAD_OPCODE));
+    }
+    // The first refusal recorded (and logged) the gap.
+    assert!(!hca.shared.gaps.first(Gap::Opcode(0x7fe)));
+}
