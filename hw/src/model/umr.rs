@@ -6,11 +6,13 @@
 //! - NOP (opcode 0x00): completes (a CQE if signaled);
 //! - UMR (opcode 0x25, UMR QP only): changes the MKey the control segment's `imm` names,
 //!   as its UMR control segment and MKey context segment say: the check of `flags`
-//!   (CHECK_FREE / CHECK_NOT_FREE), then the translation entries (MTTs, from the WQE with
+//!   (CHECK_NOT_FREE fails on an MKey in use, CHECK_FREE on a free one), then the
+//!   translation entries (MTTs, from the WQE with
 //!   INLINE or read through the data segment's lkey: the PD check is the lkey's own, as
 //!   the UMR QP has none), placed at `xlt_offset` octowords with TRANSLATION_OFFSET_EN,
 //!   then the fields `mkey_mask` selects. The MKey must have been created with `umr_en`,
-//!   and the entries must fit its `translations_octword_size`;
+//!   and the entries must fit its `translations_octword_size` (zero entries past it, the
+//!   padding Linux adds, are dropped);
 //! - anything else fails with LOCAL_QP_OP.
 //!
 //! A failed WQE completes in error (always, signaled or not) and moves the QP to ERR;
@@ -161,10 +163,12 @@ fn umr(
     if m.variant != key as u8 || Mkc::new_unchecked(&m.mkc[..]).umr_en() == 0 {
         return Err(prot());
     }
+    // CHECK_NOT_FREE fails on an MKey that is not free, CHECK_FREE on one that is
+    // (docs/spec/mlx5-ib-objects.md §6).
     match fl & flags::CHECK_MASK {
         0 => {}
-        flags::CHECK_NOT_FREE if !m.free => {}
-        flags::CHECK_FREE if m.free => {}
+        flags::CHECK_NOT_FREE if m.free => {}
+        flags::CHECK_FREE if !m.free => {}
         _ => return Err(prot()),
     }
     // The translation entries, read before anything changes.
@@ -231,15 +235,18 @@ fn umr(
     }
     let first = 2 * offset;
     let n = 2 * octs as u64;
-    if first + n > capacity {
+    // Linux pads the list to 64 bytes (umr.c `mlx5r_umr_update_mr_pas`), past a small
+    // MKey's room: entries past it must be zero and are not kept.
+    let fits = capacity.saturating_sub(first).min(n);
+    if (fits..n).any(|k| xlt.read_be64(8 * k as usize) != 0) {
         return Err(CqeSyndrome::LocalLength);
     }
     let mut next = mtts.clone();
-    if octs > 0 {
-        if next.len() < (first + n) as usize {
-            next.resize((first + n) as usize, 0);
+    if fits > 0 {
+        if next.len() < (first + fits) as usize {
+            next.resize((first + fits) as usize, 0);
         }
-        for k in 0..n as usize {
+        for k in 0..fits as usize {
             next[first as usize + k] = xlt.read_be64(8 * k);
         }
     }

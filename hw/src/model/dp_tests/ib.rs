@@ -696,11 +696,11 @@ fn umr_wqes_enable_translate_and_revoke_an_mkey() {
         hca.device_read(key, r.pd, va + PAGE as u64, &mut got, false),
         Err(MemError::BadKey)
     );
-    // CHECK_FREE on a free MKey: applied.
+    // CHECK_NOT_FREE ("fail if not free") on a free MKey: applied, as Linux enables one.
     let w = umr_wqe(
         &q,
         key,
-        flags::CHECK_FREE,
+        flags::CHECK_NOT_FREE,
         enable,
         seg,
         Some((dma_lkey, list.iova, 64)),
@@ -729,11 +729,11 @@ fn umr_wqes_enable_translate_and_revoke_an_mkey() {
         (m.free(), m.start_addr(), m.len(), m.rr()),
         (0, va, 2 * PAGE as u64, 1)
     );
-    // CHECK_FREE again fails: the MKey is in use. LOCAL_PROT, the QP goes to ERR.
+    // CHECK_NOT_FREE again fails: the MKey is in use. LOCAL_PROT, the QP goes to ERR.
     let w = umr_wqe(
         &q,
         key,
-        flags::CHECK_FREE,
+        flags::CHECK_NOT_FREE,
         mkey_mask::PD,
         |m| m.set_pd(r.pd),
         None,
@@ -794,4 +794,72 @@ fn transport_domains_are_allocated_and_freed_once() {
     assert_eq!(r.cmd(&d, 16).0, CmdStatus::Ok);
     assert_eq!(status(&r.cmd(&d, 16)), (CmdStatus::BadResErr, s::BAD_TD));
     assert_eq!(alloc(), a, "the lowest free number again");
+}
+
+#[test]
+fn a_umr_list_padded_past_a_small_mkey_is_taken_and_check_free_needs_an_mkey_in_use() {
+    let hca = model(21);
+    let mut r = Rig::new(&hca);
+    let mut cq = r.cq(6);
+    let mut q = datagram_qp(&mut r, 0xc, 0, cq.cqn, 0);
+    let (_, _, out) = pa_mkey(&r, (1, 0, 0, 0));
+    let dma_lkey = (CreateMkeyOut::new_unchecked(&out[..]).mkey_index() << 8) | 0x42;
+    // Room for one octoword (two MTTs), as mlx5_ib's smallest cache MKeys: Linux still posts
+    // 64 bytes (four octowords), zero past its entries.
+    let key = umr_mkey(&r, 1);
+    let region = r.alloc(PAGE);
+    r.buf(region.idx).write_bytes(0, b"one page");
+    let list = r.alloc(PAGE);
+    r.buf(list.idx).write_be64(0, region.iova | 0x3);
+    let va = 0x6000_0000u64;
+    let mask = mkey_mask::FREE | mkey_mask::LEN | mkey_mask::START_ADDR | mkey_mask::PD;
+    let pd = r.pd;
+    let seg = move |m: &mut Mkc<&mut [u8]>| {
+        m.set_pd(pd);
+        m.set_start_addr(va);
+        m.set_len(PAGE as u64);
+    };
+    // CHECK_FREE ("fail if free") on the free MKey fails and changes nothing.
+    let xlt = Some((dma_lkey, list.iova, 64));
+    let w = umr_wqe(&q, key, flags::CHECK_FREE, mask, seg, xlt);
+    r.post_wqe(&mut q, &w);
+    assert_eq!(syndrome(&r.wait(&mut cq)), u8::from(CqeSyndrome::LocalProt));
+    let mut got = [0u8; 8];
+    assert_eq!(
+        hca.device_read(key, r.pd, va, &mut got, false),
+        Err(MemError::BadKey)
+    );
+    assert_eq!(r.simple(Opcode::ToRstQp, q.qpn).0, CmdStatus::Ok);
+    q.sq_pi = 0;
+    r.buf(q.dbr).write_be32(4, 0);
+    for op in [Opcode::Rst2InitQp, Opcode::Init2RtrQp, Opcode::Rtr2RtsQp] {
+        let (st, _, _) = r.modify(op, q.qpn, |c| {
+            Ads::new_unchecked(&mut c[0x18..0x18 + 44]).set_vhca_port_num(1);
+        });
+        assert_eq!(st, CmdStatus::Ok);
+    }
+    // A non-zero entry past the room is refused.
+    r.buf(list.idx).write_be64(16, region.iova | 0x3);
+    let w = umr_wqe(&q, key, 0, mask, seg, xlt);
+    r.post_wqe(&mut q, &w);
+    assert_eq!(
+        syndrome(&r.wait(&mut cq)),
+        u8::from(CqeSyndrome::LocalLength)
+    );
+    assert_eq!(r.simple(Opcode::ToRstQp, q.qpn).0, CmdStatus::Ok);
+    q.sq_pi = 0;
+    r.buf(q.dbr).write_be32(4, 0);
+    for op in [Opcode::Rst2InitQp, Opcode::Init2RtrQp, Opcode::Rtr2RtsQp] {
+        let (st, _, _) = r.modify(op, q.qpn, |c| {
+            Ads::new_unchecked(&mut c[0x18..0x18 + 44]).set_vhca_port_num(1);
+        });
+        assert_eq!(st, CmdStatus::Ok);
+    }
+    // Zero padding past it is taken.
+    r.buf(list.idx).write_be64(16, 0);
+    let w = umr_wqe(&q, key, flags::CHECK_NOT_FREE, mask, seg, xlt);
+    r.post_wqe(&mut q, &w);
+    assert_eq!(cqe_op(&r.wait(&mut cq)), CqeOpcode::Req);
+    hca.device_read(key, r.pd, va, &mut got, false).unwrap();
+    assert_eq!(&got, b"one page");
 }
