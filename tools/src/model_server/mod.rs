@@ -184,7 +184,7 @@ impl ModelServer {
     /// mappings and interrupt routes and resets the model for the next one. A transport
     /// error of the client's connection ends the session the same way and is returned.
     /// Clients that connect while one is served are answered "busy" (`EBUSY` to their
-    /// first message; [`doorman`]). A connection that never touched the device is
+    /// first message; `doorman`). A connection that never touched the device is
     /// [`Session::Untouched`].
     ///
     /// The `vfio_user` crate (0.1.7) panics on some malformed messages rather than
