@@ -175,8 +175,8 @@ layout! {
 }
 
 layout! {
-    /// `mcqi_version` (124 bytes): MCQI `info_type` 1. `version` is major [31:24], minor
-    /// [23:16], subminor [15:0] (Linux `mlx5_fw_ver_major` and friends).
+    /// `mcqi_version` (124 bytes): MCQI `info_type` 1. `version` is major `[31:24]`, minor
+    /// `[23:16]`, subminor `[15:0]` (Linux `mlx5_fw_ver_major` and friends).
     pub struct McqiVersion, "mcqi_version", size 124;
     build_time_valid, set_build_time_valid: 0x000 [29:29],
     user_defined_time_valid, set_user_defined_time_valid: 0x000 [28:28],

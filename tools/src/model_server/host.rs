@@ -154,14 +154,50 @@ pub(crate) fn bar_write(hca: &Hca, off: u64, src: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// The identity of a client file and the access it is mapped with: every DMA region of
+/// one file shares one mapping of the whole file.
+type FileKey = (u64, u64, bool);
+
+/// A whole client file mapped here, with the number of DMA regions that use it.
+struct FileMap {
+    map: FdMapping,
+    users: usize,
+}
+
+/// One DMA region: its file and length.
+struct Region {
+    file: FileKey,
+    len: usize,
+}
+
 /// The client's DMA regions, mapped here and in a model's IOMMU, by IOVA.
 ///
-/// Every region leaves the IOMMU before it is unmapped. Dropping a `ClientMemory` that
-/// still holds regions leaks them (never unmaps memory the model may still reach): call
-/// [`unmap`](Self::unmap) with the same model first.
+/// QEMU behind a guest IOMMU sends a DMA_MAP per guest mapping, often one page of guest
+/// RAM (one memfd) each; one mmap per region ran into the process's mapping limit
+/// (ENOMEM on thousands of DMA_MAPs under pyverbs). So each file is mapped once, whole,
+/// when its first region arrives, and unmapped when its last region goes; a region is a
+/// slice of it.
+///
+/// Every region leaves the IOMMU before its file can be unmapped. Dropping a
+/// `ClientMemory` that still holds regions leaks them (never unmaps memory the model may
+/// still reach): call [`unmap`](Self::unmap) with the same model first.
 #[derive(Default)]
 pub(crate) struct ClientMemory {
-    maps: BTreeMap<u64, FdMapping>,
+    maps: BTreeMap<u64, Region>,
+    files: BTreeMap<FileKey, FileMap>,
+}
+
+/// `file`'s device, inode and size.
+fn file_id(file: &File) -> io::Result<(u64, u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `fstat` fills the buffer on success (checked) for a descriptor we hold.
+    let st = unsafe {
+        if libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        st.assume_init()
+    };
+    Ok((st.st_dev, st.st_ino, u64::try_from(st.st_size).unwrap_or(0)))
 }
 
 impl ClientMemory {
@@ -177,25 +213,54 @@ impl ClientMemory {
         len: usize,
         writable: bool,
     ) -> io::Result<bool> {
-        let m = FdMapping::new(file, offset, len, writable)?;
-        let r = if m.read_only {
-            // SAFETY: `m` stays mapped until `unmap` has removed it from this model's IOMMU
-            // (which waits for in-flight device accesses); a `ClientMemory` dropped with it
-            // still inside leaks it instead (see Drop). The model never writes through a
-            // read-only mapping (the pages are PROT_READ here).
-            unsafe { hca.dma_map_read_only(iova, m.ptr.as_ptr(), m.len) }
+        let invalid = |m: &str| io::Error::new(io::ErrorKind::InvalidInput, m.to_string());
+        if len == 0 {
+            return Err(invalid("zero-length mapping"));
+        }
+        if self.maps.contains_key(&iova) {
+            return Err(invalid("a region is already mapped at this IOVA"));
+        }
+        let (dev, ino, size) = file_id(file)?;
+        // A region past the end of its file would fault (SIGBUS) when the model reaches it.
+        if offset.checked_add(len as u64).is_none_or(|end| end > size) {
+            return Err(invalid("the region runs past the end of its file"));
+        }
+        let key = (dev, ino, writable);
+        let f = match self.files.entry(key) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                let whole = usize::try_from(size).map_err(|_| invalid("file too large"))?;
+                let map = FdMapping::new(file, 0, whole, writable)?;
+                v.insert(FileMap { map, users: 0 })
+            }
+        };
+        // SAFETY: `offset + len <= size`, the length of the file's mapping (checked above).
+        let ptr = unsafe { NonNull::new_unchecked(f.map.ptr.as_ptr().add(offset as usize)) };
+        let read_only = f.map.read_only;
+        let r = if read_only {
+            // SAFETY: the file's mapping stays until its last region has left this model's
+            // IOMMU (`unmap`, which waits for in-flight device accesses); a `ClientMemory`
+            // dropped with regions inside leaks it instead (see Drop). The model never
+            // writes through a read-only mapping (the pages are PROT_READ here).
+            unsafe { hca.dma_map_read_only(iova, ptr.as_ptr(), len) }
         } else {
             // SAFETY: as above.
-            unsafe { hca.dma_map(iova, m.ptr.as_ptr(), m.len) }
+            unsafe { hca.dma_map(iova, ptr.as_ptr(), len) }
         };
-        r.map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-        let read_only = m.read_only;
-        self.maps.insert(iova, m);
+        if let Err(e) = r {
+            if f.users == 0 {
+                self.files.remove(&key);
+            }
+            return Err(invalid(&e.to_string()));
+        }
+        f.users += 1;
+        self.maps.insert(iova, Region { file: key, len });
         Ok(read_only)
     }
 
-    /// Removes from `hca`'s IOMMU and unmaps every region that starts in `[start, end)`.
-    /// A region that starts there but runs past `end` is an error and nothing is changed.
+    /// Removes from `hca`'s IOMMU every region that starts in `[start, end)`, and unmaps the
+    /// files no region uses any more. A region that starts there but runs past `end` is an
+    /// error and nothing is changed.
     pub(crate) fn unmap(&mut self, hca: &Hca, start: u64, end: u64) -> io::Result<usize> {
         let hit: Vec<(u64, usize)> = self
             .maps
@@ -209,11 +274,17 @@ impl ClientMemory {
             ));
         }
         for (k, len) in &hit {
-            let m = self.maps.remove(k).expect("listed above");
+            let r = self.maps.remove(k).expect("listed above");
             if let Err(e) = hca.dma_unmap(*k, *len) {
-                // The model still reaches it: never unmap it.
-                tracing::error!(iova = k, error = %e, "model IOMMU kept a mapping; leaking it");
-                std::mem::forget(m);
+                // The model still reaches it: its file is never unmapped.
+                tracing::error!(iova = k, error = %e, "model IOMMU kept a mapping; leaking its file");
+                continue;
+            }
+            if let Some(f) = self.files.get_mut(&r.file) {
+                f.users -= 1;
+                if f.users == 0 {
+                    self.files.remove(&r.file);
+                }
             }
         }
         Ok(hit.len())
@@ -222,6 +293,12 @@ impl ClientMemory {
     /// Number of regions held.
     pub(crate) fn len(&self) -> usize {
         self.maps.len()
+    }
+
+    /// Number of client files mapped here.
+    #[cfg(test)]
+    pub(crate) fn files(&self) -> usize {
+        self.files.len()
     }
 }
 
@@ -232,8 +309,8 @@ impl Drop for ClientMemory {
                 regions = self.maps.len(),
                 "client DMA regions dropped while mapped; leaking them"
             );
-            for (_, m) in std::mem::take(&mut self.maps) {
-                std::mem::forget(m);
+            for (_, f) in std::mem::take(&mut self.files) {
+                std::mem::forget(f.map);
             }
         }
     }

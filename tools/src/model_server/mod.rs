@@ -190,7 +190,7 @@ impl ModelServer {
     /// mappings and interrupt routes and resets the model for the next one. A transport
     /// error of the client's connection ends the session the same way and is returned.
     /// Clients that connect while one is served are answered "busy" (`EBUSY` to their
-    /// first message; [`doorman`]). A connection that never touched the device is
+    /// first message; `doorman`). A connection that never touched the device is
     /// [`Session::Untouched`].
     ///
     /// The `vfio_user` crate (0.1.7) panics on some malformed messages rather than
@@ -649,6 +649,40 @@ mod tests {
         let irqs = irq_table(&hca);
         assert_eq!(irqs[VFIO_PCI_MSIX_IRQ_INDEX as usize].count, hca.num_irqs());
         assert_eq!(irqs[0].count, 0);
+    }
+
+    /// QEMU behind a guest IOMMU maps guest RAM (one memfd) page by page: the pages share
+    /// one mapping of the file here, which goes with the last of them.
+    #[test]
+    fn dma_maps_of_one_file_share_one_mapping() {
+        let hca = Hca::new(ModelConfig::default()).unwrap();
+        let mut d = ModelDevice::new(hca);
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(0x10000).unwrap();
+        for k in 0..8u64 {
+            let file = Some(f.try_clone().unwrap());
+            d.dma_map(
+                DmaMapFlags::READ_WRITE,
+                0x1000 * k,
+                0x40_0000 + 0x2000 * k,
+                0x1000,
+                file,
+            )
+            .unwrap();
+        }
+        assert_eq!((d.mem.len(), d.mem.files()), (8, 1));
+        assert_eq!(d.hca.dma_mappings().len(), 8);
+        // A region past the end of its file is refused.
+        let file = Some(f.try_clone().unwrap());
+        assert!(
+            d.dma_map(DmaMapFlags::READ_WRITE, 0x10000, 0x80_0000, 0x1000, file)
+                .is_err()
+        );
+        d.dma_unmap(DmaUnmapFlags::empty(), 0x40_0000, 0x2000)
+            .unwrap();
+        assert_eq!((d.mem.len(), d.mem.files()), (7, 1));
+        d.dma_unmap(DmaUnmapFlags::UNMAP_ALL, 0, 0).unwrap();
+        assert_eq!((d.mem.len(), d.mem.files()), (0, 0));
     }
 
     #[test]
