@@ -281,6 +281,15 @@ fn iommufd_hca(t: &mut Tally, p: &Peer, gpu: &PeerDevice, buf: &PeerBuffer, bar:
         pmr.len() == LEN && gpu.registrations() == 1,
         format!("{pmr:?}, {} registration(s)", gpu.registrations()),
     );
+    // A second import of the same range: its own IOVA and MKey; a revocation takes both.
+    let second = pd.reg_peer_mr(buf, buf.whole(), Access::ALL);
+    t.check(
+        second
+            .as_ref()
+            .is_ok_and(|m| m.addr() != pmr.addr() && m.lkey() != pmr.lkey())
+            && gpu.registrations() == 2,
+        format!("a second import of the same range: {second:?}"),
+    );
     let cq = dev.create_cq(&CqConfig {
         entries: 64,
         events: false,
@@ -335,9 +344,13 @@ fn iommufd_hca(t: &mut Tally, p: &Peer, gpu: &PeerDevice, buf: &PeerBuffer, bar:
     // buffer: a new import is refused (ENODEV), a WRITE on the old rkey completes in error.
     let off = gpu.set_memory_enabled(false);
     t.check(
-        off.is_ok() && pmr.is_revoked() && gpu.registrations() == 0,
-        format!("memory decoding off: MR revoked first ({off:?}, {pmr:?})"),
+        off.is_ok()
+            && pmr.is_revoked()
+            && second.as_ref().is_ok_and(|m| m.is_revoked())
+            && gpu.registrations() == 0,
+        format!("memory decoding off: both MRs revoked first ({off:?}, {pmr:?})"),
     );
+    drop(second);
     let r = pd.reg_peer_mr(buf, buf.whole(), Access::ALL);
     t.check(
         is_refusal(&r, Some(DmaBufRefusal::Revoked)),
