@@ -321,6 +321,7 @@ fn iommufd_hca(t: &mut Tally, p: &Peer, gpu: &PeerDevice, buf: &PeerBuffer, bar:
     };
     if p.data {
         data_checks(t, &mut a, &mut cq, &src, &pmr, bar, &data);
+        write_bw(&pd, &mut a, &mut cq, &pmr);
     } else {
         // Device to device without a file behind the BAR: outcome reported (module docs).
         let c = write_to(&mut a, &mut cq, 1, sge, pmr.remote(4096));
@@ -487,6 +488,41 @@ fn data_checks(
     t.check(
         c.len() == 1 && c[0].status.is_ok() && back == expect,
         format!("RDMA READ of 4096 bytes from the peer's BAR ({c:?})"),
+    );
+}
+
+/// RDMA WRITE bandwidth into the peer range and into host memory in the same run, printed
+/// as `INFO` (under TCG only correctness counts: no figure is checked).
+fn write_bw(pd: &uhca::resource::Pd, a: &mut Qp, cq: &mut Cq, pmr: &uhca::peer::PeerMr) {
+    const MSG: usize = 64 << 10;
+    const N: usize = 64;
+    let (Ok(src), Ok(host)) = (
+        pd.alloc_mr(MSG, Access::ALL),
+        pd.alloc_mr(LEN as usize, Access::ALL),
+    ) else {
+        return;
+    };
+    let Some(sge) = Sge::of(&src, 0, MSG) else {
+        return;
+    };
+    let mut run = |remote: &dyn Fn(u64) -> uhca::datapath::Remote| {
+        let t0 = Instant::now();
+        for k in 0..N {
+            let off = (k * MSG) as u64 % LEN;
+            let c = write_to(a, cq, 10 + k as u64, sge, remote(off));
+            if c.len() != 1 || !c[0].status.is_ok() {
+                return None;
+            }
+        }
+        Some((N * MSG) as f64 / t0.elapsed().as_secs_f64() / 1e6)
+    };
+    let peer = run(&|off| pmr.remote(off));
+    let mem = run(&|off| uhca::datapath::Remote::of(&host, off));
+    let fmt = |r: Option<f64>| r.map_or("failed".into(), |v| format!("{v:.1} MB/s"));
+    println!(
+        "INFO: write_bw under TCG, {N} x {MSG} B, one at a time: peer BAR {}, host memory {}",
+        fmt(peer),
+        fmt(mem)
     );
 }
 
