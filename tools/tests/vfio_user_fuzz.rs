@@ -1,4 +1,4 @@
-//! A hostile or broken vfio-user client: `uhca-model --persist` gets sessions of random
+//! A hostile or broken vfio-user client: `uhca-model --persist` (and `--gpu`) gets sessions of random
 //! bytes, truncated and oversized messages, and after a proper VERSION handshake random
 //! commands with random bodies. Each session may fail, but the server process must live
 //! on and serve the next client; at the end a real client boots the device through it.
@@ -74,12 +74,11 @@ fn session(rng: &mut Rng) -> Vec<u8> {
     }
 }
 
-#[test]
-fn a_hostile_client_never_takes_the_server_down() {
-    let model = ModelProc::spawn(&["--persist"]);
-    let mut rng = Rng::new(0x000B_ADC1_1E47);
-    for k in 0..150 {
-        let mut c = UnixStream::connect(&model.sock)
+/// Sends `n` hostile sessions to the server at `sock`; each may fail, the server must not.
+fn hostile_sessions(sock: &std::path::Path, seed: u64, n: usize) {
+    let mut rng = Rng::new(seed);
+    for k in 0..n {
+        let mut c = UnixStream::connect(sock)
             .unwrap_or_else(|e| panic!("session {k}: the server is gone: {e}"));
         c.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
         c.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -90,6 +89,23 @@ fn a_hostile_client_never_takes_the_server_down() {
         let _ = c.read(&mut sink);
         drop(c);
     }
+}
+
+#[test]
+fn a_hostile_client_never_takes_the_server_down() {
+    let model = ModelProc::spawn(&["--persist"]);
+    hostile_sessions(&model.sock, 0x000B_ADC1_1E47, 150);
     // Still serving: a real client boots the device and reads it.
     assert_eq!(model.info_json()["vendor_id"], 0x15b3);
+}
+
+#[test]
+fn a_hostile_client_never_takes_the_gpu_server_down() {
+    let gpu = ModelProc::spawn(&["--gpu", "--gpu-bar-mib", "1", "--persist"]);
+    hostile_sessions(&gpu.sock, 0x0006_B0BA_D500, 100);
+    // Still serving: a real client reads its identity.
+    let mut c = vfio_user::Client::new(&gpu.sock).expect("a real client after the fuzzing");
+    let mut id = [0u8; 4];
+    c.region_read(7, 0, &mut id).unwrap();
+    assert_eq!(id, [0x36, 0x1b, 0xff, 0x00]);
 }

@@ -281,6 +281,15 @@ fn iommufd_hca(t: &mut Tally, p: &Peer, gpu: &PeerDevice, buf: &PeerBuffer, bar:
         pmr.len() == LEN && gpu.registrations() == 1,
         format!("{pmr:?}, {} registration(s)", gpu.registrations()),
     );
+    // A second import of the same range: its own IOVA and MKey; a revocation takes both.
+    let second = pd.reg_peer_mr(buf, buf.whole(), Access::ALL);
+    t.check(
+        second
+            .as_ref()
+            .is_ok_and(|m| m.addr() != pmr.addr() && m.lkey() != pmr.lkey())
+            && gpu.registrations() == 2,
+        format!("a second import of the same range: {second:?}"),
+    );
     let cq = dev.create_cq(&CqConfig {
         entries: 64,
         events: false,
@@ -312,6 +321,7 @@ fn iommufd_hca(t: &mut Tally, p: &Peer, gpu: &PeerDevice, buf: &PeerBuffer, bar:
     };
     if p.data {
         data_checks(t, &mut a, &mut cq, &src, &pmr, bar, &data);
+        write_bw(&pd, &mut a, &mut cq, &pmr);
     } else {
         // Device to device without a file behind the BAR: outcome reported (module docs).
         let c = write_to(&mut a, &mut cq, 1, sge, pmr.remote(4096));
@@ -335,9 +345,13 @@ fn iommufd_hca(t: &mut Tally, p: &Peer, gpu: &PeerDevice, buf: &PeerBuffer, bar:
     // buffer: a new import is refused (ENODEV), a WRITE on the old rkey completes in error.
     let off = gpu.set_memory_enabled(false);
     t.check(
-        off.is_ok() && pmr.is_revoked() && gpu.registrations() == 0,
-        format!("memory decoding off: MR revoked first ({off:?}, {pmr:?})"),
+        off.is_ok()
+            && pmr.is_revoked()
+            && second.as_ref().is_ok_and(|m| m.is_revoked())
+            && gpu.registrations() == 0,
+        format!("memory decoding off: both MRs revoked first ({off:?}, {pmr:?})"),
     );
+    drop(second);
     let r = pd.reg_peer_mr(buf, buf.whole(), Access::ALL);
     t.check(
         is_refusal(&r, Some(DmaBufRefusal::Revoked)),
@@ -474,6 +488,41 @@ fn data_checks(
     t.check(
         c.len() == 1 && c[0].status.is_ok() && back == expect,
         format!("RDMA READ of 4096 bytes from the peer's BAR ({c:?})"),
+    );
+}
+
+/// RDMA WRITE bandwidth into the peer range and into host memory in the same run, printed
+/// as `INFO` (under TCG only correctness counts: no figure is checked).
+fn write_bw(pd: &uhca::resource::Pd, a: &mut Qp, cq: &mut Cq, pmr: &uhca::peer::PeerMr) {
+    const MSG: usize = 64 << 10;
+    const N: usize = 64;
+    let (Ok(src), Ok(host)) = (
+        pd.alloc_mr(MSG, Access::ALL),
+        pd.alloc_mr(LEN as usize, Access::ALL),
+    ) else {
+        return;
+    };
+    let Some(sge) = Sge::of(&src, 0, MSG) else {
+        return;
+    };
+    let mut run = |remote: &dyn Fn(u64) -> uhca::datapath::Remote| {
+        let t0 = Instant::now();
+        for k in 0..N {
+            let off = (k * MSG) as u64 % LEN;
+            let c = write_to(a, cq, 10 + k as u64, sge, remote(off));
+            if c.len() != 1 || !c[0].status.is_ok() {
+                return None;
+            }
+        }
+        Some((N * MSG) as f64 / t0.elapsed().as_secs_f64() / 1e6)
+    };
+    let peer = run(&|off| pmr.remote(off));
+    let mem = run(&|off| uhca::datapath::Remote::of(&host, off));
+    let fmt = |r: Option<f64>| r.map_or("failed".into(), |v| format!("{v:.1} MB/s"));
+    println!(
+        "INFO: write_bw under TCG, {N} x {MSG} B, one at a time: peer BAR {}, host memory {}",
+        fmt(peer),
+        fmt(mem)
     );
 }
 
