@@ -323,6 +323,11 @@ pub struct Control {
 }
 
 impl Control {
+    /// The connection itself (to watch it for the peer hanging up, [`super::PeerWatch`]).
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
     /// Wraps a connected stream.
     pub fn new(stream: TcpStream) -> Result<Control, ControlError> {
         stream

@@ -162,6 +162,11 @@ impl Bench {
         let cl = agreed.cache_line as usize;
         let half = max_size.max(agreed.cycle_buffer as usize).div_ceil(cl) * cl;
         let mut me = End::new(dev, s, half, s.use_dm)?;
+        // The waits also watch the connection: a peer that hangs up ends them at once.
+        me.watch.peer = Some(std::sync::Arc::new(
+            super::PeerWatch::new(oob.stream())
+                .map_err(setup("watching the connection to the peer"))?,
+        ));
         let x = gid_index(dev, opts.gid_index);
         let addr = dev.roce_address(u32::from(x)).map_err(setup("GID (-x)"))?;
         let reads = matches!(s.op, Op::Read | Op::Atomic);
@@ -400,13 +405,13 @@ impl Bench {
         let window = (self.settings.iters / 20).max(1);
         let mut meter = super::Meter::new(size, window, start);
         let mut last = start;
-        let mut idle = StallTimer::new();
+        let mut idle = StallTimer::watching(&self.me.watch);
         let mut next_check = start;
         let mut client_done = false;
         loop {
             let n = self.me.reap_recvs()?;
             let now = if n > 0 {
-                idle = StallTimer::new();
+                idle.restart();
                 last = Instant::now();
                 meter.add(n, last);
                 Some(last)
@@ -585,7 +590,12 @@ impl Bench {
                 break;
             }
             if last {
-                super::await_send(&mut self.me, i, self.settings.events)?;
+                // The peer may see this WRITE land, exit and hang up before its ACK is here:
+                // that is no failure, so this wait watches the device but not the peer.
+                let peer = self.me.watch.peer.take();
+                let r = super::await_send(&mut self.me, i, self.settings.events);
+                self.me.watch.peer = peer;
+                r?;
             }
             done = i + 1;
         }
@@ -605,7 +615,7 @@ fn await_tag_until(
     tag: u8,
     deadline: Option<Instant>,
 ) -> Result<bool, PerfError> {
-    let mut timer = StallTimer::new();
+    let mut timer = StallTimer::watching(&dst.watch);
     let mut b = [0u8; 1];
     loop {
         dst.bufs[0]
