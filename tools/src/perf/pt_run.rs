@@ -544,10 +544,15 @@ impl Bench {
     /// `write_lat`'s ping-pong of `size` with a perftest peer, as `role`: iteration `i`
     /// carries `i + 1` (modulo 256) in the message's last byte; the server writes first.
     /// Each sample is half the time between two of this end's writes.
-    /// With `-D` it runs until then (each end on its own clock, as perftest's alarm), a wait
-    /// for the peer ending there too.
+    /// With `-D` it samples until then (each end on its own clock, as perftest's alarm) and
+    /// then keeps answering, unsampled, until the peer hangs up or as long again: perftest's
+    /// end, started a little earlier or later, spins on its memory until its own alarm and
+    /// exits only when a WRITE comes (an end that stopped at its own deadline left a
+    /// perftest server spinning for minutes on soft-RoCE).
     fn pt_write_lat(&mut self, size: usize, role: Role) -> Result<LatResult, PerfError> {
-        let deadline = self.settings.duration.map(|d| Instant::now() + d);
+        let start = Instant::now();
+        let deadline = self.settings.duration.map(|d| start + d);
+        let grace_end = self.settings.duration.map(|d| start + 2 * d);
         let iters = match deadline {
             Some(_) => u64::MAX,
             None => self.settings.iters.max(1),
@@ -558,13 +563,24 @@ impl Bench {
         let rx = self.rx_off;
         let mut posted: Option<Instant> = None;
         let mut done = 0;
+        // A wait for the peer's WRITE: false when the run is over (past the grace period, or
+        // the peer hung up after this end's deadline).
+        let wait = |me: &End, tag: u8| -> Result<bool, PerfError> {
+            match await_tag_until(me, rx, size, tag, grace_end) {
+                Err(PerfError::PeerHungUp) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    Ok(false)
+                }
+                r => r,
+            }
+        };
         for i in 0..iters {
             let tag = ((i + 1) & 0xff) as u8;
-            if role == Role::Client && !await_tag_until(&self.me, rx, size, tag, deadline)? {
+            if role == Role::Client && !wait(&self.me, tag)? {
                 break;
             }
             let t = Instant::now();
-            if let Some(p) = posted {
+            let sampling = deadline.is_none_or(|d| t < d);
+            if let Some(p) = posted.filter(|_| sampling) {
                 samples.push(t.duration_since(p).as_secs_f64() * 1e6 / 2.0);
             }
             posted = Some(t);
@@ -586,7 +602,10 @@ impl Bench {
                 flags,
                 &mut inline,
             )?;
-            if role == Role::Server && !await_tag_until(&self.me, rx, size, tag, deadline)? {
+            if sampling {
+                done = i + 1;
+            }
+            if role == Role::Server && !wait(&self.me, tag)? {
                 break;
             }
             if last {
@@ -597,7 +616,6 @@ impl Bench {
                 self.me.watch.peer = peer;
                 r?;
             }
-            done = i + 1;
         }
         let mut r = lat_stats(size, &mut samples);
         r.iters = done;
