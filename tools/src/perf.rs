@@ -11,6 +11,7 @@
 //! the other `End` or what the remote end told us about itself.
 
 pub mod control;
+mod meter;
 pub mod perftest;
 mod placement;
 mod pt_run;
@@ -30,6 +31,7 @@ use uhca::resource::{
 };
 use uhca::{Device, DeviceConfig};
 
+use meter::Meter;
 use stream::{Pace, Stream, make_wr};
 
 /// The operation under test.
@@ -43,6 +45,16 @@ pub enum Op {
     Send,
     /// Atomic fetch-and-add.
     Atomic,
+}
+
+/// The longest `-D` a run takes: a year. A longer one is a typo (`-D 18446744073709551615`
+/// overflowed the deadline's `Instant` and panicked); the engine clamps to it too, so a
+/// duration from elsewhere (a peer's HELLO) cannot overflow either.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The end of a `-D` run that began at `start` (`d` clamped to [`MAX_DURATION`]).
+pub fn deadline(start: Instant, d: Duration) -> Instant {
+    start + d.min(MAX_DURATION)
 }
 
 /// One run's settings (perftest flags).
@@ -126,7 +138,7 @@ pub enum PerfError {
     #[error("setup: {0}")]
     Setup(String),
     /// A work request failed.
-    #[error("work request {wr_id} failed: {status:?}")]
+    #[error("work request {wr_id} failed: {status}")]
     Completion {
         /// Its id.
         wr_id: u64,
@@ -405,7 +417,39 @@ fn model(mac_last: u8, offload: bool) -> Result<std::sync::Arc<ModelFunction>, P
     ModelFunction::new(cfg).map_err(setup("starting the model"))
 }
 
+/// Checks `-x`: the entry must exist in the port's GID table and hold an address (as
+/// perftest's `ibv_query_gid` check), so a bad index is a message before any connection,
+/// on the end that gave it, not a failed command later or the peer's "connection closed".
+pub fn check_gid_index(dev: &Device, index: u8) -> Result<(), String> {
+    let size = dev
+        .summary()
+        .map_err(|e| format!("-x {index}: reading the GID table: {e}"))?
+        .ports
+        .first()
+        .map_or(0, |p| p.gid_table_size);
+    if u32::from(index) >= size {
+        return Err(format!(
+            "-x {index}: the port's GID table has {size} entries (0..={}; uhca-info lists them)",
+            size.saturating_sub(1)
+        ));
+    }
+    let a = dev
+        .roce_address(u32::from(index))
+        .map_err(|e| format!("-x {index}: reading GID entry {index}: {e}"))?;
+    if a.gid == [0; 16] {
+        return Err(format!(
+            "-x {index}: GID entry {index} is empty (uhca-info lists the entries in use)"
+        ));
+    }
+    Ok(())
+}
+
 impl Bench {
+    /// The device of this process's end (the client's when both are here).
+    pub fn device(&self) -> &Device {
+        &self.me.dev
+    }
+
     /// Boots the model(s), creates and connects the QPs for `s` with buffers of `max_size`.
     pub fn new(s: &Settings, max_size: usize, pair: bool) -> Result<Bench, PerfError> {
         let mut models = vec![model(0x10, s.loopback_offload)?];
@@ -545,58 +589,6 @@ pub struct LatResult {
     pub p999: f64,
 }
 
-/// Messages completed over time: the average, and the best window of at least `window`
-/// messages and 1 ms (shorter windows measure completion bursts, not bandwidth).
-struct Meter {
-    size: usize,
-    start: Instant,
-    window: u64,
-    win_start: Instant,
-    win_done: u64,
-    peak: f64,
-    total: u64,
-}
-
-impl Meter {
-    fn new(size: usize, window: u64, start: Instant) -> Meter {
-        Meter {
-            size,
-            start,
-            window,
-            win_start: start,
-            win_done: 0,
-            peak: 0.0,
-            total: 0,
-        }
-    }
-
-    /// `n` more messages done, seen at `now`.
-    fn add(&mut self, n: u64, now: Instant) {
-        self.total += n;
-        self.win_done += n;
-        let dt = now.duration_since(self.win_start).as_secs_f64();
-        if self.win_done >= self.window && dt >= 1e-3 {
-            self.peak = self
-                .peak
-                .max((self.win_done * self.size as u64) as f64 / dt);
-            (self.win_start, self.win_done) = (now, 0);
-        }
-    }
-
-    /// The result of a run that ended at `end`.
-    fn result(&self, end: Instant) -> BwResult {
-        let secs = end.duration_since(self.start).as_secs_f64().max(1e-9);
-        let avg = (self.total * self.size as u64) as f64 / secs;
-        BwResult {
-            size: self.size,
-            iters: self.total,
-            peak: self.peak.max(avg),
-            avg,
-            msg_rate: self.total as f64 / secs,
-        }
-    }
-}
-
 impl Bench {
     /// Streams messages of `size` on every QP, `tx_depth` outstanding, one signaled WQE per
     /// quarter of the depth, one doorbell per batch. With a remote server, it is told
@@ -638,9 +630,13 @@ impl Bench {
         let mut next_beat = start + remote::BEAT;
         let mut idle = CqWait::new(s.events);
         let mut meter = Meter::new(size, pace.window(), start);
-        let deadline = s.duration.map(|d| start + d);
+        let deadline = s.duration.map(|d| deadline(start, d));
+        // Messages posted in all (both directions with -b), for the peak's post times.
+        let posted = |a: &Stream, b: &Stream| -> u64 { a.posted.iter().chain(&b.posted).sum() };
         loop {
             let stop = deadline.is_some_and(|d| now >= d);
+            // `now` was read before these posts: a post time no later than theirs.
+            let before = posted(&mine, &theirs);
             self.me.pump(&mut mine, &to_peer, &pace, stop)?;
             let mut progressed = self.me.reap(&mut mine)?;
             if let Peer::Local(server) = &mut self.peer {
@@ -650,6 +646,9 @@ impl Bench {
                 } else if s.op == Op::Send {
                     server.reap_recvs()?;
                 }
+            }
+            if posted(&mine, &theirs) > before {
+                meter.posted(before, now);
             }
             if progressed > 0 {
                 now = Instant::now();

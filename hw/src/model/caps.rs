@@ -217,6 +217,8 @@ fn fill_general(p: &mut [u8]) {
     c.set_gid_table_size(GID_TABLE_SIZE);
     c.set_pkey_table_size(PKEY_TABLE_SIZE);
     c.set_device_memory(1);
+    // MCAM, MCQS and MCQI (the firmware version devlink reports; model/cmd/reg.rs).
+    c.set_mcam_reg(1);
     c.set_local_ca_ack_delay(LOCAL_CA_ACK_DELAY);
     c.set_port_type(1); // Ethernet
     c.set_num_ports(1);

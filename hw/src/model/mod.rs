@@ -66,6 +66,7 @@ pub use iommu::{AtomicOp, ByteOrder, DmaError, IOVA_END, IOVA_START};
 pub use mem::DmaBuffer;
 pub use mkey::MemError;
 
+use crate::layout::init_seg::{cmdq_addr_l_sz, reg};
 use config::ConfigSpace;
 use mem::BarMem;
 use state::Core;
@@ -320,6 +321,39 @@ impl Faults {
     pub fn set_health_syndrome(&self, synd: u8) {
         health::set_syndrome(&self.bar, synd);
     }
+
+    /// Sets `nic_interface` (`cmdq_addr_l_sz` `[10:8]`) as firmware reports its state, e.g.
+    /// 7 (SW_RESET) while a firmware reset is under way (prm-subset.md §2).
+    pub fn set_nic_interface(&self, state: u32) {
+        loop {
+            let cur = self.bar.read_be32(reg::CMDQ_ADDR_L_SZ);
+            let new = cmdq_addr_l_sz::with_nic_interface(cur, state);
+            if self.bar.cmpxchg_be32(reg::CMDQ_ADDR_L_SZ, cur, new) {
+                return;
+            }
+        }
+    }
+}
+
+/// Something a driver asked for that the model does not implement: logged once per model
+/// (not per reset), so the next gap a driver runs into stands out in the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Gap {
+    /// A command opcode (answered BAD_OP).
+    Opcode(u16),
+    /// An ACCESS_REG register id (answered BAD_PARAM).
+    Register(u32),
+}
+
+/// The gaps seen so far.
+#[derive(Default)]
+pub(crate) struct Gaps(Mutex<std::collections::BTreeSet<Gap>>);
+
+impl Gaps {
+    /// True the first time `g` is seen.
+    pub(crate) fn first(&self, g: Gap) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(g)
+    }
 }
 
 /// State shared between the host-side handle and the device thread.
@@ -342,6 +376,8 @@ pub(crate) struct Shared {
     /// Times a thread other than the device thread took `core` ([`Shared::core`]): the
     /// device thread's idle check (`watch::Watch`) then makes a full pass.
     pub(crate) lock_count: AtomicU64,
+    /// Commands and registers asked for that the model lacks (logged once each).
+    pub(crate) gaps: Gaps,
 }
 
 impl Shared {
@@ -424,6 +460,7 @@ impl Hca {
             boot_done_ns: AtomicU64::new(0),
             link: datapath::Attached::default(),
             lock_count: AtomicU64::new(0),
+            gaps: Gaps::default(),
         });
         health::power_on(&shared);
         let sh = shared.clone();

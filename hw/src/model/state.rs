@@ -115,6 +115,8 @@ pub(crate) struct Core {
     pub(crate) vport: Vport,
     /// HOST_ENDIANNESS register (`he` byte) as last written.
     pub(crate) host_endianness: u8,
+    /// The writable access registers (PAOS, PTYS, PMTU, NODE_DESC).
+    pub(crate) regs: super::cmd::reg::RegState,
     /// SET_DRIVER_VERSION string.
     pub(crate) driver_version: Vec<u8>,
     /// CQ numbers (from 1: 0 marks an empty CQ doorbell).
@@ -144,6 +146,7 @@ impl Core {
             eqs: BTreeMap::new(),
             vport: Vport::new(cfg),
             host_endianness: 0,
+            regs: super::cmd::reg::RegState::new(),
             driver_version: Vec::new(),
             cqns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_CQ),
             // QPNs 0 and 1 are the subnet management and general services QPs (IBA

@@ -93,7 +93,7 @@ fn send_traffic(dev: &Device, n: u32) -> Result<(), String> {
             if let Some(c) = cq_a.poll().next() {
                 let c = c.map_err(|e| format!("completion of WRITE {k}: {e}"))?;
                 if c.status != WcStatus::Success {
-                    return Err(format!("WRITE {k} completed with {:?}", c.status));
+                    return Err(format!("WRITE {k} completed with {}", c.status));
                 }
                 break;
             }
@@ -274,13 +274,7 @@ fn to_json(s: &DeviceSummary, counters: Option<&Counters>) -> serde_json::Value 
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("UHCA_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    uhca_tools::logging::init("UHCA_LOG", "warn");
     let dev = match open(&args) {
         Ok(d) => d,
         Err(e) => {

@@ -3,7 +3,9 @@
 //! (`uhca-info --vfio-user SOCKET`), or QEMU with `-device vfio-user-pci`.
 //!
 //! It serves one client and exits when that client disconnects; with `--persist` it resets
-//! the model and waits for the next client instead. SIGINT and SIGTERM stop it and remove
+//! the model and waits for the next client instead. A connection that never touches the
+//! device (a probe) does not count as that client; one that comes while another client is
+//! served is answered "busy". SIGINT and SIGTERM stop it and remove
 //! the socket. An existing socket path (left by a server killed with SIGKILL) is refused
 //! unless `--replace` is given and nobody listens on it.
 //! With `--link-local ADDR --link-peer ADDR` its port is joined to another `uhca-model`'s
@@ -23,7 +25,7 @@ use std::sync::OnceLock;
 use clap::Parser;
 use uhca::hw::link::udp::UdpLink;
 use uhca::hw::model::{Hca, ModelConfig};
-use uhca_tools::model_server::ModelServer;
+use uhca_tools::model_server::{ModelServer, Session};
 
 /// Serve the model HCA over vfio-user.
 #[derive(Parser, Debug)]
@@ -70,6 +72,17 @@ fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let mut mac = [0u8; 6];
     for (m, p) in mac.iter_mut().zip(parts) {
         *m = u8::from_str_radix(p, 16).map_err(|_| format!("`{p}` is not a hex byte"))?;
+    }
+    // A port's own address is unicast: the group bit (bit 0 of the first byte) marks
+    // multicast and broadcast (IEEE 802), and all-zeros is no address.
+    if mac[0] & 1 != 0 {
+        return Err(format!(
+            "`{s}` is a multicast or broadcast address; a port needs a unicast one \
+             (first byte even, e.g. 02:00:00:00:00:01)"
+        ));
+    }
+    if mac == [0; 6] {
+        return Err(format!("`{s}` is not a usable port address"));
     }
     Ok(mac)
 }
@@ -161,24 +174,23 @@ fn run(args: Args) -> Result<(), String> {
     }
     drop(blocked);
     loop {
-        let r = server.serve_one();
-        if !args.persist {
-            return r.map_err(|e| format!("session: {e}"));
-        }
-        if let Err(e) = r {
-            tracing::warn!(error = %e, "client session failed; waiting for the next client");
+        match server.serve_one() {
+            // A probe or a client that left during the handshake: not the session a
+            // one-shot server is for.
+            Ok(Session::Untouched) => {}
+            Ok(Session::Served) if !args.persist => return Ok(()),
+            Ok(Session::Served) => {}
+            Err(e) if !args.persist => return Err(format!("session: {e}")),
+            Err(e) => {
+                tracing::warn!(error = %e, "client session failed; waiting for the next client")
+            }
         }
     }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    uhca_tools::logging::init("RUST_LOG", "info");
     // One log line per panic: a client's malformed message can make the vfio-user crate
     // panic, which `ModelServer::serve_one` turns into the end of that session.
     std::panic::set_hook(Box::new(|info| tracing::error!(%info, "panic")));
@@ -200,5 +212,16 @@ mod tests {
         assert_eq!(parse_mac("02:00:00:00:0a:ff"), Ok([2, 0, 0, 0, 10, 255]));
         assert!(parse_mac("02:00:00:00:0a").is_err());
         assert!(parse_mac("02:00:00:00:0a:zz").is_err());
+        assert!(
+            parse_mac("ff:ff:ff:ff:ff:ff")
+                .unwrap_err()
+                .contains("broadcast")
+        );
+        assert!(
+            parse_mac("01:00:5e:00:00:01")
+                .unwrap_err()
+                .contains("multicast")
+        );
+        assert!(parse_mac("00:00:00:00:00:00").is_err());
     }
 }

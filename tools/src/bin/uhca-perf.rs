@@ -15,8 +15,10 @@
 //! (a server: it waits for one client on TCP `-p`, 18515 by default) and `uhca-perf write_bw
 //! -d 0000:3b:00.0 SERVER` (the client). A device other than the built-in model
 //! (`-d BDF`, `--vfio-user SOCKET`, or the model on a UDP link: `--link-local ADDR
-//! --link-peer ADDR`), a HOST or `-p` asks for this mode. The two agree over
-//! TCP (`uhca_tools::perf::control`): the mode must be the same on both, and the size,
+//! --link-peer ADDR`), a HOST or `-p` asks for this mode. The two agree over TCP in
+//! perftest's own exchange (`uhca_tools::perf::perftest`; either end may be perftest's
+//! `ib_write_bw` & co., both get the same flags), or with `--oob uhca` in uhca-perf's own
+//! (`uhca_tools::perf::control`): the mode must be the same on both, and the size,
 //! iterations, `-D`, QPs, depth, inline size and MTU are the client's.
 //! `--use_cuda 0` puts both ends' buffers in the model GPU's BAR (peer memory registered
 //! through the peer-memory client; `--use_cuda_dmabuf` registers the dma-buf fd instead):
@@ -32,7 +34,8 @@ use uhca_tools::perf::control::Hello;
 use uhca_tools::perf::perftest::Oob;
 use uhca_tools::perf::remote::{self, Role};
 use uhca_tools::perf::{
-    Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, MAX_QPS, Op, PtOptions, Settings,
+    self as perf, Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, MAX_QPS, Op,
+    PtOptions, Settings,
 };
 
 /// perftest's default TCP port.
@@ -219,7 +222,8 @@ struct Args {
     port: Option<u16>,
     /// GID table index of this end (`ibv_devinfo -v` / `uhca-info` show the table;
     /// default: with perftest's exchange the first IPv4-mapped entry, as perftest picks
-    /// on RoCE, with `--oob uhca` entry 0).
+    /// on RoCE; with `--oob uhca` entry 0 on the client, on the server the first entry of
+    /// the client's kind).
     #[arg(short = 'x', long = "gid-index")]
     gid_index: Option<u8>,
     /// The client/server exchange over TCP: `perftest` (perftest's own: the peer may be
@@ -450,8 +454,13 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
     if iters == 0 {
         return Err("-n must be at least 1".into());
     }
-    if a.duration == Some(0) {
-        return Err("-D must be at least 1 second".into());
+    if let Some(d) = a.duration
+        && !(1..=perf::MAX_DURATION.as_secs()).contains(&d)
+    {
+        return Err(format!(
+            "-D {d}: the duration must be 1..={} seconds (a year)",
+            perf::MAX_DURATION.as_secs()
+        ));
     }
     if !(1..=8192).contains(&a.tx_depth) {
         return Err(format!("-t {}: the depth must be 1..=8192", a.tx_depth));
@@ -609,8 +618,15 @@ fn remote_checks(a: &Args, role: Role) -> Result<(), String> {
                 .into(),
         );
     }
-    if a.duration.is_some() && !a.mode.is_bw() {
-        return Err("-D in a client/server run is supported by the bandwidth tests".into());
+    if a.duration.is_some()
+        && !a.mode.is_bw()
+        && (a.oob == OobKind::uhca || a.mode == Mode::send_lat)
+    {
+        return Err(
+            "-D in a client/server run is supported by the bandwidth tests, and with \
+             perftest's exchange by write_lat, read_lat and atomic_lat"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -789,6 +805,9 @@ fn run(a: &Args) -> Result<(), String> {
             let (sizes, settings) = validate(a)?;
             let max = *sizes.iter().max().expect("at least one size");
             let mut bench = Bench::new(&settings, max, a.pair).map_err(|e| e.to_string())?;
+            if let Some(x) = a.gid_index {
+                perf::check_gid_index(bench.device(), x)?;
+            }
             header(a, &settings, &bench);
             drive(a, &mut bench, &sizes)
         }
@@ -835,6 +854,13 @@ fn adopt(a: &Args, h: &Hello) -> Args {
 /// it has them, for send_bw, write_lat and send_lat) and closes the device.
 fn run_remote(a: &Args, role: Role) -> Result<(), String> {
     let dev = device::open(&a.spec(), uhca::DeviceConfig::default()).map_err(|e| e.to_string())?;
+    if let Err(e) = a
+        .gid_index
+        .map_or(Ok(()), |x| perf::check_gid_index(&dev, x))
+    {
+        let _ = dev.close();
+        return Err(e);
+    }
     let port = a.port.unwrap_or(DEFAULT_PORT);
     let result = match role {
         Role::Client => client(a, &dev, port),
@@ -859,9 +885,8 @@ fn client(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
     }
     let mut ctl = remote::connect(host, port).map_err(|e| e.to_string())?;
     remote::propose(&mut ctl, &hello_of(a, &sizes, &settings)).map_err(|e| e.to_string())?;
-    let x = a.gid_index.unwrap_or(0);
-    let mut bench =
-        Bench::connect(dev, &settings, max, x, ctl, Role::Client).map_err(|e| e.to_string())?;
+    let mut bench = Bench::connect(dev, &settings, max, a.gid_index, ctl, Role::Client)
+        .map_err(|e| e.to_string())?;
     header(a, &settings, &bench);
     drive(a, &mut bench, &sizes)?;
     bench.bye().map_err(|e| e.to_string())
@@ -891,9 +916,8 @@ fn server(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
     };
     remote::confirm(&mut ctl, &hello).map_err(|e| e.to_string())?;
     let max = *sizes.iter().max().expect("at least one size");
-    let x = b.gid_index.unwrap_or(0);
-    let mut bench =
-        Bench::connect(dev, &settings, max, x, ctl, Role::Server).map_err(|e| e.to_string())?;
+    let mut bench = Bench::connect(dev, &settings, max, b.gid_index, ctl, Role::Server)
+        .map_err(|e| e.to_string())?;
     header(&b, &settings, &bench);
     let mut columns = false;
     for &s in &sizes {

@@ -29,6 +29,7 @@
 //! every DMA mapping is dropped, every vector disconnected and the model reset, so the next
 //! client finds a power-on device.
 
+mod doorman;
 mod host;
 
 use std::collections::BTreeMap;
@@ -49,7 +50,7 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion, SparseArea};
 
 use host::ClientMemory;
-use uhca::hw::model::{Hca, IOVA_START, ModelError};
+use uhca::hw::model::{Hca, IOVA_END, IOVA_START, ModelError};
 
 /// Size of the config-space region: the conventional 256 bytes. The model's space is 4 KiB
 /// but has no PCI Express capability and nothing past 0x100; a 256-byte region makes QEMU's
@@ -91,9 +92,22 @@ pub enum ServerError {
     ClientBroke(String),
 }
 
+/// How a session ended well.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Session {
+    /// The client used the device (a region access, DMA_MAP, SET_IRQS, reset...).
+    Served,
+    /// The connection closed without touching the device: a probe (`--replace`'s check
+    /// of a live socket, a health check) or a client that gave up during the handshake.
+    /// A one-shot server goes on waiting for its client.
+    Untouched,
+}
+
 /// A model HCA served over vfio-user on a UNIX socket.
 pub struct ModelServer {
     server: vfio_user::Server,
+    /// The listening socket (a duplicate of the server's), for the [`doorman::Doorman`].
+    listener: UnixListener,
     device: ModelDevice,
     path: PathBuf,
 }
@@ -113,15 +127,17 @@ impl ModelServer {
     pub fn bind(hca: Hca, path: &Path, replace_stale: bool) -> Result<ModelServer, ServerError> {
         prepare_path(path, replace_stale)?;
         let listener = listen_at(path)?;
-        let server = vfio_user::Server::from_owned_fd(
-            listener.into(),
-            true,
-            irq_table(&hca),
-            region_table(&hca),
-        );
+        let dup = listener.try_clone().map_err(|source| ServerError::Os {
+            what: "duplicate the listening socket of",
+            path: path.into(),
+            source,
+        })?;
+        let server =
+            vfio_user::Server::from_owned_fd(dup.into(), true, irq_table(&hca), region_table(&hca));
         tracing::info!(socket = %path.display(), name = %hca.config().name, "vfio-user server listening");
         Ok(ModelServer {
             server,
+            listener,
             device: ModelDevice::new(hca),
             path: path.to_path_buf(),
         })
@@ -140,6 +156,9 @@ impl ModelServer {
     /// Waits for one client and serves it until it disconnects; then drops its DMA
     /// mappings and interrupt routes and resets the model for the next one. A transport
     /// error of the client's connection ends the session the same way and is returned.
+    /// Clients that connect while one is served are answered "busy" (`EBUSY` to their
+    /// first message; [`doorman`]). A connection that never touched the device is
+    /// [`Session::Untouched`].
     ///
     /// The `vfio_user` crate (0.1.7) panics on some malformed messages rather than
     /// returning an error: a VERSION whose size is below the VERSION header (the body length
@@ -149,11 +168,28 @@ impl ModelServer {
     /// client's mappings and interrupt routes are dropped and the model reset
     /// (`release_client`), which is all the state a session leaves, and the server serves
     /// the next client (`tools/tests/vfio_user_fuzz.rs` sends such sessions).
-    pub fn serve_one(&mut self) -> Result<(), ServerError> {
+    pub fn serve_one(&mut self) -> Result<Session, ServerError> {
+        let (doorman, opener) =
+            doorman::Doorman::start(&self.listener).map_err(|source| ServerError::Os {
+                what: "start the doorman of",
+                path: self.path.clone(),
+                source,
+            })?;
+        self.device.session = Some(opener);
+        self.device.touched = false;
         let (server, device) = (&self.server, &mut self.device);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.run(device)));
+        doorman.stop();
+        self.device.session = None;
+        let touched = self.device.touched;
         let r = match r {
-            Ok(r) => r.map_err(ServerError::VfioUser),
+            Ok(r) => r.map_err(ServerError::VfioUser).map(|()| {
+                if touched {
+                    Session::Served
+                } else {
+                    Session::Untouched
+                }
+            }),
             Err(p) => Err(ServerError::ClientBroke(
                 p.downcast_ref::<&str>()
                     .map(|s| s.to_string())
@@ -161,7 +197,11 @@ impl ModelServer {
                     .unwrap_or_else(|| "a panic".into()),
             )),
         };
-        tracing::info!(result = ?r, "client session ended");
+        if r.as_ref().is_ok_and(|s| *s == Session::Untouched) {
+            tracing::debug!("a connection closed without touching the device");
+        } else {
+            tracing::info!(result = ?r, "client session ended");
+        }
         self.device.release_client();
         r
     }
@@ -192,7 +232,8 @@ fn listen_at(path: &Path) -> Result<UnixListener, ServerError> {
         let path = p.to_path_buf();
         move |source| ServerError::Os { what, path, source }
     };
-    let listener = UnixListener::bind(&tmp).map_err(os("bind", &tmp))?;
+    // Errors name the path the user gave, not the hidden temporary name.
+    let listener = UnixListener::bind(&tmp).map_err(os("bind", path))?;
     let linked = std::fs::hard_link(&tmp, path);
     let _ = std::fs::remove_file(&tmp);
     match linked {
@@ -296,6 +337,10 @@ struct ModelDevice {
     mem: ClientMemory,
     /// DMA_MAPs without a file (accepted, not DMA-able), by IOVA: length.
     unbacked: BTreeMap<u64, u64>,
+    /// The current session's doorman, told when the client first touches the device.
+    session: Option<doorman::Opener>,
+    /// Whether the current session touched the device.
+    touched: bool,
 }
 
 fn invalid(msg: String) -> io::Error {
@@ -312,6 +357,19 @@ impl ModelDevice {
             hca,
             mem: ClientMemory::default(),
             unbacked: BTreeMap::new(),
+            session: None,
+            touched: false,
+        }
+    }
+
+    /// Records that the client used the device (each backend call): it is now served, and
+    /// the doorman tells newcomers so.
+    fn touch(&mut self) {
+        if !self.touched {
+            self.touched = true;
+            if let Some(o) = &self.session {
+                o.serving();
+            }
         }
     }
 
@@ -352,6 +410,7 @@ impl Drop for ModelDevice {
 
 impl ServerBackend for ModelDevice {
     fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
+        self.touch();
         match region {
             VFIO_PCI_CONFIG_REGION_INDEX => {
                 let off = u16::try_from(offset)
@@ -364,6 +423,7 @@ impl ServerBackend for ModelDevice {
     }
 
     fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.touch();
         match region {
             VFIO_PCI_CONFIG_REGION_INDEX => {
                 let off = u16::try_from(offset)
@@ -384,6 +444,16 @@ impl ServerBackend for ModelDevice {
         size: u64,
         fd: Option<File>,
     ) -> io::Result<()> {
+        self.touch();
+        // The range must fit the model's IOVA space (48 bits, as its IOMMU), mapped or not:
+        // a wrapping or absurd size (~2^64 bytes) is refused, not accepted with a warning.
+        let end = address.checked_add(size);
+        if size == 0 || end.is_none_or(|e| e > IOVA_END + 1) {
+            return Err(invalid(format!(
+                "DMA_MAP of {size:#x} bytes at {address:#x}: outside the IOVA space \
+                 (0..={IOVA_END:#x})"
+            )));
+        }
         let Some(file) = fd else {
             tracing::warn!(
                 iova = address,
@@ -428,6 +498,7 @@ impl ServerBackend for ModelDevice {
     }
 
     fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
+        self.touch();
         if flags.contains(DmaUnmapFlags::UNMAP_ALL) {
             tracing::debug!("DMA_UNMAP all");
             return self.unmap_range(0, 0);
@@ -439,6 +510,7 @@ impl ServerBackend for ModelDevice {
     }
 
     fn reset(&mut self) -> io::Result<()> {
+        self.touch();
         tracing::info!("device reset");
         self.hca.reset();
         Ok(())
@@ -452,6 +524,7 @@ impl ServerBackend for ModelDevice {
         count: u32,
         fds: Vec<File>,
     ) -> io::Result<()> {
+        self.touch();
         tracing::debug!(index, flags, start, count, fds = fds.len(), "SET_IRQS");
         if index != VFIO_PCI_MSIX_IRQ_INDEX {
             return if count == 0 {
@@ -586,6 +659,21 @@ mod tests {
         );
         // A DMA_MAP without a file is accepted but maps nothing.
         d.dma_map(DmaMapFlags::READ_WRITE, 0, 0x10_0000, 0x1000, None)
+            .unwrap();
+        // Unless its range is empty, wraps, or leaves the IOVA space.
+        for (iova, size) in [
+            (0x1000, u64::MAX - 0xfff),
+            (0x1000, 0),
+            (u64::MAX - 0xfff, 0x2000),
+            (IOVA_END - 0xfff, 0x2000),
+        ] {
+            let e = d
+                .dma_map(DmaMapFlags::READ_WRITE, 0, iova, size, None)
+                .unwrap_err();
+            assert!(e.to_string().contains("outside the IOVA space"), "{e}");
+            assert!(!d.unbacked.contains_key(&iova));
+        }
+        d.dma_map(DmaMapFlags::READ_WRITE, 0, IOVA_END - 0xfff, 0x1000, None)
             .unwrap();
         assert!(d.hca.dma_mappings().is_empty());
         // A read-only DMA_MAP of a file becomes a read-only model mapping of shared memory.

@@ -297,10 +297,17 @@ impl Oob {
     }
 
     fn write(&mut self, msg: &[u8], what: &'static str) -> Result<(), OobError> {
-        self.stream.write_all(msg).map_err(|source| OobError::Io {
-            what: format!("sending {what} to the peer"),
-            source,
-        })
+        self.stream
+            .write_all(msg)
+            .map_err(|source| match source.kind() {
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                    OobError::Closed(what)
+                }
+                _ => OobError::Io {
+                    what: format!("sending {what} to the peer"),
+                    source,
+                },
+            })
     }
 
     fn io(what: &'static str) -> impl Fn(std::io::Error) -> OobError {
@@ -356,6 +363,10 @@ impl Oob {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // A peer that closed with our message unread resets the connection.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return Err(OobError::Closed(what));
+                }
                 Err(e) => return Err(io(e)),
             }
         }
@@ -374,6 +385,9 @@ impl Oob {
         self.stream.set_nonblocking(false).map_err(&io)?;
         match r {
             Ok(0) => Err(OobError::Closed(what)),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                Err(OobError::Closed(what))
+            }
             Ok(k) => {
                 self.pending.extend_from_slice(&buf[..k]);
                 Ok(self.pending.len() >= n)

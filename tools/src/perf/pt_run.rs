@@ -74,7 +74,7 @@ fn random_psn(salt: u32) -> u32 {
 }
 
 /// Whether `gid` is an IPv4-mapped address (`::ffff:a.b.c.d`).
-fn v4_mapped(gid: &[u8; 16]) -> bool {
+pub(super) fn v4_mapped(gid: &[u8; 16]) -> bool {
     gid[..10].iter().all(|&b| b == 0) && gid[10..12] == [0xff, 0xff]
 }
 
@@ -94,13 +94,17 @@ pub fn peer_mac(gid: &[u8; 16]) -> [u8; 6] {
 /// The GID index this end uses: `-x`, or the first IPv4-mapped RoCE entry (perftest's
 /// choice on RoCE, `get_best_gid_index`), else entry 0.
 fn gid_index(dev: &Device, chosen: Option<u8>) -> u8 {
-    if let Some(x) = chosen {
-        return x;
-    }
+    chosen.unwrap_or_else(|| gid_of_kind(dev, true))
+}
+
+/// The first GID table entry that is IPv4-mapped (`v4`) or an IPv6 address (not zero),
+/// else entry 0.
+pub(super) fn gid_of_kind(dev: &Device, v4: bool) -> u8 {
     (0..16u8)
         .find(|&i| {
-            dev.roce_address(u32::from(i))
-                .is_ok_and(|a| v4_mapped(&a.gid) && a.gid[12..] != [0; 4])
+            dev.roce_address(u32::from(i)).is_ok_and(|a| {
+                v4_mapped(&a.gid) == v4 && a.gid != [0; 16] && (!v4 || a.gid[12..] != [0; 4])
+            })
         })
         .unwrap_or(0)
 }
@@ -325,9 +329,10 @@ impl Bench {
     }
 
     /// After a bandwidth run of this end measured as `r`: a one-way run keeps it for the
-    /// report at the end (a SEND test meets the peer); a bidirectional one exchanges
-    /// reports (not SEND with `-D`, as perftest) and adds the peer's figures to its own, as
-    /// perftest's `print_full_bw_report` does.
+    /// report at the end; a bidirectional one exchanges reports (not SEND with `-D`, as
+    /// perftest) and adds the peer's figures to its own, as perftest's
+    /// `print_full_bw_report` does. With `-a` (perftest's `RUN_ALL`) the SEND tests, and
+    /// the bidirectional others, meet after each size; a single size has no such meeting.
     pub(super) fn pt_finish_bw(&mut self, r: BwResult) -> Result<BwResult, PerfError> {
         let duplex = self.settings.bidirectional;
         let duration = self.settings.duration.is_some();
@@ -335,7 +340,7 @@ impl Bench {
         let (shape, all, gbits) = (p.shape, p.opts.all, p.opts.gbits);
         if !duplex {
             p.last = Some(r);
-            if shape == Shape::SendBw {
+            if shape == Shape::SendBw && all {
                 self.pt_meet("the keys after the traffic", true)?;
             }
             return Ok(r);
@@ -359,7 +364,7 @@ impl Bench {
             out.avg += t.avg;
             out.msg_rate += t.msg_rate;
         }
-        if shape == Shape::SendBw {
+        if shape == Shape::SendBw && all {
             self.pt_meet("the keys after the traffic", true)?;
         }
         Ok(out)
@@ -367,7 +372,7 @@ impl Bench {
 
     /// Server of a bandwidth test of `size`: a bidirectional run streams as the client
     /// does; `send_bw` receives and counts `-n` messages per QP (with `-D`: until the
-    /// client's keys say it is done) and returns its own result; the other one-way tests
+    /// client's next keys, after its traffic, say it is done) and returns its own result; the other one-way tests
     /// have nothing to do per size (the client's report comes at the end, [`pt_end`]).
     pub fn pt_serve_bandwidth(&mut self, size: usize) -> Result<Option<BwResult>, PerfError> {
         let r = self.run_pt_serve_bandwidth(size);
@@ -378,7 +383,9 @@ impl Bench {
         if self.settings.bidirectional {
             return self.bandwidth(size).map(Some);
         }
-        let shape = self.pt().map(|p| p.shape);
+        let (shape, all) = self
+            .pt()
+            .map_or((None, false), |p| (Some(p.shape), p.opts.all));
         if shape != Some(Shape::SendBw) {
             return Ok(None);
         }
@@ -433,7 +440,9 @@ impl Bench {
             ))
             .into());
         }
-        self.pt_meet("the keys after the traffic", true)?;
+        if all {
+            self.pt_meet("the keys after the traffic", true)?;
+        }
         Ok(Some(meter.result(last)))
     }
 
@@ -451,10 +460,7 @@ impl Bench {
             Shape::Lat if op == Op::Write => return Ok(None),
             Shape::Bw if !duplex => {
                 self.pt_meet("the keys after the traffic", true)?;
-                let Bench { me, peer, .. } = self;
-                let Peer::Perftest(p) = peer else {
-                    return Ok(None);
-                };
+                let Some(p) = self.pt() else { return Ok(None) };
                 let mine = match (role, p.last) {
                     (Role::Client, Some(r)) => report_of(&r, gbits),
                     // The server measured nothing: perftest sends what its memory held.
@@ -466,11 +472,9 @@ impl Bench {
                         msg_rate: 0.0,
                     },
                 };
-                let mut alive = port_alive(&me.dev);
-                let r = p
-                    .oob
-                    .reports(&mine, Wait::Across(&mut alive))
-                    .map_err(oob_err)?;
+                // The report follows the meeting at once (a wait across traffic here would
+                // outlast a peer of another test retrying its requests for ever).
+                let r = p.oob.reports(&mine, Wait::Reply).map_err(oob_err)?;
                 if role == Role::Server {
                     theirs = Some(result_of(&r, gbits));
                 }
@@ -535,17 +539,24 @@ impl Bench {
     /// `write_lat`'s ping-pong of `size` with a perftest peer, as `role`: iteration `i`
     /// carries `i + 1` (modulo 256) in the message's last byte; the server writes first.
     /// Each sample is half the time between two of this end's writes.
+    /// With `-D` it runs until then (each end on its own clock, as perftest's alarm), a wait
+    /// for the peer ending there too.
     fn pt_write_lat(&mut self, size: usize, role: Role) -> Result<LatResult, PerfError> {
-        let iters = self.settings.iters.max(1);
+        let deadline = self.settings.duration.map(|d| Instant::now() + d);
+        let iters = match deadline {
+            Some(_) => u64::MAX,
+            None => self.settings.iters.max(1),
+        };
         let mut inline = vec![0u8; self.settings.inline_size.max(1) as usize];
-        let mut samples = Vec::with_capacity(iters.min(10_000_000) as usize);
+        let mut samples = Vec::with_capacity(self.settings.iters.min(10_000_000) as usize);
         let to_peer = self.target(0);
         let rx = self.rx_off;
         let mut posted: Option<Instant> = None;
+        let mut done = 0;
         for i in 0..iters {
             let tag = ((i + 1) & 0xff) as u8;
-            if role == Role::Client {
-                super::await_tag(&self.me, rx, size, tag)?;
+            if role == Role::Client && !await_tag_until(&self.me, rx, size, tag, deadline)? {
+                break;
             }
             let t = Instant::now();
             if let Some(p) = posted {
@@ -570,16 +581,44 @@ impl Bench {
                 flags,
                 &mut inline,
             )?;
-            if role == Role::Server {
-                super::await_tag(&self.me, rx, size, tag)?;
+            if role == Role::Server && !await_tag_until(&self.me, rx, size, tag, deadline)? {
+                break;
             }
             if last {
                 super::await_send(&mut self.me, i, self.settings.events)?;
             }
+            done = i + 1;
         }
         let mut r = lat_stats(size, &mut samples);
-        r.iters = iters;
+        r.iters = done;
         Ok(r)
+    }
+}
+
+/// Waits until the last of the first `size` bytes of `dst`'s receiving half (at `rx`) is
+/// `tag`: true, or false once `deadline` has passed without it. The stall limit holds as
+/// in the ping-pongs without a deadline.
+fn await_tag_until(
+    dst: &End,
+    rx: usize,
+    size: usize,
+    tag: u8,
+    deadline: Option<Instant>,
+) -> Result<bool, PerfError> {
+    let mut timer = StallTimer::new();
+    let mut b = [0u8; 1];
+    loop {
+        dst.bufs[0]
+            .read(rx + size - 1, &mut b)
+            .map_err(setup("buffer"))?;
+        if b[0] == tag {
+            return Ok(true);
+        }
+        if let Some(now) = timer.spin()?
+            && deadline.is_some_and(|d| now >= d)
+        {
+            return Ok(false);
+        }
     }
 }
 
@@ -629,6 +668,10 @@ fn check_peer(ours: &Keys, theirs: &Keys, op: Op) -> Result<(), PerfError> {
 fn oob_err(e: OobError) -> PerfError {
     PerfError::Perftest(e)
 }
+
+#[cfg(test)]
+#[path = "pt_tests.rs"]
+mod tests;
 
 impl PtPeer {
     /// Whether the connection shows the peer gone.

@@ -209,16 +209,31 @@ fn random_psn(salt: u32) -> u32 {
 impl Bench {
     /// This process's end on `dev` for `s` (buffers for messages up to `max_size`),
     /// connected to the remote end over `ctl`: the two exchange their END messages (the
-    /// client first) and connect their QPs, this side's from GID entry `gid_index`.
+    /// client first) and connect their QPs, this side's from GID entry `gid_index`; without
+    /// one, the client's is entry 0 and the server's the first of the client's kind (IPv4-
+    /// mapped or not): a RoCEv2 packet is IPv4 or IPv6, and a peer that checks addresses (as
+    /// Linux's rxe does, and the model) drops an answer from the other kind.
     pub fn connect(
         dev: &Device,
         s: &Settings,
         max_size: usize,
-        gid_index: u8,
+        gid_index: Option<u8>,
         mut ctl: Control,
         role: Role,
     ) -> Result<Bench, PerfError> {
         let mut me = End::new(dev, s, max_size, s.use_dm)?;
+        let mut theirs = None;
+        if role == Role::Server {
+            theirs = Some(match ctl.recv(REPLY, "the peer's END")? {
+                Msg::End(e) => e,
+                m => return Err(unexpected("END", &m).into()),
+            });
+        }
+        let gid_index = match (gid_index, &theirs) {
+            (Some(x), _) => x,
+            (None, Some(t)) => super::pt_run::gid_of_kind(dev, super::pt_run::v4_mapped(&t.gid)),
+            (None, None) => 0,
+        };
         let addr = dev
             .roce_address(u32::from(gid_index))
             .map_err(setup("GID (-x)"))?;
@@ -245,9 +260,12 @@ impl Bench {
         if role == Role::Client {
             ctl.send(&Msg::End(mine.clone()))?;
         }
-        let theirs = match ctl.recv(REPLY, "the peer's END")? {
-            Msg::End(e) => e,
-            m => return Err(unexpected("END", &m).into()),
+        let theirs = match theirs {
+            Some(t) => t,
+            None => match ctl.recv(REPLY, "the peer's END")? {
+                Msg::End(e) => e,
+                m => return Err(unexpected("END", &m).into()),
+            },
         };
         if theirs.qps.len() != me.qps.len() {
             return Err(ControlError::Mismatch(format!(

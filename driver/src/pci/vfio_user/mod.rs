@@ -84,6 +84,9 @@ pub enum VfioUserError {
     /// The server closed the connection.
     #[error("the vfio-user server closed the connection")]
     Closed,
+    /// The server is serving another client (it answered the VERSION with `EBUSY`).
+    #[error("busy: the vfio-user server at {0} is serving another client")]
+    Busy(PathBuf),
     /// No reply within the timeout.
     #[error("no reply to {command:?} within {after:?}")]
     Timeout {
@@ -130,7 +133,9 @@ impl From<VfioUserError> for PciError {
         if e.is_fatal()
             && !matches!(
                 e,
-                VfioUserError::Connect { .. } | VfioUserError::Unsupported(_)
+                VfioUserError::Connect { .. }
+                    | VfioUserError::Unsupported(_)
+                    | VfioUserError::Busy(_)
             )
         {
             PciError::DeviceLost(e.to_string())
@@ -341,7 +346,14 @@ impl VfioUserFunction {
             next_id: 0,
             timeout: opts.reply_timeout,
         };
-        let (v, _) = conn.request(Command::Version, &proto::version_request(), &[])?;
+        let (v, _) = conn
+            .request(Command::Version, &proto::version_request(), &[])
+            .map_err(|e| match e {
+                VfioUserError::Refused { errno, .. } if errno == libc::EBUSY as u32 => {
+                    VfioUserError::Busy(path.to_path_buf())
+                }
+                e => e,
+            })?;
         if v.len() < 4 || u16::from_le_bytes([v[0], v[1]]) != 0 {
             return Err(VfioUserError::Unsupported(
                 "server speaks a vfio-user major version other than 0".into(),
@@ -628,6 +640,11 @@ unsafe impl PciFunction for VfioUserFunction {
         }
         self.call(Command::DeviceReset, &[], &[])?;
         Ok(())
+    }
+
+    fn pins_dma_memory(&self) -> bool {
+        // The server maps the shared file; nothing is pinned on this process's account.
+        false
     }
 
     fn num_irqs(&self) -> u32 {

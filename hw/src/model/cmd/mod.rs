@@ -16,6 +16,7 @@ mod memic;
 mod mkey;
 mod pages;
 pub(crate) mod qp;
+pub(crate) mod reg;
 mod resource;
 pub mod syndrome;
 pub(crate) mod vport;
@@ -111,7 +112,7 @@ static HANDLERS: &[Handler] = &[
     h(Opcode::InitHca, 16, 16, PRE_INIT, hca::init_hca),
     h(Opcode::TeardownHca, 16, 16, RUNNING, hca::teardown_hca),
     h(Opcode::QueryAdapter, 16, 272, ENABLED, hca::query_adapter),
-    h(Opcode::AccessReg, 16, 16, ENABLED, hca::access_reg),
+    h(Opcode::AccessReg, 16, 16, ENABLED, reg::access_reg),
     h(Opcode::Nop, 16, 16, ANY, hca::nop),
     h(
         Opcode::SetDriverVersion,
@@ -219,6 +220,14 @@ fn state_syndrome(op: Opcode, life: Lifecycle) -> u32 {
 
 fn run(ctx: &mut Ctx<'_>, opcode: Opcode, input: &[u8], out: &mut Vec<u8>) -> CmdResult {
     let Some(h) = handler(opcode) else {
+        let raw = u16::from(opcode);
+        if ctx.sh.gaps.first(super::Gap::Opcode(raw)) {
+            tracing::warn!(
+                opcode = format_args!("{raw:#06x}"),
+                op_mod = ctx.op_mod,
+                "command the model does not implement: answered BAD_OP"
+            );
+        }
         return Err(err(CmdStatus::BadOpErr, syndrome::BAD_OPCODE));
     };
     if h.states & ctx.core.life.bit() == 0 {

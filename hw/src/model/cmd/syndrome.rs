@@ -85,6 +85,15 @@ pub const BAD_ROCE_ADDRESS: u32 = 0x0007_0003;
 
 /// BAD_PARAM_ERR: ACCESS_REG of a register the model does not have.
 pub const BAD_REGISTER: u32 = 0x0008_0001;
+/// BAD_PARAM_ERR: ACCESS_REG write of a register that firmware only lets software read.
+pub const REG_READ_ONLY: u32 = 0x0008_0002;
+/// BAD_PARAM_ERR: a port register naming a `local_port` other than 1.
+pub const REG_BAD_PORT: u32 = 0x0008_0003;
+/// BAD_PARAM_ERR: a register field outside what the register defines (PAOS `admin_status`,
+/// PTYS `proto_mask`, PMTU `admin_mtu`, MCQI `info_type`, a PCAM/MCAM group).
+pub const REG_BAD_FIELD: u32 = 0x0008_0004;
+/// BAD_PARAM_ERR: MCQS/MCQI of a component index past the last component.
+pub const REG_BAD_COMPONENT: u32 = 0x0008_0005;
 
 /// NO_RES_ERR: no free MKey index (`log_max_mkey`).
 pub const NO_FREE_MKEY: u32 = 0x0010_0001;
@@ -235,6 +244,10 @@ pub const ALL: &[(&str, u32)] = &[
     ("BAD_PORT", BAD_PORT),
     ("BAD_ROCE_ADDRESS", BAD_ROCE_ADDRESS),
     ("BAD_REGISTER", BAD_REGISTER),
+    ("REG_READ_ONLY", REG_READ_ONLY),
+    ("REG_BAD_PORT", REG_BAD_PORT),
+    ("REG_BAD_FIELD", REG_BAD_FIELD),
+    ("REG_BAD_COMPONENT", REG_BAD_COMPONENT),
     ("NO_FREE_MKEY", NO_FREE_MKEY),
     ("BAD_MKEY", BAD_MKEY),
     ("MKEY_BAD_ACCESS_MODE", MKEY_BAD_ACCESS_MODE),
