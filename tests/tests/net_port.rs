@@ -62,6 +62,9 @@ impl Link for Shared {
     fn take_rx_errors(&self) -> (u64, u64) {
         self.0.take_rx_errors()
     }
+    fn wait(&self, t: std::time::Duration) {
+        self.0.wait(t)
+    }
 }
 
 fn end(ip: IpAddr, mac_last: u8, faults: FaultConfig) -> End {

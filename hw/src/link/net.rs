@@ -833,6 +833,17 @@ impl Link for NetLink {
         true
     }
 
+    /// Sleeps in `ppoll` on the sockets: a datagram that arrives wakes the device thread
+    /// at once instead of after its backoff sleep (which can be a millisecond).
+    fn wait(&self, timeout: std::time::Duration) {
+        let mut fds = [0; 8];
+        let n = self.socks.len().min(fds.len());
+        for (f, s) in fds.iter_mut().zip(&self.socks) {
+            *f = s.sock.as_raw_fd();
+        }
+        sys::wait_readable(&fds[..n], timeout);
+    }
+
     fn take_rx_errors(&self) -> (u64, u64) {
         let n = self.rx_errors.0.swap(0, Ordering::Relaxed);
         if n == 0 {
