@@ -154,6 +154,13 @@ pub enum PerfError {
     /// No progress for a long time.
     #[error("no completion for {0:?}: the device stalled")]
     Stalled(Duration),
+    /// The device is lost or failed its health check (a vfio-user server that died, a
+    /// health syndrome): seen within [`DEVICE_CHECK`] by every wait.
+    #[error("{0}")]
+    Device(#[from] uhca::DeviceError),
+    /// The remote end hung up its control connection while this end waited for it.
+    #[error("the remote end closed the control connection (it failed or was stopped)")]
+    PeerHungUp,
     /// The control connection to the remote end failed, or the two ends disagree.
     #[error("{0}")]
     Control(#[from] control::ControlError),
@@ -186,6 +193,54 @@ fn setup<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> PerfError {
 
 const STALL: Duration = Duration::from_secs(30);
 
+/// The control connection to the remote end, watched for a hang-up (`EPOLLRDHUP`: the
+/// peer closed it or its process died), which unread data in the socket cannot hide.
+pub(crate) struct PeerWatch {
+    epoll: vmm_sys_util::poll::EpollContext<u8>,
+    _stream: std::net::TcpStream,
+}
+
+impl PeerWatch {
+    /// Watches a duplicate of `stream`.
+    pub(crate) fn new(stream: &std::net::TcpStream) -> std::io::Result<PeerWatch> {
+        use vmm_sys_util::poll::{EpollContext, WatchingEvents};
+        let stream = stream.try_clone()?;
+        let epoll = EpollContext::new()?;
+        epoll.add_fd_with_events(
+            &stream,
+            WatchingEvents::new((libc::EPOLLRDHUP | libc::EPOLLHUP) as u32),
+            0,
+        )?;
+        Ok(PeerWatch {
+            epoll,
+            _stream: stream,
+        })
+    }
+
+    /// Whether the peer has hung up (no wait).
+    fn hung_up(&self) -> std::io::Result<bool> {
+        let events = vmm_sys_util::poll::EpollEvents::new();
+        let ready = self
+            .epoll
+            .wait_timeout(&events, Duration::ZERO)
+            .map_err(std::io::Error::from)?;
+        Ok(ready.iter().next().is_some())
+    }
+}
+
+/// What a waiting loop watches besides the time: its device, and the remote end's control
+/// connection when there is one.
+#[derive(Clone)]
+pub(crate) struct Watch {
+    dev: Device,
+    pub(crate) peer: Option<std::sync::Arc<PeerWatch>>,
+}
+
+/// How often a waiting loop asks whether its device is still there
+/// ([`Device::check_health`]: a vfio-user server that died, a health failure), so a lost
+/// device ends the run at once as device-lost, not after [`STALL`] as a stall.
+const DEVICE_CHECK: Duration = Duration::from_millis(10);
+
 /// Spins between two clock reads of a poll loop: a clock read (`clock_gettime`, tens of
 /// nanoseconds, more on a virtual machine) on every spin delays seeing the awaited byte
 /// and, on an SMT sibling, slows the device thread. Thousands of spins are microseconds,
@@ -201,14 +256,52 @@ const SPINS_PER_CLOCK: u32 = 4096;
 struct StallTimer {
     start: Option<Instant>,
     spins: u32,
+    /// The device whose loss (and the peer whose hang-up) ends the wait, checked every
+    /// [`DEVICE_CHECK`].
+    watch: Option<Watch>,
+    next_check: Option<Instant>,
 }
 
 impl StallTimer {
+    /// A timer that watches nothing but the time.
     fn new() -> StallTimer {
         StallTimer {
             start: None,
             spins: 0,
+            watch: None,
+            next_check: None,
         }
+    }
+
+    /// A timer that also ends the wait when the device is lost or the peer hangs up.
+    fn watching(w: &Watch) -> StallTimer {
+        StallTimer {
+            watch: Some(w.clone()),
+            ..StallTimer::new()
+        }
+    }
+
+    /// Progress was made: the stall clock starts again (the device stays watched).
+    fn restart(&mut self) {
+        (self.start, self.spins) = (None, 0);
+    }
+
+    /// At a clock read: the device's health and the peer's connection, at most every
+    /// [`DEVICE_CHECK`].
+    fn check_device(&mut self, now: Instant) -> Result<(), PerfError> {
+        if let Some(w) = &self.watch
+            && self.next_check.is_none_or(|t| now >= t)
+        {
+            self.next_check = Some(now + DEVICE_CHECK);
+            w.dev.check_health()?;
+            if let Some(p) = &w.peer
+                && p.hung_up()
+                    .map_err(setup("watching the control connection"))?
+            {
+                return Err(PerfError::PeerHungUp);
+            }
+        }
+        Ok(())
     }
 
     /// One unsuccessful poll: a spin-loop hint, and an error once the loop has waited
@@ -222,6 +315,7 @@ impl StallTimer {
         }
         std::thread::yield_now();
         let now = Instant::now();
+        self.check_device(now)?;
         match self.start {
             None => self.start = Some(now),
             Some(t) if now.duration_since(t) > STALL => return Err(PerfError::Stalled(STALL)),
@@ -246,11 +340,11 @@ struct CqWait {
 const EVENT_WAIT: Duration = Duration::from_millis(100);
 
 impl CqWait {
-    fn new(events: bool) -> CqWait {
+    fn new(events: bool, w: &Watch) -> CqWait {
         CqWait {
             events,
             armed: false,
-            timer: StallTimer::new(),
+            timer: StallTimer::watching(w),
             quiet_since: None,
         }
     }
@@ -272,6 +366,7 @@ impl CqWait {
             .wait(Some(EVENT_WAIT))
             .map_err(setup("waiting for a completion event"))?;
         let now = Instant::now();
+        self.timer.check_device(now)?;
         if woke {
             self.quiet_since = None;
         } else if now.duration_since(*self.quiet_since.get_or_insert(now)) > STALL {
@@ -282,7 +377,7 @@ impl CqWait {
 
     /// A poll found completions.
     fn progress(&mut self) {
-        self.timer = StallTimer::new();
+        self.timer.restart();
         self.quiet_since = None;
     }
 }
@@ -297,6 +392,8 @@ struct End {
     _dm: Vec<Dm>,
     _pd: Pd,
     dev: Device,
+    /// What this end's waits watch: the device, and the peer once connected.
+    watch: Watch,
 }
 
 impl End {
@@ -334,6 +431,10 @@ impl End {
             _dm: dms,
             _pd: pd,
             dev: dev.clone(),
+            watch: Watch {
+                dev: dev.clone(),
+                peer: None,
+            },
         })
     }
 
@@ -628,7 +729,7 @@ impl Bench {
         // The time as last read: on progress, and every SPINS_PER_CLOCK idle loops.
         let mut now = start;
         let mut next_beat = start + remote::BEAT;
-        let mut idle = CqWait::new(s.events);
+        let mut idle = CqWait::new(s.events, &self.me.watch);
         let mut meter = Meter::new(size, pace.window(), start);
         let deadline = s.duration.map(|d| deadline(start, d));
         // Messages posted in all (both directions with -b), for the peak's post times.
@@ -724,7 +825,7 @@ impl Bench {
                     let wr = make_wr(&s, size, i, SendFlags::SIGNALED, &local, &inline, remote);
                     self.me.qps[0].post_send(&wr)?;
                     self.me.qps[0].ring_doorbell();
-                    wait_one(&mut self.me.cq, s.events)?;
+                    wait_one(&self.me.watch, &mut self.me.cq, s.events)?;
                 }
             }
             let t1 = Instant::now();
@@ -839,7 +940,7 @@ fn put_write_tagged(
 
 /// Waits until the last byte of the first `size` bytes of `dst`'s receiving half is `tag`.
 fn await_tag(dst: &End, rx: usize, size: usize, tag: u8) -> Result<(), PerfError> {
-    let mut timer = StallTimer::new();
+    let mut timer = StallTimer::watching(&dst.watch);
     let mut b = [0u8; 1];
     loop {
         dst.bufs[0]
@@ -881,7 +982,7 @@ fn put_send(
 /// a receive in its place.
 fn await_recv(dst: &mut End, events: bool) -> Result<(), PerfError> {
     loop {
-        let c = wait_one(&mut dst.cq, events)?;
+        let c = wait_one(&dst.watch, &mut dst.cq, events)?;
         if c.opcode == WcOpcode::Recv {
             break;
         }
@@ -893,15 +994,15 @@ fn await_recv(dst: &mut End, events: bool) -> Result<(), PerfError> {
 /// on the way; every completion on its CQ here is a send's).
 fn await_send(dst: &mut End, wr_id: u64, events: bool) -> Result<(), PerfError> {
     loop {
-        let c = wait_one(&mut dst.cq, events)?;
+        let c = wait_one(&dst.watch, &mut dst.cq, events)?;
         if c.opcode != WcOpcode::Recv && c.wr_id == wr_id {
             return Ok(());
         }
     }
 }
 
-fn wait_one(cq: &mut Cq, events: bool) -> Result<Completion, PerfError> {
-    let mut wait = CqWait::new(events);
+fn wait_one(w: &Watch, cq: &mut Cq, events: bool) -> Result<Completion, PerfError> {
+    let mut wait = CqWait::new(events, w);
     loop {
         if let Some(c) = cq.poll().next() {
             return check(c);

@@ -701,3 +701,69 @@ fn a_bad_gid_index_is_refused_before_connecting() {
     assert_ne!(code, 0);
     assert!(err.contains("-x 99: the port's GID table has"), "{err}");
 }
+
+/// A model process killed under either end of a run: that end reports its device lost and
+/// the other end names the peer (its hang-up, or retry-exceeded), each at once, never "the
+/// device stalled" after the 30-second stall timeout (which both reported before), in a
+/// bandwidth and a latency test.
+#[test]
+fn a_killed_model_is_device_lost_on_its_end_and_the_peer_on_the_other() {
+    for (mode, kill_server_side) in [
+        ("write_bw", false),
+        ("write_lat", true),
+        ("write_lat", false),
+    ] {
+        let (mut ma, mut mb) = linked_pair();
+        let port = free_tcp_port();
+        let mut server = Perf::server(mode, &ma.sock, port);
+        let port = port.to_string();
+        let run = if mode == "write_bw" {
+            ["-D", "60"]
+        } else {
+            ["-n", "100000000"]
+        };
+        let client = Perf::spawn(&[
+            mode,
+            "--vfio-user",
+            mb.sock.to_str().unwrap(),
+            "-p",
+            &port,
+            run[0],
+            run[1],
+            "127.0.0.1",
+        ]);
+        server.wait_line("remote address");
+        let killed = if kill_server_side { &mut ma } else { &mut mb };
+        killed.child.kill().unwrap();
+        killed.child.wait().unwrap();
+        let (code_c, _, err_c) = client.finish();
+        let (code_s, _, err_s) = server.finish();
+        let what = format!(
+            "{mode}, killed the {} model",
+            if kill_server_side {
+                "server's"
+            } else {
+                "client's"
+            }
+        );
+        assert!(code_c != 0 && code_s != 0, "{what}: {err_c} / {err_s}");
+        let (dead, alive) = if kill_server_side {
+            (&err_s, &err_c)
+        } else {
+            (&err_c, &err_s)
+        };
+        assert!(dead.contains("device lost"), "{what}: dead end said {dead}");
+        assert!(
+            ["remote end", "peer", "retry counter exceeded"]
+                .iter()
+                .any(|w| alive.contains(w)),
+            "{what}: the other end said {alive}"
+        );
+        for e in [&err_c, &err_s] {
+            assert!(
+                !e.contains("stalled") && !e.contains("panicked"),
+                "{what}: {e}"
+            );
+        }
+    }
+}

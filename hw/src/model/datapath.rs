@@ -48,8 +48,9 @@ use super::caps::LOG_BF_REG_SIZE;
 use super::cq::{self, Cq, Event};
 use super::iommu::{self, Dma};
 use super::mkey::{self, Access, MemError};
-use super::qp::{Qp, QpState};
+use super::qp::{Qp, QpKind, QpState};
 use super::sq::{self, Ctrl, MAX_WQE, WqeError};
+use super::srq::Srq;
 use super::state::Core;
 use super::table::Table;
 use super::{Counters, Shared, eq};
@@ -68,6 +69,8 @@ pub(crate) struct DataPath {
     pub(crate) cqs: Table<Cq>,
     /// QPs by QPN.
     pub(crate) qps: Table<Qp>,
+    /// SRQs, XRC SRQs and RMPs by number (`srq.rs`).
+    pub(crate) srqs: Table<Srq>,
     /// UAR → number of CQs on it.
     pub(crate) cq_uars: BTreeMap<u32, u32>,
     /// UAR → number of QPs on it.
@@ -314,6 +317,11 @@ impl<'a, 'd> Sink<'a, 'd> {
         self.push(recv, &mut cqe, true);
     }
 
+    /// A successful send CQE built by the caller (`umr.rs`).
+    pub(crate) fn push_send(&mut self, cqe: &mut [u8; CQE_SIZE]) {
+        self.push(false, cqe, false);
+    }
+
     fn push(&mut self, recv: bool, cqe: &mut [u8; CQE_SIZE], solicited: bool) {
         let cqn = if recv { self.cqn_rcv } else { self.cqn_snd };
         if let Some(cq) = self.cqs.get_mut(cqn) {
@@ -427,6 +435,8 @@ pub(crate) fn poll(
         busy
     };
     std::mem::swap(&mut core.dp, dp);
+    // UMR and NOP WQEs of non-RC QPs, with the MKey table writable (`umr.rs`).
+    super::umr::run_local(sh, core);
     post_events(sh, core);
     let held = core.dp.moderated != 0 && core.dp.cqs.values().any(|c| c.moder.due.is_some());
     core.dp.settled = !exhausted
@@ -532,6 +542,11 @@ pub(crate) fn run_sq(
     events: &mut Vec<Event>,
 ) {
     if !matches!(qp.state, QpState::Rts | QpState::Err) {
+        return;
+    }
+    if qp.kind != QpKind::Rc {
+        // Run after the pass, where UMRs can change MKeys (`umr::run_local`).
+        qp.local_work = true;
         return;
     }
     let Some(pi) = qp.sq_pi(dma) else {
@@ -743,7 +758,7 @@ fn deliver(
         pd: qp.pd,
     };
     let mut sink = Sink::new(sh, dma, &mut dp.cqs, &mut dp.events, qp);
-    let (engine, mut rq) = qp.rq(dma);
+    let (engine, mut rq) = qp.rq(dma, &mut dp.srqs);
     let Some(engine) = engine else { return };
     let mut env = Env {
         link: wire,
@@ -776,7 +791,11 @@ fn transmit(
     let sent0 = wire.sent.load(Ordering::Relaxed);
     let cqes0 = sh.stats.cqes.load(Ordering::Relaxed);
     let DataPath {
-        qps, cqs, events, ..
+        qps,
+        cqs,
+        events,
+        srqs,
+        ..
     } = dp;
     for qp in qps.values_mut() {
         // WQEs left in the SQ (RTR2RTS, a full engine, in-order completion): taken now,
@@ -804,7 +823,7 @@ fn transmit(
         };
         let mut sink = Sink::new(sh, dma, cqs, events, qp);
         let state = qp.state;
-        let (engine, mut rq) = qp.rq(dma);
+        let (engine, mut rq) = qp.rq(dma, srqs);
         let keep = match engine {
             Some(engine) => {
                 let mut env = Env {
@@ -821,8 +840,11 @@ fn transmit(
                 !engine.is_idle() || wire.full.load(Ordering::Relaxed) != full0
             }
             None if state == QpState::Err => {
-                // Never reached RTS: flush posted receives here (sends flush at their doorbell).
-                while let Some(r) = rc::RecvQueue::take(&mut rq) {
+                // Never reached RTS: flush posted receives here (sends flush at their
+                // doorbell); an SRQ's belong to every QP on it and stay.
+                while !rc::RecvQueue::shared(&rq)
+                    && let Some(r) = rc::RecvQueue::take(&mut rq)
+                {
                     sink.error(true, r.wr_id as u16, 0, CqeSyndrome::WrFlush);
                 }
                 true

@@ -129,6 +129,12 @@ pub(crate) struct Core {
     pub(crate) mkeys: MkeyTable,
     /// MEMIC allocations (prm-subset.md §11).
     pub(crate) memic: Memic,
+    /// Transport domains (ALLOC_TRANSPORT_DOMAIN; docs/spec/mlx5-ib-objects.md §7).
+    pub(crate) tds: IdAlloc,
+    /// XRC domains (ALLOC_XRCD; docs/spec/mlx5-ib-objects.md §1).
+    pub(crate) xrcds: IdAlloc,
+    /// SRQ, XRC SRQ and RMP numbers, one space (`srq.rs`).
+    pub(crate) srqns: IdAlloc,
 }
 
 impl Core {
@@ -161,6 +167,9 @@ impl Core {
                 u64::from(cfg.memic_size),
                 super::caps::LOG_MAX_MEMIC_ALIGN,
             ),
+            tds: IdAlloc::new(1, 1 << super::caps::LOG_MAX_TRANSPORT_DOMAIN),
+            xrcds: IdAlloc::new(1, 1 << super::caps::LOG_MAX_XRCD),
+            srqns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_SRQ),
         }
     }
 

@@ -13,6 +13,8 @@
 //! With `--net IFACE|ADDR` its port is on the host's IP network instead, RoCEv2 on UDP 4791,
 //! where any RoCEv2 peer (Linux soft-RoCE, a ConnectX) reaches it; `--pcap FILE` captures
 //! every frame (`uhca_tools::net_port`).
+//! With `--gpu` it serves the model GPU instead (a BAR1 of `--gpu-bar-mib` MiB of device
+//! memory, no HCA), the peer function of the P2P guest test (tests/vm/run-p2p-test.sh).
 //! Logs go to stderr, filtered by `RUST_LOG` (default `info`).
 
 use std::ffi::CString;
@@ -24,8 +26,9 @@ use std::sync::OnceLock;
 
 use clap::Parser;
 use uhca::hw::link::udp::UdpLink;
+use uhca::hw::model::peer::{GpuConfig, ModelGpu};
 use uhca::hw::model::{Hca, ModelConfig};
-use uhca_tools::model_server::{ModelServer, Session};
+use uhca_tools::model_server::{GpuServer, ModelServer, Session};
 
 /// Serve the model HCA over vfio-user.
 #[derive(Parser, Debug)]
@@ -60,6 +63,18 @@ struct Args {
     /// payloads as bursts).
     #[arg(long = "no-offload")]
     no_offload: bool,
+    /// Serve the first N UAR pages of BAR0 by messages instead of mmap (for QEMU): every
+    /// EQ doorbell write then counts, as on hardware, also when a driver arms several EQs
+    /// through one UAR word as Linux does. uhca's own vfio-user backend needs 0.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
+    trap_uars: u32,
+    /// Serve the model GPU (device memory in BAR1, exported as dma-bufs by the client's
+    /// kernel) instead of the HCA.
+    #[arg(long, conflicts_with_all = ["link_local", "link_peer", "no_offload"])]
+    gpu: bool,
+    /// With --gpu: BAR1 size in MiB (a power of two).
+    #[arg(long, default_value_t = 64, requires = "gpu")]
+    gpu_bar_mib: usize,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -135,8 +150,39 @@ impl Drop for StopSignalsBlocked {
     }
 }
 
+/// `--gpu`: the model GPU over vfio-user.
+fn run_gpu(args: Args) -> Result<(), String> {
+    let bar_size = args
+        .gpu_bar_mib
+        .checked_mul(1 << 20)
+        .ok_or_else(|| format!("--gpu-bar-mib {} is too large", args.gpu_bar_mib))?;
+    let gpu = ModelGpu::new(GpuConfig {
+        name: args.name.clone(),
+        bar_size,
+    })
+    .map_err(|e| format!("starting the model GPU: {e}"))?;
+    let blocked = StopSignalsBlocked::new();
+    let mut server = GpuServer::bind(gpu, &args.socket, args.replace).map_err(|e| e.to_string())?;
+    if let Ok(c) = CString::new(args.socket.as_os_str().as_bytes()) {
+        let _ = SOCKET.set(c);
+    }
+    drop(blocked);
+    loop {
+        let r = server.serve_one();
+        if !args.persist {
+            return r.map_err(|e| format!("session: {e}"));
+        }
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "client session failed; waiting for the next client");
+        }
+    }
+}
+
 fn run(args: Args) -> Result<(), String> {
     install_stop_handler();
+    if args.gpu {
+        return run_gpu(args);
+    }
     let base = ModelConfig {
         mac: args.mac,
         name: args.name.clone(),
@@ -167,8 +213,8 @@ fn run(args: Args) -> Result<(), String> {
     // The stop signals wait while the socket is created and recorded for the handler: a
     // SIGTERM between the two would otherwise leave the socket behind.
     let blocked = StopSignalsBlocked::new();
-    let mut server =
-        ModelServer::bind(hca, &args.socket, args.replace).map_err(|e| e.to_string())?;
+    let mut server = ModelServer::bind_trapping(hca, &args.socket, args.replace, args.trap_uars)
+        .map_err(|e| e.to_string())?;
     if let Ok(c) = CString::new(args.socket.as_os_str().as_bytes()) {
         let _ = SOCKET.set(c);
     }

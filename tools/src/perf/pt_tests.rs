@@ -171,7 +171,7 @@ impl Fake {
                 })
                 .unwrap();
             self.end.qps[q].ring_doorbell();
-            let c = wait_one(&mut self.end.cq, false).unwrap();
+            let c = wait_one(&self.end.watch, &mut self.end.cq, false).unwrap();
             assert_ne!(c.opcode, WcOpcode::Recv);
         }
     }

@@ -293,6 +293,10 @@ impl Bench {
         if role == Role::Server {
             ctl.send(&Msg::End(mine.clone()))?;
         }
+        me.watch.peer = Some(std::sync::Arc::new(
+            super::PeerWatch::new(ctl.stream())
+                .map_err(setup("watching the control connection"))?,
+        ));
         Ok(Bench {
             rx_off: rx,
             me,
@@ -327,7 +331,10 @@ impl Bench {
     /// A failed run of a remote pair, most often a stall or a failed request because the
     /// peer went away: says so when the control connection shows it (closed, or an ERROR).
     pub(super) fn explain(&mut self, e: PerfError) -> PerfError {
-        if matches!(e, PerfError::Control(_) | PerfError::Perftest(_)) {
+        if matches!(
+            e,
+            PerfError::Control(_) | PerfError::PeerHungUp | PerfError::Perftest(_)
+        ) {
             return e;
         }
         match &mut self.peer {
@@ -483,12 +490,12 @@ impl Bench {
         let window = (self.settings.iters / 20).max(1);
         let mut meter = Meter::new(size, window, start);
         let (mut expected, mut last, mut heard) = (None, start, start);
-        let mut idle = StallTimer::new();
+        let mut idle = StallTimer::watching(&self.me.watch);
         let mut next_check = start;
         while expected != Some(meter.total) {
             let n = self.me.reap_recvs()?;
             let now = if n > 0 {
-                idle = StallTimer::new();
+                idle.restart();
                 last = Instant::now();
                 meter.add(n, last);
                 Some(last)
@@ -560,7 +567,7 @@ impl Bench {
         let start = Instant::now();
         let mut meter = Meter::new(size, pace.window(), start);
         let (mut theirs, mut heard, mut next_check) = (None, start, start);
-        let mut idle = StallTimer::new();
+        let mut idle = StallTimer::watching(&self.me.watch);
         let mut now = start;
         loop {
             // With -D the client's DONE ends this end's stream too.
@@ -569,7 +576,7 @@ impl Bench {
             let n = self.me.reap(&mut st)?;
             if n > 0 {
                 now = Instant::now();
-                idle = StallTimer::new();
+                idle.restart();
                 meter.add(n, now);
             } else if let Some(t) = idle.spin()? {
                 now = t;
