@@ -34,7 +34,9 @@ pub mod mkc;
 pub mod qpc;
 pub mod reg;
 pub mod roce;
+pub mod srq;
 pub mod uar;
+pub mod umr;
 pub mod vport;
 pub mod wqe;
 

@@ -48,8 +48,9 @@ use super::caps::LOG_BF_REG_SIZE;
 use super::cq::{self, Cq, Event};
 use super::iommu::{self, Dma};
 use super::mkey::{self, Access, MemError};
-use super::qp::{Qp, QpState};
+use super::qp::{Qp, QpKind, QpState};
 use super::sq::{self, Ctrl, MAX_WQE, WqeError};
+use super::srq::Srq;
 use super::state::Core;
 use super::table::Table;
 use super::{Counters, Shared, eq};
@@ -68,6 +69,8 @@ pub(crate) struct DataPath {
     pub(crate) cqs: Table<Cq>,
     /// QPs by QPN.
     pub(crate) qps: Table<Qp>,
+    /// SRQs, XRC SRQs and RMPs by number (`srq.rs`).
+    pub(crate) srqs: Table<Srq>,
     /// UAR → number of CQs on it.
     pub(crate) cq_uars: BTreeMap<u32, u32>,
     /// UAR → number of QPs on it.
@@ -217,6 +220,11 @@ impl Port {
         }
     }
 
+    /// The attached link, as the last pass saw it.
+    pub(crate) fn peer(&self) -> Option<&(dyn Link + Send + Sync)> {
+        self.peer.as_deref()
+    }
+
     fn refresh(&mut self, sh: &Shared) {
         let g = sh.link.generation.load(Ordering::Acquire);
         if g == self.generation {
@@ -307,6 +315,11 @@ impl<'a, 'd> Sink<'a, 'd> {
         }
         cqe[OP_OWN_OFFSET] = u8::from(op) << 4;
         self.push(recv, &mut cqe, true);
+    }
+
+    /// A successful send CQE built by the caller (`umr.rs`).
+    pub(crate) fn push_send(&mut self, cqe: &mut [u8; CQE_SIZE]) {
+        self.push(false, cqe, false);
     }
 
     fn push(&mut self, recv: bool, cqe: &mut [u8; CQE_SIZE], solicited: bool) {
@@ -422,6 +435,8 @@ pub(crate) fn poll(
         busy
     };
     std::mem::swap(&mut core.dp, dp);
+    // UMR and NOP WQEs of non-RC QPs, with the MKey table writable (`umr.rs`).
+    super::umr::run_local(sh, core);
     post_events(sh, core);
     let held = core.dp.moderated != 0 && core.dp.cqs.values().any(|c| c.moder.due.is_some());
     core.dp.settled = !exhausted
@@ -527,6 +542,11 @@ pub(crate) fn run_sq(
     events: &mut Vec<Event>,
 ) {
     if !matches!(qp.state, QpState::Rts | QpState::Err) {
+        return;
+    }
+    if qp.kind != QpKind::Rc {
+        // Run after the pass, where UMRs can change MKeys (`umr::run_local`).
+        qp.local_work = true;
         return;
     }
     let Some(pi) = qp.sq_pi(dma) else {
@@ -670,9 +690,17 @@ fn receive(
                 }
                 looped.recv_local(&mut |f: &[u8], b| handle(f, true, b))
             } else if let Some(p) = peer {
-                // A link that checks ICRCs itself delivers only frames that passed.
+                // A link that checks ICRCs itself delivers only frames that passed, and
+                // counts the others.
                 let verify = !p.offloads_icrc(&[0xFF; 6]);
-                p.recv_with(rx, &mut |f: &[u8]| handle(f, !verify, None))
+                let r = p.recv_with(rx, &mut |f: &[u8]| handle(f, !verify, None));
+                if !verify {
+                    let (n, octets) = p.take_rx_errors();
+                    if n > 0 {
+                        sh.stats.port.received_errors(n, octets);
+                    }
+                }
+                r
             } else {
                 Ok(false)
             };
@@ -710,6 +738,12 @@ fn deliver(
         sh.stats.port.received_error(frame.len());
         return; // malformed or bad ICRC: dropped as the wire would
     };
+    let Some(qp) = dp.qps.get_mut(pkt.bth.dest_qp) else {
+        // No such QP (IBA §9.6.1.1: dropped silently), counted with the port's receive
+        // errors.
+        sh.stats.port.received_error(frame.len());
+        return;
+    };
     match burst {
         Some(b) => sh
             .stats
@@ -717,9 +751,6 @@ fn deliver(
             .received_burst(b.frame_packets(), b.frame_wire_len()),
         None => sh.stats.port.received(frame.len()),
     }
-    let Some(qp) = dp.qps.get_mut(pkt.bth.dest_qp) else {
-        return;
-    };
     let mem = Mem {
         sh,
         dma,
@@ -727,7 +758,7 @@ fn deliver(
         pd: qp.pd,
     };
     let mut sink = Sink::new(sh, dma, &mut dp.cqs, &mut dp.events, qp);
-    let (engine, mut rq) = qp.rq(dma);
+    let (engine, mut rq) = qp.rq(dma, &mut dp.srqs);
     let Some(engine) = engine else { return };
     let mut env = Env {
         link: wire,
@@ -760,7 +791,11 @@ fn transmit(
     let sent0 = wire.sent.load(Ordering::Relaxed);
     let cqes0 = sh.stats.cqes.load(Ordering::Relaxed);
     let DataPath {
-        qps, cqs, events, ..
+        qps,
+        cqs,
+        events,
+        srqs,
+        ..
     } = dp;
     for qp in qps.values_mut() {
         // WQEs left in the SQ (RTR2RTS, a full engine, in-order completion): taken now,
@@ -788,7 +823,7 @@ fn transmit(
         };
         let mut sink = Sink::new(sh, dma, cqs, events, qp);
         let state = qp.state;
-        let (engine, mut rq) = qp.rq(dma);
+        let (engine, mut rq) = qp.rq(dma, srqs);
         let keep = match engine {
             Some(engine) => {
                 let mut env = Env {
@@ -805,8 +840,11 @@ fn transmit(
                 !engine.is_idle() || wire.full.load(Ordering::Relaxed) != full0
             }
             None if state == QpState::Err => {
-                // Never reached RTS: flush posted receives here (sends flush at their doorbell).
-                while let Some(r) = rc::RecvQueue::take(&mut rq) {
+                // Never reached RTS: flush posted receives here (sends flush at their
+                // doorbell); an SRQ's belong to every QP on it and stay.
+                while !rc::RecvQueue::shared(&rq)
+                    && let Some(r) = rc::RecvQueue::take(&mut rq)
+                {
                     sink.error(true, r.wr_id as u16, 0, CqeSyndrome::WrFlush);
                 }
                 true

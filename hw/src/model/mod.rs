@@ -37,6 +37,8 @@ mod cq;
 mod datapath;
 mod device;
 mod eq;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod health;
 mod iommu;
 mod link_api;
@@ -47,8 +49,10 @@ mod pages;
 pub mod peer;
 mod qp;
 mod sq;
+mod srq;
 mod state;
 mod table;
+mod umr;
 mod vport;
 mod watch;
 mod wq;
@@ -501,12 +505,16 @@ impl Hca {
         self.shared
             .config
             .lock()
-            .expect("config lock")
+            .unwrap_or_else(|e| e.into_inner())
             .read(off, buf);
         Ok(())
     }
 
-    /// Writes config space (read-only bits ignored); a bus-master change gates DMA.
+    /// Writes config space (read-only bits ignored); a bus-master change gates DMA. A write
+    /// of `Initiate FLR` in the PCI Express capability is a Function Level Reset: the
+    /// function's state goes back to power-on ([`reset`](Self::reset)) and so do the
+    /// config registers an FLR resets (bus mastering off), as vfio-pci expects between
+    /// two opens of the device.
     pub fn config_write(&self, off: u16, data: &[u8]) -> Result<(), ModelError> {
         if !ConfigSpace::in_range(off, data.len()) {
             return Err(ModelError::ConfigRange {
@@ -514,11 +522,19 @@ impl Hca {
                 len: data.len(),
             });
         }
-        let mut c = self.shared.config.lock().expect("config lock");
-        c.write(off, data);
+        let mut c = self.shared.config.lock().unwrap_or_else(|e| e.into_inner());
+        let flr = c.write(off, data);
+        if flr {
+            c.flr();
+        }
         self.shared
             .iommu
             .set_bus_master(c.command() & config::COMMAND_MASTER != 0);
+        drop(c);
+        if flr {
+            tracing::info!(name = %self.shared.cfg.name, "function level reset");
+            self.reset();
+        }
         Ok(())
     }
 
@@ -551,6 +567,33 @@ impl Hca {
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
+    }
+
+    /// A BAR0 write that reaches the model as one access (a host serving a UAR page by
+    /// messages): a 4-byte EQ doorbell of an allocated UAR (offset 0x40 arm, 0x48 update)
+    /// is applied at once, so every write counts, as on hardware, even two to the same
+    /// word in a row. Returns false for any other write, which the caller stores in BAR
+    /// memory for the device thread to find.
+    pub fn doorbell_write(&self, offset: usize, data: &[u8]) -> bool {
+        use crate::layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM, UAR_SIZE};
+        let Ok(bytes) = <[u8; 4]>::try_from(data) else {
+            return false;
+        };
+        let arm = match offset % UAR_SIZE {
+            EQ_DOORBELL_ARM => true,
+            EQ_DOORBELL_NOARM => false,
+            _ => return false,
+        };
+        let Ok(uar) = u32::try_from(offset / UAR_SIZE) else {
+            return false;
+        };
+        let mut core = self.shared.core();
+        if !core.uars.contains(uar) {
+            return false;
+        }
+        // The driver stores the big-endian word: the bytes in memory order.
+        eq::apply_doorbell(&self.shared, &mut core, uar, arm, u32::from_be_bytes(bytes));
+        true
     }
 
     /// Number of MSI-X vectors.

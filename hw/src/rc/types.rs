@@ -807,6 +807,12 @@ pub trait RecvQueue {
     /// Takes the next posted receive WR, or `None` when none is posted (the responder
     /// then answers with an RNR NAK).
     fn take(&mut self) -> Option<RecvWqe>;
+
+    /// Whether the queue is shared with other QPs (an SRQ): a QP that fails then flushes
+    /// none of its WRs, which belong to every QP on it.
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 /// Where completions go (the model writes CQEs).

@@ -106,8 +106,12 @@ type WriteFn = fn(&mut Ctx<'_>, &[u8]) -> CmdResult;
 pub(crate) struct Register {
     pub(crate) id: u16,
     pub(crate) name: &'static str,
-    /// Bytes of register data.
+    /// Bytes of register data in an answer.
     pub(crate) size: usize,
+    /// Bytes of register data a request must carry: the whole register, but for MCQI its
+    /// 24-byte header (Linux sends `mlx5_ifc.h`'s `mcqi_reg`, whose data is a flexible
+    /// array, and asks for `data_size` bytes of data in the output).
+    pub(crate) in_size: usize,
     read: ReadFn,
     /// `None`: read-only (a write is refused with [`s::REG_READ_ONLY`]).
     write: Option<WriteFn>,
@@ -124,11 +128,11 @@ const fn reg(
         id,
         name,
         size,
+        in_size: size,
         read,
         write,
     }
 }
-
 /// The registers the model has.
 pub(crate) static REGISTERS: &[Register] = &[
     reg(
@@ -168,13 +172,16 @@ pub(crate) static REGISTERS: &[Register] = &[
         Some(write_host_endianness),
     ),
     reg(id::MCQS, "MCQS", McqsReg::<()>::SIZE, read_mcqs, None),
-    reg(
-        id::MCQI,
-        "MCQI",
-        McqiReg::<()>::SIZE + McqiVersion::<()>::SIZE,
-        read_mcqi,
-        None,
-    ),
+    Register {
+        in_size: McqiReg::<()>::SIZE,
+        ..reg(
+            id::MCQI,
+            "MCQI",
+            McqiReg::<()>::SIZE + McqiVersion::<()>::SIZE,
+            read_mcqi,
+            None,
+        )
+    },
     reg(id::MCAM, "MCAM", McamReg::<()>::SIZE, read_mcam, None),
     reg(id::DTOR, "DTOR", DtorReg::<()>::SIZE, read_dtor, None),
 ];
@@ -200,10 +207,13 @@ pub(super) fn access_reg(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> 
         return Err(bad_param(s::BAD_OP_MOD));
     }
     let data = AccessRegisterIn::<()>::REGISTER_DATA;
-    if input.len() < data + r.size {
+    if input.len() < data + r.in_size {
         return Err(err(CmdStatus::BadInpLenErr, s::INLEN_TOO_SHORT));
     }
-    let req = &input[data..data + r.size];
+    // The request as the register: what it carries, zeros past it.
+    let mut req = input[data..input.len().min(data + r.size)].to_vec();
+    req.resize(r.size, 0);
+    let req = &req[..];
     tracing::trace!(register = r.name, write = ctx.op_mod == 0, "ACCESS_REG");
     if ctx.op_mod == 0 {
         let write = r.write.ok_or(bad_param(s::REG_READ_ONLY))?;

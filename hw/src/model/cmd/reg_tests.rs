@@ -188,8 +188,9 @@ fn mcqs_and_mcqi_report_the_running_firmware_version() {
     McqsReg::new_unchecked(&mut q[..]).set_component_index(1);
     assert_eq!(access(&r, id::MCQS, 1, &q).1, s::REG_BAD_COMPONENT);
 
-    // As Linux's mlx5_reg_mcqi_version_query: info_type 1, data_size of mcqi_version.
-    let mut q = [0u8; McqiReg::<()>::SIZE + McqiVersion::<()>::SIZE];
+    // As Linux's mlx5_reg_mcqi_version_query: the 24-byte header alone, info_type 1,
+    // data_size of mcqi_version.
+    let mut q = [0u8; McqiReg::<()>::SIZE];
     {
         let mut m = McqiReg::new_unchecked(&mut q[..]);
         m.set_info_type(1);
@@ -215,6 +216,7 @@ fn mcqs_and_mcqi_report_the_running_firmware_version() {
     );
     McqiReg::new_unchecked(&mut q[..]).set_info_type(9);
     assert_eq!(access(&r, id::MCQI, 1, &q).1, s::REG_BAD_FIELD);
+    assert_eq!(access(&r, id::MCQI, 1, &q[..20]).0, CmdStatus::BadInpLenErr);
     McqiReg::new_unchecked(&mut q[..]).set_info_type(0);
     McqiReg::new_unchecked(&mut q[..]).set_read_pending_component(1);
     assert_eq!(access(&r, id::MCQI, 1, &q).1, s::REG_BAD_FIELD);
@@ -228,4 +230,16 @@ fn host_endianness_keeps_what_the_driver_wrote() {
     w.write_be32(0, 0x8000_0000);
     assert_eq!(access(&r, id::HOST_ENDIANNESS, 0, &w).0, CmdStatus::Ok);
     assert_eq!(read_ok(&r, id::HOST_ENDIANNESS, &[0; 16])[0], 0x80);
+}
+
+#[test]
+fn an_unknown_opcode_is_bad_op_and_logged_once() {
+    let hca = model(68);
+    let r = Rig::new(&hca);
+    for _ in 0..2 {
+        let (st, syn, _) = r.cmd(&header(Opcode::Unknown(0x90c), 16), 16);
+        assert_eq!((st, syn), (CmdStatus::BadOpErr, s::BAD_OPCODE));
+    }
+    // The first refusal recorded (and logged) the gap.
+    assert!(!hca.shared.gaps.first(Gap::Opcode(0x90c)));
 }
