@@ -105,6 +105,12 @@ pub trait Link {
         let _ = dst_mac;
         false
     }
+    /// Puts the idle device thread to sleep for at most `timeout`. A link that can tell
+    /// when a frame arrives (a socket) wakes it then; the provided version parks the
+    /// thread (an unpark, or the timeout, ends it).
+    fn wait(&self, timeout: std::time::Duration) {
+        std::thread::park_timeout(timeout);
+    }
     /// The datagrams the link itself dropped on receipt (bad ICRC, too short, too long)
     /// since the last call, as (packets, octets): the model adds them to its port's receive
     /// errors. The provided version drops nothing.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use uhca::Device;
 use uhca::datapath::{Remote, Sge, WcStatus};
+use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::hw::link::net::{NetConfig, NetLink, NetStats};
 use uhca::hw::link::{FaultConfig, Link, LinkError};
 use uhca::pci::model::ModelFunction;
@@ -61,6 +62,9 @@ impl Link for Shared {
     fn take_rx_errors(&self) -> (u64, u64) {
         self.0.take_rx_errors()
     }
+    fn wait(&self, t: std::time::Duration) {
+        self.0.wait(t)
+    }
 }
 
 fn end(ip: IpAddr, mac_last: u8, faults: FaultConfig) -> End {
@@ -96,6 +100,11 @@ fn end(ip: IpAddr, mac_last: u8, faults: FaultConfig) -> End {
 /// Two ends on `ip`, each sending to the other's UDP port, their QPs connected by GID 0
 /// (the address; the peer's MAC is made up, as over perftest's exchange).
 fn pair(ip: IpAddr, faults: FaultConfig) -> (End, End) {
+    pair_with(ip, faults, |_| {})
+}
+
+/// [`pair`] with both connect parameters passed through `tune`.
+fn pair_with(ip: IpAddr, faults: FaultConfig, tune: impl Fn(&mut ConnectParams)) -> (End, End) {
     let (mut a, mut b) = (end(ip, 0x0A, faults), end(ip, 0x0B, faults));
     a.link.set_peer_port(b.link.local_addrs()[0].port());
     b.link.set_peer_port(a.link.local_addrs()[0].port());
@@ -113,7 +122,7 @@ fn pair(ip: IpAddr, faults: FaultConfig) -> (End, End) {
     let mut pb = ConnectParams::new(a.qp.qpn(), ga.gid, peer_mac);
     for p in [&mut pa, &mut pb] {
         p.mtu = Mtu::M1024;
-        p.timeout = 8; // about 1 ms: a lost packet is resent soon
+        tune(p);
     }
     a.qp.connect(&pa).unwrap();
     b.qp.connect(&pb).unwrap();
@@ -248,7 +257,12 @@ fn every_operation_over_a_lossy_port() {
         corrupt_one_in: 15,
         ..FaultConfig::default()
     };
-    let (mut a, mut b) = pair("127.0.0.1".parse().unwrap(), faults);
+    // ACK timeout 4.096 us * 2^12 (about 17 ms): a lost packet is resent soon, and a busy
+    // machine's late answer is not taken for a loss seven times over.
+    let (mut a, mut b) = pair_with("127.0.0.1".parse().unwrap(), faults, |p| {
+        p.timeout = 12;
+        p.retry_cnt = 7;
+    });
     every_operation(&mut a, &mut b);
     let (sa, sb) = (a.link.stats(), b.link.stats());
     assert!(sa.fault_dropped + sb.fault_dropped > 0, "{sa:?} {sb:?}");
@@ -427,4 +441,58 @@ fn reseal(src: SocketAddr, dst: SocketAddr, dgram: &[u8]) -> Vec<u8> {
     let m = out.len();
     out[m - 4..].copy_from_slice(&c.to_le_bytes());
     out
+}
+
+#[test]
+fn a_peer_that_vanishes_ends_in_retry_exceeded_and_flushed_requests() {
+    let ip: IpAddr = "127.0.0.1".parse().unwrap();
+    let (mut a, b) = pair_with(ip, FaultConfig::default(), |p| {
+        p.timeout = 8; // about 1 ms: the retries run out soon
+        p.retry_cnt = 2;
+    });
+    a.mr.write(0, &pattern(4)[..8192]).unwrap();
+    b.mr.write(0, &vec![0x11; LEN]).unwrap();
+    // b's port goes away (its process died; nothing listens on its UDP port any more).
+    let gone = b.link.local_addrs()[0];
+    drop(b);
+    assert!(
+        UdpSocket::bind(gone).is_ok(),
+        "b's port is closed: its address is free"
+    );
+    let sge = [Sge::of(&a.mr, 0, 4096).unwrap()];
+    for id in 1..=3 {
+        a.qp.post_send(&SendWr {
+            wr_id: id,
+            op: SendOp::Write {
+                local: Local::Sges(&sge),
+                remote: Remote {
+                    addr: 0x1000,
+                    rkey: 0x100,
+                },
+            },
+            flags: SendFlags::SIGNALED,
+        })
+        .unwrap();
+    }
+    a.qp.ring_doorbell();
+    let c = wait_n(&mut a.cq, 3);
+    let got: Vec<(u64, Option<CqeSyndrome>)> = c
+        .iter()
+        .map(|c| match c.status {
+            WcStatus::Error { syndrome, .. } => (c.wr_id, Some(syndrome)),
+            WcStatus::Success => (c.wr_id, None),
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, Some(CqeSyndrome::TransportRetryExc)),
+            (2, Some(CqeSyndrome::WrFlush)),
+            (3, Some(CqeSyndrome::WrFlush))
+        ]
+    );
+    // Nothing more was sent after the error: the last retry is the last datagram.
+    let sent = a.link.stats().tx_datagrams;
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(a.link.stats().tx_datagrams, sent);
 }

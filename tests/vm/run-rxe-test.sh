@@ -186,5 +186,6 @@ done
 wait "$QEMU_PID" 2>/dev/null || true
 QEMU_PID=""
 grep -aE '^GUEST:' "$CONSOLE" | sed 's/^/  /' || true
+say "finished"
 echo "RESULT: $PASS passed, $FAIL failed"
 [ "$FAIL" = 0 ]

@@ -206,3 +206,78 @@ mod tests {
         ));
     }
 }
+
+/// The reference for a network port's latency: a UDP ping-pong between this process and
+/// an echo process over loopback, both busy-polling their non-blocking sockets (as the
+/// model's device thread polls its port), `size`-byte datagrams.
+pub mod udp_ref {
+    use std::io;
+    use std::net::{SocketAddr, UdpSocket};
+    use std::time::Instant;
+
+    /// Answers every datagram to `sock` with the same bytes until one of zero bytes comes.
+    pub fn echo(sock: &UdpSocket) -> io::Result<()> {
+        sock.set_nonblocking(true)?;
+        let mut buf = vec![0u8; 65536];
+        loop {
+            match sock.recv_from(&mut buf) {
+                Ok((0, _)) => return Ok(()),
+                Ok((n, from)) => {
+                    sock.send_to(&buf[..n], from)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One-way latencies of `n` round trips of `size` bytes to the echo at `peer` (half
+    /// of each round trip, in nanoseconds, sorted), after `n / 10` unmeasured ones; then
+    /// stops the echo. A datagram without an answer for a second (the echo not bound yet,
+    /// a loss) is sent again; that round trip is not counted.
+    pub fn pingpong(peer: SocketAddr, size: usize, n: usize) -> io::Result<Vec<f64>> {
+        let sock = UdpSocket::bind(SocketAddr::new(peer.ip(), 0))?;
+        sock.connect(peer)?;
+        sock.set_nonblocking(true)?;
+        let msg = vec![0x5Au8; size.max(1)];
+        let mut buf = vec![0u8; 65536];
+        let mut out = Vec::with_capacity(n);
+        let deadline = Instant::now() + std::time::Duration::from_secs(120);
+        let mut i = 0;
+        while i < n + n / 10 {
+            let t = Instant::now();
+            let _ = sock.send(&msg);
+            let answered = loop {
+                match sock.recv(&mut buf) {
+                    Ok(_) => break true,
+                    Err(e)
+                        if e.kind() == io::ErrorKind::WouldBlock
+                            || e.kind() == io::ErrorKind::ConnectionRefused =>
+                    {
+                        if Instant::now() > deadline {
+                            return Err(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                "the echo process does not answer",
+                            ));
+                        }
+                        if t.elapsed().as_secs() >= 1 {
+                            break false;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            if !answered {
+                continue;
+            }
+            if i >= n / 10 {
+                out.push(t.elapsed().as_nanos() as f64 / 2.0);
+            }
+            i += 1;
+        }
+        let _ = sock.send(&[]);
+        out.sort_by(f64::total_cmp);
+        Ok(out)
+    }
+}

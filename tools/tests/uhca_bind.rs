@@ -102,7 +102,7 @@ fn bind_dry_run_prints_the_writes_and_changes_nothing() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 3, "{out}");
     assert!(
-        lines[0].starts_with("would run: echo \"vfio-pci\" > ")
+        lines[0].starts_with("would run: echo vfio-pci > ")
             && lines[0].ends_with("driver_override")
     );
     assert!(lines[1].ends_with("drivers/mlx5_core/unbind"), "{out}");
@@ -186,7 +186,7 @@ fn hugepages_are_reserved_and_read_back() {
     );
     let o = bind_tool(d.path(), &["hugepages", "--2m", "4", "--dry-run"]);
     assert!(o.status.success());
-    assert!(text(&o.stdout).starts_with("would run: echo \"4\" > "));
+    assert!(text(&o.stdout).starts_with("would run: echo 4 > "));
     assert_eq!(
         f.read("kernel/mm/hugepages/hugepages-2048kB/nr_hugepages")
             .unwrap()
@@ -295,4 +295,67 @@ fn status_reports_p2p_topology_between_nic_and_gpu() {
         "{out}"
     );
     assert!(out.contains("ACS redirect on"), "{out}");
+}
+
+/// What uhca-bind reports is what happened (the fake tree has no kernel behind it, so
+/// binds and unbinds do not take): an unbind that left the function on vfio-pci is an
+/// error, not "now on vfio-pci"; a missing 2 MiB pool gets a 2 MiB hint; a failed bind
+/// blames a missing IOMMU group only when there is none; a function whose IDs cannot be
+/// read is named, not dropped; and the printed undo command works when pasted.
+#[test]
+fn uhca_bind_says_what_happened() {
+    let d = tempfile::tempdir().unwrap();
+    let f = tree(d.path());
+    let o = bind_tool(d.path(), &["unbind", A]);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(err.contains("still bound to vfio-pci"), "{err}");
+    assert!(!out.contains("now on vfio-pci"), "{out}");
+    // B is in group 18: a bind that does not take is not blamed on a missing group.
+    let o = bind_tool(d.path(), &["bind", B, "--force"]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("instead of vfio-pci"), "{err}");
+    assert!(!err.contains("without an IOMMU group"), "{err}");
+    // The undo of a bind, as printed, clears driver_override when pasted into a shell.
+    let o = bind_tool(d.path(), &["unbind", A, "--dry-run"]);
+    let out = text(&o.stdout);
+    let undo = out
+        .lines()
+        .find(|l| l.contains("driver_override"))
+        .and_then(|l| l.strip_prefix("would run: "))
+        .unwrap_or_else(|| panic!("{out}"));
+    let path = f
+        .root()
+        .join(format!("bus/pci/devices/{A}/driver_override"));
+    std::fs::write(&path, "vfio-pci\n").unwrap();
+    let st = Command::new("sh").args(["-c", undo]).status().unwrap();
+    assert!(st.success(), "{undo}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "\n", "{undo}");
+    // A function whose vendor file is garbage is named on stderr and in the JSON.
+    const C: &str = "0000:5e:00.0";
+    f.add_function(C, MLX5_VENDOR, 0x101d, 0x020000).unwrap();
+    std::fs::write(
+        f.root().join(format!("bus/pci/devices/{C}/vendor")),
+        "garbage\n",
+    )
+    .unwrap();
+    let o = bind_tool(d.path(), &["status", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains(&format!("{C} left out")),
+        "{}",
+        text(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["unreadable_functions"][0]["bdf"], C);
+    // No 2 MiB pool: the hint is about 2 MiB pages.
+    std::fs::remove_dir_all(f.root().join("kernel/mm/hugepages/hugepages-2048kB")).unwrap();
+    let o = bind_tool(d.path(), &["hugepages", "--2m", "4"]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("2 MiB pages need") && !err.contains("1 GiB"),
+        "{err}"
+    );
 }

@@ -667,7 +667,11 @@ fn a_perftest_mode_server_killed_mid_run_fails_the_client() {
     let t = Instant::now();
     let (code, _, err) = client.finish();
     assert_ne!(code, 0, "{err}");
-    assert!(err.contains("the perftest peer"), "{err}");
+    // The connection's hang-up, seen by the waits, or the requests failing first.
+    assert!(
+        err.contains("the remote end closed") || err.contains("the perftest peer"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     assert!(
         t.elapsed() < Duration::from_secs(45),

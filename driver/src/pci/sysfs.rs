@@ -345,6 +345,9 @@ fn parse_hex_u16(path: &Path) -> Result<u16, SysfsError> {
     })
 }
 
+/// A function whose `vendor` or `device` file could not be read or parsed, and why.
+pub type Unreadable = (String, SysfsError);
+
 impl Sysfs {
     /// A sysfs tree rooted at `root` (`/sys` on a real host).
     pub fn new(root: impl Into<PathBuf>) -> Sysfs {
@@ -404,22 +407,32 @@ impl Sysfs {
         Ok(v)
     }
 
-    /// The mlx5-family functions present, fully described.
+    /// The mlx5-family functions present, fully described (functions whose IDs cannot
+    /// be read are left out: [`mlx5_functions_and_unreadable`](Self::mlx5_functions_and_unreadable)
+    /// says which).
     pub fn mlx5_functions(&self, net: &dyn NetState) -> Result<Vec<FunctionInfo>, SysfsError> {
+        self.mlx5_functions_and_unreadable(net).map(|(f, _)| f)
+    }
+
+    /// The mlx5-family functions present, and the functions whose `vendor` or `device`
+    /// file could not be read or parsed (each with why), which may be mlx5 functions too.
+    pub fn mlx5_functions_and_unreadable(
+        &self,
+        net: &dyn NetState,
+    ) -> Result<(Vec<FunctionInfo>, Vec<Unreadable>), SysfsError> {
         let mut out = Vec::new();
+        let mut unreadable = Vec::new();
         for bdf in self.all_functions()? {
             let d = self.device_dir(&bdf);
-            let (Ok(v), Ok(dev)) = (
-                parse_hex_u16(&d.join("vendor")),
-                parse_hex_u16(&d.join("device")),
-            ) else {
-                continue;
-            };
-            if mlx5_model(v, dev).is_some() {
-                out.push(self.function(&bdf, net)?);
+            let ids = parse_hex_u16(&d.join("vendor"))
+                .and_then(|v| parse_hex_u16(&d.join("device")).map(|dev| (v, dev)));
+            match ids {
+                Ok((v, dev)) if mlx5_model(v, dev).is_some() => out.push(self.function(&bdf, net)?),
+                Ok(_) => {}
+                Err(e) => unreadable.push((bdf, e)),
             }
         }
-        Ok(out)
+        Ok((out, unreadable))
     }
 
     /// The driver a function is bound to.

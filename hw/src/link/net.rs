@@ -33,7 +33,7 @@ use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 
 use super::{FaultConfig, Link, LinkError, SplitMix64, mangle};
 use crate::layout::roce::headers::{BTH_SIZE, ETH_SIZE, IPV4_SIZE, IPV6_SIZE, UDP_SIZE};
@@ -289,6 +289,8 @@ pub struct NetLink {
     tx: Mutex<Tx>,
     rx: Mutex<Rx>,
     pcap: Mutex<Option<pcap::Pcap>>,
+    /// Whether `pcap` holds a file (read on every datagram without the lock).
+    capture_on: AtomicBool,
     stats: Counters,
     /// Datagrams and octets dropped on receipt since the model last took them.
     rx_errors: (AtomicU64, AtomicU64),
@@ -365,6 +367,7 @@ impl NetLink {
                 ids: ipv4_id::IdSolver::default(),
             }),
             pcap: Mutex::new(None),
+            capture_on: AtomicBool::new(false),
             stats: Counters::default(),
             rx_errors: (AtomicU64::new(0), AtomicU64::new(0)),
         })
@@ -384,6 +387,7 @@ impl NetLink {
     pub fn capture(&self, path: &Path) -> io::Result<()> {
         let p = pcap::Pcap::create(path)?;
         *self.pcap.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        self.capture_on.store(true, Ordering::Relaxed);
         Ok(())
     }
 
@@ -399,14 +403,12 @@ impl NetLink {
         {
             tracing::warn!(error = %e, "capture stopped");
             *p = None;
+            self.capture_on.store(false, Ordering::Relaxed);
         }
     }
 
     fn capturing(&self) -> bool {
-        self.pcap
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+        self.capture_on.load(Ordering::Relaxed)
     }
 
     /// Turns the frame the model built in `f` into a datagram to send: checks it, writes
@@ -557,30 +559,30 @@ impl NetLink {
                 .take(BATCH)
                 .take_while(|p| p.sock == sock)
                 .count();
-            let outs: Vec<Out<'_>> = queue[at..at + run]
-                .iter()
-                .map(|p| Out {
+            let fd = self.socks[sock].sock.as_raw_fd();
+            let msg = |i: usize| {
+                let p = &queue[at + i];
+                Out {
                     dst: p.dst,
                     data: &slots[p.slot][p.off..p.off + p.len],
-                })
-                .collect();
-            let fd = self.socks[sock].sock.as_raw_fd();
+                }
+            };
             let mut sent = 0;
             while sent < run {
-                match sys::send_batch(fd, &outs[sent..]) {
+                match sys::send_batch(fd, run - sent, |i| msg(sent + i)) {
                     Ok(0) => {
                         self.stats.add(C::TxErrors, (run - sent) as u64);
                         break;
                     }
                     Ok(k) => {
-                        let bytes: usize = outs[sent..sent + k].iter().map(|o| o.data.len()).sum();
+                        let bytes: usize = (sent..sent + k).map(|i| msg(i).data.len()).sum();
                         self.stats.add(C::TxDatagrams, k as u64);
                         self.stats.add(C::TxBytes, bytes as u64);
                         sent += k;
                     }
                     Err(e) => {
                         // This datagram is lost (as on a wire); the next ones still go.
-                        tracing::debug!(error = %e, dst = %outs[sent].dst, "datagram not sent");
+                        tracing::debug!(error = %e, dst = %msg(sent).dst, "datagram not sent");
                         self.stats.add(C::TxErrors, 1);
                         sent += 1;
                     }
@@ -695,8 +697,7 @@ impl NetLink {
             let s = (rx.rr + k) % self.socks.len();
             let fd = self.socks[s].sock.as_raw_fd();
             let Rx { bufs, got, .. } = rx;
-            let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[HEAD..]).collect();
-            let n = sys::recv_batch(fd, &mut views, got).map_err(LinkError::Io)?;
+            let n = sys::recv_batch(fd, bufs, HEAD, got).map_err(LinkError::Io)?;
             if n > 0 {
                 (rx.count, rx.next, rx.sock) = (n, 0, s);
                 rx.rr = (s + 1) % self.socks.len();
@@ -830,6 +831,17 @@ impl Link for NetLink {
 
     fn offloads_icrc(&self, _dst_mac: &[u8; 6]) -> bool {
         true
+    }
+
+    /// Sleeps in `ppoll` on the sockets: a datagram that arrives wakes the device thread
+    /// at once instead of after its backoff sleep (which can be a millisecond).
+    fn wait(&self, timeout: std::time::Duration) {
+        let mut fds = [0; 8];
+        let n = self.socks.len().min(fds.len());
+        for (f, s) in fds.iter_mut().zip(&self.socks) {
+            *f = s.sock.as_raw_fd();
+        }
+        sys::wait_readable(&fds[..n], timeout);
     }
 
     fn take_rx_errors(&self) -> (u64, u64) {

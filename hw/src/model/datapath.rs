@@ -220,6 +220,11 @@ impl Port {
         }
     }
 
+    /// The attached link, as the last pass saw it.
+    pub(crate) fn peer(&self) -> Option<&(dyn Link + Send + Sync)> {
+        self.peer.as_deref()
+    }
+
     fn refresh(&mut self, sh: &Shared) {
         let g = sh.link.generation.load(Ordering::Acquire);
         if g == self.generation {

@@ -66,7 +66,7 @@ impl Backoff {
         self.yields == 0
     }
 
-    fn idle(&mut self, sh: &Shared, until_tick: Duration) {
+    fn idle(&mut self, sh: &Shared, until_tick: Duration, port: &datapath::Port) {
         if self.yields == 0 {
             // The clock is read on every CLOCK_EVERY-th idle pass only; the window starts at
             // the first such read (at most CLOCK_EVERY passes after the activity), so the
@@ -92,7 +92,12 @@ impl Backoff {
             std::thread::yield_now();
         } else {
             Counters::inc(&sh.stats.idle_sleeps);
-            std::thread::park_timeout(self.sleep.min(until_tick.max(SLEEP_MIN)));
+            let d = self.sleep.min(until_tick.max(SLEEP_MIN));
+            // A link that knows when a frame arrives ends the sleep then (`Link::wait`).
+            match port.peer() {
+                Some(l) => l.wait(d),
+                None => std::thread::park_timeout(d),
+            }
             self.sleep = (self.sleep * 2).min(SLEEP_MAX);
         }
     }
@@ -120,7 +125,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
         if poll(&sh, &mut port, &mut spare, &mut watch) {
             backoff.reset();
         } else {
-            backoff.idle(&sh, until_tick);
+            backoff.idle(&sh, until_tick, &port);
         }
     }
 }

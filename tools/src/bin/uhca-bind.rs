@@ -106,7 +106,13 @@ fn viable(f: &FunctionInfo) -> bool {
 
 fn status(args: &Args, json: bool) -> Result<(), String> {
     let sys = Sysfs::new(&args.sysfs_root);
-    let fns = sys.mlx5_functions(&HostNet).map_err(|e| e.to_string())?;
+    let (fns, unreadable) = sys
+        .mlx5_functions_and_unreadable(&HostNet)
+        .map_err(|e| e.to_string())?;
+    // Said, not dropped: such a function may be an mlx5 one.
+    for (bdf, e) in &unreadable {
+        eprintln!("uhca-bind: warning: {bdf} left out: its IDs cannot be read ({e})");
+    }
     let memlock = vfio::memlock_limit().ok().flatten();
     let iommu = sys.iommu_present();
     let noiommu = sys.noiommu_enabled();
@@ -122,6 +128,9 @@ fn status(args: &Args, json: bool) -> Result<(), String> {
             "dev_iommu": dev_iommu,
             "memlock_limit": memlock,
             "cap_ipc_lock": vfio::has_ipc_lock().ok(),
+            "unreadable_functions": unreadable.iter().map(|(bdf, e)| serde_json::json!({
+                "bdf": bdf, "error": e.to_string(),
+            })).collect::<Vec<_>>(),
             "hugepages": pools.iter().map(|p| serde_json::json!({
                 "page_size": p.page_size, "total": p.total, "free": p.free,
             })).collect::<Vec<_>>(),

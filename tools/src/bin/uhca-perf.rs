@@ -295,6 +295,12 @@ enum RefMode {
     cacheline,
     /// Single-thread memcpy bandwidth between two buffers of the message size.
     memcpy,
+    /// One-way latency of a UDP ping-pong with an echo process over 127.0.0.1, both
+    /// polling (the reference of write_lat over `--net`).
+    udp,
+    /// The echo end of `udp` (started by it).
+    #[value(hide = true)]
+    udp_echo,
 }
 
 /// Reference measurements of the machine.
@@ -313,6 +319,9 @@ struct RefArgs {
     /// available).
     #[arg(long, value_delimiter = ',')]
     cpus: Option<Vec<usize>>,
+    /// The UDP port of the echo process (udp_echo).
+    #[arg(long = "port-ref", hide = true)]
+    port_ref: Option<u16>,
 }
 
 fn run_reference(a: &RefArgs) -> Result<(), String> {
@@ -348,6 +357,50 @@ fn run_reference(a: &RefArgs) -> Result<(), String> {
                     name, r.round_trips, r.typical_ns, r.min_ns
                 );
             }
+        }
+        RefMode::udp => {
+            use uhca_tools::net_port::udp_ref;
+            let sock = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+            let port = sock.local_addr().map_err(|e| e.to_string())?;
+            drop(sock);
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let mut child = std::process::Command::new(exe)
+                .args(["udp-echo", "--port-ref", &port.port().to_string()])
+                .spawn()
+                .map_err(|e| format!("starting the echo process: {e}"))?;
+            // The echo binds its port; datagrams sent before are lost, so wait for it.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let n = a.iters.unwrap_or(100_000) as usize;
+            let r = udp_ref::pingpong(port, a.size.min(65507), n.max(10));
+            // The echo has stopped on the closing datagram unless that was lost or the run
+            // failed: it is ended either way.
+            let _ = child.kill();
+            let _ = child.wait();
+            let r = r.map_err(|e| e.to_string())?;
+            let pick = |q: f64| r[((r.len() - 1) as f64 * q) as usize] / 1000.0;
+            let avg = r.iter().sum::<f64>() / r.len() as f64 / 1000.0;
+            println!("{LINE}");
+            println!("                    UDP ping-pong over 127.0.0.1 (two processes, polling)");
+            println!("{LINE}");
+            println!(
+                " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    99% percentile[usec]"
+            );
+            println!(
+                " {:<6} {:<10}     {:<14.2} {:<12.2} {:<18.2} {:<14.2} {:.2}",
+                a.size,
+                r.len(),
+                pick(0.0),
+                pick(1.0),
+                pick(0.5),
+                avg,
+                pick(0.99)
+            );
+        }
+        RefMode::udp_echo => {
+            let port = a.port_ref.ok_or("udp-echo needs --port-ref")?;
+            let sock = std::net::UdpSocket::bind(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+            uhca_tools::net_port::udp_ref::echo(&sock).map_err(|e| e.to_string())?;
+            return Ok(());
         }
         RefMode::memcpy => {
             let n = a

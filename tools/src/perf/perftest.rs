@@ -291,6 +291,11 @@ impl Oob {
         })
     }
 
+    /// The connection (for watching it for a hang-up).
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
     /// Which end this is.
     pub fn role(&self) -> Role {
         self.role

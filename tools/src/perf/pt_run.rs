@@ -162,6 +162,11 @@ impl Bench {
         let cl = agreed.cache_line as usize;
         let half = max_size.max(agreed.cycle_buffer as usize).div_ceil(cl) * cl;
         let mut me = End::new(dev, s, half, s.use_dm)?;
+        // The waits also watch the connection: a peer that hangs up ends them at once.
+        me.watch.peer = Some(std::sync::Arc::new(
+            super::PeerWatch::new(oob.stream())
+                .map_err(setup("watching the connection to the peer"))?,
+        ));
         let x = gid_index(dev, opts.gid_index);
         let addr = dev.roce_address(u32::from(x)).map_err(setup("GID (-x)"))?;
         let reads = matches!(s.op, Op::Read | Op::Atomic);
@@ -400,13 +405,13 @@ impl Bench {
         let window = (self.settings.iters / 20).max(1);
         let mut meter = super::Meter::new(size, window, start);
         let mut last = start;
-        let mut idle = StallTimer::new();
+        let mut idle = StallTimer::watching(&self.me.watch);
         let mut next_check = start;
         let mut client_done = false;
         loop {
             let n = self.me.reap_recvs()?;
             let now = if n > 0 {
-                idle = StallTimer::new();
+                idle.restart();
                 last = Instant::now();
                 meter.add(n, last);
                 Some(last)
@@ -539,10 +544,15 @@ impl Bench {
     /// `write_lat`'s ping-pong of `size` with a perftest peer, as `role`: iteration `i`
     /// carries `i + 1` (modulo 256) in the message's last byte; the server writes first.
     /// Each sample is half the time between two of this end's writes.
-    /// With `-D` it runs until then (each end on its own clock, as perftest's alarm), a wait
-    /// for the peer ending there too.
+    /// With `-D` it samples until then (each end on its own clock, as perftest's alarm) and
+    /// then keeps answering, unsampled, until the peer hangs up or as long again: perftest's
+    /// end, started a little earlier or later, spins on its memory until its own alarm and
+    /// exits only when a WRITE comes (an end that stopped at its own deadline left a
+    /// perftest server spinning for minutes on soft-RoCE).
     fn pt_write_lat(&mut self, size: usize, role: Role) -> Result<LatResult, PerfError> {
-        let deadline = self.settings.duration.map(|d| Instant::now() + d);
+        let start = Instant::now();
+        let deadline = self.settings.duration.map(|d| start + d);
+        let grace_end = self.settings.duration.map(|d| start + 2 * d);
         let iters = match deadline {
             Some(_) => u64::MAX,
             None => self.settings.iters.max(1),
@@ -553,13 +563,24 @@ impl Bench {
         let rx = self.rx_off;
         let mut posted: Option<Instant> = None;
         let mut done = 0;
+        // A wait for the peer's WRITE: false when the run is over (past the grace period, or
+        // the peer hung up after this end's deadline).
+        let wait = |me: &End, tag: u8| -> Result<bool, PerfError> {
+            match await_tag_until(me, rx, size, tag, grace_end) {
+                Err(PerfError::PeerHungUp) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    Ok(false)
+                }
+                r => r,
+            }
+        };
         for i in 0..iters {
             let tag = ((i + 1) & 0xff) as u8;
-            if role == Role::Client && !await_tag_until(&self.me, rx, size, tag, deadline)? {
+            if role == Role::Client && !wait(&self.me, tag)? {
                 break;
             }
             let t = Instant::now();
-            if let Some(p) = posted {
+            let sampling = deadline.is_none_or(|d| t < d);
+            if let Some(p) = posted.filter(|_| sampling) {
                 samples.push(t.duration_since(p).as_secs_f64() * 1e6 / 2.0);
             }
             posted = Some(t);
@@ -581,13 +602,20 @@ impl Bench {
                 flags,
                 &mut inline,
             )?;
-            if role == Role::Server && !await_tag_until(&self.me, rx, size, tag, deadline)? {
+            if sampling {
+                done = i + 1;
+            }
+            if role == Role::Server && !wait(&self.me, tag)? {
                 break;
             }
             if last {
-                super::await_send(&mut self.me, i, self.settings.events)?;
+                // The peer may see this WRITE land, exit and hang up before its ACK is here:
+                // that is no failure, so this wait watches the device but not the peer.
+                let peer = self.me.watch.peer.take();
+                let r = super::await_send(&mut self.me, i, self.settings.events);
+                self.me.watch.peer = peer;
+                r?;
             }
-            done = i + 1;
         }
         let mut r = lat_stats(size, &mut samples);
         r.iters = done;
@@ -605,7 +633,7 @@ fn await_tag_until(
     tag: u8,
     deadline: Option<Instant>,
 ) -> Result<bool, PerfError> {
-    let mut timer = StallTimer::new();
+    let mut timer = StallTimer::watching(&dst.watch);
     let mut b = [0u8; 1];
     loop {
         dst.bufs[0]

@@ -655,8 +655,8 @@ fn uhca_perf_runs_every_test_against_itself_over_the_model_link() {
     }
 }
 
-/// `-D` in the latency tests, as perftest's: each end runs the WRITE ping-pong (or the
-/// client its READs) until its own deadline; a wait for the other end ends there too.
+/// `-D` in the latency tests, as perftest's: each end samples the WRITE ping-pong (or the
+/// client its READs) until its own deadline, then answers until the other end is done.
 #[test]
 fn latency_tests_run_for_a_duration() {
     for op in [Op::Write, Op::Read] {
@@ -689,12 +689,8 @@ fn latency_tests_run_for_a_duration() {
         let r = server.join().unwrap().unwrap();
         assert!(n > 5, "{op:?}: more than -n's 5 in the time: {n}");
         if op == Op::Write {
-            // The two ends stop on their own clocks: one exchange apart at most.
-            assert!(
-                r[0].iters.abs_diff(n) <= 1,
-                "{op:?}: {} and {n}",
-                r[0].iters
-            );
+            // Each end samples until its own deadline, then answers until the other is done.
+            assert!(r[0].iters > 5, "{op:?}: {}", r[0].iters);
         }
     }
 }

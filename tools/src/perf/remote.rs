@@ -333,7 +333,7 @@ impl Bench {
     pub(super) fn explain(&mut self, e: PerfError) -> PerfError {
         if matches!(
             e,
-            PerfError::Control(_) | PerfError::PeerHungUp | PerfError::Perftest(_)
+            PerfError::Control(_) | PerfError::Perftest(_) | PerfError::PeerHungUp
         ) {
             return e;
         }

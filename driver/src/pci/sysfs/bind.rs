@@ -112,14 +112,23 @@ pub enum BindError {
         hint: &'static str,
     },
     /// The hugepage size has no pool on this kernel.
-    #[error(
-        "the kernel has no {size_kb} kB hugepage pool ({path}); 1 GiB pages need CPU support (pdpe1gb) and are best reserved at boot: hugepagesz=1G hugepages=N"
-    )]
+    #[error("the kernel has no {size_kb} kB hugepage pool ({path}); {hint}")]
     NoHugepagePool {
         /// Page size in KiB.
         size_kb: u64,
         /// The pool's path.
         path: PathBuf,
+        /// What makes such a pool appear, for this page size.
+        hint: &'static str,
+    },
+    /// After the unbind the function is still on vfio-pci: the kernel did not let go.
+    #[error(
+        "{bdf} is still bound to vfio-pci after the unbind (the kernel did not release it: \
+         see dmesg; is a process still holding it?)"
+    )]
+    StillBound {
+        /// The function.
+        bdf: String,
     },
     /// The kernel reserved fewer hugepages than asked.
     #[error(
@@ -145,8 +154,34 @@ pub struct Write {
 }
 
 impl std::fmt::Display for Write {
+    /// The write as a shell command that does it when pasted: `echo` adds the newline
+    /// sysfs takes; an empty or newline-only value (clearing `driver_override`) is a bare
+    /// `echo`; anything else is single-quoted (Rust's `{:?}` printed `echo "\n"`, which
+    /// writes a backslash and an n).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "echo {:?} > {}", self.value, self.path.display())
+        let v = self.value.trim_end_matches('\n');
+        if v.is_empty() {
+            write!(f, "echo > {}", shell_quote(&self.path.to_string_lossy()))
+        } else {
+            write!(
+                f,
+                "echo {} > {}",
+                shell_quote(v),
+                shell_quote(&self.path.to_string_lossy())
+            )
+        }
+    }
+}
+
+/// `s` as one shell word: as it is when it has only safe characters, else single-quoted.
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=+,@%".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
     }
 }
 
@@ -386,7 +421,11 @@ pub fn bind(
             bdf,
             driver: now.unwrap_or_else(|| "no driver".into()),
             want: VFIO_PCI.into(),
-            hint: " (see dmesg: vfio-pci refuses devices without an IOMMU group)",
+            hint: if info.iommu_group.is_none() {
+                " (see dmesg: vfio-pci refuses devices without an IOMMU group, and this one has none)"
+            } else {
+                " (see dmesg)"
+            },
         });
     }
     out.driver_after = now;
@@ -461,6 +500,9 @@ pub fn unbind(
     }
     let _ = fs::remove_file(state_file(opts, &bdf));
     out.driver_after = sys.driver_of(&bdf);
+    if out.driver_after.as_deref() == Some(VFIO_PCI) {
+        return Err(BindError::StillBound { bdf });
+    }
     if let Some(orig) = original.filter(|o| !o.is_empty())
         && out.driver_after.as_deref() != Some(orig.as_str())
     {
@@ -505,7 +547,21 @@ pub fn reserve_hugepages(
     let path = sys.nr_hugepages_path(size.bytes());
     let size_kb = size.bytes() / 1024;
     if !path.exists() {
-        return Err(BindError::NoHugepagePool { size_kb, path });
+        let hint = match size {
+            HugepageSize::M2 => {
+                "2 MiB pages need a kernel with hugetlbfs (CONFIG_HUGETLBFS; the pool is \
+                 /sys/kernel/mm/hugepages/hugepages-2048kB)"
+            }
+            HugepageSize::G1 => {
+                "1 GiB pages need CPU support (pdpe1gb) and are best reserved at boot: \
+                 hugepagesz=1G hugepages=N"
+            }
+        };
+        return Err(BindError::NoHugepagePool {
+            size_kb,
+            path,
+            hint,
+        });
     }
     let mut out = Outcome::default();
     do_write(w, &mut out, dry_run, path, &count.to_string())?;

@@ -105,18 +105,23 @@ pub(crate) struct Out<'a> {
     pub(crate) data: &'a [u8],
 }
 
-/// Sends `msgs` (at most [`BATCH`]) from `fd` with as few `sendmmsg` calls as the kernel
-/// needs, returning how many went out; it stops at the first datagram the kernel refuses
-/// (its error is returned if none went out before it).
-pub(crate) fn send_batch(fd: RawFd, msgs: &[Out<'_>]) -> io::Result<usize> {
-    let n = msgs.len().min(BATCH);
+/// Sends `n` datagrams (at most [`BATCH`]), the `i`th being `msg(i)`, from `fd` with as few
+/// `sendmmsg` calls as the kernel needs, returning how many went out; it stops at the first
+/// datagram the kernel refuses (its error is returned if none went out before it).
+pub(crate) fn send_batch<'a>(
+    fd: RawFd,
+    n: usize,
+    msg: impl Fn(usize) -> Out<'a>,
+) -> io::Result<usize> {
+    let n = n.min(BATCH);
     // SAFETY: all-zero bytes are valid for these plain C structures.
     let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
     // SAFETY: as above.
     let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
     // SAFETY: as above.
     let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-    for (i, m) in msgs[..n].iter().enumerate() {
+    for i in 0..n {
+        let m = msg(i);
         let (ss, len) = to_raw(&m.dst);
         names[i] = ss;
         iovs[i] = libc::iovec {
@@ -159,8 +164,14 @@ pub(crate) struct In {
 }
 
 /// Receives up to `bufs.len()` (at most [`BATCH`]) waiting datagrams on `fd` without
-/// blocking, one into each buffer, describing them in `got`; returns how many.
-pub(crate) fn recv_batch(fd: RawFd, bufs: &mut [&mut [u8]], got: &mut [In]) -> io::Result<usize> {
+/// blocking, one into each buffer from byte `at` on, describing them in `got`; returns how
+/// many.
+pub(crate) fn recv_batch(
+    fd: RawFd,
+    bufs: &mut [Box<[u8]>],
+    at: usize,
+    got: &mut [In],
+) -> io::Result<usize> {
     let n = bufs.len().min(got.len()).min(BATCH);
     // SAFETY: all-zero bytes are valid for these plain C structures.
     let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
@@ -169,9 +180,10 @@ pub(crate) fn recv_batch(fd: RawFd, bufs: &mut [&mut [u8]], got: &mut [In]) -> i
     // SAFETY: as above.
     let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
     for i in 0..n {
+        let b = &mut bufs[i][at..];
         iovs[i] = libc::iovec {
-            iov_base: bufs[i].as_mut_ptr().cast(),
-            iov_len: bufs[i].len(),
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
         };
         hdrs[i].msg_hdr.msg_name = std::ptr::from_mut(&mut names[i]).cast();
         hdrs[i].msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -203,7 +215,7 @@ pub(crate) fn recv_batch(fd: RawFd, bufs: &mut [&mut [u8]], got: &mut [In]) -> i
         let r = r as usize;
         for i in 0..r {
             got[i] = In {
-                len: (hdrs[i].msg_len as usize).min(bufs[i].len()),
+                len: (hdrs[i].msg_len as usize).min(bufs[i].len() - at),
                 src: from_raw(&names[i]),
                 truncated: hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
             };
@@ -289,4 +301,29 @@ pub(crate) fn interface_of(addr: IpAddr) -> io::Result<Option<String>> {
         }
     }
     Ok(None)
+}
+
+/// Waits until one of `fds` has a datagram to read, at most `timeout`; true if one has.
+pub(crate) fn wait_readable(fds: &[RawFd], timeout: std::time::Duration) -> bool {
+    let mut p = [libc::pollfd {
+        fd: -1,
+        events: 0,
+        revents: 0,
+    }; 8];
+    let n = fds.len().min(p.len());
+    for (slot, &fd) in p.iter_mut().zip(&fds[..n]) {
+        *slot = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+    }
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `p[..n]` are initialised pollfds on this stack frame, `ts` a valid timespec;
+    // the kernel writes only the `revents` of the first `n` entries; no signal mask.
+    let r = unsafe { libc::ppoll(p.as_mut_ptr(), n as libc::nfds_t, &ts, std::ptr::null()) };
+    r > 0
 }

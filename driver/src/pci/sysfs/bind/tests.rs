@@ -196,7 +196,7 @@ fn dry_run_writes_nothing() {
     };
     let o = bind(&t.s, &FakeNet::default(), &t.f, A, &dry).unwrap();
     assert_eq!(o.writes.len(), 3);
-    assert!(o.writes[0].to_string().starts_with("echo \"vfio-pci\" > "));
+    assert!(o.writes[0].to_string().starts_with("echo vfio-pci > "));
     assert!(t.f.writes().is_empty());
     assert_eq!(t.s.driver_of(A).as_deref(), Some("mlx5_core"));
     assert_eq!(recorded_driver(&t.opts, A), None);
