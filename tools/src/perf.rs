@@ -13,6 +13,7 @@
 pub mod control;
 mod meter;
 mod placement;
+pub mod progress;
 pub mod remote;
 mod stream;
 
@@ -531,6 +532,11 @@ impl Bench {
     /// The device of this process's end (the client's when both are here).
     pub fn device(&self) -> &Device {
         &self.me.dev
+    }
+
+    /// The settings the run goes by.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     /// Boots the model(s), creates and connects the QPs for `s` with buffers of `max_size`.
