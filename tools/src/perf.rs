@@ -719,6 +719,9 @@ impl Bench {
         let mut idle = CqWait::new(s.events, &self.me.watch);
         let mut meter = Meter::new(size, pace.window(), start);
         let deadline = s.duration.map(|d| deadline(start, d));
+        // On a terminal, a live rate once a second (the first after a second).
+        let (live, mut drawn) = (progress::live(), false);
+        let mut next_live = start + Duration::from_secs(1);
         // Messages posted in all (both directions with -b), for the peak's post times.
         let posted = |a: &Stream, b: &Stream| -> u64 { a.posted.iter().chain(&b.posted).sum() };
         loop {
@@ -746,6 +749,12 @@ impl Bench {
                 now = t;
             }
             self.beat(now, &mut next_beat)?;
+            if live && now >= next_live {
+                next_live = now + Duration::from_secs(1);
+                let secs = now.duration_since(start).as_secs_f64();
+                eprint!("{}", progress::live_line(meter.total, size, secs));
+                drawn = true;
+            }
             let settled = |st: &Stream| {
                 (0..nq).all(|q| st.done[q] == st.posted[q])
                     && (stop || (deadline.is_none() && st.done.iter().all(|&d| d >= iters)))
@@ -755,6 +764,9 @@ impl Bench {
             }
         }
         let end = Instant::now();
+        if drawn {
+            eprint!("{}", progress::LIVE_CLEAR);
+        }
         let r = meter.result(end);
         let mine_total: u64 = mine.done.iter().sum();
         Ok(match self.finish(size, mine_total)? {

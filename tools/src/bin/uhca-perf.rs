@@ -679,12 +679,9 @@ fn lat_columns(a: &Args) {
 /// Progress lines on stderr as each size starts ([`perf::progress`]).
 fn progress(sizes: &[usize], s: &Settings) -> perf::progress::Progress {
     use std::io::IsTerminal;
-    perf::progress::Progress::new(
-        sizes.len(),
-        s.iters,
-        s.duration,
-        std::io::stderr().is_terminal(),
-    )
+    let terminal = std::io::stderr().is_terminal();
+    perf::progress::set_live(terminal);
+    perf::progress::Progress::new(sizes.len(), s.iters, s.duration, terminal)
 }
 
 fn drive(a: &Args, bench: &mut Bench, sizes: &[usize]) -> Result<(), String> {

@@ -1,9 +1,34 @@
 //! Progress of a run on stderr: a line as each size starts, so a long run (`-a` goes
 //! through 23 sizes and runs for minutes between two processes; `-D` runs each for its
 //! duration) is never silent. Single-size runs of a fixed count say nothing unless stderr
-//! is a terminal, so scripts and logs of short runs stay as they were.
+//! is a terminal, so scripts and logs of short runs stay as they were. On a terminal the
+//! bandwidth loops also redraw a live rate once a second ([`set_live`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+/// Whether bandwidth loops show a live rate on stderr (set when it is a terminal).
+static LIVE: AtomicBool = AtomicBool::new(false);
+
+/// Turns the live rate of the bandwidth loops on or off (on: stderr is a terminal).
+pub fn set_live(on: bool) {
+    LIVE.store(on, Ordering::Relaxed);
+}
+
+/// Whether the bandwidth loops show a live rate.
+pub(crate) fn live() -> bool {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// The live line of a size in progress: messages done, `size` bytes each, after `secs`,
+/// drawn over itself (`\r`, then the rest of the line cleared).
+pub(crate) fn live_line(done: u64, size: usize, secs: f64) -> String {
+    let mbs = done as f64 * size as f64 / secs.max(1e-9) / 1e6;
+    format!("\r  {done} messages, {mbs:.2} MB/s after {secs:.0} s\x1b[K")
+}
+
+/// Clears the live line (at the end of a size).
+pub(crate) const LIVE_CLEAR: &str = "\r\x1b[K";
 
 /// What to say as each size of a run starts.
 #[derive(Clone, Debug)]
@@ -68,5 +93,13 @@ mod tests {
         );
         assert_eq!(Progress::new(1, 5000, None, false).line(0, 2), None);
         assert!(Progress::new(1, 5000, None, true).line(0, 2).is_some());
+    }
+
+    #[test]
+    fn the_live_line_redraws_itself_with_the_rate() {
+        assert_eq!(
+            live_line(20_000, 65536, 2.0),
+            "\r  20000 messages, 655.36 MB/s after 2 s\x1b[K"
+        );
     }
 }
