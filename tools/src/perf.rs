@@ -12,12 +12,15 @@
 
 pub mod control;
 mod meter;
+pub mod perftest;
 mod placement;
 pub mod progress;
+mod pt_run;
 pub mod remote;
 mod stream;
 
 pub use placement::{GpuPlacement, GpuReg, GpuSource};
+pub use pt_run::{PtOptions, peer_mac, report_of, result_of};
 
 use std::time::{Duration, Instant};
 
@@ -162,6 +165,18 @@ pub enum PerfError {
     /// The control connection to the remote end failed, or the two ends disagree.
     #[error("{0}")]
     Control(#[from] control::ControlError),
+    /// The exchange with a perftest peer failed, or the two ends disagree.
+    #[error("{0}")]
+    Perftest(#[from] perftest::OobError),
+    /// A run failed, and the connection to a perftest peer shows it gone.
+    #[error("{during} (the perftest peer: {source})")]
+    PerftestPeerLost {
+        /// What failed here.
+        during: Box<PerfError>,
+        /// What the connection says.
+        #[source]
+        source: perftest::OobError,
+    },
     /// A run failed, and the control connection shows the remote end gone.
     #[error("{during} (the remote end: {source})")]
     PeerLost {
@@ -220,6 +235,17 @@ impl PeerWatch {
 pub(crate) struct Watch {
     dev: Device,
     pub(crate) peer: Option<std::sync::Arc<PeerWatch>>,
+}
+
+impl Watch {
+    /// The device only: for waits the peer may end by closing the connection (a perftest
+    /// peer that finished its `-D` run first closes its end while this one runs on).
+    pub(crate) fn device_only(&self) -> Watch {
+        Watch {
+            dev: self.dev.clone(),
+            peer: None,
+        }
+    }
 }
 
 /// How often a waiting loop asks whether its device is still there
@@ -479,6 +505,9 @@ enum Peer {
         /// This end and the peer as the END messages described them.
         ends: Box<(control::Endpoint, control::Endpoint)>,
     },
+    /// In another process that speaks perftest's exchange (perftest itself, or a
+    /// `uhca-perf` in that mode).
+    Perftest(Box<pt_run::PtPeer>),
 }
 
 /// Both ends of a run, connected.
@@ -532,11 +561,6 @@ impl Bench {
     /// The device of this process's end (the client's when both are here).
     pub fn device(&self) -> &Device {
         &self.me.dev
-    }
-
-    /// The settings the run goes by.
-    pub fn settings(&self) -> &Settings {
-        &self.settings
     }
 
     /// Boots the model(s), creates and connects the QPs for `s` with buffers of `max_size`.
@@ -599,6 +623,7 @@ impl Bench {
         match &self.peer {
             Peer::Local(e) => e.bufs[qp].remote(self.rx_off as u64),
             Peer::Remote { targets, .. } => targets[qp],
+            Peer::Perftest(p) => p.targets[qp],
         }
     }
 
@@ -768,6 +793,9 @@ impl Bench {
             eprint!("{}", progress::LIVE_CLEAR);
         }
         let r = meter.result(end);
+        if matches!(self.peer, Peer::Perftest(_)) {
+            return self.pt_finish_bw(r);
+        }
         let mine_total: u64 = mine.done.iter().sum();
         Ok(match self.finish(size, mine_total)? {
             Some((their_iters, their_peak)) => {
@@ -781,6 +809,12 @@ impl Bench {
     /// SEND, request to completion for READ and atomics. With a remote server, it is told
     /// first (START/READY) and last (DONE/ACK).
     pub fn latency(&mut self, size: usize) -> Result<LatResult, PerfError> {
+        if self.settings.op == Op::Write && matches!(self.peer, Peer::Perftest(_)) {
+            // perftest's WRITE ping-pong: its own order and counter.
+            return self.pt_latency(size)?.ok_or_else(|| {
+                PerfError::Setup("the write_lat ping-pong measured nothing".into())
+            });
+        }
         let r = self.run_latency(size);
         r.map_err(|e| self.explain(e))
     }
@@ -886,12 +920,28 @@ fn put_write(
     i: u64,
     inline: &mut [u8],
 ) -> Result<(), PerfError> {
+    let flags = pingpong_flags(s, i);
+    put_write_tagged(src, remote, s, size, i, tag(i), flags, inline)
+}
+
+/// [`put_write`] with the last byte `tag` and `flags` given.
+#[allow(clippy::too_many_arguments)]
+fn put_write_tagged(
+    src: &mut End,
+    remote: Remote,
+    s: &Settings,
+    size: usize,
+    i: u64,
+    tag: u8,
+    flags: SendFlags,
+    inline: &mut [u8],
+) -> Result<(), PerfError> {
     let local_inline = size <= s.inline_size as usize && size <= inline.len();
     if local_inline {
-        inline[size - 1] = tag(i);
+        inline[size - 1] = tag;
     } else {
         src.bufs[0]
-            .write(size - 1, &[tag(i)])
+            .write(size - 1, &[tag])
             .map_err(setup("buffer"))?;
     }
     let sge = src.sge(0, size);
@@ -903,7 +953,7 @@ fn put_write(
     src.qps[0].post_send(&SendWr {
         wr_id: i,
         op: SendOp::Write { local, remote },
-        flags: pingpong_flags(s, i),
+        flags,
     })?;
     src.qps[0].ring_doorbell();
     for c in src.cq.poll() {
@@ -962,6 +1012,17 @@ fn await_recv(dst: &mut End, events: bool) -> Result<(), PerfError> {
         }
     }
     dst.post_recvs(0, 1)
+}
+
+/// Waits for the completion of the send request `wr_id` on `dst` (taking the earlier ones
+/// on the way; every completion on its CQ here is a send's).
+fn await_send(dst: &mut End, wr_id: u64, events: bool) -> Result<(), PerfError> {
+    loop {
+        let c = wait_one(&dst.watch, &mut dst.cq, events)?;
+        if c.opcode != WcOpcode::Recv && c.wr_id == wr_id {
+            return Ok(());
+        }
+    }
 }
 
 fn wait_one(w: &Watch, cq: &mut Cq, events: bool) -> Result<Completion, PerfError> {

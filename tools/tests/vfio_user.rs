@@ -394,7 +394,7 @@ fn refused_requests_leave_the_connection_usable() {
     assert!(e.to_string().contains("file descriptor"), "{e}");
     let mut b = [0u8; 4];
     assert!(matches!(
-        f.config_read(254, &mut b),
+        f.config_read(4094, &mut b),
         Err(PciError::ConfigRange { .. })
     ));
     assert!(matches!(f.set_irq(999, None), Err(PciError::NoVector(999))));

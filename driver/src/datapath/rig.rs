@@ -174,6 +174,27 @@ impl Rig {
         Poll::new(&mut self.cq)
     }
 
+    /// Fuzzing (feature `fuzzing`): writes `cqe` as the next entry the device produces,
+    /// the body first and `op_own` last, with the owner bit of the producer's pass unless
+    /// `stale` (then the previous pass's: an entry the poller must not take).
+    #[cfg(feature = "fuzzing")]
+    pub fn fuzz_write_cqe(&mut self, cqe: &[u8; CQE_SIZE], stale: bool) {
+        let s = self.cq.region().slice();
+        let off = (self.cq_pi as usize & ((1 << LOG) - 1)) * CQE_SIZE;
+        s.write(off, &cqe[..OP_OWN_OFFSET]);
+        let owner = cqe_owner_for(self.cq_pi, LOG) ^ u8::from(stale);
+        s.write_u8(off + OP_OWN_OFFSET, (cqe[OP_OWN_OFFSET] & !1) | owner);
+        if !stale {
+            self.cq_pi = self.cq_pi.wrapping_add(1);
+        }
+    }
+
+    /// WQEs posted so far (the send producer counter).
+    #[cfg(feature = "fuzzing")]
+    pub fn fuzz_posted(&self) -> u32 {
+        self.sq.head()
+    }
+
     /// One completion, if any (publishes the consumer index).
     #[inline]
     pub fn poll_one(&mut self) -> Option<Result<Completion, PollError>> {

@@ -10,6 +10,7 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
             vec![$( (<$p>::PRM_NAME, <$p>::SIZE, <$p>::FIELDS) ),*]
         };
     }
+    use crate::layout::reg::*;
     use caps::*;
     use cmd::*;
     use cmds::*;
@@ -121,6 +122,36 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
         QueryRoceAddressOut<()>,
         QueryVportCounterIn<()>,
         QueryVportCounterOut<()>,
+        srq::Srqc<()>,
+        srq::XrcSrqc<()>,
+        srq::Wq<()>,
+        srq::Rmpc<()>,
+        srq::CreateSrqIn<()>,
+        srq::CreateSrqOut<()>,
+        srq::DestroySrqIn<()>,
+        srq::QuerySrqOut<()>,
+        srq::ArmRqIn<()>,
+        srq::CreateRmpIn<()>,
+        srq::ModifyRmpIn<()>,
+        srq::QueryRmpOut<()>,
+        srq::AllocXrcdOut<()>,
+        srq::DeallocXrcdIn<()>,
+        srq::QueryHcaVportPkeyIn<()>,
+        srq::QueryHcaVportPkeyOut<()>,
+        umr::UmrCtrlSeg<()>,
+        HostEndiannessReg<()>,
+        DefaultTimeout<()>,
+        DtorReg<()>,
+        PaosReg<()>,
+        PtysReg<()>,
+        PmtuReg<()>,
+        NodeDescReg<()>,
+        PcamReg<()>,
+        McamReg<()>,
+        McqsReg<()>,
+        McqiReg<()>,
+        McqiCap<()>,
+        McqiVersion<()>,
     ]
 }
 

@@ -22,7 +22,7 @@ const STRIDE: u64 = 1 << LOG_CMDQ_STRIDE;
 /// of 64 Ki pages; longer `inlen`/`outlen` get IN/OUT_LENGTH_ERR.
 pub const MAX_MSG: usize = 0x110 + 8 * (1 << 20);
 
-/// Base IOVA of the command queue as programmed in BAR0 (0 if not programmed).
+/// Base IOVA of the command queue as programmed in BAR0.
 fn queue_base(sh: &Shared) -> u64 {
     let h = u64::from(sh.bar.read_be32(reg::CMDQ_ADDR_H));
     let l = u64::from(sh.bar.read_be32(reg::CMDQ_ADDR_L_SZ) & cmdq_addr_l_sz::ADDR_MASK);
@@ -30,12 +30,11 @@ fn queue_base(sh: &Shared) -> u64 {
 }
 
 /// Scans all 32 entries and runs every hardware-owned one; posts a completion EQE per
-/// command to each EQ subscribed to event 0x0A; then balances firmware pages.
+/// command to each EQ subscribed to event 0x0A before the command ran; then balances
+/// firmware pages.
 pub(crate) fn run_queue(sh: &Shared, core: &mut Core) {
+    // IOVA 0 is a valid queue address: run on the doorbell whatever the address.
     let base = queue_base(sh);
-    if base == 0 {
-        return;
-    }
     for slot in 0..SLOTS {
         let at = base + u64::from(slot) * STRIDE;
         match sh.iommu.read_u8_acquire(at + STATUS_OWN_OFFSET as u64) {
@@ -60,6 +59,16 @@ pub(crate) fn run_queue(sh: &Shared, core: &mut Core) {
                 return;
             }
         }
+        // The completion goes to the EQs mapped to command events when the command was
+        // posted: not to an EQ the command itself creates (Linux creates its command EQ in
+        // polling mode and would take that EQE for a stale completion;
+        // firmware-behaviour.md §Events).
+        let cmd_eqs: Vec<u32> = core
+            .eqs
+            .values()
+            .filter(|e| e.wants(EventType::Cmd.into()))
+            .map(|e| e.eqn)
+            .collect();
         let ds = execute(sh, core, at);
         Counters::inc(&sh.stats.commands_done);
         if ds != DeliveryStatus::Ok {
@@ -77,7 +86,15 @@ pub(crate) fn run_queue(sh: &Shared, core: &mut Core) {
         }
         let mut data = [0u8; 28];
         data[..4].copy_from_slice(&(1u32 << slot).to_be_bytes());
-        eq::post_event(sh, core, EventType::Cmd, 0, &data);
+        for eqn in cmd_eqs {
+            if core
+                .eqs
+                .get(&eqn)
+                .is_some_and(|e| e.wants(EventType::Cmd.into()))
+            {
+                eq::post_to(sh, core, eqn, EventType::Cmd.into(), 0, &data);
+            }
+        }
     }
     pages::balance(sh, core);
 }
@@ -173,7 +190,10 @@ fn execute(sh: &Shared, core: &mut Core, at: u64) -> DeliveryStatus {
         }
     }
     input.truncate(inlen.max(INLINE_BYTES));
-    let output = cmd::dispatch(sh, core, &input, inlen, outlen);
+    #[cfg_attr(not(feature = "fuzzing"), allow(unused_mut))]
+    let mut output = cmd::dispatch(sh, core, &input, inlen, outlen);
+    #[cfg(feature = "fuzzing")]
+    let lie = super::fuzzing::rewrite_output(&input, &mut output);
     // Scatter: at most `outlen` bytes; the inline part always holds status and syndrome.
     let mut inline = [0u8; INLINE_BYTES];
     let n = output.len().min(INLINE_BYTES);
@@ -192,6 +212,10 @@ fn execute(sh: &Shared, core: &mut Core, at: u64) -> DeliveryStatus {
         if sh.iommu.write(*blk, &chunk).is_err() {
             return DeliveryStatus::FwErr;
         }
+    }
+    #[cfg(feature = "fuzzing")]
+    if let Some(ds) = lie {
+        return ds;
     }
     DeliveryStatus::Ok
 }

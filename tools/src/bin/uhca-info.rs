@@ -191,11 +191,9 @@ fn print_text(s: &DeviceSummary, verbose: bool, counters: Option<&Counters>) {
         println!("\t\t\tlink_layer:\t\t{}", p.link_layer);
         println!("\t\t\tmac:\t\t\t{}", format_mac(&p.mac));
         println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_table_size);
-        println!(
-            "\t\t\tGID[  0]:\t\t{}, RoCE v{}",
-            format_gid(&p.gid0),
-            p.gid0_roce_version
-        );
+        for (i, gid, v) in &p.gids {
+            println!("\t\t\tGID[{i:>3}]:\t\t{}, RoCE v{v}", format_gid(gid));
+        }
         if let Some(all) = counters {
             print_counters(all.get(k).and_then(Option::as_ref));
         }
@@ -260,6 +258,9 @@ fn to_json(s: &DeviceSummary, counters: Option<&Counters>) -> serde_json::Value 
             "gid_tbl_len": p.gid_table_size,
             "gid0": format_gid(&p.gid0),
             "gid0_roce_version": p.gid0_roce_version,
+            "gids": p.gids.iter().map(|(i, g, v)| serde_json::json!({
+                "index": i, "gid": format_gid(g), "roce_version": v,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });
     if let Some(all) = counters {

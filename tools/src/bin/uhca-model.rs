@@ -10,6 +10,11 @@
 //! unless `--replace` is given and nobody listens on it.
 //! With `--link-local ADDR --link-peer ADDR` its port is joined to another `uhca-model`'s
 //! by a UDP link carrying the RoCEv2 frames (give the two processes distinct `--mac`s).
+//! With `--net IFACE|ADDR` its port is on the host's IP network instead, RoCEv2 on UDP 4791,
+//! where any RoCEv2 peer (Linux soft-RoCE, a ConnectX) reaches it; `--pcap FILE` captures
+//! every frame (`uhca_tools::net_port`).
+//! With `--gpu` it serves the model GPU instead (a BAR1 of `--gpu-bar-mib` MiB of device
+//! memory, no HCA), the peer function of the P2P guest test (tests/vm/run-p2p-test.sh).
 //! Logs go to stderr, filtered by `RUST_LOG` (default `info`).
 
 use std::ffi::CString;
@@ -21,8 +26,9 @@ use std::sync::OnceLock;
 
 use clap::Parser;
 use uhca::hw::link::udp::UdpLink;
+use uhca::hw::model::peer::{GpuConfig, ModelGpu};
 use uhca::hw::model::{Hca, ModelConfig};
-use uhca_tools::model_server::{ModelServer, Session};
+use uhca_tools::model_server::{GpuServer, ModelServer, Session};
 
 /// Serve the model HCA over vfio-user.
 #[derive(Parser, Debug)]
@@ -43,6 +49,9 @@ struct Args {
     /// The peer model's UDP address (with --link-local).
     #[arg(long, requires = "link_local")]
     link_peer: Option<SocketAddr>,
+    /// The port on the host's IP network (RoCEv2 on UDP 4791) instead of a UDP link.
+    #[command(flatten)]
+    net: uhca_tools::net_port::NetFlags,
     /// Serve clients one after another instead of exiting after the first.
     #[arg(long)]
     persist: bool,
@@ -54,6 +63,18 @@ struct Args {
     /// payloads as bursts).
     #[arg(long = "no-offload")]
     no_offload: bool,
+    /// Serve the first N UAR pages of BAR0 by messages instead of mmap (for QEMU): every
+    /// EQ doorbell write then counts, as on hardware, also when a driver arms several EQs
+    /// through one UAR word as Linux does. uhca's own vfio-user backend needs 0.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
+    trap_uars: u32,
+    /// Serve the model GPU (device memory in BAR1, exported as dma-bufs by the client's
+    /// kernel) instead of the HCA.
+    #[arg(long, conflicts_with_all = ["link_local", "link_peer", "no_offload"])]
+    gpu: bool,
+    /// With --gpu: BAR1 size in MiB (a power of two).
+    #[arg(long, default_value_t = 64, requires = "gpu")]
+    gpu_bar_mib: usize,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -129,15 +150,61 @@ impl Drop for StopSignalsBlocked {
     }
 }
 
+/// `--gpu`: the model GPU over vfio-user.
+fn run_gpu(args: Args) -> Result<(), String> {
+    let bar_size = args
+        .gpu_bar_mib
+        .checked_mul(1 << 20)
+        .ok_or_else(|| format!("--gpu-bar-mib {} is too large", args.gpu_bar_mib))?;
+    let gpu = ModelGpu::new(GpuConfig {
+        name: args.name.clone(),
+        bar_size,
+    })
+    .map_err(|e| format!("starting the model GPU: {e}"))?;
+    let blocked = StopSignalsBlocked::new();
+    let mut server = GpuServer::bind(gpu, &args.socket, args.replace).map_err(|e| e.to_string())?;
+    if let Ok(c) = CString::new(args.socket.as_os_str().as_bytes()) {
+        let _ = SOCKET.set(c);
+    }
+    drop(blocked);
+    loop {
+        let r = server.serve_one();
+        if !args.persist {
+            return r.map_err(|e| format!("session: {e}"));
+        }
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "client session failed; waiting for the next client");
+        }
+    }
+}
+
 fn run(args: Args) -> Result<(), String> {
     install_stop_handler();
-    let hca = Hca::new(ModelConfig {
+    if args.gpu {
+        return run_gpu(args);
+    }
+    let base = ModelConfig {
         mac: args.mac,
         name: args.name.clone(),
         loopback_offload: !args.no_offload,
         ..ModelConfig::default()
-    })
-    .map_err(|e| format!("starting the model: {e}"))?;
+    };
+    if args.net.net.is_some() && args.link_local.is_some() {
+        return Err("--net and --link-local are two different ports: give one".into());
+    }
+    // With --net the port takes the interface's addresses as GIDs and its MAC.
+    let (cfg, net) = match args.net.net {
+        Some(_) => {
+            let (cfg, link) =
+                uhca_tools::net_port::open_port(&args.net, base).map_err(|e| e.to_string())?;
+            (cfg, Some(link))
+        }
+        None => (base, None),
+    };
+    let hca = Hca::new(cfg).map_err(|e| format!("starting the model: {e}"))?;
+    if let Some(link) = net {
+        uhca_tools::net_port::attach(&hca, link);
+    }
     if let (Some(local), Some(peer)) = (args.link_local, args.link_peer) {
         let link = UdpLink::bind(local, peer).map_err(|e| format!("link on {local}: {e}"))?;
         tracing::info!(local = %link.local_addr(), %peer, "port linked over UDP");
@@ -146,8 +213,8 @@ fn run(args: Args) -> Result<(), String> {
     // The stop signals wait while the socket is created and recorded for the handler: a
     // SIGTERM between the two would otherwise leave the socket behind.
     let blocked = StopSignalsBlocked::new();
-    let mut server =
-        ModelServer::bind(hca, &args.socket, args.replace).map_err(|e| e.to_string())?;
+    let mut server = ModelServer::bind_trapping(hca, &args.socket, args.replace, args.trap_uars)
+        .map_err(|e| e.to_string())?;
     if let Ok(c) = CString::new(args.socket.as_os_str().as_bytes()) {
         let _ = SOCKET.set(c);
     }

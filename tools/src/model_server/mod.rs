@@ -5,13 +5,17 @@
 //! `vfio_user` crate's [`vfio_user::Server`], to uhca's vfio-user backend
 //! (`uhca::pci::vfio_user`) or to QEMU's `vfio-user-pci` (qemu-vfio.md §3, §6.C). What the
 //! client sees:
-//! - **Config space** (region 7, the 256-byte PCI header): the model's ([`Hca::config_read`] /
-//!   [`Hca::config_write`]): vendor 0x15b3, device 0x1017, class 0x020000, a 64-bit BAR0
-//!   and an MSI-X capability whose table and PBA live in BAR0.
+//! - **Config space** (region 7, 4 KiB): the model's ([`Hca::config_read`] /
+//!   [`Hca::config_write`]): vendor 0x15b3, device 0x1017, class 0x020000, a 64-bit BAR0,
+//!   power management, PCI Express (with Function Level Reset: a write of `Initiate FLR`
+//!   resets the model), an MSI-X capability whose table and PBA live in BAR0, and the
+//!   vendor-specific capability mlx5_core looks for.
 //! - **BAR0** (region 0): the model's BAR0 memfd, declared with one sparse mmap area over the
 //!   whole BAR, so the client receives the fd and maps it: doorbells, UARs and the init
 //!   segment are then plain shared memory that the model's device thread polls, exactly as
-//!   in-process. REGION_READ/REGION_WRITE of BAR0 reach the same memory; QEMU uses them
+//!   in-process. [`ModelServer::bind_trapping`] (`uhca-model --trap-uars N`) leaves the first
+//!   N UAR pages out of the areas: the client then writes there by REGION_WRITE, and each EQ
+//!   doorbell write is applied as it comes ([`Hca::doorbell_write`]). REGION_READ/REGION_WRITE of BAR0 reach the same memory; QEMU uses them
 //!   for the page of the MSI-X table, which its vfio-pci traps and emulates itself (it
 //!   carves that page out of the mmap since the region has no `MSIX_MAPPABLE` capability).
 //!   Regions 1-6 and 8 are absent (BAR1 is BAR0's upper half).
@@ -28,9 +32,15 @@
 //! The crate's server serves one client per [`ModelServer::serve_one`]; between clients
 //! every DMA mapping is dropped, every vector disconnected and the model reset, so the next
 //! client finds a power-on device.
+//!
+//! [`GpuServer`] serves the model GPU (`uhca::hw::model::peer`) the same way, as a second
+//! function beside the HCA (`uhca-model --gpu`).
 
 mod doorman;
+mod gpu;
 mod host;
+
+pub use gpu::GpuServer;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -50,13 +60,14 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion, SparseArea};
 
 use host::ClientMemory;
-use uhca::hw::model::{Hca, IOVA_END, IOVA_START, ModelError};
+use uhca::hw::layout::uar::{FIRST_UAR_INDEX, UAR_SIZE};
+use uhca::hw::model::{Hca, IOVA_END, ModelError};
 
-/// Size of the config-space region: the conventional 256 bytes. The model's space is 4 KiB
-/// but has no PCI Express capability and nothing past 0x100; a 256-byte region makes QEMU's
-/// vfio-pci treat the function as conventional PCI, as the proven edu recipe does
-/// (qemu-vfio.md Appendix C), instead of a PCIe function without a PCIe capability.
-pub const CONFIG_REGION_SIZE: u64 = 256;
+/// Size of the config-space region: the whole 4 KiB PCI Express space. The model is a PCIe
+/// function (PM, PCI Express with FLR, MSI-X and vendor-specific capabilities;
+/// `uhca_hw` `model::config`), so QEMU's vfio-pci shows the guest a PCIe endpoint that
+/// vfio-pci can reset between opens by FLR, and finds no extended capability at 0x100.
+pub const CONFIG_REGION_SIZE: u64 = 4096;
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -123,8 +134,24 @@ impl std::fmt::Debug for ModelServer {
 
 impl ModelServer {
     /// Binds `path` for `hca`. An existing path is an error unless `replace_stale` is set
-    /// and it is a socket nobody listens on, which is then removed.
+    /// and it is a socket nobody listens on, which is then removed. The whole BAR is
+    /// mmap-able.
     pub fn bind(hca: Hca, path: &Path, replace_stale: bool) -> Result<ModelServer, ServerError> {
+        ModelServer::bind_trapping(hca, path, replace_stale, 0)
+    }
+
+    /// [`bind`](Self::bind), with the first `trapped_uars` UAR pages of BAR0 (from
+    /// `FIRST_UAR_INDEX`, the pages a driver's first UARs get, where Linux and rdma-core's
+    /// mlx5_vfio put their EQs) left out of the mmap-able area: the client sends each
+    /// access there as a message, so every EQ doorbell write counts even when several EQs
+    /// arm through one word ([`Hca::doorbell_write`]). For QEMU; uhca's own vfio-user
+    /// backend maps the whole BAR and needs 0.
+    pub fn bind_trapping(
+        hca: Hca,
+        path: &Path,
+        replace_stale: bool,
+        trapped_uars: u32,
+    ) -> Result<ModelServer, ServerError> {
         prepare_path(path, replace_stale)?;
         let listener = listen_at(path)?;
         let dup = listener.try_clone().map_err(|source| ServerError::Os {
@@ -132,8 +159,12 @@ impl ModelServer {
             path: path.into(),
             source,
         })?;
-        let server =
-            vfio_user::Server::from_owned_fd(dup.into(), true, irq_table(&hca), region_table(&hca));
+        let server = vfio_user::Server::from_owned_fd(
+            dup.into(),
+            true,
+            irq_table(&hca),
+            region_table(&hca, trapped_uars),
+        );
         tracing::info!(socket = %path.display(), name = %hca.config().name, "vfio-user server listening");
         Ok(ModelServer {
             server,
@@ -275,9 +306,13 @@ fn prepare_path(path: &Path, replace_stale: bool) -> Result<(), ServerError> {
     })
 }
 
-/// The PCI regions: config space and BAR0 (whole-BAR sparse mmap area with the BAR fd).
-fn region_table(hca: &Hca) -> Vec<ServerRegion> {
+/// The PCI regions: config space and BAR0 (sparse mmap areas with the BAR fd: the whole
+/// BAR, or all of it but `trapped_uars` UAR pages from `FIRST_UAR_INDEX`).
+fn region_table(hca: &Hca, trapped_uars: u32) -> Vec<ServerRegion> {
     let bar_len = hca.bar0().len as u64;
+    let page = UAR_SIZE as u64;
+    let hole_start = u64::from(FIRST_UAR_INDEX) * page;
+    let hole_end = (hole_start + u64::from(trapped_uars) * page).min(bar_len);
     (0..VFIO_PCI_NUM_REGIONS)
         .map(|index| {
             let mut info = vfio_region_info {
@@ -298,12 +333,16 @@ fn region_table(hca: &Hca) -> Vec<ServerRegion> {
                 info.size = bar_len;
                 info.flags = rw | VFIO_REGION_INFO_FLAG_MMAP;
                 info.offset = 0; // offset of the region in the mmap fd
-                region.sparse_areas.push(SparseArea {
-                    area: vfio_region_sparse_mmap_area {
-                        offset: 0,
-                        size: bar_len,
-                    },
-                });
+                let areas = if hole_end > hole_start {
+                    vec![(0, hole_start), (hole_end, bar_len - hole_end)]
+                } else {
+                    vec![(0, bar_len)]
+                };
+                for (offset, size) in areas.into_iter().filter(|a| a.1 > 0) {
+                    region.sparse_areas.push(SparseArea {
+                        area: vfio_region_sparse_mmap_area { offset, size },
+                    });
+                }
                 region.mmap_fd = Some(hca.bar0_fd());
             }
             region.region_info = info;
@@ -431,7 +470,13 @@ impl ServerBackend for ModelDevice {
                 tracing::trace!(offset = off, len = data.len(), "config write");
                 self.hca.config_write(off, data).map_err(model_err)
             }
-            VFIO_PCI_BAR0_REGION_INDEX => host::bar_write(&self.hca, offset, data),
+            VFIO_PCI_BAR0_REGION_INDEX => {
+                // One access: an EQ doorbell is applied as it comes (trapped UAR pages).
+                if usize::try_from(offset).is_ok_and(|o| self.hca.doorbell_write(o, data)) {
+                    return Ok(());
+                }
+                host::bar_write(&self.hca, offset, data)
+            }
             _ => Err(invalid(format!("region {region} does not exist"))),
         }
     }
@@ -463,23 +508,8 @@ impl ServerBackend for ModelDevice {
             self.unbacked.insert(address, size);
             return Ok(());
         };
-        // The model's IOMMU keeps the pages below IOVA_START unmapped, so that a null IOVA
-        // always faults. A client without an IOMMU of its own (QEMU, which maps guest RAM
-        // at its physical addresses) maps page 0 too: that part is accepted and left
-        // unbacked, like a map without a file, and the rest is mapped.
-        let below = IOVA_START.saturating_sub(address).min(size);
-        if below > 0 {
-            tracing::debug!(
-                iova = address,
-                size = below,
-                "DMA_MAP below the model's first usable IOVA: accepted, not DMA-able"
-            );
-            self.unbacked.insert(address, below);
-        }
-        let (address, offset, size) = (address + below, offset + below, size - below);
-        if size == 0 {
-            return Ok(());
-        }
+        // Every IOVA is DMA-able, page 0 included (QEMU maps guest RAM at its physical
+        // addresses from 0; a guest IOMMU may hand out IOVA 0).
         let len = usize::try_from(size).map_err(|_| invalid(format!("size {size:#x}")))?;
         let writable = flags.contains(DmaMapFlags::WRITE);
         let read_only = self
@@ -589,13 +619,23 @@ mod tests {
     #[test]
     fn regions_and_irqs_describe_the_model() {
         let hca = Hca::new(ModelConfig::default()).unwrap();
-        let regions = region_table(&hca);
+        let regions = region_table(&hca, 0);
         assert_eq!(regions.len(), VFIO_PCI_NUM_REGIONS as usize);
         let bar = &regions[VFIO_PCI_BAR0_REGION_INDEX as usize];
         assert_eq!(bar.region_info.size, hca.bar0().len as u64);
         assert_eq!(bar.sparse_areas.len(), 1);
         assert_eq!(bar.sparse_areas[0].area.size, bar.region_info.size);
         assert_eq!(bar.mmap_fd, Some(hca.bar0_fd()));
+        // Two UAR pages served by messages: the BAR's areas leave exactly them out.
+        let trapped = region_table(&hca, 2);
+        let areas: Vec<(u64, u64)> = trapped[VFIO_PCI_BAR0_REGION_INDEX as usize]
+            .sparse_areas
+            .iter()
+            .map(|a| (a.area.offset, a.area.size))
+            .collect();
+        let hole = u64::from(FIRST_UAR_INDEX) * 4096;
+        let len = bar.region_info.size;
+        assert_eq!(areas, vec![(0, hole), (hole + 8192, len - hole - 8192)]);
         let cfg = &regions[VFIO_PCI_CONFIG_REGION_INDEX as usize];
         assert_eq!(cfg.region_info.size, CONFIG_REGION_SIZE);
         assert_eq!(regions[1].region_info.size, 0);
@@ -685,25 +725,14 @@ mod tests {
         d.dma_unmap(DmaUnmapFlags::empty(), 0x20_0000, 0x2000)
             .unwrap();
         assert!(d.hca.dma_mappings().is_empty());
-        // Page 0 (below the model's first usable IOVA), as QEMU maps guest RAM: accepted,
-        // the page left out and the rest mapped; the unmap of the whole range removes it.
+        // Page 0, as QEMU maps guest RAM from physical address 0: DMA-able like any page.
         let f = tempfile::tempfile().unwrap();
         f.set_len(0x3000).unwrap();
-        d.dma_map(
-            DmaMapFlags::READ_WRITE,
-            0,
-            0,
-            0x1000,
-            Some(f.try_clone().unwrap()),
-        )
-        .unwrap();
-        assert!(d.hca.dma_mappings().is_empty());
-        d.dma_unmap(DmaUnmapFlags::empty(), 0, 0x1000).unwrap();
         d.dma_map(DmaMapFlags::READ_WRITE, 0, 0, 0x3000, Some(f))
             .unwrap();
-        assert_eq!(d.hca.dma_mappings(), vec![(0x1000, 0x2fff)]);
+        assert_eq!(d.hca.dma_mappings(), vec![(0, 0x2fff)]);
         d.dma_unmap(DmaUnmapFlags::empty(), 0, 0x3000).unwrap();
-        assert!(d.hca.dma_mappings().is_empty() && !d.unbacked.contains_key(&0));
+        assert!(d.hca.dma_mappings().is_empty());
         assert!(
             d.set_irqs(
                 VFIO_PCI_MSIX_IRQ_INDEX,

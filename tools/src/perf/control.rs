@@ -167,6 +167,14 @@ pub enum Msg {
     Bye,
 }
 
+/// `s` with its control characters (line breaks, terminal escapes) as spaces: a refusal is
+/// one line, and the peer's words are printed.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -200,7 +208,7 @@ impl Msg {
                 h.mtu,
                 u8::from(h.bidir)
             ),
-            Msg::Error(why) => format!("ERROR {}", why.replace(['\n', '\r'], " ")),
+            Msg::Error(why) => format!("ERROR {}", printable(why)),
             Msg::End(e) => {
                 let mut s = format!("END gid={} mac={}", hex(&e.gid), hex(&e.mac));
                 for q in &e.qps {
@@ -233,7 +241,7 @@ impl Msg {
         let rest = rest.strip_prefix(' ').ok_or_else(bad)?;
         let (kind, args) = rest.split_once(' ').unwrap_or((rest, ""));
         if kind == "ERROR" {
-            return Ok(Msg::Error(args.to_owned()));
+            return Ok(Msg::Error(printable(args)));
         }
         let mut fields = Vec::new();
         for w in args.split(' ').filter(|w| !w.is_empty()) {
@@ -398,6 +406,15 @@ impl Control {
                 let line = String::from_utf8(line[..n].to_vec())
                     .map_err(|_| ControlError::Malformed("a line that is not UTF-8".into()))?;
                 return Ok(Some(line.trim_end_matches('\r').to_owned()));
+            }
+            // perftest's exchange opens with its version NUL-padded to 16 bytes and has no
+            // newline: without this, a line would be awaited until the deadline.
+            if self.pending.contains(&0) {
+                return Err(ControlError::Malformed(
+                    "binary data with NULs, not a line: the peer speaks perftest's exchange \
+                     (give both ends the same --oob)"
+                        .into(),
+                ));
             }
             if self.pending.len() > MAX_LINE {
                 return Err(ControlError::Malformed(format!(
@@ -583,6 +600,31 @@ mod tests {
                 "{line:?}"
             );
         }
+    }
+
+    /// perftest's opening (a NUL-padded version, no newline) is refused at once, not
+    /// awaited as a line until the deadline.
+    #[test]
+    fn a_perftest_peer_is_named_at_once() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        a.write_all(b"6.06\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
+        let e = Control::new(b)
+            .unwrap()
+            .recv(Duration::from_secs(60), "HELLO")
+            .unwrap_err();
+        assert!(e.to_string().contains("perftest's exchange"), "{e}");
+    }
+
+    /// A peer's refusal is printed: its control characters (a carriage return, a terminal
+    /// escape) arrive as spaces, so the message survives emit and parse unchanged (found
+    /// by the `perf_control` fuzz target, fuzz/).
+    #[test]
+    fn a_refusal_loses_its_control_characters() {
+        let m = Msg::parse("uhca-perf/1 ERROR a\rb\u{1b}[2Jc\u{7}").unwrap();
+        assert_eq!(m, Msg::Error("a b [2Jc ".into()));
+        assert_eq!(Msg::parse(&m.emit()).unwrap(), m);
     }
 
     #[test]

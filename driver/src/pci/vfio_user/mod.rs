@@ -53,8 +53,9 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use super::{BarRegion, DmaMapping, Iova, IovaRange, PciError, PciFunction};
 use proto::{Command, HEADER_LEN, Header};
 
-/// First IOVA the backend hands out (uhca-model keeps page 0 unmapped).
-pub const IOVA_START: u64 = 0x1000;
+/// First IOVA of the space the backend offers: 0, as uhca-model's IOMMU (like a real one)
+/// maps from 0; `dma::IovaAllocator` still never hands out page 0.
+pub const IOVA_START: u64 = 0;
 /// Last IOVA the backend hands out (a 48-bit space, as uhca-model's IOMMU).
 pub const IOVA_END: u64 = (1 << 48) - 1;
 /// Largest reply accepted (a region read of the server's largest transfer plus headers).

@@ -1,0 +1,59 @@
+//! Entry points for the coverage-guided fuzz targets of `fuzz/` (feature `fuzzing`, off by
+//! default; not part of the supported API, and nothing else may enable it).
+//!
+//! - [`Hca::fuzz_stop_device_thread`] and [`Hca::fuzz_run_command_queue`]: a target stops
+//!   the device thread and runs the command queue itself, through the same entry point the
+//!   thread calls on a command doorbell (`cmdif::run_queue`), so one input is one
+//!   deterministic sequence of device steps.
+//! - [`set_output_hook`]: a hostile-device target lets the model compute each command's
+//!   output, then rewrites it (and may replace the delivery status) before the model
+//!   scatters it into the driver's mailboxes, so the driver meets a device that lies.
+
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use crate::layout::cmd::DeliveryStatus;
+use crate::layout::init_seg::reg;
+
+use super::{Hca, cmdif};
+
+/// A rewrite of a command's output: gets the gathered input and the output the model
+/// computed; may change the output (any length) and return a delivery status to report
+/// instead of the real one.
+pub type OutputHook = Box<dyn FnMut(&[u8], &mut Vec<u8>) -> Option<DeliveryStatus> + Send>;
+
+/// The process-wide hook (fuzz targets run one model at a time).
+static OUTPUT_HOOK: Mutex<Option<OutputHook>> = Mutex::new(None);
+
+/// Installs (`Some`) or removes (`None`) the output hook of every model in the process.
+pub fn set_output_hook(hook: Option<OutputHook>) {
+    *OUTPUT_HOOK.lock().unwrap_or_else(|e| e.into_inner()) = hook;
+}
+
+/// Runs the hook, if any, on one command's output (called by `cmdif::execute`).
+pub(crate) fn rewrite_output(input: &[u8], output: &mut Vec<u8>) -> Option<DeliveryStatus> {
+    let mut hook = OUTPUT_HOOK.lock().unwrap_or_else(|e| e.into_inner());
+    hook.as_mut().and_then(|h| h(input, output))
+}
+
+impl Hca {
+    /// Stops and joins the device thread: nothing runs on the device any more but what the
+    /// caller runs ([`fuzz_run_command_queue`](Self::fuzz_run_command_queue)). Idempotent.
+    pub fn fuzz_stop_device_thread(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            if t.join().is_err() {
+                tracing::error!("model device thread panicked");
+            }
+        }
+    }
+
+    /// What the device thread does on a command doorbell: clears `cmd_dbell` and runs every
+    /// hardware-owned entry of the command queue (then balances firmware pages).
+    pub fn fuzz_run_command_queue(&self) {
+        let mut core = self.shared.core_dev();
+        self.shared.bar.swap_be32(reg::CMD_DBELL, 0);
+        cmdif::run_queue(&self.shared, &mut core);
+    }
+}
