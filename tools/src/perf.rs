@@ -14,6 +14,7 @@ pub mod control;
 mod meter;
 pub mod perftest;
 mod placement;
+pub mod progress;
 mod pt_run;
 pub mod remote;
 mod stream;
@@ -234,6 +235,17 @@ impl PeerWatch {
 pub(crate) struct Watch {
     dev: Device,
     pub(crate) peer: Option<std::sync::Arc<PeerWatch>>,
+}
+
+impl Watch {
+    /// The device only: for waits the peer may end by closing the connection (a perftest
+    /// peer that finished its `-D` run first closes its end while this one runs on).
+    pub(crate) fn device_only(&self) -> Watch {
+        Watch {
+            dev: self.dev.clone(),
+            peer: None,
+        }
+    }
 }
 
 /// How often a waiting loop asks whether its device is still there
@@ -732,6 +744,9 @@ impl Bench {
         let mut idle = CqWait::new(s.events, &self.me.watch);
         let mut meter = Meter::new(size, pace.window(), start);
         let deadline = s.duration.map(|d| deadline(start, d));
+        // On a terminal, a live rate once a second (the first after a second).
+        let (live, mut drawn) = (progress::live(), false);
+        let mut next_live = start + Duration::from_secs(1);
         // Messages posted in all (both directions with -b), for the peak's post times.
         let posted = |a: &Stream, b: &Stream| -> u64 { a.posted.iter().chain(&b.posted).sum() };
         loop {
@@ -759,6 +774,12 @@ impl Bench {
                 now = t;
             }
             self.beat(now, &mut next_beat)?;
+            if live && now >= next_live {
+                next_live = now + Duration::from_secs(1);
+                let secs = now.duration_since(start).as_secs_f64();
+                eprint!("{}", progress::live_line(meter.total, size, secs));
+                drawn = true;
+            }
             let settled = |st: &Stream| {
                 (0..nq).all(|q| st.done[q] == st.posted[q])
                     && (stop || (deadline.is_none() && st.done.iter().all(|&d| d >= iters)))
@@ -768,6 +789,9 @@ impl Bench {
             }
         }
         let end = Instant::now();
+        if drawn {
+            eprint!("{}", progress::LIVE_CLEAR);
+        }
         let r = meter.result(end);
         if matches!(self.peer, Peer::Perftest(_)) {
             return self.pt_finish_bw(r);

@@ -267,3 +267,20 @@ fn the_model_runs_under_a_small_memlock_limit() {
         assert!(!err.contains("RLIMIT_MEMLOCK"), "{args}: {err}");
     }
 }
+
+/// A run through many sizes says on stderr as each starts (it ran silent for minutes);
+/// stdout keeps only the figures.
+#[test]
+fn long_runs_report_progress_on_stderr() {
+    let (code, out, err) = perf(&["read_bw", "-a", "-n", "20", "--output=bandwidth"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 23, "{out}");
+    for (k, size) in (1..=23).map(|k| 1usize << k).enumerate() {
+        let want = format!("uhca-perf: size {size} ({}/23), 20 messages", k + 1);
+        assert!(err.contains(&want), "{want}: {err}");
+    }
+    // A short single-size run off a terminal stays quiet.
+    let (code, _, err) = perf(&["write_bw", "-s", "4096", "-n", "100"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("uhca-perf: size"), "{err}");
+}

@@ -11,7 +11,7 @@ use crate::layout::init_seg::{cmdq_addr_l_sz, reg};
 
 use super::health::{LOG_CMDQ_SIZE, LOG_CMDQ_STRIDE};
 use super::state::Core;
-use super::{Counters, Shared, cmd, eq, pages};
+use super::{Counters, DmaError, Shared, cmd, eq, pages};
 
 /// Entries in the queue.
 pub(crate) const SLOTS: u32 = 1 << LOG_CMDQ_SIZE;
@@ -41,16 +41,6 @@ fn queue_base(sh: &Shared) -> u64 {
 pub(crate) fn run_queue(sh: &Shared, core: &mut Core, rung: u32) {
     // IOVA 0 is a valid queue address: run on the doorbell whatever the address.
     let base = queue_base(sh);
-    // With bus mastering off the function issues no memory requests, so a doorbell cannot
-    // fetch the queue. Such a doorbell is normally stale: a scan runs every slot whose
-    // owner bit is set (doorbell writes may coalesce, so any doorbell scans all), so it
-    // can run a command whose own doorbell lands after the scan; when that was the
-    // driver's last command before teardown turned bus mastering off, the doorbell used to
-    // be scanned then and logged "command queue unreachable" on a normal run.
-    if !sh.iommu.bus_master_on() {
-        tracing::debug!("command doorbell with bus mastering off: the queue is not fetched");
-        return;
-    }
     let exact = sh.cmd_db_exact.load(std::sync::atomic::Ordering::Acquire);
     for slot in 0..SLOTS {
         if exact && rung >> slot & 1 == 0 {
@@ -60,8 +50,21 @@ pub(crate) fn run_queue(sh: &Shared, core: &mut Core, rung: u32) {
         match sh.iommu.read_u8_acquire(at + STATUS_OWN_OFFSET as u64) {
             Ok(own) if own & OWN_HW != 0 => {}
             Ok(_) => continue,
+            // With bus mastering off nothing of the queue can be fetched, and that is no
+            // fault of the queue: the driver turns it off at teardown once its last
+            // command completed. A scan runs every slot whose owner bit is set (doorbell
+            // writes may coalesce, so any doorbell scans all), so it can run a command
+            // before that command's doorbell lands (a stale doorbell then comes after
+            // teardown), and a scan can still be going over the later slots when the
+            // driver, having seen its last completion, turns bus mastering off: both used
+            // to log "command queue unreachable" on ordinary runs. Stop fetching.
+            Err(DmaError::BusMasterOff) => {
+                tracing::debug!(slot, "command queue not fetched: bus mastering is off");
+                return;
+            }
             // The queue page itself is unreachable: nothing can be completed.
             Err(e) => {
+                Counters::inc(&sh.stats.cmdq_unreachable);
                 tracing::warn!(%e, "command queue unreachable");
                 return;
             }

@@ -387,13 +387,6 @@ impl Iommu {
         t
     }
 
-    /// Whether bus mastering is on: a function with it off issues no memory requests
-    /// (PCI Command register bit 2), so the device fetches nothing.
-    #[inline]
-    pub(crate) fn bus_master_on(&self) -> bool {
-        self.bus_master.load(Ordering::Acquire)
-    }
-
     /// The bus-master gate: DMA is refused (and counted) while it is off.
     #[inline]
     fn gate(&self) -> Result<(), DmaError> {

@@ -209,6 +209,9 @@ pub struct Stats {
     pub commands_done: u64,
     /// Commands that completed with a delivery error (status_own >> 1 != 0).
     pub delivery_errors: u64,
+    /// Command doorbells whose queue could not be read (logged as "command queue
+    /// unreachable"); a queue left unread because bus mastering was off is not one.
+    pub cmdq_unreachable: u64,
     /// Bytes currently mapped in the IOMMU.
     pub mapped_iova_bytes: u64,
     /// Live EQs.
@@ -268,6 +271,7 @@ pub struct Stats {
 pub(crate) struct Counters {
     pub(crate) commands_done: AtomicU64,
     pub(crate) delivery_errors: AtomicU64,
+    pub(crate) cmdq_unreachable: AtomicU64,
     pub(crate) eqes_posted: AtomicU64,
     pub(crate) eq_overruns: AtomicU64,
     pub(crate) irqs_signalled: AtomicU64,
@@ -677,6 +681,7 @@ impl Hca {
             fw_pages_held: core.pages.held() as u64,
             commands_done: ld(&c.commands_done),
             delivery_errors: ld(&c.delivery_errors),
+            cmdq_unreachable: ld(&c.cmdq_unreachable),
             mapped_iova_bytes: sh.iommu.mapped_bytes(),
             eqs: core.eqs.len() as u64,
             pds: core.pds.len() as u64,

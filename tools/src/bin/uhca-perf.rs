@@ -783,15 +783,26 @@ fn lat_columns(a: &Args) {
 }
 
 /// Runs every size on `bench` as the end that drives (both ends here, or the client).
+/// Progress lines on stderr as each size starts ([`perf::progress`]).
+fn progress(sizes: &[usize], s: &Settings) -> perf::progress::Progress {
+    use std::io::IsTerminal;
+    let terminal = std::io::stderr().is_terminal();
+    perf::progress::set_live(terminal);
+    perf::progress::Progress::new(sizes.len(), s.iters, s.duration, terminal)
+}
+
 fn drive(a: &Args, bench: &mut Bench, sizes: &[usize]) -> Result<(), String> {
+    let p = progress(sizes, bench.settings());
     if a.mode.is_bw() {
         bw_columns(a);
-        for &s in sizes {
+        for (k, &s) in sizes.iter().enumerate() {
+            p.start(k, s);
             bw_line(a, &bench.bandwidth(s).map_err(|e| e.to_string())?);
         }
     } else {
         lat_columns(a);
-        for &s in sizes {
+        for (k, &s) in sizes.iter().enumerate() {
+            p.start(k, s);
             lat_line(a, &bench.latency(s).map_err(|e| e.to_string())?);
         }
     }
@@ -920,7 +931,9 @@ fn server(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     header(&b, &settings, &bench);
     let mut columns = false;
-    for &s in &sizes {
+    let p = progress(&sizes, &settings);
+    for (k, &s) in sizes.iter().enumerate() {
+        p.start(k, s);
         if b.mode.is_bw() {
             if let Some(r) = bench.serve_bandwidth(s).map_err(|e| e.to_string())? {
                 if !std::mem::replace(&mut columns, true) {

@@ -278,6 +278,11 @@ pub struct Oob {
 }
 
 impl Oob {
+    /// The connection itself (to watch it for the peer hanging up, `perf::PeerWatch`).
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
     /// Wraps a connected stream; `role` decides who writes first.
     pub fn new(stream: TcpStream, role: Role) -> Result<Oob, OobError> {
         stream.set_nodelay(true).map_err(|source| OobError::Io {
@@ -289,11 +294,6 @@ impl Oob {
             role,
             pending: Vec::new(),
         })
-    }
-
-    /// The connection (for watching it for a hang-up).
-    pub fn stream(&self) -> &TcpStream {
-        &self.stream
     }
 
     /// Which end this is.

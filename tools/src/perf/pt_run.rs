@@ -261,6 +261,10 @@ impl Bench {
         ));
         let mut settings = s.clone();
         settings.mtu = agreed.mtu;
+        // Every wait of the run watches the peer's socket for a hang-up (and the device).
+        me.watch.peer = Some(std::sync::Arc::new(
+            super::PeerWatch::new(oob.stream()).map_err(setup("watching the connection"))?,
+        ));
         Ok(Bench {
             rx_off: rx,
             me,
@@ -405,7 +409,12 @@ impl Bench {
         let window = (self.settings.iters / 20).max(1);
         let mut meter = super::Meter::new(size, window, start);
         let mut last = start;
-        let mut idle = StallTimer::watching(&self.me.watch);
+        let watch = if duration {
+            self.me.watch.device_only()
+        } else {
+            self.me.watch.clone()
+        };
+        let mut idle = StallTimer::watching(&watch);
         let mut next_check = start;
         let mut client_done = false;
         loop {
@@ -633,7 +642,13 @@ fn await_tag_until(
     tag: u8,
     deadline: Option<Instant>,
 ) -> Result<bool, PerfError> {
-    let mut timer = StallTimer::watching(&dst.watch);
+    // With a deadline (-D) the peer may finish first and close: not a failure here.
+    let watch = if deadline.is_some() {
+        dst.watch.device_only()
+    } else {
+        dst.watch.clone()
+    };
+    let mut timer = StallTimer::watching(&watch);
     let mut b = [0u8; 1];
     loop {
         dst.bufs[0]

@@ -331,10 +331,12 @@ impl Bench {
     /// A failed run of a remote pair, most often a stall or a failed request because the
     /// peer went away: says so when the control connection shows it (closed, or an ERROR).
     pub(super) fn explain(&mut self, e: PerfError) -> PerfError {
-        if matches!(
-            e,
-            PerfError::Control(_) | PerfError::Perftest(_) | PerfError::PeerHungUp
-        ) {
+        if matches!(e, PerfError::Control(_) | PerfError::Perftest(_)) {
+            return e;
+        }
+        // A hang-up says it all on uhca's own connection; a perftest peer's is explained
+        // by its exchange below (what it was waiting for, the flags that must match).
+        if matches!(e, PerfError::PeerHungUp) && !matches!(self.peer, Peer::Perftest(_)) {
             return e;
         }
         match &mut self.peer {
