@@ -137,7 +137,7 @@ fn poll(
     // Writes to cmd_dbell from several threads may coalesce (plain shared memory), so any
     // non-zero value means "scan every entry" (cmdif::run_queue).
     // Read first: an idle pass then only shares the line instead of taking it from the host.
-    let cmd = sh.bar.read_be32(reg::CMD_DBELL) != 0;
+    let cmd = sh.bar.read_be32(reg::CMD_DBELL) != 0 && !sh.faults.commands_hung();
     if !cmd && watch.quiet(sh) {
         return false;
     }
