@@ -27,7 +27,7 @@ fn cycle(dev: &Device, i: usize) {
     let dm = dev.alloc_dm(64).unwrap();
     let dm_mr = pd.reg_dm(&dm, 0, 64, Access::LOCAL_WRITE).unwrap();
     assert_eq!(pd.users(), (3, 2));
-    if i % 16 == 0 {
+    if i.is_multiple_of(16) {
         // Every 16th cycle also moves bytes: the QPs are connected and used.
         connect(&mut a, dev, &mut b, dev);
         a.post_send(&SendWr {
