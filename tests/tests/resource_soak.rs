@@ -13,6 +13,9 @@ use uhca_tests::{config, model, open_fds};
 
 /// One cycle: every object kind created, used once where it has a use, destroyed.
 fn cycle(dev: &Device, i: usize) {
+    if dev.is_lost() {
+        panic!("cycle {i}: device lost: {:?}", dev.check_health());
+    }
     let pd = dev.alloc_pd().unwrap();
     let uar = dev.alloc_uar().unwrap();
     let cq = dev.create_cq(&CqConfig::default()).unwrap();
