@@ -154,7 +154,7 @@ pub struct PeerMr {
     access: Access,
     client: String,
     /// Its use of the PD, released after the MKey is destroyed.
-    _pd: crate::resource::pd::PdUse,
+    _pd: crate::resource::pd::MrUse,
 }
 
 impl std::fmt::Debug for PeerMr {
@@ -430,7 +430,7 @@ impl Pd {
             len,
             access,
             client: client.name().to_string(),
-            _pd: self.track(crate::resource::pd::PdUser::Mr),
+            _pd: self.track(),
         })
     }
 

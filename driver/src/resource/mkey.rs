@@ -29,7 +29,7 @@ use crate::dma::{
     DmaError, DmaRegion, MemlockExceeded, MrBuffer, PinCharge, PinError, UserMapping,
 };
 use crate::resource::Pd;
-use crate::resource::pd::{PdUse, PdUser};
+use crate::resource::pd::MrUse;
 
 /// Access rights of a memory region (local read is always granted).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -259,7 +259,7 @@ pub struct Mr {
     backing: Option<Backing>,
     charge: Option<PinCharge>,
     /// Its use of the PD, released after the MKey is destroyed.
-    _pd: PdUse,
+    _pd: MrUse,
 }
 
 impl MemError {
@@ -603,7 +603,7 @@ impl Pd {
             access,
             backing: Some(backing),
             charge,
-            _pd: self.track(PdUser::Mr),
+            _pd: self.track(),
         })
     }
 }

@@ -31,37 +31,35 @@ impl Drop for PdObj {
     }
 }
 
-/// What kind of object uses a PD.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PdUser {
-    /// A memory region (host, device or peer memory).
-    Mr,
-    /// A queue pair.
-    Qp,
-}
+/// A memory region's use of its PD (host, device or peer memory).
+pub(crate) type MrUse = PdUse<false>;
+/// A queue pair's use of its PD.
+pub(crate) type QpUse = PdUse<true>;
 
-/// One object's use of its PD; dropped with the object, after its firmware object.
-pub(crate) struct PdUse {
+/// One object's use of its PD (`QP`: a queue pair, else a memory region); dropped with the
+/// object, after its firmware object. One pointer wide: handles embed it.
+pub(crate) struct PdUse<const QP: bool> {
     obj: Arc<PdObj>,
-    kind: PdUser,
 }
 
-impl std::fmt::Debug for PdUse {
+impl<const QP: bool> std::fmt::Debug for PdUse<QP> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PdUse({}, {:?})", self.obj.pdn, self.kind)
+        write!(
+            f,
+            "PdUse({}, {})",
+            self.obj.pdn,
+            if QP { "QP" } else { "MR" }
+        )
     }
 }
 
-impl PdUse {
+impl<const QP: bool> PdUse<QP> {
     fn counter(&self) -> &AtomicUsize {
-        match self.kind {
-            PdUser::Mr => &self.obj.mrs,
-            PdUser::Qp => &self.obj.qps,
-        }
+        if QP { &self.obj.qps } else { &self.obj.mrs }
     }
 }
 
-impl Drop for PdUse {
+impl<const QP: bool> Drop for PdUse<QP> {
     fn drop(&mut self) {
         self.counter().fetch_sub(1, Ordering::AcqRel);
     }
@@ -73,7 +71,6 @@ impl Drop for PdUse {
 /// [`Pd::reg_dm`], in `resource/mkey.rs`). [`Pd::destroy`] is refused while any of them
 /// or a QP lives; dropping the handle instead defers DEALLOC_PD to the last of them.
 pub struct Pd {
-    pdn: u32,
     pub(crate) dev: Arc<DeviceInner>,
     /// CAP_2 `max_mkey_log_entity_size_mtt`, read on first registration.
     pub(crate) max_log_page: OnceLock<u32>,
@@ -82,14 +79,14 @@ pub struct Pd {
 
 impl std::fmt::Debug for Pd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Pd({})", self.pdn)
+        write!(f, "Pd({})", self.pdn())
     }
 }
 
 /// [`Pd::destroy`] refused: objects still live in the PD (uverbs: EBUSY). The PD is
 /// handed back unchanged.
 #[derive(Debug, thiserror::Error)]
-#[error("PD {} still holds {mrs} memory regions and {qps} queue pairs", pd.pdn)]
+#[error("PD {} still holds {mrs} memory regions and {qps} queue pairs", pd.pdn())]
 pub struct PdInUse {
     /// The PD, still usable.
     pub pd: Pd,
@@ -103,7 +100,6 @@ impl Pd {
     pub(crate) fn alloc(dev: &Arc<DeviceInner>) -> Result<Pd, DeviceError> {
         let pdn = ops::alloc_pd(&**dev)?;
         Ok(Pd {
-            pdn,
             dev: dev.clone(),
             max_log_page: OnceLock::new(),
             obj: Arc::new(PdObj {
@@ -117,7 +113,7 @@ impl Pd {
 
     /// The PD number.
     pub fn pdn(&self) -> u32 {
-        self.pdn
+        self.obj.pdn
     }
 
     /// Live memory regions and queue pairs on this PD.
@@ -129,10 +125,9 @@ impl Pd {
     }
 
     /// A use of this PD by a new object (counted until the object is dropped).
-    pub(crate) fn track(&self, kind: PdUser) -> PdUse {
+    pub(crate) fn track<const QP: bool>(&self) -> PdUse<QP> {
         let u = PdUse {
             obj: self.obj.clone(),
-            kind,
         };
         u.counter().fetch_add(1, Ordering::AcqRel);
         u

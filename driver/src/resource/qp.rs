@@ -314,7 +314,7 @@ pub struct Qp {
     dev: Arc<DeviceInner>,
     _uar: Uar,
     /// Its use of the PD, released after the firmware QP is destroyed.
-    _pd: crate::resource::pd::PdUse,
+    _pd: crate::resource::pd::QpUse,
 }
 
 impl std::fmt::Debug for Qp {
@@ -481,7 +481,7 @@ impl Device {
             rcq: recv_cq.obj().clone(),
             dev: dev.clone(),
             _uar: uar,
-            _pd: pd.track(crate::resource::pd::PdUser::Qp),
+            _pd: pd.track(),
         })
     }
 
