@@ -54,13 +54,19 @@ fn every_rc_operation_survives_loss_reordering_duplication_and_corruption() {
     let (ma, mb) = (model(0x0A), model(0x0B));
     let a = Device::open(ma.clone(), config()).expect("boot a");
     let b = Device::open(mb.clone(), config()).expect("boot b");
+    // `UHCA_FAULT_SOAK_ONE_IN=drop,reorder,duplicate,corrupt` (0 turns one off).
+    let rates: Vec<u32> = std::env::var("UHCA_FAULT_SOAK_ONE_IN")
+        .map_or("100,100,100,1000".into(), |s| s)
+        .split(',')
+        .map(|v| v.parse().unwrap())
+        .collect();
     let faults = LinkConfig {
         faults: FaultConfig {
             seed,
-            drop_one_in: 100,
-            reorder_one_in: 100,
-            duplicate_one_in: 100,
-            corrupt_one_in: 1000,
+            drop_one_in: rates[0],
+            reorder_one_in: rates[1],
+            duplicate_one_in: rates[2],
+            corrupt_one_in: rates[3],
             mangle_one_in: 0,
         },
         ..LinkConfig::default()
@@ -192,6 +198,13 @@ fn every_rc_operation_survives_loss_reordering_duplication_and_corruption() {
         qa.ring_doorbell();
         // Every completion, in posting order, successful.
         let c = wait_n(&mut cqa, k_max as usize);
+        if c.iter().any(|x| x.status != WcStatus::Success) {
+            eprintln!(
+                "failed at op {g}: model a {:?}; model b {:?}",
+                ma.hca().stats(),
+                mb.hca().stats()
+            );
+        }
         for (got, (op, ..)) in c.iter().zip(&checks) {
             assert_eq!(
                 (got.wr_id, got.status),
