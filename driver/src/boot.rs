@@ -8,7 +8,7 @@ use uhca_hw::layout::Buf;
 use uhca_hw::layout::caps::CmdHcaCap;
 use uhca_hw::layout::cmd::{CapType, QueryPagesOpMod};
 use uhca_hw::layout::eqe::EventType;
-use uhca_hw::layout::init_seg::{InitSeg, decode_timeout_ms, reg};
+use uhca_hw::layout::init_seg::{InitSeg, cmdq_addr_l_sz, decode_timeout_ms, reg};
 
 use crate::cmd::ops;
 use crate::cmd::{CmdIf, CmdIfParams};
@@ -82,6 +82,11 @@ pub(crate) fn boot(
         Duration::from_millis(init_to).max(config.init_timeout),
     )?;
 
+    // Health: also watches the queue address read back now (a reset under us clears it).
+    let health = HealthMonitor::new(config.health_interval).with_cmdq(
+        bar.read32_be(reg::CMDQ_ADDR_H),
+        bar.read32_be(reg::CMDQ_ADDR_L_SZ) & cmdq_addr_l_sz::ADDR_MASK,
+    );
     let dev = Arc::new(DeviceInner {
         function: function.clone(),
         bar,
@@ -89,7 +94,7 @@ pub(crate) fn boot(
         cmd,
         pages: Mutex::new(FwPages::default()),
         events: Mutex::new(None),
-        health: Mutex::new(HealthMonitor::new(config.health_interval)),
+        health: Mutex::new(health),
         info: OnceLock::new(),
         caps: OnceLock::new(),
         driver_uar: OnceLock::new(),

@@ -52,6 +52,9 @@ pub enum DeviceError {
     /// The device was closed.
     #[error("device is closed")]
     Closed,
+    /// The device is lost ([`Device::is_lost`]): drop the handles and reopen the function.
+    #[error("device lost")]
+    DeviceLost,
 }
 
 impl From<UnknownPage> for DeviceError {
@@ -231,9 +234,46 @@ impl DeviceInner {
         Ok(())
     }
 
+    /// Marks the device lost (health failure, vanished server, command timeout): commands
+    /// end at once with [`CmdError::DeviceDead`], work requests with
+    /// [`PostError::DeviceLost`](crate::datapath::PostError::DeviceLost). Logged once, on the
+    /// transition; a closed device stays closed.
     pub(crate) fn declare_dead(&self) {
-        self.state.store(DEAD, Ordering::Release);
+        if self
+            .state
+            .compare_exchange(OPEN, DEAD, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            tracing::error!(
+                device = %self.function.name(),
+                "device lost: every handle now fails; drop them and reopen the function"
+            );
+        }
         self.cmd.mark_dead();
+    }
+
+    /// [`Device::check_health`]: a failure declares the device lost.
+    pub(crate) fn check_health(&self) -> Result<(), DeviceError> {
+        if let Err(e) = self.function.check() {
+            self.declare_dead();
+            return Err(e.into());
+        }
+        let r = self
+            .health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .poll(&self.bar);
+        if let Err(e) = r {
+            self.declare_dead();
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Whether the device was declared lost ([`declare_dead`](Self::declare_dead)).
+    #[inline]
+    pub(crate) fn is_lost(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == DEAD
     }
 
     /// Drains the control EQ: answers page requests, queues async events. Returns the
@@ -335,17 +375,31 @@ impl DeviceInner {
 /// for tens of MiB at boot).
 pub const MAX_PAGES_PER_REQUEST: usize = 1 << 20;
 
+impl DeviceInner {
+    /// A command that timed out means firmware stopped answering (its slot is retired and
+    /// the device may still own it): the device is declared lost, as a health failure is
+    /// (docs/spec/device-recovery.md).
+    fn timed_out(&self, r: Result<Vec<u8>, CmdError>) -> Result<Vec<u8>, CmdError> {
+        if matches!(r, Err(CmdError::Timeout { .. })) {
+            self.declare_dead();
+        }
+        r
+    }
+}
+
 impl Exec for DeviceInner {
     fn exec(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>, CmdError> {
-        self.cmd.exec(input, out_len, SlotClass::Regular, &mut || {
+        let r = self.cmd.exec(input, out_len, SlotClass::Regular, &mut || {
             self.on_wait(true)
-        })
+        });
+        self.timed_out(r)
     }
 
     fn exec_pages(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>, CmdError> {
-        self.cmd.exec(input, out_len, SlotClass::Pages, &mut || {
+        let r = self.cmd.exec(input, out_len, SlotClass::Pages, &mut || {
             self.on_wait(false)
-        })
+        });
+        self.timed_out(r)
     }
 }
 
@@ -440,26 +494,21 @@ impl Device {
 
     /// Checks the device's health now (subject to the poll interval).
     pub fn check_health(&self) -> Result<(), DeviceError> {
-        if let Err(e) = self.inner.function.check() {
-            self.inner.declare_dead();
-            return Err(e.into());
-        }
-        let r = self
-            .inner
-            .health
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .poll(&self.inner.bar);
-        if let Err(e) = r {
-            self.inner.declare_dead();
-            return Err(e.into());
-        }
-        Ok(())
+        self.inner.check_health()
     }
 
     /// Firmware pages the device currently holds.
     pub fn fw_pages(&self) -> usize {
         self.inner.fw_pages()
+    }
+
+    /// Whether the device is lost (a health failure, a command timeout, a vanished
+    /// server or a dead link was seen). Every handle then fails with a device-lost error;
+    /// the way back is to drop every handle of this device (the last one resets the
+    /// function and frees its memory) and [`open`](Self::open) the function again, as
+    /// mlx5_core's recovery unloads and reloads it (docs/spec/device-recovery.md).
+    pub fn is_lost(&self) -> bool {
+        self.inner.is_lost()
     }
 
     /// Allocates a protection domain.
@@ -477,6 +526,8 @@ impl Device {
     fn ensure_open(&self) -> Result<(), DeviceError> {
         if self.inner.is_open() {
             Ok(())
+        } else if self.inner.is_lost() {
+            Err(DeviceError::DeviceLost)
         } else {
             Err(DeviceError::Closed)
         }

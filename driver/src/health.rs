@@ -37,6 +37,13 @@ pub enum HealthError {
     /// The NIC interface is disabled or in software reset.
     #[error("NIC interface is {0:?}")]
     NicInterface(NicInterface),
+    /// The command queue address the driver programmed is gone from the init segment:
+    /// the function was reset under the driver (a reset clears it, prm-subset.md §4).
+    #[error("the function was reset under the driver (command queue address {found:#x})")]
+    ResetUnderDriver {
+        /// The queue address the init segment now holds.
+        found: u64,
+    },
 }
 
 /// Polls the health registers at a fixed interval (Linux 2 s, rdma-core 1 s) and declares
@@ -50,6 +57,9 @@ pub struct HealthMonitor {
     misses: u32,
     next_poll: Instant,
     failed: Option<HealthError>,
+    /// The command queue address read back after boot (`cmdq_addr_h`, `cmdq_addr_l`),
+    /// when it is not 0.
+    cmdq: Option<u64>,
 }
 
 impl HealthMonitor {
@@ -63,7 +73,17 @@ impl HealthMonitor {
             misses: 0,
             next_poll: Instant::now(),
             failed: None,
+            cmdq: None,
         }
+    }
+
+    /// Also checks that the command queue address keeps reading `(high, low)`, as it read
+    /// back after boot: a reset of the function under the driver clears it. A device that
+    /// reads 0 back (no read-back) turns the check off, so it can only fire on a change.
+    pub fn with_cmdq(mut self, high: u32, low: u32) -> HealthMonitor {
+        let a = (u64::from(high) << 32) | u64::from(low);
+        self.cmdq = (a != 0).then_some(a);
+        self
     }
 
     /// Whether a failure has been seen.
@@ -93,9 +113,15 @@ impl HealthMonitor {
         if bar.read32_be(reg::HEALTH_FW_VER) == u32::MAX {
             return Err(HealthError::LinkDead);
         }
-        let nic = NicInterface::from(cmdq_addr_l_sz::nic_interface(
-            bar.read32_be(reg::CMDQ_ADDR_L_SZ),
-        ));
+        let l_sz = bar.read32_be(reg::CMDQ_ADDR_L_SZ);
+        if let Some(want) = self.cmdq {
+            let found = (u64::from(bar.read32_be(reg::CMDQ_ADDR_H)) << 32)
+                | u64::from(l_sz & cmdq_addr_l_sz::ADDR_MASK);
+            if found != want {
+                return Err(HealthError::ResetUnderDriver { found });
+            }
+        }
+        let nic = NicInterface::from(cmdq_addr_l_sz::nic_interface(l_sz));
         if matches!(nic, NicInterface::Disabled | NicInterface::SwReset) {
             return Err(HealthError::NicInterface(nic));
         }

@@ -280,16 +280,19 @@ fn a_killed_model_process_is_reported_as_device_lost() {
             }
             other => panic!("expected DeviceLost, got {other:?}"),
         }
-        // Posting still works locally, nothing completes, and nothing blocks.
-        a.post_send(&SendWr {
+        // Posting is refused as device lost, nothing completes, and nothing blocks.
+        let posted = a.post_send(&SendWr {
             wr_id: 2,
             op: SendOp::Write {
                 local: Local::Sges(&[Sge::of(&src, 0, 64).unwrap()]),
                 remote: Remote::of(&dst, 0),
             },
             flags: SIG,
-        })
-        .unwrap();
+        });
+        assert!(
+            matches!(posted, Err(uhca::datapath::PostError::DeviceLost)),
+            "{posted:?}"
+        );
         a.ring_doorbell();
         assert_eq!(cq_a.poll().count(), 0);
         // Teardown of a lost device reports it and returns; DMA memory is released.

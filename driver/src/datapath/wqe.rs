@@ -80,6 +80,9 @@ pub enum PostError {
     /// The QP is not in a state that accepts this queue's work requests (RST, or RTR for sends).
     #[error("QP state does not accept work requests")]
     BadState,
+    /// The device is lost ([`Device::is_lost`](crate::Device::is_lost)): nothing is posted.
+    #[error("device lost")]
+    DeviceLost,
 }
 
 /// A send WQE being built in a stack buffer (a cursor: each segment goes after the last).

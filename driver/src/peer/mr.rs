@@ -153,6 +153,8 @@ pub struct PeerMr {
     len: u64,
     access: Access,
     client: String,
+    /// Its use of the PD, released after the MKey is destroyed.
+    _pd: crate::resource::pd::MrUse,
 }
 
 impl std::fmt::Debug for PeerMr {
@@ -428,6 +430,7 @@ impl Pd {
             len,
             access,
             client: client.name().to_string(),
+            _pd: self.track(),
         })
     }
 

@@ -92,6 +92,9 @@ pub enum QueueError {
     /// The device was closed.
     #[error("device is closed")]
     Closed,
+    /// The device is lost ([`Device::is_lost`]): drop the handles and reopen the function.
+    #[error("device lost")]
+    DeviceLost,
 }
 
 /// Options of [`Device::create_cq`].
@@ -338,6 +341,9 @@ impl Device {
     /// Creates a completion queue (prm-subset.md §6.5, §7.2).
     pub fn create_cq(&self, cfg: &CqConfig) -> Result<Cq, QueueError> {
         let dev = &self.inner;
+        if dev.is_lost() {
+            return Err(QueueError::DeviceLost);
+        }
         if !dev.is_open() {
             return Err(QueueError::Closed);
         }
@@ -514,8 +520,25 @@ impl Cq {
         let Some((_, fd, ep)) = &eq.irq else {
             return Err(QueueError::NoEvents);
         };
-        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        // The wait is cut into slices of at most the health interval, each preceded by a
+        // health check, so a device lost meanwhile ends it with `DeviceLost`, not a hang.
+        let slice = self
+            .obj
+            .dev
+            .config
+            .health_interval
+            .max(Duration::from_millis(1));
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {
+            if self.obj.dev.is_lost() || self.obj.dev.check_health().is_err() {
+                return Err(QueueError::DeviceLost);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            let ms = left
+                .unwrap_or(slice)
+                .min(slice)
+                .as_millis()
+                .min(i32::MAX as u128) as i32;
             let got = {
                 let mut ring = eq.ring.lock().unwrap_or_else(|e| e.into_inner());
                 let mut got = 0;
@@ -540,7 +563,10 @@ impl Cq {
                 }
             };
             if n == 0 {
-                return Ok(false);
+                if left.is_some_and(|l| l.as_millis() <= ms as u128) {
+                    return Ok(false);
+                }
+                continue;
             }
             let _ = fd.read(); // non-blocking: clears the counter
         }

@@ -277,7 +277,7 @@ impl Device {
     /// most [`DmCaps::max_align`]).
     pub fn alloc_dm_aligned(&self, len: usize, align: u64) -> Result<Dm, MemError> {
         if !self.inner.is_open() {
-            return Err(MemError::Closed);
+            return Err(MemError::gone(&self.inner));
         }
         let caps = DmCaps::of(self).ok_or(MemError::NoDeviceMemory)?;
         if len == 0 {

@@ -29,6 +29,7 @@ use crate::dma::{
     DmaError, DmaRegion, MemlockExceeded, MrBuffer, PinCharge, PinError, UserMapping,
 };
 use crate::resource::Pd;
+use crate::resource::pd::MrUse;
 
 /// Access rights of a memory region (local read is always granted).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -194,6 +195,9 @@ pub enum MemError {
     /// The device is closed.
     #[error("device is closed")]
     Closed,
+    /// The device is lost ([`Device::is_lost`](crate::Device::is_lost)).
+    #[error("device lost")]
+    DeviceLost,
     /// DMA mapping failed.
     #[error(transparent)]
     Dma(#[from] DmaError),
@@ -254,6 +258,19 @@ pub struct Mr {
     access: Access,
     backing: Option<Backing>,
     charge: Option<PinCharge>,
+    /// Its use of the PD, released after the MKey is destroyed.
+    _pd: MrUse,
+}
+
+impl MemError {
+    /// [`MemError::DeviceLost`] or [`MemError::Closed`], for a device that is not open.
+    pub(crate) fn gone(dev: &DeviceInner) -> MemError {
+        if dev.is_lost() {
+            MemError::DeviceLost
+        } else {
+            MemError::Closed
+        }
+    }
 }
 
 impl Mr {
@@ -435,7 +452,7 @@ impl Pd {
         access.validate()?;
         let dev = &self.dev;
         if !dev.is_open() {
-            return Err(MemError::Closed);
+            return Err(MemError::gone(dev));
         }
         let (addr, len) = (buf.as_mut_ptr() as u64, buf.len());
         if len == 0 {
@@ -465,7 +482,7 @@ impl Pd {
         access.validate()?;
         let dev = &self.dev;
         if !dev.is_open() {
-            return Err(MemError::Closed);
+            return Err(MemError::gone(dev));
         }
         if len == 0 {
             return Err(MemError::Empty);
@@ -586,6 +603,7 @@ impl Pd {
             access,
             backing: Some(backing),
             charge,
+            _pd: self.track(),
         })
     }
 }

@@ -16,7 +16,7 @@ pub use cq::{Cq, CqArmState, CqConfig, CqInfo, CqPeriodMode, CqStatus, QueueErro
 pub use eq::EqRing;
 pub use memic::{Dm, DmCaps};
 pub use mkey::{Access, MemError, Mr, MrOptions};
-pub use pd::Pd;
+pub use pd::{Pd, PdInUse};
 pub use qp::{
     ConnectParams, Local, Mtu, Qp, QpConfig, QpState, RtsAttrs, SendFlags, SendOp, SendWr,
 };

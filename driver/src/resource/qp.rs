@@ -313,6 +313,8 @@ pub struct Qp {
     rcq: Arc<CqObj>,
     dev: Arc<DeviceInner>,
     _uar: Uar,
+    /// Its use of the PD, released after the firmware QP is destroyed.
+    _pd: crate::resource::pd::QpUse,
 }
 
 impl std::fmt::Debug for Qp {
@@ -367,6 +369,9 @@ impl Device {
         cfg: &QpConfig,
     ) -> Result<Qp, QueueError> {
         let dev = &self.inner;
+        if dev.is_lost() {
+            return Err(QueueError::DeviceLost);
+        }
         if !dev.is_open() {
             return Err(QueueError::Closed);
         }
@@ -476,6 +481,7 @@ impl Device {
             rcq: recv_cq.obj().clone(),
             dev: dev.clone(),
             _uar: uar,
+            _pd: pd.track(),
         })
     }
 
@@ -710,6 +716,9 @@ impl Qp {
         if !matches!(self.state, QpState::Rts | QpState::Err) {
             return Err(PostError::BadState);
         }
+        if self.dev.is_lost() {
+            return Err(PostError::DeviceLost);
+        }
         post_wr(&mut self.sq, &self.shadow, self.limits, wr)
     }
 
@@ -725,6 +734,9 @@ impl Qp {
     pub fn post_recv(&mut self, wr_id: u64, sges: &[Sge]) -> Result<(), PostError> {
         if self.state == QpState::Reset {
             return Err(PostError::BadState);
+        }
+        if self.dev.is_lost() {
+            return Err(PostError::DeviceLost);
         }
         if sges.len() > self.max_recv_sge {
             return Err(PostError::TooManySges);

@@ -143,7 +143,7 @@ fn poll(
     // non-zero value means "scan every entry" (cmdif::run_queue), unless every doorbell
     // write reaches the model one by one (`Shared::cmd_db_exact`).
     // Read first: an idle pass then only shares the line instead of taking it from the host.
-    let cmd = sh.bar.read_be32(reg::CMD_DBELL) != 0;
+    let cmd = sh.bar.read_be32(reg::CMD_DBELL) != 0 && !sh.faults.commands_hung();
     if !cmd && watch.quiet(sh) {
         return false;
     }

@@ -316,12 +316,25 @@ impl Counters {
 pub struct Faults {
     bar: Arc<BarMem>,
     stall_health: AtomicBool,
+    hang_commands: AtomicBool,
 }
 
 impl Faults {
     /// Stops (`true`) or resumes the health counter.
     pub fn stall_health(&self, stall: bool) {
         self.stall_health.store(stall, Ordering::Relaxed);
+    }
+
+    /// Wedges (`true`) or frees the command interface: while wedged, doorbells are left
+    /// pending and no command completes (firmware that stopped answering; the driver's
+    /// command timeout fires). Freeing it runs what is pending.
+    pub fn hang_commands(&self, hang: bool) {
+        self.hang_commands.store(hang, Ordering::Relaxed);
+    }
+
+    /// Whether the command interface is wedged.
+    pub fn commands_hung(&self) -> bool {
+        self.hang_commands.load(Ordering::Relaxed)
     }
 
     /// Whether the health counter is stalled.
@@ -463,6 +476,7 @@ impl Hca {
             faults: Faults {
                 bar: bar.clone(),
                 stall_health: AtomicBool::new(false),
+                hang_commands: AtomicBool::new(false),
             },
             core: Mutex::new(Core::new(&cfg)),
             cfg,
@@ -568,12 +582,17 @@ impl Hca {
     }
 
     /// Function-level reset: every device state back to power-on (pages forgotten, EQs and
-    /// other resources gone, `initializing` = 1 for `boot_delay`). IOMMU mappings, config
+    /// other resources gone, injected health and command hangs ended, `initializing` = 1
+    /// for `boot_delay`). IOMMU mappings, config
     /// space and MSI-X routing belong to the host side and are left alone (as VFIO's reset
     /// saves and restores config space).
     pub fn reset(&self) {
         let mut core = self.shared.core();
         *core = Core::new(&self.shared.cfg);
+        // A reset firmware runs again: the injected hangs end (the syndrome and
+        // `nic_interface` are cleared with the init segment below).
+        self.shared.faults.stall_health(false);
+        self.shared.faults.hang_commands(false);
         health::power_on(&self.shared);
         // Until a doorbell comes by message again, they may come through memory.
         self.shared.cmd_db_exact.store(false, Ordering::Release);
