@@ -36,6 +36,7 @@ pub mod reg;
 pub mod roce;
 pub mod srq;
 pub mod uar;
+pub mod ud;
 pub mod umr;
 pub mod vport;
 pub mod wqe;

@@ -139,6 +139,8 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
         srq::QueryHcaVportPkeyIn<()>,
         srq::QueryHcaVportPkeyOut<()>,
         umr::UmrCtrlSeg<()>,
+        ud::DatagramSeg<()>,
+        roce::Deth<()>,
         HostEndiannessReg<()>,
         DefaultTimeout<()>,
         DtorReg<()>,

@@ -30,9 +30,11 @@ pub const MKEY_SEG: usize = 64;
 pub mod flags {
     /// `xlt_offset` (and `xlt_offset_47_16`) place the entries in the MKey's list.
     pub const TRANSLATION_OFFSET_EN: u32 = 1 << 4;
-    /// Check field `[6:5]`: the MKey must not be free.
+    /// Check field `[6:5]` = 1: fail if the MKey is not free (Linux's name; it enables a
+    /// free MKey with it; rdma-core calls the same bit `MLX5_WQE_UMR_CTRL_FLAG_CHECK_FREE`).
     pub const CHECK_NOT_FREE: u32 = 1 << 5;
-    /// Check field `[6:5]`: the MKey must be free.
+    /// Check field `[6:5]` = 2: fail if the MKey is free (Linux 4.x `set_reg_umr_segment`:
+    /// "fail if free").
     pub const CHECK_FREE: u32 = 2 << 5;
     /// The check field.
     pub const CHECK_MASK: u32 = 3 << 5;

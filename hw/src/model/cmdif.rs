@@ -29,10 +29,16 @@ fn queue_base(sh: &Shared) -> u64 {
     (h << 32) | l
 }
 
-/// Scans all 32 entries and runs every hardware-owned one; posts a completion EQE per
-/// command to each EQ subscribed to event 0x0A before the command ran; then balances
-/// firmware pages.
-pub(crate) fn run_queue(sh: &Shared, core: &mut Core) {
+/// Runs the hardware-owned entries of the doorbell bits `rung` (every hardware-owned entry
+/// while doorbell writes reach the model through shared memory, where writes of several
+/// threads coalesce); posts a completion EQE per command to each EQ subscribed to event
+/// 0x0A before the command ran; then balances firmware pages.
+///
+/// Firmware runs an entry when its doorbell bit is written, not when its ownership bit is
+/// set: Linux sets `status_own` to hardware before it marks the entry pending and rings, so
+/// an entry run early completes a command Linux does not expect yet ("Command completion
+/// arrived after timeout"; firmware-behaviour.md §Commands).
+pub(crate) fn run_queue(sh: &Shared, core: &mut Core, rung: u32) {
     // IOVA 0 is a valid queue address: run on the doorbell whatever the address.
     let base = queue_base(sh);
     // With bus mastering off the function issues no memory requests, so a doorbell cannot
@@ -45,7 +51,11 @@ pub(crate) fn run_queue(sh: &Shared, core: &mut Core) {
         tracing::debug!("command doorbell with bus mastering off: the queue is not fetched");
         return;
     }
+    let exact = sh.cmd_db_exact.load(std::sync::atomic::Ordering::Acquire);
     for slot in 0..SLOTS {
+        if exact && rung >> slot & 1 == 0 {
+            continue;
+        }
         let at = base + u64::from(slot) * STRIDE;
         match sh.iommu.read_u8_acquire(at + STATUS_OWN_OFFSET as u64) {
             Ok(own) if own & OWN_HW != 0 => {}
@@ -215,4 +225,61 @@ fn execute(sh: &Shared, core: &mut Core, at: u64) -> DeliveryStatus {
         return ds;
     }
     DeliveryStatus::Ok
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::layout::BufMut;
+    use crate::layout::cmd::{CMD_XPORT, CmdEntry, OWN_HW, Opcode, STATUS_OWN_OFFSET};
+    use crate::layout::init_seg::reg;
+    use crate::model::dp_tests::{Rig, model};
+
+    /// With doorbells arriving one by one (a trapped page), an entry runs when its bit is
+    /// rung, not when its ownership bit is set: Linux hands an entry to hardware before it
+    /// is ready for the completion and rings after.
+    #[test]
+    fn only_rung_entries_run_once_doorbells_arrive_by_message() {
+        let hca = model(71);
+        let mut r = Rig::new(&hca);
+        let q = r.alloc(4096);
+        for slot in 0..2 {
+            let mut e = [0u8; 64];
+            let mut c = CmdEntry::new_unchecked(&mut e[..]);
+            c.set_type(CMD_XPORT);
+            c.set_inlen(16);
+            c.set_outlen(16);
+            let mut i = [0u8; 16];
+            i[..2].copy_from_slice(&u16::from(Opcode::Nop).to_be_bytes());
+            c.set_in(&i);
+            c.set_status_own(OWN_HW.into());
+            r.buf(q.idx).write_bytes(slot * 64, &e);
+        }
+        let bar = &hca.shared.bar;
+        bar.write_be32(reg::CMDQ_ADDR_H, (q.iova >> 32) as u32);
+        bar.write_be32(reg::CMDQ_ADDR_L_SZ, q.iova as u32);
+        let own = |slot: usize| r.buf(q.idx).load_u8_acquire(slot * 64 + STATUS_OWN_OFFSET);
+        let wait_done = |slot: usize| {
+            let start = Instant::now();
+            while own(slot) & OWN_HW != 0 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "slot {slot} never ran"
+                );
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        };
+        assert!(hca.doorbell_write(reg::CMD_DBELL, &1u32.to_be_bytes()));
+        wait_done(0);
+        // The pass that ran slot 0 held the core lock; once we hold it, that pass is over.
+        drop(hca.shared.core());
+        assert_eq!(
+            own(1) & OWN_HW,
+            OWN_HW,
+            "slot 1 is hardware-owned but was not rung"
+        );
+        assert!(hca.doorbell_write(reg::CMD_DBELL, &2u32.to_be_bytes()));
+        wait_done(1);
+    }
 }

@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET};
 use crate::layout::eqe::EventType;
-use crate::layout::roce::RocePacket;
+use crate::layout::roce::{RcOpcode, RocePacket};
 use crate::layout::uar::{BF_REGS_PER_UAR, UAR_SIZE, bf_reg_offset};
 use crate::layout::wqe::SEND_WQE_BB;
 use crate::link::{Link, LinkConfig, LinkError, Loopback};
@@ -317,9 +317,9 @@ impl<'a, 'd> Sink<'a, 'd> {
         self.push(recv, &mut cqe, true);
     }
 
-    /// A successful send CQE built by the caller (`umr.rs`).
-    pub(crate) fn push_send(&mut self, cqe: &mut [u8; CQE_SIZE]) {
-        self.push(false, cqe, false);
+    /// A CQE built by the caller (`umr.rs`, `ud.rs`) on the send or receive (`recv`) CQ.
+    pub(crate) fn push_cqe(&mut self, recv: bool, cqe: &mut [u8; CQE_SIZE], solicited: bool) {
+        self.push(recv, cqe, solicited);
     }
 
     fn push(&mut self, recv: bool, cqe: &mut [u8; CQE_SIZE], solicited: bool) {
@@ -545,7 +545,8 @@ pub(crate) fn run_sq(
         return;
     }
     if qp.kind != QpKind::Rc {
-        // Run after the pass, where UMRs can change MKeys (`umr::run_local`).
+        // UD and GSI WQEs run in the transmit step (`ud::run_sq`), UMR QP ones after the
+        // pass, where UMRs can change MKeys (`umr::run_local`).
         qp.local_work = true;
         return;
     }
@@ -738,7 +739,14 @@ fn deliver(
         sh.stats.port.received_error(frame.len());
         return; // malformed or bad ICRC: dropped as the wire would
     };
-    let Some(qp) = dp.qps.get_mut(pkt.bth.dest_qp) else {
+    // A datagram for QPN 1 goes to the GSI QP, whatever its number in the model (`ud.rs`).
+    let ud = RcOpcode::from(pkt.bth.opcode).is_ud();
+    let qpn = if ud {
+        super::ud::target_qpn(&dp.qps, pkt.bth.dest_qp)
+    } else {
+        pkt.bth.dest_qp
+    };
+    let Some(qp) = dp.qps.get_mut(qpn) else {
         // No such QP (IBA §9.6.1.1: dropped silently), counted with the port's receive
         // errors.
         sh.stats.port.received_error(frame.len());
@@ -750,6 +758,16 @@ fn deliver(
             .port
             .received_burst(b.frame_packets(), b.frame_wire_len()),
         None => sh.stats.port.received(frame.len()),
+    }
+    if ud || qp.kind != QpKind::Rc {
+        // Datagrams go to UD and GSI QPs only; RC packets to RC QPs only (`ud.rs`).
+        if ud && qp.kind.is_datagram() {
+            let DataPath {
+                srqs, cqs, events, ..
+            } = dp;
+            super::ud::receive(sh, dma, core, qp, srqs, cqs, events, pkt, frame);
+        }
+        return;
     }
     let mem = Mem {
         sh,
@@ -803,6 +821,10 @@ fn transmit(
         if qp.kick {
             qp.kick = false;
             run_sq(sh, dma, core, qp, cqs, events);
+        }
+        if qp.local_work && qp.kind.is_datagram() {
+            // A UD or GSI QP's WQEs run here, where the wire is (`ud.rs`).
+            super::ud::run_sq(sh, dma, core, qp, cqs, events, wire);
         }
         if !(qp.active && (first || qp.moved)) {
             continue;

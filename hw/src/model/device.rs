@@ -140,16 +140,20 @@ fn poll(
 ) -> bool {
     let mut busy = false;
     // Writes to cmd_dbell from several threads may coalesce (plain shared memory), so any
-    // non-zero value means "scan every entry" (cmdif::run_queue).
+    // non-zero value means "scan every entry" (cmdif::run_queue), unless every doorbell
+    // write reaches the model one by one (`Shared::cmd_db_exact`).
     // Read first: an idle pass then only shares the line instead of taking it from the host.
     let cmd = sh.bar.read_be32(reg::CMD_DBELL) != 0;
     if !cmd && watch.quiet(sh) {
         return false;
     }
     let mut core = sh.core_dev();
-    if cmd && sh.bar.swap_be32(reg::CMD_DBELL, 0) != 0 {
-        cmdif::run_queue(sh, &mut core);
-        busy = true;
+    if cmd {
+        let rung = sh.bar.swap_be32(reg::CMD_DBELL, 0);
+        if rung != 0 {
+            cmdif::run_queue(sh, &mut core, rung);
+            busy = true;
+        }
     }
     if !core.eqs.is_empty() {
         busy |= eq::poll_doorbells(sh, &mut core);

@@ -52,6 +52,7 @@ mod sq;
 mod srq;
 mod state;
 mod table;
+mod ud;
 mod umr;
 mod vport;
 mod watch;
@@ -255,6 +256,9 @@ pub struct Stats {
     /// Bursts the port sent on its loopback queue (`rc::Burst`; 0 without
     /// [`ModelConfig::loopback_offload`]).
     pub bursts_tx: u64,
+    /// UD datagrams dropped on receipt (wrong Q_Key or P_Key, QP not ready, no receive
+    /// WQE posted; `model/ud.rs`).
+    pub ud_dropped: u64,
     /// Request packets the RC transport retransmitted.
     pub retransmits: u64,
 }
@@ -278,6 +282,7 @@ pub(crate) struct Counters {
     pub(crate) packets_tx: AtomicU64,
     pub(crate) packets_rx: AtomicU64,
     pub(crate) bursts_tx: AtomicU64,
+    pub(crate) ud_dropped: AtomicU64,
     /// The port's QUERY_VPORT_COUNTER counters (`cmd::vport::PortCounters`).
     pub(crate) port: cmd::vport::PortCounters,
 }
@@ -382,6 +387,9 @@ pub(crate) struct Shared {
     pub(crate) lock_count: AtomicU64,
     /// Commands and registers asked for that the model lacks (logged once each).
     pub(crate) gaps: Gaps,
+    /// Command doorbell writes reach the model one by one ([`Hca::doorbell_write`]), so
+    /// `cmd_dbell` holds exactly the slots rung and only those run (`cmdif::run_queue`).
+    pub(crate) cmd_db_exact: AtomicBool,
 }
 
 impl Shared {
@@ -465,6 +473,7 @@ impl Hca {
             link: datapath::Attached::default(),
             lock_count: AtomicU64::new(0),
             gaps: Gaps::default(),
+            cmd_db_exact: AtomicBool::new(false),
         });
         health::power_on(&shared);
         let sh = shared.clone();
@@ -562,6 +571,8 @@ impl Hca {
         let mut core = self.shared.core();
         *core = Core::new(&self.shared.cfg);
         health::power_on(&self.shared);
+        // Until a doorbell comes by message again, they may come through memory.
+        self.shared.cmd_db_exact.store(false, Ordering::Release);
         Counters::inc(&self.shared.stats.resets);
         drop(core);
         if let Some(t) = &self.thread {
@@ -569,16 +580,35 @@ impl Hca {
         }
     }
 
-    /// A BAR0 write that reaches the model as one access (a host serving a UAR page by
+    /// A BAR0 write that reaches the model as one access (a host serving a BAR page by
     /// messages): a 4-byte EQ doorbell of an allocated UAR (offset 0x40 arm, 0x48 update)
     /// is applied at once, so every write counts, as on hardware, even two to the same
-    /// word in a row. Returns false for any other write, which the caller stores in BAR
-    /// memory for the device thread to find.
+    /// word in a row; a command doorbell (`cmd_dbell`) adds its bits to the slots to run,
+    /// and from then on only rung slots run. Returns false for any other write, which the
+    /// caller stores in BAR memory for the device thread to find.
     pub fn doorbell_write(&self, offset: usize, data: &[u8]) -> bool {
+        use crate::layout::init_seg::reg;
         use crate::layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM, UAR_SIZE};
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
             return false;
         };
+        if offset == reg::CMD_DBELL {
+            // The command doorbell: its bits add to those not yet taken, and from now on
+            // only rung entries run (no write is lost, so no scan of every entry is needed).
+            self.shared.cmd_db_exact.store(true, Ordering::Release);
+            let bits = u32::from_be_bytes(bytes);
+            let bar = &self.shared.bar;
+            loop {
+                let old = bar.read_be32(reg::CMD_DBELL);
+                if bar.cmpxchg_be32(reg::CMD_DBELL, old, old | bits) {
+                    break;
+                }
+            }
+            if let Some(t) = &self.thread {
+                t.thread().unpark();
+            }
+            return true;
+        }
         let arm = match offset % UAR_SIZE {
             EQ_DOORBELL_ARM => true,
             EQ_DOORBELL_NOARM => false,
@@ -669,6 +699,7 @@ impl Hca {
             packets_tx: ld(&c.packets_tx),
             packets_rx: ld(&c.packets_rx),
             bursts_tx: ld(&c.bursts_tx),
+            ud_dropped: ld(&c.ud_dropped),
             retransmits: core.dp.retransmits(),
         }
     }

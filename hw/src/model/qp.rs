@@ -77,7 +77,7 @@ const MAX_INFLIGHT: u32 = 256;
 /// P_Key of every RoCE QP (the model's P_Key table is empty: the default partition).
 const DEFAULT_PKEY: u16 = 0xFFFF;
 /// Hop limit / TTL when the path leaves it 0.
-const DEFAULT_HOP_LIMIT: u8 = 64;
+pub(crate) const DEFAULT_HOP_LIMIT: u8 = 64;
 
 /// One QP.
 pub(crate) struct Qp {
@@ -209,29 +209,14 @@ impl Qp {
             0 => DEFAULT_HOP_LIMIT,
             h => h,
         };
-        let ip = if src.l3_type == L3_IPV4 {
-            IpRepr::V4(Ipv4Repr {
-                src_addr: src.gid[12..].try_into().ok()?,
-                dst_addr: rgid[12..].try_into().ok()?,
-                dscp: p.dscp() as u8,
-                ecn: p.ecn() as u8,
-                identification: 0,
-                dont_fragment: true,
-                ttl: hop,
-                protocol: 17,
-                payload_len: 0,
-            })
-        } else {
-            IpRepr::V6(Ipv6Repr {
-                src_addr: src.gid,
-                dst_addr: rgid,
-                traffic_class: p.tclass() as u8,
-                flow_label: p.flow_label(),
-                next_header: 17,
-                hop_limit: hop,
-                payload_len: 0,
-            })
-        };
+        let ip = path_ip(
+            src,
+            &rgid,
+            (p.dscp() as u8, p.ecn() as u8),
+            p.tclass() as u8,
+            p.flow_label(),
+            hop,
+        )?;
         let rmac = ((u64::from(p.rmac_47_32()) << 32) | u64::from(p.rmac_31_0())).to_be_bytes();
         let eth = EthRepr {
             dst_addr: rmac[2..].try_into().ok()?,
@@ -270,6 +255,42 @@ impl Qp {
             atomic_endianness: endianness,
         })
     }
+}
+
+/// The IP header toward `rgid` from the GID entry `src`: IPv4 with `dscp_ecn` when `src`
+/// is an IPv4 GID (the last 4 bytes of each GID are the addresses), else IPv6 with
+/// `tclass` and `flow_label`; `hop` is the TTL / hop limit. `None` if a GID is malformed.
+pub(crate) fn path_ip(
+    src: &GidEntry,
+    rgid: &[u8; 16],
+    dscp_ecn: (u8, u8),
+    tclass: u8,
+    flow_label: u32,
+    hop: u8,
+) -> Option<IpRepr> {
+    Some(if src.l3_type == L3_IPV4 {
+        IpRepr::V4(Ipv4Repr {
+            src_addr: src.gid[12..].try_into().ok()?,
+            dst_addr: rgid[12..].try_into().ok()?,
+            dscp: dscp_ecn.0,
+            ecn: dscp_ecn.1,
+            identification: 0,
+            dont_fragment: true,
+            ttl: hop,
+            protocol: 17,
+            payload_len: 0,
+        })
+    } else {
+        IpRepr::V6(Ipv6Repr {
+            src_addr: src.gid,
+            dst_addr: *rgid,
+            traffic_class: tclass,
+            flow_label,
+            next_header: 17,
+            hop_limit: hop,
+            payload_len: 0,
+        })
+    })
 }
 
 /// The receive queue of one QP as the engine takes from it (§9.6): the producer counter

@@ -158,7 +158,7 @@ pub(crate) fn decode_into(
 
 /// The data segments of a WQE into `slot`: a list of SGEs, or inline segments
 /// (concatenated).
-fn local_data(segs: &[u8], slot: &mut SendSlot) -> Result<(), WqeError> {
+pub(crate) fn local_data(segs: &[u8], slot: &mut SendSlot) -> Result<(), WqeError> {
     let mut at = 0;
     while let Some(&head) = segs.get(at..).and_then(|r| r.first_chunk::<4>()) {
         let head = u32::from_be_bytes(head);

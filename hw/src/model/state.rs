@@ -121,7 +121,8 @@ pub(crate) struct Core {
     pub(crate) driver_version: Vec<u8>,
     /// CQ numbers (from 1: 0 marks an empty CQ doorbell).
     pub(crate) cqns: IdAlloc,
-    /// QP numbers (from 1).
+    /// QP numbers (from 2: 0 and 1 are the special QPs' numbers on the wire, IBA Vol. 1
+    /// §3.5.8; the GSI QP answers to 1 whatever its own number, `ud.rs`).
     pub(crate) qpns: IdAlloc,
     /// CQs and QPs (prm-subset.md §6.5, §6.6).
     pub(crate) dp: Box<DataPath>,

@@ -1,17 +1,19 @@
-//! Send queues that nothing carries on the wire: the UMR QP (REG_UMR), and the NOPs of UD
-//! and GSI QPs (docs/spec/mlx5-ib-objects.md §4, §6).
+//! The send queue of the UMR QP (REG_UMR), which nothing carries on the wire
+//! (docs/spec/mlx5-ib-objects.md §6; UD and GSI QPs: `ud.rs`).
 //!
 //! A doorbell on such a QP marks it (`Qp::local_work`); after the data path's pass, with
 //! the MKey table writable, [`run_local`] takes its new WQEs in order:
 //! - NOP (opcode 0x00): completes (a CQE if signaled);
 //! - UMR (opcode 0x25, UMR QP only): changes the MKey the control segment's `imm` names,
 //!   as its UMR control segment and MKey context segment say: the check of `flags`
-//!   (CHECK_FREE / CHECK_NOT_FREE), then the translation entries (MTTs, from the WQE with
+//!   (CHECK_NOT_FREE fails on an MKey in use, CHECK_FREE on a free one), then the
+//!   translation entries (MTTs, from the WQE with
 //!   INLINE or read through the data segment's lkey: the PD check is the lkey's own, as
 //!   the UMR QP has none), placed at `xlt_offset` octowords with TRANSLATION_OFFSET_EN,
 //!   then the fields `mkey_mask` selects. The MKey must have been created with `umr_en`,
-//!   and the entries must fit its `translations_octword_size`;
-//! - anything else (a UD SEND: datagrams are not carried yet) fails with LOCAL_QP_OP.
+//!   and the entries must fit its `translations_octword_size` (zero entries past it, the
+//!   padding Linux adds, are dropped);
+//! - anything else fails with LOCAL_QP_OP.
 //!
 //! A failed WQE completes in error (always, signaled or not) and moves the QP to ERR;
 //! later WQEs flush. Nothing changes in an MKey whose UMR fails.
@@ -46,7 +48,7 @@ pub(crate) fn run_local(sh: &Shared, core: &mut Core) {
         .dp
         .qps
         .values()
-        .filter(|q| q.local_work)
+        .filter(|q| q.local_work && q.kind == QpKind::RegUmr)
         .map(|q| q.qpn)
         .collect();
     if marked.is_empty() {
@@ -73,7 +75,7 @@ fn run_qp(sh: &Shared, dma: &Dma<'_>, core: &mut Core, qpn: u32) {
         && (pi.wrapping_sub(qp.sq_ci) as i32) > 0
     {
         let idx = qp.sq_ci as u16;
-        let (kind, state) = (qp.kind, qp.state);
+        let state = qp.state;
         let mut w = [0u8; MAX_WQE + SEND_WQE_BB];
         if qp
             .buf
@@ -100,7 +102,7 @@ fn run_qp(sh: &Shared, dma: &Dma<'_>, core: &mut Core, qpn: u32) {
         } else {
             match WqeOpcode::from(ctrl.opcode) {
                 WqeOpcode::Nop => Ok(()),
-                WqeOpcode::Umr if kind == QpKind::RegUmr => umr(sh, dma, core, &ctrl, &w),
+                WqeOpcode::Umr => umr(sh, dma, core, &ctrl, &w),
                 _ => Err(CqeSyndrome::LocalQpOp),
             }
         };
@@ -119,7 +121,7 @@ fn run_qp(sh: &Shared, dma: &Dma<'_>, core: &mut Core, qpn: u32) {
                     e.set_wqe_counter(idx.into());
                 }
                 cqe[OP_OWN_OFFSET] = u8::from(CqeOpcode::Req) << 4;
-                sink.push_send(&mut cqe);
+                sink.push_cqe(false, &mut cqe, false);
             }
             Ok(()) => {}
             Err(synd) => {
@@ -161,10 +163,12 @@ fn umr(
     if m.variant != key as u8 || Mkc::new_unchecked(&m.mkc[..]).umr_en() == 0 {
         return Err(prot());
     }
+    // CHECK_NOT_FREE fails on an MKey that is not free, CHECK_FREE on one that is
+    // (docs/spec/mlx5-ib-objects.md §6).
     match fl & flags::CHECK_MASK {
         0 => {}
-        flags::CHECK_NOT_FREE if !m.free => {}
-        flags::CHECK_FREE if m.free => {}
+        flags::CHECK_NOT_FREE if m.free => {}
+        flags::CHECK_FREE if !m.free => {}
         _ => return Err(prot()),
     }
     // The translation entries, read before anything changes.
@@ -231,15 +235,18 @@ fn umr(
     }
     let first = 2 * offset;
     let n = 2 * octs as u64;
-    if first + n > capacity {
+    // Linux pads the list to 64 bytes (umr.c `mlx5r_umr_update_mr_pas`), past a small
+    // MKey's room: entries past it must be zero and are not kept.
+    let fits = capacity.saturating_sub(first).min(n);
+    if (fits..n).any(|k| xlt.read_be64(8 * k as usize) != 0) {
         return Err(CqeSyndrome::LocalLength);
     }
     let mut next = mtts.clone();
-    if octs > 0 {
-        if next.len() < (first + n) as usize {
-            next.resize((first + n) as usize, 0);
+    if fits > 0 {
+        if next.len() < (first + fits) as usize {
+            next.resize((first + fits) as usize, 0);
         }
-        for k in 0..n as usize {
+        for k in 0..fits as usize {
             next[first as usize + k] = xlt.read_be64(8 * k);
         }
     }

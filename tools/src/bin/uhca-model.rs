@@ -63,9 +63,10 @@ struct Args {
     /// payloads as bursts).
     #[arg(long = "no-offload")]
     no_offload: bool,
-    /// Serve the first N UAR pages of BAR0 by messages instead of mmap (for QEMU): every
-    /// EQ doorbell write then counts, as on hardware, also when a driver arms several EQs
-    /// through one UAR word as Linux does. uhca's own vfio-user backend needs 0.
+    /// Serve BAR0 page 0 (the command doorbell) and the first N UAR pages by messages
+    /// instead of mmap (for QEMU): every doorbell write then counts, as on hardware, also
+    /// when a driver arms several EQs through one UAR word or rings the command doorbell
+    /// from several threads, as Linux does. uhca's own vfio-user backend needs 0.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
     trap_uars: u32,
     /// Serve the model GPU (device memory in BAR1, exported as dma-bufs by the client's

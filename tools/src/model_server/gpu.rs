@@ -28,7 +28,12 @@ use vfio_bindings::bindings::vfio::{
 };
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion, SparseArea};
 
-use super::{CONFIG_REGION_SIZE, ServerError, listen_at, prepare_path};
+use super::{ServerError, listen_at, prepare_path};
+
+/// Size of the GPU's config-space region: the conventional 256 bytes. The model GPU has no
+/// capabilities (no PCI Express capability), so it is a conventional PCI function; the
+/// HCA's 4 KiB PCIe space (`super::CONFIG_REGION_SIZE`) is not its.
+const CONFIG_REGION_SIZE: u64 = 256;
 use uhca::hw::model::peer::{GPU_MEM_BAR, GpuError, ModelGpu};
 
 /// A model GPU served over vfio-user on a UNIX socket.

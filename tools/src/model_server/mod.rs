@@ -13,9 +13,10 @@
 //! - **BAR0** (region 0): the model's BAR0 memfd, declared with one sparse mmap area over the
 //!   whole BAR, so the client receives the fd and maps it: doorbells, UARs and the init
 //!   segment are then plain shared memory that the model's device thread polls, exactly as
-//!   in-process. [`ModelServer::bind_trapping`] (`uhca-model --trap-uars N`) leaves the first
-//!   N UAR pages out of the areas: the client then writes there by REGION_WRITE, and each EQ
-//!   doorbell write is applied as it comes ([`Hca::doorbell_write`]). REGION_READ/REGION_WRITE of BAR0 reach the same memory; QEMU uses them
+//!   in-process. [`ModelServer::bind_trapping`] (`uhca-model --trap-uars N`) leaves page 0
+//!   (the command doorbell) and the first N UAR pages out of the areas: the client then
+//!   writes there by REGION_WRITE, and each doorbell write is applied as it comes
+//!   ([`Hca::doorbell_write`]). REGION_READ/REGION_WRITE of BAR0 reach the same memory; QEMU uses them
 //!   for the page of the MSI-X table, which its vfio-pci traps and emulates itself (it
 //!   carves that page out of the mmap since the region has no `MSIX_MAPPABLE` capability).
 //!   Regions 1-6 and 8 are absent (BAR1 is BAR0's upper half).
@@ -140,12 +141,13 @@ impl ModelServer {
         ModelServer::bind_trapping(hca, path, replace_stale, 0)
     }
 
-    /// [`bind`](Self::bind), with the first `trapped_uars` UAR pages of BAR0 (from
-    /// `FIRST_UAR_INDEX`, the pages a driver's first UARs get, where Linux and rdma-core's
-    /// mlx5_vfio put their EQs) left out of the mmap-able area: the client sends each
-    /// access there as a message, so every EQ doorbell write counts even when several EQs
-    /// arm through one word ([`Hca::doorbell_write`]). For QEMU; uhca's own vfio-user
-    /// backend maps the whole BAR and needs 0.
+    /// [`bind`](Self::bind), with BAR0 page 0 (the command doorbell) and the first
+    /// `trapped_uars` UAR pages (from `FIRST_UAR_INDEX`, the pages a driver's first UARs
+    /// get, where Linux and rdma-core's mlx5_vfio put their EQs) left out of the mmap-able
+    /// area when `trapped_uars` > 0: the client sends each access there as a message, so
+    /// every doorbell write counts, even when several EQs arm through one word or several
+    /// threads ring the command doorbell at once ([`Hca::doorbell_write`]). For QEMU; uhca's
+    /// own vfio-user backend maps the whole BAR and needs 0.
     pub fn bind_trapping(
         hca: Hca,
         path: &Path,
@@ -313,6 +315,8 @@ fn region_table(hca: &Hca, trapped_uars: u32) -> Vec<ServerRegion> {
     let page = UAR_SIZE as u64;
     let hole_start = u64::from(FIRST_UAR_INDEX) * page;
     let hole_end = (hole_start + u64::from(trapped_uars) * page).min(bar_len);
+    // With trapped UARs, page 0 (the command doorbell) is trapped too.
+    let first = if trapped_uars > 0 { page } else { 0 };
     (0..VFIO_PCI_NUM_REGIONS)
         .map(|index| {
             let mut info = vfio_region_info {
@@ -334,7 +338,7 @@ fn region_table(hca: &Hca, trapped_uars: u32) -> Vec<ServerRegion> {
                 info.flags = rw | VFIO_REGION_INFO_FLAG_MMAP;
                 info.offset = 0; // offset of the region in the mmap fd
                 let areas = if hole_end > hole_start {
-                    vec![(0, hole_start), (hole_end, bar_len - hole_end)]
+                    vec![(first, hole_start - first), (hole_end, bar_len - hole_end)]
                 } else {
                     vec![(0, bar_len)]
                 };
@@ -635,7 +639,10 @@ mod tests {
             .collect();
         let hole = u64::from(FIRST_UAR_INDEX) * 4096;
         let len = bar.region_info.size;
-        assert_eq!(areas, vec![(0, hole), (hole + 8192, len - hole - 8192)]);
+        assert_eq!(
+            areas,
+            vec![(4096, hole - 4096), (hole + 8192, len - hole - 8192)]
+        );
         let cfg = &regions[VFIO_PCI_CONFIG_REGION_INDEX as usize];
         assert_eq!(cfg.region_info.size, CONFIG_REGION_SIZE);
         assert_eq!(regions[1].region_info.size, 0);

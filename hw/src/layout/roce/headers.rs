@@ -33,6 +33,8 @@ pub const ATOMIC_ACK_ETH_SIZE: usize = 8;
 pub const IMM_DT_SIZE: usize = 4;
 /// Bytes of an IETH.
 pub const IETH_SIZE: usize = 4;
+/// Bytes of a DETH.
+pub const DETH_SIZE: usize = 8;
 
 layout! {
     /// Ethernet II header.
@@ -140,6 +142,33 @@ layout! {
     /// Invalidate Extended Transport Header (IBA Vol. 1 §9.3.8).
     pub struct Ieth, "ieth", size 4;
     r_key, set_r_key: 0x00 [31:0],
+}
+
+layout! {
+    /// Datagram Extended Transport Header (IBA Vol. 1 §9.3.3): the Q_Key and the sender's QP
+    /// of a UD packet.
+    pub struct Deth, "deth", size 8;
+    q_key, set_q_key: 0x00 [31:0],
+    src_qp, set_src_qp: 0x04 [23:0],
+}
+
+/// DETH contents.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DethRepr {
+    /// Queue key.
+    pub q_key: u32,
+    /// Source QP number (24 bits).
+    pub src_qp: u32,
+}
+
+impl DethRepr {
+    /// Reads the header.
+    pub fn parse<B: Buf>(v: &Deth<B>) -> Self {
+        Self {
+            q_key: v.q_key(),
+            src_qp: v.src_qp(),
+        }
+    }
 }
 
 /// Ethernet II header contents.

@@ -51,7 +51,9 @@ crate::enum_with_unknown! {
 
 crate::enum_with_unknown! {
     /// BTH opcodes of the Reliable Connected transport (IBA Vol. 1 Table 38, transport
-    /// prefix `000`). Other transports (UC `001`, UD `011`, CNP `0x81`) decode as `Unknown`.
+    /// prefix `000`), and the two of the Unreliable Datagram transport (prefix `011`): SEND
+    /// Only and SEND Only with Immediate. Other transports (UC `001`, CNP `0x81`) and the
+    /// UD codes without an IBA meaning decode as `Unknown`.
     pub enum RcOpcode(u8) {
         /// SEND First.
         SendFirst = 0x00,
@@ -99,10 +101,14 @@ crate::enum_with_unknown! {
         SendLastInv = 0x16,
         /// SEND Only with Invalidate.
         SendOnlyInv = 0x17,
+        /// UD SEND Only (DETH).
+        UdSendOnly = 0x64,
+        /// UD SEND Only with Immediate (DETH, ImmDt).
+        UdSendOnlyImm = 0x65,
     }
 }
 
-/// Which extension headers follow the BTH, in wire order (IBA Vol. 1 §9.2: RETH,
+/// Which extension headers follow the BTH, in wire order (IBA Vol. 1 §9.2: DETH, RETH,
 /// AtomicETH, AETH, AtomicAckETH, ImmDt, IETH).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct HeaderSet {
@@ -118,6 +124,8 @@ pub struct HeaderSet {
     pub imm_dt: bool,
     /// Invalidate Extended Transport Header.
     pub ieth: bool,
+    /// Datagram Extended Transport Header (UD).
+    pub deth: bool,
 }
 
 impl HeaderSet {
@@ -129,6 +137,7 @@ impl HeaderSet {
             + (self.atomic_ack_eth as usize) * ATOMIC_ACK_ETH_SIZE
             + (self.imm_dt as usize) * IMM_DT_SIZE
             + (self.ieth as usize) * IETH_SIZE
+            + (self.deth as usize) * DETH_SIZE
     }
 
     /// True when no extension header follows the BTH.
@@ -149,6 +158,7 @@ impl RcOpcode {
             atomic_ack_eth: false,
             imm_dt: false,
             ieth: false,
+            deth: false,
         };
         Some(match self {
             SendFirst | SendMiddle | SendLast | SendOnly => none,
@@ -174,6 +184,12 @@ impl RcOpcode {
             },
             CompareSwap | FetchAdd => HeaderSet {
                 atomic_eth: true,
+                ..none
+            },
+            UdSendOnly => HeaderSet { deth: true, ..none },
+            UdSendOnlyImm => HeaderSet {
+                deth: true,
+                imm_dt: true,
                 ..none
             },
             Unknown(_) => return None,
@@ -229,7 +245,16 @@ impl RcOpcode {
         )
     }
 
-    /// Every opcode this build implements, in numeric order.
+    /// The UD opcodes this build implements (not in [`ALL`](Self::ALL), which an RC QP
+    /// takes).
+    pub const UD: [RcOpcode; 2] = [RcOpcode::UdSendOnly, RcOpcode::UdSendOnlyImm];
+
+    /// Whether the opcode is of the UD transport.
+    pub const fn is_ud(self) -> bool {
+        matches!(self, RcOpcode::UdSendOnly | RcOpcode::UdSendOnlyImm)
+    }
+
+    /// Every RC opcode this build implements, in numeric order.
     pub const ALL: [RcOpcode; 23] = {
         use RcOpcode::*;
         [
@@ -265,8 +290,12 @@ impl RcOpcode {
 const OPCODE_INFO: [Option<(HeaderSet, bool)>; 256] = {
     let mut t = [None; 256];
     let mut i = 0;
-    while i < RcOpcode::ALL.len() {
-        let op = RcOpcode::ALL[i];
+    while i < RcOpcode::ALL.len() + RcOpcode::UD.len() {
+        let op = if i < RcOpcode::ALL.len() {
+            RcOpcode::ALL[i]
+        } else {
+            RcOpcode::UD[i - RcOpcode::ALL.len()]
+        };
         if let Some(h) = op.headers() {
             t[op.raw() as usize] = Some((h, op.has_payload()));
         }

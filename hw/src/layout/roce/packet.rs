@@ -64,6 +64,8 @@ pub struct ExtHeaders {
     pub imm_dt: Option<u32>,
     /// IETH: the R_Key to invalidate (`SEND ... with Invalidate`).
     pub ieth: Option<u32>,
+    /// DETH: the Q_Key and source QP of a UD packet.
+    pub deth: Option<DethRepr>,
 }
 
 impl ExtHeaders {
@@ -76,6 +78,7 @@ impl ExtHeaders {
             atomic_ack_eth: self.atomic_ack_eth.is_some(),
             imm_dt: self.imm_dt.is_some(),
             ieth: self.ieth.is_some(),
+            deth: self.deth.is_some(),
         }
     }
 
@@ -87,6 +90,10 @@ impl ExtHeaders {
             buf[off..off + bytes.len()].copy_from_slice(bytes);
             off += bytes.len();
         };
+        if let Some(d) = &self.deth {
+            put(&d.q_key.to_be_bytes());
+            put(&(d.src_qp & 0xFF_FFFF).to_be_bytes());
+        }
         if let Some(r) = &self.reth {
             put(&r.va.to_be_bytes());
             put(&r.r_key.to_be_bytes());
@@ -119,6 +126,10 @@ impl ExtHeaders {
     fn parse(set: HeaderSet, buf: &[u8]) -> Self {
         let mut ext = Self::default();
         let mut off = 0;
+        if set.deth {
+            ext.deth = Some(DethRepr::parse(&Deth::new_unchecked(&buf[..DETH_SIZE])));
+            off += DETH_SIZE;
+        }
         if set.reth {
             let b = &buf[off..off + RETH_SIZE];
             ext.reth = Some(RethRepr::parse(&Reth::new_unchecked(b)));
@@ -513,6 +524,9 @@ impl fmt::Display for RocePacket<'_> {
         }
         if let Some(r_key) = e.ieth {
             write!(f, " inv rkey {r_key:#x}")?;
+        }
+        if let Some(d) = &e.deth {
+            write!(f, " qkey {:#x} src_qp {:#x}", d.q_key, d.src_qp)?;
         }
         write!(f, " payload {}", self.payload.len())
     }

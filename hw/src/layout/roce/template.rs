@@ -486,8 +486,8 @@ mod tests {
         };
         let ack = ext_for(RcOpcode::Acknowledge);
         assert_eq!(
-            t.emit_in_place(&mut buf, var(RcOpcode::Unknown(0x64)), &ack, 0),
-            Err(WireError::UnsupportedOpcode(0x64))
+            t.emit_in_place(&mut buf, var(RcOpcode::Unknown(0x24)), &ack, 0),
+            Err(WireError::UnsupportedOpcode(0x24))
         );
         assert_eq!(
             t.emit_in_place(&mut buf, var(RcOpcode::SendOnly), &ack, 0),

@@ -326,6 +326,10 @@ pub(super) fn ext_for(op: RcOpcode) -> ExtHeaders {
         }),
         imm_dt: set.imm_dt.then_some(0xFEED_BEEF),
         ieth: set.ieth.then_some(0x9999),
+        deth: set.deth.then_some(DethRepr {
+            q_key: 0x1111_2222,
+            src_qp: 0x33,
+        }),
     }
 }
 

@@ -15,7 +15,7 @@ mod hca;
 mod memic;
 mod mkey;
 mod pages;
-mod pkey;
+pub(crate) mod pkey;
 pub(crate) mod qp;
 pub(crate) mod reg;
 mod resource;

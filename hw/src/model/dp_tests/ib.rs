@@ -3,11 +3,13 @@
 //! UD / GSI / UMR QPs, NOPs and UMR WQEs.
 
 use super::*;
+use crate::layout::cqe::Cqe;
 use crate::layout::cqe::{CqeOpcode, CqeSyndrome};
 use crate::layout::srq::{
     ArmRqIn, CreateRmpIn, CreateSrqIn, CreateSrqOut, DestroySrqIn, ModifyRmpIn,
     QueryHcaVportPkeyIn, QueryRmpOut, QuerySrqOut, Rmpc, Srqc, Wq, XrcSrqc,
 };
+use crate::layout::ud::DatagramSeg;
 use crate::layout::umr::{UmrCtrlSeg, flags, mkey_mask};
 use crate::layout::wqe::{WqeOpcode, fm_ce_se::CQ_UPDATE};
 use crate::model::cmd::syndrome as s;
@@ -356,20 +358,34 @@ fn a_pa_mkey_reaches_bus_addresses_through_the_iommu_with_its_rights() {
     );
 }
 
-/// A QP of transport `st` (UD 2, UMR 0xc) with an SQ of 64 and no RQ, in RTS with
+/// A QP of transport `st` (UD 2, QP1 8, UMR 0xc) with an SQ of 64 and no RQ, in RTS with
 /// `qkey`.
 fn datagram_qp(r: &mut Rig<'_>, st: u32, pd: u32, cqn: u32, qkey: u32) -> TQp {
-    let (mut i, mut q) = r.qp_input(cqn, cqn, 6, 0);
+    datagram_qp_rq(r, st, pd, cqn, qkey, None)
+}
+
+/// [`datagram_qp`], with an RQ of `2^log_rq` WQEs of 64 bytes if `log_rq` is given.
+fn datagram_qp_rq(
+    r: &mut Rig<'_>,
+    st: u32,
+    pd: u32,
+    cqn: u32,
+    qkey: u32,
+    log_rq: Option<u32>,
+) -> TQp {
+    let (mut i, mut q) = r.qp_input(cqn, cqn, 6, log_rq.unwrap_or(0));
     {
         let mut c = Qpc::new_unchecked(&mut i[CreateQpIn::<()>::QPC..]);
         c.set_st(st);
         c.set_pd(pd);
-        c.set_rq_type(3);
+        c.set_rq_type(if log_rq.is_some() { 0 } else { 3 });
     }
     let (st_, syn, out) = r.cmd(&i, 16);
     assert_eq!(st_, CmdStatus::Ok, "CREATE_QP {syn:#x}");
     q.qpn = CreateQpOut::new_unchecked(&out[..]).qpn();
-    q.sq_off = 0; // no RQ: the SQ starts the buffer
+    if log_rq.is_none() {
+        q.sq_off = 0; // no RQ: the SQ starts the buffer
+    }
     let (st_, syn, _) = r.modify(Opcode::Rst2InitQp, q.qpn, |c| {
         Qpc::new_unchecked(&mut c[..]).set_q_key(qkey);
         Ads::new_unchecked(&mut c[0x18..0x18 + 44]).set_vhca_port_num(1);
@@ -377,7 +393,8 @@ fn datagram_qp(r: &mut Rig<'_>, st: u32, pd: u32, cqn: u32, qkey: u32) -> TQp {
     assert_eq!(st_, CmdStatus::Ok, "RST2INIT {syn:#x}");
     // No path and no GID: a datagram QP needs neither.
     let (st_, syn, _) = r.modify(Opcode::Init2RtrQp, q.qpn, |c| {
-        Qpc::new_unchecked(&mut c[..]).set_mtu(5);
+        // As Linux: 256 for the GSI QP, 4096 for UD and UMR QPs.
+        Qpc::new_unchecked(&mut c[..]).set_mtu(if st == 8 { 1 } else { 5 });
     });
     assert_eq!(st_, CmdStatus::Ok, "INIT2RTR {syn:#x}");
     let (st_, syn, _) = r.modify(Opcode::Rtr2RtsQp, q.qpn, |_| {});
@@ -419,15 +436,10 @@ fn a_ud_qp_keeps_its_qkey_and_completes_nops() {
         "syndrome {:#x}",
         syndrome(&e)
     );
-    // A SEND is not carried (datagrams on the wire are not modelled): LOCAL_QP_OP, ERR.
+    // An RDMA WRITE is no UD operation: LOCAL_QP_OP, the QP goes to ERR, later WQEs flush.
     let src = r.mr(PAGE, (1, 0, 0, 0));
-    r.post(
-        &mut q,
-        WqeOpcode::Send.into(),
-        0,
-        0,
-        &data(src.key, src.va, 8),
-    );
+    let segs = cat(&[&raddr(src.va, src.key), &data(src.key, src.va, 8)]);
+    r.post(&mut q, WqeOpcode::RdmaWrite.into(), 0, 0, &segs);
     let e = r.wait(&mut cq);
     assert_eq!(cqe_op(&e), CqeOpcode::ReqErr);
     assert_eq!(wqe_counter(&e), 4);
@@ -435,6 +447,150 @@ fn a_ud_qp_keeps_its_qkey_and_completes_nops() {
     r.post(&mut q, WqeOpcode::Nop.into(), 0, 0, &[]);
     let e = r.wait(&mut cq);
     assert_eq!(syndrome(&e), u8::from(CqeSyndrome::WrFlush));
+}
+
+/// A datagram segment toward QP `dqp` at the rig's own port (GID index 1, IPv4).
+fn av(r: &Rig<'_>, dqp: u32, qkey: u32) -> [u8; 48] {
+    let (mac, gid) = r.addr();
+    let mut s = [0u8; 48];
+    let mut d = DatagramSeg::new_unchecked(&mut s[..]);
+    d.set_qkey(qkey);
+    d.set_ext(1);
+    d.set_dqp_dct(dqp);
+    d.set_udp_sport(0xC123);
+    d.set_rmac(&mac);
+    d.set_hop_limit(64);
+    d.set_grh(1);
+    d.set_sgid_index(1);
+    d.set_rgid(&gid);
+    s
+}
+
+#[test]
+fn ud_sends_cross_the_port_with_a_grh_and_the_qkey_decides() {
+    let hca = model(19);
+    let mut r = Rig::new(&hca);
+    let pd = r.pd;
+    let (mut ca, mut cb) = (r.cq(6), r.cq(6));
+    let mut a = datagram_qp(&mut r, 2, pd, ca.cqn, 0x0101_0101);
+    let mut b = datagram_qp_rq(&mut r, 2, pd, cb.cqn, 0x0202_0202, Some(4));
+    let src = r.mr(PAGE, (1, 0, 0, 0));
+    let dst = r.mr(PAGE, (1, 0, 0, 0));
+    r.buf(src.idx).write_bytes(0, b"datagram one");
+    r.post_recv(&mut b, &[(dst.key, dst.va, 100)]);
+    // To b with b's Q_Key, signaled, with a solicited event.
+    let segs = cat(&[&av(&r, b.qpn, 0x0202_0202), &data(src.key, src.va, 12)]);
+    r.post(&mut a, WqeOpcode::Send.into(), CQ_UPDATE | 0x2, 0, &segs);
+    let e = r.wait(&mut ca);
+    assert_eq!(
+        (cqe_op(&e), e[0x38]),
+        (CqeOpcode::Req, WqeOpcode::Send.into())
+    );
+    let e = r.wait(&mut cb);
+    assert_eq!(cqe_op(&e), CqeOpcode::RespSend);
+    let c = Cqe::new_unchecked(&e[..]);
+    assert_eq!(
+        (c.byte_cnt(), c.rqpn(), c.g(), c.sl()),
+        (40 + 12, a.qpn, 1, 2)
+    );
+    assert_eq!(e[63] & 0x2, 0x2, "solicited");
+    let mut got = [0u8; 52];
+    r.buf(dst.idx).read_bytes(0, &mut got);
+    assert!(
+        got[..20].iter().all(|&x| x == 0),
+        "IPv4: 20 zero bytes first"
+    );
+    assert_eq!(got[20], 0x45, "then the IPv4 header");
+    assert_eq!(&got[40..], b"datagram one");
+    // A wrong Q_Key is dropped: no CQE, the receive stays posted.
+    let dropped = hca.stats().ud_dropped;
+    let segs = cat(&[&av(&r, b.qpn, 0x0303_0303), &data(src.key, src.va, 12)]);
+    r.post(&mut a, WqeOpcode::Send.into(), CQ_UPDATE, 0, &segs);
+    assert_eq!(cqe_op(&r.wait(&mut ca)), CqeOpcode::Req);
+    let start = std::time::Instant::now();
+    while hca.stats().ud_dropped == dropped {
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "the datagram was never dropped"
+        );
+        std::thread::yield_now();
+    }
+    assert!(r.poll(&mut cb).is_none());
+    r.post_recv(&mut b, &[(dst.key, dst.va, 100)]);
+    // The high bit of the Q_Key means the sender's own, which is not b's: dropped as well.
+    let segs = cat(&[&av(&r, b.qpn, 0x8000_0000), &data(src.key, src.va, 4)]);
+    r.post(
+        &mut a,
+        WqeOpcode::SendImm.into(),
+        CQ_UPDATE,
+        0x1234_5678,
+        &segs,
+    );
+    assert_eq!(cqe_op(&r.wait(&mut ca)), CqeOpcode::Req);
+    let segs = cat(&[&av(&r, b.qpn, 0x0202_0202), &data(src.key, src.va, 4)]);
+    r.post(
+        &mut a,
+        WqeOpcode::SendImm.into(),
+        CQ_UPDATE,
+        0x1234_5678,
+        &segs,
+    );
+    assert_eq!(cqe_op(&r.wait(&mut ca)), CqeOpcode::Req);
+    // Only the second takes the receive.
+    let e = r.wait(&mut cb);
+    assert_eq!(cqe_op(&e), CqeOpcode::RespSendImm);
+    let c = Cqe::new_unchecked(&e[..]);
+    assert_eq!(
+        (c.imm_inval_pkey(), c.byte_cnt(), wqe_counter(&e)),
+        (0x1234_5678, 44, 1)
+    );
+    // A receive too small for the GRH and the message: LOCAL_LENGTH on b's receive.
+    r.post_recv(&mut b, &[(dst.key, dst.va, 20)]);
+    let segs = cat(&[&av(&r, b.qpn, 0x0202_0202), &data(src.key, src.va, 12)]);
+    r.post(&mut a, WqeOpcode::Send.into(), CQ_UPDATE, 0, &segs);
+    assert_eq!(cqe_op(&r.wait(&mut ca)), CqeOpcode::Req);
+    let e = r.wait(&mut cb);
+    let want = (CqeOpcode::RespErr, u8::from(CqeSyndrome::LocalLength));
+    assert_eq!((cqe_op(&e), syndrome(&e)), want);
+}
+
+#[test]
+fn the_gsi_qp_answers_to_qpn_1_and_sends_from_it() {
+    let hca = model(20);
+    let mut r = Rig::new(&hca);
+    let pd = r.pd;
+    let (mut ca, mut cg) = (r.cq(6), r.cq(6));
+    // The GSI QP's own number is never 1 (QPNs start at 2): datagrams to 1 reach it.
+    let mut a = datagram_qp_rq(&mut r, 2, pd, ca.cqn, 0x8001_0000, Some(4));
+    let mut g = datagram_qp_rq(&mut r, 8, pd, cg.cqn, 0x8001_0000, Some(4));
+    assert_ne!(g.qpn, 1);
+    let src = r.mr(PAGE, (1, 0, 0, 0));
+    let dst = r.mr(PAGE, (1, 0, 0, 0));
+    r.post_recv(&mut g, &[(dst.key, dst.va, 512)]);
+    r.post_recv(&mut a, &[(dst.key, dst.va + 1024, 512)]);
+    r.buf(src.idx).write_bytes(0, &[7u8; 300]);
+    let segs = cat(&[&av(&r, 1, 0x8001_0000), &data(src.key, src.va, 256)]);
+    r.post(&mut a, WqeOpcode::Send.into(), CQ_UPDATE, 0, &segs);
+    assert_eq!(cqe_op(&r.wait(&mut ca)), CqeOpcode::Req);
+    let e = r.wait(&mut cg);
+    let c = Cqe::new_unchecked(&e[..]);
+    assert_eq!(
+        (cqe_op(&e), c.qpn(), c.rqpn()),
+        (CqeOpcode::RespSend, g.qpn, a.qpn)
+    );
+    assert_eq!(c.imm_inval_pkey(), 0xFFFF, "QP1 receives report the P_Key");
+    // From the GSI QP: the source QP is 1.
+    let segs = cat(&[&av(&r, a.qpn, 0x8001_0000), &data(src.key, src.va, 16)]);
+    r.post(&mut g, WqeOpcode::Send.into(), CQ_UPDATE, 0, &segs);
+    assert_eq!(cqe_op(&r.wait(&mut cg)), CqeOpcode::Req);
+    let e = r.wait(&mut ca);
+    assert_eq!(Cqe::new_unchecked(&e[..]).rqpn(), 1);
+    // The GSI QP's MTU is 256 (Linux sets it so): a longer datagram is refused.
+    let segs = cat(&[&av(&r, a.qpn, 0x8001_0000), &data(src.key, src.va, 257)]);
+    r.post(&mut g, WqeOpcode::Send.into(), CQ_UPDATE, 0, &segs);
+    let e = r.wait(&mut cg);
+    let want = (CqeOpcode::ReqErr, u8::from(CqeSyndrome::LocalLength));
+    assert_eq!((cqe_op(&e), syndrome(&e)), want);
 }
 
 /// A free MTT MKey with `umr_en` and room for `octs` octowords of translation, as mlx5_ib's
@@ -540,11 +696,11 @@ fn umr_wqes_enable_translate_and_revoke_an_mkey() {
         hca.device_read(key, r.pd, va + PAGE as u64, &mut got, false),
         Err(MemError::BadKey)
     );
-    // CHECK_FREE on a free MKey: applied.
+    // CHECK_NOT_FREE ("fail if not free") on a free MKey: applied, as Linux enables one.
     let w = umr_wqe(
         &q,
         key,
-        flags::CHECK_FREE,
+        flags::CHECK_NOT_FREE,
         enable,
         seg,
         Some((dma_lkey, list.iova, 64)),
@@ -573,11 +729,11 @@ fn umr_wqes_enable_translate_and_revoke_an_mkey() {
         (m.free(), m.start_addr(), m.len(), m.rr()),
         (0, va, 2 * PAGE as u64, 1)
     );
-    // CHECK_FREE again fails: the MKey is in use. LOCAL_PROT, the QP goes to ERR.
+    // CHECK_NOT_FREE again fails: the MKey is in use. LOCAL_PROT, the QP goes to ERR.
     let w = umr_wqe(
         &q,
         key,
-        flags::CHECK_FREE,
+        flags::CHECK_NOT_FREE,
         mkey_mask::PD,
         |m| m.set_pd(r.pd),
         None,
@@ -638,4 +794,72 @@ fn transport_domains_are_allocated_and_freed_once() {
     assert_eq!(r.cmd(&d, 16).0, CmdStatus::Ok);
     assert_eq!(status(&r.cmd(&d, 16)), (CmdStatus::BadResErr, s::BAD_TD));
     assert_eq!(alloc(), a, "the lowest free number again");
+}
+
+#[test]
+fn a_umr_list_padded_past_a_small_mkey_is_taken_and_check_free_needs_an_mkey_in_use() {
+    let hca = model(21);
+    let mut r = Rig::new(&hca);
+    let mut cq = r.cq(6);
+    let mut q = datagram_qp(&mut r, 0xc, 0, cq.cqn, 0);
+    let (_, _, out) = pa_mkey(&r, (1, 0, 0, 0));
+    let dma_lkey = (CreateMkeyOut::new_unchecked(&out[..]).mkey_index() << 8) | 0x42;
+    // Room for one octoword (two MTTs), as mlx5_ib's smallest cache MKeys: Linux still posts
+    // 64 bytes (four octowords), zero past its entries.
+    let key = umr_mkey(&r, 1);
+    let region = r.alloc(PAGE);
+    r.buf(region.idx).write_bytes(0, b"one page");
+    let list = r.alloc(PAGE);
+    r.buf(list.idx).write_be64(0, region.iova | 0x3);
+    let va = 0x6000_0000u64;
+    let mask = mkey_mask::FREE | mkey_mask::LEN | mkey_mask::START_ADDR | mkey_mask::PD;
+    let pd = r.pd;
+    let seg = move |m: &mut Mkc<&mut [u8]>| {
+        m.set_pd(pd);
+        m.set_start_addr(va);
+        m.set_len(PAGE as u64);
+    };
+    // CHECK_FREE ("fail if free") on the free MKey fails and changes nothing.
+    let xlt = Some((dma_lkey, list.iova, 64));
+    let w = umr_wqe(&q, key, flags::CHECK_FREE, mask, seg, xlt);
+    r.post_wqe(&mut q, &w);
+    assert_eq!(syndrome(&r.wait(&mut cq)), u8::from(CqeSyndrome::LocalProt));
+    let mut got = [0u8; 8];
+    assert_eq!(
+        hca.device_read(key, r.pd, va, &mut got, false),
+        Err(MemError::BadKey)
+    );
+    assert_eq!(r.simple(Opcode::ToRstQp, q.qpn).0, CmdStatus::Ok);
+    q.sq_pi = 0;
+    r.buf(q.dbr).write_be32(4, 0);
+    for op in [Opcode::Rst2InitQp, Opcode::Init2RtrQp, Opcode::Rtr2RtsQp] {
+        let (st, _, _) = r.modify(op, q.qpn, |c| {
+            Ads::new_unchecked(&mut c[0x18..0x18 + 44]).set_vhca_port_num(1);
+        });
+        assert_eq!(st, CmdStatus::Ok);
+    }
+    // A non-zero entry past the room is refused.
+    r.buf(list.idx).write_be64(16, region.iova | 0x3);
+    let w = umr_wqe(&q, key, 0, mask, seg, xlt);
+    r.post_wqe(&mut q, &w);
+    assert_eq!(
+        syndrome(&r.wait(&mut cq)),
+        u8::from(CqeSyndrome::LocalLength)
+    );
+    assert_eq!(r.simple(Opcode::ToRstQp, q.qpn).0, CmdStatus::Ok);
+    q.sq_pi = 0;
+    r.buf(q.dbr).write_be32(4, 0);
+    for op in [Opcode::Rst2InitQp, Opcode::Init2RtrQp, Opcode::Rtr2RtsQp] {
+        let (st, _, _) = r.modify(op, q.qpn, |c| {
+            Ads::new_unchecked(&mut c[0x18..0x18 + 44]).set_vhca_port_num(1);
+        });
+        assert_eq!(st, CmdStatus::Ok);
+    }
+    // Zero padding past it is taken.
+    r.buf(list.idx).write_be64(16, 0);
+    let w = umr_wqe(&q, key, flags::CHECK_NOT_FREE, mask, seg, xlt);
+    r.post_wqe(&mut q, &w);
+    assert_eq!(cqe_op(&r.wait(&mut cq)), CqeOpcode::Req);
+    hca.device_read(key, r.pd, va, &mut got, false).unwrap();
+    assert_eq!(&got, b"one page");
 }

@@ -240,6 +240,7 @@ fn made_up_packets_in_a_live_connection() {
                 }),
                 imm_dt: h.imm_dt.then(|| rng.next() as u32),
                 ieth: h.ieth.then(|| rng.next() as u32),
+                deth: None,
             };
             let n = rng.below(u64::from(mtu.bytes()) + 1) as usize;
             let payload = rng.bytes(n);
