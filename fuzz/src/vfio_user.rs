@@ -293,7 +293,16 @@ fn exercise_client(f: &dyn PciFunction) {
     let mut b = [0u8; 4];
     let _ = f.config_read(0, &mut b);
     let _ = f.config_write(4, &[6, 0]);
-    let _ = f.map_bar(0);
+    if let Ok(bar) = f.map_bar(0)
+        && bar.len >= 4
+    {
+        // What the driver does first with BAR0: read the init segment; and the last word.
+        for off in [0, (bar.len - 4) & !3] {
+            // SAFETY: the function promises `len` bytes of mapped BAR at `ptr` while it
+            // lives; an aligned volatile 32-bit read, as `Bar` does.
+            let _ = unsafe { std::ptr::read_volatile(bar.ptr.add(off).cast::<u32>()) };
+        }
+    }
     let _ = f.iova_ranges();
     let mem = memfd(8192);
     // SAFETY: a shared mapping of our own memfd, unmapped below after the DMA unmap.
