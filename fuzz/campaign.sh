@@ -46,7 +46,9 @@ echo "|---|---|---|---|---|---|---|---|"
 for t in $targets; do
     mkdir -p "corpus-run/$t" "artifacts/$t"
     log="campaign/$t.log"
-    before=$(ls "artifacts/$t" | wc -l)
+    # Crashes, leaks, OOMs and timeouts (not libFuzzer's slow-unit notes).
+    found() { ls "artifacts/$t" | grep -cE '^(crash|leak|oom|timeout)-' || true; }
+    before=$(found)
     rc=0
     ASAN_OPTIONS="$(asan "$t")" nice -n 19 cargo +nightly fuzz run -a --target-dir "$TARGET_DIR" -j "$JOBS" "$t" "corpus-run/$t" "seeds/$t" -- \
         -max_total_time="$SECS" -timeout=60 -rss_limit_mb=4096 -print_final_stats=1 $(extra "$t") \
@@ -56,7 +58,7 @@ for t in $targets; do
     cov=$(sed -nE 's/.*cov: ([0-9]+).*/\1/p' <<<"$last")
     ft=$(sed -nE 's/.*ft: ([0-9]+).*/\1/p' <<<"$last")
     corp=$(ls "corpus-run/$t" | wc -l)
-    crashes=$(( $(ls "artifacts/$t" | wc -l) - before ))
+    crashes=$(( $(found) - before ))
     [ "$rc" -eq 0 ] || crashes="$crashes (exit $rc)"
     echo "| $t | $SECS | $execs | $(( execs / SECS )) | $cov | $ft | $corp | $crashes |"
 done
