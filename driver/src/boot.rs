@@ -109,6 +109,19 @@ pub(crate) fn boot(
     }
 }
 
+/// The boot commands. Where uhca differs from Linux mlx5_core (`mlx5_function_setup`,
+/// `mlx5_load`; docs/spec/firmware-behaviour.md), on purpose:
+/// - No DTOR read: Linux reads the DTOR register (when `cmd_q_init_to` is non-zero) for its
+///   health poll interval and its waits; uhca's waits are [`DeviceConfig`]'s (health
+///   interval, command timeout) so that an application chooses them.
+/// - The control EQ (command completions among its events) is created last, after
+///   INIT_HCA, with every command before it polled; like Linux's command EQ it receives no
+///   completion EQE for its own CREATE_EQ (the device posts a completion only to EQs that
+///   existed when the command was posted).
+/// - A failed boot is undone by [`teardown`]: TEARDOWN_HCA only after INIT_HCA, then every
+///   firmware page reclaimed (before INIT_HCA the device returns its boot and init pages,
+///   as for Linux's `mlx5_reclaim_startup_pages` on its probe error path), then
+///   DISABLE_HCA.
 fn boot_commands(dev: &Arc<DeviceInner>) -> Result<(), DeviceError> {
     let c: &DeviceInner = dev;
     // §4 step 2: ENABLE_HCA.
@@ -302,7 +315,10 @@ pub(crate) fn teardown(dev: &DeviceInner) -> Result<(), DeviceError> {
     }
 }
 
-/// MANAGE_PAGES TAKE until the device holds none of our pages (§10 teardown).
+/// MANAGE_PAGES TAKE until the device holds none of our pages (§10 teardown; before
+/// INIT_HCA too, after a failed boot). Linux retries a TAKE that returns nothing until its
+/// `reclaim_pages_to` (5 s) runs out; a device that returns nothing when it is neither
+/// initialized nor about to be is broken, so uhca stops at once with an error.
 fn reclaim_all_pages(dev: &DeviceInner) -> Result<(), DeviceError> {
     loop {
         let held = dev.fw_pages();
@@ -313,7 +329,7 @@ fn reclaim_all_pages(dev: &DeviceInner) -> Result<(), DeviceError> {
         let back = ops::take_pages(dev, held.min(50_000) as u32)?;
         if back.is_empty() {
             return Err(DeviceError::Protocol(format!(
-                "device keeps {held} pages after TEARDOWN_HCA"
+                "device keeps {held} pages when asked to return them"
             )));
         }
         dev.pages

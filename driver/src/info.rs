@@ -35,6 +35,8 @@ pub struct PortSummary {
     pub gid0_roce_version: u32,
     /// GID table size.
     pub gid_table_size: u32,
+    /// The GID table's valid (non-zero) entries: index, GID, RoCE version.
+    pub gids: Vec<(u32, [u8; 16], u32)>,
 }
 
 /// What a user asks of a device.
@@ -124,6 +126,14 @@ impl Device {
         } else {
             RoceCap::new_unchecked(&caps.roce[..]).roce_address_table_size()
         };
+        // The valid entries, as ibv_devinfo -v lists them (an unset entry reads as zero).
+        let mut gids = Vec::new();
+        for i in 0..gid_table_size.min(256) {
+            let a = ops::query_roce_address(c, i)?;
+            if a.gid != [0; 16] {
+                gids.push((i, a.gid, a.roce_version));
+            }
+        }
         let ports = (1..=g.num_ports().max(1))
             .map(|port| PortSummary {
                 port,
@@ -143,6 +153,7 @@ impl Device {
                 gid0: gid0.gid,
                 gid0_roce_version: gid0.roce_version,
                 gid_table_size,
+                gids: gids.clone(),
             })
             .collect();
         Ok(DeviceSummary {

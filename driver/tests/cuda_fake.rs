@@ -2,7 +2,8 @@
 //! on machines without a GPU: a missing symbol, a failing `cuInit` and a machine with no
 //! device give typed errors and no panic; allocation realigns what the driver returns;
 //! copies, attributes (ints and byte-sized booleans), export arguments and driver error names
-//! come through. The stand-in (`tests/cuda_fake/libcuda.c`) is built with the system C
+//! come through; a raw export running past its allocation is refused by the client itself
+//! (the stand-in's exporter, like a real H100's, would export it). The stand-in (`tests/cuda_fake/libcuda.c`) is built with the system C
 //! compiler into a temporary directory and loaded through `LD_LIBRARY_PATH` by a child run
 //! of this test binary (the loader reads that variable only at process start, and the client
 //! loads libcuda once per process). It exports a memfd, not a dma-buf: the dma-buf checks
@@ -225,6 +226,40 @@ fn fake_gpu() {
         }
         r => panic!("unexpected {r:?}"),
     }
+    // The stand-in exporter over-exports (it checks only the range's start, as a real H100
+    // did): a range running past the allocation is refused by the client's own check against
+    // the allocation's bounds, which are the ones the pointer attributes report.
+    let page = uhca::dma::system_page_size();
+    let end = a.range_start.0 + a.range_size;
+    let to_end = (end - buf.ptr().0) as usize;
+    for len in [to_end + 64 * page, to_end + page, usize::MAX & !(page - 1)] {
+        assert_eq!(
+            cuda.export_dmabuf_raw(buf.ptr(), len).unwrap_err(),
+            CudaError::OutsideAllocation {
+                ptr: buf.ptr(),
+                len,
+                base: a.range_start,
+                size: a.range_size,
+            },
+            "{len:#x}"
+        );
+    }
+    // A range ending exactly at the allocation's last page is exported.
+    let last = DevicePtr((end - page as u64) & !(page as u64 - 1));
+    drop(cuda.export_dmabuf_raw(last, page).unwrap());
+    // Host memory is no allocation of the context: the driver's NOT_FOUND, before any export.
+    let host = vec![0u8; 2 * page];
+    match cuda.export_dmabuf_raw(DevicePtr(host.as_ptr() as u64), page) {
+        Err(CudaError::Driver { call, name, .. }) => {
+            assert_eq!(call, "cuMemGetAddressRange_v2");
+            assert_eq!(name, "CUDA_ERROR_NOT_FOUND");
+        }
+        r => panic!("unexpected {r:?}"),
+    }
+    assert_eq!(
+        cuda.export_dmabuf_raw(buf.ptr(), 0).unwrap_err(),
+        CudaError::ZeroLength
+    );
 
     // Drop frees: 20 MiB ten times from 64 MiB.
     drop((buf, other));

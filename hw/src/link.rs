@@ -95,6 +95,28 @@ pub trait Link {
         let _ = dst_mac;
         false
     }
+    /// Whether the link itself computes the ICRC of a frame to `dst_mac` it sends, and
+    /// checks that of every frame it receives (a port on the host's IP stack,
+    /// [`net::NetLink`], whose real IP and UDP headers only it knows). The model then sends
+    /// such frames with the ICRC field zero and does not verify the frames the link
+    /// delivers; the link drops and counts those that fail. False unless a link says
+    /// otherwise.
+    fn offloads_icrc(&self, dst_mac: &[u8; 6]) -> bool {
+        let _ = dst_mac;
+        false
+    }
+    /// The datagrams the link itself dropped on receipt (bad ICRC, too short, too long)
+    /// since the last call, as (packets, octets): the model adds them to its port's receive
+    /// errors. The provided version drops nothing.
+    fn take_rx_errors(&self) -> (u64, u64) {
+        (0, 0)
+    }
+    /// Sends the frames the link holds back to send together (a link that batches its
+    /// system calls); the model calls it at the end of each transmit pass, so nothing waits
+    /// longer than one pass. The provided version has nothing to send.
+    fn flush(&self) -> Result<(), LinkError> {
+        Ok(())
+    }
     /// Sends a frame that `build` writes in place (as for [`send_with`](Self::send_with))
     /// with a [`Burst`] beside it: the packets it stands for and where their payload is.
     /// Only a local link carries bursts ([`is_local`](Self::is_local) for the frame's
@@ -309,10 +331,10 @@ impl Frame {
 }
 
 /// SplitMix64: a tiny, well-mixed generator; deterministic from its seed.
-struct SplitMix64(u64);
+pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -320,7 +342,7 @@ impl SplitMix64 {
         z ^ (z >> 31)
     }
     /// True with probability 1/n (never for n = 0).
-    fn one_in(&mut self, n: u32) -> bool {
+    pub(crate) fn one_in(&mut self, n: u32) -> bool {
         n != 0 && self.next().is_multiple_of(u64::from(n))
     }
 }
@@ -328,7 +350,7 @@ impl SplitMix64 {
 /// Changes one byte of `frame`'s transport headers (from the BTH, at most 64 bytes, never
 /// the ICRC) and writes a fresh ICRC (see [`FaultConfig::mangle_one_in`]); false if the
 /// frame is too short or its IP header unreadable (then it is left alone).
-fn mangle(frame: &mut [u8], pos: u64, bits: u64) -> bool {
+pub(crate) fn mangle(frame: &mut [u8], pos: u64, bits: u64) -> bool {
     use crate::layout::roce::headers::{ETH_SIZE, IPV4_SIZE, IPV6_SIZE, UDP_SIZE};
     use crate::layout::roce::{ICRC_SIZE, icrc::icrc_in_place};
     let ip_len = match frame.get(ETH_SIZE).map(|b| b >> 4) {
@@ -649,6 +671,7 @@ impl std::fmt::Debug for LinkEnd {
 }
 
 mod loopback;
+pub mod net;
 #[cfg(test)]
 mod tests;
 pub mod udp;

@@ -7,7 +7,7 @@ use uhca::cmd::ops;
 use uhca::cmd::{CmdError, input};
 use uhca::health::HealthError;
 use uhca::hw::layout::cmd::{CapType, CmdStatus, Opcode};
-use uhca::hw::layout::init_seg::HealthSyndrome;
+use uhca::hw::layout::init_seg::{HealthSyndrome, NicInterface};
 use uhca::{Device, DeviceError};
 use uhca_tests::{config, device, model};
 
@@ -263,6 +263,64 @@ fn a_health_syndrome_is_reported() {
         other => panic!("{other}"),
     }
     drop(dev);
+}
+
+#[test]
+fn a_firmware_sw_reset_state_is_reported() {
+    let (dev, m) = device();
+    dev.check_health().unwrap();
+    // Firmware reports SW_RESET (7) in nic_interface [10:8]; a two-bit read saw 3 and missed it.
+    m.hca().faults().set_nic_interface(7);
+    match wait_for_health_error(&dev) {
+        DeviceError::Health(HealthError::NicInterface(n)) => {
+            assert_eq!(n, NicInterface::SwReset)
+        }
+        other => panic!("{other}"),
+    }
+    let e = ops::query_issi(dev.cmd()).unwrap_err();
+    assert!(matches!(e, CmdError::DeviceDead(_)), "{e}");
+    let _ = dev.close();
+}
+
+/// Waits (bounded) until the model's device thread has made `n` more passes, so anything
+/// written to the BAR before the call has been seen by a whole pass.
+fn device_passes(m: &uhca::pci::model::ModelFunction, n: u64) {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    let start = m.hca().stats().polls;
+    let t = Instant::now();
+    while m.hca().stats().polls < start + n {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the device thread stopped"
+        );
+        std::thread::yield_now();
+    }
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+/// After close (bus mastering off) a command doorbell is not fetched. A scan runs every
+/// slot whose owner bit is set, so it can run a command before that command's doorbell
+/// lands; when that was the last command before teardown, the stale doorbell was scanned
+/// with bus mastering off and the model logged "command queue unreachable" at the end of
+/// ordinary runs (a race). Here the stale doorbell is written on purpose.
+#[test]
+fn a_stale_command_doorbell_after_close_fetches_nothing() {
+    use uhca::hw::layout::init_seg::reg;
+    use uhca::pci::{Bar, PciFunction};
+    let m = model();
+    let dev = Device::open(m.clone(), config()).unwrap();
+    let f: Arc<dyn PciFunction> = m.clone();
+    let bar = Bar::map(&f, 0).unwrap();
+    dev.close().unwrap();
+    let refused = m.hca().stats().dma_refused;
+    bar.write32_be(reg::CMD_DBELL, 1);
+    device_passes(&m, 2);
+    assert_eq!(bar.read32_be(reg::CMD_DBELL), 0, "the doorbell was taken");
+    assert_eq!(
+        m.hca().stats().dma_refused,
+        refused,
+        "the queue was fetched with bus mastering off"
+    );
 }
 
 #[test]

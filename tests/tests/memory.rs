@@ -294,10 +294,11 @@ fn device_memory_alloc_align_exhaust_and_free() {
     a.free().unwrap();
     b.free().unwrap();
     assert_eq!(m.hca().stats().memic_bytes, 0);
-    assert!(matches!(
-        dev.alloc_dm(caps.max_size as usize + 64),
-        Err(MemError::DmExhausted { .. })
-    ));
+    // More than the device has at all: not "free device memory first".
+    let e = dev.alloc_dm(caps.max_size as usize + 64).unwrap_err();
+    assert!(matches!(e, MemError::DmTooLarge { .. }), "{e}");
+    assert!(e.to_string().contains("exceed the device's"), "{e}");
+    assert!(!e.to_string().contains("free device memory first"), "{e}");
 }
 
 #[test]
@@ -387,4 +388,46 @@ fn device_memory_mkeys_and_remote_atomics() {
     assert_eq!(hca.stats().mkeys, 0);
     dm.free().unwrap();
     assert_eq!(hca.stats().memic_bytes, 0);
+}
+
+/// Run in a child process by `the_capability_check_survives_running_out_of_descriptors`
+/// under `ulimit -n 64`.
+#[test]
+#[ignore = "run in a child process by the_capability_check_survives_running_out_of_descriptors"]
+fn fd_exhaustion_child() {
+    let before = uhca::dma::has_cap_ipc_lock().unwrap();
+    let mut files = Vec::new();
+    loop {
+        match std::fs::File::open("/dev/null") {
+            Ok(f) => files.push(f),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(24), "{e}"); // EMFILE
+                break;
+            }
+        }
+        assert!(files.len() < 1 << 16, "ulimit -n did not apply");
+    }
+    // No descriptor left: the check still answers, and answers the same.
+    assert_eq!(uhca::dma::has_cap_ipc_lock().unwrap(), before);
+    let charge = uhca::dma::PinCharge::new(4096, MemlockPolicy::Kernel);
+    assert!(charge.is_ok(), "{charge:?}");
+}
+
+/// With every file descriptor in use, the CAP_IPC_LOCK check must not take the failure
+/// to read `/proc/self/status` (EMFILE) for "no capability" (a false memlock error).
+#[test]
+fn the_capability_check_survives_running_out_of_descriptors() {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 64 && exec \"$0\" --ignored --exact fd_exhaustion_child --test-threads=1")
+        .arg(&exe)
+        .output()
+        .expect("spawn sh");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "child failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -14,6 +14,9 @@
 #   UHCA_VM_CACHE  where the kernel and the trixie tree are cached (default /var/cache/uhca-vm)
 #   VFIO_USER_TIMEOUT  seconds the guest may run (default 420)
 #   UHCA_MODEL_BIN     a prebuilt uhca-model to serve instead of building it here
+#   VFIO_VM_IOMMUFD    1: boot the kernel of tests/vm/build-iommufd-kernel.sh (7.3 with
+#                      IOMMUFD and the device cdev; built once, cached) too, where the guest
+#                      runs the sequence twice: legacy container, then iommufd
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -68,58 +71,68 @@ fi
 vm_build_guest
 vm_mkinitrd "$K/modules" "$HERE/init-hca" "$W/initrd-hca.gz" "$GUEST_BIN_DIR/uhca-vm-hca"
 
-# 4. Start the model on a socket inside the tree (QEMU runs chrooted there).
-V=$TR/tmp/uhca-vu
-rm -rf "$V" && mkdir -p "$V"
-cp "$K/vmlinuz" "$V/vmlinuz"
-cp "$W/initrd-hca.gz" "$V/initrd.gz"
-SOCK=$V/hca.sock
-LOG=$W/model.log
-CONSOLE=$W/console-hca.log
-say "starting uhca-model on $SOCK"
-NO_COLOR=1 RUST_LOG=${RUST_LOG:-info,uhca_tools=debug} timeout $((GUEST_TIMEOUT + 60)) "$MODEL" --socket "$SOCK" > "$LOG" 2>&1 &
-SRV=$!
-stop_model() { # it exits by itself when QEMU hangs up; give it a moment, then stop it
-  for _ in $(seq 50); do kill -0 "$SRV" 2>/dev/null && sleep 0.1 || break; done
-  if kill -0 "$SRV" 2>/dev/null; then kill "$SRV" 2>/dev/null || true; fi
-  wait "$SRV" 2>/dev/null || true
+# 4-6. One guest run against a fresh model server. $1: kernel, $2: expected runs, $3: log
+#      name suffix.
+guest_run() {
+  # 4. Start the model on a socket inside the tree (QEMU runs chrooted there).
+  V=$TR/tmp/uhca-vu
+  rm -rf "$V" && mkdir -p "$V"
+  cp "$1" "$V/vmlinuz"
+  cp "$W/initrd-hca.gz" "$V/initrd.gz"
+  SOCK=$V/hca.sock
+  LOG=$W/model$3.log
+  CONSOLE=$W/console-hca$3.log
+  say "starting uhca-model on $SOCK"
+  NO_COLOR=1 RUST_LOG=${RUST_LOG:-info,uhca_tools=debug} timeout $((GUEST_TIMEOUT + 60)) "$MODEL" --socket "$SOCK" > "$LOG" 2>&1 &
+  SRV=$!
+  stop_model() { # it exits by itself when QEMU hangs up; give it a moment, then stop it
+    for _ in $(seq 50); do kill -0 "$SRV" 2>/dev/null && sleep 0.1 || break; done
+    if kill -0 "$SRV" 2>/dev/null; then kill "$SRV" 2>/dev/null || true; fi
+    wait "$SRV" 2>/dev/null || true
+  }
+  trap stop_model EXIT
+  for _ in $(seq 100); do
+    [ -S "$SOCK" ] && break
+    kill -0 "$SRV" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ ! -S "$SOCK" ]; then
+    tail -20 "$LOG" >&2
+    echo "vm-test: uhca-model did not create $SOCK" >&2
+    exit 1
+  fi
+
+  # 5. Boot. Guest RAM is a shared memfd, so QEMU hands the model an fd with every DMA_MAP.
+  say "booting the guest (timeout ${GUEST_TIMEOUT}s)"
+  t=$SECONDS
+  timeout "$GUEST_TIMEOUT" "${IN_TREE[@]}" qemu-system-x86_64 -accel tcg -machine q35,memory-backend=mem \
+    -cpu max -smp 1 -m 512M -object memory-backend-memfd,id=mem,size=512M,share=on \
+    -device intel-iommu,intremap=on,caching-mode=on \
+    -device '{"driver":"vfio-user-pci","socket":{"type":"unix","path":"/tmp/uhca-vu/hca.sock"}}' \
+    -nographic -no-reboot -kernel /tmp/uhca-vu/vmlinuz -initrd /tmp/uhca-vu/initrd.gz \
+    -append "console=ttyS0 intel_iommu=on panic=-1 quiet" </dev/null 2>&1 | tr -d '\r' > "$CONSOLE" || true
+  grep -aE '^(PASS|FAIL|INFO|RESULT|GUEST)|qemu-system|panicked|Kernel panic' "$CONSOLE" || true
+  say "guest ran $((SECONDS - t))s (console: $CONSOLE)"
+
+  # 6. Stop the server and summarise its log.
+  stop_model
+  trap - EXIT
+  plain=$(sed 's/\x1b\[[0-9;]*m//g' "$LOG")
+  count() { grep -c "$1" <<< "$plain" || true; }
+  say "uhca-model log ($LOG): $(wc -l <<< "$plain") lines; DMA regions mapped with an fd:" \
+    "$(count 'DMA region mapped'), unmapped: $(count 'DMA unmapped'), without an fd:" \
+    "$(count 'DMA_MAP without a file'), SET_IRQS: $(count 'SET_IRQS'), resets: $(count 'device reset')," \
+    "warnings: $(count ' WARN '), errors: $(count ' ERROR ')"
+  # Each distinct error once (addresses and sizes folded), then how the session ended.
+  grep -E ' ERROR |panicked' <<< "$plain" | sed -E 's/^[^ ]+ +//; s/0x[0-9a-f]+/0x_/g' | sort | uniq -c || true
+  grep -E 'session ended|listening' <<< "$plain" | sed -E 's/^[^ ]+ +//' || true
+  vm_verdict "$CONSOLE" "$2"
+  rm -rf "$V"
 }
-trap stop_model EXIT
-for _ in $(seq 100); do
-  [ -S "$SOCK" ] && break
-  kill -0 "$SRV" 2>/dev/null || break
-  sleep 0.1
-done
-if [ ! -S "$SOCK" ]; then
-  tail -20 "$LOG" >&2
-  echo "vm-test: uhca-model did not create $SOCK" >&2
-  exit 1
+
+guest_run "$K/vmlinuz" 1 ""
+if [ "${VFIO_VM_IOMMUFD:-0}" = 1 ]; then
+  KI=$(nice -n 10 "$HERE/build-iommufd-kernel.sh")
+  guest_run "$KI" 2 "-iommufd"
 fi
-
-# 5. Boot. Guest RAM is a shared memfd, so QEMU hands the model an fd with every DMA_MAP.
-say "booting the guest (timeout ${GUEST_TIMEOUT}s)"
-t=$SECONDS
-timeout "$GUEST_TIMEOUT" "${IN_TREE[@]}" qemu-system-x86_64 -accel tcg -machine q35,memory-backend=mem \
-  -cpu max -smp 1 -m 512M -object memory-backend-memfd,id=mem,size=512M,share=on \
-  -device intel-iommu,intremap=on,caching-mode=on \
-  -device '{"driver":"vfio-user-pci","socket":{"type":"unix","path":"/tmp/uhca-vu/hca.sock"}}' \
-  -nographic -no-reboot -kernel /tmp/uhca-vu/vmlinuz -initrd /tmp/uhca-vu/initrd.gz \
-  -append "console=ttyS0 intel_iommu=on panic=-1 quiet" </dev/null 2>&1 | tr -d '\r' > "$CONSOLE" || true
-grep -aE '^(PASS|FAIL|INFO|RESULT|GUEST)|qemu-system|panicked|Kernel panic' "$CONSOLE" || true
-say "guest ran $((SECONDS - t))s (console: $CONSOLE)"
-
-# 6. Stop the server and summarise its log.
-stop_model
-trap - EXIT
-plain=$(sed 's/\x1b\[[0-9;]*m//g' "$LOG")
-count() { grep -c "$1" <<< "$plain" || true; }
-say "uhca-model log ($LOG): $(wc -l <<< "$plain") lines; DMA regions mapped with an fd:" \
-  "$(count 'DMA region mapped'), unmapped: $(count 'DMA unmapped'), without an fd:" \
-  "$(count 'DMA_MAP without a file'), SET_IRQS: $(count 'SET_IRQS'), resets: $(count 'device reset')," \
-  "warnings: $(count ' WARN '), errors: $(count ' ERROR ')"
-# Each distinct error once (addresses and sizes folded), then how the session ended.
-grep -E ' ERROR |panicked' <<< "$plain" | sed -E 's/^[^ ]+ +//; s/0x[0-9a-f]+/0x_/g' | sort | uniq -c || true
-grep -E 'session ended|listening' <<< "$plain" | sed -E 's/^[^ ]+ +//' || true
-vm_verdict "$CONSOLE" 1
-rm -rf "$V"
 say "PASSED"

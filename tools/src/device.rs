@@ -28,6 +28,10 @@ pub enum DeviceSpec {
         /// The other end's UDP address.
         peer: SocketAddr,
     },
+    /// The built-in model HCA, its port on the host's IP network (RoCEv2 on UDP 4791,
+    /// `--net`).
+    #[cfg(feature = "model")]
+    NetModel(Box<crate::net_port::NetFlags>),
 }
 
 /// The device flags `uhca-info` and `uhca-perf` share (`#[command(flatten)]`).
@@ -84,6 +88,13 @@ impl DeviceSpec {
             DeviceSpec::LinkedModel { local, peer } => {
                 format!("uhca model, UDP link {local} -> {peer}")
             }
+            #[cfg(feature = "model")]
+            DeviceSpec::NetModel(f) => {
+                format!(
+                    "uhca model, RoCEv2 port on {}",
+                    f.net.as_deref().unwrap_or("")
+                )
+            }
         }
     }
 }
@@ -112,6 +123,10 @@ pub enum OpenError {
         #[source]
         source: std::io::Error,
     },
+    /// The model's network port could not be opened.
+    #[cfg(feature = "model")]
+    #[error(transparent)]
+    Net(#[from] crate::net_port::NetPortError),
     /// The device opened but did not boot.
     #[error("booting {what}: {source}")]
     Boot {
@@ -127,6 +142,8 @@ pub enum OpenError {
 pub fn open(spec: &DeviceSpec, cfg: DeviceConfig) -> Result<Device, OpenError> {
     let what = match spec {
         DeviceSpec::Model | DeviceSpec::LinkedModel { .. } => "the model".to_owned(),
+        #[cfg(feature = "model")]
+        DeviceSpec::NetModel(_) => "the model".to_owned(),
         DeviceSpec::Vfio(bdf) => bdf.clone(),
         DeviceSpec::VfioUser(s) => format!("the vfio-user device {}", s.display()),
     };
@@ -142,6 +159,14 @@ pub fn open(spec: &DeviceSpec, cfg: DeviceConfig) -> Result<Device, OpenError> {
         DeviceSpec::Model => open_model(None, cfg, open_err, boot_err),
         DeviceSpec::LinkedModel { local, peer } => {
             open_model(Some((*local, *peer)), cfg, open_err, boot_err)
+        }
+        #[cfg(feature = "model")]
+        DeviceSpec::NetModel(flags) => {
+            let (mc, link) =
+                crate::net_port::open_port(flags, uhca::hw::model::ModelConfig::default())?;
+            let f = uhca::pci::model::ModelFunction::new(mc).map_err(open_err)?;
+            crate::net_port::attach(f.hca(), link);
+            Device::open(f, cfg).map_err(boot_err)
         }
         // iommufd + cdev when the kernel has it, else the legacy container/group.
         DeviceSpec::Vfio(bdf) => {

@@ -1,12 +1,17 @@
 //! Shared code of the uhca tools. [`device`] opens the device a tool is pointed at (uhca-info,
 //! uhca-perf); [`perf`] is the engine behind `uhca-perf`; [`reference`](mod@reference)
 //! measures the machine figures its results are compared with (`uhca-perf cacheline|memcpy`);
-//! `model_server` (feature `vfio-user`) serves the model HCA over vfio-user for `uhca-model`.
+//! [`logging`] sets up their log output; `model_server` (feature `vfio-user`) serves the model
+//! HCA over vfio-user for `uhca-model`; `net_port` (feature `model`) puts the model's port on
+//! the host's IP network.
 
 #![deny(unsafe_code)]
 
 pub mod device;
+pub mod logging;
 #[cfg(feature = "vfio-user")]
 pub mod model_server;
+#[cfg(feature = "model")]
+pub mod net_port;
 pub mod perf;
 pub mod reference;

@@ -11,11 +11,15 @@
 //! the other `End` or what the remote end told us about itself.
 
 pub mod control;
+mod meter;
+pub mod perftest;
 mod placement;
+mod pt_run;
 pub mod remote;
 mod stream;
 
 pub use placement::{GpuPlacement, GpuReg, GpuSource};
+pub use pt_run::{PtOptions, peer_mac, report_of, result_of};
 
 use std::time::{Duration, Instant};
 
@@ -27,6 +31,7 @@ use uhca::resource::{
 };
 use uhca::{Device, DeviceConfig};
 
+use meter::Meter;
 use stream::{Pace, Stream, make_wr};
 
 /// The operation under test.
@@ -40,6 +45,16 @@ pub enum Op {
     Send,
     /// Atomic fetch-and-add.
     Atomic,
+}
+
+/// The longest `-D` a run takes: a year. A longer one is a typo (`-D 18446744073709551615`
+/// overflowed the deadline's `Instant` and panicked); the engine clamps to it too, so a
+/// duration from elsewhere (a peer's HELLO) cannot overflow either.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The end of a `-D` run that began at `start` (`d` clamped to [`MAX_DURATION`]).
+pub fn deadline(start: Instant, d: Duration) -> Instant {
+    start + d.min(MAX_DURATION)
 }
 
 /// One run's settings (perftest flags).
@@ -123,7 +138,7 @@ pub enum PerfError {
     #[error("setup: {0}")]
     Setup(String),
     /// A work request failed.
-    #[error("work request {wr_id} failed: {status:?}")]
+    #[error("work request {wr_id} failed: {status}")]
     Completion {
         /// Its id.
         wr_id: u64,
@@ -139,9 +154,28 @@ pub enum PerfError {
     /// No progress for a long time.
     #[error("no completion for {0:?}: the device stalled")]
     Stalled(Duration),
+    /// The device is lost or failed its health check (a vfio-user server that died, a
+    /// health syndrome): seen within [`DEVICE_CHECK`] by every wait.
+    #[error("{0}")]
+    Device(#[from] uhca::DeviceError),
+    /// The remote end hung up its control connection while this end waited for it.
+    #[error("the remote end closed the control connection (it failed or was stopped)")]
+    PeerHungUp,
     /// The control connection to the remote end failed, or the two ends disagree.
     #[error("{0}")]
     Control(#[from] control::ControlError),
+    /// The exchange with a perftest peer failed, or the two ends disagree.
+    #[error("{0}")]
+    Perftest(#[from] perftest::OobError),
+    /// A run failed, and the connection to a perftest peer shows it gone.
+    #[error("{during} (the perftest peer: {source})")]
+    PerftestPeerLost {
+        /// What failed here.
+        during: Box<PerfError>,
+        /// What the connection says.
+        #[source]
+        source: perftest::OobError,
+    },
     /// A run failed, and the control connection shows the remote end gone.
     #[error("{during} (the remote end: {source})")]
     PeerLost {
@@ -159,6 +193,54 @@ fn setup<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> PerfError {
 
 const STALL: Duration = Duration::from_secs(30);
 
+/// The control connection to the remote end, watched for a hang-up (`EPOLLRDHUP`: the
+/// peer closed it or its process died), which unread data in the socket cannot hide.
+pub(crate) struct PeerWatch {
+    epoll: vmm_sys_util::poll::EpollContext<u8>,
+    _stream: std::net::TcpStream,
+}
+
+impl PeerWatch {
+    /// Watches a duplicate of `stream`.
+    pub(crate) fn new(stream: &std::net::TcpStream) -> std::io::Result<PeerWatch> {
+        use vmm_sys_util::poll::{EpollContext, WatchingEvents};
+        let stream = stream.try_clone()?;
+        let epoll = EpollContext::new()?;
+        epoll.add_fd_with_events(
+            &stream,
+            WatchingEvents::new((libc::EPOLLRDHUP | libc::EPOLLHUP) as u32),
+            0,
+        )?;
+        Ok(PeerWatch {
+            epoll,
+            _stream: stream,
+        })
+    }
+
+    /// Whether the peer has hung up (no wait).
+    fn hung_up(&self) -> std::io::Result<bool> {
+        let events = vmm_sys_util::poll::EpollEvents::new();
+        let ready = self
+            .epoll
+            .wait_timeout(&events, Duration::ZERO)
+            .map_err(std::io::Error::from)?;
+        Ok(ready.iter().next().is_some())
+    }
+}
+
+/// What a waiting loop watches besides the time: its device, and the remote end's control
+/// connection when there is one.
+#[derive(Clone)]
+pub(crate) struct Watch {
+    dev: Device,
+    pub(crate) peer: Option<std::sync::Arc<PeerWatch>>,
+}
+
+/// How often a waiting loop asks whether its device is still there
+/// ([`Device::check_health`]: a vfio-user server that died, a health failure), so a lost
+/// device ends the run at once as device-lost, not after [`STALL`] as a stall.
+const DEVICE_CHECK: Duration = Duration::from_millis(10);
+
 /// Spins between two clock reads of a poll loop: a clock read (`clock_gettime`, tens of
 /// nanoseconds, more on a virtual machine) on every spin delays seeing the awaited byte
 /// and, on an SMT sibling, slows the device thread. Thousands of spins are microseconds,
@@ -174,14 +256,52 @@ const SPINS_PER_CLOCK: u32 = 4096;
 struct StallTimer {
     start: Option<Instant>,
     spins: u32,
+    /// The device whose loss (and the peer whose hang-up) ends the wait, checked every
+    /// [`DEVICE_CHECK`].
+    watch: Option<Watch>,
+    next_check: Option<Instant>,
 }
 
 impl StallTimer {
+    /// A timer that watches nothing but the time.
     fn new() -> StallTimer {
         StallTimer {
             start: None,
             spins: 0,
+            watch: None,
+            next_check: None,
         }
+    }
+
+    /// A timer that also ends the wait when the device is lost or the peer hangs up.
+    fn watching(w: &Watch) -> StallTimer {
+        StallTimer {
+            watch: Some(w.clone()),
+            ..StallTimer::new()
+        }
+    }
+
+    /// Progress was made: the stall clock starts again (the device stays watched).
+    fn restart(&mut self) {
+        (self.start, self.spins) = (None, 0);
+    }
+
+    /// At a clock read: the device's health and the peer's connection, at most every
+    /// [`DEVICE_CHECK`].
+    fn check_device(&mut self, now: Instant) -> Result<(), PerfError> {
+        if let Some(w) = &self.watch
+            && self.next_check.is_none_or(|t| now >= t)
+        {
+            self.next_check = Some(now + DEVICE_CHECK);
+            w.dev.check_health()?;
+            if let Some(p) = &w.peer
+                && p.hung_up()
+                    .map_err(setup("watching the control connection"))?
+            {
+                return Err(PerfError::PeerHungUp);
+            }
+        }
+        Ok(())
     }
 
     /// One unsuccessful poll: a spin-loop hint, and an error once the loop has waited
@@ -195,6 +315,7 @@ impl StallTimer {
         }
         std::thread::yield_now();
         let now = Instant::now();
+        self.check_device(now)?;
         match self.start {
             None => self.start = Some(now),
             Some(t) if now.duration_since(t) > STALL => return Err(PerfError::Stalled(STALL)),
@@ -219,11 +340,11 @@ struct CqWait {
 const EVENT_WAIT: Duration = Duration::from_millis(100);
 
 impl CqWait {
-    fn new(events: bool) -> CqWait {
+    fn new(events: bool, w: &Watch) -> CqWait {
         CqWait {
             events,
             armed: false,
-            timer: StallTimer::new(),
+            timer: StallTimer::watching(w),
             quiet_since: None,
         }
     }
@@ -245,6 +366,7 @@ impl CqWait {
             .wait(Some(EVENT_WAIT))
             .map_err(setup("waiting for a completion event"))?;
         let now = Instant::now();
+        self.timer.check_device(now)?;
         if woke {
             self.quiet_since = None;
         } else if now.duration_since(*self.quiet_since.get_or_insert(now)) > STALL {
@@ -255,7 +377,7 @@ impl CqWait {
 
     /// A poll found completions.
     fn progress(&mut self) {
-        self.timer = StallTimer::new();
+        self.timer.restart();
         self.quiet_since = None;
     }
 }
@@ -270,6 +392,8 @@ struct End {
     _dm: Vec<Dm>,
     _pd: Pd,
     dev: Device,
+    /// What this end's waits watch: the device, and the peer once connected.
+    watch: Watch,
 }
 
 impl End {
@@ -307,6 +431,10 @@ impl End {
             _dm: dms,
             _pd: pd,
             dev: dev.clone(),
+            watch: Watch {
+                dev: dev.clone(),
+                peer: None,
+            },
         })
     }
 
@@ -365,6 +493,9 @@ enum Peer {
         /// This end and the peer as the END messages described them.
         ends: Box<(control::Endpoint, control::Endpoint)>,
     },
+    /// In another process that speaks perftest's exchange (perftest itself, or a
+    /// `uhca-perf` in that mode).
+    Perftest(Box<pt_run::PtPeer>),
 }
 
 /// Both ends of a run, connected.
@@ -387,7 +518,39 @@ fn model(mac_last: u8, offload: bool) -> Result<std::sync::Arc<ModelFunction>, P
     ModelFunction::new(cfg).map_err(setup("starting the model"))
 }
 
+/// Checks `-x`: the entry must exist in the port's GID table and hold an address (as
+/// perftest's `ibv_query_gid` check), so a bad index is a message before any connection,
+/// on the end that gave it, not a failed command later or the peer's "connection closed".
+pub fn check_gid_index(dev: &Device, index: u8) -> Result<(), String> {
+    let size = dev
+        .summary()
+        .map_err(|e| format!("-x {index}: reading the GID table: {e}"))?
+        .ports
+        .first()
+        .map_or(0, |p| p.gid_table_size);
+    if u32::from(index) >= size {
+        return Err(format!(
+            "-x {index}: the port's GID table has {size} entries (0..={}; uhca-info lists them)",
+            size.saturating_sub(1)
+        ));
+    }
+    let a = dev
+        .roce_address(u32::from(index))
+        .map_err(|e| format!("-x {index}: reading GID entry {index}: {e}"))?;
+    if a.gid == [0; 16] {
+        return Err(format!(
+            "-x {index}: GID entry {index} is empty (uhca-info lists the entries in use)"
+        ));
+    }
+    Ok(())
+}
+
 impl Bench {
+    /// The device of this process's end (the client's when both are here).
+    pub fn device(&self) -> &Device {
+        &self.me.dev
+    }
+
     /// Boots the model(s), creates and connects the QPs for `s` with buffers of `max_size`.
     pub fn new(s: &Settings, max_size: usize, pair: bool) -> Result<Bench, PerfError> {
         let mut models = vec![model(0x10, s.loopback_offload)?];
@@ -448,6 +611,7 @@ impl Bench {
         match &self.peer {
             Peer::Local(e) => e.bufs[qp].remote(self.rx_off as u64),
             Peer::Remote { targets, .. } => targets[qp],
+            Peer::Perftest(p) => p.targets[qp],
         }
     }
 
@@ -526,58 +690,6 @@ pub struct LatResult {
     pub p999: f64,
 }
 
-/// Messages completed over time: the average, and the best window of at least `window`
-/// messages and 1 ms (shorter windows measure completion bursts, not bandwidth).
-struct Meter {
-    size: usize,
-    start: Instant,
-    window: u64,
-    win_start: Instant,
-    win_done: u64,
-    peak: f64,
-    total: u64,
-}
-
-impl Meter {
-    fn new(size: usize, window: u64, start: Instant) -> Meter {
-        Meter {
-            size,
-            start,
-            window,
-            win_start: start,
-            win_done: 0,
-            peak: 0.0,
-            total: 0,
-        }
-    }
-
-    /// `n` more messages done, seen at `now`.
-    fn add(&mut self, n: u64, now: Instant) {
-        self.total += n;
-        self.win_done += n;
-        let dt = now.duration_since(self.win_start).as_secs_f64();
-        if self.win_done >= self.window && dt >= 1e-3 {
-            self.peak = self
-                .peak
-                .max((self.win_done * self.size as u64) as f64 / dt);
-            (self.win_start, self.win_done) = (now, 0);
-        }
-    }
-
-    /// The result of a run that ended at `end`.
-    fn result(&self, end: Instant) -> BwResult {
-        let secs = end.duration_since(self.start).as_secs_f64().max(1e-9);
-        let avg = (self.total * self.size as u64) as f64 / secs;
-        BwResult {
-            size: self.size,
-            iters: self.total,
-            peak: self.peak.max(avg),
-            avg,
-            msg_rate: self.total as f64 / secs,
-        }
-    }
-}
-
 impl Bench {
     /// Streams messages of `size` on every QP, `tx_depth` outstanding, one signaled WQE per
     /// quarter of the depth, one doorbell per batch. With a remote server, it is told
@@ -617,11 +729,15 @@ impl Bench {
         // The time as last read: on progress, and every SPINS_PER_CLOCK idle loops.
         let mut now = start;
         let mut next_beat = start + remote::BEAT;
-        let mut idle = CqWait::new(s.events);
+        let mut idle = CqWait::new(s.events, &self.me.watch);
         let mut meter = Meter::new(size, pace.window(), start);
-        let deadline = s.duration.map(|d| start + d);
+        let deadline = s.duration.map(|d| deadline(start, d));
+        // Messages posted in all (both directions with -b), for the peak's post times.
+        let posted = |a: &Stream, b: &Stream| -> u64 { a.posted.iter().chain(&b.posted).sum() };
         loop {
             let stop = deadline.is_some_and(|d| now >= d);
+            // `now` was read before these posts: a post time no later than theirs.
+            let before = posted(&mine, &theirs);
             self.me.pump(&mut mine, &to_peer, &pace, stop)?;
             let mut progressed = self.me.reap(&mut mine)?;
             if let Peer::Local(server) = &mut self.peer {
@@ -631,6 +747,9 @@ impl Bench {
                 } else if s.op == Op::Send {
                     server.reap_recvs()?;
                 }
+            }
+            if posted(&mine, &theirs) > before {
+                meter.posted(before, now);
             }
             if progressed > 0 {
                 now = Instant::now();
@@ -650,6 +769,9 @@ impl Bench {
         }
         let end = Instant::now();
         let r = meter.result(end);
+        if matches!(self.peer, Peer::Perftest(_)) {
+            return self.pt_finish_bw(r);
+        }
         let mine_total: u64 = mine.done.iter().sum();
         Ok(match self.finish(size, mine_total)? {
             Some((their_iters, their_peak)) => {
@@ -663,6 +785,12 @@ impl Bench {
     /// SEND, request to completion for READ and atomics. With a remote server, it is told
     /// first (START/READY) and last (DONE/ACK).
     pub fn latency(&mut self, size: usize) -> Result<LatResult, PerfError> {
+        if self.settings.op == Op::Write && matches!(self.peer, Peer::Perftest(_)) {
+            // perftest's WRITE ping-pong: its own order and counter.
+            return self.pt_latency(size)?.ok_or_else(|| {
+                PerfError::Setup("the write_lat ping-pong measured nothing".into())
+            });
+        }
         let r = self.run_latency(size);
         r.map_err(|e| self.explain(e))
     }
@@ -697,7 +825,7 @@ impl Bench {
                     let wr = make_wr(&s, size, i, SendFlags::SIGNALED, &local, &inline, remote);
                     self.me.qps[0].post_send(&wr)?;
                     self.me.qps[0].ring_doorbell();
-                    wait_one(&mut self.me.cq, s.events)?;
+                    wait_one(&self.me.watch, &mut self.me.cq, s.events)?;
                 }
             }
             let t1 = Instant::now();
@@ -768,12 +896,28 @@ fn put_write(
     i: u64,
     inline: &mut [u8],
 ) -> Result<(), PerfError> {
+    let flags = pingpong_flags(s, i);
+    put_write_tagged(src, remote, s, size, i, tag(i), flags, inline)
+}
+
+/// [`put_write`] with the last byte `tag` and `flags` given.
+#[allow(clippy::too_many_arguments)]
+fn put_write_tagged(
+    src: &mut End,
+    remote: Remote,
+    s: &Settings,
+    size: usize,
+    i: u64,
+    tag: u8,
+    flags: SendFlags,
+    inline: &mut [u8],
+) -> Result<(), PerfError> {
     let local_inline = size <= s.inline_size as usize && size <= inline.len();
     if local_inline {
-        inline[size - 1] = tag(i);
+        inline[size - 1] = tag;
     } else {
         src.bufs[0]
-            .write(size - 1, &[tag(i)])
+            .write(size - 1, &[tag])
             .map_err(setup("buffer"))?;
     }
     let sge = src.sge(0, size);
@@ -785,7 +929,7 @@ fn put_write(
     src.qps[0].post_send(&SendWr {
         wr_id: i,
         op: SendOp::Write { local, remote },
-        flags: pingpong_flags(s, i),
+        flags,
     })?;
     src.qps[0].ring_doorbell();
     for c in src.cq.poll() {
@@ -796,7 +940,7 @@ fn put_write(
 
 /// Waits until the last byte of the first `size` bytes of `dst`'s receiving half is `tag`.
 fn await_tag(dst: &End, rx: usize, size: usize, tag: u8) -> Result<(), PerfError> {
-    let mut timer = StallTimer::new();
+    let mut timer = StallTimer::watching(&dst.watch);
     let mut b = [0u8; 1];
     loop {
         dst.bufs[0]
@@ -838,7 +982,7 @@ fn put_send(
 /// a receive in its place.
 fn await_recv(dst: &mut End, events: bool) -> Result<(), PerfError> {
     loop {
-        let c = wait_one(&mut dst.cq, events)?;
+        let c = wait_one(&dst.watch, &mut dst.cq, events)?;
         if c.opcode == WcOpcode::Recv {
             break;
         }
@@ -846,8 +990,19 @@ fn await_recv(dst: &mut End, events: bool) -> Result<(), PerfError> {
     dst.post_recvs(0, 1)
 }
 
-fn wait_one(cq: &mut Cq, events: bool) -> Result<Completion, PerfError> {
-    let mut wait = CqWait::new(events);
+/// Waits for the completion of the send request `wr_id` on `dst` (taking the earlier ones
+/// on the way; every completion on its CQ here is a send's).
+fn await_send(dst: &mut End, wr_id: u64, events: bool) -> Result<(), PerfError> {
+    loop {
+        let c = wait_one(&dst.watch, &mut dst.cq, events)?;
+        if c.opcode != WcOpcode::Recv && c.wr_id == wr_id {
+            return Ok(());
+        }
+    }
+}
+
+fn wait_one(w: &Watch, cq: &mut Cq, events: bool) -> Result<Completion, PerfError> {
+    let mut wait = CqWait::new(events, w);
     loop {
         if let Some(c) = cq.poll().next() {
             return check(c);

@@ -14,10 +14,25 @@ fn bad_flags_are_messages_not_panics() {
         (&["write_bw", "-s", "99999999999"], "size"),
         (&["write_bw", "-t", "0"], "depth"),
         (&["write_bw", "-n", "0"], "-n"),
+        (
+            &["write_bw", "-x", "99"],
+            "-x 99: the port's GID table has 16 entries",
+        ),
+        (&["write_bw", "-x", "5"], "GID entry 5 is empty"),
+        (
+            &["write_bw", "-D", "18446744073709551615"],
+            "-D 18446744073709551615",
+        ),
+        (&["read_bw", "-D", "31536001"], "1..=31536000 seconds"),
+        (&["write_bw", "-D", "0"], "1..=31536000 seconds"),
         (&["write_bw", "-q", "0"], "QPs"),
         (&["write_bw", "-I", "4096"], "inline"),
         (&["write_bw", "-a", "-s", "64"], "exclude"),
         (&["write_lat", "--use_dm"], "use_dm"),
+        (
+            &["write_bw", "--use_dm", "-s", "1048576"],
+            "more than the device's 262144 bytes",
+        ),
         (&["atomic_bw", "-s", "16"], "8 bytes"),
         (&["write_bw", "-s", "banana"], "invalid value"),
         (&["no_such_test"], "invalid value"),
@@ -222,5 +237,33 @@ fn gpu_placement_runs_on_the_model_gpu_and_says_so() {
         let (code, _, err) = perf(args);
         assert_ne!(code, 0, "{args:?} should fail");
         assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+/// The software model pins nothing, so the memory-lock limit does not apply to it: runs
+/// with many QPs or every size pass under a small `ulimit -l` without CAP_IPC_LOCK (a
+/// normal user's default), as they would on a machine with no NIC.
+#[test]
+fn the_model_runs_under_a_small_memlock_limit() {
+    // As root, drop CAP_IPC_LOCK from the bounding set so the limit would apply.
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    let drop_cap = if root {
+        "setpriv --bounding-set=-ipc_lock"
+    } else {
+        ""
+    };
+    for args in ["write_bw -q 64 -n 100 -s 65536", "write_bw -a -n 4"] {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -l 64 && exec {drop_cap} \"$0\" {args}"))
+            .arg(env!("CARGO_BIN_EXE_uhca-perf"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args}: {err}");
+        assert!(!err.contains("RLIMIT_MEMLOCK"), "{args}: {err}");
     }
 }

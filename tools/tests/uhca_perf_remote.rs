@@ -1,6 +1,7 @@
 //! `uhca-perf` between two processes, as perftest between two machines: two `uhca-model`
 //! processes joined by a UDP link on 127.0.0.1, a `uhca-perf` server on one and a client
-//! on the other. Every run and every wait is bounded: a broken exchange fails the test, it
+//! on the other, speaking uhca-perf's own exchange (`--oob uhca`; perftest's exchange is
+//! tested in `uhca_perf_perftest.rs`). Every run and every wait is bounded: a broken exchange fails the test, it
 //! never hangs the suite.
 
 mod common;
@@ -28,9 +29,16 @@ struct Perf {
 }
 
 impl Perf {
+    /// Runs uhca-perf with `args`; its own protocol (`--oob uhca`) unless they name one.
     fn spawn(args: &[&str]) -> Perf {
+        let oob: &[&str] = if args.contains(&"--oob") {
+            &[]
+        } else {
+            &["--oob", "uhca"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_uhca-perf"))
             .args(args)
+            .args(oob)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -223,12 +231,14 @@ fn read_bw_between_two_processes_from_another_gid() {
     );
     check_row(&c, BW, 2048, 100, 3);
     assert!(!s.contains("#bytes"), "{s}");
-    // The client's -x 1 is its IPv4-mapped GID, and the server's peer; the server keeps 0.
+    // The client's -x 1 is its IPv4-mapped GID, and the server's peer; the server, without
+    // -x, answers from its own of that kind (a packet is IPv4 or IPv6: the client drops
+    // answers from another address than its QP's).
     let (gc, gs) = (gids(&c), gids(&s));
     assert!(gc.len() == 2 && gs.len() == 2, "{c}{s}");
     assert!(gc[0].starts_with(" GID: ::ffff:"), "{c}");
     assert_eq!((gs[1], gs[0]), (gc[0], gc[1]));
-    assert!(gs[0].starts_with(" GID: fe80::"), "{s}");
+    assert!(gs[0].starts_with(" GID: ::ffff:"), "{s}");
 }
 
 #[test]
@@ -422,7 +432,7 @@ fn the_in_process_model_without_a_link_cannot_be_an_end() {
             &["write_bw", "--vfio-user", "/nonexistent.sock", "--pair"][..],
             "--pair",
         ),
-        (&["write_lat", "-d", "0000:fe:1f.7", "-D", "1"], "-D"),
+        (&["send_lat", "-d", "0000:fe:1f.7", "-D", "1"], "-D"),
         (
             &["write_bw", "-d", "0000:fe:1f.7", "--use_cuda", "0"],
             "--use_cuda",
@@ -467,5 +477,293 @@ fn bidirectional_runs_between_two_processes_count_both_ways() {
         let r = rows(out, BW);
         assert_eq!(r.len(), 1, "{out}");
         assert!(r[0][1].parse::<u64>().unwrap() > 0, "{out}");
+    }
+}
+
+/// Two in-process models on a UDP link, one per uhca-perf process: each end's flags.
+fn link_ends() -> (Vec<String>, Vec<String>) {
+    let (a, b) = (
+        format!("127.0.0.1:{}", model_proc::free_udp_port()),
+        format!("127.0.0.1:{}", model_proc::free_udp_port()),
+    );
+    let link = |l: &str, p: &str| {
+        ["--link-local", l, "--link-peer", p, "--oob", "perftest"]
+            .map(str::to_owned)
+            .to_vec()
+    };
+    (link(&a, &b), link(&b, &a))
+}
+
+/// `mode` in perftest's exchange between two processes, both ends given `args` (as
+/// perftest wants the same flags on both) and the link-local GID (`-x 0`: on a model link
+/// the GID carries the MAC); both must succeed. Returns both outputs.
+fn run_perftest(mode: &str, args: &[&str]) -> (String, String) {
+    let (sdev, cdev) = link_ends();
+    let mut sdev = sdev;
+    sdev.extend(["-x", "0"].map(str::to_owned));
+    sdev.extend(args.iter().map(|a| a.to_string()));
+    let mut cargs: Vec<&str> = vec!["-x", "0"];
+    cargs.extend_from_slice(args);
+    let (c, s) = run_ends(mode, &sdev, &cdev, &cargs);
+    for out in [&c, &s] {
+        assert!(out.contains(" perftest peer   : version 6.06"), "{out}");
+    }
+    (c, s)
+}
+
+/// Every test in perftest's exchange between two processes: the client's table, and the
+/// server's as perftest's server prints it (send_bw's own count, the ping-pongs' own
+/// figures, the client's report for the one-way WRITE, READ and atomic tests, nothing for
+/// READ and atomic latency).
+#[test]
+fn perftest_exchange_between_two_processes_for_every_test() {
+    for (mode, size, server_row) in [
+        ("write_bw", 4096, true),
+        ("read_bw", 4096, true),
+        ("send_bw", 4096, true),
+        ("atomic_bw", 8, true),
+        ("write_lat", 2, true),
+        ("read_lat", 2, false),
+        ("send_lat", 2, true),
+        ("atomic_lat", 8, false),
+    ] {
+        let size_s = size.to_string();
+        let mut args = vec!["-n", "50", "-t", "16"];
+        if !mode.starts_with("atomic") {
+            args.extend(["-s", &size_s]);
+        }
+        let (c, s) = run_perftest(mode, &args);
+        let (cols, col) = if mode.ends_with("_bw") {
+            (BW, 3)
+        } else {
+            (LAT, 4)
+        };
+        check_row(&c, cols, size, 50, col);
+        if server_row {
+            check_row(&s, cols, size, 50, col);
+        } else {
+            assert!(!s.contains("#bytes"), "{mode}: {s}");
+        }
+    }
+}
+
+/// perftest's flags in its exchange: two QPs, -a's sizes (the one-way server prints the
+/// client's last), -b with Gb/s, -D, and the smaller MTU of the two ends.
+#[test]
+fn perftest_exchange_with_qps_all_sizes_both_ways_and_duration() {
+    let (c, s) = run_perftest(
+        "send_bw",
+        &["-q", "2", "-n", "20", "-s", "1024", "-t", "16"],
+    );
+    check_row(&c, BW, 1024, 40, 3);
+    check_row(&s, BW, 1024, 40, 3);
+    assert_eq!(
+        c.lines()
+            .filter(|l| l.starts_with(" local address"))
+            .count(),
+        2,
+        "a keys line per QP: {c}"
+    );
+    let (c, s) = run_perftest("write_bw", &["-a", "-n", "5", "-t", "8"]);
+    assert_eq!(rows(&c, BW).len(), 23, "{c}");
+    assert_eq!(rows(&s, BW).len(), 1, "{s}");
+    assert_eq!(rows(&s, BW)[0][0], "8388608", "{s}");
+    let (c, s) = run_perftest(
+        "read_bw",
+        &["-b", "-n", "30", "-s", "2048", "--report_gbits"],
+    );
+    for out in [&c, &s] {
+        check_row(out, "BW average[Gb/sec]", 2048, 30, 3);
+    }
+    let (c, _) = run_perftest("write_bw", &["-D", "1", "-s", "4096"]);
+    let r = rows(&c, BW);
+    assert!(r.len() == 1 && r[0][1].parse::<u64>().unwrap() > 0, "{c}");
+    // The server offers 4096, the client 2048: both use 2048.
+    let (sdev, cdev) = link_ends();
+    let mut sdev = sdev;
+    sdev.extend(["-x", "0", "-m", "4096", "-n", "10"].map(str::to_owned));
+    let (c, s) = run_ends(
+        "write_bw",
+        &sdev,
+        &cdev,
+        &["-x", "0", "-m", "2048", "-n", "10"],
+    );
+    for out in [&c, &s] {
+        assert!(out.contains(" Mtu             : 2048[B]"), "{out}");
+    }
+}
+
+/// Ends that cannot run together say so, both of them: a WRITE test against a READ test
+/// (the READ test's keys offer its outstanding reads), and uhca-perf's own exchange
+/// against perftest's, either way round.
+#[test]
+fn perftest_exchange_refusals_on_both_ends() {
+    for (server_mode, server_oob, client_mode, client_oob, server_says, client_says) in [
+        (
+            "write_bw",
+            "perftest",
+            "read_bw",
+            "perftest",
+            "it runs a READ or atomic test",
+            "the perftest peer closed the connection",
+        ),
+        (
+            "write_bw",
+            "perftest",
+            "write_bw",
+            "uhca",
+            "uhca-perf's own protocol (give both ends the same --oob)",
+            "the peer speaks perftest's exchange (give both ends the same --oob)",
+        ),
+        (
+            "write_bw",
+            "uhca",
+            "write_bw",
+            "perftest",
+            "the peer speaks perftest's exchange (give both ends the same --oob)",
+            "the perftest peer closed the connection (waiting for the version)",
+        ),
+    ] {
+        let (mut sdev, mut cdev) = link_ends();
+        sdev.truncate(4);
+        cdev.truncate(4);
+        let port = free_tcp_port().to_string();
+        let mut sargs = vec![server_mode, "-p", &port, "--oob", server_oob, "-x", "0"];
+        sargs.extend(sdev.iter().map(String::as_str));
+        let mut server = Perf::spawn(&sargs);
+        server.wait_line("Waiting for client to connect");
+        let mut cargs = vec![client_mode, "-p", &port, "--oob", client_oob, "-x", "0"];
+        cargs.extend(cdev.iter().map(String::as_str));
+        cargs.push("127.0.0.1");
+        let (code, _, err) = Perf::spawn(&cargs).finish();
+        let (scode, _, serr) = server.finish();
+        let what = format!("{server_mode}/{server_oob} vs {client_mode}/{client_oob}");
+        assert!(code != 0 && scode != 0, "{what}: {err} / {serr}");
+        assert!(serr.contains(server_says), "{what}: server: {serr}");
+        assert!(err.contains(client_says), "{what}: client: {err}");
+        for e in [&err, &serr] {
+            assert!(!e.contains("panicked"), "{what}: {e}");
+        }
+    }
+}
+
+/// A perftest-mode server killed in the middle of a run: the client's requests fail
+/// (retries exceeded) and it says the peer is gone, long before its 60 seconds.
+#[test]
+fn a_perftest_mode_server_killed_mid_run_fails_the_client() {
+    let (sdev, cdev) = link_ends();
+    let port = free_tcp_port().to_string();
+    let mut sargs = vec!["write_bw", "-p", &port, "-x", "0", "-D", "60"];
+    sargs.extend(sdev.iter().map(String::as_str));
+    let mut server = Perf::spawn(&sargs);
+    server.wait_line("Waiting for client to connect");
+    let mut cargs = vec!["write_bw", "-p", &port, "-x", "0", "-D", "60"];
+    cargs.extend(cdev.iter().map(String::as_str));
+    cargs.push("127.0.0.1");
+    let client = Perf::spawn(&cargs);
+    server.wait_line("remote address");
+    std::thread::sleep(Duration::from_secs(1));
+    server.child.kill().unwrap();
+    let t = Instant::now();
+    let (code, _, err) = client.finish();
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("the perftest peer"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(45),
+        "{:?}: {err}",
+        t.elapsed()
+    );
+}
+
+/// A bad `-x` on a client of a link run is refused by that end before it connects (it
+/// failed later with a QueryRoceAddress BadParamErr while its server blamed the peer).
+#[test]
+fn a_bad_gid_index_is_refused_before_connecting() {
+    let (a, b) = (model_proc::free_udp_port(), model_proc::free_udp_port());
+    let (la, lb) = (format!("127.0.0.1:{a}"), format!("127.0.0.1:{b}"));
+    let port = free_tcp_port().to_string();
+    let (code, _, err) = common::run(
+        env!("CARGO_BIN_EXE_uhca-perf"),
+        &[
+            "write_bw",
+            "--link-local",
+            &la,
+            "--link-peer",
+            &lb,
+            "-p",
+            &port,
+            "-x",
+            "99",
+            "127.0.0.1",
+        ],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("-x 99: the port's GID table has"), "{err}");
+}
+
+/// A model process killed under either end of a run: that end reports its device lost and
+/// the other end names the peer (its hang-up, or retry-exceeded), each at once, never "the
+/// device stalled" after the 30-second stall timeout (which both reported before), in a
+/// bandwidth and a latency test.
+#[test]
+fn a_killed_model_is_device_lost_on_its_end_and_the_peer_on_the_other() {
+    for (mode, kill_server_side) in [
+        ("write_bw", false),
+        ("write_lat", true),
+        ("write_lat", false),
+    ] {
+        let (mut ma, mut mb) = linked_pair();
+        let port = free_tcp_port();
+        let mut server = Perf::server(mode, &ma.sock, port);
+        let port = port.to_string();
+        let run = if mode == "write_bw" {
+            ["-D", "60"]
+        } else {
+            ["-n", "100000000"]
+        };
+        let client = Perf::spawn(&[
+            mode,
+            "--vfio-user",
+            mb.sock.to_str().unwrap(),
+            "-p",
+            &port,
+            run[0],
+            run[1],
+            "127.0.0.1",
+        ]);
+        server.wait_line("remote address");
+        let killed = if kill_server_side { &mut ma } else { &mut mb };
+        killed.child.kill().unwrap();
+        killed.child.wait().unwrap();
+        let (code_c, _, err_c) = client.finish();
+        let (code_s, _, err_s) = server.finish();
+        let what = format!(
+            "{mode}, killed the {} model",
+            if kill_server_side {
+                "server's"
+            } else {
+                "client's"
+            }
+        );
+        assert!(code_c != 0 && code_s != 0, "{what}: {err_c} / {err_s}");
+        let (dead, alive) = if kill_server_side {
+            (&err_s, &err_c)
+        } else {
+            (&err_c, &err_s)
+        };
+        assert!(dead.contains("device lost"), "{what}: dead end said {dead}");
+        assert!(
+            ["remote end", "peer", "retry counter exceeded"]
+                .iter()
+                .any(|w| alive.contains(w)),
+            "{what}: the other end said {alive}"
+        );
+        for e in [&err_c, &err_s] {
+            assert!(
+                !e.contains("stalled") && !e.contains("panicked"),
+                "{what}: {e}"
+            );
+        }
     }
 }

@@ -328,7 +328,10 @@ fn uhca_info_reads_a_model_process_and_persist_serves_clients_in_turn() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--replace"));
     // With --replace the stale socket is taken over.
     let mut again = ModelProc::spawn_at(sock.clone(), &["--replace"]);
-    drop(again.connect());
+    let client = again.connect();
+    let mut id = [0u8; 4];
+    uhca::pci::PciFunction::config_read(&*client, 0, &mut id).unwrap(); // a client uses the device
+    drop(client);
     assert!(again.wait_exit().success());
     assert!(!sock.exists(), "a server that ends removes its socket");
     // SIGTERM stops a persistent server and removes its socket.
@@ -391,7 +394,7 @@ fn refused_requests_leave_the_connection_usable() {
     assert!(e.to_string().contains("file descriptor"), "{e}");
     let mut b = [0u8; 4];
     assert!(matches!(
-        f.config_read(254, &mut b),
+        f.config_read(4094, &mut b),
         Err(PciError::ConfigRange { .. })
     ));
     assert!(matches!(f.set_irq(999, None), Err(PciError::NoVector(999))));
@@ -401,4 +404,111 @@ fn refused_requests_leave_the_connection_usable() {
     assert_eq!(b, [0xb3, 0x15, 0x17, 0x10]);
     f.check().unwrap();
     assert!(!f.is_lost());
+}
+
+/// `--replace`'s check of a live socket connects to it: that probe must not be taken as the
+/// one-shot server's client (the server ended with it and removed its socket).
+#[test]
+fn a_replace_probe_leaves_a_live_one_shot_server_serving() {
+    let mut model = ModelProc::spawn(&[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
+        .arg("--socket")
+        .arg(&model.sock)
+        .arg("--replace")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
+    // The live server still serves its one client, then exits.
+    let v = model.info_json();
+    assert_eq!(v["vendor_id"], 0x15b3);
+    assert!(model.wait_exit().success());
+    assert!(!model.sock.exists());
+}
+
+/// A client that connects while another is served is told so at once (the server answers
+/// its VERSION with EBUSY), not left waiting for a reply until it declares the device lost.
+#[test]
+fn a_second_client_is_told_the_server_is_busy() {
+    use uhca::pci::PciFunction;
+    use uhca::pci::vfio_user::VfioUserOptions;
+
+    let model = ModelProc::spawn(&["--persist"]);
+    let first = model.connect();
+    let mut b = [0u8; 4];
+    first.config_read(0, &mut b).unwrap(); // the first client uses the device
+    let opts = VfioUserOptions {
+        reply_timeout: Duration::from_secs(60),
+        ..VfioUserOptions::default()
+    };
+    let e = VfioUserFunction::connect_with(&model.sock, &opts).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("busy") && text.contains("another client"),
+        "{text}"
+    );
+    assert!(!matches!(e, PciError::DeviceLost(_)), "{e:?}");
+    // The first client is unharmed, and once it leaves the next one is served.
+    first.config_read(0, &mut b).unwrap();
+    assert_eq!(b, [0xb3, 0x15, 0x17, 0x10]);
+    drop(first);
+    let second = bounded({
+        let sock = model.sock.clone();
+        move || VfioUserFunction::connect(&sock).map(|_| ())
+    });
+    second.unwrap();
+}
+
+/// Bad command lines and socket paths get messages that name what the user gave.
+#[test]
+fn model_flag_and_socket_errors_name_the_users_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir").join("m.sock");
+    let out = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
+        .arg("--socket")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(&*missing.to_string_lossy()), "{err}");
+    assert!(
+        !err.contains(".m.sock."),
+        "names the hidden temporary file: {err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
+        .arg("--socket")
+        .arg(dir.path().join("m.sock"))
+        .args(["--mac", "ff:ff:ff:ff:ff:ff"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("broadcast"), "{err}");
+}
+
+/// Logs to a file or a pipe carry no ANSI colour codes (without `NO_COLOR`).
+#[test]
+fn logs_to_a_pipe_have_no_colour_codes() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_uhca-model"))
+        .arg("--socket")
+        .arg(dir.path().join("m.sock"))
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains("listening"), "{line}");
+    assert!(
+        !line.contains('\u{1b}'),
+        "colour codes in a piped log: {line:?}"
+    );
 }

@@ -161,7 +161,7 @@ impl CmdIf {
         };
         let iova = queue.iova().0;
         bar.write32_be(reg::CMDQ_ADDR_H, (iova >> 32) as u32);
-        // nic_interface [9:8] = 0 (full driver); the low bits are read-only sizes.
+        // nic_interface [10:8] = 0 (full driver); the low bits are read-only sizes.
         bar.write32_be(reg::CMDQ_ADDR_L_SZ, iova as u32 & 0xFFFF_F000);
         fence(Ordering::SeqCst);
         Ok(CmdIf {

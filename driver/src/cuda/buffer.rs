@@ -117,19 +117,44 @@ impl Cuda {
 
     /// Exports `len` bytes of device memory at `ptr` as a dma-buf fd
     /// (`cuMemGetHandleForAddressRange`, `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`). `ptr` may be
-    /// any device address of this context, from any allocator: the driver checks that the
-    /// range is inside one allocation and page aligned, and its refusal comes back as
-    /// [`CudaError::Driver`]. Prefer [`GpuBuffer::export_dmabuf`].
+    /// any device address of this context, from any allocator. The range must lie inside the
+    /// one allocation that holds `ptr`: this client checks it against that allocation's bounds
+    /// (`cuMemGetAddressRange`) and refuses with [`CudaError::OutsideAllocation`], because the
+    /// driver does not (a real H100 with driver 580 exported a range running 64 pages past
+    /// its allocation). An address that is not device memory of this context is the
+    /// driver's [`CudaError::Driver`] from `cuMemGetAddressRange_v2`; page alignment is left to
+    /// the driver, whose refusal is a [`CudaError::Driver`] naming
+    /// `cuMemGetHandleForAddressRange`. Prefer [`GpuBuffer::export_dmabuf`].
     pub fn export_dmabuf_raw(&self, ptr: DevicePtr, len: usize) -> Result<OwnedFd, CudaError> {
         if !self.ctx.dma_buf_supported {
             return Err(CudaError::DmaBufUnsupported {
                 ordinal: self.ctx.ordinal,
             });
         }
+        if len == 0 {
+            return Err(CudaError::ZeroLength);
+        }
         let _cur = self.ctx.current()?;
+        let (base, size) = address_range(ptr)?;
+        // `ptr` is inside [base, base + size) by the driver's answer; the range must end
+        // there too (computed without overflow).
+        let inside = ptr
+            .0
+            .checked_sub(base.0)
+            .and_then(|off| size.checked_sub(off))
+            .is_some_and(|room| len as u64 <= room);
+        if !inside {
+            return Err(CudaError::OutsideAllocation {
+                ptr,
+                len,
+                base,
+                size,
+            });
+        }
         let mut fd: i32 = -1;
         // SAFETY: for the dma-buf handle type the driver writes one int (the new fd) through
-        // `handle`; it validates `ptr` and `len` itself and reads no host memory.
+        // `handle`; the range was checked against its allocation above, and the driver reads no
+        // host memory.
         check("cuMemGetHandleForAddressRange", unsafe {
             sys::cuMemGetHandleForAddressRange(
                 (&mut fd as *mut i32).cast::<c_void>(),
@@ -183,6 +208,17 @@ fn pointer_attribute(ptr: DevicePtr, a: sys::CUpointer_attribute) -> Result<[u8;
         sys::cuPointerGetAttribute(v.as_mut_ptr().cast::<c_void>(), a, ptr.0)
     })?;
     Ok(v)
+}
+
+/// The allocation holding `ptr`: its start and size (`cuMemGetAddressRange`). The caller has
+/// made the context current.
+fn address_range(ptr: DevicePtr) -> Result<(DevicePtr, u64), CudaError> {
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: writes one device pointer and one size_t; the driver checks `ptr`.
+    check("cuMemGetAddressRange_v2", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr.0)
+    })?;
+    Ok((DevicePtr(base), size as u64))
 }
 
 /// The alignment of every [`GpuBuffer`]: the larger of the GPU page and the host page.

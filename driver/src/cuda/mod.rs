@@ -12,7 +12,9 @@
 //! - [`GpuBuffer`]: `cuMemAlloc` memory sized and aligned for dma-buf export, freed on drop,
 //!   with host copies for checking bytes, its pointer attributes ([`PointerAttributes`]) and
 //!   [`GpuBuffer::export_dmabuf`] (`cuMemGetHandleForAddressRange` with
-//!   `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`).
+//!   `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`). Every export range is checked here against the
+//!   bounds of its allocation (`cuMemGetAddressRange`) before the driver sees it: a real
+//!   H100 exported past the allocation when asked to.
 //! - [`DmaBufInfo`]: what the kernel says about a dma-buf fd (`/proc/self/fdinfo`).
 //!
 //! What the exported dma-buf is good for (shared/spec/vfio-kernel.md §2.2, §2.4): NVIDIA's
@@ -96,6 +98,20 @@ pub enum CudaError {
         /// Size of the buffer.
         size: usize,
     },
+    /// A raw export's range does not lie inside the one allocation that holds its first byte
+    /// (`cuMemGetAddressRange`). Checked here, not left to the driver: a real H100 (driver
+    /// 580) exported a range running 64 pages past its allocation (docs/spec/cuda.md).
+    #[error("range {ptr}+{len:#x} runs outside its allocation {base}+{size:#x}")]
+    OutsideAllocation {
+        /// First byte of the range.
+        ptr: DevicePtr,
+        /// Length of the range.
+        len: usize,
+        /// Start of the allocation holding `ptr`.
+        base: DevicePtr,
+        /// Size of that allocation.
+        size: u64,
+    },
     /// A dma-buf range whose offset or length is not a multiple of the host page size.
     #[error("dma-buf range {offset:#x}+{len:#x} is not aligned to the host page size {align:#x}")]
     Misaligned {
@@ -132,6 +148,7 @@ const SYMBOLS: &[&str] = &[
     "cuMemcpyDtoH_v2",
     "cuMemsetD8_v2",
     "cuMemGetInfo_v2",
+    "cuMemGetAddressRange_v2",
     "cuMemGetHandleForAddressRange",
     "cuPointerGetAttribute",
     "cuPointerSetAttribute",

@@ -43,6 +43,52 @@ impl WcStatus {
     }
 }
 
+/// What libibverbs' `ibv_wc_status_str` prints for the status a CQE syndrome stands for
+/// (rdma-core `libibverbs/enum_strs.c`; the syndrome-to-status mapping of
+/// `providers/mlx5/cq.c` `mlx5_handle_error_cqe`), so errors read as users of other RDMA
+/// tools know them.
+pub fn wc_status_str(s: CqeSyndrome) -> &'static str {
+    match s {
+        CqeSyndrome::LocalLength => "local length error",
+        CqeSyndrome::LocalQpOp => "local QP operation error",
+        CqeSyndrome::LocalProt => "local protection error",
+        CqeSyndrome::WrFlush => "Work Request Flushed Error",
+        CqeSyndrome::MwBind => "memory management operation error",
+        CqeSyndrome::BadResp => "bad response error",
+        CqeSyndrome::LocalAccess => "local access error",
+        CqeSyndrome::RemoteInvalReq => "remote invalid request error",
+        CqeSyndrome::RemoteAccess => "remote access error",
+        CqeSyndrome::RemoteOp => "remote operation error",
+        CqeSyndrome::TransportRetryExc => "transport retry counter exceeded",
+        CqeSyndrome::RnrRetryExc => "RNR retry counter exceeded",
+        CqeSyndrome::RemoteAborted => "aborted error",
+        CqeSyndrome::Unknown(_) => "general error",
+    }
+}
+
+impl std::fmt::Display for WcStatus {
+    /// `ibv_wc_status_str`'s words ([`wc_status_str`]), with an unknown syndrome's or a
+    /// vendor syndrome's value after them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            WcStatus::Success => f.write_str("success"),
+            WcStatus::Error {
+                syndrome,
+                vendor_err,
+            } => {
+                f.write_str(wc_status_str(syndrome))?;
+                if let CqeSyndrome::Unknown(v) = syndrome {
+                    write!(f, " (syndrome {v:#04x})")?;
+                }
+                if vendor_err != 0 {
+                    write!(f, " (vendor error {vendor_err:#04x})")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// What kind of work request completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WcOpcode {

@@ -473,3 +473,25 @@ fn random_cqes_are_reported_or_taken_never_followed_blindly() {
         "{taken} taken, {refused} refused"
     );
 }
+
+/// Statuses print as libibverbs' `ibv_wc_status_str` words, not Rust Debug text.
+#[test]
+fn statuses_read_as_ibv_wc_status_str() {
+    let err = |syndrome, vendor_err| WcStatus::Error {
+        syndrome,
+        vendor_err,
+    };
+    assert_eq!(WcStatus::Success.to_string(), "success");
+    assert_eq!(
+        err(CqeSyndrome::TransportRetryExc, 0).to_string(),
+        "transport retry counter exceeded"
+    );
+    assert_eq!(
+        err(CqeSyndrome::WrFlush, 0x81).to_string(),
+        "Work Request Flushed Error (vendor error 0x81)"
+    );
+    assert_eq!(
+        err(CqeSyndrome::Unknown(0x33), 0).to_string(),
+        "general error (syndrome 0x33)"
+    );
+}

@@ -31,5 +31,5 @@ pub mod ring;
 pub mod sq;
 pub mod wqe;
 
-pub use cq::{Completion, Poll, PollError, WcOpcode, WcStatus};
+pub use cq::{Completion, Poll, PollError, WcOpcode, WcStatus, wc_status_str};
 pub use wqe::{MAX_INLINE, PostError, Remote, Sge};

@@ -23,6 +23,9 @@ impl IovaAllocator {
     pub fn new(ranges: &[IovaRange]) -> IovaAllocator {
         let mut a = IovaAllocator::default();
         for r in ranges {
+            // Page 0 stays unused although IOMMUs (and the model) map it: a null IOVA is
+            // then always a bug that faults, never a buffer. (rdma-core's mlx5_vfio does
+            // hand out IOVA 0; firmware-behaviour.md §DMA.)
             let start = r.start.max(0x1000);
             if r.end >= start {
                 a.insert(start, r.end);

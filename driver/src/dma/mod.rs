@@ -26,8 +26,8 @@ pub use iova::IovaAllocator;
 pub use region::{DmaRegion, DmaSlice, PageSize};
 pub use ring::{DmaEntry, DmaRecord, DmaRing, DmaRingView, MaskedSlots, SlotsView};
 pub use user::{
-    HostBuffer, HostPages, MemlockExceeded, MemlockPolicy, MrBuffer, PinCharge, RawBuffer,
-    UserMapping, has_cap_ipc_lock, memlock_rlimit, pinned_bytes,
+    HostBuffer, HostPages, MemlockExceeded, MemlockPolicy, MrBuffer, PinCharge, PinError,
+    RawBuffer, UserMapping, effective_capabilities, has_cap_ipc_lock, memlock_rlimit, pinned_bytes,
 };
 
 use std::sync::{Arc, Mutex};

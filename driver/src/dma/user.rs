@@ -407,6 +407,33 @@ pub enum MemlockPolicy {
     Unchecked,
 }
 
+impl MemlockPolicy {
+    /// The policy for a function that pins (`pins`: [`PciFunction::pins_dma_memory`]) or
+    /// not: [`MemlockPolicy::Kernel`] is the kernel's accounting of pinned pages, so it
+    /// does not apply where nothing is pinned (the model, a vfio-user server's shared
+    /// memory); an explicit [`MemlockPolicy::Rlimit`] budget always applies.
+    ///
+    /// [`PciFunction::pins_dma_memory`]: crate::pci::PciFunction::pins_dma_memory
+    pub fn for_function(self, pins: bool) -> MemlockPolicy {
+        match self {
+            MemlockPolicy::Kernel if !pins => MemlockPolicy::Unchecked,
+            p => p,
+        }
+    }
+}
+
+/// Why pinning was not allowed.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    /// Pinning would exceed the memory-lock limit.
+    #[error(transparent)]
+    Exceeded(#[from] MemlockExceeded),
+    /// The capability check itself failed (the error is the one that happened, not a
+    /// guess at the limit).
+    #[error("cannot tell whether the process has CAP_IPC_LOCK: {0}")]
+    CapabilityCheck(#[source] std::io::Error),
+}
+
 /// Pinning would exceed the memory-lock limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -433,10 +460,10 @@ pub struct PinCharge(u64);
 
 impl PinCharge {
     /// Charges `bytes` if the policy allows it.
-    pub fn new(bytes: u64, policy: MemlockPolicy) -> Result<PinCharge, MemlockExceeded> {
+    pub fn new(bytes: u64, policy: MemlockPolicy) -> Result<PinCharge, PinError> {
         let limit = match policy {
             MemlockPolicy::Unchecked => None,
-            MemlockPolicy::Kernel if has_cap_ipc_lock() => None,
+            MemlockPolicy::Kernel if has_cap_ipc_lock().map_err(PinError::CapabilityCheck)? => None,
             MemlockPolicy::Kernel | MemlockPolicy::Rlimit => memlock_rlimit(),
         };
         let r = PINNED.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
@@ -448,13 +475,13 @@ impl PinCharge {
             Err(cur) => {
                 let total = cur.saturating_add(bytes);
                 let limit = limit.unwrap_or(u64::MAX);
-                Err(MemlockExceeded {
+                Err(PinError::Exceeded(MemlockExceeded {
                     requested: bytes,
                     total,
                     limit,
                     raise: total.saturating_sub(limit),
                     kib: total.div_ceil(1024),
-                })
+                }))
             }
         }
     }
@@ -484,15 +511,42 @@ pub fn memlock_rlimit() -> Option<u64> {
     (r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
 
-/// Whether the process has CAP_IPC_LOCK in its effective set (`/proc/self/status`).
-pub fn has_cap_ipc_lock() -> bool {
+/// The process's effective capability set (bit `n` = capability `n`), asked of the kernel
+/// with `capget(2)`. It needs no file descriptor, so it cannot fail for want of one:
+/// reading `/proc/self/status` failed with EMFILE when descriptors ran out, and that was
+/// taken as "no capability".
+pub fn effective_capabilities() -> std::io::Result<u64> {
+    /// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
+    const VERSION_3: u32 = 0x2008_0522;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget reads the header and writes two `Data` words for version 3, both
+    // locals of the layout linux/capability.h defines; pid 0 is this thread.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &raw mut header, data.as_mut_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(u64::from(data[0].effective) | (u64::from(data[1].effective) << 32))
+}
+
+/// Whether the process has CAP_IPC_LOCK (14, linux/capability.h) in its effective set
+/// ([`effective_capabilities`]).
+pub fn has_cap_ipc_lock() -> std::io::Result<bool> {
     const CAP_IPC_LOCK: u32 = 14;
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+    Ok(effective_capabilities()? & (1 << CAP_IPC_LOCK) != 0)
 }

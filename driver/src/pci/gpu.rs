@@ -123,6 +123,11 @@ unsafe impl PciFunction for ModelGpuFunction {
         Ok(())
     }
 
+    fn pins_dma_memory(&self) -> bool {
+        // The model GPU maps the driver's memory without pinning it.
+        false
+    }
+
     fn num_irqs(&self) -> u32 {
         0
     }

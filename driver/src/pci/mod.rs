@@ -278,6 +278,14 @@ pub unsafe trait PciFunction: Send + Sync + 'static {
     fn num_irqs(&self) -> u32;
     /// Routes MSI-X `vector` to `fd` (or disables it with `None`).
     fn set_irq(&self, vector: u32, fd: Option<&EventFd>) -> Result<(), PciError>;
+    /// Whether DMA mappings pin host memory, charged to RLIMIT_MEMLOCK (kernel VFIO: the
+    /// type1 IOMMU and iommufd pin every mapped page). The default is `true`; backends
+    /// that share memory without pinning it (the model, vfio-user) say `false`, and the
+    /// memory-lock check of [`MemlockPolicy::Kernel`](crate::dma::MemlockPolicy::Kernel)
+    /// then does not apply.
+    fn pins_dma_memory(&self) -> bool {
+        true
+    }
     /// Whether the device is still reachable; [`PciError::DeviceLost`] once it is not (a
     /// vfio-user server process that died). Cheap enough for wait loops; the default is
     /// always reachable (the BAR-based health checks cover the other backends).

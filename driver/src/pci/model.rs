@@ -120,6 +120,11 @@ unsafe impl PciFunction for ModelFunction {
             .map_err(|e| super::gpu::import_error(e, iova, len))
     }
 
+    fn pins_dma_memory(&self) -> bool {
+        // The model IOMMU maps the driver's memory without pinning it.
+        false
+    }
+
     fn num_irqs(&self) -> u32 {
         self.hca.num_irqs()
     }

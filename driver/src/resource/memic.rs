@@ -298,7 +298,10 @@ impl Device {
             max: caps.max_size,
         };
         if size > caps.max_size.min(caps.bar_size) {
-            return Err(exhausted());
+            return Err(MemError::DmTooLarge {
+                len,
+                max: caps.max_size.min(caps.bar_size),
+            });
         }
         let range_size = size.next_multiple_of(RANGE_PAGE);
         let window_end = caps.bar_start + caps.bar_size;

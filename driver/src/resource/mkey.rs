@@ -25,7 +25,9 @@ use super::memic::DmRef;
 use crate::cmd::CmdError;
 use crate::cmd::ops::{self, CreateMkey, MkeyInfo};
 use crate::device::DeviceInner;
-use crate::dma::{DmaError, DmaRegion, MemlockExceeded, MrBuffer, PinCharge, UserMapping};
+use crate::dma::{
+    DmaError, DmaRegion, MemlockExceeded, MrBuffer, PinCharge, PinError, UserMapping,
+};
 use crate::resource::Pd;
 
 /// Access rights of a memory region (local read is always granted).
@@ -137,6 +139,9 @@ pub enum MemError {
     /// Pinning would exceed RLIMIT_MEMLOCK.
     #[error(transparent)]
     Memlock(#[from] MemlockExceeded),
+    /// Whether pinning is allowed could not be checked.
+    #[error("memory-lock check: {0}")]
+    MemlockCheck(#[source] std::io::Error),
     /// An offset and length outside the region or device memory.
     #[error("range of {len} bytes at offset {offset} is outside the {size}-byte region")]
     Range {
@@ -156,6 +161,17 @@ pub enum MemError {
         /// Requested alignment.
         align: u64,
         /// Largest the device accepts.
+        max: u64,
+    },
+    /// More device memory than the device has at all: freeing memory cannot help.
+    #[error(
+        "{len} bytes of device memory exceed the device's {max} bytes (max_memic_size \
+         and the MEMIC window): no allocation this large can succeed"
+    )]
+    DmTooLarge {
+        /// Requested length.
+        len: usize,
+        /// The most the device can give (`max_memic_size`, within the window).
         max: u64,
     },
     /// No free device memory of this size.
@@ -184,6 +200,15 @@ pub enum MemError {
     /// A command failed.
     #[error(transparent)]
     Cmd(#[from] CmdError),
+}
+
+impl From<PinError> for MemError {
+    fn from(e: PinError) -> MemError {
+        match e {
+            PinError::Exceeded(e) => MemError::Memlock(e),
+            PinError::CapabilityCheck(e) => MemError::MemlockCheck(e),
+        }
+    }
 }
 
 /// Options of [`Pd::reg_mr_with`].
@@ -419,7 +444,7 @@ impl Pd {
         let sys = crate::dma::system_page_size() as u64;
         let span = (addr + len as u64).next_multiple_of(sys) - (addr & !(sys - 1));
         let page = pick_page(span, self.max_log_page(), opts.log_page_size)?;
-        let charge = PinCharge::new(span, dev.config.memlock)?;
+        let charge = PinCharge::new(span, dev.pin_policy())?;
         let map = UserMapping::new(&dev.dma, buf, page)?;
         let mtts: Vec<u64> = map.mtt_addrs().map(|a| a | MTT_PRESENT).collect();
         self.create(
@@ -448,7 +473,7 @@ impl Pd {
         // Charged before pinning, at page granularity (a hugepage-backed region pins up to
         // one hugepage more than charged).
         let sys = crate::dma::system_page_size();
-        let charge = PinCharge::new(len.next_multiple_of(sys) as u64, dev.config.memlock)?;
+        let charge = PinCharge::new(len.next_multiple_of(sys) as u64, dev.pin_policy())?;
         let region = dev.dma.alloc(len)?;
         // The MKey's addresses are the region's IOVAs, so any page size lines up (§7.5):
         // take one about the size of the region, for one or two MTT entries.

@@ -7,6 +7,10 @@
  *   noinit    cuInit fails with CUDA_ERROR_NO_DEVICE
  *   nodevice  cuInit works, no device
  * Built with -DOMIT_EXPORT it lacks cuMemGetHandleForAddressRange (a too-old driver).
+ * The exporter checks the flags, the page alignment and that the range STARTS in an
+ * allocation, but not that it ends there: it over-exports, as a real H100 (driver 580) did
+ * for a range running 64 pages past its allocation, so the client's own range check
+ * (cuMemGetAddressRange) is what the tests see refuse it.
  * Device memory: 64 MiB in all; the first allocation is returned 256 bytes past a 64 KiB
  * boundary, as the real driver may do for small allocations. */
 #define _GNU_SOURCE
@@ -18,7 +22,7 @@
 
 typedef unsigned long long dptr_t;
 enum { OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, NO_DEVICE = 100,
-       INVALID_DEVICE = 101, NOT_SUPPORTED = 801 };
+       INVALID_DEVICE = 101, NOT_FOUND = 500, NOT_SUPPORTED = 801 };
 #define TOTAL (64ull << 20)
 #define MAX_ALLOCS 64
 
@@ -44,6 +48,7 @@ int cuGetErrorName(int r, const char **s) {
     case NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; return OK;
     case NO_DEVICE: *s = "CUDA_ERROR_NO_DEVICE"; return OK;
     case INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; return OK;
+    case NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; return OK;
     case NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; return OK;
     default: *s = 0; return INVALID_VALUE;
     }
@@ -145,11 +150,27 @@ int cuMemsetD8_v2(dptr_t d, unsigned char b, size_t n) {
     memset((void *)(uintptr_t)d, b, n);
     return OK;
 }
+/* The allocation holding p: its base and size; NOT_FOUND for any other address. */
+int cuMemGetAddressRange_v2(dptr_t *base, size_t *size, dptr_t p) {
+    if (!ctx_depth) return NOT_INITIALIZED;
+    lock();
+    struct alloc *al = find(p, 1);
+    struct alloc c = al ? *al : (struct alloc){ 0 };
+    unlock();
+    if (!al) return NOT_FOUND;
+    if (base) *base = c.base;
+    if (size) *size = c.size;
+    return OK;
+}
 #ifndef OMIT_EXPORT
 int cuMemGetHandleForAddressRange(void *h, dptr_t p, size_t n, int type, unsigned long long flags) {
     long page = sysconf(_SC_PAGESIZE);
     if (!ctx_depth) return NOT_INITIALIZED;
-    if (type != 1 || flags || !n || p % page || n % page || !find(p, n)) return INVALID_VALUE;
+    /* Only the start is checked (find(p, 1)): the range may run past the allocation. */
+    lock();
+    int starts_in_one = find(p, 1) != 0;
+    unlock();
+    if (type != 1 || flags || !n || p % page || n % page || !starts_in_one) return INVALID_VALUE;
     if (strcmp(mode(), "nodmabuf") == 0) return NOT_SUPPORTED;
     int fd = memfd_create("fake-dmabuf", MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, n)) return OUT_OF_MEMORY;

@@ -38,6 +38,8 @@ layout! {
     max_qp_cnt, set_max_qp_cnt: 0x030 [25:16],
     pkey_table_size, set_pkey_table_size: 0x030 [15:0],
     device_memory, set_device_memory: 0x034 [23:23],
+    mcam_reg, set_mcam_reg: 0x034 [22:22],
+    pcam_reg, set_pcam_reg: 0x034 [21:21],
     local_ca_ack_delay, set_local_ca_ack_delay: 0x034 [20:16],
     disable_link_up, set_disable_link_up: 0x034 [11:11],
     port_type, set_port_type: 0x034 [9:8],

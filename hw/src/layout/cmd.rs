@@ -156,6 +156,22 @@ crate::enum_with_unknown! {
         QueryQp = 0x50B,
         /// INIT2INIT_QP.
         Init2InitQp = 0x50E,
+        /// CREATE_SRQ (Linux `mlx5_ifc.h`; docs/spec/mlx5-ib-objects.md).
+        CreateSrq = 0x700,
+        /// DESTROY_SRQ.
+        DestroySrq = 0x701,
+        /// QUERY_SRQ.
+        QuerySrq = 0x702,
+        /// ARM_RQ (op_mod 1: an SRQ's limit event).
+        ArmRq = 0x703,
+        /// CREATE_XRC_SRQ.
+        CreateXrcSrq = 0x705,
+        /// DESTROY_XRC_SRQ.
+        DestroyXrcSrq = 0x706,
+        /// QUERY_XRC_SRQ.
+        QueryXrcSrq = 0x707,
+        /// ARM_XRC_SRQ.
+        ArmXrcSrq = 0x708,
         /// QUERY_VPORT_STATE.
         QueryVportState = 0x750,
         /// QUERY_NIC_VPORT_CONTEXT.
@@ -186,10 +202,22 @@ crate::enum_with_unknown! {
         AccessReg = 0x805,
         /// NOP.
         Nop = 0x80D,
+        /// ALLOC_XRCD (Linux `mlx5_ifc.h`; docs/spec/mlx5-ib-objects.md).
+        AllocXrcd = 0x80E,
+        /// DEALLOC_XRCD.
+        DeallocXrcd = 0x80F,
         /// ALLOC_TRANSPORT_DOMAIN.
         AllocTransportDomain = 0x816,
         /// DEALLOC_TRANSPORT_DOMAIN.
         DeallocTransportDomain = 0x817,
+        /// CREATE_RMP (Linux `mlx5_ifc.h`; docs/spec/mlx5-ib-objects.md).
+        CreateRmp = 0x90C,
+        /// MODIFY_RMP.
+        ModifyRmp = 0x90D,
+        /// DESTROY_RMP.
+        DestroyRmp = 0x90E,
+        /// QUERY_RMP.
+        QueryRmp = 0x90F,
         /// CREATE_GENERAL_OBJECT.
         CreateGeneralObject = 0xA00,
         /// DESTROY_GENERAL_OBJECT.

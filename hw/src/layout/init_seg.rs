@@ -54,7 +54,7 @@ layout! {
 pub mod reg {
     /// `cmdq_addr_h`: command queue address bits `[63:32]`.
     pub const CMDQ_ADDR_H: usize = 0x0010;
-    /// `cmdq_addr_l_sz`: address bits `[31:12]`, nic_interface `[9:8]`, log sizes `[7:0]`.
+    /// `cmdq_addr_l_sz`: address bits `[31:12]`, nic_interface `[10:8]`, log sizes `[7:0]`.
     pub const CMDQ_ADDR_L_SZ: usize = 0x0014;
     /// `cmd_dbell`: write `1 << slot` to hand entries to the device.
     pub const CMD_DBELL: usize = 0x0018;
@@ -86,8 +86,12 @@ pub mod reg {
 pub mod cmdq_addr_l_sz {
     /// Address bits `[31:12]`.
     pub const ADDR_MASK: u32 = 0xFFFF_F000;
-    /// `nic_interface` shift (`[9:8]`).
+    /// `nic_interface` shift (`[10:8]`).
     pub const NIC_INTERFACE_SHIFT: u32 = 8;
+    /// `nic_interface` mask in place (`[10:8]`: three bits, so SW_RESET = 7 fits; Linux
+    /// `mlx5_get_nic_state` and rdma-core `mlx5_vfio_get_nic_state` read `(v >> 8) & 7`,
+    /// prm-subset.md §2).
+    pub const NIC_INTERFACE_MASK: u32 = 0x7 << NIC_INTERFACE_SHIFT;
     /// `log_cmdq_size` (`[7:4]`).
     pub const fn log_cmdq_size(v: u32) -> u32 {
         (v >> 4) & 0xF
@@ -96,9 +100,13 @@ pub mod cmdq_addr_l_sz {
     pub const fn log_cmdq_stride(v: u32) -> u32 {
         v & 0xF
     }
-    /// `nic_interface` (`[9:8]`).
+    /// `nic_interface` (`[10:8]`).
     pub const fn nic_interface(v: u32) -> u32 {
-        (v >> 8) & 0x3
+        (v & NIC_INTERFACE_MASK) >> NIC_INTERFACE_SHIFT
+    }
+    /// `v` with `nic_interface` (`[10:8]`) replaced by `state` (its low three bits).
+    pub const fn with_nic_interface(v: u32, state: u32) -> u32 {
+        (v & !NIC_INTERFACE_MASK) | ((state << NIC_INTERFACE_SHIFT) & NIC_INTERFACE_MASK)
     }
 }
 

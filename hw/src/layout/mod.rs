@@ -20,7 +20,7 @@
 //!
 //! Module per structure family (style.md §1): [`init_seg`], [`cmd`] (queue entry, mailbox,
 //! headers, codes), [`cmds`] (command in/out messages), [`caps`], [`eqc`], [`cqc`], [`qpc`],
-//! [`mkc`], [`eqe`], [`cqe`], [`wqe`], [`uar`], and [`roce`] (RoCEv2 frames between model ports).
+//! [`mkc`], [`eqe`], [`cqe`], [`wqe`], [`uar`], [`reg`] (access registers), and [`roce`] (RoCEv2 frames between model ports).
 
 pub mod caps;
 pub mod cmd;
@@ -32,8 +32,11 @@ pub mod eqe;
 pub mod init_seg;
 pub mod mkc;
 pub mod qpc;
+pub mod reg;
 pub mod roce;
+pub mod srq;
 pub mod uar;
+pub mod umr;
 pub mod vport;
 pub mod wqe;
 

@@ -10,6 +10,7 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
             vec![$( (<$p>::PRM_NAME, <$p>::SIZE, <$p>::FIELDS) ),*]
         };
     }
+    use crate::layout::reg::*;
     use caps::*;
     use cmd::*;
     use cmds::*;
@@ -121,6 +122,36 @@ fn all_layouts() -> Vec<(&'static str, usize, &'static [Field])> {
         QueryRoceAddressOut<()>,
         QueryVportCounterIn<()>,
         QueryVportCounterOut<()>,
+        srq::Srqc<()>,
+        srq::XrcSrqc<()>,
+        srq::Wq<()>,
+        srq::Rmpc<()>,
+        srq::CreateSrqIn<()>,
+        srq::CreateSrqOut<()>,
+        srq::DestroySrqIn<()>,
+        srq::QuerySrqOut<()>,
+        srq::ArmRqIn<()>,
+        srq::CreateRmpIn<()>,
+        srq::ModifyRmpIn<()>,
+        srq::QueryRmpOut<()>,
+        srq::AllocXrcdOut<()>,
+        srq::DeallocXrcdIn<()>,
+        srq::QueryHcaVportPkeyIn<()>,
+        srq::QueryHcaVportPkeyOut<()>,
+        umr::UmrCtrlSeg<()>,
+        HostEndiannessReg<()>,
+        DefaultTimeout<()>,
+        DtorReg<()>,
+        PaosReg<()>,
+        PtysReg<()>,
+        PmtuReg<()>,
+        NodeDescReg<()>,
+        PcamReg<()>,
+        McamReg<()>,
+        McqsReg<()>,
+        McqiReg<()>,
+        McqiCap<()>,
+        McqiVersion<()>,
     ]
 }
 
@@ -363,4 +394,22 @@ fn mailbox_split() {
     assert_eq!(cmd::mailbox_blocks(4112), 8);
     assert_eq!(init_seg::decode_timeout_ms(0), None);
     assert_eq!(init_seg::decode_timeout_ms((1 << 29) | 60), Some(60_000));
+}
+
+#[test]
+fn nic_interface_is_three_bits_so_sw_reset_reads_as_seven() {
+    use init_seg::{NicInterface, cmdq_addr_l_sz};
+    // Address bits, SW_RESET (7) in [10:8] and the read-only sizes in [7:0].
+    let v = 0x1234_5000 | (7 << 8) | 0x56;
+    assert_eq!(cmdq_addr_l_sz::nic_interface(v), 7);
+    assert_eq!(
+        NicInterface::from(cmdq_addr_l_sz::nic_interface(v)),
+        NicInterface::SwReset
+    );
+    assert_eq!(cmdq_addr_l_sz::nic_interface(0x1234_5000 | (1 << 8)), 1);
+    // Bit 11 is reserved, not part of the state.
+    assert_eq!(cmdq_addr_l_sz::nic_interface(0x800), 0);
+    let w = cmdq_addr_l_sz::with_nic_interface(v, 1);
+    assert_eq!(w, 0x1234_5000 | (1 << 8) | 0x56);
+    assert_eq!(cmdq_addr_l_sz::with_nic_interface(w, 0), 0x1234_5056);
 }

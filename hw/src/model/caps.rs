@@ -23,6 +23,14 @@ pub(crate) const LOG_MAX_EQ: u32 = 4;
 pub(crate) const LOG_MAX_EQ_SZ: u32 = 22;
 /// `log_max_mkey`: 2^20 MKeys.
 pub(crate) const LOG_MAX_MKEY: u32 = 20;
+/// `log_max_transport_domain`: 2^16 transport domains.
+pub(crate) const LOG_MAX_TRANSPORT_DOMAIN: u32 = 16;
+/// `log_max_xrcd`: 2^16 XRC domains (docs/spec/mlx5-ib-objects.md §1).
+pub(crate) const LOG_MAX_XRCD: u32 = 16;
+/// `log_max_srq`: 2^16 SRQs, XRC SRQs and RMPs together (`srq.rs`).
+pub(crate) const LOG_MAX_SRQ: u32 = 16;
+/// `log_max_srq_sz`: 2^15 WQEs per SRQ.
+pub(crate) const LOG_MAX_SRQ_SZ: u32 = 15;
 /// `log_max_pd`: 2^18 PDs.
 pub(crate) const LOG_MAX_PD: u32 = 18;
 /// `log_max_mrw_sz`: MRs up to 2^46 bytes.
@@ -201,7 +209,11 @@ fn page() -> Vec<u8> {
 fn fill_general(p: &mut [u8]) {
     let mut c = CmdHcaCap::new_unchecked(&mut *p);
     c.set_hca_cap_2(1);
-    c.set_log_max_srq_sz(15);
+    c.set_log_max_srq_sz(LOG_MAX_SRQ_SZ);
+    c.set_log_max_srq(LOG_MAX_SRQ);
+    // XRC domains and XRC SRQs (model/cmd/srq.rs); no XRC QPs yet.
+    c.set_xrc(1);
+    c.set_log_max_xrcd(LOG_MAX_XRCD);
     c.set_log_max_qp_sz(LOG_MAX_QP_SZ);
     c.set_log_max_qp(LOG_MAX_QP);
     c.set_log_max_cq_sz(LOG_MAX_CQ_SZ);
@@ -217,6 +229,8 @@ fn fill_general(p: &mut [u8]) {
     c.set_gid_table_size(GID_TABLE_SIZE);
     c.set_pkey_table_size(PKEY_TABLE_SIZE);
     c.set_device_memory(1);
+    // MCAM, MCQS and MCQI (the firmware version devlink reports; model/cmd/reg.rs).
+    c.set_mcam_reg(1);
     c.set_local_ca_ack_delay(LOCAL_CA_ACK_DELAY);
     c.set_port_type(1); // Ethernet
     c.set_num_ports(1);
@@ -234,7 +248,7 @@ fn fill_general(p: &mut [u8]) {
     c.set_log_bf_reg_size(LOG_BF_REG_SIZE);
     c.set_max_wqe_sz_sq(MAX_WQE_SZ_SQ);
     c.set_max_wqe_sz_rq(MAX_WQE_SZ_RQ);
-    c.set_log_max_transport_domain(16);
+    c.set_log_max_transport_domain(LOG_MAX_TRANSPORT_DOMAIN);
     c.set_log_max_pd(LOG_MAX_PD);
     c.set_max_num_eqs(1 << LOG_MAX_EQ);
     c.set_log_uar_page_sz(0);

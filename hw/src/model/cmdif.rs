@@ -22,7 +22,7 @@ const STRIDE: u64 = 1 << LOG_CMDQ_STRIDE;
 /// of 64 Ki pages; longer `inlen`/`outlen` get IN/OUT_LENGTH_ERR.
 pub const MAX_MSG: usize = 0x110 + 8 * (1 << 20);
 
-/// Base IOVA of the command queue as programmed in BAR0 (0 if not programmed).
+/// Base IOVA of the command queue as programmed in BAR0.
 fn queue_base(sh: &Shared) -> u64 {
     let h = u64::from(sh.bar.read_be32(reg::CMDQ_ADDR_H));
     let l = u64::from(sh.bar.read_be32(reg::CMDQ_ADDR_L_SZ) & cmdq_addr_l_sz::ADDR_MASK);
@@ -30,10 +30,19 @@ fn queue_base(sh: &Shared) -> u64 {
 }
 
 /// Scans all 32 entries and runs every hardware-owned one; posts a completion EQE per
-/// command to each EQ subscribed to event 0x0A; then balances firmware pages.
+/// command to each EQ subscribed to event 0x0A before the command ran; then balances
+/// firmware pages.
 pub(crate) fn run_queue(sh: &Shared, core: &mut Core) {
+    // IOVA 0 is a valid queue address: run on the doorbell whatever the address.
     let base = queue_base(sh);
-    if base == 0 {
+    // With bus mastering off the function issues no memory requests, so a doorbell cannot
+    // fetch the queue. Such a doorbell is normally stale: a scan runs every slot whose
+    // owner bit is set (doorbell writes may coalesce, so any doorbell scans all), so it
+    // can run a command whose own doorbell lands after the scan; when that was the
+    // driver's last command before teardown turned bus mastering off, the doorbell used to
+    // be scanned then and logged "command queue unreachable" on a normal run.
+    if !sh.iommu.bus_master_on() {
+        tracing::debug!("command doorbell with bus mastering off: the queue is not fetched");
         return;
     }
     for slot in 0..SLOTS {
@@ -47,6 +56,16 @@ pub(crate) fn run_queue(sh: &Shared, core: &mut Core) {
                 return;
             }
         }
+        // The completion goes to the EQs mapped to command events when the command was
+        // posted: not to an EQ the command itself creates (Linux creates its command EQ in
+        // polling mode and would take that EQE for a stale completion;
+        // firmware-behaviour.md §Events).
+        let cmd_eqs: Vec<u32> = core
+            .eqs
+            .values()
+            .filter(|e| e.wants(EventType::Cmd.into()))
+            .map(|e| e.eqn)
+            .collect();
         let ds = execute(sh, core, at);
         Counters::inc(&sh.stats.commands_done);
         if ds != DeliveryStatus::Ok {
@@ -64,7 +83,15 @@ pub(crate) fn run_queue(sh: &Shared, core: &mut Core) {
         }
         let mut data = [0u8; 28];
         data[..4].copy_from_slice(&(1u32 << slot).to_be_bytes());
-        eq::post_event(sh, core, EventType::Cmd, 0, &data);
+        for eqn in cmd_eqs {
+            if core
+                .eqs
+                .get(&eqn)
+                .is_some_and(|e| e.wants(EventType::Cmd.into()))
+            {
+                eq::post_to(sh, core, eqn, EventType::Cmd.into(), 0, &data);
+            }
+        }
     }
     pages::balance(sh, core);
 }

@@ -48,8 +48,9 @@ use super::caps::LOG_BF_REG_SIZE;
 use super::cq::{self, Cq, Event};
 use super::iommu::{self, Dma};
 use super::mkey::{self, Access, MemError};
-use super::qp::{Qp, QpState};
+use super::qp::{Qp, QpKind, QpState};
 use super::sq::{self, Ctrl, MAX_WQE, WqeError};
+use super::srq::Srq;
 use super::state::Core;
 use super::table::Table;
 use super::{Counters, Shared, eq};
@@ -68,6 +69,8 @@ pub(crate) struct DataPath {
     pub(crate) cqs: Table<Cq>,
     /// QPs by QPN.
     pub(crate) qps: Table<Qp>,
+    /// SRQs, XRC SRQs and RMPs by number (`srq.rs`).
+    pub(crate) srqs: Table<Srq>,
     /// UAR → number of CQs on it.
     pub(crate) cq_uars: BTreeMap<u32, u32>,
     /// UAR → number of QPs on it.
@@ -309,6 +312,11 @@ impl<'a, 'd> Sink<'a, 'd> {
         self.push(recv, &mut cqe, true);
     }
 
+    /// A successful send CQE built by the caller (`umr.rs`).
+    pub(crate) fn push_send(&mut self, cqe: &mut [u8; CQE_SIZE]) {
+        self.push(false, cqe, false);
+    }
+
     fn push(&mut self, recv: bool, cqe: &mut [u8; CQE_SIZE], solicited: bool) {
         let cqn = if recv { self.cqn_rcv } else { self.cqn_snd };
         if let Some(cq) = self.cqs.get_mut(cqn) {
@@ -408,8 +416,10 @@ pub(crate) fn poll(
             // Transmit before receive: a WQE just taken leaves in this inner pass and its
             // frame is received (loopback) right after, ahead of older ACKs.
             let moved = sq_doorbells(sh, &dma, core, dp)
-                | transmit(sh, &dma, core, dp, &wire, clock, pass == 0)
-                | receive(sh, &dma, core, dp, &wire, rx, clock);
+                | transmit(sh, &dma, core, dp, &wire, clock, pass == 0);
+            // A link that batches its sends sends what this pass gave it.
+            let _ = wire.flush();
+            let moved = moved | receive(sh, &dma, core, dp, &wire, rx, clock);
             drop(dma);
             if !moved {
                 exhausted = false;
@@ -420,6 +430,8 @@ pub(crate) fn poll(
         busy
     };
     std::mem::swap(&mut core.dp, dp);
+    // UMR and NOP WQEs of non-RC QPs, with the MKey table writable (`umr.rs`).
+    super::umr::run_local(sh, core);
     post_events(sh, core);
     let held = core.dp.moderated != 0 && core.dp.cqs.values().any(|c| c.moder.due.is_some());
     core.dp.settled = !exhausted
@@ -525,6 +537,11 @@ pub(crate) fn run_sq(
     events: &mut Vec<Event>,
 ) {
     if !matches!(qp.state, QpState::Rts | QpState::Err) {
+        return;
+    }
+    if qp.kind != QpKind::Rc {
+        // Run after the pass, where UMRs can change MKeys (`umr::run_local`).
+        qp.local_work = true;
         return;
     }
     let Some(pi) = qp.sq_pi(dma) else {
@@ -648,11 +665,11 @@ fn receive(
     // Loopback frames never left the device: they carry no ICRC (`Link::is_local`), and
     // none is verified (`parse_trusted`).
     // A loopback frame may come with a burst (`rc::Burst`): the packets it stands for.
-    let mut handle = |frame: &[u8], looped: bool, burst: Option<&rc::Burst>| {
+    let mut handle = |frame: &[u8], trusted: bool, burst: Option<&rc::Burst>| {
         any = true;
         let packets = burst.map_or(1, |b| u64::from(b.frame_packets()));
         Counters::add_dev(&sh.stats.packets_rx, packets);
-        deliver(sh, dma, core, dp, wire, clock, mac, frame, looped, burst);
+        deliver(sh, dma, core, dp, wire, clock, mac, frame, trusted, burst);
     };
     for src in 0..2 {
         loop {
@@ -668,7 +685,17 @@ fn receive(
                 }
                 looped.recv_local(&mut |f: &[u8], b| handle(f, true, b))
             } else if let Some(p) = peer {
-                p.recv_with(rx, &mut |f: &[u8]| handle(f, false, None))
+                // A link that checks ICRCs itself delivers only frames that passed, and
+                // counts the others.
+                let verify = !p.offloads_icrc(&[0xFF; 6]);
+                let r = p.recv_with(rx, &mut |f: &[u8]| handle(f, !verify, None));
+                if !verify {
+                    let (n, octets) = p.take_rx_errors();
+                    if n > 0 {
+                        sh.stats.port.received_errors(n, octets);
+                    }
+                }
+                r
             } else {
                 Ok(false)
             };
@@ -680,9 +707,10 @@ fn receive(
     any
 }
 
-/// Hands one received frame to its QP's engine; `looped`: it came from the port's own
-/// loopback queue, so it carries no ICRC and none is verified (`RocePacket::parse_trusted`),
-/// and it may come with a `burst`.
+/// Hands one received frame to its QP's engine; `trusted`: it came from the port's own
+/// loopback queue, so it carries no ICRC, or from a link that checked the ICRC itself
+/// (`Link::offloads_icrc`), and none is verified here (`RocePacket::parse_trusted`); a
+/// looped frame may come with a `burst`.
 #[allow(clippy::too_many_arguments)]
 fn deliver(
     sh: &Shared,
@@ -693,17 +721,23 @@ fn deliver(
     clock: &PassClock,
     mac: [u8; 6],
     frame: &[u8],
-    looped: bool,
+    trusted: bool,
     burst: Option<&rc::Burst>,
 ) {
     if frame.first_chunk::<6>() != Some(&mac) {
         return; // not for this port
     }
-    let parsed = RocePacket::parse_with(frame, !looped);
+    let parsed = RocePacket::parse_with(frame, !trusted);
     // By reference: the parsed packet is large, and nothing needs it moved.
     let Ok(pkt) = &parsed else {
         sh.stats.port.received_error(frame.len());
         return; // malformed or bad ICRC: dropped as the wire would
+    };
+    let Some(qp) = dp.qps.get_mut(pkt.bth.dest_qp) else {
+        // No such QP (IBA §9.6.1.1: dropped silently), counted with the port's receive
+        // errors.
+        sh.stats.port.received_error(frame.len());
+        return;
     };
     match burst {
         Some(b) => sh
@@ -712,9 +746,6 @@ fn deliver(
             .received_burst(b.frame_packets(), b.frame_wire_len()),
         None => sh.stats.port.received(frame.len()),
     }
-    let Some(qp) = dp.qps.get_mut(pkt.bth.dest_qp) else {
-        return;
-    };
     let mem = Mem {
         sh,
         dma,
@@ -722,7 +753,7 @@ fn deliver(
         pd: qp.pd,
     };
     let mut sink = Sink::new(sh, dma, &mut dp.cqs, &mut dp.events, qp);
-    let (engine, mut rq) = qp.rq(dma);
+    let (engine, mut rq) = qp.rq(dma, &mut dp.srqs);
     let Some(engine) = engine else { return };
     let mut env = Env {
         link: wire,
@@ -755,7 +786,11 @@ fn transmit(
     let sent0 = wire.sent.load(Ordering::Relaxed);
     let cqes0 = sh.stats.cqes.load(Ordering::Relaxed);
     let DataPath {
-        qps, cqs, events, ..
+        qps,
+        cqs,
+        events,
+        srqs,
+        ..
     } = dp;
     for qp in qps.values_mut() {
         // WQEs left in the SQ (RTR2RTS, a full engine, in-order completion): taken now,
@@ -783,7 +818,7 @@ fn transmit(
         };
         let mut sink = Sink::new(sh, dma, cqs, events, qp);
         let state = qp.state;
-        let (engine, mut rq) = qp.rq(dma);
+        let (engine, mut rq) = qp.rq(dma, srqs);
         let keep = match engine {
             Some(engine) => {
                 let mut env = Env {
@@ -800,8 +835,11 @@ fn transmit(
                 !engine.is_idle() || wire.full.load(Ordering::Relaxed) != full0
             }
             None if state == QpState::Err => {
-                // Never reached RTS: flush posted receives here (sends flush at their doorbell).
-                while let Some(r) = rc::RecvQueue::take(&mut rq) {
+                // Never reached RTS: flush posted receives here (sends flush at their
+                // doorbell); an SRQ's belong to every QP on it and stay.
+                while !rc::RecvQueue::shared(&rq)
+                    && let Some(r) = rc::RecvQueue::take(&mut rq)
+                {
                     sink.error(true, r.wr_id as u16, 0, CqeSyndrome::WrFlush);
                 }
                 true

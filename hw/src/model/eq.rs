@@ -4,7 +4,11 @@
 //! Doorbells: the driver writes `eqn << 24 | ci` (BE32) at UAR offset 0x40 (update and arm)
 //! or 0x48 (update only). The model takes each word with a swap to [`DB_EMPTY`], so every
 //! write is seen once; two writes to the same word between two polls coalesce to the last
-//! one, as a posted-write buffer would merge them. An EQ whose consumer index falls a full
+//! one, as a posted-write buffer would merge them. Hardware takes every write, and drivers
+//! rely on it: Linux arms its command, async and page-request EQs through the same word of
+//! one UAR. A host that forwards BAR writes one by one (uhca-model serving trapped UAR pages
+//! to QEMU) hands each EQ doorbell to [`apply_doorbell`] instead (`Hca::doorbell_write`), so
+//! each arm counts (firmware-behaviour.md §Events). An EQ whose consumer index falls a full
 //! ring behind its producer index overruns: EQEs are dropped and counted until software
 //! catches up.
 
@@ -162,29 +166,36 @@ pub(crate) fn poll_doorbells(sh: &Shared, core: &mut Core) -> bool {
                 continue;
             }
             any = true;
-            let (eqn, ci) = (w >> 24, w & 0xFF_FFFF);
-            let Some(eq) = core.eqs.get_mut(&eqn) else {
-                continue;
-            };
-            if eq.uar != uar {
-                continue; // a doorbell on another EQ's UAR page is ignored
-            }
-            // The index is 24 bits on the wire; keep the full counter's high bits.
-            eq.ci = (eq.pi & !0xFF_FFFF) | ci;
-            if eq.ci.wrapping_sub(eq.pi) < 1 << 23 && eq.ci != eq.pi {
-                eq.ci = eq.ci.wrapping_sub(1 << 24);
-            }
-            if arm {
-                eq.armed = true;
-                // Arming with unconsumed EQEs interrupts at once.
-                if eq.ci != eq.pi {
-                    eq.armed = false;
-                    signal(sh, eq.intr);
-                }
-            }
+            apply_doorbell(sh, core, uar, arm, w);
         }
     }
     any
+}
+
+/// Applies one EQ doorbell word `eqn << 24 | ci` written to UAR `uar` (`arm`: at
+/// [`EQ_DOORBELL_ARM`]): the consumer index moves, and an arm arms the EQ (interrupting at
+/// once when EQEs are pending). A doorbell naming an EQ of another UAR is ignored.
+pub(crate) fn apply_doorbell(sh: &Shared, core: &mut Core, uar: u32, arm: bool, w: u32) {
+    let (eqn, ci) = (w >> 24, w & 0xFF_FFFF);
+    let Some(eq) = core.eqs.get_mut(&eqn) else {
+        return;
+    };
+    if eq.uar != uar {
+        return; // a doorbell on another EQ's UAR page is ignored
+    }
+    // The index is 24 bits on the wire; keep the full counter's high bits.
+    eq.ci = (eq.pi & !0xFF_FFFF) | ci;
+    if eq.ci.wrapping_sub(eq.pi) < 1 << 23 && eq.ci != eq.pi {
+        eq.ci = eq.ci.wrapping_sub(1 << 24);
+    }
+    if arm {
+        eq.armed = true;
+        // Arming with unconsumed EQEs interrupts at once.
+        if eq.ci != eq.pi {
+            eq.armed = false;
+            signal(sh, eq.intr);
+        }
+    }
 }
 
 /// Marks the doorbell words of UAR `uar` empty (at ALLOC_UAR).
@@ -192,4 +203,58 @@ pub(crate) fn clear_doorbells(sh: &Shared, uar: u32) {
     let base = uar as usize * UAR_SIZE;
     sh.bar.write_be32(base + EQ_DOORBELL_ARM, DB_EMPTY);
     sh.bar.write_be32(base + EQ_DOORBELL_NOARM, DB_EMPTY);
+}
+
+#[cfg(test)]
+mod doorbell_tests {
+    use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+    use crate::layout::BufMut;
+    use crate::layout::cmd::{CmdStatus, Opcode};
+    use crate::layout::cmds::{CreateEqIn, CreateEqOut};
+    use crate::layout::eqc::Eqc;
+    use crate::layout::eqe::EventType;
+    use crate::layout::uar::{EQ_DOORBELL_ARM, UAR_SIZE, eq_doorbell_word};
+    use crate::model::dp_tests::{Rig, header, model};
+
+    /// Linux arms its command, async and page EQs through the same UAR word, one write
+    /// after the other: each write that reaches the model as one access arms its own EQ.
+    #[test]
+    fn arms_of_two_eqs_through_one_word_both_count() {
+        let hca = model(70);
+        let mut r = Rig::new(&hca);
+        let mem = r.alloc(4096);
+        let mut i = header(Opcode::CreateEq, 0x110 + 8);
+        {
+            let mut c = Eqc::new_unchecked(&mut i[CreateEqIn::<()>::EQ_CONTEXT_ENTRY..]);
+            c.set_log_eq_size(6);
+            c.set_uar_page(r.uar);
+            c.set_intr(1);
+        }
+        i[0x58 + 6] = 1 << (u8::from(EventType::PortChange) - 8); // event 9
+        i.write_be64(0x110, mem.iova);
+        let (st, _, out) = r.cmd(&i, 16);
+        assert_eq!(st, CmdStatus::Ok);
+        let second = CreateEqOut::new_unchecked(&out[..]).eq_number();
+        let fds: Vec<EventFd> = (0..2)
+            .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+            .collect();
+        for (v, fd) in fds.iter().enumerate() {
+            hca.set_irq(v as u32, Some(fd.try_clone().unwrap()))
+                .unwrap();
+        }
+        let word = r.uar as usize * UAR_SIZE + EQ_DOORBELL_ARM;
+        for eqn in [r.eqn, second] {
+            let w = eq_doorbell_word(eqn, 0).to_be_bytes();
+            assert!(hca.doorbell_write(word, &w));
+        }
+        hca.inject_event(EventType::CqError, 0, &[0; 28]);
+        hca.inject_event(EventType::PortChange, 4, &[0; 28]);
+        assert_eq!(fds[0].read().unwrap(), 1, "the first EQ was armed");
+        assert_eq!(fds[1].read().unwrap(), 1, "the second EQ was armed");
+        // Anything else is no doorbell taken this way: a CQ doorbell, a UAR not allocated.
+        assert!(!hca.doorbell_write(r.uar as usize * UAR_SIZE + 0x20, &[0; 4]));
+        assert!(!hca.doorbell_write((r.uar as usize + 5) * UAR_SIZE + EQ_DOORBELL_ARM, &[0; 4]));
+        assert!(!hca.doorbell_write(word, &[0; 8]));
+    }
 }

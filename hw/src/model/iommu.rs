@@ -42,8 +42,11 @@ use super::ModelError;
 use super::mem::HostRegion;
 use smallvec_lite::{Chunk, Chunks};
 
-/// First usable IOVA (page 0 is kept unmapped so that a null IOVA always faults).
-pub const IOVA_START: u64 = 0x1000;
+/// First usable IOVA: 0, as on a real IOMMU (VFIO reports its IOVA ranges from 0, and
+/// rdma-core's mlx5_vfio hands the device its first firmware page at IOVA 0;
+/// firmware-behaviour.md §DMA). A driver that wants a null IOVA to fault leaves page 0
+/// unmapped itself, as uhca's IOVA allocator does.
+pub const IOVA_START: u64 = 0;
 /// Last usable IOVA (a 48-bit address space, like common IOMMU page tables).
 pub const IOVA_END: u64 = (1 << 48) - 1;
 /// IOMMU page size: mappings are aligned to it.
@@ -277,7 +280,7 @@ impl Iommu {
         let end = iova
             .checked_add(len - 1)
             .ok_or_else(|| err("range wraps"))?;
-        if iova < IOVA_START || end > IOVA_END {
+        if end > IOVA_END {
             return Err(err("outside the usable IOVA range"));
         }
         let mut t = self.write_table();
@@ -382,6 +385,13 @@ impl Iommu {
         let t = self.table.write().expect("iommu lock");
         self.writers.fetch_sub(1, Ordering::Relaxed);
         t
+    }
+
+    /// Whether bus mastering is on: a function with it off issues no memory requests
+    /// (PCI Command register bit 2), so the device fetches nothing.
+    #[inline]
+    pub(crate) fn bus_master_on(&self) -> bool {
+        self.bus_master.load(Ordering::Acquire)
     }
 
     /// The bus-master gate: DMA is refused (and counted) while it is off.

@@ -21,7 +21,8 @@
 //! 1. key → MKey: the index exists, the variant byte matches, the MKey is not `free`
 //!    (§7.5) — else [`MemError::BadKey`];
 //! 2. the MKey's `pd` equals `pd` — else [`MemError::NotInPd`];
-//! 3. bounds: `start_addr <= va` and `va + len <= start_addr + len` for MTT MKeys; for
+//! 3. bounds: `start_addr <= va` and `va + len <= start_addr + len` for MTT and PA MKeys
+//!    (a PA MKey with `length64` ends at 2^64); for
 //!    MEMIC MKeys the address is zero-based, `va + len <= len` (§11) — else
 //!    [`MemError::OutOfBounds`]; an atomic must also be 8-byte aligned (a misaligned
 //!    atomic is reported as `OutOfBounds`; the data path should check alignment first and
@@ -32,7 +33,7 @@
 //!    `rd_en` for reads and `wr_en` for writes (both for atomics) — a zeroed entry, a
 //!    missing entry or an IOVA the model IOMMU cannot reach is [`MemError::Unmapped`]
 //!    (a present entry without the needed enable bit is `NoRight`). MEMIC MKeys reach the
-//!    MEMIC window of BAR0 at `start_addr + va`.
+//!    MEMIC window of BAR0 at `start_addr + va`. PA MKeys reach IOVA `va` itself.
 //!
 //! The whole range is translated and checked before the first byte moves: a refused
 //! access reads and writes nothing and counts one `Stats::mkey_faults`. Values of
@@ -114,6 +115,13 @@ pub(crate) enum Xlate {
     },
     /// MEMIC mode (access mode 0x5): zero-based addresses into BAR0 at `start_addr`.
     Memic,
+    /// PA mode (access mode 0x0): the address is the bus address (an IOVA through the
+    /// IOMMU), untranslated; `length64` makes the range the whole address space from
+    /// `start_addr` (docs/spec/mlx5-ib-objects.md §5: the kernel's DMA lkey).
+    Pa {
+        /// `length64`: the MKey ends at 2^64, whatever `len` says.
+        length64: bool,
+    },
 }
 
 /// One MKey.
@@ -219,6 +227,11 @@ impl MkeyTable {
         self.keys.get(index as usize)?.as_ref()
     }
 
+    /// The MKey at `index`, mutably (UMR).
+    pub(crate) fn get_mut(&mut self, index: u32) -> Option<&mut Mkey> {
+        self.keys.get_mut(index as usize)?.as_mut()
+    }
+
     /// Live MKeys.
     pub(crate) fn len(&self) -> usize {
         self.live
@@ -315,7 +328,8 @@ impl Dir {
 fn in_bounds(m: &Mkey, va: u64, n: u64) -> bool {
     match m.xlate {
         Xlate::Memic => va.checked_add(n).is_some_and(|e| e <= m.len),
-        Xlate::Mtt { .. } => {
+        Xlate::Pa { length64: true } => va >= m.start && va.checked_add(n).is_some(),
+        Xlate::Mtt { .. } | Xlate::Pa { length64: false } => {
             va >= m.start && va.checked_add(n).is_some_and(|e| e <= m.start + m.len)
         }
     }
@@ -375,6 +389,8 @@ fn translate(m: &Mkey, va: u64, len: u64, dir: Dir) -> Result<Target, MemError> 
             }
             Ok(Target::Bar(off as usize))
         }
+        // Admitted, so `[va, va + len)` does not wrap: one contiguous IOVA range.
+        Xlate::Pa { .. } => Ok(Target::Iova(va)),
         Xlate::Mtt {
             log_page_size,
             pg_access,

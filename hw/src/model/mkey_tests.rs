@@ -685,8 +685,11 @@ fn create_mkey_refuses_malformed_input() {
     let bp = CmdStatus::BadParamErr;
     let mut cases: Vec<(&str, MkeyParams, (CmdStatus, u32))> = Vec::new();
     let mut p = base();
+    p.mode = 2;
+    cases.push(("KLM mode", p, (bp, s::MKEY_BAD_ACCESS_MODE)));
+    let mut p = base();
     p.mode = 0;
-    cases.push(("PA mode", p, (bp, s::MKEY_BAD_ACCESS_MODE)));
+    cases.push(("PA mode with MTTs", p, (bp, s::MKEY_PA_TRANSLATIONS)));
     let mut p = base();
     p.pd = 999;
     cases.push(("no such PD", p, (CmdStatus::BadResErr, s::MKEY_BAD_PD)));

@@ -49,8 +49,10 @@ mod pages;
 pub mod peer;
 mod qp;
 mod sq;
+mod srq;
 mod state;
 mod table;
+mod umr;
 mod vport;
 mod watch;
 mod wq;
@@ -68,6 +70,7 @@ pub use iommu::{AtomicOp, ByteOrder, DmaError, IOVA_END, IOVA_START};
 pub use mem::DmaBuffer;
 pub use mkey::MemError;
 
+use crate::layout::init_seg::{cmdq_addr_l_sz, reg};
 use config::ConfigSpace;
 use mem::BarMem;
 use state::Core;
@@ -112,6 +115,12 @@ pub struct ModelConfig {
     /// bursts (`rc::Burst`), copied once from the sender's memory. False: they are real
     /// packets, one per MTU with an ICRC, as on a link.
     pub loopback_offload: bool,
+    /// The addresses of the network interface the port is put on
+    /// ([`link::net::NetLink`](crate::link::net::NetLink)); empty (default): the port has
+    /// the made-up addresses of its MAC. When given, the GID table holds them as Linux
+    /// builds a RoCE device's table from its netdev: the IPv6 link-local addresses first,
+    /// then the IPv4 addresses (IPv4-mapped), then the other IPv6 addresses, all RoCEv2.
+    pub port_addrs: Vec<std::net::IpAddr>,
 }
 
 impl Default for ModelConfig {
@@ -126,6 +135,7 @@ impl Default for ModelConfig {
             memic_size: 256 << 10,
             name: "model0".to_string(),
             loopback_offload: true,
+            port_addrs: Vec::new(),
         }
     }
 }
@@ -315,6 +325,39 @@ impl Faults {
     pub fn set_health_syndrome(&self, synd: u8) {
         health::set_syndrome(&self.bar, synd);
     }
+
+    /// Sets `nic_interface` (`cmdq_addr_l_sz` `[10:8]`) as firmware reports its state, e.g.
+    /// 7 (SW_RESET) while a firmware reset is under way (prm-subset.md §2).
+    pub fn set_nic_interface(&self, state: u32) {
+        loop {
+            let cur = self.bar.read_be32(reg::CMDQ_ADDR_L_SZ);
+            let new = cmdq_addr_l_sz::with_nic_interface(cur, state);
+            if self.bar.cmpxchg_be32(reg::CMDQ_ADDR_L_SZ, cur, new) {
+                return;
+            }
+        }
+    }
+}
+
+/// Something a driver asked for that the model does not implement: logged once per model
+/// (not per reset), so the next gap a driver runs into stands out in the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Gap {
+    /// A command opcode (answered BAD_OP).
+    Opcode(u16),
+    /// An ACCESS_REG register id (answered BAD_PARAM).
+    Register(u32),
+}
+
+/// The gaps seen so far.
+#[derive(Default)]
+pub(crate) struct Gaps(Mutex<std::collections::BTreeSet<Gap>>);
+
+impl Gaps {
+    /// True the first time `g` is seen.
+    pub(crate) fn first(&self, g: Gap) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(g)
+    }
 }
 
 /// State shared between the host-side handle and the device thread.
@@ -337,6 +380,8 @@ pub(crate) struct Shared {
     /// Times a thread other than the device thread took `core` ([`Shared::core`]): the
     /// device thread's idle check (`watch::Watch`) then makes a full pass.
     pub(crate) lock_count: AtomicU64,
+    /// Commands and registers asked for that the model lacks (logged once each).
+    pub(crate) gaps: Gaps,
 }
 
 impl Shared {
@@ -419,6 +464,7 @@ impl Hca {
             boot_done_ns: AtomicU64::new(0),
             link: datapath::Attached::default(),
             lock_count: AtomicU64::new(0),
+            gaps: Gaps::default(),
         });
         health::power_on(&shared);
         let sh = shared.clone();
@@ -459,12 +505,16 @@ impl Hca {
         self.shared
             .config
             .lock()
-            .expect("config lock")
+            .unwrap_or_else(|e| e.into_inner())
             .read(off, buf);
         Ok(())
     }
 
-    /// Writes config space (read-only bits ignored); a bus-master change gates DMA.
+    /// Writes config space (read-only bits ignored); a bus-master change gates DMA. A write
+    /// of `Initiate FLR` in the PCI Express capability is a Function Level Reset: the
+    /// function's state goes back to power-on ([`reset`](Self::reset)) and so do the
+    /// config registers an FLR resets (bus mastering off), as vfio-pci expects between
+    /// two opens of the device.
     pub fn config_write(&self, off: u16, data: &[u8]) -> Result<(), ModelError> {
         if !ConfigSpace::in_range(off, data.len()) {
             return Err(ModelError::ConfigRange {
@@ -472,11 +522,19 @@ impl Hca {
                 len: data.len(),
             });
         }
-        let mut c = self.shared.config.lock().expect("config lock");
-        c.write(off, data);
+        let mut c = self.shared.config.lock().unwrap_or_else(|e| e.into_inner());
+        let flr = c.write(off, data);
+        if flr {
+            c.flr();
+        }
         self.shared
             .iommu
             .set_bus_master(c.command() & config::COMMAND_MASTER != 0);
+        drop(c);
+        if flr {
+            tracing::info!(name = %self.shared.cfg.name, "function level reset");
+            self.reset();
+        }
         Ok(())
     }
 
@@ -509,6 +567,33 @@ impl Hca {
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
+    }
+
+    /// A BAR0 write that reaches the model as one access (a host serving a UAR page by
+    /// messages): a 4-byte EQ doorbell of an allocated UAR (offset 0x40 arm, 0x48 update)
+    /// is applied at once, so every write counts, as on hardware, even two to the same
+    /// word in a row. Returns false for any other write, which the caller stores in BAR
+    /// memory for the device thread to find.
+    pub fn doorbell_write(&self, offset: usize, data: &[u8]) -> bool {
+        use crate::layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM, UAR_SIZE};
+        let Ok(bytes) = <[u8; 4]>::try_from(data) else {
+            return false;
+        };
+        let arm = match offset % UAR_SIZE {
+            EQ_DOORBELL_ARM => true,
+            EQ_DOORBELL_NOARM => false,
+            _ => return false,
+        };
+        let Ok(uar) = u32::try_from(offset / UAR_SIZE) else {
+            return false;
+        };
+        let mut core = self.shared.core();
+        if !core.uars.contains(uar) {
+            return false;
+        }
+        // The driver stores the big-endian word: the bytes in memory order.
+        eq::apply_doorbell(&self.shared, &mut core, uar, arm, u32::from_be_bytes(bytes));
+        true
     }
 
     /// Number of MSI-X vectors.

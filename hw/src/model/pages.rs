@@ -84,6 +84,17 @@ impl Pages {
         }
     }
 
+    /// Pages the device is using and keeps at MANAGE_PAGES TAKE: the demand once
+    /// initialized; none before INIT_HCA, when the boot and init pages only wait to be
+    /// used, so a driver whose probe failed before INIT_HCA gets every page back (Linux
+    /// `mlx5_reclaim_startup_pages` on the probe error path; firmware-behaviour.md §Pages).
+    pub(crate) fn in_use(&self, life: Lifecycle, objects: u32) -> i64 {
+        match life {
+            Lifecycle::Initialized => self.demand(life, objects),
+            Lifecycle::Disabled | Lifecycle::Enabled | Lifecycle::TornDown => 0,
+        }
+    }
+
     /// QUERY_PAGES op_mod 3: pages wanted (negative: pages to return).
     pub(crate) fn regular_need(&self, life: Lifecycle, objects: u32) -> i64 {
         self.demand(life, objects) - self.held.len() as i64
@@ -110,10 +121,10 @@ impl Pages {
         Ok(())
     }
 
-    /// MANAGE_PAGES TAKE: up to `count` pages beyond the demand, at most `room`; returns
-    /// exactly addresses that were given.
-    pub(crate) fn take(&mut self, count: u32, room: usize, demand: i64) -> Vec<u64> {
-        let surplus = (self.held.len() as i64 - demand).max(0) as usize;
+    /// MANAGE_PAGES TAKE: up to `count` pages beyond those `in_use`, at most `room`;
+    /// returns exactly addresses that were given.
+    pub(crate) fn take(&mut self, count: u32, room: usize, in_use: i64) -> Vec<u64> {
+        let surplus = (self.held.len() as i64 - in_use).max(0) as usize;
         let n = (count as usize).min(surplus).min(room);
         let out: Vec<u64> = self.held.iter().rev().take(n).copied().collect();
         for a in &out {

@@ -14,6 +14,8 @@ use crate::rc::{
 };
 
 use super::iommu::Dma;
+use super::srq::Srq;
+use super::table::Table;
 use super::vport::{GidEntry, L3_IPV4};
 use super::wq::{Hints, QueueBuf, extend_counter, read_dbr};
 
@@ -30,6 +32,38 @@ pub(crate) enum QpState {
     Rts = 3,
     /// Error.
     Err = 6,
+}
+
+/// The transport of a QP (qpc `st`, Linux `include/linux/mlx5/qp.h` `MLX5_QP_ST_*`;
+/// docs/spec/mlx5-ib-objects.md §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QpKind {
+    /// Reliable connected (0x0): the RC engine.
+    Rc,
+    /// Unreliable datagram (0x2).
+    Ud,
+    /// The GSI QP (QP1, 0x8): a UD QP that answers to QPN 1 on its port.
+    Gsi,
+    /// The UMR QP (REG_UMR, 0xc): runs UMR and NOP WQEs, nothing goes on the wire.
+    RegUmr,
+}
+
+impl QpKind {
+    /// The kind of `st`, if the model has it.
+    pub(crate) fn from_st(st: u32) -> Option<QpKind> {
+        match st {
+            0x0 => Some(QpKind::Rc),
+            0x2 => Some(QpKind::Ud),
+            0x8 => Some(QpKind::Gsi),
+            0xc => Some(QpKind::RegUmr),
+            _ => None,
+        }
+    }
+
+    /// UD or GSI: datagrams with a Q_Key.
+    pub(crate) fn is_datagram(self) -> bool {
+        matches!(self, QpKind::Ud | QpKind::Gsi)
+    }
 }
 
 /// Packets the requester sends ahead of the oldest unacknowledged one (the model's own
@@ -62,6 +96,12 @@ pub(crate) struct Qp {
     pub(crate) log_rq_size: u32,
     pub(crate) log_rq_stride: u32,
     pub(crate) has_rq: bool,
+    /// The SRQ (or RMP) the QP takes its receives from (`rq_type` 1).
+    pub(crate) srqn: Option<u32>,
+    /// The transport (`st`) and what the QP carries.
+    pub(crate) kind: QpKind,
+    /// The queue key (`q_key`) of a UD or QP1 QP, checked against received datagrams.
+    pub(crate) qkey: u32,
     /// The QP buffer: RQ at 0, SQ at `sq_off` (§9.4).
     pub(crate) buf: QueueBuf,
     pub(crate) sq_off: u64,
@@ -82,6 +122,8 @@ pub(crate) struct Qp {
     pub(crate) moved: bool,
     /// The SQ DBR must be read on the next pass (RTR2RTS: WQEs posted earlier).
     pub(crate) kick: bool,
+    /// A non-RC QP rang its doorbell: its WQEs run after the pass (`umr::run_local`).
+    pub(crate) local_work: bool,
     /// Host addresses of the QP buffer and the SQ DBR, for prefetching at a doorbell.
     pub(crate) hints: Hints,
 }
@@ -130,11 +172,17 @@ impl Qp {
         self.active = false;
         self.moved = false;
         self.kick = false;
+        self.local_work = false;
     }
 
-    /// The receive queue seen by the engine.
-    pub(crate) fn rq<'a, 'd>(&'a mut self, dma: &'a Dma<'d>) -> (Option<&'a mut RcQp>, Rq<'a, 'd>) {
+    /// The receive queue seen by the engine: the QP's own, or its SRQ in `srqs`.
+    pub(crate) fn rq<'a, 'd>(
+        &'a mut self,
+        dma: &'a Dma<'d>,
+        srqs: &'a mut Table<Srq>,
+    ) -> (Option<&'a mut RcQp>, Rq<'a, 'd>) {
         let rq = Rq {
+            srq: self.srqn.and_then(|n| srqs.get_mut(n)),
             dma,
             buf: &self.buf,
             dbr: self.dbr,
@@ -227,6 +275,8 @@ impl Qp {
 /// The receive queue of one QP as the engine takes from it (§9.6): the producer counter
 /// is DBR dword 0 (16 bits), read only when the cached value says the queue is empty.
 pub(crate) struct Rq<'a, 'd> {
+    /// The SRQ the QP takes its receives from, if it has one (then the rest is unused).
+    srq: Option<&'a mut Srq>,
     dma: &'a Dma<'d>,
     buf: &'a QueueBuf,
     dbr: u64,
@@ -273,6 +323,9 @@ impl Rq<'_, '_> {
 
     /// Posted and not yet taken.
     pub(crate) fn pending(&mut self) -> bool {
+        if let Some(srq) = self.srq.as_deref_mut() {
+            return srq.pending(self.dma) > 0;
+        }
         if !self.has_rq {
             return false;
         }
@@ -288,6 +341,9 @@ impl Rq<'_, '_> {
 
 impl RecvQueue for Rq<'_, '_> {
     fn take(&mut self) -> Option<RecvWqe> {
+        if let Some(srq) = self.srq.as_deref_mut() {
+            return srq.take(self.dma);
+        }
         if !self.pending() {
             return None;
         }
@@ -298,5 +354,9 @@ impl RecvQueue for Rq<'_, '_> {
             wr_id: u64::from(n),
             sges,
         })
+    }
+
+    fn shared(&self) -> bool {
+        self.srq.is_some()
     }
 }

@@ -93,6 +93,9 @@ impl IdAlloc {
     }
 }
 
+/// The first QPN the model gives out (0 and 1 are the special QPs).
+pub(crate) const FIRST_QPN: u32 = 2;
+
 /// Everything a function-level reset forgets.
 pub(crate) struct Core {
     pub(crate) life: Lifecycle,
@@ -112,6 +115,8 @@ pub(crate) struct Core {
     pub(crate) vport: Vport,
     /// HOST_ENDIANNESS register (`he` byte) as last written.
     pub(crate) host_endianness: u8,
+    /// The writable access registers (PAOS, PTYS, PMTU, NODE_DESC).
+    pub(crate) regs: super::cmd::reg::RegState,
     /// SET_DRIVER_VERSION string.
     pub(crate) driver_version: Vec<u8>,
     /// CQ numbers (from 1: 0 marks an empty CQ doorbell).
@@ -124,6 +129,12 @@ pub(crate) struct Core {
     pub(crate) mkeys: MkeyTable,
     /// MEMIC allocations (prm-subset.md §11).
     pub(crate) memic: Memic,
+    /// Transport domains (ALLOC_TRANSPORT_DOMAIN; docs/spec/mlx5-ib-objects.md §7).
+    pub(crate) tds: IdAlloc,
+    /// XRC domains (ALLOC_XRCD; docs/spec/mlx5-ib-objects.md §1).
+    pub(crate) xrcds: IdAlloc,
+    /// SRQ, XRC SRQ and RMP numbers, one space (`srq.rs`).
+    pub(crate) srqns: IdAlloc,
 }
 
 impl Core {
@@ -141,9 +152,14 @@ impl Core {
             eqs: BTreeMap::new(),
             vport: Vport::new(cfg),
             host_endianness: 0,
+            regs: super::cmd::reg::RegState::new(),
             driver_version: Vec::new(),
             cqns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_CQ),
-            qpns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_QP),
+            // QPNs 0 and 1 are the subnet management and general services QPs (IBA
+            // §10.2.3): a peer delivers packets for QP1 to its GSI QP (rxe: RC opcodes to
+            // it are dropped) and Wireshark decodes their payloads as MADs. An RC QP gets
+            // 2 and up (docs/spec/rocev2-net.md §3).
+            qpns: IdAlloc::new(FIRST_QPN, 1 << super::caps::LOG_MAX_QP),
             dp: Box::default(),
             mkeys: MkeyTable::new(super::caps::LOG_MAX_MKEY),
             memic: Memic::new(
@@ -151,6 +167,9 @@ impl Core {
                 u64::from(cfg.memic_size),
                 super::caps::LOG_MAX_MEMIC_ALIGN,
             ),
+            tds: IdAlloc::new(1, 1 << super::caps::LOG_MAX_TRANSPORT_DOMAIN),
+            xrcds: IdAlloc::new(1, 1 << super::caps::LOG_MAX_XRCD),
+            srqns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_SRQ),
         }
     }
 

@@ -49,8 +49,14 @@ impl Vport {
                 vlan: None,
             })
         };
-        gids[0] = entry(link_local(m), L3_IPV6);
-        gids[1] = entry(ipv4_mapped([10, 0, m[4], m[5]]), L3_IPV4);
+        if cfg.port_addrs.is_empty() {
+            gids[0] = entry(link_local(m), L3_IPV6);
+            gids[1] = entry(ipv4_mapped([10, 0, m[4], m[5]]), L3_IPV4);
+        } else {
+            for (slot, (gid, l3)) in gids.iter_mut().zip(interface_gids(&cfg.port_addrs)) {
+                *slot = entry(gid, l3);
+            }
+        }
         Vport {
             mac: m,
             mtu: HW_MTU,
@@ -63,6 +69,26 @@ impl Vport {
     pub(crate) fn guid(&self) -> u64 {
         u64::from_be_bytes(eui64(self.mac))
     }
+}
+
+/// The GIDs of an interface's addresses with their `roce_l3_type`, in the order Linux
+/// gives a RoCE device's GID table (docs/spec/rocev2-net.md §4): IPv6 link-local first,
+/// then IPv4 (as `::ffff:a.b.c.d`), then the other IPv6 addresses.
+fn interface_gids(addrs: &[std::net::IpAddr]) -> Vec<([u8; 16], u32)> {
+    use std::net::IpAddr;
+    let ll = addrs.iter().filter_map(|a| match a {
+        IpAddr::V6(v) if v.is_unicast_link_local() => Some((v.octets(), L3_IPV6)),
+        _ => None,
+    });
+    let v4 = addrs.iter().filter_map(|a| match a {
+        IpAddr::V4(v) => Some((ipv4_mapped(v.octets()), L3_IPV4)),
+        _ => None,
+    });
+    let v6 = addrs.iter().filter_map(|a| match a {
+        IpAddr::V6(v) if !v.is_unicast_link_local() => Some((v.octets(), L3_IPV6)),
+        _ => None,
+    });
+    ll.chain(v4).chain(v6).collect()
 }
 
 /// Modified EUI-64 of a MAC (RFC 4291 appendix A): `ff:fe` in the middle, U/L bit flipped.
@@ -91,6 +117,32 @@ pub(crate) fn ipv4_mapped(ip: [u8; 4]) -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interface_addresses_fill_the_table_in_linux_order() {
+        let addrs = ["fd00::2", "10.1.2.3", "fe80::1", "::1", "127.0.0.1"];
+        let v = Vport::new(&ModelConfig {
+            port_addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+            ..ModelConfig::default()
+        });
+        let g: Vec<(String, u32)> = v
+            .gids
+            .iter()
+            .flatten()
+            .map(|e| (std::net::Ipv6Addr::from(e.gid).to_string(), e.l3_type))
+            .collect();
+        let want = [
+            ("fe80::1", L3_IPV6),
+            ("::ffff:10.1.2.3", L3_IPV4),
+            ("::ffff:127.0.0.1", L3_IPV4),
+            ("fd00::2", L3_IPV6),
+            ("::1", L3_IPV6),
+        ];
+        assert_eq!(g.len(), want.len());
+        for ((got, l3), (w, wl3)) in g.iter().zip(want) {
+            assert_eq!((got.as_str(), *l3), (w, wl3));
+        }
+    }
 
     #[test]
     fn default_gids_follow_the_mac() {

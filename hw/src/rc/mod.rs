@@ -134,7 +134,8 @@ impl Tx {
         };
         let at = self.hdr.payload_offset(ext);
         let hdr = &self.hdr;
-        let icrc = !link.is_local(&hdr.dst_mac());
+        let dst = hdr.dst_mac();
+        let icrc = !link.is_local(&dst) && !link.offloads_icrc(&dst);
         let mut fill_err = None;
         let mut emit_err = false;
         let sent = link.send_with(&mut self.frame, &mut |buf: &mut [u8]| {
@@ -368,6 +369,11 @@ impl RcQp {
             self.stats.rx_dropped += 1;
             return;
         }
+        if !self.is_from_peer(pkt) {
+            self.stats.rx_dropped += 1;
+            self.stats.rx_bad_addr += 1;
+            return;
+        }
         let op = pkt.opcode();
         let fatal = if op.is_request() {
             self.resp.on_request(pkt, env, &self.cfg, &mut self.stats)
@@ -433,6 +439,19 @@ impl RcQp {
         pkt.bth.dest_qp == self.cfg.qpn
             && pkt.bth.p_key & 0x7FFF == self.cfg.p_key & 0x7FFF
             && self.state != QpState::Error
+    }
+
+    /// Whether a packet's IP addresses are the path's, the other way round: its source is
+    /// the peer's address and its destination this QP's own (rxe `check_addr`,
+    /// docs/spec/rocev2-net.md §3). A packet from anyone else is dropped without a NAK.
+    /// Only packets that crossed a link are checked: a burst never left the device.
+    fn is_from_peer(&self, pkt: &RocePacket<'_>) -> bool {
+        use crate::layout::roce::IpRepr;
+        match (&pkt.ip, &self.cfg.path.ip) {
+            (IpRepr::V4(p), IpRepr::V4(q)) => p.src_addr == q.dst_addr && p.dst_addr == q.src_addr,
+            (IpRepr::V6(p), IpRepr::V6(q)) => p.src_addr == q.dst_addr && p.dst_addr == q.src_addr,
+            _ => false,
+        }
     }
 
     /// Copies the planned WRITEs `reqs` (messages `first..` of `msg`, with their packets

@@ -711,7 +711,9 @@ impl Responder {
             recv_completion(env, cfg, wqe.wr_id, op, st, 0, None, false);
         }
         self.msg = InMsg::Idle;
-        while let Some(wqe) = env.recv.take() {
+        while !env.recv.shared()
+            && let Some(wqe) = env.recv.take()
+        {
             recv_completion(env, cfg, wqe.wr_id, op, st, 0, None, false);
         }
         self.out.retain(|r| matches!(r, Resp::Ack { .. }));

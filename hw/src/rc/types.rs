@@ -609,6 +609,9 @@ pub struct RcStats {
     pub rnr_naks_received: u64,
     /// ACKs (including coalesced) sent.
     pub acks_sent: u64,
+    /// Received packets dropped because their IP addresses are not the path's (source not
+    /// the peer's, destination not this QP's own): rxe's `check_addr`. Also in `rx_dropped`.
+    pub rx_bad_addr: u64,
 }
 
 /// The access a memory operation needs (IBA Vol. 1 §10.6.3 access rights).
@@ -804,6 +807,12 @@ pub trait RecvQueue {
     /// Takes the next posted receive WR, or `None` when none is posted (the responder
     /// then answers with an RNR NAK).
     fn take(&mut self) -> Option<RecvWqe>;
+
+    /// Whether the queue is shared with other QPs (an SRQ): a QP that fails then flushes
+    /// none of its WRs, which belong to every QP on it.
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 /// Where completions go (the model writes CQEs).

@@ -121,7 +121,7 @@ fn status(args: &Args, json: bool) -> Result<(), String> {
             "vfio_pci_loaded": vfio_loaded,
             "dev_iommu": dev_iommu,
             "memlock_limit": memlock,
-            "cap_ipc_lock": vfio::has_ipc_lock(),
+            "cap_ipc_lock": vfio::has_ipc_lock().ok(),
             "hugepages": pools.iter().map(|p| serde_json::json!({
                 "page_size": p.page_size, "total": p.total, "free": p.free,
             })).collect::<Vec<_>>(),
@@ -177,10 +177,10 @@ fn status(args: &Args, json: bool) -> Result<(), String> {
         Some(l) => println!(
             "memlock limit:    {}{}",
             mib(l),
-            if vfio::has_ipc_lock() {
-                " (CAP_IPC_LOCK: not enforced)"
-            } else {
-                ""
+            match vfio::has_ipc_lock() {
+                Ok(true) => " (CAP_IPC_LOCK: not enforced)".to_string(),
+                Ok(false) => String::new(),
+                Err(e) => format!(" (CAP_IPC_LOCK unknown: {e})"),
             }
         ),
     }

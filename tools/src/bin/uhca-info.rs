@@ -93,7 +93,7 @@ fn send_traffic(dev: &Device, n: u32) -> Result<(), String> {
             if let Some(c) = cq_a.poll().next() {
                 let c = c.map_err(|e| format!("completion of WRITE {k}: {e}"))?;
                 if c.status != WcStatus::Success {
-                    return Err(format!("WRITE {k} completed with {:?}", c.status));
+                    return Err(format!("WRITE {k} completed with {}", c.status));
                 }
                 break;
             }
@@ -191,11 +191,9 @@ fn print_text(s: &DeviceSummary, verbose: bool, counters: Option<&Counters>) {
         println!("\t\t\tlink_layer:\t\t{}", p.link_layer);
         println!("\t\t\tmac:\t\t\t{}", format_mac(&p.mac));
         println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_table_size);
-        println!(
-            "\t\t\tGID[  0]:\t\t{}, RoCE v{}",
-            format_gid(&p.gid0),
-            p.gid0_roce_version
-        );
+        for (i, gid, v) in &p.gids {
+            println!("\t\t\tGID[{i:>3}]:\t\t{}, RoCE v{v}", format_gid(gid));
+        }
         if let Some(all) = counters {
             print_counters(all.get(k).and_then(Option::as_ref));
         }
@@ -260,6 +258,9 @@ fn to_json(s: &DeviceSummary, counters: Option<&Counters>) -> serde_json::Value 
             "gid_tbl_len": p.gid_table_size,
             "gid0": format_gid(&p.gid0),
             "gid0_roce_version": p.gid0_roce_version,
+            "gids": p.gids.iter().map(|(i, g, v)| serde_json::json!({
+                "index": i, "gid": format_gid(g), "roce_version": v,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });
     if let Some(all) = counters {
@@ -273,13 +274,7 @@ fn to_json(s: &DeviceSummary, counters: Option<&Counters>) -> serde_json::Value 
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("UHCA_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    uhca_tools::logging::init("UHCA_LOG", "warn");
     let dev = match open(&args) {
         Ok(d) => d,
         Err(e) => {

@@ -3,11 +3,18 @@
 //! (`uhca-info --vfio-user SOCKET`), or QEMU with `-device vfio-user-pci`.
 //!
 //! It serves one client and exits when that client disconnects; with `--persist` it resets
-//! the model and waits for the next client instead. SIGINT and SIGTERM stop it and remove
+//! the model and waits for the next client instead. A connection that never touches the
+//! device (a probe) does not count as that client; one that comes while another client is
+//! served is answered "busy". SIGINT and SIGTERM stop it and remove
 //! the socket. An existing socket path (left by a server killed with SIGKILL) is refused
 //! unless `--replace` is given and nobody listens on it.
 //! With `--link-local ADDR --link-peer ADDR` its port is joined to another `uhca-model`'s
 //! by a UDP link carrying the RoCEv2 frames (give the two processes distinct `--mac`s).
+//! With `--net IFACE|ADDR` its port is on the host's IP network instead, RoCEv2 on UDP 4791,
+//! where any RoCEv2 peer (Linux soft-RoCE, a ConnectX) reaches it; `--pcap FILE` captures
+//! every frame (`uhca_tools::net_port`).
+//! With `--gpu` it serves the model GPU instead (a BAR1 of `--gpu-bar-mib` MiB of device
+//! memory, no HCA), the peer function of the P2P guest test (tests/vm/run-p2p-test.sh).
 //! Logs go to stderr, filtered by `RUST_LOG` (default `info`).
 
 use std::ffi::CString;
@@ -19,8 +26,9 @@ use std::sync::OnceLock;
 
 use clap::Parser;
 use uhca::hw::link::udp::UdpLink;
+use uhca::hw::model::peer::{GpuConfig, ModelGpu};
 use uhca::hw::model::{Hca, ModelConfig};
-use uhca_tools::model_server::ModelServer;
+use uhca_tools::model_server::{GpuServer, ModelServer, Session};
 
 /// Serve the model HCA over vfio-user.
 #[derive(Parser, Debug)]
@@ -41,6 +49,9 @@ struct Args {
     /// The peer model's UDP address (with --link-local).
     #[arg(long, requires = "link_local")]
     link_peer: Option<SocketAddr>,
+    /// The port on the host's IP network (RoCEv2 on UDP 4791) instead of a UDP link.
+    #[command(flatten)]
+    net: uhca_tools::net_port::NetFlags,
     /// Serve clients one after another instead of exiting after the first.
     #[arg(long)]
     persist: bool,
@@ -52,6 +63,18 @@ struct Args {
     /// payloads as bursts).
     #[arg(long = "no-offload")]
     no_offload: bool,
+    /// Serve the first N UAR pages of BAR0 by messages instead of mmap (for QEMU): every
+    /// EQ doorbell write then counts, as on hardware, also when a driver arms several EQs
+    /// through one UAR word as Linux does. uhca's own vfio-user backend needs 0.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
+    trap_uars: u32,
+    /// Serve the model GPU (device memory in BAR1, exported as dma-bufs by the client's
+    /// kernel) instead of the HCA.
+    #[arg(long, conflicts_with_all = ["link_local", "link_peer", "no_offload"])]
+    gpu: bool,
+    /// With --gpu: BAR1 size in MiB (a power of two).
+    #[arg(long, default_value_t = 64, requires = "gpu")]
+    gpu_bar_mib: usize,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -64,6 +87,17 @@ fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let mut mac = [0u8; 6];
     for (m, p) in mac.iter_mut().zip(parts) {
         *m = u8::from_str_radix(p, 16).map_err(|_| format!("`{p}` is not a hex byte"))?;
+    }
+    // A port's own address is unicast: the group bit (bit 0 of the first byte) marks
+    // multicast and broadcast (IEEE 802), and all-zeros is no address.
+    if mac[0] & 1 != 0 {
+        return Err(format!(
+            "`{s}` is a multicast or broadcast address; a port needs a unicast one \
+             (first byte even, e.g. 02:00:00:00:00:01)"
+        ));
+    }
+    if mac == [0; 6] {
+        return Err(format!("`{s}` is not a usable port address"));
     }
     Ok(mac)
 }
@@ -116,25 +150,19 @@ impl Drop for StopSignalsBlocked {
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
-    install_stop_handler();
-    let hca = Hca::new(ModelConfig {
-        mac: args.mac,
+/// `--gpu`: the model GPU over vfio-user.
+fn run_gpu(args: Args) -> Result<(), String> {
+    let bar_size = args
+        .gpu_bar_mib
+        .checked_mul(1 << 20)
+        .ok_or_else(|| format!("--gpu-bar-mib {} is too large", args.gpu_bar_mib))?;
+    let gpu = ModelGpu::new(GpuConfig {
         name: args.name.clone(),
-        loopback_offload: !args.no_offload,
-        ..ModelConfig::default()
+        bar_size,
     })
-    .map_err(|e| format!("starting the model: {e}"))?;
-    if let (Some(local), Some(peer)) = (args.link_local, args.link_peer) {
-        let link = UdpLink::bind(local, peer).map_err(|e| format!("link on {local}: {e}"))?;
-        tracing::info!(local = %link.local_addr(), %peer, "port linked over UDP");
-        hca.attach_link(Box::new(link));
-    }
-    // The stop signals wait while the socket is created and recorded for the handler: a
-    // SIGTERM between the two would otherwise leave the socket behind.
+    .map_err(|e| format!("starting the model GPU: {e}"))?;
     let blocked = StopSignalsBlocked::new();
-    let mut server =
-        ModelServer::bind(hca, &args.socket, args.replace).map_err(|e| e.to_string())?;
+    let mut server = GpuServer::bind(gpu, &args.socket, args.replace).map_err(|e| e.to_string())?;
     if let Ok(c) = CString::new(args.socket.as_os_str().as_bytes()) {
         let _ = SOCKET.set(c);
     }
@@ -150,14 +178,65 @@ fn run(args: Args) -> Result<(), String> {
     }
 }
 
+fn run(args: Args) -> Result<(), String> {
+    install_stop_handler();
+    if args.gpu {
+        return run_gpu(args);
+    }
+    let base = ModelConfig {
+        mac: args.mac,
+        name: args.name.clone(),
+        loopback_offload: !args.no_offload,
+        ..ModelConfig::default()
+    };
+    if args.net.net.is_some() && args.link_local.is_some() {
+        return Err("--net and --link-local are two different ports: give one".into());
+    }
+    // With --net the port takes the interface's addresses as GIDs and its MAC.
+    let (cfg, net) = match args.net.net {
+        Some(_) => {
+            let (cfg, link) =
+                uhca_tools::net_port::open_port(&args.net, base).map_err(|e| e.to_string())?;
+            (cfg, Some(link))
+        }
+        None => (base, None),
+    };
+    let hca = Hca::new(cfg).map_err(|e| format!("starting the model: {e}"))?;
+    if let Some(link) = net {
+        uhca_tools::net_port::attach(&hca, link);
+    }
+    if let (Some(local), Some(peer)) = (args.link_local, args.link_peer) {
+        let link = UdpLink::bind(local, peer).map_err(|e| format!("link on {local}: {e}"))?;
+        tracing::info!(local = %link.local_addr(), %peer, "port linked over UDP");
+        hca.attach_link(Box::new(link));
+    }
+    // The stop signals wait while the socket is created and recorded for the handler: a
+    // SIGTERM between the two would otherwise leave the socket behind.
+    let blocked = StopSignalsBlocked::new();
+    let mut server = ModelServer::bind_trapping(hca, &args.socket, args.replace, args.trap_uars)
+        .map_err(|e| e.to_string())?;
+    if let Ok(c) = CString::new(args.socket.as_os_str().as_bytes()) {
+        let _ = SOCKET.set(c);
+    }
+    drop(blocked);
+    loop {
+        match server.serve_one() {
+            // A probe or a client that left during the handshake: not the session a
+            // one-shot server is for.
+            Ok(Session::Untouched) => {}
+            Ok(Session::Served) if !args.persist => return Ok(()),
+            Ok(Session::Served) => {}
+            Err(e) if !args.persist => return Err(format!("session: {e}")),
+            Err(e) => {
+                tracing::warn!(error = %e, "client session failed; waiting for the next client")
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    uhca_tools::logging::init("RUST_LOG", "info");
     // One log line per panic: a client's malformed message can make the vfio-user crate
     // panic, which `ModelServer::serve_one` turns into the end of that session.
     std::panic::set_hook(Box::new(|info| tracing::error!(%info, "panic")));
@@ -179,5 +258,16 @@ mod tests {
         assert_eq!(parse_mac("02:00:00:00:0a:ff"), Ok([2, 0, 0, 0, 10, 255]));
         assert!(parse_mac("02:00:00:00:0a").is_err());
         assert!(parse_mac("02:00:00:00:0a:zz").is_err());
+        assert!(
+            parse_mac("ff:ff:ff:ff:ff:ff")
+                .unwrap_err()
+                .contains("broadcast")
+        );
+        assert!(
+            parse_mac("01:00:5e:00:00:01")
+                .unwrap_err()
+                .contains("multicast")
+        );
+        assert!(parse_mac("00:00:00:00:00:00").is_err());
     }
 }

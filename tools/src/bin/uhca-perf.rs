@@ -15,8 +15,10 @@
 //! (a server: it waits for one client on TCP `-p`, 18515 by default) and `uhca-perf write_bw
 //! -d 0000:3b:00.0 SERVER` (the client). A device other than the built-in model
 //! (`-d BDF`, `--vfio-user SOCKET`, or the model on a UDP link: `--link-local ADDR
-//! --link-peer ADDR`), a HOST or `-p` asks for this mode. The two agree over
-//! TCP (`uhca_tools::perf::control`): the mode must be the same on both, and the size,
+//! --link-peer ADDR`), a HOST or `-p` asks for this mode. The two agree over TCP in
+//! perftest's own exchange (`uhca_tools::perf::perftest`; either end may be perftest's
+//! `ib_write_bw` & co., both get the same flags), or with `--oob uhca` in uhca-perf's own
+//! (`uhca_tools::perf::control`): the mode must be the same on both, and the size,
 //! iterations, `-D`, QPs, depth, inline size and MTU are the client's.
 //! `--use_cuda 0` puts both ends' buffers in the model GPU's BAR (peer memory registered
 //! through the peer-memory client; `--use_cuda_dmabuf` registers the dma-buf fd instead):
@@ -29,9 +31,11 @@ use clap::{Parser, ValueEnum};
 use uhca::resource::Mtu;
 use uhca_tools::device::{self, DeviceFlags, DeviceSpec};
 use uhca_tools::perf::control::Hello;
+use uhca_tools::perf::perftest::Oob;
 use uhca_tools::perf::remote::{self, Role};
 use uhca_tools::perf::{
-    Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, MAX_QPS, Op, Settings,
+    self as perf, Bench, BwResult, GpuPlacement, GpuReg, GpuSource, LatResult, MAX_QPS, Op,
+    PtOptions, Settings,
 };
 
 /// perftest's default TCP port.
@@ -88,6 +92,16 @@ impl Mode {
             Op::Atomic => "Atomic FETCH_AND_ADD",
         }
     }
+}
+
+/// The out-of-band exchange of a client/server run (`--oob`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[allow(non_camel_case_types)]
+enum OobKind {
+    /// perftest's own exchange.
+    perftest,
+    /// uhca-perf's line protocol.
+    uhca,
 }
 
 /// The one figure `--output` prints.
@@ -206,9 +220,18 @@ struct Args {
     /// TCP port of the server (perftest's default: 18515); alone, it asks for server mode.
     #[arg(short = 'p', long = "port")]
     port: Option<u16>,
-    /// GID table index of this end (`ibv_devinfo -v` / `uhca-info` show the table).
-    #[arg(short = 'x', long = "gid-index", default_value_t = 0)]
-    gid_index: u8,
+    /// GID table index of this end (`ibv_devinfo -v` / `uhca-info` show the table;
+    /// default: with perftest's exchange the first IPv4-mapped entry, as perftest picks
+    /// on RoCE; with `--oob uhca` entry 0 on the client, on the server the first entry of
+    /// the client's kind).
+    #[arg(short = 'x', long = "gid-index")]
+    gid_index: Option<u8>,
+    /// The client/server exchange over TCP: `perftest` (perftest's own: the peer may be
+    /// `ib_write_bw` & co. or a uhca-perf; both ends need the same flags, as perftest's),
+    /// or `uhca` (uhca-perf's own: the server takes the client's settings, checks that
+    /// both run the same test, and hears a heartbeat through long runs).
+    #[arg(long = "oob", value_enum, default_value_t = OobKind::perftest)]
+    oob: OobKind,
     /// Join the built-in model's port to another process's by a UDP link from this address
     /// (with --link-peer; the same link as `uhca-model --link-local`): one end of a
     /// client/server run without `uhca-model` processes.
@@ -222,8 +245,11 @@ struct Args {
     /// The UDP address of the other end's link (with --link-local).
     #[arg(long, value_name = "ADDR", requires = "link_local")]
     link_peer: Option<std::net::SocketAddr>,
+    /// The model's port on the host's IP network (RoCEv2 on UDP 4791).
+    #[command(flatten)]
+    net: uhca_tools::net_port::NetFlags,
     /// The server to connect to: with it this process is the client; without it (and a
-    /// device other than the model, a linked model, or -p) the server.
+    /// device other than the model, a linked model, a network port, or -p) the server.
     host: Option<String>,
 }
 
@@ -234,6 +260,7 @@ impl Args {
             || self.port.is_some()
             || self.dev.vfio_user.is_some()
             || self.link_local.is_some()
+            || self.net.net.is_some()
             || self.dev.device != "model";
         match (&self.host, remote) {
             (_, false) => None,
@@ -246,6 +273,7 @@ impl Args {
     fn spec(&self) -> DeviceSpec {
         match (self.link_local, self.link_peer) {
             (Some(local), Some(peer)) => DeviceSpec::LinkedModel { local, peer },
+            _ if self.net.net.is_some() => DeviceSpec::NetModel(Box::new(self.net.clone())),
             _ => self.dev.spec(),
         }
     }
@@ -373,8 +401,13 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
     if iters == 0 {
         return Err("-n must be at least 1".into());
     }
-    if a.duration == Some(0) {
-        return Err("-D must be at least 1 second".into());
+    if let Some(d) = a.duration
+        && !(1..=perf::MAX_DURATION.as_secs()).contains(&d)
+    {
+        return Err(format!(
+            "-D {d}: the duration must be 1..={} seconds (a year)",
+            perf::MAX_DURATION.as_secs()
+        ));
     }
     if !(1..=8192).contains(&a.tx_depth) {
         return Err(format!("-t {}: the depth must be 1..=8192", a.tx_depth));
@@ -496,10 +529,24 @@ fn remote_checks(a: &Args, role: Role) -> Result<(), String> {
     if a.link_local.is_some() && a.dev.device != "model" {
         return Err("--link-local/--link-peer link the built-in model: not with -d BDF".into());
     }
-    if a.dev.vfio_user.is_none() && a.dev.device == "model" && a.link_local.is_none() {
+    if a.net.net.is_some() && (a.dev.device != "model" || a.dev.vfio_user.is_some()) {
+        return Err(
+            "--net puts the built-in model's port on the network: not with -d BDF or --vfio-user"
+                .into(),
+        );
+    }
+    if a.net.net.is_some() && a.link_local.is_some() {
+        return Err("--net and --link-local are two different ports: give one".into());
+    }
+    if a.dev.vfio_user.is_none()
+        && a.dev.device == "model"
+        && a.link_local.is_none()
+        && a.net.net.is_none()
+    {
         return Err(format!(
             "the built-in model (-d model) cannot be a {end} as it is: a model in this process \
-             has no link to another process. Give it one with --link-local ADDR --link-peer \
+             has no link to another process. Put its port on the network with --net IFACE|ADDR \
+             (RoCEv2 on UDP 4791), give it a link with --link-local ADDR --link-peer \
              ADDR (each end's --link-peer the other's --link-local), or run two `uhca-model \
              --socket S --mac M --link-local ADDR --link-peer ADDR` processes (distinct MACs) \
              and point each uhca-perf at one with --vfio-user S"
@@ -518,8 +565,15 @@ fn remote_checks(a: &Args, role: Role) -> Result<(), String> {
                 .into(),
         );
     }
-    if a.duration.is_some() && !a.mode.is_bw() {
-        return Err("-D in a client/server run is supported by the bandwidth tests".into());
+    if a.duration.is_some()
+        && !a.mode.is_bw()
+        && (a.oob == OobKind::uhca || a.mode == Mode::send_lat)
+    {
+        return Err(
+            "-D in a client/server run is supported by the bandwidth tests, and with \
+             perftest's exchange by write_lat, read_lat and atomic_lat"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -596,6 +650,12 @@ fn header(a: &Args, s: &Settings, bench: &Bench) {
     );
     if let Some(g) = &s.gpu {
         println!(" GPU memory     : {} (both ends)", g.describe());
+    }
+    if let Some(p) = bench.perftest_agreed() {
+        println!(
+            " perftest peer   : version {}, cycle buffer {} B, cache line {} B",
+            p.peer_version, p.cycle_buffer, p.cache_line
+        );
     }
     println!("{LINE}");
     if let Some((mine, theirs)) = ends {
@@ -692,6 +752,9 @@ fn run(a: &Args) -> Result<(), String> {
             let (sizes, settings) = validate(a)?;
             let max = *sizes.iter().max().expect("at least one size");
             let mut bench = Bench::new(&settings, max, a.pair).map_err(|e| e.to_string())?;
+            if let Some(x) = a.gid_index {
+                perf::check_gid_index(bench.device(), x)?;
+            }
             header(a, &settings, &bench);
             drive(a, &mut bench, &sizes)
         }
@@ -738,6 +801,13 @@ fn adopt(a: &Args, h: &Hello) -> Args {
 /// it has them, for send_bw, write_lat and send_lat) and closes the device.
 fn run_remote(a: &Args, role: Role) -> Result<(), String> {
     let dev = device::open(&a.spec(), uhca::DeviceConfig::default()).map_err(|e| e.to_string())?;
+    if let Err(e) = a
+        .gid_index
+        .map_or(Ok(()), |x| perf::check_gid_index(&dev, x))
+    {
+        let _ = dev.close();
+        return Err(e);
+    }
     let port = a.port.unwrap_or(DEFAULT_PORT);
     let result = match role {
         Role::Client => client(a, &dev, port),
@@ -751,6 +821,15 @@ fn client(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
     let host = a.host.as_deref().unwrap_or_default();
     let (sizes, settings) = validate(a)?;
     let max = *sizes.iter().max().expect("at least one size");
+    if a.oob == OobKind::perftest {
+        let tcp = remote::connect_tcp(host, port).map_err(|e| e.to_string())?;
+        let oob = Oob::new(tcp, Role::Client).map_err(|e| e.to_string())?;
+        let mut bench = Bench::connect_perftest(dev, &settings, max, pt_options(a), oob)
+            .map_err(|e| e.to_string())?;
+        header(a, bench.settings(), &bench);
+        drive(a, &mut bench, &sizes)?;
+        return bench.pt_end().map(drop).map_err(|e| e.to_string());
+    }
     let mut ctl = remote::connect(host, port).map_err(|e| e.to_string())?;
     remote::propose(&mut ctl, &hello_of(a, &sizes, &settings)).map_err(|e| e.to_string())?;
     let mut bench = Bench::connect(dev, &settings, max, a.gid_index, ctl, Role::Client)
@@ -765,6 +844,11 @@ fn server(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
     println!("************************************");
     println!("* Waiting for client to connect... *");
     println!("************************************");
+    if a.oob == OobKind::perftest {
+        let tcp = remote::accept_tcp(&listener).map_err(|e| e.to_string())?;
+        drop(listener);
+        return pt_server(a, dev, tcp);
+    }
     let mut ctl = remote::accept(&listener).map_err(|e| e.to_string())?;
     drop(listener);
     let hello = remote::proposal(&mut ctl, &a.mode_name()).map_err(|e| e.to_string())?;
@@ -800,6 +884,53 @@ fn server(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
     }
     closing(&b);
     bench.bye().map_err(|e| e.to_string())
+}
+
+/// What perftest's exchange needs from the flags.
+fn pt_options(a: &Args) -> PtOptions {
+    PtOptions {
+        bw: a.mode.is_bw(),
+        all: a.all,
+        gid_index: a.gid_index,
+        gbits: a.report_gbits,
+    }
+}
+
+/// The server of a perftest run on `tcp` (from a perftest client or a uhca-perf one), with
+/// this end's own flags, as perftest's server: it prints what it measured (send_bw,
+/// write_lat, send_lat, and -b) and, for the one-way WRITE, READ and atomic bandwidth
+/// tests, the client's report of its last size.
+fn pt_server(a: &Args, dev: &uhca::Device, tcp: std::net::TcpStream) -> Result<(), String> {
+    let (sizes, settings) = validate(a)?;
+    let max = *sizes.iter().max().expect("at least one size");
+    let oob = Oob::new(tcp, Role::Server).map_err(|e| e.to_string())?;
+    let mut bench = Bench::connect_perftest(dev, &settings, max, pt_options(a), oob)
+        .map_err(|e| e.to_string())?;
+    header(a, bench.settings(), &bench);
+    let mut columns = false;
+    for &s in &sizes {
+        if a.mode.is_bw() {
+            if let Some(r) = bench.pt_serve_bandwidth(s).map_err(|e| e.to_string())? {
+                if !std::mem::replace(&mut columns, true) {
+                    bw_columns(a);
+                }
+                bw_line(a, &r);
+            }
+        } else if let Some(r) = bench.pt_latency(s).map_err(|e| e.to_string())? {
+            if !std::mem::replace(&mut columns, true) {
+                lat_columns(a);
+            }
+            lat_line(a, &r);
+        }
+    }
+    if let Some(r) = bench.pt_end().map_err(|e| e.to_string())? {
+        if !columns {
+            bw_columns(a);
+        }
+        bw_line(a, &r);
+    }
+    closing(a);
+    Ok(())
 }
 
 /// Arguments with the mode taken from the program name when invoked as `write_bw` etc.

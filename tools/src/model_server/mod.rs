@@ -5,13 +5,17 @@
 //! `vfio_user` crate's [`vfio_user::Server`], to uhca's vfio-user backend
 //! (`uhca::pci::vfio_user`) or to QEMU's `vfio-user-pci` (qemu-vfio.md §3, §6.C). What the
 //! client sees:
-//! - **Config space** (region 7, the 256-byte PCI header): the model's ([`Hca::config_read`] /
-//!   [`Hca::config_write`]): vendor 0x15b3, device 0x1017, class 0x020000, a 64-bit BAR0
-//!   and an MSI-X capability whose table and PBA live in BAR0.
+//! - **Config space** (region 7, 4 KiB): the model's ([`Hca::config_read`] /
+//!   [`Hca::config_write`]): vendor 0x15b3, device 0x1017, class 0x020000, a 64-bit BAR0,
+//!   power management, PCI Express (with Function Level Reset: a write of `Initiate FLR`
+//!   resets the model), an MSI-X capability whose table and PBA live in BAR0, and the
+//!   vendor-specific capability mlx5_core looks for.
 //! - **BAR0** (region 0): the model's BAR0 memfd, declared with one sparse mmap area over the
 //!   whole BAR, so the client receives the fd and maps it: doorbells, UARs and the init
 //!   segment are then plain shared memory that the model's device thread polls, exactly as
-//!   in-process. REGION_READ/REGION_WRITE of BAR0 reach the same memory; QEMU uses them
+//!   in-process. [`ModelServer::bind_trapping`] (`uhca-model --trap-uars N`) leaves the first
+//!   N UAR pages out of the areas: the client then writes there by REGION_WRITE, and each EQ
+//!   doorbell write is applied as it comes ([`Hca::doorbell_write`]). REGION_READ/REGION_WRITE of BAR0 reach the same memory; QEMU uses them
 //!   for the page of the MSI-X table, which its vfio-pci traps and emulates itself (it
 //!   carves that page out of the mmap since the region has no `MSIX_MAPPABLE` capability).
 //!   Regions 1-6 and 8 are absent (BAR1 is BAR0's upper half).
@@ -28,8 +32,15 @@
 //! The crate's server serves one client per [`ModelServer::serve_one`]; between clients
 //! every DMA mapping is dropped, every vector disconnected and the model reset, so the next
 //! client finds a power-on device.
+//!
+//! [`GpuServer`] serves the model GPU (`uhca::hw::model::peer`) the same way, as a second
+//! function beside the HCA (`uhca-model --gpu`).
 
+mod doorman;
+mod gpu;
 mod host;
+
+pub use gpu::GpuServer;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -49,13 +60,14 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion, SparseArea};
 
 use host::ClientMemory;
-use uhca::hw::model::{Hca, IOVA_START, ModelError};
+use uhca::hw::layout::uar::{FIRST_UAR_INDEX, UAR_SIZE};
+use uhca::hw::model::{Hca, IOVA_END, ModelError};
 
-/// Size of the config-space region: the conventional 256 bytes. The model's space is 4 KiB
-/// but has no PCI Express capability and nothing past 0x100; a 256-byte region makes QEMU's
-/// vfio-pci treat the function as conventional PCI, as the proven edu recipe does
-/// (qemu-vfio.md Appendix C), instead of a PCIe function without a PCIe capability.
-pub const CONFIG_REGION_SIZE: u64 = 256;
+/// Size of the config-space region: the whole 4 KiB PCI Express space. The model is a PCIe
+/// function (PM, PCI Express with FLR, MSI-X and vendor-specific capabilities;
+/// `uhca_hw` `model::config`), so QEMU's vfio-pci shows the guest a PCIe endpoint that
+/// vfio-pci can reset between opens by FLR, and finds no extended capability at 0x100.
+pub const CONFIG_REGION_SIZE: u64 = 4096;
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -91,9 +103,22 @@ pub enum ServerError {
     ClientBroke(String),
 }
 
+/// How a session ended well.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Session {
+    /// The client used the device (a region access, DMA_MAP, SET_IRQS, reset...).
+    Served,
+    /// The connection closed without touching the device: a probe (`--replace`'s check
+    /// of a live socket, a health check) or a client that gave up during the handshake.
+    /// A one-shot server goes on waiting for its client.
+    Untouched,
+}
+
 /// A model HCA served over vfio-user on a UNIX socket.
 pub struct ModelServer {
     server: vfio_user::Server,
+    /// The listening socket (a duplicate of the server's), for the [`doorman::Doorman`].
+    listener: UnixListener,
     device: ModelDevice,
     path: PathBuf,
 }
@@ -109,19 +134,41 @@ impl std::fmt::Debug for ModelServer {
 
 impl ModelServer {
     /// Binds `path` for `hca`. An existing path is an error unless `replace_stale` is set
-    /// and it is a socket nobody listens on, which is then removed.
+    /// and it is a socket nobody listens on, which is then removed. The whole BAR is
+    /// mmap-able.
     pub fn bind(hca: Hca, path: &Path, replace_stale: bool) -> Result<ModelServer, ServerError> {
+        ModelServer::bind_trapping(hca, path, replace_stale, 0)
+    }
+
+    /// [`bind`](Self::bind), with the first `trapped_uars` UAR pages of BAR0 (from
+    /// `FIRST_UAR_INDEX`, the pages a driver's first UARs get, where Linux and rdma-core's
+    /// mlx5_vfio put their EQs) left out of the mmap-able area: the client sends each
+    /// access there as a message, so every EQ doorbell write counts even when several EQs
+    /// arm through one word ([`Hca::doorbell_write`]). For QEMU; uhca's own vfio-user
+    /// backend maps the whole BAR and needs 0.
+    pub fn bind_trapping(
+        hca: Hca,
+        path: &Path,
+        replace_stale: bool,
+        trapped_uars: u32,
+    ) -> Result<ModelServer, ServerError> {
         prepare_path(path, replace_stale)?;
         let listener = listen_at(path)?;
+        let dup = listener.try_clone().map_err(|source| ServerError::Os {
+            what: "duplicate the listening socket of",
+            path: path.into(),
+            source,
+        })?;
         let server = vfio_user::Server::from_owned_fd(
-            listener.into(),
+            dup.into(),
             true,
             irq_table(&hca),
-            region_table(&hca),
+            region_table(&hca, trapped_uars),
         );
         tracing::info!(socket = %path.display(), name = %hca.config().name, "vfio-user server listening");
         Ok(ModelServer {
             server,
+            listener,
             device: ModelDevice::new(hca),
             path: path.to_path_buf(),
         })
@@ -140,6 +187,9 @@ impl ModelServer {
     /// Waits for one client and serves it until it disconnects; then drops its DMA
     /// mappings and interrupt routes and resets the model for the next one. A transport
     /// error of the client's connection ends the session the same way and is returned.
+    /// Clients that connect while one is served are answered "busy" (`EBUSY` to their
+    /// first message; [`doorman`]). A connection that never touched the device is
+    /// [`Session::Untouched`].
     ///
     /// The `vfio_user` crate (0.1.7) panics on some malformed messages rather than
     /// returning an error: a VERSION whose size is below the VERSION header (the body length
@@ -149,11 +199,28 @@ impl ModelServer {
     /// client's mappings and interrupt routes are dropped and the model reset
     /// (`release_client`), which is all the state a session leaves, and the server serves
     /// the next client (`tools/tests/vfio_user_fuzz.rs` sends such sessions).
-    pub fn serve_one(&mut self) -> Result<(), ServerError> {
+    pub fn serve_one(&mut self) -> Result<Session, ServerError> {
+        let (doorman, opener) =
+            doorman::Doorman::start(&self.listener).map_err(|source| ServerError::Os {
+                what: "start the doorman of",
+                path: self.path.clone(),
+                source,
+            })?;
+        self.device.session = Some(opener);
+        self.device.touched = false;
         let (server, device) = (&self.server, &mut self.device);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.run(device)));
+        doorman.stop();
+        self.device.session = None;
+        let touched = self.device.touched;
         let r = match r {
-            Ok(r) => r.map_err(ServerError::VfioUser),
+            Ok(r) => r.map_err(ServerError::VfioUser).map(|()| {
+                if touched {
+                    Session::Served
+                } else {
+                    Session::Untouched
+                }
+            }),
             Err(p) => Err(ServerError::ClientBroke(
                 p.downcast_ref::<&str>()
                     .map(|s| s.to_string())
@@ -161,7 +228,11 @@ impl ModelServer {
                     .unwrap_or_else(|| "a panic".into()),
             )),
         };
-        tracing::info!(result = ?r, "client session ended");
+        if r.as_ref().is_ok_and(|s| *s == Session::Untouched) {
+            tracing::debug!("a connection closed without touching the device");
+        } else {
+            tracing::info!(result = ?r, "client session ended");
+        }
         self.device.release_client();
         r
     }
@@ -192,7 +263,8 @@ fn listen_at(path: &Path) -> Result<UnixListener, ServerError> {
         let path = p.to_path_buf();
         move |source| ServerError::Os { what, path, source }
     };
-    let listener = UnixListener::bind(&tmp).map_err(os("bind", &tmp))?;
+    // Errors name the path the user gave, not the hidden temporary name.
+    let listener = UnixListener::bind(&tmp).map_err(os("bind", path))?;
     let linked = std::fs::hard_link(&tmp, path);
     let _ = std::fs::remove_file(&tmp);
     match linked {
@@ -234,9 +306,13 @@ fn prepare_path(path: &Path, replace_stale: bool) -> Result<(), ServerError> {
     })
 }
 
-/// The PCI regions: config space and BAR0 (whole-BAR sparse mmap area with the BAR fd).
-fn region_table(hca: &Hca) -> Vec<ServerRegion> {
+/// The PCI regions: config space and BAR0 (sparse mmap areas with the BAR fd: the whole
+/// BAR, or all of it but `trapped_uars` UAR pages from `FIRST_UAR_INDEX`).
+fn region_table(hca: &Hca, trapped_uars: u32) -> Vec<ServerRegion> {
     let bar_len = hca.bar0().len as u64;
+    let page = UAR_SIZE as u64;
+    let hole_start = u64::from(FIRST_UAR_INDEX) * page;
+    let hole_end = (hole_start + u64::from(trapped_uars) * page).min(bar_len);
     (0..VFIO_PCI_NUM_REGIONS)
         .map(|index| {
             let mut info = vfio_region_info {
@@ -257,12 +333,16 @@ fn region_table(hca: &Hca) -> Vec<ServerRegion> {
                 info.size = bar_len;
                 info.flags = rw | VFIO_REGION_INFO_FLAG_MMAP;
                 info.offset = 0; // offset of the region in the mmap fd
-                region.sparse_areas.push(SparseArea {
-                    area: vfio_region_sparse_mmap_area {
-                        offset: 0,
-                        size: bar_len,
-                    },
-                });
+                let areas = if hole_end > hole_start {
+                    vec![(0, hole_start), (hole_end, bar_len - hole_end)]
+                } else {
+                    vec![(0, bar_len)]
+                };
+                for (offset, size) in areas.into_iter().filter(|a| a.1 > 0) {
+                    region.sparse_areas.push(SparseArea {
+                        area: vfio_region_sparse_mmap_area { offset, size },
+                    });
+                }
                 region.mmap_fd = Some(hca.bar0_fd());
             }
             region.region_info = info;
@@ -296,6 +376,10 @@ struct ModelDevice {
     mem: ClientMemory,
     /// DMA_MAPs without a file (accepted, not DMA-able), by IOVA: length.
     unbacked: BTreeMap<u64, u64>,
+    /// The current session's doorman, told when the client first touches the device.
+    session: Option<doorman::Opener>,
+    /// Whether the current session touched the device.
+    touched: bool,
 }
 
 fn invalid(msg: String) -> io::Error {
@@ -312,6 +396,19 @@ impl ModelDevice {
             hca,
             mem: ClientMemory::default(),
             unbacked: BTreeMap::new(),
+            session: None,
+            touched: false,
+        }
+    }
+
+    /// Records that the client used the device (each backend call): it is now served, and
+    /// the doorman tells newcomers so.
+    fn touch(&mut self) {
+        if !self.touched {
+            self.touched = true;
+            if let Some(o) = &self.session {
+                o.serving();
+            }
         }
     }
 
@@ -352,6 +449,7 @@ impl Drop for ModelDevice {
 
 impl ServerBackend for ModelDevice {
     fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
+        self.touch();
         match region {
             VFIO_PCI_CONFIG_REGION_INDEX => {
                 let off = u16::try_from(offset)
@@ -364,6 +462,7 @@ impl ServerBackend for ModelDevice {
     }
 
     fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.touch();
         match region {
             VFIO_PCI_CONFIG_REGION_INDEX => {
                 let off = u16::try_from(offset)
@@ -371,7 +470,13 @@ impl ServerBackend for ModelDevice {
                 tracing::trace!(offset = off, len = data.len(), "config write");
                 self.hca.config_write(off, data).map_err(model_err)
             }
-            VFIO_PCI_BAR0_REGION_INDEX => host::bar_write(&self.hca, offset, data),
+            VFIO_PCI_BAR0_REGION_INDEX => {
+                // One access: an EQ doorbell is applied as it comes (trapped UAR pages).
+                if usize::try_from(offset).is_ok_and(|o| self.hca.doorbell_write(o, data)) {
+                    return Ok(());
+                }
+                host::bar_write(&self.hca, offset, data)
+            }
             _ => Err(invalid(format!("region {region} does not exist"))),
         }
     }
@@ -384,6 +489,16 @@ impl ServerBackend for ModelDevice {
         size: u64,
         fd: Option<File>,
     ) -> io::Result<()> {
+        self.touch();
+        // The range must fit the model's IOVA space (48 bits, as its IOMMU), mapped or not:
+        // a wrapping or absurd size (~2^64 bytes) is refused, not accepted with a warning.
+        let end = address.checked_add(size);
+        if size == 0 || end.is_none_or(|e| e > IOVA_END + 1) {
+            return Err(invalid(format!(
+                "DMA_MAP of {size:#x} bytes at {address:#x}: outside the IOVA space \
+                 (0..={IOVA_END:#x})"
+            )));
+        }
         let Some(file) = fd else {
             tracing::warn!(
                 iova = address,
@@ -393,23 +508,8 @@ impl ServerBackend for ModelDevice {
             self.unbacked.insert(address, size);
             return Ok(());
         };
-        // The model's IOMMU keeps the pages below IOVA_START unmapped, so that a null IOVA
-        // always faults. A client without an IOMMU of its own (QEMU, which maps guest RAM
-        // at its physical addresses) maps page 0 too: that part is accepted and left
-        // unbacked, like a map without a file, and the rest is mapped.
-        let below = IOVA_START.saturating_sub(address).min(size);
-        if below > 0 {
-            tracing::debug!(
-                iova = address,
-                size = below,
-                "DMA_MAP below the model's first usable IOVA: accepted, not DMA-able"
-            );
-            self.unbacked.insert(address, below);
-        }
-        let (address, offset, size) = (address + below, offset + below, size - below);
-        if size == 0 {
-            return Ok(());
-        }
+        // Every IOVA is DMA-able, page 0 included (QEMU maps guest RAM at its physical
+        // addresses from 0; a guest IOMMU may hand out IOVA 0).
         let len = usize::try_from(size).map_err(|_| invalid(format!("size {size:#x}")))?;
         let writable = flags.contains(DmaMapFlags::WRITE);
         let read_only = self
@@ -428,6 +528,7 @@ impl ServerBackend for ModelDevice {
     }
 
     fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
+        self.touch();
         if flags.contains(DmaUnmapFlags::UNMAP_ALL) {
             tracing::debug!("DMA_UNMAP all");
             return self.unmap_range(0, 0);
@@ -439,6 +540,7 @@ impl ServerBackend for ModelDevice {
     }
 
     fn reset(&mut self) -> io::Result<()> {
+        self.touch();
         tracing::info!("device reset");
         self.hca.reset();
         Ok(())
@@ -452,6 +554,7 @@ impl ServerBackend for ModelDevice {
         count: u32,
         fds: Vec<File>,
     ) -> io::Result<()> {
+        self.touch();
         tracing::debug!(index, flags, start, count, fds = fds.len(), "SET_IRQS");
         if index != VFIO_PCI_MSIX_IRQ_INDEX {
             return if count == 0 {
@@ -516,13 +619,23 @@ mod tests {
     #[test]
     fn regions_and_irqs_describe_the_model() {
         let hca = Hca::new(ModelConfig::default()).unwrap();
-        let regions = region_table(&hca);
+        let regions = region_table(&hca, 0);
         assert_eq!(regions.len(), VFIO_PCI_NUM_REGIONS as usize);
         let bar = &regions[VFIO_PCI_BAR0_REGION_INDEX as usize];
         assert_eq!(bar.region_info.size, hca.bar0().len as u64);
         assert_eq!(bar.sparse_areas.len(), 1);
         assert_eq!(bar.sparse_areas[0].area.size, bar.region_info.size);
         assert_eq!(bar.mmap_fd, Some(hca.bar0_fd()));
+        // Two UAR pages served by messages: the BAR's areas leave exactly them out.
+        let trapped = region_table(&hca, 2);
+        let areas: Vec<(u64, u64)> = trapped[VFIO_PCI_BAR0_REGION_INDEX as usize]
+            .sparse_areas
+            .iter()
+            .map(|a| (a.area.offset, a.area.size))
+            .collect();
+        let hole = u64::from(FIRST_UAR_INDEX) * 4096;
+        let len = bar.region_info.size;
+        assert_eq!(areas, vec![(0, hole), (hole + 8192, len - hole - 8192)]);
         let cfg = &regions[VFIO_PCI_CONFIG_REGION_INDEX as usize];
         assert_eq!(cfg.region_info.size, CONFIG_REGION_SIZE);
         assert_eq!(regions[1].region_info.size, 0);
@@ -610,6 +723,21 @@ mod tests {
         // A DMA_MAP without a file is accepted but maps nothing.
         d.dma_map(DmaMapFlags::READ_WRITE, 0, 0x10_0000, 0x1000, None)
             .unwrap();
+        // Unless its range is empty, wraps, or leaves the IOVA space.
+        for (iova, size) in [
+            (0x1000, u64::MAX - 0xfff),
+            (0x1000, 0),
+            (u64::MAX - 0xfff, 0x2000),
+            (IOVA_END - 0xfff, 0x2000),
+        ] {
+            let e = d
+                .dma_map(DmaMapFlags::READ_WRITE, 0, iova, size, None)
+                .unwrap_err();
+            assert!(e.to_string().contains("outside the IOVA space"), "{e}");
+            assert!(!d.unbacked.contains_key(&iova));
+        }
+        d.dma_map(DmaMapFlags::READ_WRITE, 0, IOVA_END - 0xfff, 0x1000, None)
+            .unwrap();
         assert!(d.hca.dma_mappings().is_empty());
         // A read-only DMA_MAP of a file becomes a read-only model mapping of shared memory.
         let f = tempfile::tempfile().unwrap();
@@ -620,25 +748,14 @@ mod tests {
         d.dma_unmap(DmaUnmapFlags::empty(), 0x20_0000, 0x2000)
             .unwrap();
         assert!(d.hca.dma_mappings().is_empty());
-        // Page 0 (below the model's first usable IOVA), as QEMU maps guest RAM: accepted,
-        // the page left out and the rest mapped; the unmap of the whole range removes it.
+        // Page 0, as QEMU maps guest RAM from physical address 0: DMA-able like any page.
         let f = tempfile::tempfile().unwrap();
         f.set_len(0x3000).unwrap();
-        d.dma_map(
-            DmaMapFlags::READ_WRITE,
-            0,
-            0,
-            0x1000,
-            Some(f.try_clone().unwrap()),
-        )
-        .unwrap();
-        assert!(d.hca.dma_mappings().is_empty());
-        d.dma_unmap(DmaUnmapFlags::empty(), 0, 0x1000).unwrap();
         d.dma_map(DmaMapFlags::READ_WRITE, 0, 0, 0x3000, Some(f))
             .unwrap();
-        assert_eq!(d.hca.dma_mappings(), vec![(0x1000, 0x2fff)]);
+        assert_eq!(d.hca.dma_mappings(), vec![(0, 0x2fff)]);
         d.dma_unmap(DmaUnmapFlags::empty(), 0, 0x3000).unwrap();
-        assert!(d.hca.dma_mappings().is_empty() && !d.unbacked.contains_key(&0));
+        assert!(d.hca.dma_mappings().is_empty());
         assert!(
             d.set_irqs(
                 VFIO_PCI_MSIX_IRQ_INDEX,

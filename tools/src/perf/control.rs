@@ -331,6 +331,11 @@ pub struct Control {
 }
 
 impl Control {
+    /// The connection itself (to watch it for the peer hanging up, [`super::PeerWatch`]).
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
     /// Wraps a connected stream.
     pub fn new(stream: TcpStream) -> Result<Control, ControlError> {
         stream
@@ -401,6 +406,15 @@ impl Control {
                 let line = String::from_utf8(line[..n].to_vec())
                     .map_err(|_| ControlError::Malformed("a line that is not UTF-8".into()))?;
                 return Ok(Some(line.trim_end_matches('\r').to_owned()));
+            }
+            // perftest's exchange opens with its version NUL-padded to 16 bytes and has no
+            // newline: without this, a line would be awaited until the deadline.
+            if self.pending.contains(&0) {
+                return Err(ControlError::Malformed(
+                    "binary data with NULs, not a line: the peer speaks perftest's exchange \
+                     (give both ends the same --oob)"
+                        .into(),
+                ));
             }
             if self.pending.len() > MAX_LINE {
                 return Err(ControlError::Malformed(format!(
@@ -586,6 +600,21 @@ mod tests {
                 "{line:?}"
             );
         }
+    }
+
+    /// perftest's opening (a NUL-padded version, no newline) is refused at once, not
+    /// awaited as a line until the deadline.
+    #[test]
+    fn a_perftest_peer_is_named_at_once() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        a.write_all(b"6.06\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
+        let e = Control::new(b)
+            .unwrap()
+            .recv(Duration::from_secs(60), "HELLO")
+            .unwrap_err();
+        assert!(e.to_string().contains("perftest's exchange"), "{e}");
     }
 
     /// A peer's refusal is printed: its control characters (a carriage return, a terminal

@@ -150,6 +150,17 @@ pub(super) fn alloc_bufs(
         }
         return Ok((bufs, dms));
     }
+    if dm && let Some(caps) = uhca::resource::DmCaps::of(dev) {
+        // The whole run's need, up front: n buffers each in 64-byte units (MEMIC's).
+        let need = (len as u64).next_multiple_of(64).saturating_mul(n as u64);
+        let have = caps.max_size.min(caps.bar_size);
+        if need > have {
+            return Err(format!(
+                "device memory (--use_dm): the run needs {need} bytes ({n} buffer(s) of \
+                 {len}), more than the device's {have} bytes: use a smaller -s or fewer -q"
+            ));
+        }
+    }
     for _ in 0..n {
         let mr = if dm {
             let d = dev

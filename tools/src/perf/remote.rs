@@ -96,13 +96,18 @@ impl Listener {
 
 /// Waits for one client on `l` (as perftest's server, for as long as it takes).
 pub fn accept(l: &Listener) -> Result<Control, ControlError> {
+    Control::new(accept_tcp(l)?)
+}
+
+/// [`accept`]'s connection, before any protocol.
+pub fn accept_tcp(l: &Listener) -> Result<TcpStream, ControlError> {
     let err = |source| ControlError::Io {
         what: "accepting a client".into(),
         source,
     };
     if let [one] = l.socks.as_slice() {
         let (s, _) = one.accept().map_err(err)?;
-        return Control::new(s);
+        return Ok(s);
     }
     for s in &l.socks {
         s.set_nonblocking(true).map_err(err)?;
@@ -112,7 +117,7 @@ pub fn accept(l: &Listener) -> Result<Control, ControlError> {
             match sock.accept() {
                 Ok((s, _)) => {
                     s.set_nonblocking(false).map_err(err)?;
-                    return Control::new(s);
+                    return Ok(s);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(err(e)),
@@ -125,6 +130,11 @@ pub fn accept(l: &Listener) -> Result<Control, ControlError> {
 /// Connects to the server at `host`:`port`, trying each of its addresses for at most
 /// [`CONNECT`].
 pub fn connect(host: &str, port: u16) -> Result<Control, ControlError> {
+    Control::new(connect_tcp(host, port)?)
+}
+
+/// [`connect`]'s connection, before any protocol.
+pub fn connect_tcp(host: &str, port: u16) -> Result<TcpStream, ControlError> {
     let what = format!("connecting to {host}:{port}");
     let addrs = (host, port)
         .to_socket_addrs()
@@ -135,7 +145,7 @@ pub fn connect(host: &str, port: u16) -> Result<Control, ControlError> {
     let mut last = None;
     for a in addrs {
         match TcpStream::connect_timeout(&a, CONNECT) {
-            Ok(s) => return Control::new(s),
+            Ok(s) => return Ok(s),
             Err(e) => last = Some(e),
         }
     }
@@ -199,16 +209,31 @@ fn random_psn(salt: u32) -> u32 {
 impl Bench {
     /// This process's end on `dev` for `s` (buffers for messages up to `max_size`),
     /// connected to the remote end over `ctl`: the two exchange their END messages (the
-    /// client first) and connect their QPs, this side's from GID entry `gid_index`.
+    /// client first) and connect their QPs, this side's from GID entry `gid_index`; without
+    /// one, the client's is entry 0 and the server's the first of the client's kind (IPv4-
+    /// mapped or not): a RoCEv2 packet is IPv4 or IPv6, and a peer that checks addresses (as
+    /// Linux's rxe does, and the model) drops an answer from the other kind.
     pub fn connect(
         dev: &Device,
         s: &Settings,
         max_size: usize,
-        gid_index: u8,
+        gid_index: Option<u8>,
         mut ctl: Control,
         role: Role,
     ) -> Result<Bench, PerfError> {
         let mut me = End::new(dev, s, max_size, s.use_dm)?;
+        let mut theirs = None;
+        if role == Role::Server {
+            theirs = Some(match ctl.recv(REPLY, "the peer's END")? {
+                Msg::End(e) => e,
+                m => return Err(unexpected("END", &m).into()),
+            });
+        }
+        let gid_index = match (gid_index, &theirs) {
+            (Some(x), _) => x,
+            (None, Some(t)) => super::pt_run::gid_of_kind(dev, super::pt_run::v4_mapped(&t.gid)),
+            (None, None) => 0,
+        };
         let addr = dev
             .roce_address(u32::from(gid_index))
             .map_err(setup("GID (-x)"))?;
@@ -235,9 +260,12 @@ impl Bench {
         if role == Role::Client {
             ctl.send(&Msg::End(mine.clone()))?;
         }
-        let theirs = match ctl.recv(REPLY, "the peer's END")? {
-            Msg::End(e) => e,
-            m => return Err(unexpected("END", &m).into()),
+        let theirs = match theirs {
+            Some(t) => t,
+            None => match ctl.recv(REPLY, "the peer's END")? {
+                Msg::End(e) => e,
+                m => return Err(unexpected("END", &m).into()),
+            },
         };
         if theirs.qps.len() != me.qps.len() {
             return Err(ControlError::Mismatch(format!(
@@ -265,6 +293,10 @@ impl Bench {
         if role == Role::Server {
             ctl.send(&Msg::End(mine.clone()))?;
         }
+        me.watch.peer = Some(std::sync::Arc::new(
+            super::PeerWatch::new(ctl.stream())
+                .map_err(setup("watching the control connection"))?,
+        ));
         Ok(Bench {
             rx_off: rx,
             me,
@@ -291,6 +323,7 @@ impl Bench {
     pub fn endpoints(&self) -> Option<(&Endpoint, &Endpoint)> {
         match &self.peer {
             Peer::Remote { ends, .. } => Some((&ends.0, &ends.1)),
+            Peer::Perftest(p) => Some((&p.ends.0, &p.ends.1)),
             Peer::Local(_) => None,
         }
     }
@@ -298,10 +331,20 @@ impl Bench {
     /// A failed run of a remote pair, most often a stall or a failed request because the
     /// peer went away: says so when the control connection shows it (closed, or an ERROR).
     pub(super) fn explain(&mut self, e: PerfError) -> PerfError {
-        if matches!(e, PerfError::Control(_)) {
+        if matches!(
+            e,
+            PerfError::Control(_) | PerfError::PeerHungUp | PerfError::Perftest(_)
+        ) {
             return e;
         }
         match &mut self.peer {
+            Peer::Perftest(p) => match p.gone() {
+                Some(source) => PerfError::PerftestPeerLost {
+                    during: Box::new(e),
+                    source,
+                },
+                None => e,
+            },
             Peer::Remote { ctl, .. } => match ctl.try_recv("the run to end") {
                 Err(source) => PerfError::PeerLost {
                     during: Box::new(e),
@@ -318,6 +361,9 @@ impl Bench {
         match &mut self.peer {
             Peer::Local(_) => Ok(None),
             Peer::Remote { ctl, role: r, .. } if *r == role => Ok(Some(ctl)),
+            Peer::Perftest(_) => Err(PerfError::Setup(
+                "a perftest run has no uhca-perf control connection".into(),
+            )),
             Peer::Remote { .. } => Err(PerfError::Setup(format!(
                 "this end is not the {role:?}: it cannot do that"
             ))),
@@ -326,6 +372,9 @@ impl Bench {
 
     /// Client, before running `size`: START, and the server's READY.
     pub(super) fn begin(&mut self, size: usize) -> Result<(), PerfError> {
+        if matches!(self.peer, Peer::Perftest(_)) {
+            return self.pt_begin();
+        }
         let Some(ctl) = self.ctl(Role::Client)? else {
             return Ok(());
         };
@@ -441,12 +490,12 @@ impl Bench {
         let window = (self.settings.iters / 20).max(1);
         let mut meter = Meter::new(size, window, start);
         let (mut expected, mut last, mut heard) = (None, start, start);
-        let mut idle = StallTimer::new();
+        let mut idle = StallTimer::watching(&self.me.watch);
         let mut next_check = start;
         while expected != Some(meter.total) {
             let n = self.me.reap_recvs()?;
             let now = if n > 0 {
-                idle = StallTimer::new();
+                idle.restart();
                 last = Instant::now();
                 meter.add(n, last);
                 Some(last)
@@ -518,7 +567,7 @@ impl Bench {
         let start = Instant::now();
         let mut meter = Meter::new(size, pace.window(), start);
         let (mut theirs, mut heard, mut next_check) = (None, start, start);
-        let mut idle = StallTimer::new();
+        let mut idle = StallTimer::watching(&self.me.watch);
         let mut now = start;
         loop {
             // With -D the client's DONE ends this end's stream too.
@@ -527,7 +576,7 @@ impl Bench {
             let n = self.me.reap(&mut st)?;
             if n > 0 {
                 now = Instant::now();
-                idle = StallTimer::new();
+                idle.restart();
                 meter.add(n, now);
             } else if let Some(t) = idle.spin()? {
                 now = t;

@@ -188,3 +188,16 @@ fn every_operation_completes_between_two_linked_models() {
         assert_eq!(b.latency(size).unwrap().iters, 50, "{op:?}");
     }
 }
+
+/// `-D` of any size cannot overflow the deadline (it panicked for `u64::MAX` seconds).
+#[test]
+fn huge_durations_saturate() {
+    let start = Instant::now();
+    let d = deadline(start, Duration::from_secs(u64::MAX));
+    assert_eq!(d, start + MAX_DURATION);
+    assert_eq!(deadline(start, Duration::MAX), start + MAX_DURATION);
+    assert_eq!(
+        deadline(start, Duration::from_secs(3)),
+        start + Duration::from_secs(3)
+    );
+}

@@ -17,15 +17,28 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use super::{Domain, VfioError, VfioFunction, sys, uapi};
 use crate::pci::{DmaBufRefusal, DmaMapping, Iova, PciError, PciFunction};
 
-/// The refusal class of an errno from `IOMMU_IOAS_MAP_FILE` with a dma-buf fd (§1.3).
-pub(crate) fn import_refusal(errno: i32) -> Option<DmaBufRefusal> {
+/// The refusal class of an errno from `IOMMU_IOAS_MAP_FILE` of `fd` (§1.3); `dmabuf`: whether
+/// the fd is a dma-buf at all ([`is_dmabuf`]).
+pub(crate) fn import_refusal(errno: i32, dmabuf: bool) -> Option<DmaBufRefusal> {
     match errno {
         libc::EOPNOTSUPP => Some(DmaBufRefusal::NotVfioDmaBuf),
         libc::ENODEV => Some(DmaBufRefusal::Revoked),
-        // < 6.13: no MAP_FILE; 6.13-6.18: a dma-buf is not a shmem/hugetlb file.
-        libc::ENOTTY | libc::EINVAL | libc::EBADF => Some(DmaBufRefusal::KernelTooOld),
+        // < 6.13: no MAP_FILE at all.
+        libc::ENOTTY => Some(DmaBufRefusal::KernelTooOld),
+        // 6.13-6.18: a dma-buf is not a shmem/hugetlb file. A file that is no dma-buf gets
+        // the same errno on every kernel (7.3 in the P2P guest test: EINVAL for /dev/null).
+        libc::EINVAL | libc::EBADF if dmabuf => Some(DmaBufRefusal::KernelTooOld),
+        libc::EINVAL | libc::EBADF => Some(DmaBufRefusal::NotVfioDmaBuf),
         _ => None,
     }
+}
+
+/// Whether `fd` is a dma-buf: only dma-bufs have `exp_name` in their fdinfo
+/// (`dma_buf_show_fdinfo`).
+pub(crate) fn is_dmabuf(fd: BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .is_ok_and(|t| t.lines().any(|l| l.starts_with("exp_name:")))
 }
 
 /// The refusal class of an errno from `VFIO_DEVICE_FEATURE(GET | DMA_BUF)` (§2.1).
@@ -91,15 +104,20 @@ pub(crate) fn import(
             None,
         ));
     }
-    f.map_dmabuf(fd, offset, len, iova).map_err(classify_import)
+    f.map_dmabuf(fd, offset, len, iova)
+        .map_err(|e| classify_import(e, is_dmabuf(fd)))
 }
 
-/// Turns a failed `IOMMU_IOAS_MAP_FILE` of a dma-buf into its refusal class (others pass).
-fn classify_import(e: PciError) -> PciError {
+/// Turns a failed `IOMMU_IOAS_MAP_FILE` of a dma-buf into its refusal class (others pass);
+/// `dmabuf`: whether the fd was a dma-buf.
+fn classify_import(e: PciError, dmabuf: bool) -> PciError {
     match e {
         PciError::Vfio(v) => match *v {
             VfioError::Ioctl { source, what } => {
-                match source.raw_os_error().and_then(import_refusal) {
+                match source
+                    .raw_os_error()
+                    .and_then(|errno| import_refusal(errno, dmabuf))
+                {
                     Some(r) => refused("dma-buf import", r, source.raw_os_error()),
                     None => VfioError::Ioctl { what, source }.into(),
                 }
@@ -153,16 +171,32 @@ mod tests {
 
     #[test]
     fn errno_classes() {
+        for dmabuf in [true, false] {
+            assert_eq!(
+                import_refusal(libc::EOPNOTSUPP, dmabuf),
+                Some(DmaBufRefusal::NotVfioDmaBuf)
+            );
+            assert_eq!(
+                import_refusal(libc::ENODEV, dmabuf),
+                Some(DmaBufRefusal::Revoked)
+            );
+            assert_eq!(
+                import_refusal(libc::ENOTTY, dmabuf),
+                Some(DmaBufRefusal::KernelTooOld)
+            );
+            assert_eq!(import_refusal(libc::ENOMEM, dmabuf), None);
+        }
+        // EINVAL: a dma-buf on 6.13-6.18, or a file that is no dma-buf on any kernel.
         assert_eq!(
-            import_refusal(libc::EOPNOTSUPP),
-            Some(DmaBufRefusal::NotVfioDmaBuf)
-        );
-        assert_eq!(import_refusal(libc::ENODEV), Some(DmaBufRefusal::Revoked));
-        assert_eq!(
-            import_refusal(libc::ENOTTY),
+            import_refusal(libc::EINVAL, true),
             Some(DmaBufRefusal::KernelTooOld)
         );
-        assert_eq!(import_refusal(libc::ENOMEM), None);
+        assert_eq!(
+            import_refusal(libc::EINVAL, false),
+            Some(DmaBufRefusal::NotVfioDmaBuf)
+        );
+        let f = tempfile::tempfile().unwrap();
+        assert!(!is_dmabuf(f.as_fd()));
         assert_eq!(
             export_refusal(libc::ENOTTY),
             Some(DmaBufRefusal::ExportUnsupported)
@@ -180,7 +214,7 @@ mod tests {
         let e = fake
             .map_file(buf.as_fd(), 0, 4096, 0x10_0000)
             .map_err(PciError::from)
-            .map_err(classify_import)
+            .map_err(|e| classify_import(e, true))
             .unwrap_err();
         match &e {
             PciError::DmaBuf {
@@ -193,7 +227,7 @@ mod tests {
         assert!(e.to_string().contains("6.13"), "{e}");
         // Errors that are not refusals pass through.
         let other = PciError::NoBar(3);
-        assert!(matches!(classify_import(other), PciError::NoBar(3)));
+        assert!(matches!(classify_import(other, true), PciError::NoBar(3)));
     }
 
     #[test]

@@ -282,13 +282,14 @@ pub fn memlock_limit() -> io::Result<Option<u64>> {
 }
 
 /// Whether this process has CAP_IPC_LOCK (pinned memory is then not limited).
-pub fn has_ipc_lock() -> bool {
+pub fn has_ipc_lock() -> io::Result<bool> {
     noiommu::has_cap(noiommu::CAP_IPC_LOCK)
 }
 
 fn memlock_check(more: u64, pinned: u64) -> Result<(), VfioError> {
     let limit = sys::memlock_limit().map_err(VfioError::os("getrlimit(RLIMIT_MEMLOCK)"))?;
-    iova::check_memlock(pinned, more, limit, noiommu::has_cap(noiommu::CAP_IPC_LOCK))
+    let cap = has_ipc_lock().map_err(VfioError::os("capget"))?;
+    iova::check_memlock(pinned, more, limit, cap)
 }
 
 impl VfioFunction {
@@ -349,13 +350,10 @@ impl VfioFunction {
                     } else if let Some(g) =
                         noiommu_group.as_deref().filter(|_| sys.noiommu_enabled())
                     {
-                        noiommu::check_caps(
-                            std::fs::read_to_string("/proc/self/status")
-                                .ok()
-                                .and_then(|s| noiommu::parse_cap_eff(&s))
-                                .unwrap_or(0),
-                        )
-                        .and_then(|()| Self::open_container(&bdf, g, opts, true))
+                        crate::dma::effective_capabilities()
+                            .map_err(VfioError::os("capget"))
+                            .and_then(noiommu::check_caps)
+                            .and_then(|()| Self::open_container(&bdf, g, opts, true))
                     } else {
                         Err(VfioError::NoIommuRefused(
                             "vfio's enable_unsafe_noiommu_mode is off or the group is not a noiommu group".into(),

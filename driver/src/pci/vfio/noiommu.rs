@@ -21,12 +21,9 @@ pub fn parse_cap_eff(status: &str) -> Option<u64> {
     u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
 }
 
-/// Whether this process has capability `cap` (effective set).
-pub fn has_cap(cap: u32) -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| parse_cap_eff(&s))
-        .is_some_and(|m| m & (1 << cap) != 0)
+/// Whether this process has capability `cap` (effective set, from `capget(2)`).
+pub fn has_cap(cap: u32) -> std::io::Result<bool> {
+    Ok(crate::dma::effective_capabilities()? & (1 << cap) != 0)
 }
 
 /// Refuses no-IOMMU mode unless the process may use it, naming what is missing.

@@ -53,8 +53,9 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use super::{BarRegion, DmaMapping, Iova, IovaRange, PciError, PciFunction};
 use proto::{Command, HEADER_LEN, Header};
 
-/// First IOVA the backend hands out (uhca-model keeps page 0 unmapped).
-pub const IOVA_START: u64 = 0x1000;
+/// First IOVA of the space the backend offers: 0, as uhca-model's IOMMU (like a real one)
+/// maps from 0; `dma::IovaAllocator` still never hands out page 0.
+pub const IOVA_START: u64 = 0;
 /// Last IOVA the backend hands out (a 48-bit space, as uhca-model's IOMMU).
 pub const IOVA_END: u64 = (1 << 48) - 1;
 /// Largest reply accepted (a region read of the server's largest transfer plus headers).
@@ -84,6 +85,9 @@ pub enum VfioUserError {
     /// The server closed the connection.
     #[error("the vfio-user server closed the connection")]
     Closed,
+    /// The server is serving another client (it answered the VERSION with `EBUSY`).
+    #[error("busy: the vfio-user server at {0} is serving another client")]
+    Busy(PathBuf),
     /// No reply within the timeout.
     #[error("no reply to {command:?} within {after:?}")]
     Timeout {
@@ -130,7 +134,9 @@ impl From<VfioUserError> for PciError {
         if e.is_fatal()
             && !matches!(
                 e,
-                VfioUserError::Connect { .. } | VfioUserError::Unsupported(_)
+                VfioUserError::Connect { .. }
+                    | VfioUserError::Unsupported(_)
+                    | VfioUserError::Busy(_)
             )
         {
             PciError::DeviceLost(e.to_string())
@@ -341,7 +347,14 @@ impl VfioUserFunction {
             next_id: 0,
             timeout: opts.reply_timeout,
         };
-        let (v, _) = conn.request(Command::Version, &proto::version_request(), &[])?;
+        let (v, _) = conn
+            .request(Command::Version, &proto::version_request(), &[])
+            .map_err(|e| match e {
+                VfioUserError::Refused { errno, .. } if errno == libc::EBUSY as u32 => {
+                    VfioUserError::Busy(path.to_path_buf())
+                }
+                e => e,
+            })?;
         if v.len() < 4 || u16::from_le_bytes([v[0], v[1]]) != 0 {
             return Err(VfioUserError::Unsupported(
                 "server speaks a vfio-user major version other than 0".into(),
@@ -642,6 +655,11 @@ unsafe impl PciFunction for VfioUserFunction {
         }
         self.call(Command::DeviceReset, &[], &[])?;
         Ok(())
+    }
+
+    fn pins_dma_memory(&self) -> bool {
+        // The server maps the shared file; nothing is pinned on this process's account.
+        false
     }
 
     fn num_irqs(&self) -> u32 {

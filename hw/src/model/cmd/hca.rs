@@ -2,8 +2,8 @@
 
 use crate::layout::cmd::{CapType, CmdStatus};
 use crate::layout::cmds::{
-    AccessRegisterIn, EnableHcaIn, QueryAdapterOut, QueryHcaCapIn, QueryHcaCapOut, QueryIssiOut,
-    SetDriverVersionIn, SetHcaCapIn, SetIssiIn, TeardownHcaIn,
+    EnableHcaIn, QueryAdapterOut, QueryHcaCapIn, QueryHcaCapOut, QueryIssiOut, SetDriverVersionIn,
+    SetHcaCapIn, SetIssiIn, TeardownHcaIn,
 };
 
 use super::super::state::{Core, Lifecycle};
@@ -15,8 +15,6 @@ pub(crate) const SUPPORTED_ISSI: u32 = 0b11;
 pub(crate) const PSID: &[u8; 16] = b"UHCA_MODEL_0001\0";
 /// `ieee_vendor_id`: Mellanox's OUI.
 pub(crate) const IEEE_VENDOR_ID: u32 = 0x0002c9;
-/// HOST_ENDIANNESS register id (§4 step 5).
-pub(crate) const REG_HOST_ENDIANNESS: u32 = 0x7004;
 
 /// ENABLE_HCA / DISABLE_HCA name a function: only 0 (this PF) exists.
 fn check_own_function(input: &[u8]) -> CmdResult {
@@ -129,32 +127,6 @@ pub(super) fn query_adapter(_ctx: &mut Ctx<'_>, _input: &[u8], out: &mut Vec<u8>
     o.set_vsd_vendor_id(0x15b3);
     o.set_vsd_contd_psid(PSID);
     Ok(())
-}
-
-pub(super) fn access_reg(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> CmdResult {
-    let id = AccessRegisterIn::new_unchecked(input).register_id();
-    if id != REG_HOST_ENDIANNESS {
-        return Err(bad_param(s::BAD_REGISTER));
-    }
-    let data = AccessRegisterIn::<()>::REGISTER_DATA;
-    match ctx.op_mod {
-        0 => {
-            if input.len() < data + 16 {
-                return Err(err(CmdStatus::BadInpLenErr, s::INLEN_TOO_SHORT));
-            }
-            ctx.core.host_endianness = input[data];
-            Ok(())
-        }
-        1 => {
-            if ctx.outlen < data + 16 {
-                return Err(err(CmdStatus::BadOutpLenErr, s::OUTLEN_TOO_SHORT));
-            }
-            out.resize(data + 16, 0);
-            out[data] = ctx.core.host_endianness;
-            Ok(())
-        }
-        _ => Err(bad_param(s::BAD_OP_MOD)),
-    }
 }
 
 pub(super) fn nop(_ctx: &mut Ctx<'_>, _input: &[u8], _out: &mut Vec<u8>) -> CmdResult {

@@ -21,7 +21,7 @@ pub(super) fn create_mkey(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) ->
         return Err(bad_param(s::MKEY_UMEM_UNSUPPORTED));
     }
     let mode = AccessMode::from((c.access_mode_4_2() << 2) | c.access_mode_1_0());
-    if !matches!(mode, AccessMode::Mtt | AccessMode::Memic) {
+    if !matches!(mode, AccessMode::Mtt | AccessMode::Memic | AccessMode::Pa) {
         return Err(bad_param(s::MKEY_BAD_ACCESS_MODE));
     }
     if c.qpn() != QPN_NONE {
@@ -32,12 +32,20 @@ pub(super) fn create_mkey(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) ->
         return Err(err(CmdStatus::BadResErr, s::MKEY_BAD_PD));
     }
     let (start, len) = (c.start_addr(), c.len());
-    if c.length64() != 0 || start.checked_add(len).is_none() {
+    // `length64` (the range runs to 2^64) only for PA MKeys (the kernel's DMA lkey).
+    let length64 = c.length64() != 0;
+    if (length64 && mode != AccessMode::Pa) || (!length64 && start.checked_add(len).is_none()) {
         return Err(bad_param(s::MKEY_BAD_RANGE));
     }
     let free = c.free() != 0;
     let actual = u64::from(cin.translations_octword_actual_size());
-    let xlate = if mode == AccessMode::Memic {
+    let xlate = if mode == AccessMode::Pa {
+        // No translation list: addresses are bus addresses (docs/spec/mlx5-ib-objects.md §5).
+        if actual != 0 || c.translations_octword_size() != 0 {
+            return Err(bad_param(s::MKEY_PA_TRANSLATIONS));
+        }
+        Xlate::Pa { length64 }
+    } else if mode == AccessMode::Memic {
         // §11: no translation list; the range must be device memory that is allocated.
         if actual != 0 || c.translations_octword_size() != 0 {
             return Err(bad_param(s::MKEY_MEMIC_TRANSLATIONS));

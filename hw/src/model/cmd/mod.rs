@@ -15,8 +15,11 @@ mod hca;
 mod memic;
 mod mkey;
 mod pages;
+mod pkey;
 pub(crate) mod qp;
+pub(crate) mod reg;
 mod resource;
+mod srq;
 pub mod syndrome;
 pub(crate) mod vport;
 
@@ -77,9 +80,11 @@ pub(crate) struct Handler {
     pub(crate) opcode: Opcode,
     /// Smallest acceptable `inlen`.
     pub(crate) min_in: usize,
-    /// Smallest acceptable `outlen`; also the size of the output buffer the handler fills
-    /// (handlers with variable output grow it).
+    /// Smallest acceptable `outlen`.
     pub(crate) min_out: usize,
+    /// Size of the output buffer the handler fills (handlers with variable output grow
+    /// it); bytes past `outlen` are cut when the output is written back.
+    pub(crate) out_size: usize,
     pub(crate) states: StateMask,
     pub(crate) run: fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> CmdResult,
 }
@@ -95,6 +100,27 @@ const fn h(
         opcode,
         min_in,
         min_out,
+        out_size: min_out,
+        states,
+        run,
+    }
+}
+
+/// A query whose answer is a fixed structure of `out_size` bytes that a driver may read
+/// the start of: any `outlen` from the 16-byte header up is answered, the output cut to
+/// `outlen` (pyverbs asks QUERY_HCA_CAP for 0x810 bytes; firmware-behaviour.md §Commands).
+const fn q(
+    opcode: Opcode,
+    min_in: usize,
+    out_size: usize,
+    states: StateMask,
+    run: fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> CmdResult,
+) -> Handler {
+    Handler {
+        opcode,
+        min_in,
+        min_out: 16,
+        out_size,
         states,
         run,
     }
@@ -104,14 +130,14 @@ const fn h(
 static HANDLERS: &[Handler] = &[
     h(Opcode::EnableHca, 16, 12, DISABLED, hca::enable_hca),
     h(Opcode::DisableHca, 16, 12, NOT_RUNNING, hca::disable_hca),
-    h(Opcode::QueryIssi, 16, 112, ENABLED, hca::query_issi),
+    q(Opcode::QueryIssi, 16, 112, ENABLED, hca::query_issi),
     h(Opcode::SetIssi, 16, 16, PRE_INIT, hca::set_issi),
-    h(Opcode::QueryHcaCap, 16, 4112, ENABLED, hca::query_hca_cap),
+    q(Opcode::QueryHcaCap, 16, 4112, ENABLED, hca::query_hca_cap),
     h(Opcode::SetHcaCap, 4112, 16, PRE_INIT, hca::set_hca_cap),
     h(Opcode::InitHca, 16, 16, PRE_INIT, hca::init_hca),
     h(Opcode::TeardownHca, 16, 16, RUNNING, hca::teardown_hca),
-    h(Opcode::QueryAdapter, 16, 272, ENABLED, hca::query_adapter),
-    h(Opcode::AccessReg, 16, 16, ENABLED, hca::access_reg),
+    q(Opcode::QueryAdapter, 16, 272, ENABLED, hca::query_adapter),
+    h(Opcode::AccessReg, 16, 16, ENABLED, reg::access_reg),
     h(Opcode::Nop, 16, 16, ANY, hca::nop),
     h(
         Opcode::SetDriverVersion,
@@ -197,6 +223,49 @@ static HANDLERS: &[Handler] = &[
         RUNNING,
         vport::query_vport_counter,
     ),
+    // mlx5_ib's objects (docs/spec/mlx5-ib-objects.md): transport and XRC domains, SRQs, the
+    // P_Key table.
+    h(
+        Opcode::AllocTransportDomain,
+        16,
+        16,
+        RUNNING,
+        resource::alloc_transport_domain,
+    ),
+    h(
+        Opcode::DeallocTransportDomain,
+        16,
+        16,
+        RUNNING,
+        resource::dealloc_transport_domain,
+    ),
+    h(Opcode::AllocXrcd, 16, 16, RUNNING, srq::alloc_xrcd),
+    h(Opcode::DeallocXrcd, 16, 16, RUNNING, srq::dealloc_xrcd),
+    h(Opcode::CreateSrq, 0x110, 16, RUNNING, srq::create_srq),
+    h(Opcode::DestroySrq, 16, 16, RUNNING, srq::destroy_srq),
+    h(Opcode::QuerySrq, 16, 0x110, RUNNING, srq::query_srq),
+    h(Opcode::ArmRq, 16, 16, RUNNING, srq::arm_rq),
+    h(
+        Opcode::CreateXrcSrq,
+        0x110,
+        16,
+        RUNNING,
+        srq::create_xrc_srq,
+    ),
+    h(Opcode::DestroyXrcSrq, 16, 16, RUNNING, srq::destroy_xrc_srq),
+    h(Opcode::QueryXrcSrq, 16, 0x110, RUNNING, srq::query_xrc_srq),
+    h(Opcode::ArmXrcSrq, 16, 16, RUNNING, srq::arm_xrc_srq),
+    h(Opcode::CreateRmp, 0x110, 16, RUNNING, srq::create_rmp),
+    h(Opcode::ModifyRmp, 0x110, 16, RUNNING, srq::modify_rmp),
+    h(Opcode::DestroyRmp, 16, 16, RUNNING, srq::destroy_rmp),
+    h(Opcode::QueryRmp, 16, 0x110, RUNNING, srq::query_rmp),
+    h(
+        Opcode::QueryHcaVportPkey,
+        16,
+        20,
+        RUNNING,
+        pkey::query_hca_vport_pkey,
+    ),
 ];
 
 /// The handler of `opcode`, if the model implements it.
@@ -219,6 +288,14 @@ fn state_syndrome(op: Opcode, life: Lifecycle) -> u32 {
 
 fn run(ctx: &mut Ctx<'_>, opcode: Opcode, input: &[u8], out: &mut Vec<u8>) -> CmdResult {
     let Some(h) = handler(opcode) else {
+        let raw = u16::from(opcode);
+        if ctx.sh.gaps.first(super::Gap::Opcode(raw)) {
+            tracing::warn!(
+                opcode = format_args!("{raw:#06x}"),
+                op_mod = ctx.op_mod,
+                "command the model does not implement: answered BAD_OP"
+            );
+        }
         return Err(err(CmdStatus::BadOpErr, syndrome::BAD_OPCODE));
     };
     if h.states & ctx.core.life.bit() == 0 {
@@ -233,7 +310,7 @@ fn run(ctx: &mut Ctx<'_>, opcode: Opcode, input: &[u8], out: &mut Vec<u8>) -> Cm
     if ctx.outlen < h.min_out {
         return Err(err(CmdStatus::BadOutpLenErr, syndrome::OUTLEN_TOO_SHORT));
     }
-    out.resize(h.min_out.max(16), 0);
+    out.resize(h.out_size.max(16), 0);
     (h.run)(ctx, input, out)
 }
 

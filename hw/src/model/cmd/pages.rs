@@ -61,8 +61,8 @@ pub(super) fn manage_pages(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -
                 return Err(err(CmdStatus::BadOutpLenErr, s::TAKE_OUTLEN));
             }
             let core = &mut *ctx.core;
-            let demand = core.pages.demand(core.life, core.icm_objects());
-            let back = core.pages.take(n as u32, room, demand);
+            let in_use = core.pages.in_use(core.life, core.icm_objects());
+            let back = core.pages.take(n as u32, room, in_use);
             let opas = ManagePagesOut::<()>::PAS;
             out.resize(opas + 8 * back.len(), 0);
             for (k, a) in back.iter().enumerate() {

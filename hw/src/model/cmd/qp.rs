@@ -14,9 +14,10 @@ use crate::rc::{AtomicEndianness, RcQp};
 
 use super::super::caps::{LOG_MAX_QP_SZ, MAX_WQE_SZ_RQ};
 use super::super::datapath;
-use super::super::qp::{Qp, QpState};
+use super::super::qp::{Qp, QpKind, QpState};
 use super::super::wq::QueueBuf;
 use super::cq::{buf_err, dbr_ok};
+use super::pkey::pkey_entries;
 use super::{CmdErr, CmdResult, Ctx, bad_param, err, syndrome as s};
 
 const QPC: usize = CreateQpIn::<()>::QPC;
@@ -39,10 +40,11 @@ pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
     if cin.input_qpn() != 0 {
         return Err(bad_param(s::QP_UNSUPPORTED));
     }
-    if c.st() != 0 {
+    let Some(kind) = QpKind::from_st(c.st()) else {
         return Err(bad_param(s::QP_BAD_ST));
-    }
-    if !ctx.core.pds.contains(c.pd()) {
+    };
+    // The UMR QP is the driver's own: Linux leaves its `pd` 0 (qp.c `create_kernel_qp`).
+    if kind != QpKind::RegUmr && !ctx.core.pds.contains(c.pd()) {
         return Err(err(CmdStatus::BadResErr, s::QP_BAD_PD));
     }
     let dp = &ctx.core.dp;
@@ -53,9 +55,11 @@ pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
     if !ctx.core.uars.contains(uar) {
         return Err(err(CmdStatus::BadResErr, s::QP_BAD_UAR));
     }
-    let has_rq = match c.rq_type() {
-        0 => true,
-        3 => false,
+    // rq_type (Linux qp.h): 0 its own RQ, 1 an SRQ/RMP, 3 none; the UMR QP receives nothing.
+    let (has_rq, srqn) = match c.rq_type() {
+        0 if kind != QpKind::RegUmr => (true, None),
+        1 if kind != QpKind::RegUmr => (false, Some(super::srq::qp_srq(ctx, input)?)),
+        3 => (false, None),
         _ => return Err(bad_param(s::QP_UNSUPPORTED)),
     };
     let no_sq = c.no_sq() != 0;
@@ -105,6 +109,9 @@ pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
         log_rq_size: log_rq,
         log_rq_stride: log_stride,
         has_rq,
+        srqn,
+        kind,
+        qkey: 0,
         buf,
         sq_off: rq_bytes,
         dbr,
@@ -115,6 +122,7 @@ pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
         active: false,
         moved: false,
         kick: false,
+        local_work: false,
         hints: Default::default(),
     };
     let dp = &mut ctx.core.dp;
@@ -166,16 +174,80 @@ fn init_fields(ctx: &mut Ctx<'_>, input: &[u8], from: QpState, synd: u32) -> Cmd
     if port > 1 {
         return Err(bad_param(s::QP_BAD_PORT));
     }
+    let mask = Rst2initQpIn::new_unchecked(input).opt_param_mask();
     let qp = qp_in(ctx, input, &[from], synd)?;
+    if Ads::new_unchecked(&src[ADS..ADS + 44]).pkey_index() >= pkey_entries() {
+        return Err(bad_param(s::QP_BAD_ATTR));
+    }
     let dst = &mut qp.qpc[..];
-    copy_access(dst, src);
+    if qp.kind == QpKind::Rc {
+        copy_access(dst, src);
+    }
     copy_bits(dst, src, ADS, 15, 0); // pkey_index
     copy_bits(dst, src, ADS + 0x24, 23, 16); // vhca_port_num
+    // RST2INIT sets the Q_Key of a datagram QP; INIT2INIT changes it with OPTPAR_Q_KEY.
+    if qp.kind.is_datagram() && (from == QpState::Rst || mask & OPTPAR_Q_KEY != 0) {
+        take_qkey(qp, src);
+    }
     qp.state = QpState::Init;
     Ok(())
 }
 
+/// `opt_param_mask` Q_KEY (Linux `MLX5_QP_OPTPAR_Q_KEY`; docs/spec/mlx5-ib-objects.md §4).
+const OPTPAR_Q_KEY: u32 = 1 << 5;
+/// `opt_param_mask` PKEY_INDEX (Linux `MLX5_QP_OPTPAR_PKEY_INDEX`).
+const OPTPAR_PKEY_INDEX: u32 = 1 << 4;
+
+/// Copies `q_key` (qpc 0xa8) from a transition's context into `qp`.
+fn take_qkey(qp: &mut Qp, src: &[u8]) {
+    copy_bits(&mut qp.qpc[..], src, 0xa8, 31, 0);
+    qp.qkey = qp.ctx().q_key();
+}
+
+/// INIT2RTR and RTR2RTS of a UD, GSI or UMR QP: no path, no transport engine. The MTU and
+/// message size (Linux sets 4096 / 2^12 for UD and UMR, 256 / 2^8 for GSI) and the send
+/// PSN are kept for QUERY_QP; a datagram QP's Q_Key changes with OPTPAR_Q_KEY.
+fn datagram_step(ctx: &mut Ctx<'_>, input: &[u8], from: QpState, synd: u32) -> CmdResult {
+    let src = &input[QPC..QPC + 232];
+    let mask = Rst2initQpIn::new_unchecked(input).opt_param_mask();
+    let qp = qp_in(ctx, input, &[from], synd)?;
+    let known = if qp.kind.is_datagram() {
+        OPTPAR_Q_KEY | OPTPAR_PKEY_INDEX
+    } else {
+        OPTPAR_PKEY_INDEX
+    };
+    if mask & !known != 0 {
+        return Err(bad_param(s::QP_BAD_OPT_PARAM));
+    }
+    let dst = &mut qp.qpc[..];
+    if from == QpState::Init {
+        if Qpc::new_unchecked(src).mtu() > 5 {
+            return Err(bad_param(s::QP_BAD_MTU));
+        }
+        copy_bits(dst, src, 0x08, 31, 24); // mtu, log_msg_max
+        qp.state = QpState::Rtr;
+    } else {
+        copy_bits(dst, src, 0x78, 23, 0); // next_send_psn
+        qp.state = QpState::Rts;
+        // WQEs posted before RTS run on the device thread's next pass.
+        qp.kick = true;
+    }
+    if qp.kind.is_datagram() && mask & OPTPAR_Q_KEY != 0 {
+        take_qkey(qp, src);
+    }
+    Ok(())
+}
+
+/// The kind of the QP a transition input names (BAD_RES if there is none).
+fn kind_of(ctx: &Ctx<'_>, input: &[u8]) -> Result<QpKind, CmdErr> {
+    let qpn = Rst2initQpIn::new_unchecked(input).qpn();
+    ctx.core.dp.qps.get(qpn).map(|q| q.kind).ok_or_else(no_qp)
+}
+
 pub(super) fn init2rtr_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
+    if kind_of(ctx, input)? != QpKind::Rc {
+        return datagram_step(ctx, input, QpState::Init, s::QP_NOT_INIT);
+    }
     let src = &input[QPC..QPC + 232];
     let c = Qpc::new_unchecked(src);
     qp_in(ctx, input, &[QpState::Init], s::QP_NOT_INIT)?; // the state first
@@ -203,6 +275,9 @@ pub(super) fn init2rtr_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -
 }
 
 pub(super) fn rtr2rts_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
+    if kind_of(ctx, input)? != QpKind::Rc {
+        return datagram_step(ctx, input, QpState::Rtr, s::QP_NOT_RTR);
+    }
     let src = &input[QPC..QPC + 232];
     let endianness = if ctx.core.caps.atomic().atomic_req_8B_endianness_mode() == 1 {
         AtomicEndianness::Host
@@ -255,6 +330,16 @@ pub(super) fn rts2rts_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
     let src = &input[QPC..QPC + 232];
     let mask = Rst2initQpIn::new_unchecked(input).opt_param_mask();
     let qp = qp_in(ctx, input, &[QpState::Rts], s::QP_NOT_RTS)?;
+    if qp.kind != QpKind::Rc {
+        // A datagram QP changes only its Q_Key here (Linux `opt_mask[RTS][RTS][UD]`).
+        if !qp.kind.is_datagram() || mask & !OPTPAR_Q_KEY != 0 {
+            return Err(bad_param(s::QP_BAD_OPT_PARAM));
+        }
+        if mask & OPTPAR_Q_KEY != 0 {
+            take_qkey(qp, src);
+        }
+        return Ok(());
+    }
     let known = RTS2RTS_OPTPAR_RNR_TIMEOUT
         | RTS2RTS_OPTPAR_RETRY_COUNT
         | RTS2RTS_OPTPAR_RNR_RETRY

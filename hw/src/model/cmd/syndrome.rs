@@ -85,6 +85,15 @@ pub const BAD_ROCE_ADDRESS: u32 = 0x0007_0003;
 
 /// BAD_PARAM_ERR: ACCESS_REG of a register the model does not have.
 pub const BAD_REGISTER: u32 = 0x0008_0001;
+/// BAD_PARAM_ERR: ACCESS_REG write of a register that firmware only lets software read.
+pub const REG_READ_ONLY: u32 = 0x0008_0002;
+/// BAD_PARAM_ERR: a port register naming a `local_port` other than 1.
+pub const REG_BAD_PORT: u32 = 0x0008_0003;
+/// BAD_PARAM_ERR: a register field outside what the register defines (PAOS `admin_status`,
+/// PTYS `proto_mask`, PMTU `admin_mtu`, MCQI `info_type`, a PCAM/MCAM group).
+pub const REG_BAD_FIELD: u32 = 0x0008_0004;
+/// BAD_PARAM_ERR: MCQS/MCQI of a component index past the last component.
+pub const REG_BAD_COMPONENT: u32 = 0x0008_0005;
 
 /// NO_RES_ERR: no free MKey index (`log_max_mkey`).
 pub const NO_FREE_MKEY: u32 = 0x0010_0001;
@@ -196,6 +205,43 @@ pub const QP_BAD_PORT: u32 = 0x0013_000e;
 /// BAD_PARAM_ERR: RTR2RTS with attributes the transport cannot use.
 pub const QP_BAD_ATTR: u32 = 0x0013_000f;
 
+/// NO_RES_ERR: no free transport domain.
+pub const NO_FREE_TD: u32 = 0x0005_0006;
+/// BAD_RES_ERR: no such transport domain.
+pub const BAD_TD: u32 = 0x0005_0007;
+/// BAD_PARAM_ERR: a PA MKey with a translation list.
+pub const MKEY_PA_TRANSLATIONS: u32 = 0x0010_000f;
+/// BAD_PARAM_ERR: CREATE_QP names an SRQ (`rq_type` 1) that does not exist or is an XRC SRQ.
+pub const QP_BAD_SRQ: u32 = 0x0013_0012;
+/// BAD_PARAM_ERR: a transition's `opt_param_mask` or `q_key` does not fit the QP's transport.
+pub const QP_BAD_QKEY: u32 = 0x0013_0013;
+/// NO_RES_ERR: no free SRQ / XRC SRQ / RMP number.
+pub const NO_FREE_SRQ: u32 = 0x0014_0001;
+/// BAD_RES_ERR: no SRQ of the command's kind with that number.
+pub const BAD_SRQ: u32 = 0x0014_0002;
+/// BAD_PARAM_ERR: SRQ size or stride out of range.
+pub const SRQ_SIZE: u32 = 0x0014_0003;
+/// BAD_RES_ERR: the SRQ's PD does not exist.
+pub const SRQ_BAD_PD: u32 = 0x0014_0004;
+/// BAD_RES_ERR: the XRC SRQ's CQ does not exist.
+pub const SRQ_BAD_CQ: u32 = 0x0014_0005;
+/// BAD_RES_ERR: the XRC SRQ's XRC domain does not exist.
+pub const SRQ_BAD_XRCD: u32 = 0x0014_0006;
+/// RESOURCE_BUSY: a QP still takes its receives from the SRQ.
+pub const SRQ_IN_USE: u32 = 0x0014_0007;
+/// BAD_PARAM_ERR: umem, signature, tag matching or another SRQ feature the model lacks.
+pub const SRQ_UNSUPPORTED: u32 = 0x0014_0008;
+/// BAD_PARAM_ERR: an RMP state other than RDY, or a MODIFY_RMP bitmask bit the model lacks.
+pub const SRQ_BAD_STATE: u32 = 0x0014_0009;
+/// NO_RES_ERR: no free XRC domain.
+pub const NO_FREE_XRCD: u32 = 0x0015_0001;
+/// BAD_RES_ERR: no such XRC domain.
+pub const BAD_XRCD: u32 = 0x0015_0002;
+/// RESOURCE_BUSY: an XRC SRQ or QP still uses the XRC domain.
+pub const XRCD_IN_USE: u32 = 0x0015_0003;
+/// BAD_PARAM_ERR: QUERY_HCA_VPORT_PKEY of an index past the P_Key table.
+pub const BAD_PKEY_INDEX: u32 = 0x0007_0004;
+
 /// Every syndrome with its name (for tests and pretty-printers).
 pub const ALL: &[(&str, u32)] = &[
     ("BAD_OPCODE", BAD_OPCODE),
@@ -235,6 +281,10 @@ pub const ALL: &[(&str, u32)] = &[
     ("BAD_PORT", BAD_PORT),
     ("BAD_ROCE_ADDRESS", BAD_ROCE_ADDRESS),
     ("BAD_REGISTER", BAD_REGISTER),
+    ("REG_READ_ONLY", REG_READ_ONLY),
+    ("REG_BAD_PORT", REG_BAD_PORT),
+    ("REG_BAD_FIELD", REG_BAD_FIELD),
+    ("REG_BAD_COMPONENT", REG_BAD_COMPONENT),
     ("NO_FREE_MKEY", NO_FREE_MKEY),
     ("BAD_MKEY", BAD_MKEY),
     ("MKEY_BAD_ACCESS_MODE", MKEY_BAD_ACCESS_MODE),
@@ -286,6 +336,24 @@ pub const ALL: &[(&str, u32)] = &[
     ("QP_BAD_ATTR", QP_BAD_ATTR),
     ("QP_NOT_RTS", QP_NOT_RTS),
     ("QP_BAD_OPT_PARAM", QP_BAD_OPT_PARAM),
+    ("NO_FREE_TD", NO_FREE_TD),
+    ("BAD_TD", BAD_TD),
+    ("MKEY_PA_TRANSLATIONS", MKEY_PA_TRANSLATIONS),
+    ("QP_BAD_SRQ", QP_BAD_SRQ),
+    ("QP_BAD_QKEY", QP_BAD_QKEY),
+    ("NO_FREE_SRQ", NO_FREE_SRQ),
+    ("BAD_SRQ", BAD_SRQ),
+    ("SRQ_SIZE", SRQ_SIZE),
+    ("SRQ_BAD_PD", SRQ_BAD_PD),
+    ("SRQ_BAD_CQ", SRQ_BAD_CQ),
+    ("SRQ_BAD_XRCD", SRQ_BAD_XRCD),
+    ("SRQ_IN_USE", SRQ_IN_USE),
+    ("SRQ_UNSUPPORTED", SRQ_UNSUPPORTED),
+    ("SRQ_BAD_STATE", SRQ_BAD_STATE),
+    ("NO_FREE_XRCD", NO_FREE_XRCD),
+    ("BAD_XRCD", BAD_XRCD),
+    ("XRCD_IN_USE", XRCD_IN_USE),
+    ("BAD_PKEY_INDEX", BAD_PKEY_INDEX),
 ];
 
 /// The name of a syndrome, if it is one of the model's.

@@ -212,11 +212,19 @@ impl PortCounters {
         Counters::add_dev(&self.rx_octets, len as u64);
     }
 
-    /// Counts one received frame of `len` bytes dropped as malformed or with a bad ICRC.
+    /// Counts one received frame of `len` bytes dropped as malformed, with a bad ICRC or for
+    /// a QP that does not exist.
     #[inline]
     pub(crate) fn received_error(&self, len: usize) {
         Counters::inc_dev(&self.rx_error_packets);
         Counters::add_dev(&self.rx_error_octets, len as u64);
+    }
+
+    /// Counts `packets` received frames of `octets` bytes in all that the link dropped
+    /// before the model saw them (`Link::take_rx_errors`).
+    pub(crate) fn received_errors(&self, packets: u64, octets: u64) {
+        Counters::add_dev(&self.rx_error_packets, packets);
+        Counters::add_dev(&self.rx_error_octets, octets);
     }
 
     /// The counters now; with `clear`, each is read and zeroed in one atomic step (no

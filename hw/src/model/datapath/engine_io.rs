@@ -90,6 +90,15 @@ impl Link for Wire<'_> {
         *dst_mac == self.mac && self.sh.cfg.loopback_offload
     }
 
+    /// A frame for the attached link, if that link computes and checks ICRCs itself.
+    fn offloads_icrc(&self, dst_mac: &[u8; 6]) -> bool {
+        *dst_mac != self.mac && self.peer.is_some_and(|p| p.offloads_icrc(dst_mac))
+    }
+
+    fn flush(&self) -> Result<(), LinkError> {
+        self.peer.map_or(Ok(()), |p| p.flush())
+    }
+
     /// Queues the burst on the loopback queue, if its frame is for this port (else
     /// `NoBursts`, nothing sent).
     fn send_burst(

@@ -125,12 +125,15 @@ fn create_qp_checks_its_context() {
         f(&mut Qpc::new_unchecked(&mut j[0x18..0x18 + 232]));
         r.cmd(&j, 16)
     };
-    assert_eq!(with(&|c| c.set_st(2)).1, s::QP_BAD_ST);
+    // UC (1) and XRC (3) are not modelled; RC, UD, QP1 and REG_UMR are.
+    assert_eq!(with(&|c| c.set_st(1)).1, s::QP_BAD_ST);
+    assert_eq!(with(&|c| c.set_st(3)).1, s::QP_BAD_ST);
     assert_eq!(with(&|c| c.set_pd(77)).1, s::QP_BAD_PD);
     assert_eq!(with(&|c| c.set_cqn_rcv(77)).1, s::QP_BAD_CQ);
     assert_eq!(with(&|c| c.set_uar_page(1000)).1, s::QP_BAD_UAR);
     assert_eq!(with(&|c| c.set_log_rq_stride(6)).1, s::QP_SIZE);
-    assert_eq!(with(&|c| c.set_rq_type(1)).1, s::QP_UNSUPPORTED);
+    assert_eq!(with(&|c| c.set_rq_type(1)).1, s::QP_BAD_SRQ);
+    assert_eq!(with(&|c| c.set_rq_type(2)).1, s::QP_UNSUPPORTED);
     let short = &i[..0x110];
     assert_eq!(r.cmd(short, 16).0, CmdStatus::BadInpLenErr);
     assert_eq!(hca.stats().qps, 0);

@@ -3,6 +3,7 @@
 //! through its IOMMU, ringing doorbells in BAR0 as a driver would (prm-subset.md §9).
 
 mod cmds;
+mod ib;
 mod ops;
 mod wqe_fuzz;
 

@@ -666,6 +666,22 @@ fn random_queue_contexts_are_refused_or_run() {
     assert_eq!(outcome(&r.wait(&mut ca)).0, CqeOpcode::Req);
 }
 
+/// Waits until the device thread has made `n` more passes, so everything written to the
+/// BAR before the call was seen by a whole pass (bounded: the thread must be alive).
+fn device_passes(hca: &Hca, n: u64) {
+    use std::sync::atomic::{Ordering, fence};
+    fence(Ordering::SeqCst);
+    let start = hca.stats().polls;
+    while hca.stats().polls < start + n {
+        assert!(
+            !hca.thread.as_ref().is_some_and(|h| h.is_finished()),
+            "the device thread died"
+        );
+        std::thread::yield_now();
+    }
+    fence(Ordering::SeqCst);
+}
+
 /// A driver writing nonsense to BAR0 while traffic runs: random 32-bit values at random
 /// places of the init segment (command queue address, command doorbell), of the UAR pages
 /// in use (SQ, CQ and EQ doorbells, BlueFlame registers), of unused UARs and of the MEMIC
@@ -712,7 +728,9 @@ fn random_bar_writes_never_stop_the_device() {
                 &data(t.rw.key, t.rw.va + PAGE as u64, 64),
             ]);
             r.post(&mut a, WqeOpcode::RdmaWrite.into(), CQ_UPDATE, 0, &segs);
-            std::thread::sleep(std::time::Duration::from_micros(100));
+            // The device has taken the batch and the WRITE once a whole pass began after
+            // them (a sleep left that to the scheduler: under load it took none).
+            device_passes(&hca, 2);
             while r.poll(&mut ca).is_some() {}
             assert!(
                 !hca.thread.as_ref().is_some_and(|h| h.is_finished()),

@@ -43,8 +43,8 @@ pub const GPU_DEVICE_ID: u16 = 0x00ff;
 pub const GPU_CLASS_CODE: u32 = 0x03_0200;
 /// The BAR that holds device memory (BAR1, like a GPU's VRAM aperture).
 pub const GPU_MEM_BAR: u8 = 1;
-/// Config-space offset of BAR1 (64-bit: 0x18 low, 0x1c high).
-const BAR1: usize = 0x18;
+/// Config-space offset of BAR1 (PCI: BAR n at 0x10 + 4n; 64-bit, so 0x14 low, 0x18 high).
+const BAR1: usize = 0x14;
 /// Command register offset and bits (PCI Local Bus spec).
 const COMMAND: usize = 0x04;
 const COMMAND_MEMORY: u16 = 1 << 1;
@@ -226,6 +226,12 @@ impl ModelGpu {
         self.inner.bar.len()
     }
 
+    /// The memfd behind BAR1 (to share device memory with another process, as the
+    /// vfio-user server does with its client); owned by the `ModelGpu`.
+    pub fn bar_fd(&self) -> std::os::fd::RawFd {
+        self.inner.bar.raw_fd()
+    }
+
     /// BAR `index` as mapped in this process (only [`GPU_MEM_BAR`] exists); valid while the
     /// `ModelGpu` lives.
     pub fn bar(&self, index: u8) -> Result<BarMemory, GpuError> {
@@ -312,8 +318,8 @@ impl ModelGpu {
                 let at = o + i;
                 let mask: u8 = match at {
                     0x04 => (COMMAND_MEMORY | COMMAND_MASTER) as u8,
-                    0x18..=0x1b => ((size_mask as u32 & !0xF) >> (8 * (at - 0x18))) as u8,
-                    0x1c..=0x1f => ((size_mask >> 32) as u32 >> (8 * (at - 0x1c))) as u8,
+                    0x14..=0x17 => ((size_mask as u32 & !0xF) >> (8 * (at - 0x14))) as u8,
+                    0x18..=0x1b => ((size_mask >> 32) as u32 >> (8 * (at - 0x18))) as u8,
                     _ => 0,
                 };
                 c[at] = (c[at] & !mask) | (b & mask);

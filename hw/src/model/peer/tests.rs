@@ -37,9 +37,19 @@ fn config_space_identity_and_bar_access() {
     g.config_read(0x08, &mut b).unwrap();
     assert_eq!(u32::from_le_bytes(b) >> 8, GPU_CLASS_CODE);
     // BAR1 sizing: all-ones reads back the size mask and the 64-bit prefetchable flags.
+    // BAR1 is at 0x14 (low half) and 0x18 (high half), as PCI places BAR n at 0x10 + 4n.
+    g.config_write(0x14, &[0xff; 4]).unwrap();
+    g.config_read(0x14, &mut b).unwrap();
+    assert_eq!(u32::from_le_bytes(b), !((1u32 << 20) - 1) | 0xC);
     g.config_write(0x18, &[0xff; 4]).unwrap();
     g.config_read(0x18, &mut b).unwrap();
-    assert_eq!(u32::from_le_bytes(b), !((1u32 << 20) - 1) | 0xC);
+    assert_eq!(
+        u32::from_le_bytes(b),
+        u32::MAX,
+        "a 1 MiB BAR decodes every high bit"
+    );
+    g.config_read(0x10, &mut b).unwrap();
+    assert_eq!(b, [0; 4], "no BAR0");
     assert!(g.config_read(4095, &mut b).is_err());
     assert!(matches!(g.bar(0), Err(GpuError::NoBar(0))));
     assert_eq!(g.bar(1).unwrap().len, 1 << 20);

@@ -565,3 +565,70 @@ fn a_write_only_with_a_bad_key_is_a_remote_access_error_whatever_its_lengths_say
     let invalid = Some(S::Nak(N::InvalidRequest));
     assert_eq!(nak_for_write_only(DST, 100, 50), (invalid, false));
 }
+
+#[test]
+fn a_request_from_another_address_is_dropped_and_touches_nothing() {
+    use crate::layout::roce::{BthRepr, ROCE_UDP_PORT, RcOpcode, RethRepr, UdpRepr};
+    let mut p = setup();
+    let cfg = *p.a.qp.config();
+    let before = p.b.mem.bytes(DST, VA_DST, 64);
+    let IpRepr::V4(ip) = cfg.path.ip else {
+        unreachable!("the test path is IPv4")
+    };
+    // From a stranger to B's address, and from A to an address of B's host that is not
+    // this QP's: both have B's QPN, the expected PSN, a valid R_Key and ICRC.
+    let stranger = IpRepr::V4(Ipv4Repr {
+        src_addr: [10, 0, 0, 9],
+        ..ip
+    });
+    let elsewhere = IpRepr::V4(Ipv4Repr {
+        dst_addr: [10, 0, 0, 7],
+        ..ip
+    });
+    for ip in [stranger, elsewhere] {
+        let pkt = RocePacket {
+            eth: cfg.path.eth,
+            ip,
+            udp: UdpRepr {
+                src_port: cfg.path.udp_src_port,
+                dst_port: ROCE_UDP_PORT,
+                payload_len: 0,
+            },
+            bth: BthRepr {
+                opcode: RcOpcode::RdmaWriteOnly.into(),
+                p_key: cfg.p_key,
+                dest_qp: cfg.dest_qpn,
+                ack_req: true,
+                psn: p.b.qp.config().rq_psn,
+                ..Default::default()
+            },
+            ext: ExtHeaders {
+                reth: Some(RethRepr {
+                    va: VA_DST,
+                    r_key: DST,
+                    dma_length: 64,
+                }),
+                ..ExtHeaders::default()
+            },
+            payload: &[0xEE; 64],
+        };
+        let mut frame = vec![0u8; 512];
+        let n = pkt.emit(&mut frame).unwrap();
+        let parsed = RocePacket::parse(&frame[..n]).unwrap();
+        p.b.with_env(&p.clock, |qp, env| qp.receive(&parsed, env));
+    }
+    let s = p.b.qp.stats();
+    assert_eq!((s.rx_bad_addr, s.rx_dropped, s.acks_sent), (2, 2, 0));
+    assert_eq!(p.b.mem.bytes(DST, VA_DST, 64), before);
+    // The connection goes on: a real WRITE at the same PSN lands.
+    let data: Vec<u8> = (1..=64).collect();
+    p.a.mem.fill(SRC, VA_SRC, &data);
+    p.a.post(wr(
+        1,
+        WrOp::Write { remote: remote(0) },
+        &split(SRC, VA_SRC, 64),
+    ));
+    p.settle();
+    assert_eq!(statuses(&p.a), [(1, WcStatus::Success)]);
+    assert_eq!(p.b.mem.bytes(DST, VA_DST, 64), data);
+}

@@ -1,0 +1,866 @@
+//! The model's port on the host's IP network: RoCEv2 as it is on a real wire, the BTH
+//! onward as the payload of a UDP datagram to port 4791 (docs/spec/rocev2-net.md), sent and
+//! received through the host's UDP sockets, IPv4 and IPv6. Any RoCEv2 peer that can reach
+//! the port's addresses (Linux soft-RoCE, a ConnectX) talks to the model through it.
+//!
+//! Why UDP sockets rather than a TAP or AF_PACKET port: the host already owns the
+//! interface's addresses, ARP/ND, routing and the MTU; a socket needs no privilege, works
+//! on loopback (the tests), and the kernel demultiplexes UDP 4791 for us. What a socket
+//! hides is the peer's IP header: the port rebuilds it (addresses and ports from the
+//! socket, lengths from the datagram), which is everything the ICRC covers except the
+//! IPv4 Identification; that is recovered from the ICRC itself ([`ipv4_id`]).
+//!
+//! The link takes the Ethernet frames the model builds and sends what follows their UDP
+//! header from the socket bound to the frame's IP source address, to the frame's IP
+//! destination at the peer UDP port (4791). Because it knows the real headers and the
+//! model does not, it computes the ICRC of what it sends and checks that of what it
+//! receives ([`Link::offloads_icrc`]): on send, over the IP header the kernel writes
+//! (Identification 0: an unconnected socket sending with DF, docs/spec/rocev2-net.md §2)
+//! and the real UDP ports; on receipt, IPv6 exactly and IPv4 up to the unknown
+//! Identification (16 of the 32 bits). Frames it receives are handed to the model with
+//! Ethernet, IP and UDP headers rebuilt, the destination MAC being the model's.
+//!
+//! The UDP source port is the bound port (4791), not the per-QP entropy port the model
+//! writes: one socket carries every QP, which costs ECMP spreading across paths but
+//! nothing a peer checks (rxe ignores the source port). Sends are queued and go out
+//! together at the end of each device pass ([`Link::flush`]; `sendmmsg`), receives come
+//! in batches (`recvmmsg`). Bad datagrams are dropped and counted ([`NetStats`]). The
+//! seeded faults of [`FaultConfig`] apply to what the port sends. `--pcap` writes every
+//! frame sent and received, with its real IP and UDP headers, to a capture file.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+
+use super::{FaultConfig, Link, LinkError, SplitMix64, mangle};
+use crate::layout::roce::headers::{BTH_SIZE, ETH_SIZE, IPV4_SIZE, IPV6_SIZE, UDP_SIZE};
+use crate::layout::roce::{ICRC_SIZE, ROCE_UDP_PORT, icrc, icrc_in_place, internet_checksum};
+
+mod ipv4_id;
+mod pcap;
+mod sys;
+#[cfg(test)]
+mod tests;
+
+use sys::{BATCH, In, Out};
+
+/// Longest frame the port carries: a 4,096-byte payload and every header.
+pub const MAX_FRAME_LEN: usize = 4096 + 256;
+
+/// Room in front of a received datagram for the rebuilt Ethernet, IPv6 and UDP headers.
+const HEAD: usize = ETH_SIZE + IPV6_SIZE + UDP_SIZE;
+
+/// Bytes asked for each socket's buffers (see `udp::SOCKET_BUFFER`: a window of
+/// MTU-sized packets must fit).
+const SOCKET_BUFFER: usize = 8 << 20;
+
+/// Where and how the port is put on the network.
+#[derive(Clone, Debug)]
+pub struct NetConfig {
+    /// The port's addresses, each with the local UDP port to bind (4791; 0 lets the
+    /// kernel choose, for tests of two ports on one host). One socket per address; an IPv6
+    /// link-local address needs its interface's scope id.
+    pub addrs: Vec<SocketAddr>,
+    /// The UDP port requests and responses go to (4791, where every RoCEv2 peer listens).
+    pub peer_port: u16,
+    /// The model port's MAC: the destination of the frames the link delivers.
+    pub mac: [u8; 6],
+    /// Faults injected into what the port sends.
+    pub faults: FaultConfig,
+}
+
+impl NetConfig {
+    /// A port on `addrs` at UDP 4791, talking to peers' 4791.
+    pub fn new(addrs: &[IpAddr], mac: [u8; 6]) -> NetConfig {
+        NetConfig {
+            addrs: addrs
+                .iter()
+                .map(|&a| SocketAddr::new(a, ROCE_UDP_PORT))
+                .collect(),
+            peer_port: ROCE_UDP_PORT,
+            mac,
+            faults: FaultConfig::default(),
+        }
+    }
+}
+
+/// The addresses a network port is put on, as [`resolve`] finds them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortAddrs {
+    /// The interface that has them.
+    pub interface: String,
+    /// The addresses, each with the UDP port to bind (IPv6 link-local ones with the
+    /// interface's index as scope).
+    pub addrs: Vec<SocketAddr>,
+    /// The interface's Ethernet address, if it has one (not `lo`).
+    pub mac: Option<[u8; 6]>,
+}
+
+/// Where `spec` puts a port listening on UDP `port`: an interface name gives all of that
+/// interface's addresses (as rxe takes a netdev's), an IP address that address alone (it
+/// must be one of an interface's).
+pub fn resolve(spec: &str, port: u16) -> io::Result<PortAddrs> {
+    let not_found = |what: String| io::Error::new(io::ErrorKind::NotFound, what);
+    let (interface, addrs) = match spec.parse::<IpAddr>() {
+        Ok(ip) => {
+            let name = sys::interface_of(ip)?
+                .ok_or_else(|| not_found(format!("no network interface has the address {ip}")))?;
+            let all = sys::interface_addrs(&name)?;
+            let one: Vec<(IpAddr, u32)> = all.into_iter().filter(|&(a, _)| a == ip).collect();
+            (name, one)
+        }
+        Err(_) => {
+            let all = sys::interface_addrs(spec)?;
+            if all.is_empty() {
+                return Err(not_found(format!(
+                    "`{spec}` is neither an IP address nor a network interface with addresses"
+                )));
+            }
+            (spec.to_owned(), all)
+        }
+    };
+    let addrs = addrs
+        .into_iter()
+        .map(|(a, index)| match a {
+            IpAddr::V6(v) if v.is_unicast_link_local() => {
+                SocketAddr::V6(SocketAddrV6::new(v, port, 0, index))
+            }
+            a => SocketAddr::new(a, port),
+        })
+        .collect();
+    let mac = std::fs::read_to_string(format!("/sys/class/net/{interface}/address"))
+        .ok()
+        .and_then(|s| parse_mac(s.trim()))
+        .filter(|m| *m != [0; 6]);
+    Ok(PortAddrs {
+        interface,
+        addrs,
+        mac,
+    })
+}
+
+/// `aa:bb:cc:dd:ee:ff` as bytes.
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut m = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut m {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(m)
+}
+
+/// Counters of a network port (a snapshot). Every datagram received is either handed to
+/// the model (`rx_datagrams`) or counted under exactly one drop reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Datagrams sent.
+    pub tx_datagrams: u64,
+    /// Bytes of them (UDP payload).
+    pub tx_bytes: u64,
+    /// Frames the model built from an address the port does not have (dropped).
+    pub tx_no_source: u64,
+    /// Frames that were not IP/UDP (dropped; the model never builds one).
+    pub tx_malformed: u64,
+    /// Datagrams the kernel refused (too long for the path, no route...).
+    pub tx_errors: u64,
+    /// Datagrams handed to the model.
+    pub rx_datagrams: u64,
+    /// Bytes of them (UDP payload).
+    pub rx_bytes: u64,
+    /// Datagrams too short for a BTH and an ICRC.
+    pub rx_truncated: u64,
+    /// Datagrams longer than the port's largest frame.
+    pub rx_too_long: u64,
+    /// Datagrams whose ICRC is wrong (IPv4: for every Identification).
+    pub rx_bad_icrc: u64,
+    /// IPv4 datagrams whose ICRC matched only with a non-zero Identification (accepted).
+    pub rx_ipv4_id_recovered: u64,
+    /// Sent datagrams the fault injector dropped.
+    pub fault_dropped: u64,
+    /// ... duplicated.
+    pub fault_duplicated: u64,
+    /// ... held back and sent after the next one.
+    pub fault_reordered: u64,
+    /// ... corrupted (one byte changed after the ICRC).
+    pub fault_corrupted: u64,
+    /// ... mangled (one transport-header byte changed before the ICRC).
+    pub fault_mangled: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    c: [AtomicU64; 16],
+}
+
+/// Indices into [`Counters`], in [`NetStats`] order.
+#[derive(Clone, Copy)]
+enum C {
+    TxDatagrams,
+    TxBytes,
+    TxNoSource,
+    TxMalformed,
+    TxErrors,
+    RxDatagrams,
+    RxBytes,
+    RxTruncated,
+    RxTooLong,
+    RxBadIcrc,
+    RxIdRecovered,
+    FaultDropped,
+    FaultDuplicated,
+    FaultReordered,
+    FaultCorrupted,
+    FaultMangled,
+}
+
+impl Counters {
+    fn add(&self, c: C, n: u64) {
+        self.c[c as usize].fetch_add(n, Ordering::Relaxed);
+    }
+    fn snapshot(&self) -> NetStats {
+        let g = |c: C| self.c[c as usize].load(Ordering::Relaxed);
+        NetStats {
+            tx_datagrams: g(C::TxDatagrams),
+            tx_bytes: g(C::TxBytes),
+            tx_no_source: g(C::TxNoSource),
+            tx_malformed: g(C::TxMalformed),
+            tx_errors: g(C::TxErrors),
+            rx_datagrams: g(C::RxDatagrams),
+            rx_bytes: g(C::RxBytes),
+            rx_truncated: g(C::RxTruncated),
+            rx_too_long: g(C::RxTooLong),
+            rx_bad_icrc: g(C::RxBadIcrc),
+            rx_ipv4_id_recovered: g(C::RxIdRecovered),
+            fault_dropped: g(C::FaultDropped),
+            fault_duplicated: g(C::FaultDuplicated),
+            fault_reordered: g(C::FaultReordered),
+            fault_corrupted: g(C::FaultCorrupted),
+            fault_mangled: g(C::FaultMangled),
+        }
+    }
+}
+
+/// One bound socket.
+#[derive(Debug)]
+struct Sock {
+    sock: UdpSocket,
+    addr: SocketAddr,
+}
+
+/// A datagram queued to send: where its bytes are in which slot, and where it goes.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    slot: usize,
+    off: usize,
+    len: usize,
+    dst: SocketAddr,
+    sock: usize,
+}
+
+/// The send side: frame slots, the queue of datagrams and the fault injector.
+struct Tx {
+    slots: Vec<Box<[u8]>>,
+    free: Vec<usize>,
+    queue: Vec<Pending>,
+    held: Option<Pending>,
+    rng: Option<SplitMix64>,
+}
+
+/// The receive side: a batch of datagrams, each with room for the rebuilt headers.
+struct Rx {
+    bufs: Vec<Box<[u8]>>,
+    got: [In; BATCH],
+    count: usize,
+    next: usize,
+    sock: usize,
+    rr: usize,
+    ids: ipv4_id::IdSolver,
+}
+
+/// The model's port on the host's IP network (see the module docs).
+pub struct NetLink {
+    socks: Vec<Sock>,
+    peer_port: AtomicU16,
+    mac: [u8; 6],
+    faults: FaultConfig,
+    tx: Mutex<Tx>,
+    rx: Mutex<Rx>,
+    pcap: Mutex<Option<pcap::Pcap>>,
+    stats: Counters,
+    /// Datagrams and octets dropped on receipt since the model last took them.
+    rx_errors: (AtomicU64, AtomicU64),
+}
+
+impl NetLink {
+    /// Binds a UDP socket on each of `cfg.addrs`.
+    pub fn open(cfg: &NetConfig) -> io::Result<NetLink> {
+        if cfg.addrs.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a network port needs at least one address",
+            ));
+        }
+        let mut socks = Vec::new();
+        for &a in &cfg.addrs {
+            let sock = UdpSocket::bind(a)
+                .map_err(|e| io::Error::new(e.kind(), format!("binding {a}: {e}")))?;
+            let fd = sock.as_raw_fd();
+            if a.is_ipv4() {
+                // DF on every datagram: the kernel then sends Identification 0, the value
+                // the ICRC is computed with.
+                sys::set_int(
+                    fd,
+                    libc::IPPROTO_IP,
+                    libc::IP_MTU_DISCOVER,
+                    libc::IP_PMTUDISC_DO as usize,
+                )?;
+            } else {
+                sys::set_int(
+                    fd,
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_MTU_DISCOVER,
+                    libc::IPV6_PMTUDISC_DO as usize,
+                )?;
+            }
+            for (opt, force) in [
+                (libc::SO_RCVBUF, libc::SO_RCVBUFFORCE),
+                (libc::SO_SNDBUF, libc::SO_SNDBUFFORCE),
+            ] {
+                if sys::set_int(fd, libc::SOL_SOCKET, force, SOCKET_BUFFER).is_err() {
+                    let _ = sys::set_int(fd, libc::SOL_SOCKET, opt, SOCKET_BUFFER);
+                }
+            }
+            let addr = sock.local_addr()?;
+            socks.push(Sock { sock, addr });
+        }
+        let slot = || vec![0u8; MAX_FRAME_LEN].into_boxed_slice();
+        let rx_buf = || vec![0u8; HEAD + MAX_FRAME_LEN].into_boxed_slice();
+        let in0 = In {
+            len: 0,
+            src: None,
+            truncated: false,
+        };
+        Ok(NetLink {
+            socks,
+            peer_port: AtomicU16::new(cfg.peer_port),
+            mac: cfg.mac,
+            faults: cfg.faults,
+            tx: Mutex::new(Tx {
+                slots: (0..=BATCH).map(|_| slot()).collect(),
+                free: (0..=BATCH).rev().collect(),
+                queue: Vec::with_capacity(2 * BATCH),
+                held: None,
+                rng: cfg.faults.any().then_some(SplitMix64(cfg.faults.seed)),
+            }),
+            rx: Mutex::new(Rx {
+                bufs: (0..BATCH).map(|_| rx_buf()).collect(),
+                got: [in0; BATCH],
+                count: 0,
+                next: 0,
+                sock: 0,
+                rr: 0,
+                ids: ipv4_id::IdSolver::default(),
+            }),
+            pcap: Mutex::new(None),
+            stats: Counters::default(),
+            rx_errors: (AtomicU64::new(0), AtomicU64::new(0)),
+        })
+    }
+
+    /// The bound addresses (with the ports the kernel chose for port 0).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.socks.iter().map(|s| s.addr).collect()
+    }
+
+    /// Changes the UDP port datagrams go to (tests of two ports on one host).
+    pub fn set_peer_port(&self, port: u16) {
+        self.peer_port.store(port, Ordering::Relaxed);
+    }
+
+    /// Writes every frame sent and received from now on to a pcap file at `path`.
+    pub fn capture(&self, path: &Path) -> io::Result<()> {
+        let p = pcap::Pcap::create(path)?;
+        *self.pcap.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        Ok(())
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> NetStats {
+        self.stats.snapshot()
+    }
+
+    fn record(&self, frame: &[u8]) {
+        let mut p = self.pcap.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = p.as_mut()
+            && let Err(e) = w.write(frame)
+        {
+            tracing::warn!(error = %e, "capture stopped");
+            *p = None;
+        }
+    }
+
+    fn capturing(&self) -> bool {
+        self.pcap
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Turns the frame the model built in `f` into a datagram to send: checks it, writes
+    /// the real ports and IPv4 fields, applies the mangle fault, computes the ICRC.
+    /// `Err(reason)`: dropped.
+    fn prepare(&self, f: &mut [u8], mangle_draw: Option<(u64, u64)>) -> Result<Pending, C> {
+        let ip_len = match f.get(12..14) {
+            Some([0x08, 0x00]) => IPV4_SIZE,
+            Some([0x86, 0xDD]) => IPV6_SIZE,
+            _ => return Err(C::TxMalformed),
+        };
+        let (l3, l4) = (ETH_SIZE, ETH_SIZE + ip_len);
+        if f.len() < l4 + UDP_SIZE + BTH_SIZE + ICRC_SIZE {
+            return Err(C::TxMalformed);
+        }
+        let udp_len = usize::from(u16::from_be_bytes([f[l4 + 4], f[l4 + 5]]));
+        let end = l4 + udp_len;
+        if udp_len < UDP_SIZE + BTH_SIZE + ICRC_SIZE || end > f.len() {
+            return Err(C::TxMalformed);
+        }
+        let (src, dst) = if ip_len == IPV4_SIZE {
+            let a = |at: usize| IpAddr::from(<[u8; 4]>::try_from(&f[at..at + 4]).unwrap_or([0; 4]));
+            (a(l3 + 12), a(l3 + 16))
+        } else {
+            let a =
+                |at: usize| IpAddr::from(<[u8; 16]>::try_from(&f[at..at + 16]).unwrap_or([0; 16]));
+            (a(l3 + 8), a(l3 + 24))
+        };
+        let sock = self
+            .socks
+            .iter()
+            .position(|s| s.addr.ip() == src)
+            .ok_or(C::TxNoSource)?;
+        let local = self.socks[sock].addr;
+        let peer_port = self.peer_port.load(Ordering::Relaxed);
+        f[l4..l4 + 2].copy_from_slice(&local.port().to_be_bytes());
+        f[l4 + 2..l4 + 4].copy_from_slice(&peer_port.to_be_bytes());
+        f[l4 + 6..l4 + 8].fill(0);
+        if ip_len == IPV4_SIZE {
+            // As the kernel sends it: Identification 0, DF, header checksum.
+            f[l3 + 4..l3 + 6].fill(0);
+            f[l3 + 6..l3 + 8].copy_from_slice(&0x4000u16.to_be_bytes());
+            f[l3 + 10..l3 + 12].fill(0);
+            let c = internet_checksum(&f[l3..l4]);
+            f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+        }
+        if let Some((pos, bits)) = mangle_draw
+            && mangle(&mut f[..end], pos, bits)
+        {
+            self.stats.add(C::FaultMangled, 1);
+        }
+        let c = icrc_in_place(&mut f[l3..end - ICRC_SIZE]).map_err(|_| C::TxMalformed)?;
+        f[end - ICRC_SIZE..end].copy_from_slice(&c.to_le_bytes());
+        let dst = match (dst, local) {
+            (IpAddr::V6(d), SocketAddr::V6(l)) if d.is_unicast_link_local() => {
+                SocketAddr::V6(SocketAddrV6::new(d, peer_port, 0, l.scope_id()))
+            }
+            (d, _) => SocketAddr::new(d, peer_port),
+        };
+        Ok(Pending {
+            slot: 0,
+            off: l4 + UDP_SIZE,
+            len: udp_len - UDP_SIZE,
+            dst,
+            sock,
+        })
+    }
+
+    /// Queues the frame in `tx.slots[slot]` (`n` bytes), with the faults; sends the queue
+    /// when it holds a batch.
+    fn queue(&self, tx: &mut Tx, slot: usize, n: usize) {
+        let cfg = self.faults;
+        // One draw per fault and frame, in a fixed order (as the in-process link).
+        let (drop, dup, hold, corrupt, pos, bits, mangle_draw) = match tx.rng.as_mut() {
+            Some(r) => {
+                let drop = r.one_in(cfg.drop_one_in);
+                let dup = r.one_in(cfg.duplicate_one_in);
+                let hold = r.one_in(cfg.reorder_one_in);
+                let corrupt = r.one_in(cfg.corrupt_one_in);
+                let (pos, bits) = (r.next(), r.next());
+                let m = r.one_in(cfg.mangle_one_in).then(|| (r.next(), r.next()));
+                (drop, dup, hold, corrupt, pos, bits, m)
+            }
+            None => (false, false, false, false, 0, 0, None),
+        };
+        let f = &mut tx.slots[slot][..n];
+        let mut p = match self.prepare(f, mangle_draw) {
+            Ok(p) => p,
+            Err(c) => {
+                self.stats.add(c, 1);
+                tx.free.push(slot);
+                return;
+            }
+        };
+        p.slot = slot;
+        if drop {
+            self.stats.add(C::FaultDropped, 1);
+            tx.free.push(slot);
+            return;
+        }
+        if corrupt && p.len > 0 {
+            f[p.off + (pos % p.len as u64) as usize] ^= (bits % 255 + 1) as u8;
+            self.stats.add(C::FaultCorrupted, 1);
+        }
+        if self.capturing() {
+            self.record_sent(f);
+        }
+        if hold && tx.held.is_none() {
+            self.stats.add(C::FaultReordered, 1);
+            tx.held = Some(p);
+        } else {
+            tx.queue.push(p);
+            if let Some(h) = tx.held.take() {
+                tx.queue.push(h);
+            }
+        }
+        if dup {
+            self.stats.add(C::FaultDuplicated, 1);
+            tx.queue.push(p);
+        }
+        if tx.queue.len() >= BATCH || tx.free.is_empty() {
+            self.send_queue(tx);
+        }
+    }
+
+    /// Writes a sent frame to the capture, with the UDP checksum the kernel puts on it
+    /// (over a copy: the datagram is already queued).
+    fn record_sent(&self, f: &[u8]) {
+        let mut c = f.to_vec();
+        fill_udp_checksum(&mut c);
+        self.record(&c);
+    }
+
+    /// Sends every queued datagram (a held one stays held).
+    fn send_queue(&self, tx: &mut Tx) {
+        let Tx {
+            slots,
+            free,
+            queue,
+            held,
+            ..
+        } = tx;
+        let mut at = 0;
+        while at < queue.len() {
+            let sock = queue[at].sock;
+            let run = queue[at..]
+                .iter()
+                .take(BATCH)
+                .take_while(|p| p.sock == sock)
+                .count();
+            let outs: Vec<Out<'_>> = queue[at..at + run]
+                .iter()
+                .map(|p| Out {
+                    dst: p.dst,
+                    data: &slots[p.slot][p.off..p.off + p.len],
+                })
+                .collect();
+            let fd = self.socks[sock].sock.as_raw_fd();
+            let mut sent = 0;
+            while sent < run {
+                match sys::send_batch(fd, &outs[sent..]) {
+                    Ok(0) => {
+                        self.stats.add(C::TxErrors, (run - sent) as u64);
+                        break;
+                    }
+                    Ok(k) => {
+                        let bytes: usize = outs[sent..sent + k].iter().map(|o| o.data.len()).sum();
+                        self.stats.add(C::TxDatagrams, k as u64);
+                        self.stats.add(C::TxBytes, bytes as u64);
+                        sent += k;
+                    }
+                    Err(e) => {
+                        // This datagram is lost (as on a wire); the next ones still go.
+                        tracing::debug!(error = %e, dst = %outs[sent].dst, "datagram not sent");
+                        self.stats.add(C::TxErrors, 1);
+                        sent += 1;
+                    }
+                }
+            }
+            at += run;
+        }
+        queue.clear();
+        let keep = held.map(|h| h.slot);
+        free.clear();
+        free.extend((0..slots.len()).filter(|&s| Some(s) != keep));
+    }
+
+    /// Checks datagram `i` of the batch and rebuilds its headers; the frame's range in
+    /// its buffer, or `None` (dropped and counted).
+    fn accept(&self, rx: &mut Rx, i: usize) -> Option<std::ops::Range<usize>> {
+        let d = rx.got[i];
+        let r = self.accept_inner(rx, i);
+        if r.is_none() {
+            self.rx_errors.0.fetch_add(1, Ordering::Relaxed);
+            self.rx_errors.1.fetch_add(d.len as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn accept_inner(&self, rx: &mut Rx, i: usize) -> Option<std::ops::Range<usize>> {
+        let d = rx.got[i];
+        if d.truncated {
+            self.stats.add(C::RxTooLong, 1);
+            return None;
+        }
+        if d.len < BTH_SIZE + ICRC_SIZE {
+            self.stats.add(C::RxTruncated, 1);
+            return None;
+        }
+        let local = self.socks[rx.sock].addr;
+        let src = d.src?;
+        let ip_len = if local.is_ipv4() {
+            IPV4_SIZE
+        } else {
+            IPV6_SIZE
+        };
+        let start = HEAD - (ETH_SIZE + ip_len + UDP_SIZE);
+        let buf = &mut rx.bufs[i];
+        let (l3, l4, end) = (start + ETH_SIZE, HEAD - UDP_SIZE, HEAD + d.len);
+        buf[start..start + 6].copy_from_slice(&self.mac);
+        buf[start + 6..start + 12].copy_from_slice(&peer_mac(src.ip()));
+        let udp_len = (UDP_SIZE + d.len) as u16;
+        match (src.ip(), local.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(l)) => {
+                buf[start + 12..l3].copy_from_slice(&[0x08, 0x00]);
+                let h = &mut buf[l3..l4];
+                h[..4].copy_from_slice(&[0x45, 0, 0, 0]);
+                h[2..4].copy_from_slice(&(udp_len + IPV4_SIZE as u16).to_be_bytes());
+                h[4..10].copy_from_slice(&[0, 0, 0x40, 0, 64, 17]);
+                h[10..12].fill(0);
+                h[12..16].copy_from_slice(&s.octets());
+                h[16..20].copy_from_slice(&l.octets());
+            }
+            (IpAddr::V6(s), IpAddr::V6(l)) => {
+                buf[start + 12..l3].copy_from_slice(&[0x86, 0xDD]);
+                let h = &mut buf[l3..l4];
+                h[..4].copy_from_slice(&[0x60, 0, 0, 0]);
+                h[4..6].copy_from_slice(&udp_len.to_be_bytes());
+                h[6..8].copy_from_slice(&[17, 64]);
+                h[8..24].copy_from_slice(&s.octets());
+                h[24..40].copy_from_slice(&l.octets());
+            }
+            _ => return None,
+        }
+        buf[l4..l4 + 2].copy_from_slice(&src.port().to_be_bytes());
+        buf[l4 + 2..l4 + 4].copy_from_slice(&local.port().to_be_bytes());
+        buf[l4 + 4..l4 + 6].copy_from_slice(&udp_len.to_be_bytes());
+        buf[l4 + 6..l4 + 8].fill(0);
+        let got = u32::from_le_bytes(buf[end - ICRC_SIZE..end].try_into().ok()?);
+        let l3b = &mut buf[l3..end - ICRC_SIZE];
+        let ok = if ip_len == IPV4_SIZE {
+            match rx.ids.check(l3b, got) {
+                Some(0) => true,
+                Some(_) => {
+                    self.stats.add(C::RxIdRecovered, 1);
+                    true
+                }
+                None => false,
+            }
+        } else {
+            icrc(l3b).is_ok_and(|c| c == got)
+        };
+        if !ok {
+            self.stats.add(C::RxBadIcrc, 1);
+            return None;
+        }
+        if ip_len == IPV4_SIZE {
+            let c = internet_checksum(&buf[l3..l4]);
+            buf[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+        }
+        if self.capturing() {
+            let mut c = buf[start..end].to_vec();
+            fill_udp_checksum(&mut c);
+            self.record(&c);
+        }
+        // The model's parser wants the RoCEv2 port; the ICRC was checked above.
+        buf[l4 + 2..l4 + 4].copy_from_slice(&ROCE_UDP_PORT.to_be_bytes());
+        self.stats.add(C::RxDatagrams, 1);
+        self.stats.add(C::RxBytes, d.len as u64);
+        Some(start..end)
+    }
+
+    /// Fills the receive batch from the next socket that has datagrams; false if none has.
+    fn refill(&self, rx: &mut Rx) -> Result<bool, LinkError> {
+        for k in 0..self.socks.len() {
+            let s = (rx.rr + k) % self.socks.len();
+            let fd = self.socks[s].sock.as_raw_fd();
+            let Rx { bufs, got, .. } = rx;
+            let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[HEAD..]).collect();
+            let n = sys::recv_batch(fd, &mut views, got).map_err(LinkError::Io)?;
+            if n > 0 {
+                (rx.count, rx.next, rx.sock) = (n, 0, s);
+                rx.rr = (s + 1) % self.socks.len();
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// A locally administered MAC standing for the peer at `ip` in the frames the port rebuilds
+/// (the socket does not see the peer's MAC): `02:00` and the address's last four bytes.
+fn peer_mac(ip: IpAddr) -> [u8; 6] {
+    let b = match ip {
+        IpAddr::V4(a) => a.octets(),
+        IpAddr::V6(a) => a.octets()[12..].try_into().unwrap_or([0; 4]),
+    };
+    [0x02, 0x00, b[0], b[1], b[2], b[3]]
+}
+
+/// Writes the UDP checksum of the frame `f` (Ethernet, IP, UDP; RFC 768 / RFC 8200 §8.1
+/// pseudo-header), as the kernel does for what it sends. A frame it cannot read is left.
+fn fill_udp_checksum(f: &mut [u8]) {
+    let (ip_len, addrs) = match f.get(12..14) {
+        Some([0x08, 0x00]) => (IPV4_SIZE, ETH_SIZE + 12..ETH_SIZE + 20),
+        Some([0x86, 0xDD]) => (IPV6_SIZE, ETH_SIZE + 8..ETH_SIZE + 40),
+        _ => return,
+    };
+    let l4 = ETH_SIZE + ip_len;
+    let Some(udp_len) = f
+        .get(l4 + 4..l4 + 6)
+        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+    else {
+        return;
+    };
+    if l4 + udp_len > f.len() || udp_len < UDP_SIZE {
+        return;
+    }
+    f[l4 + 6..l4 + 8].fill(0);
+    let mut sum = 0u64;
+    let mut add = |b: &[u8]| {
+        let mut ch = b.chunks_exact(2);
+        for c in &mut ch {
+            sum += u64::from(u16::from_be_bytes([c[0], c[1]]));
+        }
+        if let [x] = ch.remainder() {
+            sum += u64::from(*x) << 8;
+        }
+    };
+    add(&f[addrs]);
+    add(&(udp_len as u32).to_be_bytes());
+    add(&[0, 0, 0, 17]);
+    add(&f[l4..l4 + udp_len]);
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    let c = match !(sum as u16) {
+        0 => 0xFFFF,
+        c => c,
+    };
+    f[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
+}
+
+impl Link for NetLink {
+    fn max_frame_len(&self) -> usize {
+        MAX_FRAME_LEN
+    }
+
+    fn send(&self, frame: &[u8]) -> Result<(), LinkError> {
+        LinkError::check_frame_len(frame.len(), MAX_FRAME_LEN)?;
+        let mut copy = |buf: &mut [u8]| {
+            buf[..frame.len()].copy_from_slice(frame);
+            Some(frame.len())
+        };
+        self.send_with(&mut [], &mut copy)
+    }
+
+    /// Builds the frame in one of the port's own send slots (no copy).
+    fn send_with(
+        &self,
+        _scratch: &mut [u8],
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<(), LinkError> {
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        if tx.free.is_empty() {
+            self.send_queue(&mut tx);
+        }
+        let Some(slot) = tx.free.pop() else {
+            return Err(LinkError::Full);
+        };
+        match build(&mut tx.slots[slot]).filter(|&n| n <= MAX_FRAME_LEN) {
+            Some(n) => self.queue(&mut tx, slot, n),
+            None => tx.free.push(slot),
+        }
+        Ok(())
+    }
+
+    fn try_recv(&self, buf: &mut [u8]) -> Result<Option<usize>, LinkError> {
+        if buf.len() < MAX_FRAME_LEN {
+            return Err(LinkError::BufferTooSmall {
+                len: buf.len(),
+                max: MAX_FRAME_LEN,
+            });
+        }
+        let mut got = None;
+        self.recv_with(&mut [], &mut |f| {
+            buf[..f.len()].copy_from_slice(f);
+            got = Some(f.len());
+        })?;
+        Ok(got)
+    }
+
+    /// Lends the frame in the port's own receive buffer.
+    fn recv_with(&self, _scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if rx.next < rx.count {
+                let i = rx.next;
+                rx.next += 1;
+                if let Some(r) = self.accept(&mut rx, i) {
+                    f(&rx.bufs[i][r]);
+                    return Ok(true);
+                }
+                continue;
+            }
+            if !self.refill(&mut rx)? {
+                return Ok(false);
+            }
+        }
+    }
+
+    fn offloads_icrc(&self, _dst_mac: &[u8; 6]) -> bool {
+        true
+    }
+
+    fn take_rx_errors(&self) -> (u64, u64) {
+        let n = self.rx_errors.0.swap(0, Ordering::Relaxed);
+        if n == 0 {
+            return (0, 0);
+        }
+        (n, self.rx_errors.1.swap(0, Ordering::Relaxed))
+    }
+
+    fn flush(&self) -> Result<(), LinkError> {
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        if !tx.queue.is_empty() {
+            self.send_queue(&mut tx);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for NetLink {
+    fn drop(&mut self) {
+        tracing::info!(stats = ?self.stats(), "network port closed");
+    }
+}
+
+impl std::fmt::Debug for NetLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetLink")
+            .field("addrs", &self.local_addrs())
+            .field("peer_port", &self.peer_port.load(Ordering::Relaxed))
+            .field("stats", &self.stats())
+            .finish()
+    }
+}

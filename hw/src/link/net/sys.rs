@@ -1,0 +1,292 @@
+//! The system calls of the network port: socket options and batched sends and receives
+//! (`sendmmsg(2)`, `recvmmsg(2)`: one system call for up to [`BATCH`] datagrams).
+
+#![allow(unsafe_code)]
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::RawFd;
+
+/// Datagrams one system call sends or receives at most.
+pub(crate) const BATCH: usize = 32;
+
+/// `setsockopt(fd, level, opt, value)` for an int option.
+pub(crate) fn set_int(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    value: usize,
+) -> io::Result<()> {
+    let v = libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `fd` is an open socket for the whole call; the value is a `c_int` on this
+    // stack frame, passed with its exact size, and only read.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            std::ptr::from_ref(&v).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `addr` as a socket address structure, with its length.
+fn to_raw(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero bytes are a valid `sockaddr_storage`.
+    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: `sockaddr_storage` is larger than and aligned for `sockaddr_in`.
+            unsafe { std::ptr::write(std::ptr::from_mut(&mut ss).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: `sockaddr_storage` is larger than and aligned for `sockaddr_in6`.
+            unsafe { std::ptr::write(std::ptr::from_mut(&mut ss).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// The address in a socket address structure the kernel filled (`None`: another family).
+fn from_raw(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match libc::c_int::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a `sockaddr_in`.
+            let sin: libc::sockaddr_in = unsafe { std::ptr::read(std::ptr::from_ref(ss).cast()) };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a `sockaddr_in6`.
+            let s: libc::sockaddr_in6 = unsafe { std::ptr::read(std::ptr::from_ref(ss).cast()) };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(s.sin6_addr.s6_addr),
+                u16::from_be(s.sin6_port),
+                s.sin6_flowinfo,
+                s.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// One datagram to send: its destination and bytes.
+pub(crate) struct Out<'a> {
+    pub(crate) dst: SocketAddr,
+    pub(crate) data: &'a [u8],
+}
+
+/// Sends `msgs` (at most [`BATCH`]) from `fd` with as few `sendmmsg` calls as the kernel
+/// needs, returning how many went out; it stops at the first datagram the kernel refuses
+/// (its error is returned if none went out before it).
+pub(crate) fn send_batch(fd: RawFd, msgs: &[Out<'_>]) -> io::Result<usize> {
+    let n = msgs.len().min(BATCH);
+    // SAFETY: all-zero bytes are valid for these plain C structures.
+    let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+    for (i, m) in msgs[..n].iter().enumerate() {
+        let (ss, len) = to_raw(&m.dst);
+        names[i] = ss;
+        iovs[i] = libc::iovec {
+            iov_base: m.data.as_ptr().cast_mut().cast(),
+            iov_len: m.data.len(),
+        };
+        hdrs[i].msg_hdr.msg_name = std::ptr::from_mut(&mut names[i]).cast();
+        hdrs[i].msg_hdr.msg_namelen = len;
+        hdrs[i].msg_hdr.msg_iov = std::ptr::from_mut(&mut iovs[i]);
+        hdrs[i].msg_hdr.msg_iovlen = 1;
+    }
+    let mut done = 0;
+    while done < n {
+        // SAFETY: `hdrs[done..n]` are initialised headers whose names and iovecs point at
+        // `names`, `iovs` and the callers' datagrams, all alive for the call; the kernel
+        // only reads the datagrams and writes each header's `msg_len`.
+        let r =
+            unsafe { libc::sendmmsg(fd, hdrs[done..].as_mut_ptr(), (n - done) as libc::c_uint, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return if done == 0 { Err(e) } else { Ok(done) };
+        }
+        done += r as usize;
+        if r == 0 {
+            break;
+        }
+    }
+    Ok(done)
+}
+
+/// One received datagram: its length, sender, and whether it was longer than its buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct In {
+    pub(crate) len: usize,
+    pub(crate) src: Option<SocketAddr>,
+    pub(crate) truncated: bool,
+}
+
+/// Receives up to `bufs.len()` (at most [`BATCH`]) waiting datagrams on `fd` without
+/// blocking, one into each buffer, describing them in `got`; returns how many.
+pub(crate) fn recv_batch(fd: RawFd, bufs: &mut [&mut [u8]], got: &mut [In]) -> io::Result<usize> {
+    let n = bufs.len().min(got.len()).min(BATCH);
+    // SAFETY: all-zero bytes are valid for these plain C structures.
+    let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+    for i in 0..n {
+        iovs[i] = libc::iovec {
+            iov_base: bufs[i].as_mut_ptr().cast(),
+            iov_len: bufs[i].len(),
+        };
+        hdrs[i].msg_hdr.msg_name = std::ptr::from_mut(&mut names[i]).cast();
+        hdrs[i].msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        hdrs[i].msg_hdr.msg_iov = std::ptr::from_mut(&mut iovs[i]);
+        hdrs[i].msg_hdr.msg_iovlen = 1;
+    }
+    loop {
+        // SAFETY: `hdrs[..n]` point at `names`, `iovs` and the callers' buffers, all alive
+        // and exclusively ours for the call; the kernel writes at most each iovec's length
+        // into its buffer, at most `msg_namelen` bytes into each name, and the lengths and
+        // flags of the headers. MSG_DONTWAIT: it never blocks; no timeout is passed.
+        let r = unsafe {
+            libc::recvmmsg(
+                fd,
+                hdrs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(0),
+                _ => return Err(e),
+            }
+        }
+        let r = r as usize;
+        for i in 0..r {
+            got[i] = In {
+                len: (hdrs[i].msg_len as usize).min(bufs[i].len()),
+                src: from_raw(&names[i]),
+                truncated: hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+            };
+        }
+        return Ok(r);
+    }
+}
+
+/// The IP addresses of the network interface `name`, in the kernel's order, each with the
+/// interface's index as its scope (for IPv6 link-local addresses); empty if there is no
+/// such interface or it has no address.
+pub(crate) fn interface_addrs(name: &str) -> io::Result<Vec<(IpAddr, u32)>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list it allocated into `head`; we free it below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, not freed yet.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: `ifa_name` is a NUL-terminated string of the list.
+        let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        if n.to_bytes() != name.as_bytes() {
+            continue;
+        }
+        // SAFETY: `ifa_addr` points at a socket address of the family it starts with;
+        // `from_raw` reads only as much as that family's structure, which the kernel
+        // provides in full.
+        let family = libc::c_int::from(unsafe { (*ifa.ifa_addr).sa_family });
+        let addr = match family {
+            libc::AF_INET => {
+                // SAFETY: as above, an AF_INET address is a whole `sockaddr_in`.
+                let sin: libc::sockaddr_in = unsafe { std::ptr::read(ifa.ifa_addr.cast()) };
+                IpAddr::from(sin.sin_addr.s_addr.to_ne_bytes())
+            }
+            libc::AF_INET6 => {
+                // SAFETY: as above, an AF_INET6 address is a whole `sockaddr_in6`.
+                let s: libc::sockaddr_in6 = unsafe { std::ptr::read(ifa.ifa_addr.cast()) };
+                IpAddr::from(s.sin6_addr.s6_addr)
+            }
+            _ => continue,
+        };
+        // SAFETY: `ifa_name` as above.
+        let index = unsafe { libc::if_nametoindex(ifa.ifa_name) };
+        out.push((addr, index));
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once; no reference into it remains.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+/// The name of the interface that has `addr`, if one has.
+pub(crate) fn interface_of(addr: IpAddr) -> io::Result<Option<String>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: as in `interface_addrs`.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut names = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: a node of the list, not freed yet.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if !ifa.ifa_name.is_null() {
+            // SAFETY: a NUL-terminated string of the list.
+            let n = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+            names.push(n.to_string_lossy().into_owned());
+        }
+    }
+    // SAFETY: freed once, nothing refers to it any more.
+    unsafe { libc::freeifaddrs(head) };
+    names.dedup();
+    for n in names {
+        if interface_addrs(&n)?.iter().any(|&(a, _)| a == addr) {
+            return Ok(Some(n));
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,190 @@
+#!/bin/bash
+# uhca's RoCEv2 port against Linux soft-RoCE: a QEMU/TCG guest with Debian bookworm's
+# generic kernel (rdma_rxe), rdma-core and perftest (tests/vm/rdma-guest.sh) on a private
+# network of its own, a network namespace with a bridge and a tap (no NAT: rxe checks the
+# addresses), with uhca-perf on the host side of it (`--net`, RoCEv2 on UDP 4791).
+# perftest in the guest runs against uhca-perf servers (WRITE, READ, SEND and atomic
+# bandwidth, WRITE latency), then uhca-perf clients run against perftest servers in the
+# guest. The frames of one test each way are captured (`--pcap`), decoded by tshark (every
+# frame RRoCE, none malformed) and their ICRCs checked by an independent script.
+# Prints PASS/FAIL lines and `RESULT: N passed, M failed`; exits non-zero on any failure.
+# Needs root (netns, tap), QEMU and Debian's archive (for the cached guest, tshark).
+#
+# Env: UHCA_VM_CACHE (guest cache, default /var/cache/uhca-vm), RXE_GUEST_TIMEOUT (900 s).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+W=${W:-$ROOT/target/rxe-vm}
+mkdir -p "$W"
+# shellcheck source=tests/vm/common.sh
+. "$HERE/common.sh"
+# shellcheck source=tests/vm/rdma-guest.sh
+. "$HERE/rdma-guest.sh"
+
+GUEST_TIMEOUT=${RXE_GUEST_TIMEOUT:-900}
+NS=uhca-rxe-$$
+HOST_IP=10.77.0.1
+GUEST_IP=10.77.0.2
+CONSOLE=$W/console.log
+PASS=0
+FAIL=0
+pass() { echo "PASS: $*"; PASS=$((PASS + 1)); }
+fail() { echo "FAIL: $*"; FAIL=$((FAIL + 1)); }
+
+vm_host_packages qemu-system-x86 iproute2 tshark python3
+say "building uhca-perf"
+(cd "$ROOT" && nice -n 10 cargo build --release -q -p uhca-tools --bin uhca-perf)
+PERF=$ROOT/target/release/uhca-perf
+vm_rdma_kernel
+vm_rdma_rootfs
+
+# The tests, in order: NAME, uhca-perf mode, perftest program, options both ends take.
+# Small counts: under TCG the guest moves a few MB/s; correctness is what is measured.
+TESTS=(
+  "write_bw write_bw ib_write_bw -s 65536 -n 20"
+  "read_bw read_bw ib_read_bw -s 65536 -n 20"
+  "send_bw send_bw ib_send_bw -s 4096 -n 20"
+  "atomic_bw atomic_bw ib_atomic_bw -n 20"
+  "write_lat write_lat ib_write_lat -s 2 -n 100"
+)
+: > "$W/plan"
+for t in "${TESTS[@]}"; do
+  read -r name _ prog opts <<< "$t"
+  echo "client $name $prog -F $opts" >> "$W/plan"
+done
+for t in "${TESTS[@]}"; do
+  read -r name _ prog opts <<< "$t"
+  echo "server $name $prog -F $opts" >> "$W/plan"
+done
+vm_rdma_initrd "$W/initrd" "$HERE/rxe-init" "$W/plan"
+
+QEMU_PID=""
+cleanup() {
+  [ -n "$QEMU_PID" ] && kill "$QEMU_PID" 2>/dev/null || true
+  ip netns pids "$NS" 2>/dev/null | xargs -r kill 2>/dev/null || true
+  ip netns del "$NS" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+say "network namespace $NS: bridge br0 ($HOST_IP/24) with tap0 for the guest ($GUEST_IP)"
+ip netns add "$NS"
+ip -n "$NS" link set lo up
+ip -n "$NS" link add br0 type bridge
+ip -n "$NS" tuntap add dev tap0 mode tap
+ip -n "$NS" link set tap0 master br0
+ip -n "$NS" addr add "$HOST_IP/24" dev br0
+ip -n "$NS" link set tap0 up
+ip -n "$NS" link set br0 up
+IN_NS=(ip netns exec "$NS")
+
+say "booting the guest (timeout ${GUEST_TIMEOUT}s)"
+rm -f "$W"/*.pcap
+timeout "$GUEST_TIMEOUT" "${IN_NS[@]}" qemu-system-x86_64 -accel tcg -machine q35 -cpu max \
+  -smp 1 -m 2G -nodefaults -display none -serial stdio -no-reboot \
+  -kernel "$RK/vmlinuz" -initrd "$W/initrd" \
+  -netdev tap,id=n0,ifname=tap0,script=no,downscript=no \
+  -device virtio-net-pci,netdev=n0,mac=52:54:00:77:00:02 \
+  -append "console=ttyS0 quiet panic=-1 uhca.host=$HOST_IP uhca.guest=$GUEST_IP" \
+  </dev/null 2>&1 | stdbuf -oL tr -d '\r' > "$CONSOLE" &
+QEMU_PID=$!
+DEADLINE=$((SECONDS + GUEST_TIMEOUT))
+
+# Waits until the console has a line matching $1 (an ERE); false at the deadline or when
+# the guest is gone.
+wait_console() {
+  while ! grep -qaE "$1" "$CONSOLE"; do
+    if [ $SECONDS -ge $DEADLINE ] || ! kill -0 "$QEMU_PID" 2>/dev/null; then
+      grep -qaE "$1" "$CONSOLE"
+      return
+    fi
+    sleep 1
+  done
+}
+
+# The guest's verdict on one of its commands: rc 0 and, for a bandwidth or latency test, a
+# result line (a size in the first column).
+guest_ok() {
+  local role=$1 name=$2
+  wait_console "^GUEST-DONE $role $name rc=" || return 1
+  grep -aqE "^GUEST-DONE $role $name rc=0$" "$CONSOLE" &&
+    grep -aqE "^GUEST-OUT $name: +[0-9]+ +[0-9]+ " "$CONSOLE"
+}
+
+# The end of a failed test's host log and of the guest's output for it.
+show() {
+  { tail -5 "$1" | sed 's/^/  host: /'; } || true
+  { grep -aE "^GUEST-(OUT|DONE) .*$2" "$CONSOLE" | tail -6 | sed 's/^/  /'; } || true
+}
+
+if ! wait_console "^GUEST: ready"; then
+  fail "the guest did not bring up rxe0"
+  { grep -aE '^GUEST' "$CONSOLE" || tail -20 "$CONSOLE"; } || true
+fi
+
+# Phase 1: perftest in the guest is the client, uhca-perf on the host the server.
+for t in "${TESTS[@]}"; do
+  read -r name mode _ opts <<< "$t"
+  cap=()
+  [ "$name" = write_bw ] && cap=(--pcap "$W/host-server-$name.pcap")
+  # shellcheck disable=SC2086
+  if timeout 300 "${IN_NS[@]}" "$PERF" "$mode" --net "$HOST_IP" $opts "${cap[@]}" \
+      > "$W/host-server-$name.log" 2>&1 && guest_ok client "$name"; then
+    pass "perftest $name in the guest against uhca-perf"
+  else
+    fail "perftest $name in the guest against uhca-perf (host log: $W/host-server-$name.log)"
+    show "$W/host-server-$name.log" "$name"
+  fi
+done
+
+# Phase 2: perftest in the guest is the server, uhca-perf on the host the client; the
+# client is retried while the guest's server is not listening yet.
+for t in "${TESTS[@]}"; do
+  read -r name mode _ opts <<< "$t"
+  cap=()
+  [ "$name" = read_bw ] && cap=(--pcap "$W/host-client-$name.pcap")
+  wait_console "^GUEST: start server $name" || true
+  ok=""
+  for _ in $(seq 60); do
+    # shellcheck disable=SC2086
+    if timeout 300 "${IN_NS[@]}" "$PERF" "$mode" --net "$HOST_IP" $opts "${cap[@]}" "$GUEST_IP" \
+        > "$W/host-client-$name.log" 2>&1; then
+      ok=1
+      break
+    fi
+    # Only a client that found nobody listening is tried again.
+    grep -aq "^uhca-perf: connecting to" "$W/host-client-$name.log" || break
+    grep -aq "^GUEST-DONE server $name" "$CONSOLE" && break
+    sleep 1
+  done
+  if [ -n "$ok" ] && guest_ok server "$name"; then
+    pass "uhca-perf $name against perftest in the guest"
+  else
+    fail "uhca-perf $name against perftest in the guest (host log: $W/host-client-$name.log)"
+    show "$W/host-client-$name.log" "$name"
+  fi
+done
+
+# The captures: tshark decodes every frame as RoCEv2 with nothing malformed, and every ICRC
+# is right.
+for f in "$W"/host-*.pcap; do
+  [ -f "$f" ] || { fail "no capture was written"; break; }
+  all=$(tshark -r "$f" 2>/dev/null | wc -l)
+  roce=$(tshark -r "$f" -Y infiniband 2>/dev/null | wc -l)
+  bad=$(tshark -r "$f" -Y '_ws.malformed || _ws.expert.severity >= 6291456' 2>/dev/null | wc -l)
+  if [ "$all" -gt 0 ] && [ "$all" = "$roce" ] && [ "$bad" = 0 ]; then
+    pass "tshark: $(basename "$f"): $all frames, all RRoCE, none malformed"
+  else
+    fail "tshark: $(basename "$f"): $all frames, $roce RRoCE, $bad malformed or in error"
+  fi
+  if python3 "$HERE/icrc-check.py" "$f"; then
+    pass "ICRCs of $(basename "$f")"
+  else
+    fail "ICRCs of $(basename "$f")"
+  fi
+done
+
+wait "$QEMU_PID" 2>/dev/null || true
+QEMU_PID=""
+grep -aE '^GUEST:' "$CONSOLE" | sed 's/^/  /' || true
+echo "RESULT: $PASS passed, $FAIL failed"
+[ "$FAIL" = 0 ]

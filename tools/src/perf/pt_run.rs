@@ -1,0 +1,681 @@
+//! `uhca-perf` as one end of a perftest run ([`super::perftest`]'s exchange): the steps
+//! perftest's test programs take around their traffic, per test, as the client or the
+//! server (`docs/spec/perftest-oob.md` has the sequences and their sources).
+//!
+//! perftest's exchange does not name the test, nor carry the settings: as with perftest,
+//! both ends are given the same test and the same `-s -n -a -D -q -b`. What can be checked
+//! is: the version, the keys' form, each QP's keys staying the same through the setup
+//! (another `-q` sends other keys), the outstanding reads (a WRITE or SEND test offers 1,
+//! a READ or atomic test the device's limit), the GID family, and each message's form at
+//! its step (keys where a report belongs, or the reverse); everything else that differs
+//! ends in a closed connection or a bounded wait on one end, and so on both.
+
+use std::time::{Duration, Instant};
+
+use uhca::Device;
+use uhca::datapath::Remote;
+use uhca::resource::{ConnectParams, SendFlags};
+
+use super::control::{Endpoint, QpInfo};
+use super::perftest::{Agreed, Keys, Oob, OobError, Report, Wait};
+use super::remote::Role;
+use super::{
+    Bench, BwResult, End, LatResult, Op, Peer, PerfError, Settings, StallTimer, await_recv,
+    lat_stats, put_send, setup,
+};
+
+/// What perftest's exchange needs beyond [`Settings`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PtOptions {
+    /// A bandwidth test (else a latency test).
+    pub bw: bool,
+    /// Every size from 2 to 2^23 (`-a`): duplex WRITE and READ tests then meet after each.
+    pub all: bool,
+    /// The GID index (`-x`); `None`: the first IPv4-mapped entry, as perftest picks on
+    /// RoCE (else entry 0).
+    pub gid_index: Option<u8>,
+    /// Reports in Gb/s (`--report_gbits`), else MiB/s: the unit of the report's figures.
+    pub gbits: bool,
+}
+
+/// The shape of a test's exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw`.
+    Bw,
+    /// `ib_send_bw`.
+    SendBw,
+    /// `ib_write_lat`, `ib_read_lat`, `ib_atomic_lat`.
+    Lat,
+    /// `ib_send_lat`.
+    SendLat,
+}
+
+/// The other end of a perftest run.
+pub(super) struct PtPeer {
+    oob: Oob,
+    shape: Shape,
+    opts: PtOptions,
+    pub(super) targets: Vec<Remote>,
+    /// This end and the peer, for the header.
+    pub(super) ends: Box<(Endpoint, Endpoint)>,
+    /// The keys this end sends (each exchange sends QP 0's or each QP's again).
+    mine: Vec<Keys>,
+    /// The last size's result, reported at the end of a one-way bandwidth run.
+    last: Option<BwResult>,
+    /// What the opening agreed.
+    pub(super) agreed: Agreed,
+}
+
+/// The first PSN of a QP (24 bits), different from run to run as perftest's `lrand48`.
+fn random_psn(salt: u32) -> u32 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(salt) as u32 & 0xff_ffff
+}
+
+/// Whether `gid` is an IPv4-mapped address (`::ffff:a.b.c.d`).
+pub(super) fn v4_mapped(gid: &[u8; 16]) -> bool {
+    gid[..10].iter().all(|&b| b == 0) && gid[10..12] == [0xff, 0xff]
+}
+
+/// The Ethernet address of the peer with `gid`. perftest's keys carry no MAC: a link-local
+/// GID made from a MAC (modified EUI-64, RFC 4291 appendix A: `ff:fe` in the middle, the
+/// U/L bit flipped) gives it back, which is how two model ports on a model link find each
+/// other; for any other GID a locally administered MAC made from its last four bytes (a
+/// port on an IP network sends by the address, not by this MAC).
+pub fn peer_mac(gid: &[u8; 16]) -> [u8; 6] {
+    let g = gid;
+    if g[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0] && g[11] == 0xff && g[12] == 0xfe {
+        return [g[8] ^ 0x02, g[9], g[10], g[13], g[14], g[15]];
+    }
+    [0x02, 0x00, g[12], g[13], g[14], g[15]]
+}
+
+/// The GID index this end uses: `-x`, or the first IPv4-mapped RoCE entry (perftest's
+/// choice on RoCE, `get_best_gid_index`), else entry 0.
+fn gid_index(dev: &Device, chosen: Option<u8>) -> u8 {
+    chosen.unwrap_or_else(|| gid_of_kind(dev, true))
+}
+
+/// The first GID table entry that is IPv4-mapped (`v4`) or an IPv6 address (not zero),
+/// else entry 0.
+pub(super) fn gid_of_kind(dev: &Device, v4: bool) -> u8 {
+    (0..16u8)
+        .find(|&i| {
+            dev.roce_address(u32::from(i)).is_ok_and(|a| {
+                v4_mapped(&a.gid) == v4 && a.gid != [0; 16] && (!v4 || a.gid[12..] != [0; 4])
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// A [`BwResult`] (bytes/s) as perftest reports it in `gbits`'s unit.
+pub fn report_of(r: &BwResult, gbits: bool) -> Report {
+    let unit = unit(gbits);
+    Report {
+        size: r.size as u64,
+        iters: r.iters,
+        peak: r.peak / unit,
+        avg: r.avg / unit,
+        msg_rate: r.msg_rate / 1e6,
+    }
+}
+
+/// A perftest report (in `gbits`'s unit) as a [`BwResult`].
+pub fn result_of(r: &Report, gbits: bool) -> BwResult {
+    let unit = unit(gbits);
+    BwResult {
+        size: usize::try_from(r.size).unwrap_or(usize::MAX),
+        iters: r.iters,
+        peak: r.peak * unit,
+        avg: r.avg * unit,
+        msg_rate: r.msg_rate * 1e6,
+    }
+}
+
+/// Bytes/s per report unit: perftest's `format_factor`, 0x100000 for MB/s, 125000000 for
+/// Gb/s.
+fn unit(gbits: bool) -> f64 {
+    if gbits { 125e6 } else { f64::from(1u32 << 20) }
+}
+
+impl Bench {
+    /// This process's end on `dev` for `s` (messages up to `max_size`), connected to a
+    /// perftest peer over `oob`: the opening, then the keys of every QP in the order of
+    /// the test's program, the QPs connected where perftest connects its own.
+    pub fn connect_perftest(
+        dev: &Device,
+        s: &Settings,
+        max_size: usize,
+        opts: PtOptions,
+        mut oob: Oob,
+    ) -> Result<Bench, PerfError> {
+        let shape = match (s.op, opts.bw) {
+            (Op::Send, true) => Shape::SendBw,
+            (Op::Send, false) => Shape::SendLat,
+            (_, true) => Shape::Bw,
+            (_, false) => Shape::Lat,
+        };
+        let agreed = oob.open(s.mtu).map_err(oob_err)?;
+        // perftest's requests land anywhere in the first `max(size, cycle buffer)` bytes
+        // from the address in the keys, rounded up to its cache line (`BUFF_SIZE`, `INC`).
+        let cl = agreed.cache_line as usize;
+        let half = max_size.max(agreed.cycle_buffer as usize).div_ceil(cl) * cl;
+        let mut me = End::new(dev, s, half, s.use_dm)?;
+        let x = gid_index(dev, opts.gid_index);
+        let addr = dev.roce_address(u32::from(x)).map_err(setup("GID (-x)"))?;
+        let reads = matches!(s.op, Op::Read | Op::Atomic);
+        let out_reads = if reads { dev.rd_atomic_limits().1 } else { 1 };
+        let rx = super::rx_off(half);
+        let mine: Vec<Keys> = me
+            .qps
+            .iter()
+            .zip(&me.bufs)
+            .map(|(q, b)| {
+                let r = b.remote(rx as u64);
+                Keys {
+                    lid: 0,
+                    out_reads,
+                    qpn: q.qpn(),
+                    psn: random_psn(q.qpn()),
+                    rkey: r.rkey,
+                    vaddr: r.addr,
+                    gid: addr.gid,
+                    srqn: 0,
+                }
+            })
+            .collect();
+        let nq = mine.len();
+        let mut theirs: Vec<Keys> = Vec::with_capacity(nq);
+        let xchg = |oob: &mut Oob, q: usize, theirs: &mut Vec<Keys>| -> Result<(), PerfError> {
+            let t = oob
+                .keys(&mine[q], "the keys of a QP", Wait::Reply)
+                .map_err(oob_err)?;
+            match theirs.get(q) {
+                None => theirs.push(t),
+                Some(k) if *k == t => {}
+                Some(k) => {
+                    return Err(OobError::Mismatch(format!(
+                        "the perftest peer's keys for QP {q} changed (QPN {:#x}, then {:#x}): \
+                         the two ends run different -q or different tests",
+                        k.qpn, t.qpn
+                    ))
+                    .into());
+                }
+            }
+            Ok(())
+        };
+        // Before the connection: QP 0 alone (latency tests), then every QP.
+        if shape == Shape::Lat {
+            xchg(&mut oob, 0, &mut theirs)?;
+        }
+        for q in 0..nq {
+            xchg(&mut oob, q, &mut theirs)?;
+        }
+        check_peer(&mine[0], &theirs[0], s.op)?;
+        for ((qp, m), t) in me.qps.iter_mut().zip(&mine).zip(&theirs) {
+            let mut p = ConnectParams::new(t.qpn, t.gid, peer_mac(&t.gid));
+            (p.sq_psn, p.rq_psn) = (m.psn, t.psn);
+            p.mtu = agreed.mtu;
+            p.sgid_index = x;
+            super::read_depths(&mut p, dev, s);
+            // perftest's responder takes `out_reads` at once (its `max_dest_rd_atomic`).
+            let theirs_max = u8::try_from(t.out_reads.max(1)).unwrap_or(u8::MAX);
+            p.max_rd_atomic = p.max_rd_atomic.min(theirs_max);
+            p.max_dest_rd_atomic = u8::try_from(m.out_reads).unwrap_or(u8::MAX);
+            qp.connect(&p).map_err(setup("connecting"))?;
+        }
+        // After it: the SEND tests meet once, then every QP again; the others every QP,
+        // then once more "after RTR".
+        if matches!(shape, Shape::SendBw | Shape::SendLat) {
+            xchg(&mut oob, 0, &mut theirs)?;
+        }
+        for q in 0..nq {
+            xchg(&mut oob, q, &mut theirs)?;
+        }
+        if matches!(shape, Shape::Bw | Shape::Lat) {
+            xchg(&mut oob, 0, &mut theirs)?;
+        }
+        let endpoint = |keys: &[Keys], mac| Endpoint {
+            gid: keys[0].gid,
+            mac,
+            qps: keys
+                .iter()
+                .map(|k| QpInfo {
+                    qpn: k.qpn,
+                    psn: k.psn,
+                    addr: k.vaddr,
+                    rkey: k.rkey,
+                    len: half as u64,
+                })
+                .collect(),
+        };
+        let ends = Box::new((
+            endpoint(&mine, addr.mac),
+            endpoint(&theirs, peer_mac(&theirs[0].gid)),
+        ));
+        let mut settings = s.clone();
+        settings.mtu = agreed.mtu;
+        Ok(Bench {
+            rx_off: rx,
+            me,
+            peer: Peer::Perftest(Box::new(PtPeer {
+                oob,
+                shape,
+                opts,
+                targets: theirs
+                    .iter()
+                    .map(|k| Remote {
+                        addr: k.vaddr,
+                        rkey: k.rkey,
+                    })
+                    .collect(),
+                ends,
+                mine,
+                last: None,
+                agreed,
+            })),
+            _models: Vec::new(),
+            settings,
+        })
+    }
+
+    /// The settings this run uses (with a perftest peer, the MTU the two agreed).
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// What the opening with a perftest peer agreed; `None` for other runs.
+    pub fn perftest_agreed(&self) -> Option<&Agreed> {
+        match &self.peer {
+            Peer::Perftest(p) => Some(&p.agreed),
+            _ => None,
+        }
+    }
+
+    fn pt(&mut self) -> Option<&mut PtPeer> {
+        match &mut self.peer {
+            Peer::Perftest(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// One keys exchange (QP 0's): a step between sizes or after traffic. `across`: the
+    /// peer may still be busy with traffic, so the wait lasts while the port shows life.
+    fn pt_meet(&mut self, what: &'static str, across: bool) -> Result<(), PerfError> {
+        let Bench { me, peer, .. } = self;
+        let Peer::Perftest(p) = peer else {
+            return Ok(());
+        };
+        let mut alive = port_alive(&me.dev);
+        let wait = if across {
+            Wait::Across(&mut alive)
+        } else {
+            Wait::Reply
+        };
+        p.oob.keys(&p.mine[0], what, wait).map_err(oob_err)?;
+        Ok(())
+    }
+
+    /// Before `size` runs: the SEND tests and the bidirectional ones meet.
+    pub(super) fn pt_begin(&mut self) -> Result<(), PerfError> {
+        let duplex = self.settings.bidirectional;
+        let Some(p) = self.pt() else { return Ok(()) };
+        match p.shape {
+            Shape::SendBw | Shape::SendLat => self.pt_meet("the keys before the traffic", false),
+            Shape::Bw if duplex => self.pt_meet("the keys before the traffic", false),
+            _ => Ok(()),
+        }
+    }
+
+    /// After a bandwidth run of this end measured as `r`: a one-way run keeps it for the
+    /// report at the end; a bidirectional one exchanges reports (not SEND with `-D`, as
+    /// perftest) and adds the peer's figures to its own, as perftest's
+    /// `print_full_bw_report` does. With `-a` (perftest's `RUN_ALL`) the SEND tests, and
+    /// the bidirectional others, meet after each size; a single size has no such meeting.
+    pub(super) fn pt_finish_bw(&mut self, r: BwResult) -> Result<BwResult, PerfError> {
+        let duplex = self.settings.bidirectional;
+        let duration = self.settings.duration.is_some();
+        let Some(p) = self.pt() else { return Ok(r) };
+        let (shape, all, gbits) = (p.shape, p.opts.all, p.opts.gbits);
+        if !duplex {
+            p.last = Some(r);
+            if shape == Shape::SendBw && all {
+                self.pt_meet("the keys after the traffic", true)?;
+            }
+            return Ok(r);
+        }
+        if shape == Shape::Bw && all {
+            self.pt_meet("the keys after the traffic", true)?;
+        }
+        let mut out = r;
+        if !(shape == Shape::SendBw && duration) {
+            let Bench { me, peer, .. } = self;
+            let Peer::Perftest(p) = peer else {
+                return Ok(r);
+            };
+            let mut alive = port_alive(&me.dev);
+            let theirs = p
+                .oob
+                .reports(&report_of(&r, gbits), Wait::Across(&mut alive))
+                .map_err(oob_err)?;
+            let t = result_of(&theirs, gbits);
+            out.peak += t.peak;
+            out.avg += t.avg;
+            out.msg_rate += t.msg_rate;
+        }
+        if shape == Shape::SendBw && all {
+            self.pt_meet("the keys after the traffic", true)?;
+        }
+        Ok(out)
+    }
+
+    /// Server of a bandwidth test of `size`: a bidirectional run streams as the client
+    /// does; `send_bw` receives and counts `-n` messages per QP (with `-D`: until the
+    /// client's next keys, after its traffic, say it is done) and returns its own result; the other one-way tests
+    /// have nothing to do per size (the client's report comes at the end, [`pt_end`]).
+    pub fn pt_serve_bandwidth(&mut self, size: usize) -> Result<Option<BwResult>, PerfError> {
+        let r = self.run_pt_serve_bandwidth(size);
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn run_pt_serve_bandwidth(&mut self, size: usize) -> Result<Option<BwResult>, PerfError> {
+        if self.settings.bidirectional {
+            return self.bandwidth(size).map(Some);
+        }
+        let (shape, all) = self
+            .pt()
+            .map_or((None, false), |p| (Some(p.shape), p.opts.all));
+        if shape != Some(Shape::SendBw) {
+            return Ok(None);
+        }
+        let nq = self.me.qps.len();
+        for q in 0..nq {
+            self.me.fill_recvs(q)?;
+        }
+        self.pt_begin()?;
+        let expected = self.settings.iters * nq as u64;
+        let duration = self.settings.duration.is_some();
+        let start = Instant::now();
+        let window = (self.settings.iters / 20).max(1);
+        let mut meter = super::Meter::new(size, window, start);
+        let mut last = start;
+        let mut idle = StallTimer::new();
+        let mut next_check = start;
+        let mut client_done = false;
+        loop {
+            let n = self.me.reap_recvs()?;
+            let now = if n > 0 {
+                idle = StallTimer::new();
+                last = Instant::now();
+                meter.add(n, last);
+                Some(last)
+            } else {
+                idle.spin()?
+            };
+            if !duration && meter.total >= expected {
+                break;
+            }
+            // The connection, a few times a second: the client's keys after its traffic.
+            if let Some(now) = now.filter(|&t| t >= next_check) {
+                next_check = now + Duration::from_millis(50);
+                let p = self.pt().expect("a perftest peer");
+                if p.oob
+                    .arrived(super::perftest::KEYS_LEN, "the keys after the traffic")
+                    .map_err(oob_err)?
+                {
+                    if client_done || duration {
+                        break;
+                    }
+                    // Its last receives may still be on the way: one more look.
+                    client_done = true;
+                }
+            }
+        }
+        if !duration && meter.total != expected {
+            return Err(OobError::Mismatch(format!(
+                "received {} messages, expected {expected} (-n {} on {nq} QPs): the two ends \
+                 run different -n or -q",
+                meter.total, self.settings.iters
+            ))
+            .into());
+        }
+        if all {
+            self.pt_meet("the keys after the traffic", true)?;
+        }
+        Ok(Some(meter.result(last)))
+    }
+
+    /// The end of a perftest run, after every size (perftest's closing steps): a one-way
+    /// WRITE, READ or atomic bandwidth test exchanges reports (the client's result goes
+    /// to the server, which returns it here, as perftest's server prints it); every test
+    /// but `write_lat` meets once more and sends `done`.
+    pub fn pt_end(&mut self) -> Result<Option<BwResult>, PerfError> {
+        let duplex = self.settings.bidirectional;
+        let op = self.settings.op;
+        let Some(p) = self.pt() else { return Ok(None) };
+        let (shape, role, gbits) = (p.shape, p.oob.role(), p.opts.gbits);
+        let mut theirs = None;
+        match shape {
+            Shape::Lat if op == Op::Write => return Ok(None),
+            Shape::Bw if !duplex => {
+                self.pt_meet("the keys after the traffic", true)?;
+                let Some(p) = self.pt() else { return Ok(None) };
+                let mine = match (role, p.last) {
+                    (Role::Client, Some(r)) => report_of(&r, gbits),
+                    // The server measured nothing: perftest sends what its memory held.
+                    _ => Report {
+                        size: 0,
+                        iters: 0,
+                        peak: 0.0,
+                        avg: 0.0,
+                        msg_rate: 0.0,
+                    },
+                };
+                // The report follows the meeting at once (a wait across traffic here would
+                // outlast a peer of another test retrying its requests for ever).
+                let r = p.oob.reports(&mine, Wait::Reply).map_err(oob_err)?;
+                if role == Role::Server {
+                    theirs = Some(result_of(&r, gbits));
+                }
+            }
+            _ => {}
+        }
+        // Closing: the last meeting (perftest's server of a READ or atomic latency test
+        // waits here through the client's whole run), then `done`.
+        let across = role == Role::Server;
+        self.pt_meet("the closing keys", across)?;
+        if let Some(p) = self.pt() {
+            p.oob.done();
+        }
+        Ok(theirs)
+    }
+
+    /// Client or server of a latency test of `size` against perftest: `write_lat`'s
+    /// ping-pong (the server writes first, each end polls its own memory for the counter
+    /// perftest writes into a message's last byte), `send_lat`'s (the client sends first,
+    /// after a meeting), the READ and atomic tests' requests (the client; the server has
+    /// nothing to do). Returns this end's result, when it measured one.
+    pub fn pt_latency(&mut self, size: usize) -> Result<Option<LatResult>, PerfError> {
+        let r = self.run_pt_latency(size);
+        r.map_err(|e| self.explain(e))
+    }
+
+    fn run_pt_latency(&mut self, size: usize) -> Result<Option<LatResult>, PerfError> {
+        let role = match self.pt() {
+            Some(p) => p.oob.role(),
+            None => return Err(PerfError::Setup("not a perftest run".into())),
+        };
+        let op = self.settings.op;
+        if role == Role::Client && matches!(op, Op::Read | Op::Atomic | Op::Send) {
+            return self.latency(size).map(Some);
+        }
+        match op {
+            Op::Read | Op::Atomic => Ok(None),
+            Op::Send => {
+                self.me.fill_recvs(0)?;
+                self.pt_begin()?;
+                let iters = self.settings.iters.max(1);
+                let inline = vec![0u8; self.settings.inline_size.max(1) as usize];
+                let mut samples = Vec::with_capacity(iters.min(10_000_000) as usize);
+                let mut answered: Option<Instant> = None;
+                for i in 0..iters {
+                    await_recv(&mut self.me, self.settings.events)?;
+                    let t = Instant::now();
+                    if let Some(a) = answered {
+                        samples.push(t.duration_since(a).as_secs_f64() * 1e6 / 2.0);
+                    }
+                    answered = Some(t);
+                    put_send(&mut self.me, &self.settings, size, i, &inline)?;
+                }
+                let mut r = lat_stats(size, &mut samples);
+                r.iters = iters;
+                Ok(Some(r))
+            }
+            Op::Write => self.pt_write_lat(size, role).map(Some),
+        }
+    }
+
+    /// `write_lat`'s ping-pong of `size` with a perftest peer, as `role`: iteration `i`
+    /// carries `i + 1` (modulo 256) in the message's last byte; the server writes first.
+    /// Each sample is half the time between two of this end's writes.
+    /// With `-D` it runs until then (each end on its own clock, as perftest's alarm), a wait
+    /// for the peer ending there too.
+    fn pt_write_lat(&mut self, size: usize, role: Role) -> Result<LatResult, PerfError> {
+        let deadline = self.settings.duration.map(|d| Instant::now() + d);
+        let iters = match deadline {
+            Some(_) => u64::MAX,
+            None => self.settings.iters.max(1),
+        };
+        let mut inline = vec![0u8; self.settings.inline_size.max(1) as usize];
+        let mut samples = Vec::with_capacity(self.settings.iters.min(10_000_000) as usize);
+        let to_peer = self.target(0);
+        let rx = self.rx_off;
+        let mut posted: Option<Instant> = None;
+        let mut done = 0;
+        for i in 0..iters {
+            let tag = ((i + 1) & 0xff) as u8;
+            if role == Role::Client && !await_tag_until(&self.me, rx, size, tag, deadline)? {
+                break;
+            }
+            let t = Instant::now();
+            if let Some(p) = posted {
+                samples.push(t.duration_since(p).as_secs_f64() * 1e6 / 2.0);
+            }
+            posted = Some(t);
+            // The last write is waited for: nothing follows it on the connection, and the
+            // peer waits for it.
+            let last = i + 1 == iters;
+            let flags = if last {
+                SendFlags::SIGNALED
+            } else {
+                super::pingpong_flags(&self.settings, i)
+            };
+            super::put_write_tagged(
+                &mut self.me,
+                to_peer,
+                &self.settings,
+                size,
+                i,
+                tag,
+                flags,
+                &mut inline,
+            )?;
+            if role == Role::Server && !await_tag_until(&self.me, rx, size, tag, deadline)? {
+                break;
+            }
+            if last {
+                super::await_send(&mut self.me, i, self.settings.events)?;
+            }
+            done = i + 1;
+        }
+        let mut r = lat_stats(size, &mut samples);
+        r.iters = done;
+        Ok(r)
+    }
+}
+
+/// Waits until the last of the first `size` bytes of `dst`'s receiving half (at `rx`) is
+/// `tag`: true, or false once `deadline` has passed without it. The stall limit holds as
+/// in the ping-pongs without a deadline.
+fn await_tag_until(
+    dst: &End,
+    rx: usize,
+    size: usize,
+    tag: u8,
+    deadline: Option<Instant>,
+) -> Result<bool, PerfError> {
+    let mut timer = StallTimer::new();
+    let mut b = [0u8; 1];
+    loop {
+        dst.bufs[0]
+            .read(rx + size - 1, &mut b)
+            .map_err(setup("buffer"))?;
+        if b[0] == tag {
+            return Ok(true);
+        }
+        if let Some(now) = timer.spin()?
+            && deadline.is_some_and(|d| now >= d)
+        {
+            return Ok(false);
+        }
+    }
+}
+
+/// A look at the port for signs of life: true when its packet counters moved since the
+/// last look (the peer's traffic, or ours to it, is still going).
+fn port_alive(dev: &Device) -> impl FnMut() -> bool + '_ {
+    let count = move || {
+        dev.port_counters(1, false)
+            .map(|c| c.port_rcv_packets + c.port_xmit_packets)
+            .ok()
+    };
+    let mut last = count();
+    move || {
+        let now = count();
+        let moved = now.is_some() && now != last;
+        last = now;
+        moved
+    }
+}
+
+/// The checks perftest's keys allow before the connection: `ours` and the peer's `theirs`.
+fn check_peer(ours: &Keys, theirs: &Keys, op: Op) -> Result<(), PerfError> {
+    if v4_mapped(&ours.gid) != v4_mapped(&theirs.gid) {
+        let kind = |g: &[u8; 16]| if v4_mapped(g) { "IPv4" } else { "IPv6" };
+        return Err(OobError::Mismatch(format!(
+            "GID types differ: this end's GID is {} ({}), the peer's {} ({}); choose GIDs of \
+             one kind with -x on both ends",
+            uhca::info::format_gid(&ours.gid),
+            kind(&ours.gid),
+            uhca::info::format_gid(&theirs.gid),
+            kind(&theirs.gid)
+        ))
+        .into());
+    }
+    if matches!(op, Op::Write | Op::Send) && theirs.out_reads != 1 {
+        return Err(OobError::Mismatch(format!(
+            "the perftest peer takes {} outstanding reads: it runs a READ or atomic test, this \
+             end a {} test",
+            theirs.out_reads,
+            if op == Op::Write { "WRITE" } else { "SEND" }
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+fn oob_err(e: OobError) -> PerfError {
+    PerfError::Perftest(e)
+}
+
+#[cfg(test)]
+#[path = "pt_tests.rs"]
+mod tests;
+
+impl PtPeer {
+    /// Whether the connection shows the peer gone.
+    pub(super) fn gone(&mut self) -> Option<OobError> {
+        self.oob.gone()
+    }
+}
