@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TERM_COLOR=never
+export LSAN_OPTIONS="suppressions=$PWD/lsan.supp"
 SECS=${FUZZ_SECS:-20}
 
 command -v c++ >/dev/null || {

@@ -158,7 +158,14 @@ pub fn run_input(data: &[u8]) {
                 Act::Delivery(ds) => lie = Some(DeliveryStatus::from(*ds & 0x7F)),
                 Act::Bar(off, v) => bar.write(usize::from(*off), *v),
                 Act::PageRequest(n) => {
-                    let _ = tx.lock().map(|t| t.send(Inject::Pages(*n)));
+                    // Requests the driver honours (up to 2^20 pages, 4 GiB) are cut to
+                    // 2^12 (16 MiB): a run must stay fast and in the fuzzer's memory limit.
+                    let n = if (1 << 12..=1 << 20).contains(n) {
+                        n % (1 << 12)
+                    } else {
+                        *n
+                    };
+                    let _ = tx.lock().map(|t| t.send(Inject::Pages(n)));
                 }
                 Act::Event(t, s, d) => {
                     let _ = tx.lock().map(|q| q.send(Inject::Event(*t, *s, *d)));
@@ -174,13 +181,16 @@ pub fn run_input(data: &[u8]) {
         // Short enough that a syndrome or a stalled counter is seen within one run (a
         // loaded machine may starve the model's health tick: a dead device is a typed
         // error too).
-        health_interval: Duration::from_millis(2),
+        health_interval: Duration::from_millis(20),
         init_timeout: Duration::from_millis(50),
-        cmd_timeout: Some(Duration::from_millis(500)),
+        // Short: a command the hostile device redirected (queue address, doorbell) never
+        // completes, and every such wait is a whole timeout.
+        cmd_timeout: Some(Duration::from_millis(100)),
         ..DeviceConfig::default()
     };
     let pf: Arc<dyn PciFunction> = f.clone();
     let trace = std::env::var_os("UHCA_FUZZ_TRACE").is_some();
+    let t0 = std::time::Instant::now();
     match Device::open(pf, cfg) {
         Ok(dev) => {
             exercise(&dev, trace);
@@ -189,11 +199,19 @@ pub fn run_input(data: &[u8]) {
                 eprintln!("close: {r:?}");
             }
         }
-        Err(e) if trace => eprintln!("open: {e}"),
+        Err(e) if trace => eprintln!("open: {e} ({:?})", t0.elapsed()),
         Err(_) => {}
     }
     fuzzing::set_output_hook(None); // drops the hook and its sender
     injector.join().expect("injector");
+    if Arc::strong_count(&f) > 1 {
+        // The driver leaked a queue on purpose (its DESTROY was refused): the memory keeps
+        // the function, and so the model, alive; stop its device thread at least.
+        f.hca().fuzz_halt();
+    }
+    if trace {
+        eprintln!("done after {:?}", t0.elapsed());
+    }
 }
 
 /// What an application does after boot; every error is acceptable, nothing else is.

@@ -108,17 +108,18 @@ impl Writer {
     }
 }
 
-/// Installs a panic hook that aborts (as libFuzzer's does) unless the panic comes from a
-/// file whose path contains one of `tolerated`: those are caught by the code under test
-/// (`catch_unwind`) by design, and must not count as crashes.
-pub fn abort_on_panic_except(tolerated: &'static [&'static str]) {
+/// Installs a panic hook that aborts (as libFuzzer's does) when the panic is located in a
+/// file whose path contains one of `ours`, and otherwise lets it unwind: the code under
+/// test catches those by design (`catch_unwind` around a third-party crate), and they must
+/// not count as crashes. A panic of the harness thread aborts in any case
+/// (libfuzzer-sys catches it).
+pub fn abort_on_panic_in(ours: &'static [&'static str]) {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let file = info.location().map(|l| l.file()).unwrap_or("");
-        if tolerated.iter().any(|t| file.contains(t)) {
-            return;
+        if ours.iter().any(|t| file.contains(t)) {
+            default(info);
+            std::process::abort();
         }
-        default(info);
-        std::process::abort();
     }));
 }

@@ -54,12 +54,17 @@ fn scratch_dir() -> PathBuf {
     d
 }
 
+/// One message per session the server finished (`serve_one` returned).
+static SESSIONS: OnceLock<std::sync::Mutex<std::sync::mpsc::Receiver<()>>> = OnceLock::new();
+
 /// The server's socket path (the server runs on its own thread for the process).
 fn server_path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let path = scratch_dir().join("server.sock");
         let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        SESSIONS.get_or_init(|| std::sync::Mutex::new(done_rx));
         let p = path.clone();
         // The server is not `Send`: it lives on its thread.
         std::thread::spawn(move || {
@@ -72,6 +77,9 @@ fn server_path() -> &'static PathBuf {
             tx.send(()).expect("ready");
             loop {
                 let _ = server.serve_one();
+                if done_tx.send(()).is_err() {
+                    return;
+                }
             }
         });
         rx.recv().expect("server started");
@@ -195,6 +203,12 @@ pub fn run_server_input(data: &[u8]) {
         ended,
         "the server did not end the session of a client that left"
     );
+    // The session is over only when `serve_one` returned (its threads joined, the model
+    // reset): the next input, and libFuzzer's leak check, start from there.
+    let done = SESSIONS.get().expect("server started").lock();
+    done.expect("sessions")
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the server did not finish the session of a client that left");
 }
 
 /// Encodes a client-target reply (for seeds).
@@ -293,7 +307,16 @@ fn exercise_client(f: &dyn PciFunction) {
     let mut b = [0u8; 4];
     let _ = f.config_read(0, &mut b);
     let _ = f.config_write(4, &[6, 0]);
-    let _ = f.map_bar(0);
+    if let Ok(bar) = f.map_bar(0)
+        && bar.len >= 4
+    {
+        // What the driver does first with BAR0: read the init segment; and the last word.
+        for off in [0, (bar.len - 4) & !3] {
+            // SAFETY: the function promises `len` bytes of mapped BAR at `ptr` while it
+            // lives; an aligned volatile 32-bit read, as `Bar` does.
+            let _ = unsafe { std::ptr::read_volatile(bar.ptr.add(off).cast::<u32>()) };
+        }
+    }
     let _ = f.iova_ranges();
     let mem = memfd(8192);
     // SAFETY: a shared mapping of our own memfd, unmapped below after the DMA unmap.

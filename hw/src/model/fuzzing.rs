@@ -49,6 +49,15 @@ impl Hca {
         }
     }
 
+    /// Stops the device thread without waiting for it: a model kept alive by memory the
+    /// driver leaked on purpose (a queue the device refused to destroy) stops using a core.
+    pub fn fuzz_halt(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+    }
+
     /// What the device thread does on a command doorbell: clears `cmd_dbell` and runs every
     /// hardware-owned entry of the command queue (then balances firmware pages).
     pub fn fuzz_run_command_queue(&self) {

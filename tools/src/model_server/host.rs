@@ -40,6 +40,18 @@ impl FdMapping {
                 "zero-length mapping",
             ));
         }
+        // The device would fault (SIGBUS, the whole server down) on the first access past
+        // the end of a regular file (memfd, shm, hugetlbfs): a client's wrong size is refused.
+        let meta = file.metadata()?;
+        if meta.file_type().is_file() && meta.len() < offset.saturating_add(len as u64) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "mapping {len:#x} bytes at file offset {offset:#x} runs past the file's end ({:#x})",
+                    meta.len()
+                ),
+            ));
+        }
         let offset = libc::off_t::try_from(offset)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset too large"))?;
         let prot = if writable {

@@ -685,6 +685,29 @@ mod tests {
         assert_eq!((d.mem.len(), d.mem.files()), (0, 0));
     }
 
+    /// A DMA_MAP whose range runs past the end of its file is refused: the model's first
+    /// access there would kill the server with SIGBUS (the same class of bug as the client's
+    /// short BAR file that the `vfio_user_client` fuzz target found, fuzz/). A range inside
+    /// the file maps.
+    #[test]
+    fn a_dma_map_past_the_end_of_its_file_is_refused() {
+        let mut dev = ModelDevice::new(Hca::new(ModelConfig::default()).unwrap());
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(8192).unwrap();
+        let rw = DmaMapFlags::READ_WRITE;
+        let map = |dev: &mut ModelDevice, offset, size| {
+            dev.dma_map(rw, offset, 0x10000, size, Some(file.try_clone().unwrap()))
+        };
+        let e = map(&mut dev, 0, 16384).unwrap_err();
+        assert!(e.to_string().contains("past the end of its file"), "{e}");
+        assert!(map(&mut dev, 4096, 8192).is_err());
+        assert!(dev.hca.dma_mappings().is_empty());
+        map(&mut dev, 0, 8192).unwrap();
+        assert_eq!(dev.hca.dma_mappings(), vec![(0x10000, 0x11fff)]);
+        dev.dma_unmap(DmaUnmapFlags::empty(), 0x10000, 8192)
+            .unwrap();
+    }
+
     #[test]
     fn stale_socket_is_refused_unless_replaced() {
         let dir = std::env::temp_dir().join(format!("uhca-srv-{}", std::process::id()));

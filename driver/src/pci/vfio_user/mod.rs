@@ -392,6 +392,20 @@ impl VfioUserFunction {
             ))
             .into());
         }
+        // A file shorter than the region faults (SIGBUS) on the first access past its end:
+        // a server's wrong size is an error here, not a crash at the first doorbell.
+        if let Ok(meta) = bar_fd.metadata()
+            && meta.file_type().is_file()
+            && meta.len() < bar.offset.saturating_add(bar.size)
+        {
+            return Err(VfioUserError::Unsupported(format!(
+                "BAR0's file holds {} bytes, fewer than the region ({:#x} bytes at {:#x})",
+                meta.len(),
+                bar.size,
+                bar.offset
+            ))
+            .into());
+        }
         let bar_len = usize::try_from(bar.size).map_err(|_| PciError::NoBar(0))?;
         let num_irqs = if irqs > proto::MSIX_IRQ_INDEX {
             let (p, _) = conn.request(
@@ -770,6 +784,85 @@ mod tests {
         let (_d, path, h) = fake_server(0, 0, Vec::new());
         let e = VfioUserFunction::connect_with(&path, &opts()).unwrap_err();
         assert!(e.to_string().contains("protocol"), "{e}");
+        h.join().unwrap();
+    }
+
+    /// A server that answers the connect sequence (VERSION, DEVICE_GET_INFO, the config and
+    /// BAR0 region info, GET_IRQ_INFO) with a BAR0 of `bar_size` bytes whose file holds
+    /// `file_len`.
+    fn server_with_bar_file(
+        bar_size: u64,
+        file_len: u64,
+    ) -> (tempfile::TempDir, PathBuf, std::thread::JoinHandle<()>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bar.sock");
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let p = proto::Payload::default;
+        let mut version = p().u16(0).u16(1).0;
+        version.extend_from_slice(b"{}\0");
+        let info = p().u32(16).u32(3).u32(9).u32(5).0;
+        let config = p().u32(32).u32(3).u32(7).u32(0).u64(256).u64(0).0;
+        let bar = p().u32(64).u32(0xF).u32(0).u32(32).u64(bar_size).u64(0);
+        let bar = bar
+            .u16(1)
+            .u16(1)
+            .u32(0)
+            .u32(1)
+            .u32(0)
+            .u64(0)
+            .u64(bar_size)
+            .0;
+        let irqs = p().u32(16).u32(0).u32(2).u32(32).0;
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(file_len).unwrap();
+        let h = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            for (k, body) in [version, info, config, bar, irqs].into_iter().enumerate() {
+                let mut hb = [0u8; HEADER_LEN];
+                if s.read_exact(&mut hb).is_err() {
+                    return; // the client gave up
+                }
+                let req = Header::parse(&hb);
+                let mut rest = vec![0u8; req.size as usize - HEADER_LEN];
+                s.read_exact(&mut rest).unwrap();
+                let reply = Header {
+                    id: req.id,
+                    command: req.command,
+                    size: (HEADER_LEN + body.len()) as u32,
+                    flags: proto::FLAG_REPLY,
+                    error: 0,
+                };
+                let mut m = reply.emit().to_vec();
+                m.extend_from_slice(&body);
+                let fds = if k == 3 {
+                    vec![file.as_raw_fd()]
+                } else {
+                    vec![]
+                };
+                s.send_with_fds(&[&m[..]], &fds).unwrap();
+            }
+            let _ = std::io::copy(&mut s, &mut std::io::sink());
+        });
+        (dir, path, h)
+    }
+
+    /// A BAR0 file shorter than the region it backs would fault (SIGBUS) on the first
+    /// access past its end, so connecting refuses it (found by the `vfio_user_client` fuzz
+    /// target, fuzz/); a file that covers the region connects.
+    #[test]
+    fn a_bar_file_shorter_than_its_region_is_refused() {
+        let (_d, path, h) = server_with_bar_file(0x10000, 0x1000);
+        let e = VfioUserFunction::connect_with(&path, &opts()).unwrap_err();
+        assert!(
+            matches!(e, PciError::VfioUser(ref b) if matches!(**b, VfioUserError::Unsupported(_))),
+            "{e}"
+        );
+        assert!(e.to_string().contains("holds 4096 bytes"), "{e}");
+        h.join().unwrap();
+        let (_d, path, h) = server_with_bar_file(0x10000, 0x10000);
+        let f = VfioUserFunction::connect_with(&path, &opts()).unwrap();
+        assert_eq!(f.map_bar(0).unwrap().len, 0x10000);
+        drop(f);
         h.join().unwrap();
     }
 
