@@ -156,7 +156,7 @@ pub enum PerfError {
     #[error("no completion for {0:?}: the device stalled")]
     Stalled(Duration),
     /// The device is lost or failed its health check (a vfio-user server that died, a
-    /// health syndrome): seen within [`DEVICE_CHECK`] by every wait.
+    /// health syndrome): seen within `DEVICE_CHECK` by every wait.
     #[error("{0}")]
     Device(#[from] uhca::DeviceError),
     /// The remote end hung up its control connection while this end waited for it.

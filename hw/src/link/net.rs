@@ -8,7 +8,7 @@
 //! on loopback (the tests), and the kernel demultiplexes UDP 4791 for us. What a socket
 //! hides is the peer's IP header: the port rebuilds it (addresses and ports from the
 //! socket, lengths from the datagram), which is everything the ICRC covers except the
-//! IPv4 Identification; that is recovered from the ICRC itself ([`ipv4_id`]).
+//! IPv4 Identification; that is recovered from the ICRC itself (`ipv4_id`).
 //!
 //! The link takes the Ethernet frames the model builds and sends what follows their UDP
 //! header from the socket bound to the frame's IP source address, to the frame's IP

@@ -331,7 +331,7 @@ pub struct Control {
 }
 
 impl Control {
-    /// The connection itself (to watch it for the peer hanging up, [`super::PeerWatch`]).
+    /// The connection itself (to watch it for the peer hanging up, `PeerWatch`).
     pub fn stream(&self) -> &TcpStream {
         &self.stream
     }

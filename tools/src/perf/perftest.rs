@@ -378,7 +378,7 @@ impl Oob {
     }
 
     /// Takes what has arrived without waiting; true once `n` bytes are there (for
-    /// [`read`](Self::read) to take). A closed connection is an error.
+    /// `read` to take). A closed connection is an error.
     pub fn arrived(&mut self, n: usize, what: &'static str) -> Result<bool, OobError> {
         let io = Self::io(what);
         if self.pending.len() >= n {

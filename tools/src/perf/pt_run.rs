@@ -382,7 +382,7 @@ impl Bench {
     /// Server of a bandwidth test of `size`: a bidirectional run streams as the client
     /// does; `send_bw` receives and counts `-n` messages per QP (with `-D`: until the
     /// client's next keys, after its traffic, say it is done) and returns its own result; the other one-way tests
-    /// have nothing to do per size (the client's report comes at the end, [`pt_end`]).
+    /// have nothing to do per size (the client's report comes at the end, `pt_end`).
     pub fn pt_serve_bandwidth(&mut self, size: usize) -> Result<Option<BwResult>, PerfError> {
         let r = self.run_pt_serve_bandwidth(size);
         r.map_err(|e| self.explain(e))

@@ -3,8 +3,8 @@
 //! written with one `write` call, so a process killed mid-run leaves every record before
 //! the last whole.
 //!
-//! Format (https://www.tcpdump.org/manpages/pcap-savefile.5.html, and
-//! https://www.tcpdump.org/linktypes.html for link type 1): a 24-byte file header (magic
+//! Format (<https://www.tcpdump.org/manpages/pcap-savefile.5.html>, and
+//! <https://www.tcpdump.org/linktypes.html> for link type 1): a 24-byte file header (magic
 //! 0xA1B2C3D4 in the writer's byte order, version 2.4, zone 0, sigfigs 0, snaplen, link
 //! type), then per frame a 16-byte record header (seconds, microseconds, captured length,
 //! original length) and the frame.
