@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
 use uhca::pci::PciError;
-use uhca::pci::vfio_user::VfioUserFunction;
+use uhca::pci::vfio_user::{VfioUserError, VfioUserFunction};
 use uhca::resource::{Access, Cq, Local, Mr, Qp, SendFlags, SendOp, SendWr};
 use uhca::{Device, DeviceConfig, DeviceError};
 use uhca_tests::datapath::{connect, mr, pattern, qp_with_cq, read, wait_n};
@@ -455,9 +455,18 @@ fn a_second_client_is_told_the_server_is_busy() {
     first.config_read(0, &mut b).unwrap();
     assert_eq!(b, [0xb3, 0x15, 0x17, 0x10]);
     drop(first);
+    // The server notices the first client's hang-up and resets the model before it serves
+    // again; until then a new client is still told it is busy. Wait for that, not a time.
     let second = bounded({
         let sock = model.sock.clone();
-        move || VfioUserFunction::connect(&sock).map(|_| ())
+        move || loop {
+            match VfioUserFunction::connect(&sock) {
+                Err(PciError::VfioUser(e)) if matches!(*e, VfioUserError::Busy(_)) => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                r => return r.map(|_| ()),
+            }
+        }
     });
     second.unwrap();
 }
