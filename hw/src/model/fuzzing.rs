@@ -62,7 +62,7 @@ impl Hca {
     /// hardware-owned entry of the command queue (then balances firmware pages).
     pub fn fuzz_run_command_queue(&self) {
         let mut core = self.shared.core_dev();
-        self.shared.bar.swap_be32(reg::CMD_DBELL, 0);
-        cmdif::run_queue(&self.shared, &mut core);
+        let rung = self.shared.bar.swap_be32(reg::CMD_DBELL, 0);
+        cmdif::run_queue(&self.shared, &mut core, rung);
     }
 }
