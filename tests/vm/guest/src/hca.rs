@@ -348,8 +348,14 @@ fn datapath(t: &mut Tally, dev: &Device, interrupts: Option<fn() -> u64>) {
     );
     if let (Some(n), Some(before)) = (interrupts, irqs_before) {
         // Cq::wait also finds an event already in the EQ without an interrupt: the kernel's
-        // count shows that the MSI-X message really arrived.
-        let after = n();
+        // count shows that the MSI-X message really arrived. It may still be on its way when
+        // the wait found the EQE by polling, so wait (bounded) for the count to move.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut after = n();
+        while after <= before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            after = n();
+        }
         t.check(
             after > before,
             format!("MSI-X interrupt taken by the guest's vfio-pci ({before} -> {after})"),
