@@ -7,17 +7,22 @@
 
 use crate::layout::qpc::{Ads, Qpc};
 use crate::layout::roce::{EthRepr, EtherType, IpRepr, Ipv4Repr, Ipv6Repr};
-use crate::layout::wqe::{DataSeg, INVALID_LKEY};
+use crate::layout::wqe::{DataSeg, INVALID_LKEY, SEND_WQE_BB};
 use crate::rc::{
     AtomicEndianness, MAX_SGE, Mtu, PathConfig, QpConfig, RcQp, RecvQueue, RecvWqe, RemoteAccess,
     Sge, SgeList,
 };
 
 use super::iommu::Dma;
+use super::sq::{Ctrl, MAX_WQE};
 use super::srq::Srq;
 use super::table::Table;
 use super::vport::{GidEntry, L3_IPV4};
 use super::wq::{Hints, QueueBuf, extend_counter, read_dbr};
+
+/// Bytes of a whole send WQE as `Qp::read_sq_wqe` reads it: the largest the model takes,
+/// rounded up to whole WQEBBs.
+pub(crate) const SQ_WQE_BUF: usize = MAX_WQE + SEND_WQE_BB;
 
 /// QP states (qpc `state`, §7.3). SQD, SQER and the drain states are not modelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,6 +152,22 @@ impl Qp {
     /// Byte offset in the QP buffer of WQEBB `counter`.
     pub(crate) fn sq_wqebb_off(&self, counter: u32) -> u64 {
         self.sq_off + u64::from(counter & (self.sq_size() - 1)) * 64
+    }
+
+    /// The whole send WQE at the SQ consumer counter, read for the QPs whose WQEs run
+    /// outside the RC engine (UD, GSI, UMR): its control segment and its WQEBBs, up to the
+    /// largest WQE the model takes. `None` when the queue buffer cannot be read.
+    pub(crate) fn read_sq_wqe(&self, dma: &Dma<'_>) -> Option<(Ctrl, [u8; SQ_WQE_BUF])> {
+        let mut w = [0u8; SQ_WQE_BUF];
+        let first = self.sq_wqebb_off(self.sq_ci);
+        self.buf.read(dma, first, &mut w[..SEND_WQE_BB]).ok()?;
+        let ctrl = Ctrl::parse(&w[..16]);
+        for b in 1..ctrl.wqebbs().min((SQ_WQE_BUF / SEND_WQE_BB) as u32) {
+            let at = b as usize * SEND_WQE_BB;
+            let off = self.sq_wqebb_off(self.sq_ci.wrapping_add(b));
+            self.buf.read(dma, off, &mut w[at..at + SEND_WQE_BB]).ok()?;
+        }
+        Some((ctrl, w))
     }
 
     /// The SQ producer counter from the DBR (16 bits used, §9.2), extended.

@@ -21,7 +21,7 @@ use crate::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, OP_OWN_OFFSET};
 use crate::layout::roce::headers::{BthRepr, DethRepr, ETH_SIZE, EthRepr, IPV4_SIZE, UdpRepr};
 use crate::layout::roce::{ExtHeaders, IpRepr, ROCE_UDP_PORT, RcOpcode, RocePacket};
 use crate::layout::ud::{DATAGRAM_SEG, DatagramSeg, GRH_SIZE, QKEY_USE_QP};
-use crate::layout::wqe::{SEND_WQE_BB, WqeOpcode, fm_ce_se};
+use crate::layout::wqe::{WqeOpcode, fm_ce_se};
 use crate::link::Link;
 use crate::rc::{LocalRef, RecvQueue, SendSlot};
 
@@ -31,7 +31,7 @@ use super::datapath::Sink;
 use super::iommu::Dma;
 use super::mkey::{self, Access};
 use super::qp::{DEFAULT_HOP_LIMIT, Qp, QpKind, QpState, path_ip};
-use super::sq::{Ctrl, MAX_WQE, local_data};
+use super::sq::{Ctrl, local_data};
 use super::srq::Srq;
 use super::state::Core;
 use super::table::Table;
@@ -62,25 +62,11 @@ pub(crate) fn run_sq(
     };
     while (pi.wrapping_sub(qp.sq_ci) as i32) > 0 {
         let idx = qp.sq_ci as u16;
-        let mut w = [0u8; MAX_WQE + SEND_WQE_BB];
-        if qp
-            .buf
-            .read(dma, qp.sq_wqebb_off(qp.sq_ci), &mut w[..SEND_WQE_BB])
-            .is_err()
-        {
+        let Some((ctrl, w)) = qp.read_sq_wqe(dma) else {
             super::datapath::to_error(qp);
             return;
-        }
-        let ctrl = Ctrl::parse(&w[..16]);
+        };
         let nbb = ctrl.wqebbs();
-        for b in 1..nbb.min((MAX_WQE / SEND_WQE_BB + 1) as u32) {
-            let at = b as usize * SEND_WQE_BB;
-            let off = qp.sq_wqebb_off(qp.sq_ci.wrapping_add(b));
-            if qp.buf.read(dma, off, &mut w[at..at + SEND_WQE_BB]).is_err() {
-                super::datapath::to_error(qp);
-                return;
-            }
-        }
         let result = if qp.state == QpState::Err {
             Err(CqeSyndrome::WrFlush)
         } else if ctrl.qpn != qp.qpn {

@@ -22,14 +22,14 @@ use crate::layout::Buf;
 use crate::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, OP_OWN_OFFSET};
 use crate::layout::mkc::Mkc;
 use crate::layout::umr::{MKEY_SEG, UMR_CTRL_SEG, UmrCtrlSeg, flags, mkey_mask as mm};
-use crate::layout::wqe::{DataSeg, SEND_WQE_BB, WqeOpcode};
+use crate::layout::wqe::{DataSeg, WqeOpcode};
 
 use super::caps::MAX_MKEY_LOG_ENTITY_SIZE_MTT;
 use super::datapath::Sink;
 use super::iommu::Dma;
 use super::mkey::{self, Access, MTT_ADDR_MASK, Xlate, rights_of};
 use super::qp::{QpKind, QpState};
-use super::sq::{Ctrl, MAX_WQE};
+use super::sq::Ctrl;
 use super::state::Core;
 use super::{Counters, Shared};
 
@@ -76,25 +76,11 @@ fn run_qp(sh: &Shared, dma: &Dma<'_>, core: &mut Core, qpn: u32) {
     {
         let idx = qp.sq_ci as u16;
         let state = qp.state;
-        let mut w = [0u8; MAX_WQE + SEND_WQE_BB];
-        if qp
-            .buf
-            .read(dma, qp.sq_wqebb_off(qp.sq_ci), &mut w[..SEND_WQE_BB])
-            .is_err()
-        {
+        let Some((ctrl, w)) = qp.read_sq_wqe(dma) else {
             super::datapath::to_error(qp);
             return;
-        }
-        let ctrl = Ctrl::parse(&w[..16]);
+        };
         let nbb = ctrl.wqebbs();
-        for b in 1..nbb.min((MAX_WQE / SEND_WQE_BB + 1) as u32) {
-            let at = b as usize * SEND_WQE_BB;
-            let off = qp.sq_wqebb_off(qp.sq_ci.wrapping_add(b));
-            if qp.buf.read(dma, off, &mut w[at..at + SEND_WQE_BB]).is_err() {
-                super::datapath::to_error(qp);
-                return;
-            }
-        }
         let result = if state == QpState::Err {
             Err(CqeSyndrome::WrFlush)
         } else if ctrl.qpn != qpn {
