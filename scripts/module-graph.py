@@ -48,7 +48,7 @@ CRATES = {
     "hw": (
         "hw/src/lib.rs",
         [
-            ["layout", "rng", "copy"],
+            ["rng", "copy"],
             ["link"],
             ["rc"],
             # The model, bottom up (mirroring the driver): memory and the IOMMU; BAR0,
