@@ -24,17 +24,25 @@
 //! # Ok::<(), uhca::DeviceError>(())
 //! ```
 
+// `unsafe` lives only in the modules named for it: `pci` (BAR mappings, the VFIO and
+// iommufd ioctls, the model's shared BAR memory), `dma` (DMA memory, volatile access to
+// device-shared rings) and `cuda` (calls into libcuda). Every other module is safe code.
+#![deny(unsafe_code)]
+
 pub mod barrier;
 mod boot;
 pub mod cmd;
 #[cfg(feature = "gpu")]
+#[allow(unsafe_code)]
 pub mod cuda;
 pub mod datapath;
 mod device;
+#[allow(unsafe_code)]
 pub mod dma;
 pub mod health;
 pub mod info;
 pub mod pages;
+#[allow(unsafe_code)]
 pub mod pci;
 pub mod peer;
 pub mod resource;

@@ -326,6 +326,7 @@ impl CqRing {
     }
 
     /// Refreshes the QP cache if QPs were added or removed (one atomic load per poll).
+    #[cfg(any(test, feature = "testing"))]
     #[inline]
     pub(crate) fn refresh(&mut self) {
         self.qps.refresh(self.ring.view(), self.ci);
