@@ -62,7 +62,7 @@ CRATES = {
             # `Core`: the state the command engine and the data path share.
             ["model::state"],
             ["model::cmdif", "model::cmd"],
-            ["model::datapath", "model::dp_tests"],
+            ["model::datapath", "model::tests"],
             ["model::device", "model::fuzzing", "model"],
         ],
     ),

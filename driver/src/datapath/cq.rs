@@ -732,5 +732,4 @@ impl Drop for Poll<'_> {
 }
 
 #[cfg(all(test, feature = "model"))]
-#[path = "cq_tests.rs"]
 mod tests;

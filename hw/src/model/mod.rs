@@ -747,4 +747,4 @@ impl Drop for Hca {
 }
 
 #[cfg(test)]
-mod dp_tests;
+mod tests;

@@ -9,7 +9,7 @@ use crate::layout::reg::{
     PtysReg, cap_mask_bit, id,
 };
 use crate::model::Gap;
-use crate::model::dp_tests::{Rig, header, model};
+use crate::model::tests::{Rig, header, model};
 
 use super::super::syndrome as s;
 use super::{PORT_DOWN, PORT_MAX_MTU, PORT_UP, register};
