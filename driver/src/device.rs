@@ -181,7 +181,7 @@ pub struct DeviceInner {
     pub(crate) state: AtomicU8,
     pub(crate) config: DeviceConfig,
     /// Completion EQs and interrupt vectors of the data path.
-    pub(crate) dp: crate::resource::cq::DeviceQueues,
+    pub(crate) dp: crate::resource::comp_eq::DeviceQueues,
 }
 
 impl std::fmt::Debug for DeviceInner {

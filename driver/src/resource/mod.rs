@@ -4,12 +4,14 @@
 //! Each handle owns its firmware object and destroys it on `Drop` (errors are logged and
 //! counted, never a panic). Handles keep their device alive.
 
+pub(crate) mod comp_eq;
 pub mod cq;
 pub mod eq;
 pub mod memic;
 pub mod mkey;
 pub mod pd;
 pub mod qp;
+mod queue_error;
 pub mod uar;
 
 pub use cq::{Cq, CqArmState, CqConfig, CqInfo, CqPeriodMode, CqStatus, QueueError};
