@@ -12,7 +12,7 @@ belongs to its file. Test code (`#[cfg(test)]` modules and items) is left out un
 Two checks, each a list (and a non-zero exit status unless `--report`):
 - cycles: the strongly connected components of more than one file (a file that imports,
   directly or through others, a file that imports it back), each with the edges inside it;
-- layers: an import from a file of a lower layer to a file of a higher one, after the
+- layers (test code and the driver's `testing` fixtures left out likewise): an import from a file of a lower layer to a file of a higher one, after the
   layer order declared below for the crate (`LAYERS`).
 
 Usage: scripts/module-graph.py [--report] [--tests] [--strict] [--edges] [--self-test] [CRATE...]
@@ -149,8 +149,14 @@ PATH_RE = re.compile(r"(?<![A-Za-z0-9_:])((?:crate|super|self)(?:\s*::\s*" + IDE
 ITEM_RE = r"(?:fn|struct|enum|union|trait|type|const|static|mod|macro_rules!)\s+"
 
 
+# Test code: `#[cfg(test)]`, `#[cfg(any(test, ..))]`, `#[cfg(all(test, ..))]`, and what the
+# driver's `testing` feature builds (its fixtures).
+TEST_CFG = r"#\s*\[\s*cfg\s*\(\s*(?:(?:any|all)\s*\(\s*)?(?:test\b|feature\s*=\s*\"testing\")[^\]]*\]"
+
+
 def is_test(attrs):
-    return re.search(r"cfg\s*\(\s*test\s*\)", attrs) is not None
+    """`attrs` is raw source (string literals intact)."""
+    return re.search(TEST_CFG, attrs) is not None
 
 
 def expand_use(tree):
@@ -242,8 +248,8 @@ class Crate:
             m = MOD_RE.search(text, i, end)
             if not m:
                 break
-            attrs, name, kind = m.group(1), m.group(2), m.group(3)
-            ctest = test or is_test(attrs)
+            name, kind = m.group(2), m.group(3)
+            ctest = test or is_test(raw[m.start(1):m.end(1)])
             mod.defs.add(name)
             if kind == "{":
                 b = m.end() - 1
@@ -279,15 +285,15 @@ class Crate:
             mod.defs.add(m.group(1))
         use_spans = []
         for m in USE_RE.finditer(body):
-            attrs, vis, tree = m.group(1), m.group(2), m.group(3)
-            t = test or is_test(attrs)
+            vis, tree = m.group(2), m.group(3)
+            t = test or is_test(raw[start + m.start(1):start + m.end(1)])
             line = line0 + body.count("\n", 0, m.start()) + 1
             for segs, name in expand_use(tree):
                 mod.uses.append((segs, name, bool(vis.strip()), line, t))
             use_spans.append((m.start(), m.end()))
         # `#[cfg(test)]` items in braces (an impl, a fn) are test code too.
         test_spans = []
-        for m in re.finditer(r"#\s*\[\s*cfg\s*\(\s*test\s*\)\s*\]", body):
+        for m in re.finditer(TEST_CFG, raw[start:end]):
             j = body.find("{", m.end())
             k = body.find(";", m.end())
             if j >= 0 and (k < 0 or j < k):
@@ -516,7 +522,8 @@ def self_test():
         "src/b/mod.rs": "mod inner;\npub use inner::Thing;\npub struct Other;\n#[cfg(test)]\nmod tests { use crate::d::X; }\n",
         "src/b/inner.rs": "use super::Other;\npub struct Thing;\nfn f() { crate::c::g(); }\n",
         "src/c_impl.rs": "pub fn g() {}\npub fn h() { super::Thing; }\n",
-        "src/d.rs": "pub struct X;\nfn f() -> crate::a::Y { todo!() }\n",
+        "src/d.rs": "pub struct X;\nfn f() -> crate::a::Y { todo!() }\n"
+        "#[cfg(any(test, feature = \"testing\"))]\nfn g() { crate::b::Other; }\n",
     }
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in files.items():
@@ -539,6 +546,7 @@ def self_test():
         assert ("src/b/inner.rs", "src/b/mod.rs") in strict, strict
         tests = sorted(set((a, b) for a, b, *_ in Crate("src/lib.rs", True, False).edges()))
         assert ("src/b/mod.rs", "src/d.rs") in tests, tests
+        assert ("src/d.rs", "src/b/mod.rs") in tests, tests  # a fixture of feature testing
         adj = {}
         for a, b in got:
             adj.setdefault(a, set()).add(b)
