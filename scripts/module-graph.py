@@ -151,7 +151,7 @@ ITEM_RE = r"(?:fn|struct|enum|union|trait|type|const|static|mod|macro_rules!)\s+
 
 # Test code: `#[cfg(test)]`, `#[cfg(any(test, ..))]`, `#[cfg(all(test, ..))]`, and what the
 # driver's `testing` feature builds (its fixtures).
-TEST_CFG = r"#\s*\[\s*cfg\s*\(\s*(?:(?:any|all)\s*\(\s*)?(?:test\b|feature\s*=\s*\"testing\")[^\]]*\]"
+TEST_CFG = r"#!?\s*\[\s*cfg\s*\(\s*(?:(?:any|all)\s*\(\s*)?(?:test\b|feature\s*=\s*\"testing\")[^\]]*\]"
 
 
 def is_test(attrs):
@@ -229,6 +229,10 @@ class Crate:
         with open(os.path.join(ROOT, file), encoding="utf-8") as f:
             raw = f.read()
         text = mask(raw)
+        # A file whose inner attribute configures it for tests only (`#![cfg(test)]`).
+        inner = re.search(r"^\s*#!\s*\[\s*cfg", raw, re.M)
+        if inner and is_test(raw[inner.start():raw.find("]", inner.start()) + 1]):
+            test = True
         m = Module(path, file, parent, test)
         self.files[file] = self.files.get(file, m)
         self.scan(m, raw, text, 0, len(text), file, is_root, test)
@@ -517,11 +521,12 @@ def self_test():
 
     global ROOT
     files = {
-        "src/lib.rs": "mod a;\npub mod b;\n#[path = \"c_impl.rs\"]\nmod c;\nmod d;\npub use b::Thing;\n",
+        "src/lib.rs": "mod a;\npub mod b;\n#[path = \"c_impl.rs\"]\nmod c;\nmod d;\nmod e;\npub use b::Thing;\n",
         "src/a.rs": "use crate::{b::{self, Thing as T}, c::*};\n// use crate::d::X;\nconst S: &str = \"crate::d::X\";\n",
         "src/b/mod.rs": "mod inner;\npub use inner::Thing;\npub struct Other;\n#[cfg(test)]\nmod tests { use crate::d::X; }\n",
         "src/b/inner.rs": "use super::Other;\npub struct Thing;\nfn f() { crate::c::g(); }\n",
         "src/c_impl.rs": "pub fn g() {}\npub fn h() { super::Thing; }\n",
+        "src/e.rs": "//! A fixture.\n\n#![cfg(any(test, feature = \"testing\"))]\nuse crate::d::X;\n",
         "src/d.rs": "pub struct X;\nfn f() -> crate::a::Y { todo!() }\n"
         "#[cfg(any(test, feature = \"testing\"))]\nfn g() { crate::b::Other; }\n",
     }
@@ -547,6 +552,7 @@ def self_test():
         tests = sorted(set((a, b) for a, b, *_ in Crate("src/lib.rs", True, False).edges()))
         assert ("src/b/mod.rs", "src/d.rs") in tests, tests
         assert ("src/d.rs", "src/b/mod.rs") in tests, tests  # a fixture of feature testing
+        assert ("src/e.rs", "src/d.rs") in tests, tests  # a file configured out by #![cfg]
         adj = {}
         for a, b in got:
             adj.setdefault(a, set()).add(b)

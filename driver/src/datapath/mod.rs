@@ -26,7 +26,6 @@
 #![deny(unsafe_code)]
 
 pub mod cq;
-#[cfg(any(test, feature = "testing"))]
 pub mod rig;
 pub mod ring;
 pub mod sq;
