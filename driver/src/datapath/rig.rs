@@ -5,9 +5,6 @@
 //! The stand-in writes CQEs exactly as §9.7 says (body, then `op_own` with the owner bit of
 //! the pass), so polling runs the same code as against the model or hardware.
 
-// A test fixture: built for the crate's tests and with the feature `testing` only.
-#![cfg(any(test, feature = "testing"))]
-
 use std::sync::Arc;
 
 use uhca_layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, OP_OWN_OFFSET, cqe_owner_for};

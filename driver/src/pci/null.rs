@@ -3,9 +3,6 @@
 //! data path's stand-in rig (`datapath::rig`) and tests that must not share the process with
 //! a device thread (allocation counting) run on it.
 
-// A test fixture: built for the crate's tests and with the feature `testing` only.
-#![cfg(any(test, feature = "testing"))]
-
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use vmm_sys_util::eventfd::EventFd;

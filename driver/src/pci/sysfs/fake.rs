@@ -9,9 +9,6 @@
 //! directories here (real sysfs links them into `devices/pci...`); `driver` and
 //! `iommu_group` are symlinks, as on a real host, so the code under test reads link names.
 
-// A test fixture: built for the crate's tests and with the feature `testing` only.
-#![cfg(any(test, feature = "testing"))]
-
 use std::fs;
 use std::io::{self, Write as _};
 use std::os::unix::fs::symlink;
