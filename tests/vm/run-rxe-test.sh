@@ -61,15 +61,17 @@ TESTS=(
 # seeded faults uhca-perf's port injects into what it sends (`-`: none), and uhca-perf's
 # roles (server: against a pt-check client in the guest, client: against a pt-check
 # server, both). A run with faults is captured and its retransmissions counted: faults on
-# uhca's WRITEs (flt_write), on its READ responses and READ requests (flt_read), and on
-# its ACKs (flt_ack: a lost ACK makes rxe retransmit after its timeout).
+# uhca's WRITEs (flt_write), its READ responses (flt_read), its READ requests
+# (flt_readreq: only 20 of them, so more faults) and its ACKs (flt_ack: a lost ACK makes
+# rxe retransmit after its timeout).
 FAULTS=seed=7,drop=25,dup=40,reorder=30,corrupt=50
 CHECKS=(
   "chk_write write_bw write 65536 20 - both"
   "chk_read read_bw read 65536 20 - both"
   "chk_send send_bw send 4096 20 - both"
   "flt_write write_bw write 16384 20 $FAULTS client"
-  "flt_read read_bw read 16384 20 $FAULTS both"
+  "flt_read read_bw read 16384 20 $FAULTS server"
+  "flt_readreq read_bw read 16384 20 seed=5,drop=4,dup=6,reorder=5,corrupt=8 client"
   "flt_ack write_bw write 16384 20 seed=3,drop=3,dup=5,reorder=4 server"
 )
 : > "$W/plan"
@@ -242,7 +244,7 @@ for t in "${TESTS[@]}"; do
   cap=()
   [ "$name" = write_bw ] && cap=(--pcap "$W/host-server-$name.pcap")
   # shellcheck disable=SC2086
-  if timeout 300 "${IN_NS[@]}" "$PERF" "$mode" --net "$HOST_IP" $opts "${cap[@]}" \
+  if UHCA_LOG=info timeout 300 "${IN_NS[@]}" "$PERF" "$mode" --net "$HOST_IP" $opts "${cap[@]}" \
       > "$W/host-server-$name.log" 2>&1 && guest_ok client "$name"; then
     pass "perftest $name in the guest against uhca-perf"
   else
@@ -298,6 +300,14 @@ for t in "${CHECKS[@]}"; do
   read -r name mode op size iters faults roles <<< "$t"
   [ "$roles" = server ] && continue
   wait_console "^GUEST: start server $name" || true
+  # The wire as the guest gets it, for one run: the tap, where the kernel has cut uhca's
+  # UDP GSO messages into datagrams (IPv4 IDs 0, 1, 2...).
+  wire=""
+  if [ "$name" = chk_write ]; then
+    "${IN_NS[@]}" tshark -q -i tap0 -f "udp port 4791" -F pcap -w "$W/wire-$name.pcap" > /dev/null 2>&1 &
+    wire=$!
+    sleep 2
+  fi
   ok=""
   for _ in $(seq 60); do
     if check_run client "$name" "$mode" "$size" "$iters" "$faults" "$GUEST_IP"; then
@@ -313,6 +323,18 @@ for t in "${CHECKS[@]}"; do
   else
     fail "uhca-perf --check $name against pt-check in the guest (host log: $W/host-client-$name.log)"
     show "$W/host-client-$name.log" "$name"
+  fi
+  if [ -n "$wire" ]; then
+    sleep 1
+    kill -INT "$wire" 2> /dev/null || true
+    wait "$wire" 2> /dev/null || true
+    f=$W/wire-$name.pcap
+    ids=$(tshark -r "$f" -Y "ip.src == $HOST_IP && ip.id != 0" 2> /dev/null | wc -l)
+    if python3 "$HERE/icrc-check.py" "$f"; then
+      pass "the wire on tap0 ($name): every ICRC valid, $ids of uhca's datagrams with a non-zero IPv4 ID (GSO segments)"
+    else
+      fail "the wire on tap0 ($name): ICRCs ($ids of uhca's datagrams with a non-zero IPv4 ID)"
+    fi
   fi
   if [ "$faults" != - ]; then fault_report client "$name"; fi
 done

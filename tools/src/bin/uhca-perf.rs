@@ -1119,6 +1119,38 @@ mod tests {
     }
 
     #[test]
+    fn qp_timeout_and_check_are_taken_where_they_apply() {
+        let parse = |v: &[&str]| {
+            let mut v = v.to_vec();
+            v.extend(["-d", "0000:3b:00.0"]);
+            Args::try_parse_from(v)
+        };
+        let a = parse(&["uhca-perf", "read_bw", "-u", "20"]).unwrap();
+        assert_eq!(validate(&a).unwrap().1.qp_timeout, 20);
+        let a = parse(&["uhca-perf", "read_bw"]).unwrap();
+        assert_eq!(validate(&a).unwrap().1.qp_timeout, 14);
+        assert!(parse(&["uhca-perf", "read_bw", "-u", "32"]).is_err());
+        // --check: one-way write/read/send bandwidth with perftest's exchange, client or
+        // server.
+        for ok in [
+            &["uhca-perf", "send_bw", "--check"][..],
+            &["uhca-perf", "read_bw", "--check", "host"],
+        ] {
+            assert!(validate(&parse(ok).unwrap()).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            &["uhca-perf", "atomic_bw", "--check", "host"][..],
+            &["uhca-perf", "write_lat", "--check", "host"],
+            &["uhca-perf", "write_bw", "--check", "-b", "host"],
+            &["uhca-perf", "write_bw", "--check", "--oob", "uhca", "host"],
+        ] {
+            assert!(validate(&parse(bad).unwrap()).is_err(), "{bad:?}");
+        }
+        let local = Args::try_parse_from(["uhca-perf", "write_bw", "--check"]).unwrap();
+        assert!(validate(&local).is_err(), "--check needs a peer");
+    }
+
+    #[test]
     fn the_server_runs_with_the_clients_settings() {
         let parse = |v: &[&str]| Args::try_parse_from(v).unwrap();
         let client = parse(&[
