@@ -8,6 +8,7 @@ mod burst;
 mod errors;
 mod faults;
 mod mangle;
+mod soak;
 mod stalls;
 
 use std::cell::RefCell;
