@@ -261,6 +261,13 @@ fn every_rc_operation_survives_loss_reordering_duplication_and_corruption() {
         }
         assert_eq!(read(&dst, counter, 8), sum.to_be_bytes(), "atomic target");
         g += k_max;
+        if g.is_multiple_of(100_000) {
+            eprintln!(
+                "{g} operations in {:.1} s, longest stall so far {:.1} ms",
+                started.elapsed().as_secs_f64(),
+                stalls.longest_ms()
+            );
+        }
     }
     assert!(
         cqa.poll().next().is_none() && cqb.poll().next().is_none(),
