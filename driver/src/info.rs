@@ -1,6 +1,6 @@
 //! A device summary in the terms users know from `ibv_devinfo -v`.
 
-use uhca_hw::layout::caps::{AtomicCaps, CmdHcaCap, DeviceMemCap, RoceCap};
+use uhca_layout::caps::{AtomicCaps, CmdHcaCap, DeviceMemCap, RoceCap};
 
 use crate::cmd::ops;
 use crate::device::{Device, DeviceError};
@@ -262,7 +262,7 @@ impl Device {
     /// `clear` the device zeroes them as it reads them (read-and-clear, nothing lost).
     pub fn port_counters(&self, port: u32, clear: bool) -> Result<PortCounters, CountersError> {
         let g = CmdHcaCap::new_unchecked(&self.caps().general[..]);
-        if !uhca_hw::layout::cmds::cap_vport_counters(&self.caps().general[..]) {
+        if !uhca_layout::cmds::cap_vport_counters(&self.caps().general[..]) {
             return Err(CountersError::Unsupported);
         }
         let ports = g.num_ports().max(1);

@@ -26,6 +26,7 @@
 #![deny(unsafe_code)]
 
 pub mod cq;
+#[cfg(any(test, feature = "testing"))]
 pub mod rig;
 pub mod ring;
 pub mod sq;

@@ -4,11 +4,11 @@
 //! This is the general path (several SGEs, inline data, READ, atomics). The common
 //! one-SGE WRITE/SEND skips the buffer and writes its three segments straight into the
 //! ring as 8-byte words (`SendRing::post_one_sge` in `sq`).
-//! Both use the shared layouts of `uhca_hw::layout::wqe`: the setters here, the
+//! Both use the shared layouts of `uhca_layout::wqe`: the setters here, the
 //! `wqe::fast` word positions (derived from the same tables) there.
 
-use uhca_hw::layout::BufMut;
-use uhca_hw::layout::wqe::{
+use uhca_layout::BufMut;
+use uhca_layout::wqe::{
     AtomicSeg, CtrlSeg, DS_UNIT, DataSeg, INLINE_SEG, RaddrSeg, SEND_WQE_BB, WqeOpcode,
 };
 
@@ -222,7 +222,7 @@ impl WqeBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use uhca_hw::layout::wqe::fm_ce_se;
+    use uhca_layout::wqe::fm_ce_se;
 
     #[test]
     fn rdma_write_golden_bytes() {

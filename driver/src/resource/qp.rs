@@ -12,11 +12,11 @@
 
 use std::sync::Arc;
 
-use uhca_hw::layout::caps::CmdHcaCap;
-use uhca_hw::layout::cmd::Opcode;
-use uhca_hw::layout::qpc::{Ads, Qpc};
-use uhca_hw::layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
-use uhca_hw::layout::wqe::{ATOMIC_SIZE, DS_UNIT, SEND_WQE_BB, WqeOpcode, fm_ce_se};
+use uhca_layout::caps::CmdHcaCap;
+use uhca_layout::cmd::Opcode;
+use uhca_layout::qpc::{Ads, Qpc};
+use uhca_layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
+use uhca_layout::wqe::{ATOMIC_SIZE, DS_UNIT, SEND_WQE_BB, WqeOpcode, fm_ce_se};
 
 use super::cq::{Cq, CqObj, QueueError};
 use crate::cmd::ops::{self, RoceAddress};
