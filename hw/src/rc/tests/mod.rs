@@ -1,7 +1,8 @@
 //! Tests of the RC engine: two QPs joined by an in-process link, with memory, receive
 //! queues and completion queues as recording doubles, and a manual clock that jumps to the
 //! next timer whenever the wire falls idle (so timeouts fire only when nothing moves, and
-//! runs are deterministic). `RC_TRACE=1` prints every frame each QP receives.
+//! runs are deterministic). `RC_TRACE=1` prints every frame each QP receives, and the QP
+//! after each poll that timed out or moved it to error.
 
 mod basic;
 mod burst;
@@ -200,6 +201,8 @@ impl Side {
                 }
                 Err(e) => {
                     if std::env::var_os("RC_TRACE").is_some() {
+                        // The BTH opcode and PSN where an IPv4 frame has them (the test
+                        // paths are IPv4), whatever the damage.
                         eprintln!(
                             "t={} {:#x} <- bad frame: {e} op {:#x} psn {:02x?} len {n}",
                             clock.now_ns(),
