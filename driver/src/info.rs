@@ -274,6 +274,33 @@ impl Device {
     }
 }
 
+impl Device {
+    /// Port 1's P_Key table (QUERY_HCA_VPORT_PKEY of the whole table,
+    /// docs/spec/mlx5-ib-objects.md §3): `128 << pkey_table_size` entries, the P_Key in
+    /// `[15:0]` of each (0: an unused entry; the high bit: full membership).
+    pub fn pkey_table(&self) -> Result<Vec<u16>, DeviceError> {
+        use uhca_hw::layout::cmd::Opcode;
+        use uhca_hw::layout::srq::{QueryHcaVportPkeyIn, QueryHcaVportPkeyOut};
+        let g = CmdHcaCap::new_unchecked(&self.caps().general[..]);
+        // Linux `mlx5_to_sw_pkey_sz`; the field is a log, bounded so the output stays sane.
+        let n = 128usize << g.pkey_table_size().min(5);
+        let mut i = crate::cmd::input(
+            Opcode::QueryHcaVportPkey,
+            0,
+            QueryHcaVportPkeyIn::<()>::SIZE,
+        );
+        {
+            let mut q = QueryHcaVportPkeyIn::new_unchecked(&mut i[..]);
+            q.set_pkey_index(0xFFFF);
+        }
+        let base = QueryHcaVportPkeyOut::<()>::PKEY;
+        let out = self.cmd().exec(&i, base + 4 * n)?;
+        Ok((0..n)
+            .map(|k| uhca_hw::layout::Buf::read_be32(&out[..], base + 4 * k) as u16)
+            .collect())
+    }
+}
+
 /// Formats a GID as an IPv6 address.
 pub fn format_gid(gid: &[u8; 16]) -> String {
     std::net::Ipv6Addr::from(*gid).to_string()
