@@ -7,12 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use uhca::Device;
-use uhca::datapath::{NetHeader, Sge, WcOpcode, WcStatus};
+use uhca::datapath::{NetHeader, PostError, Sge, WcOpcode, WcStatus};
+use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::hw::model::Hca;
 use uhca::pci::model::ModelFunction;
 use uhca::resource::{
     Access, Ah, AhAttr, Cq, CqConfig, GRH_SIZE, GSI_QKEY, GSI_QPN, Gid, Grh, GsiConfig, GsiEvent,
-    Local, Mr, Mtu, Pd, QpConfig, QpState, SendFlags, UdDest, UdParams, UdQp, UdSendWr,
+    Local, Mr, Mtu, Pd, QKEY_USE_QP, QpConfig, QpState, SendFlags, UdDest, UdParams, UdQp,
+    UdSendWr,
 };
 use uhca_tests::datapath::{pattern, read, wait_n};
 use uhca_tests::{config, model_with_mac};
@@ -20,8 +22,8 @@ use uhca_tests::{config, model_with_mac};
 /// One device with a UD QP, its CQ and a memory region.
 struct End {
     dev: Device,
-    _model: Arc<ModelFunction>,
-    _pd: Pd,
+    model: Arc<ModelFunction>,
+    pd: Pd,
     cq: Cq,
     qp: UdQp,
     mr: Mr,
@@ -53,8 +55,8 @@ fn end_on(model: Arc<ModelFunction>, qkey: u32) -> End {
     mr.write(0, &vec![0xEE; LEN]).unwrap();
     End {
         dev,
-        _model: model,
-        _pd: pd,
+        model,
+        pd,
         cq,
         qp,
         mr,
@@ -228,4 +230,152 @@ fn gsi_endpoints_exchange_mads_with_qkey_0x80010000() {
         ga.send(&ah, &[0; 257], 1),
         Err(uhca::resource::GsiError::TooLong(257))
     ));
+}
+
+/// Waits (bounded) until `model` counted `n` more Q_Key violations than `before`.
+fn wait_qkey_violations(model: &ModelFunction, before: u64, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while model.hca().stats().qkey_violations < before + n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no Q_Key violation counted"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_wrong_qkey_is_dropped_and_counted_and_the_high_bit_means_the_qps_own() {
+    let (mut a, mut b) = linked();
+    let ah = ah_to(&a.dev, &b.dev);
+    b.qp.post_recv(1, &[Sge::of(&b.mr, 0, 1040).unwrap()])
+        .unwrap();
+    a.mr.write(0, &pattern(100, 1)).unwrap();
+    let sge = [Sge::of(&a.mr, 0, 100).unwrap()];
+    let before = b.model.hca().stats().qkey_violations;
+    // A wrong Q_Key: sent (UD completes at the sender), dropped at b, counted.
+    send(&mut a, 1, &ah, b.qp.qpn(), QKEY ^ 1, &sge, None);
+    wait_qkey_violations(&b.model, before, 1);
+    assert_eq!(b.dev.summary().unwrap().ports[0].qkey_violations, 1);
+    assert!(
+        b.cq.poll().next().is_none(),
+        "no completion for a dropped datagram"
+    );
+    assert!(
+        read(&b.mr, 0, 1040).iter().all(|&x| x == 0xEE),
+        "nothing written"
+    );
+    // The high bit: a's own Q_Key. First a Q_Key that is not b's ...
+    a.qp.set_qkey(QKEY ^ 2).unwrap();
+    send(&mut a, 2, &ah, b.qp.qpn(), QKEY_USE_QP, &sge, None);
+    wait_qkey_violations(&b.model, before, 2);
+    assert_eq!(b.dev.summary().unwrap().ports[0].qkey_violations, 2);
+    // ... then b's: the datagram takes the receive the dropped ones left.
+    a.qp.set_qkey(QKEY).unwrap();
+    assert_eq!(a.qp.qkey(), QKEY);
+    send(
+        &mut a,
+        3,
+        &ah,
+        b.qp.qpn(),
+        QKEY_USE_QP | 0x7777,
+        &sge,
+        Some(3),
+    );
+    let c = wait_n(&mut b.cq, 1);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].imm),
+        (1, WcStatus::Success, Some(3))
+    );
+    assert_eq!(read(&b.mr, GRH_SIZE, 100), pattern(100, 1));
+}
+
+#[test]
+fn a_datagram_larger_than_its_buffer_fails_and_writes_nothing() {
+    let (mut a, mut b) = linked();
+    let ah = ah_to(&a.dev, &b.dev);
+    // Room for the GRH and 99 bytes, then a receive big enough.
+    b.qp.post_recv(1, &[Sge::of(&b.mr, 0, GRH_SIZE + 99).unwrap()])
+        .unwrap();
+    b.qp.post_recv(2, &[Sge::of(&b.mr, 4096, GRH_SIZE + 100).unwrap()])
+        .unwrap();
+    a.mr.write(0, &pattern(100, 5)).unwrap();
+    let sge = [Sge::of(&a.mr, 0, 100).unwrap()];
+    send(&mut a, 1, &ah, b.qp.qpn(), QKEY, &sge, None);
+    let c = wait_n(&mut b.cq, 1);
+    assert_eq!(c[0].wr_id, 1);
+    assert!(
+        matches!(
+            c[0].status,
+            WcStatus::Error {
+                syndrome: CqeSyndrome::LocalLength,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    assert_eq!(c[0].datagram, None);
+    assert!(
+        read(&b.mr, 0, 4096).iter().all(|&x| x == 0xEE),
+        "nothing written"
+    );
+    // UD goes on: the receive error is the datagram's, not the QP's.
+    send(&mut a, 2, &ah, b.qp.qpn(), QKEY, &sge, None);
+    let c = wait_n(&mut b.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (2, WcStatus::Success));
+    assert_eq!(read(&b.mr, 4096 + GRH_SIZE, 100), pattern(100, 5));
+}
+
+#[test]
+fn a_post_above_the_path_mtu_is_refused_and_writes_nothing() {
+    let (mut a, b) = linked();
+    let ah = ah_to(&a.dev, &b.dev);
+    assert_eq!(a.qp.mtu(), 1024);
+    let room = a.qp.send_room();
+    let wr = |sges| UdSendWr {
+        wr_id: 9,
+        dest: UdDest {
+            ah: &ah,
+            remote_qpn: b.qp.qpn(),
+            qkey: QKEY,
+        },
+        local: Local::Sges(sges),
+        imm: None,
+        flags: SendFlags::SIGNALED,
+    };
+    let two = [
+        Sge::of(&a.mr, 0, 1000).unwrap(),
+        Sge::of(&a.mr, 1000, 25).unwrap(),
+    ];
+    assert_eq!(
+        a.qp.post_send(&wr(&two)),
+        Err(PostError::MessageTooLong {
+            len: 1025,
+            mtu: 1024
+        })
+    );
+    assert_eq!(a.qp.send_room(), room, "nothing posted");
+    // Inline beyond what the QP was made for, and too many SGEs.
+    let mut big = wr(&two);
+    big.local = Local::Inline(&[0; 65]);
+    assert_eq!(a.qp.post_send(&big), Err(PostError::InlineTooLong));
+    let three = [Sge::of(&a.mr, 0, 8).unwrap(); 3];
+    assert_eq!(a.qp.post_send(&wr(&three)), Err(PostError::TooManySges));
+    // Exactly the MTU goes.
+    let full = [Sge::of(&a.mr, 0, 1024).unwrap()];
+    a.qp.post_send(&wr(&full)).unwrap();
+    a.qp.ring_doorbell();
+    assert_eq!(wait_n(&mut a.cq, 1)[0].status, WcStatus::Success);
+    // A UD QP refuses sends before RTS, a GSI QP is made with MTU 256.
+    let mut fresh = a
+        .dev
+        .create_ud_qp(&a.pd, &a.cq, &a.cq, &QpConfig::default())
+        .unwrap();
+    assert_eq!(fresh.post_send(&wr(&full)), Err(PostError::BadState));
+    fresh.activate(&UdParams::new(1)).unwrap();
+    assert_eq!(
+        fresh.mtu(),
+        a.dev.active_mtu().unwrap(),
+        "the port's active MTU by default"
+    );
 }

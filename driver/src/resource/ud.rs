@@ -134,7 +134,8 @@ impl Device {
 
     /// Creates port 1's GSI QP (QP1) in RESET, as the special QP of type QP1
     /// (docs/spec/mlx5-ib-objects.md §4). It sends with source QPN 1 and receives what is
-    /// sent to QPN 1. A device has one: the model refuses a second one.
+    /// sent to QPN 1. Make one per device (the device hands datagrams for QPN 1 to one
+    /// GSI QP only).
     pub fn create_gsi_qp(
         &self,
         pd: &Pd,
