@@ -379,3 +379,121 @@ fn a_post_above_the_path_mtu_is_refused_and_writes_nothing() {
         "the port's active MTU by default"
     );
 }
+
+#[test]
+fn ipv4_gids_carry_datagrams_behind_20_zero_bytes_and_the_ipv4_header() {
+    let (mut a, mut b) = linked();
+    let (ga, gb) = (a.dev.gid_table().unwrap(), b.dev.gid_table().unwrap());
+    let v4 = |t: &[uhca::info::GidEntry]| {
+        *t.iter()
+            .find(|g| g.network == uhca::info::GidNetwork::Ipv4)
+            .expect("an IPv4 GID")
+    };
+    let (sa, sb) = (v4(&ga), v4(&gb));
+    assert!(sa.gid.is_ipv4_mapped() && sa.type_name() == "RoCE v2");
+    let mut attr = AhAttr::with_mac(sb.gid, sb.mac);
+    attr.sgid_index = sa.index as u8;
+    attr.traffic_class = 0x28;
+    attr.hop_limit = 17;
+    let ah = a.dev.create_ah(&attr).unwrap();
+    assert_eq!(ah.sgid(), sa.gid);
+    // An IPv6 destination from an IPv4 source is refused.
+    let mut wrong = attr;
+    wrong.dgid = v4(&gb).gid;
+    wrong.dgid.0[0] = 0xFE;
+    assert!(matches!(
+        a.dev.create_ah(&wrong),
+        Err(uhca::resource::AhError::FamilyMismatch { .. })
+    ));
+    let mut none = attr;
+    none.sgid_index = 200;
+    assert!(a.dev.create_ah(&none).is_err(), "no GID at index 200");
+    b.qp.post_recv(5, &[Sge::of(&b.mr, 0, 2000).unwrap()])
+        .unwrap();
+    a.mr.write(0, &pattern(64, 8)).unwrap();
+    let sge = [Sge::of(&a.mr, 0, 64).unwrap()];
+    send(&mut a, 1, &ah, b.qp.qpn(), QKEY, &sge, None);
+    let c = wait_n(&mut b.cq, 1);
+    let d = c[0].datagram.unwrap();
+    assert_eq!(d.net, NetHeader::Ipv4);
+    let area = read(&b.mr, 0, GRH_SIZE);
+    assert_eq!(&area[..20], &[0; 20]);
+    let grh = Grh::parse(&area, d.net).unwrap();
+    assert_eq!((grh.sgid, grh.dgid), (sa.gid, sb.gid));
+    assert_eq!((grh.traffic_class, grh.hop_limit), (0x28, 17));
+    assert_eq!(read(&b.mr, GRH_SIZE, 64), pattern(64, 8));
+}
+
+#[test]
+fn the_gsi_qp_takes_only_qkey_0x80010000_and_a_ud_qp_with_that_qkey_reaches_it() {
+    let (mut a, b) = linked();
+    let mut gb = b.dev.open_gsi(&b.pd, &GsiConfig::default()).unwrap();
+    let ah = ah_to(&a.dev, &b.dev);
+    a.mr.write(0, &pattern(256, 4)).unwrap();
+    let sge = [Sge::of(&a.mr, 0, 256).unwrap()];
+    let before = b.model.hca().stats().qkey_violations;
+    send(&mut a, 1, &ah, GSI_QPN, QKEY, &sge, None);
+    wait_qkey_violations(&b.model, before, 1);
+    assert_eq!(gb.poll().unwrap(), None, "dropped");
+    // A Q_Key with the high bit is the sender's own (IBA: controlled Q_Keys): a UD QP
+    // of Q_Key QKEY cannot reach the GSI QP with it ...
+    send(&mut a, 2, &ah, GSI_QPN, GSI_QKEY, &sge, None);
+    wait_qkey_violations(&b.model, before, 2);
+    // ... one whose own Q_Key is 0x80010000 can; the source QPN is the UD QP's.
+    a.qp.set_qkey(GSI_QKEY).unwrap();
+    send(&mut a, 2, &ah, GSI_QPN, GSI_QKEY, &sge, None);
+    let GsiEvent::Received(m) = gsi_event(&mut gb) else {
+        panic!("not a MAD")
+    };
+    assert_eq!((m.src_qp, m.mad()), (a.qp.qpn(), &pattern(256, 4)[..]));
+    // The GSI answers that UD QP with its Q_Key (send_to), from QPN 1.
+    a.qp.post_recv(3, &[Sge::of(&a.mr, 4096, 1024).unwrap()])
+        .unwrap();
+    let back = b
+        .dev
+        .create_ah(&AhAttr::reply_to(
+            &m.grh,
+            0,
+            a.dev.roce_address(0).unwrap().mac,
+        ))
+        .unwrap();
+    gb.send_to(&back, m.src_qp, GSI_QKEY, b"answer", 5).unwrap();
+    let c = wait_n(&mut a.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].byte_len as usize), (3, GRH_SIZE + 6));
+    assert_eq!(c[0].datagram.unwrap().src_qp, GSI_QPN);
+    assert_eq!(read(&a.mr, 4096 + GRH_SIZE, 6), b"answer");
+    assert_eq!(gb.counters().received, 1);
+}
+
+#[test]
+fn destroying_and_recreating_leaves_nothing_behind() {
+    let (ma, mb) = (model(0x0A), model(0x0B));
+    Hca::link_pair_with(ma.hca(), mb.hca(), Default::default()).unwrap();
+    let a = Device::open(ma.clone(), config()).unwrap();
+    let b = Device::open(mb.clone(), config()).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let base = (ma.hca().stats(), mb.hca().stats());
+    let ah = ah_to(&a, &b);
+    for round in 0..3u8 {
+        let mut ga = a.open_gsi(&pa, &GsiConfig::default()).unwrap();
+        let mut gb = b.open_gsi(&pb, &GsiConfig::default()).unwrap();
+        let cq = a.create_cq(&CqConfig::default()).unwrap();
+        let mut ud = a.create_ud_qp(&pa, &cq, &cq, &QpConfig::default()).unwrap();
+        ud.activate(&UdParams::new(QKEY)).unwrap();
+        ga.send(&ah, &[round; 256], u64::from(round)).unwrap();
+        let GsiEvent::Received(m) = gsi_event(&mut gb) else {
+            panic!("not a MAD")
+        };
+        assert_eq!(m.mad(), &[round; 256][..], "round {round}");
+        assert!(matches!(gsi_event(&mut ga), GsiEvent::Sent { .. }));
+        // Reset and activate again: the rings start over.
+        ud.reset().unwrap();
+        assert_eq!((ud.state(), ud.qkey()), (QpState::Reset, 0));
+        ud.activate(&UdParams::new(QKEY + 1)).unwrap();
+        assert_eq!(ud.query_state().unwrap(), QpState::Rts);
+    }
+    let (sa, sb) = (ma.hca().stats(), mb.hca().stats());
+    for (s, b0) in [(sa, base.0), (sb, base.1)] {
+        assert_eq!((s.qps, s.cqs, s.mkeys), (b0.qps, b0.cqs, b0.mkeys), "{s:?}");
+    }
+}
