@@ -6,9 +6,9 @@ use crate::datapath::wqe::{Remote, Sge};
 use crate::dma::DmaSpace;
 use crate::pci::Bar;
 use crate::pci::model::ModelFunction;
-use uhca_hw::layout::cqe::cqe_owner_for;
-use uhca_hw::layout::uar::QP_DBR_SND;
-use uhca_hw::layout::wqe::fm_ce_se;
+use uhca_layout::cqe::cqe_owner_for;
+use uhca_layout::uar::QP_DBR_SND;
+use uhca_layout::wqe::fm_ce_se;
 
 struct Rig {
     ring: CqRing,
@@ -499,7 +499,7 @@ fn statuses_read_as_ibv_wc_status_str() {
 #[test]
 fn datagram_receives_tell_their_sender_and_connected_ones_do_not() {
     use crate::datapath::sq::{RecvRing, RqMem, WqKind};
-    use uhca_hw::layout::uar::QP_DBR_RCV;
+    use uhca_layout::uar::QP_DBR_RCV;
     let f = ModelFunction::with_defaults().unwrap();
     let space = DmaSpace::new(f);
     let rq_size = RingSize::new(4, 15).unwrap();
