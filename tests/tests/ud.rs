@@ -628,3 +628,40 @@ fn ud_and_gsi_over_the_host_ip_stack_with_no_mac() {
         assert_eq!((r.mad(), r.grh.sgid), (&[0x5A; 200][..], gb.gid));
     }
 }
+
+#[test]
+fn a_datagram_too_long_for_a_gsi_buffer_is_a_receive_error_and_the_gsi_goes_on() {
+    let (mut a, b) = linked();
+    let mut gb = b.dev.open_gsi(&b.pd, &GsiConfig::default()).unwrap();
+    let ah = ah_to(&a.dev, &b.dev);
+    a.qp.set_qkey(GSI_QKEY).unwrap();
+    a.mr.write(0, &pattern(300, 6)).unwrap();
+    // 300 bytes: more than the 256 a GSI buffer holds behind its GRH.
+    let sge = [Sge::of(&a.mr, 0, 300).unwrap()];
+    send(&mut a, 1, &ah, GSI_QPN, GSI_QKEY, &sge, None);
+    match gsi_event(&mut gb) {
+        GsiEvent::RecvFailed { status } => assert!(
+            matches!(
+                status,
+                WcStatus::Error {
+                    syndrome: CqeSyndrome::LocalLength,
+                    ..
+                }
+            ),
+            "{status}"
+        ),
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(gb.counters().recv_errors, 1);
+    // The buffer went back: MADs keep arriving (more than the receive depth of them).
+    let depth = GsiConfig::default().recv_depth;
+    let sge = [Sge::of(&a.mr, 0, 256).unwrap()];
+    for k in 0..depth + 3 {
+        send(&mut a, 2 + u64::from(k), &ah, GSI_QPN, GSI_QKEY, &sge, None);
+        let GsiEvent::Received(m) = gsi_event(&mut gb) else {
+            panic!("not a MAD")
+        };
+        assert_eq!(m.mad(), &pattern(300, 6)[..256]);
+    }
+    assert_eq!(gb.counters().received, u64::from(depth + 3));
+}

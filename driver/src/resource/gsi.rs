@@ -25,7 +25,9 @@
 //!   builds the handle back to a sender (its MAC: see `resource::ah`).
 //!
 //! Not here (the MAD layer's): MAD headers, transaction IDs, timeouts and retries; the
-//! GSI QP is unreliable, so a lost MAD is the layer above's to send again.
+//! GSI QP is unreliable, so a lost MAD is the layer above's to send again. A send that
+//! fails moves the QP to ERR (as on the device), after which every send and receive
+//! completes flushed: drop the `Gsi` and open it again.
 
 #![deny(unsafe_code)]
 
@@ -93,6 +95,10 @@ pub enum GsiError {
     /// A configuration value is out of range.
     #[error("invalid GSI configuration: {0}")]
     Config(&'static str),
+    /// A completion names a work request this endpoint never posted (device memory is
+    /// untrusted); it was consumed and changed nothing.
+    #[error("completion for a work request this GSI never posted (wr_id {0:#x})")]
+    ForeignCompletion(u64),
 }
 
 /// A MAD received on the GSI QP, with who sent it.
@@ -321,7 +327,7 @@ impl Gsi {
             let slot = (c.wr_id & !SEND_BIT) as u32;
             if c.wr_id & SEND_BIT == 0 || slot >= self.send_depth {
                 // Our own wr_ids only; the shadow checked the index already.
-                return Err(GsiError::Config("send completion with a foreign wr_id"));
+                return Err(GsiError::ForeignCompletion(c.wr_id));
             }
             self.free.push(slot);
             if !c.status.is_ok() {
@@ -334,7 +340,7 @@ impl Gsi {
         }
         let slot = c.wr_id as u32;
         if c.wr_id >= u64::from(self.recv_depth) {
-            return Err(GsiError::Config("receive completion with a foreign wr_id"));
+            return Err(GsiError::ForeignCompletion(c.wr_id));
         }
         let event = self.take_mad(slot, &c);
         // The buffer goes back at once (a QP in error refuses it: nothing to repost then).
