@@ -665,3 +665,22 @@ fn a_datagram_too_long_for_a_gsi_buffer_is_a_receive_error_and_the_gsi_goes_on()
     }
     assert_eq!(gb.counters().received, u64::from(depth + 3));
 }
+
+#[test]
+fn port_facts_list_gid_types_pkeys_and_the_qkey_violation_counter() {
+    let (dev, _m) = uhca_tests::device();
+    let s = dev.summary().unwrap();
+    let p = &s.ports[0];
+    assert_eq!((p.pkey_table_size, &p.pkeys[..]), (128, &[(0, 0xFFFF)][..]));
+    assert_eq!(dev.pkey_table().unwrap().len(), 128);
+    assert_eq!(p.qkey_violations, 0);
+    assert!(!p.gids.is_empty());
+    for g in &p.gids {
+        assert_eq!(g.type_name(), "RoCE v2");
+        let v4 = g.network == uhca::info::GidNetwork::Ipv4;
+        assert_eq!(v4, g.gid.is_ipv4_mapped(), "{g:?}");
+        assert_eq!(g.mac, p.mac);
+    }
+    assert_eq!(p.gids, dev.gid_table().unwrap());
+    assert_eq!(dev.active_mtu().unwrap(), p.active_mtu);
+}
