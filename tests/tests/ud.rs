@@ -684,3 +684,39 @@ fn port_facts_list_gid_types_pkeys_and_the_qkey_violation_counter() {
     assert_eq!(p.gids, dev.gid_table().unwrap());
     assert_eq!(dev.active_mtu().unwrap(), p.active_mtu);
 }
+
+#[test]
+fn a_restarted_gsi_takes_and_sends_mads_again() {
+    let (ma, mb) = (model(0x0A), model(0x0B));
+    Hca::link_pair_with(ma.hca(), mb.hca(), Default::default()).unwrap();
+    let a = Device::open(ma, config()).unwrap();
+    let b = Device::open(mb, config()).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let mut ga = a.open_gsi(&pa, &GsiConfig::default()).unwrap();
+    let mut gb = b.open_gsi(&pb, &GsiConfig::default()).unwrap();
+    let ah = ah_to(&a, &b);
+    ga.send(&ah, &[1; 256], 1).unwrap();
+    // Restarted with that send outstanding or done: at most its tag comes back.
+    let lost = ga.restart().unwrap();
+    assert!(lost.is_empty() || lost == [1], "{lost:?}");
+    assert_eq!(ga.qp().state(), QpState::Rts);
+    // b restarts twice, with its receives posted and maybe the first MAD waiting.
+    assert!(gb.restart().unwrap().is_empty());
+    assert!(gb.restart().unwrap().is_empty());
+    ga.send(&ah, &[2; 256], 2).unwrap();
+    loop {
+        match gsi_event(&mut gb) {
+            GsiEvent::Received(m) if m.mad() == [2; 256] => break,
+            GsiEvent::Received(m) => assert_eq!(m.mad(), &[1; 256][..]),
+            e => panic!("{e:?}"),
+        }
+    }
+    let back = ah_to(&b, &a);
+    gb.send(&back, &[3; 100], 3).unwrap();
+    loop {
+        if let GsiEvent::Received(m) = gsi_event(&mut ga) {
+            assert_eq!(m.mad(), &[3; 100][..]);
+            break;
+        }
+    }
+}
