@@ -157,6 +157,7 @@ impl<T: MadTransport> Cm<T> {
                 track: Some(track),
                 last: None,
                 told_end: false,
+                ended: None,
             },
         );
         Ok(ConnId(id))

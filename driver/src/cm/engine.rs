@@ -73,6 +73,8 @@ pub(super) struct Conn {
     pub(super) last: Option<Box<[u8; MAD_SIZE]>>,
     /// Whether the application was told the connection ended.
     pub(super) told_end: bool,
+    /// When it was first seen over (time wait or failed), for forgetting it later.
+    pub(super) ended: Option<Duration>,
 }
 
 /// Counters of a [`Cm`].
@@ -200,8 +202,45 @@ impl<T: MadTransport> Cm<T> {
         self.poll_wire()
     }
 
+    /// Forgets connections that have been over (time wait, failed) for twice the time a
+    /// peer waits for an answer: their late messages are answered or dropped by then
+    /// (a DREQ for a forgotten connection still gets its DREP), and a long-running CM does
+    /// not grow without bound.
+    fn reap(&mut self) {
+        let now = self.mad.now();
+        let linger = 2 * self.response_wait(self.cfg.response_timeout);
+        let mut gone = Vec::new();
+        for (&id, c) in self.conns.iter_mut() {
+            if !matches!(c.state, State::TimeWait | State::Failed) {
+                continue;
+            }
+            match c.ended {
+                None => c.ended = Some(now),
+                Some(t) if now.saturating_sub(t) > linger => gone.push(id),
+                Some(_) => {}
+            }
+        }
+        for id in gone {
+            if let Some(c) = self.conns.remove(&id) {
+                if let Some(t) = c.track {
+                    self.mad.complete(t);
+                }
+                let key = (c.remote_id, c.remote_guid);
+                if self.by_remote.get(&key) == Some(&id) {
+                    self.by_remote.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// How many connections the CM keeps (live, or over but not yet forgotten).
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
     /// Runs timers and received MADs until one makes an event.
     pub(super) fn poll_wire(&mut self) -> Result<Option<CmEvent>, CmError> {
+        self.reap();
         while let Some(ev) = self.mad.poll()? {
             let out = match ev {
                 MadEvent::TimedOut { id, .. } => self.timed_out(id)?,
@@ -339,6 +378,7 @@ impl<T: MadTransport> Cm<T> {
                 track: None,
                 last: None,
                 told_end: false,
+                ended: None,
             },
         );
         Ok(Some(CmEvent::Request(request)))

@@ -576,3 +576,91 @@ fn real_rping_req_is_accepted_like_the_kernel_does() {
     assert_eq!((r.local_q_key, r.failover_accepted, r.srq), (0, 0, false));
     assert!(r.private_data.iter().all(|&b| b == 0));
 }
+
+/// An MRA for our REP (Linux's rdma_cm sends one when our REP comes again while it is
+/// still busy with the first: `CMA_CM_MRA_SETTING`) holds back the REP's resends.
+#[test]
+fn mra_for_rep_holds_back_the_rep_resends() {
+    let (mut a, mut b, _wa, wb) = pair();
+    let (qa, mut qb) = (FakeQp::new(0x11), FakeQp::new(0x22));
+    b.listen(7471).unwrap();
+    let id = a
+        .start_connect(&qa, dst(7471), &ConnectOptions::default())
+        .unwrap();
+    let Some(CmEvent::Request(req)) = b.poll().unwrap() else {
+        panic!()
+    };
+    let cb = b.accept(&req, &mut qb, &AcceptOptions::default()).unwrap();
+    assert_eq!(a.poll().unwrap(), Some(CmEvent::Reply(id)));
+    // a has not finished yet; it tells b to wait 4.096 µs · 2^24 (~69 s).
+    let mra = CmMessage::Mra(uhca_hw::layout::cm::MraRepr {
+        local_comm_id: id.0,
+        remote_comm_id: cb.id.0,
+        message_mraed: uhca_hw::layout::cm::msg_code::REP as u8,
+        service_timeout: 24,
+        private_data: Vec::new(),
+    })
+    .emit(1)
+    .unwrap();
+    wb.inject(MadAddr::gsi(transport::ip_gid(ip(A)), UNRESOLVED_MAC), &mra);
+    assert_eq!(b.poll().unwrap(), None);
+    let sent = wb.sent();
+    wb.advance(Duration::from_secs(60));
+    assert_eq!(b.poll().unwrap(), None);
+    assert_eq!(wb.sent(), sent, "REP resent during the MRA's service time");
+    wb.advance(Duration::from_secs(10));
+    assert_eq!(b.poll().unwrap(), None);
+    assert_eq!(wb.sent(), sent + 1, "REP resent after it");
+    assert_eq!(b.counters().stray, 0);
+}
+
+/// Connections that ended are forgotten after twice the answer time, so a CM serving many
+/// connections does not grow; a DREQ resent after that still gets its DREP.
+#[test]
+fn ended_connections_are_forgotten() {
+    let (mut a, mut b, wa, wb) = pair();
+    for i in 0..20u32 {
+        let (mut qa, mut qb) = (FakeQp::new(0x100 + i), FakeQp::new(0x200 + i));
+        let (ca, cb) = establish(&mut a, &mut b, &mut qa, &mut qb);
+        a.disconnect(ca.id, &mut qa).unwrap();
+        assert_eq!(b.poll().unwrap(), Some(CmEvent::Disconnected(cb.id)));
+        assert_eq!(a.poll().unwrap(), Some(CmEvent::Disconnected(ca.id)));
+    }
+    assert_eq!((a.connections(), b.connections()), (20, 20));
+    // The CM notes when it first sees a connection over, and forgets it twice the answer
+    // time later.
+    let linger = 2 * (2 * iba_time(16) + iba_time(20));
+    assert_eq!((a.poll().unwrap(), b.poll().unwrap()), (None, None));
+    wa.advance(linger);
+    assert_eq!((a.poll().unwrap(), b.poll().unwrap()), (None, None));
+    assert_eq!((a.connections(), b.connections()), (20, 20));
+    wa.advance(Duration::from_millis(1));
+    assert_eq!((a.poll().unwrap(), b.poll().unwrap()), (None, None));
+    assert_eq!((a.connections(), b.connections()), (0, 0));
+    // A resent DREQ for a forgotten connection is still answered with a DREP.
+    let dreq = CmMessage::Dreq(uhca_hw::layout::cm::DreqRepr {
+        ids: uhca_hw::layout::cm::CommIds {
+            local_comm_id: 0x1234,
+            remote_comm_id: 0x5678,
+        },
+        remote_qpn_eecn: 0x200,
+        private_data: Vec::new(),
+    })
+    .emit(77)
+    .unwrap();
+    wb.inject(
+        MadAddr::gsi(transport::ip_gid(ip(A)), UNRESOLVED_MAC),
+        &dreq,
+    );
+    let sent = wb.sent();
+    assert_eq!(b.poll().unwrap(), None);
+    assert_eq!(wb.sent(), sent + 1);
+    let mut ta = wa.clone();
+    let drep = ta.recv().unwrap().unwrap();
+    let (hdr, msg) = CmMessage::parse(&drep.data[..]).unwrap();
+    assert_eq!(
+        (hdr.transaction_id, hdr.attribute_id),
+        (77, CmAttr::Drep.raw())
+    );
+    assert!(matches!(msg, CmMessage::Drep(d) if d.ids.local_comm_id == 0x5678));
+}
