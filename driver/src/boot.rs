@@ -4,11 +4,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use uhca_hw::layout::Buf;
-use uhca_hw::layout::caps::CmdHcaCap;
-use uhca_hw::layout::cmd::{CapType, QueryPagesOpMod};
-use uhca_hw::layout::eqe::EventType;
-use uhca_hw::layout::init_seg::{InitSeg, cmdq_addr_l_sz, decode_timeout_ms, reg};
+use uhca_layout::Buf;
+use uhca_layout::caps::CmdHcaCap;
+use uhca_layout::cmd::{CapType, QueryPagesOpMod};
+use uhca_layout::eqe::EventType;
+use uhca_layout::init_seg::{InitSeg, cmdq_addr_l_sz, decode_timeout_ms, reg};
 
 use crate::cmd::ops;
 use crate::cmd::{CmdIf, CmdIfParams};

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use uhca_hw::layout::cmd::CmdStatus;
-use uhca_hw::layout::eqe::{EqePageReq, EqePortChange, EventType, PortChangeSubtype};
+use uhca_layout::cmd::CmdStatus;
+use uhca_layout::eqe::{EqePageReq, EqePortChange, EventType, PortChangeSubtype};
 
 use crate::cmd::ops::{self, Exec};
 use crate::cmd::{CmdError, CmdIf, SlotClass};

@@ -47,4 +47,8 @@ pub use device::{
     AsyncEvent, Caps, Device, DeviceConfig, DeviceError, DeviceInfo, MAX_PAGES_PER_REQUEST,
     MAX_PENDING_EVENTS, is_status,
 };
+/// The model crate (`uhca-hw`): the software HCA behind [`pci::model`] (feature `model`).
+#[cfg(feature = "model")]
 pub use uhca_hw as hw;
+/// The mlx5 layouts (`uhca-layout`) the driver and the model share.
+pub use uhca_layout as layout;

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use uhca_hw::layout::cm::{
+use uhca_layout::cm::{
     CMA_HDR_SIZE, CmMessage, CmPath, CmaHdrRepr, CommIds, DreqRepr, RDMA_PS_TCP, RejReason,
     RepRepr, ReqRepr, RtuRepr, ip_service_id, msg_code, private_len,
 };

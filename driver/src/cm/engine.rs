@@ -5,11 +5,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use uhca_hw::layout::cm::{
+use uhca_layout::cm::{
     CmMessage, CmaHdrRepr, CommIds, DrepRepr, IP_PS_MASK, MraRepr, RDMA_PS_TCP, RejReason, RejRepr,
     RepRepr, ReqRepr, ip_service_id, msg_code,
 };
-use uhca_hw::layout::mad::{MAD_SIZE, Method, MgmtClass};
+use uhca_layout::mad::{MAD_SIZE, Method, MgmtClass};
 
 use super::mad::{MadEvent, MadLayer, TrackId};
 use super::transport::{MadAddr, MadTransport};
@@ -124,7 +124,7 @@ impl<T: MadTransport> Cm<T> {
         let mut rng = cfg.seed ^ 0x9e37_79b9_7f4a_7c15;
         let tid_seed = splitmix(&mut rng);
         let mut mad = MadLayer::new(transport, tid_seed);
-        mad.serve(MgmtClass::Cm, uhca_hw::layout::cm::CM_CLASS_VERSION);
+        mad.serve(MgmtClass::Cm, uhca_layout::cm::CM_CLASS_VERSION);
         Cm {
             mad,
             cfg,
@@ -355,7 +355,7 @@ impl<T: MadTransport> Cm<T> {
             remote_qpn: req.local_qpn,
             responder_resources: req.responder_resources,
             initiator_depth: req.initiator_depth,
-            private_data: req.private_data[uhca_hw::layout::cm::CMA_HDR_SIZE..].to_vec(),
+            private_data: req.private_data[uhca_layout::cm::CMA_HDR_SIZE..].to_vec(),
         };
         let peer = MadAddr {
             gid: req.primary.local_gid,

@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use uhca_hw::layout::mad::{MAD_SIZE, MadHeader, Method, MgmtClass, status};
+use uhca_layout::mad::{MAD_SIZE, MadHeader, Method, MgmtClass, status};
 
 use super::transport::{InMad, MadAddr, MadTransport, TransportError};
 

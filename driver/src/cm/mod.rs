@@ -59,7 +59,7 @@ pub mod transport;
 
 use std::net::{IpAddr, SocketAddr};
 
-use uhca_hw::layout::cm::{CmWireError, RejReason};
+use uhca_layout::cm::{CmWireError, RejReason};
 
 pub use engine::{Cm, CmCounters};
 pub use gsi::{GsiTransport, default_mac_of};
@@ -188,7 +188,7 @@ impl Default for AcceptOptions<'_> {
 pub use crate::resource::UNRESOLVED_MAC;
 
 /// Bytes of private data a REQ carries after the 36-byte cma header.
-pub const MAX_REQ_PRIVATE_DATA: usize = 92 - uhca_hw::layout::cm::CMA_HDR_SIZE;
+pub const MAX_REQ_PRIVATE_DATA: usize = 92 - uhca_layout::cm::CMA_HDR_SIZE;
 
 /// A connection request on a listened port, waiting for [`Cm::accept`] or [`Cm::reject`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,10 +4,10 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use uhca_hw::layout::cm::{
+use uhca_layout::cm::{
     CmAttr, CmMessage, CmaHdrRepr, RDMA_PS_TCP, RejReason, ReqRepr, cm_header, ip_service_id,
 };
-use uhca_hw::layout::mad::{MAD_SIZE, MadHeader, MgmtClass, status};
+use uhca_layout::mad::{MAD_SIZE, MadHeader, MgmtClass, status};
 
 use super::mad::{MadEvent, MadLayer};
 use super::*;
@@ -593,10 +593,10 @@ fn mra_for_rep_holds_back_the_rep_resends() {
     let cb = b.accept(&req, &mut qb, &AcceptOptions::default()).unwrap();
     assert_eq!(a.poll().unwrap(), Some(CmEvent::Reply(id)));
     // a has not finished yet; it tells b to wait 4.096 µs · 2^24 (~69 s).
-    let mra = CmMessage::Mra(uhca_hw::layout::cm::MraRepr {
+    let mra = CmMessage::Mra(uhca_layout::cm::MraRepr {
         local_comm_id: id.0,
         remote_comm_id: cb.id.0,
-        message_mraed: uhca_hw::layout::cm::msg_code::REP as u8,
+        message_mraed: uhca_layout::cm::msg_code::REP as u8,
         service_timeout: 24,
         private_data: Vec::new(),
     })
@@ -638,8 +638,8 @@ fn ended_connections_are_forgotten() {
     assert_eq!((a.poll().unwrap(), b.poll().unwrap()), (None, None));
     assert_eq!((a.connections(), b.connections()), (0, 0));
     // A resent DREQ for a forgotten connection is still answered with a DREP.
-    let dreq = CmMessage::Dreq(uhca_hw::layout::cm::DreqRepr {
-        ids: uhca_hw::layout::cm::CommIds {
+    let dreq = CmMessage::Dreq(uhca_layout::cm::DreqRepr {
+        ids: uhca_layout::cm::CommIds {
             local_comm_id: 0x1234,
             remote_comm_id: 0x5678,
         },

@@ -9,10 +9,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use uhca_hw::layout::cqe::fast::{OP_OWN, QPN, SOP, TAIL_WORD, WQE_COUNTER};
-use uhca_hw::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET};
-use uhca_hw::layout::uar::CQ_DBR_SET_CI;
-use uhca_hw::layout::wqe::WqeOpcode;
+use uhca_layout::cqe::fast::{OP_OWN, QPN, SOP, TAIL_WORD, WQE_COUNTER};
+use uhca_layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET};
+use uhca_layout::uar::CQ_DBR_SET_CI;
+use uhca_layout::wqe::WqeOpcode;
 
 use super::ring::RingSize;
 use super::sq::{SendSlots, WqKind, WqShadow};
@@ -336,10 +336,7 @@ impl CqRing {
     ) -> Option<CqRing> {
         let s = buf.slice();
         for i in 0..size.entries() as usize {
-            s.write_u8(
-                i * CQE_SIZE + OP_OWN_OFFSET,
-                uhca_hw::layout::cqe::OP_OWN_INIT,
-            );
+            s.write_u8(i * CQE_SIZE + OP_OWN_OFFSET, uhca_layout::cqe::OP_OWN_INIT);
         }
         let set_ci = DmaRecord::new(buf.clone(), dbr.checked_add(CQ_DBR_SET_CI)?)?;
         set_ci.store_be32(0);
@@ -480,7 +477,7 @@ fn parse(
             };
             let op = WcOpcode::of_wqe(wqe_op);
             let byte_len = match op {
-                WcOpcode::CompSwap | WcOpcode::FetchAdd => uhca_hw::layout::wqe::ATOMIC_SIZE,
+                WcOpcode::CompSwap | WcOpcode::FetchAdd => uhca_layout::wqe::ATOMIC_SIZE,
                 WcOpcode::RdmaRead => c.byte_cnt(),
                 _ => 0,
             };

@@ -6,9 +6,9 @@ use crate::datapath::wqe::{Remote, Sge};
 use crate::dma::DmaSpace;
 use crate::pci::Bar;
 use crate::pci::model::ModelFunction;
-use uhca_hw::layout::cqe::cqe_owner_for;
-use uhca_hw::layout::uar::QP_DBR_SND;
-use uhca_hw::layout::wqe::fm_ce_se;
+use uhca_layout::cqe::cqe_owner_for;
+use uhca_layout::uar::QP_DBR_SND;
+use uhca_layout::wqe::fm_ce_se;
 
 struct Rig {
     ring: CqRing,

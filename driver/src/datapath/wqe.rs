@@ -4,12 +4,12 @@
 //! This is the general path (several SGEs, inline data, READ, atomics). The common
 //! one-SGE WRITE/SEND skips the buffer and writes its three segments straight into the
 //! ring as 8-byte words (`SendRing::post_one_sge` in `sq`).
-//! Both use the shared layouts of `uhca_hw::layout::wqe`: the setters here, the
+//! Both use the shared layouts of `uhca_layout::wqe`: the setters here, the
 //! `wqe::fast` word positions (derived from the same tables) there.
 
-use uhca_hw::layout::BufMut;
-use uhca_hw::layout::ud::{DATAGRAM_SEG, DatagramSeg};
-use uhca_hw::layout::wqe::{
+use uhca_layout::BufMut;
+use uhca_layout::ud::{DATAGRAM_SEG, DatagramSeg};
+use uhca_layout::wqe::{
     AtomicSeg, CtrlSeg, DS_UNIT, DataSeg, INLINE_SEG, RaddrSeg, SEND_WQE_BB, WqeOpcode,
 };
 
@@ -155,7 +155,7 @@ impl WqeBuf {
     }
 
     /// Appends the datagram segment of a UD send (`mlx5_wqe_datagram_seg`, 48 bytes,
-    /// `uhca_hw::layout::ud`): the address handle's address vector `av`, with the remote
+    /// `uhca_layout::ud`): the address handle's address vector `av`, with the remote
     /// QPN and Q_Key of this work request written into it.
     #[inline(always)]
     pub fn datagram(&mut self, av: &[u8; DATAGRAM_SEG], remote_qpn: u32, qkey: u32) {
@@ -247,7 +247,7 @@ impl WqeBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use uhca_hw::layout::wqe::fm_ce_se;
+    use uhca_layout::wqe::fm_ce_se;
 
     #[test]
     fn rdma_write_golden_bytes() {

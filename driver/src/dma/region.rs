@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use uhca_hw::layout::{Buf, BufMut};
+use uhca_layout::{Buf, BufMut};
 
 use super::{DmaError, DmaSpace, system_page_size};
 use crate::pci::{DmaMapping, FileBacking, Iova};

@@ -16,12 +16,12 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use uhca_hw::layout::caps::CmdHcaCap;
-use uhca_hw::layout::cmds::{MODIFY_CQ_COUNT, MODIFY_CQ_PERIOD, MODIFY_CQ_PERIOD_MODE};
-use uhca_hw::layout::cqc::{CQ_PERIOD_FROM_CQE, CQ_PERIOD_FROM_EQE, Cqc};
-use uhca_hw::layout::cqe::CQE_SIZE;
-use uhca_hw::layout::eqe::{EqeComp, EventType};
-use uhca_hw::layout::uar::{CQ_DBR_ARM, CQ_DOORBELL, UAR_SIZE, cq_arm_word};
+use uhca_layout::caps::CmdHcaCap;
+use uhca_layout::cmds::{MODIFY_CQ_COUNT, MODIFY_CQ_PERIOD, MODIFY_CQ_PERIOD_MODE};
+use uhca_layout::cqc::{CQ_PERIOD_FROM_CQE, CQ_PERIOD_FROM_EQE, Cqc};
+use uhca_layout::cqe::CQE_SIZE;
+use uhca_layout::eqe::{EqeComp, EventType};
+use uhca_layout::uar::{CQ_DBR_ARM, CQ_DOORBELL, UAR_SIZE, cq_arm_word};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 

@@ -18,8 +18,8 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use uhca_hw::layout::cmd::CapType;
-use uhca_hw::layout::mkc::{AccessMode, MTT_PRESENT};
+use uhca_layout::cmd::CapType;
+use uhca_layout::mkc::{AccessMode, MTT_PRESENT};
 
 use super::memic::DmRef;
 use crate::cmd::CmdError;
@@ -425,7 +425,7 @@ impl Pd {
             ops::query_hca_cap(&*self.dev, CapType::General2, true)
                 .ok()
                 .map(|p| {
-                    uhca_hw::layout::caps::CmdHcaCap2::new_unchecked(&p[..])
+                    uhca_layout::caps::CmdHcaCap2::new_unchecked(&p[..])
                         .max_mkey_log_entity_size_mtt()
                 })
                 .filter(|&v| v != 0)

@@ -173,7 +173,7 @@ impl HeaderTemplate {
 
     /// [`emit_in_place`](Self::emit_in_place), or, if `icrc` is false, the same frame with
     /// its ICRC field left zero and not computed: for a frame that never leaves the device
-    /// ([`Link::is_local`](crate::link::Link::is_local)), whose receiver does not verify it
+    /// (the model's `Link::is_local`, in `uhca_hw::link`), whose receiver does not verify it
     /// ([`RocePacket::parse_trusted`](super::RocePacket::parse_trusted)). Every other byte
     /// is the same.
     pub fn emit_in_place_with(

@@ -363,7 +363,7 @@ pub const fn pad_count(len: usize) -> u8 {
 }
 
 /// Why a frame could not be parsed or emitted. Layout-level, so dependency-free
-/// (Display/Error by hand, like [`LengthError`](crate::layout::LengthError)).
+/// (Display/Error by hand, like [`LengthError`](crate::LengthError)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WireError {
     /// The buffer ended before a header or the length a header announces.

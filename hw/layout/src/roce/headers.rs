@@ -9,7 +9,7 @@
 
 use super::{EtherType, WireError};
 use crate::layout;
-use crate::layout::{Buf, BufMut};
+use crate::{Buf, BufMut};
 
 /// Bytes of an Ethernet II header (no VLAN tag).
 pub const ETH_SIZE: usize = 14;

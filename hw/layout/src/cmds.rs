@@ -652,13 +652,13 @@ layout! {
 pub const CAP_VPORT_COUNTERS: (usize, u32) = (0x030, 30);
 
 /// Whether a general capability page advertises QUERY_VPORT_COUNTER.
-pub fn cap_vport_counters<B: crate::layout::Buf + ?Sized>(general: &B) -> bool {
+pub fn cap_vport_counters<B: crate::Buf + ?Sized>(general: &B) -> bool {
     let (off, bit) = CAP_VPORT_COUNTERS;
     general.get_bits(off, bit, bit) == 1
 }
 
 /// Sets or clears `vport_counters` in a general capability page.
-pub fn set_cap_vport_counters<B: crate::layout::BufMut + ?Sized>(general: &mut B, on: bool) {
+pub fn set_cap_vport_counters<B: crate::BufMut + ?Sized>(general: &mut B, on: bool) {
     let (off, bit) = CAP_VPORT_COUNTERS;
     general.set_bits(off, bit, bit, u32::from(on));
 }

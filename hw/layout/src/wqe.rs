@@ -83,11 +83,11 @@ pub const fn inline_ds(len: usize) -> usize {
 }
 
 /// The send-WQE fields that the data path writes as whole big-endian 8-byte words
-/// ([`WordField::put`](crate::layout::WordField::put)), looked up in the tables above at
+/// ([`WordField::put`](crate::WordField::put)), looked up in the tables above at
 /// compile time: one definition of each field, no second table.
 pub mod fast {
     use super::{CtrlSeg, DataSeg, RaddrSeg};
-    use crate::layout::{Field, WordField};
+    use crate::{Field, WordField};
 
     /// `wqe_ctrl_seg.opcode`.
     pub const CTRL_OPCODE: WordField = WordField::of(Field::named(CtrlSeg::<()>::FIELDS, "opcode"));
@@ -133,7 +133,7 @@ pub mod fast {
     #[cfg(test)]
     mod tests {
         use super::*;
-        use crate::layout::wqe::{DS_UNIT, WqeOpcode};
+        use crate::wqe::{DS_UNIT, WqeOpcode};
 
         /// The 8-byte words of `b` as big-endian values.
         fn words(b: &[u8]) -> Vec<u64> {

@@ -2,8 +2,8 @@
 //! (into a view), and [`CmMessage`], any of them parsed from or emitted as a whole MAD.
 
 use super::*;
-use crate::layout::mad::MAD_SIZE;
-use crate::layout::{Buf, BufMut};
+use crate::mad::MAD_SIZE;
+use crate::{Buf, BufMut};
 
 /// One path of a REQ (primary or alternate; IBA Vol. 1 §12.6.5 table 104). On RoCE the
 /// LIDs are unused and the GIDs are the IP addresses (docs/spec/rdma-cm.md §5).

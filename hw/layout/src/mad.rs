@@ -7,7 +7,7 @@
 //! [`MadHeader::emit`] writes it.
 
 use crate::layout;
-use crate::layout::{Buf, BufMut};
+use crate::{Buf, BufMut};
 
 /// Bytes of a MAD on a UD QP (IBA Vol. 1 §13.4.1: "MADs are 256 bytes").
 pub const MAD_SIZE: usize = 256;
@@ -206,7 +206,7 @@ impl MadHeader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{Field, FieldKind};
+    use crate::{Field, FieldKind};
 
     /// A ClassPortInfo Get of the CM class (the header bytes as IBA table 145 lays them out).
     const GOLDEN: [u8; 24] = [

@@ -2,8 +2,8 @@
 //! golden bytes, round trips of every `Repr`, and refusals.
 
 use super::*;
-use crate::layout::mad::MAD_HDR_SIZE;
-use crate::layout::{Field, FieldKind};
+use crate::mad::MAD_HDR_SIZE;
+use crate::{Field, FieldKind};
 
 /// (doc name, fields, private data offset and length) of every message.
 fn messages() -> Vec<(&'static str, &'static [Field], usize, usize)> {
@@ -63,7 +63,7 @@ fn no_two_fields_overlap_and_all_fit() {
 /// tables, and every field of ours has its row.
 #[test]
 fn tables_match_the_spec_document() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/spec/rdma-cm.md");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/spec/rdma-cm.md");
     let text = std::fs::read_to_string(path).expect("docs/spec/rdma-cm.md");
     let mut seen = 0;
     for (name, fields, _, _) in messages() {

@@ -53,11 +53,11 @@ layout! {
 }
 
 /// The CQE fields that the data path reads out of whole big-endian 8-byte words
-/// ([`WordField::get`](crate::layout::WordField::get)), looked up in the tables above at
+/// ([`WordField::get`](crate::WordField::get)), looked up in the tables above at
 /// compile time: one definition of each field, no second table.
 pub mod fast {
     use super::{Cqe, ErrCqe};
-    use crate::layout::{Field, WordField};
+    use crate::{Field, WordField};
 
     /// `cqe64.op_own` (the last byte, written last by the device).
     pub const OP_OWN: WordField = WordField::of(Field::named(Cqe::<()>::FIELDS, "op_own"));
@@ -90,7 +90,7 @@ pub mod fast {
     #[cfg(test)]
     mod tests {
         use super::*;
-        use crate::layout::cqe::CQE_SIZE;
+        use crate::cqe::CQE_SIZE;
 
         #[test]
         fn word_reads_match_the_getters() {

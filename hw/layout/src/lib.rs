@@ -1,11 +1,12 @@
-//! mlx5 hardware layouts, defined once and used by both the driver and the model.
+//! mlx5 hardware layouts, defined once and used by both the driver (`uhca`) and the model
+//! (`uhca-hw`, which re-exports this crate as `uhca_hw::layout`). Dependency-free and safe.
 //!
 //! Every structure the device reads or writes is big-endian and described in
 //! `shared/spec/prm-subset.md` as rows of `(byte offset of the BE32 word, bit range)`.
 //! The [`layout!`](crate::layout!) macro turns such a table into a typed view:
 //!
 //! ```
-//! use uhca_hw::layout::cqc::Cqc;
+//! use uhca_layout::cqc::Cqc;
 //! let mut buf = [0u8; Cqc::<()>::SIZE];
 //! let mut cqc = Cqc::new_checked(&mut buf[..]).unwrap();
 //! cqc.set_log_cq_size(10);
@@ -21,6 +22,8 @@
 //! Module per structure family (style.md §1): [`init_seg`], [`cmd`] (queue entry, mailbox,
 //! headers, codes), [`cmds`] (command in/out messages), [`caps`], [`eqc`], [`cqc`], [`qpc`],
 //! [`mkc`], [`eqe`], [`cqe`], [`wqe`], [`uar`], [`reg`] (access registers), [`roce`] (RoCEv2 frames between model ports), [`mad`] and [`cm`] (management datagrams on QP1 and the connection manager's messages).
+
+#![deny(unsafe_code)]
 
 pub mod caps;
 pub mod cm;
@@ -458,23 +461,23 @@ macro_rules! layout {
             /// PRM name of the structure.
             pub const PRM_NAME: &'static str = $prm;
             /// Every field of the table, in fact-sheet order.
-            pub const FIELDS: &'static [$crate::layout::Field] = &[
+            pub const FIELDS: &'static [$crate::Field] = &[
                 $( $crate::layout!(@field $field $off $kind $($arg)?) ),*
             ];
             $( $crate::layout!(@const $setter $off $kind $($arg)?); )*
         }
 
         #[allow(dead_code, non_snake_case, clippy::len_without_is_empty)]
-        impl<B: $crate::layout::Buf> $name<B> {
+        impl<B: $crate::Buf> $name<B> {
             /// Wraps `buf` without checking its length.
             pub const fn new_unchecked(buf: B) -> Self {
                 Self { buf }
             }
             /// Wraps `buf`, checking that it holds the whole structure.
-            pub fn new_checked(buf: B) -> Result<Self, $crate::layout::LengthError> {
+            pub fn new_checked(buf: B) -> Result<Self, $crate::LengthError> {
                 let len = buf.buf_len();
                 if len < $size {
-                    return Err($crate::layout::LengthError { layout: $prm, need: $size, len });
+                    return Err($crate::LengthError { layout: $prm, need: $size, len });
                 }
                 Ok(Self { buf })
             }
@@ -490,7 +493,7 @@ macro_rules! layout {
         }
 
         #[allow(dead_code, non_snake_case)]
-        impl<B: $crate::layout::BufMut> $name<B> {
+        impl<B: $crate::BufMut> $name<B> {
             /// The underlying buffer, mutably.
             pub fn buf_mut(&mut self) -> &mut B {
                 &mut self.buf
@@ -500,24 +503,24 @@ macro_rules! layout {
     };
 
     (@field $f:ident $off:literal [$msb:literal : $lsb:literal]) => {
-        $crate::layout::Field { name: stringify!($f), offset: $off,
-            kind: $crate::layout::FieldKind::Bits { msb: $msb, lsb: $lsb } }
+        $crate::Field { name: stringify!($f), offset: $off,
+            kind: $crate::FieldKind::Bits { msb: $msb, lsb: $lsb } }
     };
     (@field $f:ident $off:literal u64) => {
-        $crate::layout::Field { name: stringify!($f), offset: $off,
-            kind: $crate::layout::FieldKind::U64 }
+        $crate::Field { name: stringify!($f), offset: $off,
+            kind: $crate::FieldKind::U64 }
     };
     (@field $f:ident $off:literal [u8; $n:literal]) => {
-        $crate::layout::Field { name: stringify!($f), offset: $off,
-            kind: $crate::layout::FieldKind::Bytes($n) }
+        $crate::Field { name: stringify!($f), offset: $off,
+            kind: $crate::FieldKind::Bytes($n) }
     };
     (@field $f:ident $off:literal nested $n:literal) => {
-        $crate::layout::Field { name: stringify!($f), offset: $off,
-            kind: $crate::layout::FieldKind::Nested($n) }
+        $crate::Field { name: stringify!($f), offset: $off,
+            kind: $crate::FieldKind::Nested($n) }
     };
     (@field $f:ident $off:literal flex) => {
-        $crate::layout::Field { name: stringify!($f), offset: $off,
-            kind: $crate::layout::FieldKind::Flex }
+        $crate::Field { name: stringify!($f), offset: $off,
+            kind: $crate::FieldKind::Flex }
     };
 
     (@const $s:ident $off:literal nested $n:literal) => {
@@ -534,14 +537,14 @@ macro_rules! layout {
         #[doc = concat!("`", stringify!($f), "`: byte ", stringify!($off), " bits `[", stringify!($msb), ":", stringify!($lsb), "]`.")]
         #[inline]
         pub fn $f(&self) -> u32 {
-            $crate::layout::Buf::get_bits(&self.buf, $off, $msb, $lsb)
+            $crate::Buf::get_bits(&self.buf, $off, $msb, $lsb)
         }
     };
     (@get $f:ident $off:literal u64) => {
         #[doc = concat!("`", stringify!($f), "`: big-endian u64 at byte ", stringify!($off), ".")]
         #[inline]
         pub fn $f(&self) -> u64 {
-            $crate::layout::Buf::read_be64(&self.buf, $off)
+            $crate::Buf::read_be64(&self.buf, $off)
         }
     };
     (@get $f:ident $off:literal [u8; $n:literal]) => {
@@ -549,7 +552,7 @@ macro_rules! layout {
         #[inline]
         pub fn $f(&self) -> [u8; $n] {
             let mut out = [0u8; $n];
-            $crate::layout::Buf::read_bytes(&self.buf, $off, &mut out);
+            $crate::Buf::read_bytes(&self.buf, $off, &mut out);
             out
         }
     };
@@ -560,21 +563,21 @@ macro_rules! layout {
         #[doc = concat!("Sets `", stringify!($f), "` (byte ", stringify!($off), " bits `[", stringify!($msb), ":", stringify!($lsb), "]`).")]
         #[inline]
         pub fn $s(&mut self, v: u32) {
-            $crate::layout::BufMut::set_bits(&mut self.buf, $off, $msb, $lsb, v)
+            $crate::BufMut::set_bits(&mut self.buf, $off, $msb, $lsb, v)
         }
     };
     (@set $f:ident $s:ident $off:literal u64) => {
         #[doc = concat!("Sets `", stringify!($f), "` (big-endian u64 at byte ", stringify!($off), ").")]
         #[inline]
         pub fn $s(&mut self, v: u64) {
-            $crate::layout::BufMut::write_be64(&mut self.buf, $off, v)
+            $crate::BufMut::write_be64(&mut self.buf, $off, v)
         }
     };
     (@set $f:ident $s:ident $off:literal [u8; $n:literal]) => {
         #[doc = concat!("Sets `", stringify!($f), "` (", stringify!($n), " bytes at byte ", stringify!($off), ").")]
         #[inline]
         pub fn $s(&mut self, v: &[u8; $n]) {
-            $crate::layout::BufMut::write_bytes(&mut self.buf, $off, v)
+            $crate::BufMut::write_bytes(&mut self.buf, $off, v)
         }
     };
     (@set $f:ident $s:ident $off:literal nested $n:literal) => {};

@@ -2,7 +2,7 @@
 //! capture, emit/parse round trips for every RC opcode, and malformed input.
 
 use super::*;
-use crate::layout::{Field, FieldKind};
+use crate::{Field, FieldKind};
 use proptest::prelude::*;
 
 fn layouts() -> Vec<(&'static str, usize, usize, &'static [Field])> {
