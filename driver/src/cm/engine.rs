@@ -124,7 +124,13 @@ impl<T: MadTransport> Cm<T> {
         let mut rng = cfg.seed ^ 0x9e37_79b9_7f4a_7c15;
         let tid_seed = splitmix(&mut rng);
         let mut mad = MadLayer::new(transport, tid_seed);
-        mad.serve(MgmtClass::Cm, uhca_layout::cm::CM_CLASS_VERSION);
+        // The CM's messages are all Send (IBA §12.6.2); a ClassPortInfo Get is answered
+        // "unsupported", as Linux's CM (which registers for Send only) has it answered.
+        mad.serve(
+            MgmtClass::Cm,
+            uhca_layout::cm::CM_CLASS_VERSION,
+            &[Method::Send],
+        );
         Cm {
             mad,
             cfg,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use uhca_layout::cm::{
     CmAttr, CmMessage, CmaHdrRepr, RDMA_PS_TCP, RejReason, ReqRepr, cm_header, ip_service_id,
 };
-use uhca_layout::mad::{MAD_SIZE, MadHeader, MgmtClass, status};
+use uhca_layout::mad::{MAD_SIZE, MadHeader, Method, MgmtClass, status};
 
 use super::mad::{MadEvent, MadLayer};
 use super::*;
@@ -370,7 +370,7 @@ fn mad_layer_answers_unserved_gets_and_drops_malformed() {
     let (ta, tb) = MemTransport::pair(ip(A), ip(B));
     let mut tb2 = tb.clone();
     let mut m = MadLayer::new(ta.clone(), 7);
-    m.serve(MgmtClass::Cm, 2);
+    m.serve(MgmtClass::Cm, 2, &[Method::Send]);
     // Short, bad base version: dropped.
     ta.inject(from_b(), &[1u8; 100]);
     let mut bad = [0u8; MAD_SIZE];
@@ -395,6 +395,8 @@ fn mad_layer_answers_unserved_gets_and_drops_malformed() {
     ta.inject(from_b(), &get(MgmtClass::SubnAdm, 2));
     // A Get of the CM at class version 1: "bad version".
     ta.inject(from_b(), &get(MgmtClass::Cm, 1));
+    // A ClassPortInfo Get of the CM (version 2, method not served): "unsupported".
+    ta.inject(from_b(), &get(MgmtClass::Cm, 2));
     // A Send of an unserved class and a response nobody asked for: dropped.
     let mut send = get(MgmtClass::Perf, 1);
     send[3] = 0x03;
@@ -404,7 +406,7 @@ fn mad_layer_answers_unserved_gets_and_drops_malformed() {
     ta.inject(from_b(), &resp);
     assert_eq!(m.poll().unwrap(), None);
     let c = m.counters();
-    assert_eq!((c.malformed, c.answered_unsupported, c.unwanted), (2, 2, 2));
+    assert_eq!((c.malformed, c.answered_unsupported, c.unwanted), (2, 3, 2));
     let r1 = tb2.recv().unwrap().unwrap();
     let h1 = MadHeader::parse(&r1.data[..]).unwrap();
     assert_eq!(
@@ -418,6 +420,12 @@ fn mad_layer_answers_unserved_gets_and_drops_malformed() {
     let r2 = tb2.recv().unwrap().unwrap();
     let h2 = MadHeader::parse(&r2.data[..]).unwrap();
     assert_eq!(h2.status, status::BAD_VERSION);
+    let r3 = tb2.recv().unwrap().unwrap();
+    let h3 = MadHeader::parse(&r3.data[..]).unwrap();
+    assert_eq!(
+        (h3.status, h3.mgmt_class),
+        (status::UNSUPPORTED_METHOD_ATTR, MgmtClass::Cm)
+    );
     assert!(tb2.recv().unwrap().is_none());
 }
 
@@ -663,4 +671,85 @@ fn ended_connections_are_forgotten() {
         (77, CmAttr::Drep.raw())
     );
     assert!(matches!(msg, CmMessage::Drep(d) if d.ids.local_comm_id == 0x5678));
+}
+
+fn golden(hex: &str) -> [u8; MAD_SIZE] {
+    let mut mad = [0u8; MAD_SIZE];
+    for (i, b) in mad.iter_mut().enumerate().take(hex.len() / 2) {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+    }
+    mad
+}
+
+/// Our active side against the kernel's side of the captured rping exchange
+/// (tests/data/rdmacm/rping.pcap, client 10.77.0.3 QPN 0x11, server 10.77.0.2:7471): our REQ
+/// is the kernel client's byte for byte but for what each connection chooses (transaction
+/// and communication IDs, CA GUID, starting PSN, flow label, source port); the kernel
+/// server's REP (its remote ID set to ours) connects our QP with its QPN and PSN, and our
+/// RTU is the kernel client's but for the IDs.
+#[test]
+fn our_req_is_the_kernels_and_a_real_rep_connects_us() {
+    const RPING_REQ: &str = "0107020300000000000000020e37c0bf0010000000000000bfc0370e000000000000000001061d2f505400fffe77000300000000000000000000110100000001000000a0ff9d2ca7ffff37f0ffffffff00000000000000000000ffff0a4d000300000000000000000000ffff0a4d0002a65a30000040009800000000000000000000000000000000000000000000000000000000000000000000000000000000000000000040d90c0000000000000000000000000a4d00030000000000000000000000000a4d00020000000000000000";
+    const RPING_REP: &str = "0107020300000000000000020e37c0bf00130000000000002149bb8bbfc0370e000000000000110000000000cd345c00010178e0505400fffe77000200000000";
+    const RPING_RTU: &str = "0107020300000000000000020e37c0bf0014000000000000bfc0370e2149bb8b";
+    let (ta, tb) = MemTransport::pair(ip("10.77.0.3"), ip("10.77.0.2"));
+    let mut tb2 = tb.clone();
+    let mut client = Cm::new(ta.clone(), CmConfig::with_seed(5));
+    let mut qp = FakeQp::new(0x11);
+    let id = client
+        .start_connect(
+            &qp,
+            "10.77.0.2:7471".parse().unwrap(),
+            &ConnectOptions::default(),
+        )
+        .unwrap();
+    let ours = tb2.recv().unwrap().unwrap();
+    let (hdr, _) = CmMessage::parse(&ours.data[..]).unwrap();
+    let theirs = golden(RPING_REQ);
+    let chosen = [
+        8..16,
+        0x18..0x1c,
+        0x28..0x30,
+        0x44..0x47,
+        0x70..0x73,
+        0xa6..0xa8,
+    ];
+    let differs: Vec<usize> = (0..MAD_SIZE)
+        .filter(|i| !chosen.iter().any(|r| r.contains(i)))
+        .filter(|&i| ours.data[i] != theirs[i])
+        .collect();
+    assert!(
+        differs.is_empty(),
+        "bytes {differs:x?} differ from the kernel's REQ"
+    );
+    // The kernel server's REP, addressed to our communication ID and transaction.
+    let mut rep = golden(RPING_REP);
+    rep[8..16].copy_from_slice(&hdr.transaction_id.to_be_bytes());
+    rep[0x1c..0x20].copy_from_slice(&id.0.to_be_bytes());
+    ta.inject(
+        MadAddr::gsi(transport::ip_gid(ip("10.77.0.2")), UNRESOLVED_MAC),
+        &rep,
+    );
+    assert_eq!(client.poll().unwrap(), Some(CmEvent::Reply(id)));
+    let conn = client.finish_connect(id, &mut qp).unwrap();
+    let p = qp.connected.unwrap();
+    assert_eq!(
+        (conn.remote_qpn, p.remote_qpn, p.rq_psn),
+        (0x11, 0x11, 0xcd_345c)
+    );
+    assert_eq!(
+        (
+            p.rnr_retry,
+            p.retry_cnt,
+            p.max_rd_atomic,
+            p.max_dest_rd_atomic
+        ),
+        (7, 7, 1, 1)
+    );
+    assert_eq!(p.remote_gid, transport::ip_gid(ip("10.77.0.2")));
+    let rtu = tb2.recv().unwrap().unwrap();
+    let mut want = golden(RPING_RTU);
+    want[8..16].copy_from_slice(&hdr.transaction_id.to_be_bytes());
+    want[0x18..0x1c].copy_from_slice(&id.0.to_be_bytes());
+    assert_eq!(rtu.data[..], want[..]);
 }
