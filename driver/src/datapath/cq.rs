@@ -172,7 +172,7 @@ pub struct Completion {
     pub datagram: Option<DatagramInfo>,
 }
 
-/// The network header in front of a received datagram (`cqe64.flags_rqpn` [25:24] on
+/// The network header in front of a received datagram (`cqe64.flags_rqpn[25:24]` on
 /// Ethernet, Linux `MLX5_CQE_ROCE_L3_HEADER_TYPE_*`; docs/spec/mlx5-ib-objects.md §4).
 /// It says how to read the 40-byte GRH area that starts the receive buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

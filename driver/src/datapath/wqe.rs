@@ -342,6 +342,41 @@ mod tests {
     }
 
     #[test]
+    fn ud_send_golden_bytes() {
+        let mut av = [0u8; DATAGRAM_SEG];
+        av[0x14..0x1a].copy_from_slice(&[1, 2, 3, 4, 5, 6]);
+        av[0x20..0x30].copy_from_slice(&[0x77; 16]);
+        let mut w = WqeBuf::default();
+        w.ctrl(
+            WqeOpcode::SendImm,
+            3,
+            0x12,
+            fm_ce_se::CQ_UPDATE,
+            0x0A0B_0C0D,
+        );
+        w.datagram(&av, 0xAB_CDEF, 0x8001_0000);
+        w.data(&[Sge {
+            addr: 0x1000,
+            len: 256,
+            lkey: 9,
+        }])
+        .unwrap();
+        assert_eq!(w.finish(), 2, "80 bytes: two basic blocks");
+        let b = w.as_bytes();
+        // ctrl: index 3, SEND_IMM (0x0b), QPN 0x12, ds 5 (ctrl + 3 datagram + 1 data).
+        assert_eq!(&b[..8], &[0, 0, 3, 0x0B, 0, 0, 0x12, 5]);
+        assert_eq!(&b[12..16], &[0x0A, 0x0B, 0x0C, 0x0D]);
+        // datagram: qkey, then dqp_dct with MLX5_EXTENDED_UD_AV (bit 31), the rest the AV.
+        assert_eq!(&b[16..20], &[0x80, 0x01, 0, 0]);
+        assert_eq!(&b[24..28], &[0x80, 0xAB, 0xCD, 0xEF]);
+        assert_eq!(&b[16 + 0x14..16 + 0x1a], &[1, 2, 3, 4, 5, 6]);
+        assert_eq!(&b[16 + 0x20..16 + 0x30], &[0x77; 16]);
+        // data segment at 64.
+        assert_eq!(&b[64..72], &[0, 0, 1, 0, 0, 0, 0, 9]);
+        assert_eq!(w.used_bytes().len(), 80);
+    }
+
+    #[test]
     fn limits_are_errors_and_empty_sges_are_skipped() {
         let mut w = WqeBuf::default();
         w.ctrl(WqeOpcode::RdmaWrite, 0, 1, 0, 0);
