@@ -186,8 +186,10 @@ impl<T: MadTransport> Cm<T> {
         p.retry_cnt = req.retry_count;
         p.rnr_retry = rep.rnr_retry_count;
         p.min_rnr_timer = cfg.min_rnr_timer;
-        p.max_rd_atomic = req.initiator_depth.min(rep.responder_resources);
-        p.max_dest_rd_atomic = req.responder_resources;
+        // As Linux's CM on the REP (`cm_rep_handler`): our reads in flight are what the
+        // peer's responder takes, our responder takes what the peer will issue.
+        p.max_rd_atomic = rep.responder_resources;
+        p.max_dest_rd_atomic = rep.initiator_depth;
         p.access = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         p.hop_limit = cfg.hop_limit;
         let (peer, tid, remote_id) = (c.peer, c.tid, c.remote_id);
