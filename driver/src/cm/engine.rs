@@ -281,12 +281,20 @@ impl<T: MadTransport> Cm<T> {
         c.track = None;
         match c.state {
             State::ReqSent | State::RepSent => {
-                // IBA §12.9.6: give up with a REJ, reason timeout.
+                // Give up with a REJ as Linux's `cm_destroy_id` does: after a REQ, reason
+                // timeout with our CA GUID as the additional information; after a REP,
+                // consumer reject; "message rejected" is neither (`cm_format_rej`).
+                let req_sent = c.state == State::ReqSent;
                 c.state = State::Failed;
-                let (peer, tid) = (c.peer, c.tid);
-                let rej = rej(id, c.remote_id, msg_code::REQ, RejReason::Timeout);
+                let (peer, tid, remote_id) = (c.peer, c.tid, c.remote_id);
+                let mut r = rej(id, remote_id, msg_code::OTHER, RejReason::ConsumerReject);
+                if req_sent {
+                    r.reason = RejReason::Timeout;
+                    r.rejected_info_length = 8;
+                    r.ari[..8].copy_from_slice(&self.ca_guid().to_be_bytes());
+                }
                 self.counters.timeouts += 1;
-                self.send_msg(&peer, &CmMessage::Rej(rej), tid)?;
+                self.send_msg(&peer, &CmMessage::Rej(r), tid)?;
                 Ok(Some(CmEvent::TimedOut(ConnId(id))))
             }
             State::DreqSent => {

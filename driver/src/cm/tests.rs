@@ -192,7 +192,14 @@ fn a_peer_that_never_answers_times_out_after_all_retries() {
         last = Some(m);
     }
     let (_, msg) = CmMessage::parse(&last.unwrap().data[..]).unwrap();
-    assert!(matches!(msg, CmMessage::Rej(r) if r.reason == RejReason::Timeout));
+    let CmMessage::Rej(r) = msg else {
+        panic!("{msg:?}")
+    };
+    assert_eq!(
+        (r.reason, r.message_rejected, r.rejected_info_length),
+        (RejReason::Timeout, 2, 8)
+    );
+    assert_eq!(r.ari[..8], a.ca_guid().to_be_bytes());
 }
 
 #[test]
