@@ -178,8 +178,10 @@ impl<T: MadTransport> Cm<T> {
         let rep = rep.clone();
         let req = &c.req;
         let mut p = ConnectParams::new(rep.local_qpn, c.peer.gid, c.peer.mac);
-        p.sq_psn = c.local_psn;
-        p.rq_psn = rep.starting_psn;
+        // A starting PSN is what its sender expects to receive: we send from the REP's
+        // (Linux `cm_rep_handler`: sq_psn from the REP; docs/spec/rdma-cm.md §6).
+        p.sq_psn = rep.starting_psn;
+        p.rq_psn = c.local_psn;
         p.sgid_index = cfg.sgid_index;
         p.mtu = cfg.mtu;
         p.timeout = cfg.local_ack_timeout;
@@ -276,8 +278,10 @@ impl<T: MadTransport> Cm<T> {
         let mtu = mtu_of(req.path_mtu.min(cfg.mtu as u8)).unwrap_or(Mtu::M256);
         let initiator_depth = opts.initiator_depth.min(req.responder_resources);
         let mut p = ConnectParams::new(req.local_qpn, req.primary.local_gid, c.peer.mac);
-        p.sq_psn = c.local_psn;
-        p.rq_psn = req.starting_psn;
+        // We send from the REQ's starting PSN and expect ours, sent in the REP (Linux
+        // `cm_req_handler`: sq_psn from the REQ; docs/spec/rdma-cm.md §6).
+        p.sq_psn = req.starting_psn;
+        p.rq_psn = c.local_psn;
         p.sgid_index = cfg.sgid_index;
         p.mtu = mtu;
         p.timeout = req.primary.local_ack_timeout;
@@ -304,7 +308,7 @@ impl<T: MadTransport> Cm<T> {
             local_comm_id: id.0,
             remote_comm_id: remote_id,
             local_qpn: qp.qpn(),
-            starting_psn: p.sq_psn,
+            starting_psn: p.rq_psn,
             responder_resources: opts.responder_resources,
             initiator_depth,
             target_ack_delay: cfg.packet_life_time.saturating_sub(1),

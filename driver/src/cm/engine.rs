@@ -63,6 +63,7 @@ pub(super) struct Conn {
     pub(super) dreq_tid: u64,
     pub(super) peer: MadAddr,
     pub(super) local_qpn: u32,
+    /// The starting PSN we sent (REQ or REP): the first PSN we expect from the peer.
     pub(super) local_psn: u32,
     pub(super) remote_qpn: u32,
     /// The REQ (sent or received).

@@ -559,7 +559,8 @@ fn real_rping_req_is_accepted_like_the_kernel_does() {
         .accept(&req, &mut qp, &AcceptOptions::default())
         .unwrap();
     let p = qp.connected.unwrap();
-    assert_eq!((p.remote_qpn, p.rq_psn), (0x11, 0xff_9d2c));
+    // The kernel client sends from the REP's starting PSN and expects the REQ's.
+    assert_eq!((p.remote_qpn, p.sq_psn), (0x11, 0xff_9d2c));
     assert_eq!(p.remote_gid, transport::ip_gid(ip("10.77.0.3")));
     assert_eq!(p.remote_mac, [0x52, 0x54, 0, 0x77, 0, 3]);
     assert_eq!(
@@ -583,7 +584,7 @@ fn real_rping_req_is_accepted_like_the_kernel_does() {
         (r.local_comm_id, r.remote_comm_id),
         (conn.id.0, 0xbfc0_370e)
     );
-    assert_eq!((r.local_qpn, r.starting_psn), (0x11, p.sq_psn));
+    assert_eq!((r.local_qpn, r.starting_psn), (0x11, p.rq_psn));
     assert_eq!(
         (r.responder_resources, r.initiator_depth, r.rnr_retry_count),
         (1, 1, 7)
@@ -741,9 +742,14 @@ fn our_req_is_the_kernels_and_a_real_rep_connects_us() {
     let conn = client.finish_connect(id, &mut qp).unwrap();
     let p = qp.connected.unwrap();
     assert_eq!(
-        (conn.remote_qpn, p.remote_qpn, p.rq_psn),
+        (conn.remote_qpn, p.remote_qpn, p.sq_psn),
         (0x11, 0x11, 0xcd_345c)
     );
+    // ... and expects from the peer the starting PSN of our REQ.
+    let Ok((_, CmMessage::Req(our_req))) = CmMessage::parse(&ours.data[..]) else {
+        panic!()
+    };
+    assert_eq!(p.rq_psn, our_req.starting_psn);
     assert_eq!(
         (
             p.rnr_retry,
