@@ -129,6 +129,8 @@ impl<T: MadTransport> Cm<T> {
                 remote_gid: ip_gid(dst.ip()),
                 hop_limit: self.cfg.hop_limit,
                 local_ack_timeout: self.cfg.local_ack_timeout,
+                // Linux `cma_get_roce_udp_flow_label`: a hash of the two ports.
+                flow_label: (u32::from(src_port) * 31 + u32::from(dst.port())) & 0xf_ffff,
                 ..CmPath::default()
             },
             private_data,
@@ -194,6 +196,7 @@ impl<T: MadTransport> Cm<T> {
         p.max_dest_rd_atomic = rep.initiator_depth;
         p.access = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         p.hop_limit = cfg.hop_limit;
+        p.udp_sport = flow_label_sport(req.primary.flow_label);
         let (peer, tid, remote_id) = (c.peer, c.tid, c.remote_id);
         if let Err(e) = qp.connect_qp(&p) {
             let r = rej(id.0, remote_id, msg_code::REP, RejReason::ConsumerReject);

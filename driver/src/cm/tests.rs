@@ -692,7 +692,7 @@ fn golden(hex: &str) -> [u8; MAD_SIZE] {
 /// Our active side against the kernel's side of the captured rping exchange
 /// (tests/data/rdmacm/rping.pcap, client 10.77.0.3 QPN 0x11, server 10.77.0.2:7471): our REQ
 /// is the kernel client's byte for byte but for what each connection chooses (transaction
-/// and communication IDs, CA GUID, starting PSN, flow label, source port); the kernel
+/// and communication IDs, CA GUID, starting PSN); the kernel
 /// server's REP (its remote ID set to ours) connects our QP with its QPN and PSN, and our
 /// RTU is the kernel client's but for the IDs.
 #[test]
@@ -708,7 +708,10 @@ fn our_req_is_the_kernels_and_a_real_rep_connects_us() {
         .start_connect(
             &qp,
             "10.77.0.2:7471".parse().unwrap(),
-            &ConnectOptions::default(),
+            &ConnectOptions {
+                src_port: 55564,
+                ..ConnectOptions::default()
+            },
         )
         .unwrap();
     let ours = tb2.recv().unwrap().unwrap();
