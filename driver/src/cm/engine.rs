@@ -551,10 +551,19 @@ impl<T: MadTransport> Cm<T> {
                 if let Some(t) = c.track.take() {
                     self.mad.complete(t);
                 }
+                // A DREQ after our REP means the peer took the REP (its RTU was lost):
+                // the connection was established before it ended (IBA §12.9.8.4).
+                let was_rep_sent = c.state == State::RepSent;
                 c.state = State::TimeWait;
                 c.dreq_tid = tid;
-                (!std::mem::replace(&mut c.told_end, true))
-                    .then_some(CmEvent::Disconnected(ConnId(ours)))
+                let end = (!std::mem::replace(&mut c.told_end, true))
+                    .then_some(CmEvent::Disconnected(ConnId(ours)));
+                if was_rep_sent {
+                    self.events.extend(end);
+                    Some(CmEvent::Established(ConnId(ours)))
+                } else {
+                    end
+                }
             }
             State::TimeWait => None,
             _ => {

@@ -46,6 +46,14 @@
 //! The blocking forms do the same in one call each: [`Cm::connect`] (REQ to RTU),
 //! [`Cm::get_request`] (the next REQ on a listened port), [`Cm::accept`],
 //! [`Cm::wait_established`].
+//!
+//! # Progress
+//! The CM has no thread of its own: it reads the GSI QP, resends and answers only inside
+//! its calls. A lost REP, RTU, DREQ or DREP is made good only while the side that must
+//! resend or answer is in a call, so keep calling [`Cm::poll`] (or a blocking call) while a
+//! connection is being made or ended: the passive side [`Cm::wait_established`] after
+//! [`Cm::accept`] before waiting on the QP, and both sides poll now and then while
+//! connected, so a peer's DREQ is answered.
 
 #![deny(unsafe_code)]
 

@@ -769,3 +769,26 @@ fn our_req_is_the_kernels_and_a_real_rep_connects_us() {
     want[0x18..0x1c].copy_from_slice(&id.0.to_be_bytes());
     assert_eq!(rtu.data[..], want[..]);
 }
+
+/// The RTU is lost and the peer disconnects before our REP is resent: its DREQ shows the
+/// connection was made, so the passive side reports it established, then ended.
+#[test]
+fn dreq_after_a_lost_rtu_reports_established_then_disconnected() {
+    let (mut a, mut b, wa, _wb) = pair();
+    let (mut qa, mut qb) = (FakeQp::new(0x11), FakeQp::new(0x22));
+    b.listen(7471).unwrap();
+    let id = a
+        .start_connect(&qa, dst(7471), &ConnectOptions::default())
+        .unwrap();
+    let Some(CmEvent::Request(req)) = b.poll().unwrap() else {
+        panic!()
+    };
+    let cb = b.accept(&req, &mut qb, &AcceptOptions::default()).unwrap();
+    assert_eq!(a.poll().unwrap(), Some(CmEvent::Reply(id)));
+    wa.drop_next(1); // the RTU
+    a.finish_connect(id, &mut qa).unwrap();
+    a.disconnect(id, &mut qa).unwrap();
+    assert_eq!(b.poll().unwrap(), Some(CmEvent::Established(cb.id)));
+    assert_eq!(b.poll().unwrap(), Some(CmEvent::Disconnected(cb.id)));
+    assert_eq!(a.poll().unwrap(), Some(CmEvent::Disconnected(id)));
+}
