@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Transcribes the `| Byte | Bits | Field |` tables of shared/spec/prm-subset.md into
+"""Transcribes the `| Byte | Bits | Field |` tables of docs/spec/prm-subset.md into
 `layout!` invocations (printed to stdout, one block per table name given on the command line).
 
 Used once to write hw/layout/src/*.rs; kept so a new table can be added the same way:

@@ -628,3 +628,95 @@ fn ud_and_gsi_over_the_host_ip_stack_with_no_mac() {
         assert_eq!((r.mad(), r.grh.sgid), (&[0x5A; 200][..], gb.gid));
     }
 }
+
+#[test]
+fn a_datagram_too_long_for_a_gsi_buffer_is_a_receive_error_and_the_gsi_goes_on() {
+    let (mut a, b) = linked();
+    let mut gb = b.dev.open_gsi(&b.pd, &GsiConfig::default()).unwrap();
+    let ah = ah_to(&a.dev, &b.dev);
+    a.qp.set_qkey(GSI_QKEY).unwrap();
+    a.mr.write(0, &pattern(300, 6)).unwrap();
+    // 300 bytes: more than the 256 a GSI buffer holds behind its GRH.
+    let sge = [Sge::of(&a.mr, 0, 300).unwrap()];
+    send(&mut a, 1, &ah, GSI_QPN, GSI_QKEY, &sge, None);
+    match gsi_event(&mut gb) {
+        GsiEvent::RecvFailed { status } => assert!(
+            matches!(
+                status,
+                WcStatus::Error {
+                    syndrome: CqeSyndrome::LocalLength,
+                    ..
+                }
+            ),
+            "{status}"
+        ),
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(gb.counters().recv_errors, 1);
+    // The buffer went back: MADs keep arriving (more than the receive depth of them).
+    let depth = GsiConfig::default().recv_depth;
+    let sge = [Sge::of(&a.mr, 0, 256).unwrap()];
+    for k in 0..depth + 3 {
+        send(&mut a, 2 + u64::from(k), &ah, GSI_QPN, GSI_QKEY, &sge, None);
+        let GsiEvent::Received(m) = gsi_event(&mut gb) else {
+            panic!("not a MAD")
+        };
+        assert_eq!(m.mad(), &pattern(300, 6)[..256]);
+    }
+    assert_eq!(gb.counters().received, u64::from(depth + 3));
+}
+
+#[test]
+fn port_facts_list_gid_types_pkeys_and_the_qkey_violation_counter() {
+    let (dev, _m) = uhca_tests::device();
+    let s = dev.summary().unwrap();
+    let p = &s.ports[0];
+    assert_eq!((p.pkey_table_size, &p.pkeys[..]), (128, &[(0, 0xFFFF)][..]));
+    assert_eq!(dev.pkey_table().unwrap().len(), 128);
+    assert_eq!(p.qkey_violations, 0);
+    assert!(!p.gids.is_empty());
+    for g in &p.gids {
+        assert_eq!(g.type_name(), "RoCE v2");
+        let v4 = g.network == uhca::info::GidNetwork::Ipv4;
+        assert_eq!(v4, g.gid.is_ipv4_mapped(), "{g:?}");
+        assert_eq!(g.mac, p.mac);
+    }
+    assert_eq!(p.gids, dev.gid_table().unwrap());
+    assert_eq!(dev.active_mtu().unwrap(), p.active_mtu);
+}
+
+#[test]
+fn a_restarted_gsi_takes_and_sends_mads_again() {
+    let (ma, mb) = (model(0x0A), model(0x0B));
+    Hca::link_pair_with(ma.hca(), mb.hca(), Default::default()).unwrap();
+    let a = Device::open(ma, config()).unwrap();
+    let b = Device::open(mb, config()).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let mut ga = a.open_gsi(&pa, &GsiConfig::default()).unwrap();
+    let mut gb = b.open_gsi(&pb, &GsiConfig::default()).unwrap();
+    let ah = ah_to(&a, &b);
+    ga.send(&ah, &[1; 256], 1).unwrap();
+    // Restarted with that send outstanding or done: at most its tag comes back.
+    let lost = ga.restart().unwrap();
+    assert!(lost.is_empty() || lost == [1], "{lost:?}");
+    assert_eq!(ga.qp().state(), QpState::Rts);
+    // b restarts twice, with its receives posted and maybe the first MAD waiting.
+    assert!(gb.restart().unwrap().is_empty());
+    assert!(gb.restart().unwrap().is_empty());
+    ga.send(&ah, &[2; 256], 2).unwrap();
+    loop {
+        match gsi_event(&mut gb) {
+            GsiEvent::Received(m) if m.mad() == [2; 256] => break,
+            GsiEvent::Received(m) => assert_eq!(m.mad(), &[1; 256][..]),
+            e => panic!("{e:?}"),
+        }
+    }
+    let back = ah_to(&b, &a);
+    gb.send(&back, &[3; 100], 3).unwrap();
+    loop {
+        if let GsiEvent::Received(m) = gsi_event(&mut ga) {
+            assert_eq!(m.mad(), &[3; 100][..]);
+            break;
+        }
+    }
+}

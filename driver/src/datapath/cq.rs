@@ -367,6 +367,7 @@ impl CqRing {
     }
 
     /// Refreshes the QP cache if QPs were added or removed (one atomic load per poll).
+    #[cfg(any(test, feature = "testing"))]
     #[inline]
     pub(crate) fn refresh(&mut self) {
         self.qps.refresh(self.ring.view(), self.ci);
@@ -660,10 +661,9 @@ impl<'a> Poll<'a> {
             tail,
             head: sh.send_head(),
             key: hot.key,
-            // Hidden from the optimizer (`black_box`, ~4 instructions per batch): as a
-            // known constant, the polling loop copied it between registers on every CQE
-            // (~3 instructions per CQE in `poll_16_cqes`, with the register shuffles);
-            // as an unknown value it stays in one register.
+            // Hidden from the optimizer (`black_box`): as an unknown value it stays in one
+            // register instead of being copied on every CQE (docs/performance.md,
+            // "Instruction counts").
             mask: std::hint::black_box(FAST_MASK),
             slots: sh.send_slots(),
             sh,
@@ -722,9 +722,7 @@ impl Iterator for Poll<'_> {
     /// out first. An entry not yet written on this pass fails the same compare in the
     /// owner bit (the key always has the pass's), and ends the batch without more loads.
     ///
-    /// Cost (`cargo bench -p uhca --bench datapath`, x86-64): 21 instructions per CQE on
-    /// the fast path, ~24 with the benchmark loop's share (`poll_16_cqes` 462 less
-    /// `poll_empty` 73, over 16); ~73 per batch (setup, the empty entry, the CI update).
+    /// Its cost per CQE and per batch: docs/performance.md, "Instruction counts".
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let ci = self.ci;

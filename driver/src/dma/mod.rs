@@ -14,7 +14,7 @@
 //!   RLIMIT_MEMLOCK accounting of pinned memory ([`PinCharge`], [`MemlockPolicy`]).
 //!
 //! Dependencies: this replaces `hugepage-rs` (no fd, no 1 GiB pages, panics when
-//! `/proc/meminfo` lacks a line; see shared/spec/dependencies.md §1.7) and needs no
+//! `/proc/meminfo` lacks a line; see docs/spec/dependencies.md §1.7) and needs no
 //! `memoffset` (`core::mem::offset_of!` is in core). `libc` gives every call we need.
 
 mod iova;

@@ -2,7 +2,7 @@
 //! (`uhca-hw`, which re-exports this crate as `uhca_hw::layout`). Dependency-free and safe.
 //!
 //! Every structure the device reads or writes is big-endian and described in
-//! `shared/spec/prm-subset.md` as rows of `(byte offset of the BE32 word, bit range)`.
+//! `docs/spec/prm-subset.md` as rows of `(byte offset of the BE32 word, bit range)`.
 //! The [`layout!`](crate::layout!) macro turns such a table into a typed view:
 //!
 //! ```

@@ -1,6 +1,6 @@
 //! SEND with immediate data into a posted receive, and an inline SEND, on the model HCA.
 //!
-//! `cargo run -p uhca --example send_recv`
+//! `cargo run -p uhca-examples --example send_recv`
 
 use uhca::Device;
 use uhca::datapath::{Sge, WcOpcode};

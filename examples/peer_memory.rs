@@ -1,7 +1,7 @@
 //! Peer memory: RDMA WRITE straight into a (model) GPU's BAR through a dma-buf the GPU
 //! exported, then revocation (the GPU resets) and re-registration.
 //!
-//! `cargo run -p uhca --example peer_memory`
+//! `cargo run -p uhca-examples --example peer_memory`
 //!
 //! The GPU is the model GPU (`uhca::pci::gpu`), not GPU hardware; with a GPU bound to
 //! vfio-pci on Linux 6.19+, `PeerDevice::new` takes its `VfioFunction` instead.

@@ -1,6 +1,6 @@
 //! RDMA WRITE, then RDMA READ back, between two QPs on the built-in model HCA (loopback).
 //!
-//! `cargo run -p uhca --example rdma_write`
+//! `cargo run -p uhca-examples --example rdma_write`
 
 use uhca::Device;
 use uhca::datapath::{Remote, Sge, WcOpcode};

@@ -1,7 +1,7 @@
 //! A 64-byte counting semaphore in device memory (MEMIC): peers increment it with remote
 //! fetch-and-add, and its owner reads it back with RDMA READ.
 //!
-//! `cargo run -p uhca --example dm_semaphore`
+//! `cargo run -p uhca-examples --example dm_semaphore`
 
 use uhca::Device;
 use uhca::datapath::{Remote, Sge};

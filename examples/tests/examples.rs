@@ -1,10 +1,10 @@
 //! The examples double as smoke tests: each one's `main` runs here on the model HCA.
 
-#[path = "../examples/dm_semaphore.rs"]
+#[path = "../dm_semaphore.rs"]
 mod dm_semaphore;
-#[path = "../examples/rdma_write.rs"]
+#[path = "../rdma_write.rs"]
 mod rdma_write;
-#[path = "../examples/send_recv.rs"]
+#[path = "../send_recv.rs"]
 mod send_recv;
 
 #[test]
@@ -22,7 +22,7 @@ fn example_dm_semaphore() {
     dm_semaphore::main().unwrap();
 }
 
-#[path = "../examples/peer_memory.rs"]
+#[path = "../peer_memory.rs"]
 mod peer_memory;
 
 #[test]
