@@ -66,7 +66,10 @@ pub(crate) fn boot(
         .cmd_timeout
         .unwrap_or(Duration::from_millis(exec_to) + Duration::from_secs(1));
     // §4 step 1: program the queue address, then wait for `initializing` = 0 again.
-    let dma = DmaSpace::new(function.clone());
+    // Every DMA region from here on (command queue, mailboxes, firmware pages, queues) is
+    // charged against RLIMIT_MEMLOCK under the configured policy, as registrations are.
+    let memlock = config.memlock.for_function(function.pins_dma_memory());
+    let dma = DmaSpace::with_memlock(function.clone(), memlock);
     let cmd = CmdIf::new(
         bar.clone(),
         &dma,
