@@ -15,6 +15,8 @@
 //! - [`datapath`]: the hot path: WQE building, send rings, doorbells and BlueFlame, CQ
 //!   polling; no locks, allocation or system call per operation.
 //! - [`resource`]: PDs, UARs, EQs, MRs, device memory (MEMIC), CQs and RC QPs.
+//! - [`cm`]: the RDMA connection manager over RoCEv2 (MADs on QP1; `connect(ip, port)`,
+//!   `listen(port)`), as librdmacm's rdma_cm speaks it.
 //! - [`peer`]: peer memory (dma-bufs of another device's BAR): clients, registration,
 //!   revocation.
 //! - `cuda` (feature `gpu`): the CUDA client for peer memory: GPU memory exported as a
@@ -42,6 +44,7 @@
 
 pub mod barrier;
 mod boot;
+pub mod cm;
 pub mod cmd;
 #[cfg(feature = "gpu")]
 #[allow(unsafe_code)]

@@ -18,6 +18,7 @@ pub mod progress;
 mod pt_run;
 pub mod remote;
 mod stream;
+pub mod ud;
 
 pub use placement::{GpuPlacement, GpuReg, GpuSource};
 pub use pt_run::{PtOptions, peer_mac, report_of, result_of};

@@ -195,7 +195,8 @@ struct Args {
     /// (t_typical, µs) for latency tests.
     #[arg(long = "output", value_enum)]
     output: Option<Output>,
-    /// Connection type: RC, the only one uhca has.
+    /// Connection type: RC, or UD (send_bw and send_lat, both ends in this process;
+    /// messages up to the MTU).
     #[arg(short = 'c', long = "connection", default_value = "RC")]
     connection: String,
     /// Port of the device: 1, the only one.
@@ -266,6 +267,11 @@ struct Args {
 
 impl Args {
     /// Which end this process is in a client/server run; `None` when both ends are here.
+    /// `-c UD`.
+    fn ud(&self) -> bool {
+        self.connection.eq_ignore_ascii_case("UD")
+    }
+
     fn role(&self) -> Option<Role> {
         let remote = self.host.is_some()
             || self.port.is_some()
@@ -497,9 +503,9 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             a.tx_depth
         ));
     }
-    if !a.connection.eq_ignore_ascii_case("RC") {
+    if !a.connection.eq_ignore_ascii_case("RC") && !a.ud() {
         return Err(format!(
-            "-c {}: uhca has RC queue pairs only (no UC, UD, XRC, DC or SRD)",
+            "-c {}: uhca has RC and UD queue pairs (no UC, XRC, DC or SRD)",
             a.connection
         ));
     }
@@ -565,6 +571,13 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             "--check checks what a perftest peer's messages left: a client or server run".into(),
         );
     }
+    let mut sizes = sizes;
+    if a.ud() {
+        if gpu.is_some() {
+            return Err("-c UD: buffers in host memory only (no --use_cuda)".into());
+        }
+        ud_checks(a, &mut sizes, 128 << mtu as u32)?;
+    }
     Ok((
         sizes,
         Settings {
@@ -587,6 +600,26 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             qp_timeout: a.qp_timeout,
         },
     ))
+}
+
+/// What `-c UD` runs: send_bw and send_lat with both ends in this process, one QP each,
+/// messages up to the MTU (`-a`: the sizes up to it, as perftest runs UD).
+fn ud_checks(a: &Args, sizes: &mut Vec<usize>, mtu: usize) -> Result<(), String> {
+    if !matches!(a.mode, Mode::send_bw | Mode::send_lat) {
+        return Err(format!(
+            "-c UD: {} needs a connected QP (UD has send_bw and send_lat)",
+            a.mode_name()
+        ));
+    }
+    if a.role().is_some() {
+        return Err(
+            "-c UD: both ends in this process only (no server, client or device flags)".into(),
+        );
+    }
+    if a.qps != 1 || a.bidirectional || a.events || a.use_dm || a.post_list.is_some() {
+        return Err("-c UD: one QP, no -b, -e, -l or --use_dm".into());
+    }
+    perf::ud::check_sizes(sizes, a.all, mtu)
 }
 
 /// What a client/server run cannot do.
@@ -835,7 +868,41 @@ fn drive(a: &Args, bench: &mut Bench, sizes: &[usize]) -> Result<(), String> {
     Ok(())
 }
 
+/// `-c UD`: both ends here ([`perf::ud`]).
+fn run_ud(a: &Args) -> Result<(), String> {
+    let (sizes, s) = validate(a)?;
+    let max = *sizes.iter().max().expect("at least one size");
+    let mut bench = perf::ud::UdBench::new(&s, max, a.pair).map_err(|e| e.to_string())?;
+    if let Some(x) = a.gid_index {
+        perf::check_gid_index(bench.device(), x)?;
+    }
+    if a.output.is_none() {
+        println!("{LINE}");
+        println!("{}", bench.header(a.mode.title(), a.mode.is_bw(), a.pair));
+        println!("{LINE}");
+    }
+    let p = progress(&sizes, &s);
+    if a.mode.is_bw() {
+        bw_columns(a);
+        for (k, &size) in sizes.iter().enumerate() {
+            p.start(k, size);
+            bw_line(a, &bench.bandwidth(size).map_err(|e| e.to_string())?);
+        }
+    } else {
+        lat_columns(a);
+        for (k, &size) in sizes.iter().enumerate() {
+            p.start(k, size);
+            lat_line(a, &bench.latency(size).map_err(|e| e.to_string())?);
+        }
+    }
+    closing(a);
+    Ok(())
+}
+
 fn run(a: &Args) -> Result<(), String> {
+    if a.ud() {
+        return run_ud(a);
+    }
     match a.role() {
         None => {
             let (sizes, settings) = validate(a)?;
@@ -1116,6 +1183,34 @@ mod tests {
         assert_eq!(inline_of(&["uhca-perf", "read_lat"]), 0);
         let a = Args::try_parse_from(["uhca-perf", "write_lat", "-I", "221"]).unwrap();
         assert!(validate(&a).is_err());
+    }
+
+    #[test]
+    fn ud_runs_send_tests_here_up_to_the_mtu() {
+        let check = |v: &[&str]| validate(&Args::try_parse_from(v).unwrap());
+        let (sizes, s) = check(&["uhca-perf", "send_lat", "-c", "UD"]).unwrap();
+        assert_eq!((sizes, s.qps), (vec![2], 1));
+        let (sizes, _) = check(&["uhca-perf", "send_bw", "-c", "ud", "-a", "-m", "2048"]).unwrap();
+        assert_eq!(sizes, (1..=11).map(|k| 1usize << k).collect::<Vec<_>>());
+        for bad in [
+            &[
+                "uhca-perf",
+                "send_bw",
+                "-c",
+                "UD",
+                "-s",
+                "4096",
+                "-m",
+                "1024",
+            ][..],
+            &["uhca-perf", "write_bw", "-c", "UD"],
+            &["uhca-perf", "send_bw", "-c", "UD", "-q", "2"],
+            &["uhca-perf", "send_bw", "-c", "UD", "-b"],
+            &["uhca-perf", "send_bw", "-c", "UD", "--vfio-user", "s", "h"],
+            &["uhca-perf", "send_bw", "-c", "UC"],
+        ] {
+            assert!(check(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

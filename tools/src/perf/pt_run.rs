@@ -36,7 +36,7 @@ pub struct PtOptions {
     pub gid_index: Option<u8>,
     /// Reports in Gb/s (`--report_gbits`), else MiB/s: the unit of the report's figures.
     pub gbits: bool,
-    /// `--check`: the buffers hold the pattern ([`pattern_byte`]) where this end's bytes
+    /// `--check`: the buffers hold the pattern (`pattern_byte` in this module) where this end's bytes
     /// come from, zeros where the peer's land, before the first keys go out (the peer may
     /// start its traffic as soon as it has them); [`Bench::pt_check`] looks afterwards.
     pub check: bool,

@@ -495,3 +495,70 @@ fn statuses_read_as_ibv_wc_status_str() {
         "general error (syndrome 0x33)"
     );
 }
+
+#[test]
+fn datagram_receives_tell_their_sender_and_connected_ones_do_not() {
+    use crate::datapath::sq::{RecvRing, RqMem, WqKind};
+    use uhca_layout::uar::QP_DBR_RCV;
+    let f = ModelFunction::with_defaults().unwrap();
+    let space = DmaSpace::new(f);
+    let rq_size = RingSize::new(4, 15).unwrap();
+    let one = RingSize::new(1, 15).unwrap();
+    let reg = Arc::new(QpRegistry::default());
+    let kinds = [(5, WqKind::Ud), (6, WqKind::Gsi), (7, WqKind::Connected)];
+    let mut rings = Vec::new();
+    for (qpn, kind) in kinds {
+        let sh = Arc::new(WqShadow::new(qpn, one, rq_size).with_kind(kind));
+        reg.add(&sh);
+        let buf = Arc::new(space.alloc(4096).unwrap());
+        let mem = RqMem::new(buf.clone(), 0, rq_size.log()).unwrap();
+        let dbr = crate::datapath::sq::tests::record(&buf, 1024 + QP_DBR_RCV);
+        let mut rq = RecvRing::new(mem, dbr, rq_size, 4);
+        rq.post(&sh, 100 + u64::from(qpn), &[Sge::default()])
+            .unwrap();
+        rings.push((sh, rq));
+    }
+    let mut ring = CqRing::new(Arc::new(space.alloc(4096).unwrap()), rq_size, 256, reg).unwrap();
+    ring.refresh();
+    // flags_rqpn: g = 1 ([29:28]), RoCE header type IPv4 (2, [25:24]), source QP 0x123456.
+    let sender = |e: &mut [u8]| {
+        e[0x18..0x1c].copy_from_slice(&(1u32 << 28 | 2 << 24 | 0x12_3456).to_be_bytes());
+        e[0x24..0x28].copy_from_slice(&0xFFFFu32.to_be_bytes());
+        e[0x2c..0x30].copy_from_slice(&(40u32 + 256).to_be_bytes());
+    };
+    let region = ring.region().clone();
+    write_cqe(&region, 0, CqeOpcode::RespSend, 5, 0, sender);
+    write_cqe(&region, 1, CqeOpcode::RespSend, 6, 0, sender);
+    write_cqe(&region, 2, CqeOpcode::RespSend, 7, 0, sender);
+    let got: Vec<Completion> = Poll::new(&mut ring).map(|c| c.unwrap()).collect();
+    assert_eq!(got.len(), 3);
+    let ud = got[0].datagram.expect("UD: the sender");
+    assert_eq!(
+        (ud.src_qp, ud.grh, ud.net, ud.pkey),
+        (0x12_3456, true, NetHeader::Ipv4, None)
+    );
+    assert_eq!(
+        (got[0].wr_id, got[0].byte_len, got[0].imm),
+        (105, 296, None)
+    );
+    let gsi = got[1].datagram.expect("GSI: the sender");
+    assert_eq!(gsi.pkey, Some(0xFFFF), "the GSI QP's CQE carries the P_Key");
+    assert_eq!(
+        got[2].datagram, None,
+        "a connected QP's receive has no datagram"
+    );
+    // With immediate data, the word is the immediate, not a P_Key; an error has no sender.
+    for (k, id) in [(1, 7), (0, 8)] {
+        let (sh, rq) = &mut rings[k];
+        rq.post(sh, id, &[Sge::default()]).unwrap();
+    }
+    write_cqe(&region, 3, CqeOpcode::RespSendImm, 6, 1, sender);
+    write_cqe(&region, 4, CqeOpcode::RespErr, 5, 1, |e| {
+        e[0x37] = u8::from(CqeSyndrome::LocalLength);
+    });
+    let got: Vec<Completion> = Poll::new(&mut ring).map(|c| c.unwrap()).collect();
+    assert_eq!(got[0].imm, Some(0xFFFF));
+    assert_eq!(got[0].datagram.unwrap().pkey, None);
+    assert!(!got[1].status.is_ok());
+    assert_eq!(got[1].datagram, None);
+}
