@@ -2,7 +2,7 @@
 # Builds (once) a small x86_64 guest kernel from Debian's linux-source-7.3 (trixie-backports)
 # with tinyconfig + iommufd.config: VFIO (legacy container and device cdev), IOMMUFD, VT-d,
 # PCI P2PDMA and the VFIO dma-buf export (CONFIG_VFIO_PCI_DMABUF) built in; no Debian kernel
-# enables CONFIG_IOMMUFD (docs/spec/qemu-vfio.md §6.B). One kernel serves the edu and vfio-user tests
+# enables CONFIG_IOMMUFD (docs/spec/vm-kernel.md). One kernel serves the edu and vfio-user tests
 # in iommufd mode and the P2P test. Cached under $UHCA_VM_CACHE (default /var/cache/uhca-vm)/
 # iommufd-<hash of the fragment and this script>; the first build takes 10-20 min on 2 cores
 # (run under nice). Prints the bzImage path on stdout (logs go to stderr). Root on Debian.
