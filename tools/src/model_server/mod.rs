@@ -40,6 +40,7 @@
 mod doorman;
 mod gpu;
 mod host;
+pub mod vfu;
 
 pub use gpu::GpuServer;
 
@@ -98,6 +99,9 @@ pub enum ServerError {
     /// The vfio-user transport failed (bind, accept, a broken message).
     #[error("vfio-user: {0}")]
     VfioUser(#[source] vfio_user::Error),
+    /// uhca's own loop ended a session on a broken message or socket.
+    #[error(transparent)]
+    Own(#[from] vfu::VfuError),
     /// A client's message made the vfio-user server code panic (see
     /// [`ModelServer::serve_one`]); the session ended, the server goes on.
     #[error("vfio-user: the client's message broke the session: {0}")]
@@ -122,6 +126,33 @@ pub struct ModelServer {
     listener: UnixListener,
     device: ModelDevice,
     path: PathBuf,
+    /// Which loop serves sessions.
+    server_loop: ServerLoop,
+    /// The regions and interrupt indexes, for [`ServerLoop::Own`].
+    regions: Vec<ServerRegion>,
+    irqs: Vec<IrqInfo>,
+}
+
+/// Which vfio-user server loop serves the sessions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ServerLoop {
+    /// The rust-vmm `vfio_user` crate's server (0.1.7).
+    #[default]
+    Crate,
+    /// uhca's own loop ([`vfu`]): bounded sizes, error replies instead of panics.
+    Own,
+}
+
+impl ServerLoop {
+    /// The loop named by the environment variable `UHCA_MODEL_SERVER_LOOP` (`own` or
+    /// `crate`), else the default.
+    pub fn from_env() -> ServerLoop {
+        match std::env::var("UHCA_MODEL_SERVER_LOOP").as_deref() {
+            Ok("own") => ServerLoop::Own,
+            Ok("crate") => ServerLoop::Crate,
+            _ => ServerLoop::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for ModelServer {
@@ -161,19 +192,24 @@ impl ModelServer {
             path: path.into(),
             source,
         })?;
-        let server = vfio_user::Server::from_owned_fd(
-            dup.into(),
-            true,
-            irq_table(&hca),
-            region_table(&hca, trapped_uars),
-        );
+        let (irqs, regions) = (irq_table(&hca), region_table(&hca, trapped_uars));
+        let server =
+            vfio_user::Server::from_owned_fd(dup.into(), true, irqs.clone(), regions.clone());
         tracing::info!(socket = %path.display(), name = %hca.config().name, "vfio-user server listening");
         Ok(ModelServer {
             server,
             listener,
             device: ModelDevice::new(hca),
             path: path.to_path_buf(),
+            server_loop: ServerLoop::from_env(),
+            regions,
+            irqs,
         })
+    }
+
+    /// Chooses the loop that serves the next sessions.
+    pub fn set_server_loop(&mut self, l: ServerLoop) {
+        self.server_loop = l;
     }
 
     /// The model being served.
@@ -210,13 +246,20 @@ impl ModelServer {
             })?;
         self.device.session = Some(opener);
         self.device.touched = false;
-        let (server, device) = (&self.server, &mut self.device);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.run(device)));
+        let r = match self.server_loop {
+            ServerLoop::Crate => {
+                let (server, device) = (&self.server, &mut self.device);
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    server.run(device).map_err(ServerError::VfioUser)
+                }))
+            }
+            ServerLoop::Own => Ok(self.serve_own()),
+        };
         doorman.stop();
         self.device.session = None;
         let touched = self.device.touched;
         let r = match r {
-            Ok(r) => r.map_err(ServerError::VfioUser).map(|()| {
+            Ok(r) => r.map(|()| {
                 if touched {
                     Session::Served
                 } else {
@@ -237,6 +280,23 @@ impl ModelServer {
         }
         self.device.release_client();
         r
+    }
+}
+
+impl ModelServer {
+    /// One session of [`ServerLoop::Own`].
+    fn serve_own(&mut self) -> Result<(), ServerError> {
+        let (mut stream, _) = self.listener.accept().map_err(|source| ServerError::Os {
+            what: "accept on",
+            path: self.path.clone(),
+            source,
+        })?;
+        let dev = vfu::Device {
+            resettable: true,
+            regions: &self.regions,
+            irqs: &self.irqs,
+        };
+        vfu::serve(&mut stream, &dev, &mut self.device).map_err(ServerError::Own)
     }
 }
 
