@@ -16,10 +16,15 @@
 
 #![allow(unsafe_code)]
 
+mod dma;
+
+pub use dma::{DMA_READ, DMA_WRITE, DmaMsgError, DmaPort};
+
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
 use uhca::pci::vfio_user::proto::{
     Command, DEVICE_FLAGS_PCI, DEVICE_FLAGS_RESET, FLAG_ERROR, FLAG_REPLY, HEADER_LEN, Header,
@@ -81,11 +86,38 @@ fn errno_of(e: &io::Error) -> u32 {
     e.raw_os_error().map_or(libc::EINVAL as u32, |n| n as u32)
 }
 
+/// How long a server-initiated request waits for its reply by default.
+pub const DMA_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Serves `stream` until the client closes it (Ok) or breaks the protocol (Err).
 pub fn serve(
     stream: &mut UnixStream,
     dev: &Device<'_>,
     backend: &mut dyn ServerBackend,
+) -> Result<(), VfuError> {
+    let port = DmaPort::new(stream, DMA_TIMEOUT)?;
+    serve_port(stream, dev, backend, &port)
+}
+
+/// [`serve`], writing through `port` (made for `stream`), so that other threads can send
+/// DMA_READ/DMA_WRITE requests on the session while it is served: the client's replies to
+/// them are handed to `port`. When the session ends, `port` is closed.
+pub fn serve_port(
+    stream: &mut UnixStream,
+    dev: &Device<'_>,
+    backend: &mut dyn ServerBackend,
+    port: &DmaPort,
+) -> Result<(), VfuError> {
+    let r = serve_loop(stream, dev, backend, port);
+    port.close();
+    r
+}
+
+fn serve_loop(
+    stream: &mut UnixStream,
+    dev: &Device<'_>,
+    backend: &mut dyn ServerBackend,
+    port: &DmaPort,
 ) -> Result<(), VfuError> {
     loop {
         let mut hb = [0u8; HEADER_LEN];
@@ -117,14 +149,28 @@ pub fn serve(
                 "message size {size} outside {HEADER_LEN}..={MAX_MESSAGE}"
             )));
         }
-        if h.flags & 0xf != 0 {
+        let kind = h.flags & 0xf;
+        if kind > FLAG_REPLY {
             return Err(VfuError::Protocol(format!(
-                "unexpected message type {:#x} from the client",
-                h.flags & 0xf
+                "unexpected message type {kind:#x} from the client"
             )));
         }
         let mut body = vec![0u8; size - HEADER_LEN];
         stream.read_exact(&mut body)?;
+        if kind == FLAG_REPLY {
+            // A reply to one of our DMA_READ/DMA_WRITE requests (one that timed out is
+            // dropped).
+            if !port.deliver(h, body) {
+                tracing::debug!(id = h.id, command = h.command, "reply nobody waits for");
+            }
+            continue;
+        }
+        if let Some(n) = (h.command == Command::Version as u16)
+            .then(|| client_max_xfer(&body))
+            .flatten()
+        {
+            port.set_max_xfer(n);
+        }
         let out = handle(dev, backend, h.command, &body, fds);
         if h.flags & FLAG_NO_REPLY != 0 {
             continue;
@@ -146,14 +192,30 @@ pub fn serve(
         let mut msg = Vec::with_capacity(HEADER_LEN + payload.len());
         msg.extend_from_slice(&reply.emit());
         msg.extend_from_slice(&payload);
-        let sent = match fd {
-            Some(fd) => stream
-                .send_with_fds(&[&msg[..]], &[fd])
-                .map_err(|e| VfuError::Io(e.into()))?,
-            None => 0,
-        };
-        stream.write_all(&msg[sent..])?;
+        match fd {
+            Some(fd) => port.send_fd(&msg, fd)?,
+            None => port.send(&msg)?,
+        }
     }
+}
+
+/// The `max_data_xfer_size` of a client's VERSION capabilities (JSON after the 4 version
+/// bytes), if it names one.
+fn client_max_xfer(body: &[u8]) -> Option<usize> {
+    let caps = std::str::from_utf8(body.get(4..)?).ok()?;
+    let key = "\"max_data_xfer_size\"";
+    let rest = caps[caps.find(key)? + key.len()..].trim_start();
+    let digits: String = rest
+        .strip_prefix(':')?
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .take(20)
+        .collect();
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| usize::try_from(n).ok())
 }
 
 fn need(body: &[u8], n: usize) -> Result<(), u32> {
@@ -325,6 +387,7 @@ fn region_info(r: &ServerRegion, argsz: usize) -> (Vec<u8>, Option<RawFd>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
     use vfio_bindings::bindings::vfio::{vfio_region_info, vfio_region_sparse_mmap_area};
     use vfio_user::SparseArea;
 
@@ -478,5 +541,108 @@ mod tests {
         let (r, written) = t.join().unwrap();
         assert!(matches!(r, Err(VfuError::Protocol(_))), "{r:?}");
         assert_eq!(written, vec![1, 2]);
+    }
+
+    /// Server-initiated DMA: requests with their own ids, chunked by the client's
+    /// `max_data_xfer_size`, replies matched while the loop serves the client's own
+    /// requests; an unanswered request times out with a typed error, and once the session
+    /// ends every request fails as closed.
+    #[test]
+    fn server_dma_requests_are_chunked_matched_and_bounded() {
+        let (mut client, mut server) = UnixStream::pair().unwrap();
+        let port = std::sync::Arc::new(
+            DmaPort::new(&server, std::time::Duration::from_millis(300)).unwrap(),
+        );
+        let p2 = port.clone();
+        let t = std::thread::spawn(move || {
+            let dev = Device {
+                resettable: true,
+                regions: &[],
+                irqs: &[],
+            };
+            serve_port(&mut server, &dev, &mut Echo::default(), &p2)
+        });
+        let caps = b"{\"capabilities\":{\"max_data_xfer_size\": 4096}}\0";
+        let v = Payload::default().u16(0).u16(1).bytes(caps).0;
+        client.write_all(&msg(1, 1, &v, None)).unwrap();
+        assert_eq!(reply(&mut client).0.flags, FLAG_REPLY);
+        // 10000 bytes to write: three requests of 4096, 4096 and 1808 bytes.
+        let p3 = port.clone();
+        let data: Vec<u8> = (0..10000u32).map(|i| i as u8).collect();
+        let d2 = data.clone();
+        let w = std::thread::spawn(move || p3.write(0x1_0000, &d2));
+        let mut got = Vec::new();
+        let mut ids = Vec::new();
+        for k in 0..3u64 {
+            let (h, b) = reply(&mut client);
+            assert_eq!((h.command, h.flags), (DMA_WRITE, 0));
+            assert_eq!(le64(&b, 0), 0x1_0000 + 4096 * k);
+            let n = le64(&b, 8) as usize;
+            assert_eq!(b.len(), 16 + n);
+            got.extend_from_slice(&b[16..]);
+            ids.push(h.id);
+            // The client's own request in the middle is served before the DMA reply.
+            let rr = Payload::default().u64(0).u32(0).u32(4).0;
+            client
+                .write_all(&msg(100 + k as u16, 9, &rr, None))
+                .unwrap();
+            let (rh, rb) = reply(&mut client);
+            assert_eq!((rh.id, &rb[16..]), (100 + k as u16, &[0xab; 4][..]));
+            let ans = Header {
+                id: h.id,
+                command: DMA_WRITE,
+                size: (HEADER_LEN + 16) as u32,
+                flags: FLAG_REPLY,
+                error: 0,
+            };
+            let mut m = ans.emit().to_vec();
+            m.extend_from_slice(&b[..16]);
+            client.write_all(&m).unwrap();
+        }
+        w.join().unwrap().unwrap();
+        assert_eq!(got, data);
+        ids.dedup();
+        assert_eq!(ids.len(), 3, "each request has its own id");
+        // A read the client refuses, then one it never answers.
+        let p4 = port.clone();
+        let r = std::thread::spawn(move || {
+            let mut buf = [0u8; 8];
+            (p4.read(0x2000, &mut buf), p4.read(0x3000, &mut buf))
+        });
+        let (h, _) = reply(&mut client);
+        assert_eq!(h.command, DMA_READ);
+        let ans = Header {
+            id: h.id,
+            command: DMA_READ,
+            size: HEADER_LEN as u32,
+            flags: FLAG_REPLY | FLAG_ERROR,
+            error: libc::EFAULT as u32,
+        };
+        client.write_all(&ans.emit()).unwrap();
+        let (h, _) = reply(&mut client); // the second read: left unanswered
+        assert_eq!(h.command, DMA_READ);
+        let (refused, silent) = r.join().unwrap();
+        assert!(
+            matches!(refused, Err(DmaMsgError::Refused { errno, .. }) if errno == libc::EFAULT as u32)
+        );
+        assert!(matches!(
+            silent,
+            Err(DmaMsgError::Timeout {
+                address: 0x3000,
+                ..
+            })
+        ));
+        // A late reply to the timed-out request is dropped; the session goes on.
+        let late = Header {
+            id: h.id,
+            command: DMA_READ,
+            size: HEADER_LEN as u32,
+            flags: FLAG_REPLY | FLAG_ERROR,
+            error: 5,
+        };
+        client.write_all(&late.emit()).unwrap();
+        drop(client);
+        t.join().unwrap().unwrap();
+        assert_eq!(port.write(0, &[1]), Err(DmaMsgError::Closed));
     }
 }
