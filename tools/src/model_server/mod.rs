@@ -1,8 +1,9 @@
 //! The model HCA as a PCI device over vfio-user (feature `vfio-user`): what the
 //! `uhca-model` binary runs.
 //!
-//! A [`ModelServer`] owns one [`Hca`] and serves it on a UNIX socket with the rust-vmm
-//! `vfio_user` crate's [`vfio_user::Server`], to uhca's vfio-user backend
+//! A [`ModelServer`] owns one [`Hca`] and serves it on a UNIX socket with uhca's
+//! own vfio-user loop ([`vfu`]; the rust-vmm `vfio_user` crate's [`vfio_user::Server`] with
+//! `UHCA_MODEL_SERVER_LOOP=crate`), to uhca's vfio-user backend
 //! (`uhca::pci::vfio_user`) or to QEMU's `vfio-user-pci` (qemu-vfio.md §3, §6.C). What the
 //! client sees:
 //! - **Config space** (region 7, 4 KiB): the model's ([`Hca::config_read`] /
@@ -26,11 +27,12 @@
 //! - **DMA**: DMA_MAP with a file (memfd, hugetlbfs) is mapped here and handed to the model
 //!   IOMMU ([`Hca::dma_map`]); DMA_UNMAP removes it from the IOMMU (which waits for
 //!   in-flight device accesses) and then unmaps it. A DMA_MAP without a file is accepted
-//!   (QEMU sends them for ROM and VGA memory) but not DMA-able: the `vfio_user` crate has no
-//!   DMA_READ/DMA_WRITE messages, so a device access there faults in the model IOMMU.
+//!   (QEMU sends them for ROM and VGA memory) but not DMA-able yet: [`vfu::DmaPort`] sends DMA_READ/DMA_WRITE
+//!   messages, but the model IOMMU has no mapping kind that uses it, so a device access
+//!   there faults.
 //! - **Reset**: DEVICE_RESET is [`Hca::reset`].
 //!
-//! The crate's server serves one client per [`ModelServer::serve_one`]; between clients
+//! The server serves one client per [`ModelServer::serve_one`]; between clients
 //! every DMA mapping is dropped, every vector disconnected and the model reset, so the next
 //! client finds a power-on device.
 //!
@@ -136,10 +138,13 @@ pub struct ModelServer {
 /// Which vfio-user server loop serves the sessions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ServerLoop {
-    /// The rust-vmm `vfio_user` crate's server (0.1.7).
-    #[default]
+    /// The rust-vmm `vfio_user` crate's server (0.1.7): panics on some malformed messages
+    /// (caught per session), allocates a client's REGION_READ/WRITE count unchecked, cannot
+    /// send DMA_READ/DMA_WRITE. Kept for comparison (`UHCA_MODEL_SERVER_LOOP=crate`).
     Crate,
-    /// uhca's own loop ([`vfu`]): bounded sizes, error replies instead of panics.
+    /// uhca's own loop ([`vfu`]): bounded sizes, error replies instead of panics,
+    /// server-initiated DMA messages. The default.
+    #[default]
     Own,
 }
 
@@ -229,7 +234,7 @@ impl ModelServer {
     /// first message; `doorman`). A connection that never touched the device is
     /// [`Session::Untouched`].
     ///
-    /// The `vfio_user` crate (0.1.7) panics on some malformed messages rather than
+    /// With [`ServerLoop::Crate`]: the `vfio_user` crate (0.1.7) panics on some malformed messages rather than
     /// returning an error: a VERSION whose size is below the VERSION header (the body length
     /// underflows to a huge allocation) or whose capabilities lack their terminating NUL
     /// (`CString::from_vec_with_nul(..).unwrap()`). Any client can send those, so a panic in
