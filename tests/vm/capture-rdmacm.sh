@@ -118,6 +118,6 @@ for i in "${!names[@]}"; do
   for j in $(seq $((i + 1)) $((${#names[@]} - 1))); do
     [ -n "${starts[$j]}" ] && { e=$((starts[j] - 1)); break; }
   done
-  editcap -r "$W/all.pcap" "$OUT/${names[$i]}.pcap" "$s-$e"
+  editcap -F pcap -r "$W/all.pcap" "$OUT/${names[$i]}.pcap" "$s-$e"
   say "${names[$i]}: frames $s-$e -> $OUT/${names[$i]}.pcap"
 done
