@@ -1,0 +1,226 @@
+//! perftest's `-R` (rdma_cm) mode for `uhca-perf -R`: what `ib_write_bw -R` and its siblings
+//! do instead of TCP (`docs/spec/rdma-cm-wire.md` §6, as captured between two real soft-RoCE
+//! ends).
+//!
+//! With `-R` perftest connects two RC QPs by rdma_cm, one after the other, to the same port:
+//! first a control QP that carries perftest's whole out-of-band exchange (version, cycle
+//! buffer, cache line, MTU, keys, reports; each message one SEND, received into a 56-byte
+//! buffer), then the test QPs. [`QpLink`] is the control QP as a [`MsgLink`] for
+//! [`Oob::over`](super::perftest::Oob::over); a [`QpConnector`] connects the test QPs
+//! between two meetings of zeroed keys
+//! ([`Bench::connect_perftest_with`](super::Bench::connect_perftest_with)). The keys' QPNs and
+//! PSNs are then only printed; what the peer uses of them is the buffer's address and rkey.
+
+use std::collections::VecDeque;
+use std::io;
+use std::time::{Duration, Instant};
+
+use uhca::Device;
+use uhca::datapath::{Sge, WcOpcode, WcStatus};
+use uhca::hw::layout::cqe::CqeSyndrome;
+use uhca::resource::{Access, Cq, Local, Mr, Mtu, Pd, Qp, SendFlags, SendOp, SendWr};
+
+use super::PerfError;
+use super::perftest::{KEYS_BIN_LEN, MsgLink};
+
+/// The largest message on the control QP: perftest receives into one
+/// `struct pingpong_dest` (`post_one_recv_wqe`).
+pub const MAX_MSG: usize = KEYS_BIN_LEN;
+
+/// Receives kept posted on the control QP (perftest posts one and reposts it).
+const RECVS: usize = 2;
+
+const WR_SEND: u64 = 1;
+const WR_RECV: u64 = 0x100;
+
+/// Connects this end's test QPs by rdma_cm, as perftest's `create_rdma_cm_connection`: the
+/// client connects each QP to the server's port, the server listens on it and accepts one
+/// connect request per QP. `resources` is the responder resources and initiator depth to
+/// ask for (perftest: its outstanding reads for READ and atomic tests, else 0), `mtu` the
+/// path MTU the two agreed. On return every QP is in RTS.
+pub trait QpConnector {
+    /// Connects `qps`.
+    fn connect(&mut self, qps: &mut [Qp], resources: u8, mtu: Mtu) -> Result<(), PerfError>;
+}
+
+/// perftest's control QP (`-R`): an RC QP connected by rdma_cm whose SENDs carry the
+/// exchange, as a [`MsgLink`].
+pub struct QpLink {
+    qp: Qp,
+    cq: Cq,
+    dev: Device,
+    recv: Mr,
+    send: Mr,
+    /// Receive completions taken while waiting for a send.
+    received: VecDeque<(u64, u32)>,
+    /// Whether the link is gone (a flushed or failed request).
+    broken: bool,
+}
+
+fn reset(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionReset, what.to_owned())
+}
+
+impl QpLink {
+    /// The link on `qp` (connected, in RTS), whose sends and receives complete on `cq`; its
+    /// buffers on `pd`. Posts the receives.
+    pub fn new(dev: &Device, pd: &Pd, qp: Qp, cq: Cq) -> Result<QpLink, PerfError> {
+        let mr = |len, access| {
+            pd.alloc_mr(len, access)
+                .map_err(|e| PerfError::Setup(format!("control QP buffer: {e}")))
+        };
+        let mut l = QpLink {
+            recv: mr(MAX_MSG * RECVS, Access::LOCAL_WRITE)?,
+            send: mr(MAX_MSG, Access::NONE)?,
+            qp,
+            cq,
+            dev: dev.clone(),
+            received: VecDeque::new(),
+            broken: false,
+        };
+        for k in 0..RECVS {
+            l.post_recv(k)
+                .map_err(|e| PerfError::Setup(e.to_string()))?;
+        }
+        Ok(l)
+    }
+
+    /// The QP (to disconnect it).
+    pub fn qp_mut(&mut self) -> &mut Qp {
+        &mut self.qp
+    }
+
+    fn post_recv(&mut self, k: usize) -> io::Result<()> {
+        let sge = Sge::of(&self.recv, k * MAX_MSG, MAX_MSG).expect("in the buffer");
+        self.qp
+            .post_recv(WR_RECV + k as u64, &[sge])
+            .map_err(|e| io::Error::other(format!("posting a receive: {e}")))
+    }
+
+    /// Polls once; receive completions are queued, a send completion returned. An error
+    /// status breaks the link.
+    fn poll(&mut self) -> io::Result<bool> {
+        let mut sent = false;
+        let mut err = None;
+        for c in self.cq.poll() {
+            let c = c.map_err(|e| io::Error::other(format!("bad CQE: {e}")))?;
+            match c.status {
+                WcStatus::Success if c.opcode == WcOpcode::Recv => {
+                    self.received.push_back((c.wr_id, c.byte_len));
+                }
+                WcStatus::Success => sent |= c.wr_id == WR_SEND,
+                WcStatus::Error {
+                    syndrome: CqeSyndrome::WrFlush,
+                    ..
+                } => err = Some(reset("the control QP was disconnected")),
+                s => {
+                    err = Some(io::Error::other(format!(
+                        "a request on the control QP failed: {s:?}"
+                    )))
+                }
+            }
+        }
+        if let Some(e) = err {
+            self.broken = true;
+            return Err(e);
+        }
+        Ok(sent)
+    }
+
+    /// Spins until `done` or `timeout`, with the device's health checked.
+    fn spin(
+        &mut self,
+        timeout: Duration,
+        mut done: impl FnMut(&mut QpLink) -> io::Result<bool>,
+    ) -> io::Result<bool> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if done(self)? {
+                return Ok(true);
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(256) {
+                std::thread::yield_now();
+                self.dev.check_health().map_err(io::Error::other)?;
+                if start.elapsed() >= timeout {
+                    return Ok(false);
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// How long a SEND on the control QP may take to complete (RNR retries included: the peer
+/// may be slow to repost).
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl MsgLink for QpLink {
+    fn send(&mut self, msg: &[u8]) -> io::Result<()> {
+        if self.broken {
+            return Err(reset("the control QP is gone"));
+        }
+        if msg.len() > MAX_MSG {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} bytes: perftest receives at most {MAX_MSG}", msg.len()),
+            ));
+        }
+        self.send
+            .write(0, msg)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let sge = [Sge::of(&self.send, 0, msg.len()).expect("fits")];
+        self.qp
+            .post_send(&SendWr {
+                wr_id: WR_SEND,
+                op: SendOp::Send {
+                    local: Local::Sges(&sge),
+                },
+                flags: SendFlags::SIGNALED,
+            })
+            .map_err(|e| io::Error::other(format!("posting a SEND: {e}")))?;
+        self.qp.ring_doorbell();
+        if self.spin(SEND_TIMEOUT, |l| l.poll())? {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "a SEND on the control QP did not complete",
+            ))
+        }
+    }
+
+    fn recv(&mut self, timeout: Duration) -> io::Result<Option<Vec<u8>>> {
+        if self.received.is_empty() && !self.broken {
+            self.spin(timeout, |l| {
+                l.poll()?;
+                Ok(!l.received.is_empty())
+            })?;
+        }
+        let Some((wr_id, len)) = self.received.pop_front() else {
+            return if self.broken {
+                Err(reset("the control QP is gone"))
+            } else {
+                Ok(None)
+            };
+        };
+        let k = wr_id.wrapping_sub(WR_RECV) as usize;
+        if k >= RECVS || len as usize > MAX_MSG {
+            self.broken = true;
+            return Err(io::Error::other(format!(
+                "a receive completion on the control QP with id {wr_id:#x}, {len} bytes"
+            )));
+        }
+        let mut b = vec![0u8; len as usize];
+        self.recv
+            .read(k * MAX_MSG, &mut b)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        self.post_recv(k)?;
+        Ok(Some(b))
+    }
+}
+
+#[cfg(test)]
+#[path = "rdma_cm_tests.rs"]
+mod tests;
