@@ -4,6 +4,7 @@ use uhca_hw::layout::caps::{AtomicCaps, CmdHcaCap, DeviceMemCap, RoceCap};
 
 use crate::cmd::ops;
 use crate::device::{Device, DeviceError};
+use crate::resource::Gid;
 
 /// Port state as `ibv_devinfo` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,8 +36,50 @@ pub struct PortSummary {
     pub gid0_roce_version: u32,
     /// GID table size.
     pub gid_table_size: u32,
-    /// The GID table's valid (non-zero) entries: index, GID, RoCE version.
-    pub gids: Vec<(u32, [u8; 16], u32)>,
+    /// The GID table's valid (non-zero) entries with their types.
+    pub gids: Vec<GidEntry>,
+    /// P_Key table size.
+    pub pkey_table_size: u32,
+    /// The P_Key table's valid (non-zero) entries: index, P_Key.
+    pub pkeys: Vec<(u16, u16)>,
+    /// Datagrams dropped for a wrong Q_Key (`qkey_viol_cntr`; 16 bits, stops at 65535).
+    pub qkey_violations: u16,
+}
+
+/// The network a RoCE GID is used on (`roce_l3_type`: 0 IPv4, 1 IPv6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GidNetwork {
+    /// An IPv4 address (as an IPv4-mapped GID): RoCE v2 over IPv4.
+    Ipv4,
+    /// An IPv6 address.
+    Ipv6,
+}
+
+/// One valid entry of a port's GID table (what sysfs shows under `ports/N/gids/` and
+/// `gid_attrs/{types,ndevs}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GidEntry {
+    /// Its index (what a QP's or address handle's `sgid_index` names).
+    pub index: u32,
+    /// The GID.
+    pub gid: Gid,
+    /// RoCE version (2 = RoCE v2, 1 = RoCE v1).
+    pub roce_version: u32,
+    /// The IP version it is used with.
+    pub network: GidNetwork,
+    /// The source MAC of packets sent from it.
+    pub mac: [u8; 6],
+}
+
+impl GidEntry {
+    /// The type as sysfs `gid_attrs/types/N` names it ("RoCE v2", "IB/RoCE v1").
+    pub fn type_name(&self) -> &'static str {
+        if self.roce_version == 2 {
+            "RoCE v2"
+        } else {
+            "IB/RoCE v1"
+        }
+    }
 }
 
 /// What a user asks of a device.
@@ -126,14 +169,14 @@ impl Device {
         } else {
             RoceCap::new_unchecked(&caps.roce[..]).roce_address_table_size()
         };
-        // The valid entries, as ibv_devinfo -v lists them (an unset entry reads as zero).
-        let mut gids = Vec::new();
-        for i in 0..gid_table_size.min(256) {
-            let a = ops::query_roce_address(c, i)?;
-            if a.gid != [0; 16] {
-                gids.push((i, a.gid, a.roce_version));
-            }
-        }
+        let gids = self.gid_table()?;
+        let pkey_table = self.pkey_table()?;
+        let pkeys: Vec<(u16, u16)> = pkey_table
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| **k != 0)
+            .map(|(i, k)| (i as u16, *k))
+            .collect();
         let ports = (1..=g.num_ports().max(1))
             .map(|port| PortSummary {
                 port,
@@ -154,6 +197,9 @@ impl Device {
                 gid0_roce_version: gid0.roce_version,
                 gid_table_size,
                 gids: gids.clone(),
+                pkey_table_size: pkey_table.len() as u32,
+                pkeys: pkeys.clone(),
+                qkey_violations: vport.qkey_violations,
             })
             .collect();
         Ok(DeviceSummary {
@@ -271,6 +317,62 @@ impl Device {
         }
         let v = ops::query_vport_counter(self.cmd(), port, clear).map_err(DeviceError::from)?;
         Ok(PortCounters::from_vport(port, &v))
+    }
+}
+
+impl Device {
+    /// Port 1's GID table: its valid entries (an unset entry reads as zero), as
+    /// `ibv_devinfo -v` lists them; one QUERY_ROCE_ADDRESS per entry (at most 256).
+    pub fn gid_table(&self) -> Result<Vec<GidEntry>, DeviceError> {
+        let caps = self.caps();
+        let size = if caps.roce.is_empty() {
+            CmdHcaCap::new_unchecked(&caps.general[..]).gid_table_size()
+        } else {
+            RoceCap::new_unchecked(&caps.roce[..]).roce_address_table_size()
+        };
+        let mut gids = Vec::new();
+        for index in 0..size.min(256) {
+            let a = ops::query_roce_address(self.cmd(), index)?;
+            if a.gid != [0; 16] {
+                gids.push(GidEntry {
+                    index,
+                    gid: Gid(a.gid),
+                    roce_version: a.roce_version,
+                    network: if a.l3_type == 0 {
+                        GidNetwork::Ipv4
+                    } else {
+                        GidNetwork::Ipv6
+                    },
+                    mac: a.mac,
+                });
+            }
+        }
+        Ok(gids)
+    }
+
+    /// Port 1's P_Key table (QUERY_HCA_VPORT_PKEY of the whole table,
+    /// docs/spec/mlx5-ib-objects.md §3): `128 << pkey_table_size` entries, the P_Key in
+    /// `[15:0]` of each (0: an unused entry; the high bit: full membership).
+    pub fn pkey_table(&self) -> Result<Vec<u16>, DeviceError> {
+        use uhca_hw::layout::cmd::Opcode;
+        use uhca_hw::layout::srq::{QueryHcaVportPkeyIn, QueryHcaVportPkeyOut};
+        let g = CmdHcaCap::new_unchecked(&self.caps().general[..]);
+        // Linux `mlx5_to_sw_pkey_sz`; the field is a log, bounded so the output stays sane.
+        let n = 128usize << g.pkey_table_size().min(5);
+        let mut i = crate::cmd::input(
+            Opcode::QueryHcaVportPkey,
+            0,
+            QueryHcaVportPkeyIn::<()>::SIZE,
+        );
+        {
+            let mut q = QueryHcaVportPkeyIn::new_unchecked(&mut i[..]);
+            q.set_pkey_index(0xFFFF);
+        }
+        let base = QueryHcaVportPkeyOut::<()>::PKEY;
+        let out = self.cmd().exec(&i, base + 4 * n)?;
+        Ok((0..n)
+            .map(|k| uhca_hw::layout::Buf::read_be32(&out[..], base + 4 * k) as u16)
+            .collect())
     }
 }
 

@@ -10,6 +10,8 @@
 //! - [`boot`](Device::open): the PRM boot and teardown order, firmware pages, the control
 //!   EQ and health monitoring, behind one [`Device`] handle.
 //! - [`resource`]: PDs, UARs, EQs.
+//! - [`cm`]: the RDMA connection manager over RoCEv2 (MADs on QP1; `connect(ip, port)`,
+//!   `listen(port)`), as librdmacm's rdma_cm speaks it.
 //! - [`peer`]: peer memory (dma-bufs of another device's BAR): clients, registration,
 //!   revocation.
 //! - `cuda` (feature `gpu`): the CUDA client for peer memory: GPU memory exported as a
@@ -26,6 +28,7 @@
 
 pub mod barrier;
 mod boot;
+pub mod cm;
 pub mod cmd;
 #[cfg(feature = "gpu")]
 pub mod cuda;

@@ -228,6 +228,9 @@ pub struct NicVport {
     pub mtu: u32,
     /// RoCE enabled.
     pub roce_en: bool,
+    /// Datagrams the port dropped for a wrong Q_Key (`qkey_violation_counter`, a 16-bit
+    /// counter that stops at its maximum; `ibv_port_attr.qkey_viol_cntr`).
+    pub qkey_violations: u16,
 }
 
 /// QUERY_NIC_VPORT_CONTEXT of our own vport.
@@ -243,6 +246,7 @@ pub fn query_nic_vport_context(c: &dyn Exec) -> Result<NicVport, CmdError> {
         mac,
         mtu: v.mtu(),
         roce_en: v.roce_en() == 1,
+        qkey_violations: v.qkey_violation_counter() as u16,
     })
 }
 

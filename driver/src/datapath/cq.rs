@@ -15,7 +15,7 @@ use uhca_hw::layout::uar::CQ_DBR_SET_CI;
 use uhca_hw::layout::wqe::WqeOpcode;
 
 use super::ring::RingSize;
-use super::sq::{SendSlots, WqShadow};
+use super::sq::{SendSlots, WqKind, WqShadow};
 use crate::barrier;
 use crate::dma::{DmaEntry, DmaRecord, DmaRegion, DmaRing, DmaRingView};
 
@@ -167,6 +167,47 @@ pub struct Completion {
     pub qpn: u32,
     /// The sender's solicited-event bit (receives).
     pub solicited: bool,
+    /// What a successful receive on a UD or GSI QP tells of its datagram; `None` for
+    /// every other completion.
+    pub datagram: Option<DatagramInfo>,
+}
+
+/// The network header in front of a received datagram (`cqe64.flags_rqpn` [25:24] on
+/// Ethernet, Linux `MLX5_CQE_ROCE_L3_HEADER_TYPE_*`; docs/spec/mlx5-ib-objects.md §4).
+/// It says how to read the 40-byte GRH area that starts the receive buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetHeader {
+    /// An IB GRH (RoCE v1): the whole 40 bytes.
+    Grh,
+    /// RoCE v2 over IPv6: the 40 bytes are the IPv6 header.
+    Ipv6,
+    /// RoCE v2 over IPv4: 20 bytes of zeros, then the IPv4 header.
+    Ipv4,
+}
+
+impl NetHeader {
+    fn from_raw(v: u32) -> NetHeader {
+        match v & 3 {
+            1 => NetHeader::Ipv6,
+            2 => NetHeader::Ipv4,
+            _ => NetHeader::Grh,
+        }
+    }
+}
+
+/// The sender of a datagram received on a UD or GSI QP (what `ibv_wc` has in `src_qp`,
+/// `wc_flags & IBV_WC_GRH`, `pkey_index`, and its network header type).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DatagramInfo {
+    /// The sender's QP number (1 for a peer's GSI QP).
+    pub src_qp: u32,
+    /// Whether the buffer starts with a valid GRH (always on RoCE).
+    pub grh: bool,
+    /// What the 40 GRH bytes hold.
+    pub net: NetHeader,
+    /// The packet's P_Key (GSI QP only, and only without immediate data: the CQE carries
+    /// either in the same word).
+    pub pkey: Option<u16>,
 }
 
 /// A CQE the driver cannot accept (device memory is untrusted). It is consumed and reported.
@@ -379,10 +420,10 @@ extern "C" fn poll_other(
     if op_own >> 4 == CqeOpcode::Invalid.raw() {
         return (hot, None); // never written (first pass)
     }
-    // Everything an RC completion needs lies in the second half (0x20..0x40, §9.7):
-    // copy only that; the first half of the shadow stays zero.
+    // Everything a completion needs lies in 0x18..0x40 (§9.7; `flags_rqpn` at 0x18 for a
+    // datagram's sender): copy only that; the rest of the shadow stays zero.
     let mut cqe = [0u8; CQE_SIZE];
-    for (w, b) in cqe.chunks_exact_mut(8).enumerate().skip(CQE_HALF / 8) {
+    for (w, b) in cqe.chunks_exact_mut(8).enumerate().skip(CQE_HALF / 8 - 1) {
         b.copy_from_slice(&e.load(w).to_ne_bytes());
     }
     let mut hot = hot;
@@ -451,6 +492,7 @@ fn parse(
                 imm: None,
                 qpn,
                 solicited: false,
+                datagram: None,
             })
         }
         RESP_SEND | RESP_SEND_IMM | RESP_SEND_INV | RESP_WR_IMM | RESP_ERR => {
@@ -469,6 +511,13 @@ fn parse(
                 RESP_SEND_IMM => (WcStatus::Success, WcOpcode::Recv, Some(c.imm_inval_pkey())),
                 _ => (WcStatus::Success, WcOpcode::Recv, None),
             };
+            let datagram = (status.is_ok() && sh.kind != WqKind::Connected).then(|| DatagramInfo {
+                src_qp: c.rqpn(),
+                grh: c.g() != 0,
+                net: NetHeader::from_raw(c.sl()),
+                pkey: (sh.kind == WqKind::Gsi && imm.is_none())
+                    .then_some(c.imm_inval_pkey() as u16),
+            });
             Ok(Completion {
                 wr_id,
                 status,
@@ -477,6 +526,7 @@ fn parse(
                 imm,
                 qpn,
                 solicited: op_own & 0x02 != 0,
+                datagram,
             })
         }
         other => Err(PollError::BadOpcode(CqeOpcode::from(other))),
@@ -704,6 +754,7 @@ impl Iterator for Poll<'_> {
                 imm: None,
                 qpn: QPN.get(word) as u32,
                 solicited: false,
+                datagram: None,
             }));
         }
         if diff & OWNER != 0 {

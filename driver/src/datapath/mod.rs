@@ -26,10 +26,13 @@
 #![deny(unsafe_code)]
 
 pub mod cq;
+pub(crate) mod post;
 pub mod rig;
 pub mod ring;
 pub mod sq;
 pub mod wqe;
 
-pub use cq::{Completion, Poll, PollError, WcOpcode, WcStatus, wc_status_str};
+pub use cq::{
+    Completion, DatagramInfo, NetHeader, Poll, PollError, WcOpcode, WcStatus, wc_status_str,
+};
 pub use wqe::{MAX_INLINE, PostError, Remote, Sge};

@@ -67,10 +67,26 @@ impl SendSlots<'_> {
     }
 }
 
+/// The transport of a work queue, as its completions need it: a receive on a datagram
+/// QP tells its sender (`cqe64.flags_rqpn`), and the GSI QP's the P_Key
+/// (docs/spec/mlx5-ib-objects.md §4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum WqKind {
+    /// A connected QP (RC).
+    #[default]
+    Connected,
+    /// A UD QP.
+    Ud,
+    /// The GSI QP (QP1).
+    Gsi,
+}
+
 /// Per-QP records shared by the poster and the CQ poller.
 #[derive(Debug)]
 pub(crate) struct WqShadow {
     pub(crate) qpn: u32,
+    /// The QP's transport.
+    pub(crate) kind: WqKind,
     sq: RingSize,
     /// One entry per send basic block, used at the block where a WQE starts.
     sq_slots: MaskedSlots<SqSlot>,
@@ -88,6 +104,7 @@ impl WqShadow {
     pub(crate) fn new(qpn: u32, sq: RingSize, rq: RingSize) -> WqShadow {
         WqShadow {
             qpn,
+            kind: WqKind::Connected,
             sq,
             sq_slots: MaskedSlots::new(sq.entries(), SqSlot::default)
                 .expect("a RingSize is a power of two"),
@@ -99,6 +116,12 @@ impl WqShadow {
             rq_head: Default::default(),
             rq_tail: Default::default(),
         }
+    }
+
+    /// The shadow of a QP of transport `kind`.
+    pub(crate) fn with_kind(mut self, kind: WqKind) -> WqShadow {
+        self.kind = kind;
+        self
     }
 
     /// The send ring size (basic blocks).

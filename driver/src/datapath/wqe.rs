@@ -8,6 +8,7 @@
 //! `wqe::fast` word positions (derived from the same tables) there.
 
 use uhca_hw::layout::BufMut;
+use uhca_hw::layout::ud::{DATAGRAM_SEG, DatagramSeg};
 use uhca_hw::layout::wqe::{
     AtomicSeg, CtrlSeg, DS_UNIT, DataSeg, INLINE_SEG, RaddrSeg, SEND_WQE_BB, WqeOpcode,
 };
@@ -83,6 +84,15 @@ pub enum PostError {
     /// The device is lost ([`Device::is_lost`](crate::Device::is_lost)): nothing is posted.
     #[error("device lost")]
     DeviceLost,
+    /// A datagram longer than the UD QP's path MTU (one packet carries a UD message,
+    /// IBA Vol. 1 §9.8.2; docs/spec/mlx5-ib-objects.md §4).
+    #[error("datagram of {len} bytes is longer than the path MTU ({mtu} bytes)")]
+    MessageTooLong {
+        /// Bytes asked for.
+        len: u64,
+        /// The QP's path MTU in bytes.
+        mtu: u32,
+    },
 }
 
 /// A send WQE being built in a stack buffer (a cursor: each segment goes after the last).
@@ -142,6 +152,21 @@ impl WqeBuf {
         s.set_raddr(r.addr);
         s.set_rkey(r.rkey);
         s.buf_mut().write_be32(12, 0);
+    }
+
+    /// Appends the datagram segment of a UD send (`mlx5_wqe_datagram_seg`, 48 bytes,
+    /// `uhca_hw::layout::ud`): the address handle's address vector `av`, with the remote
+    /// QPN and Q_Key of this work request written into it.
+    #[inline(always)]
+    pub fn datagram(&mut self, av: &[u8; DATAGRAM_SEG], remote_qpn: u32, qkey: u32) {
+        let s = self.seg(DATAGRAM_SEG);
+        s.copy_from_slice(av);
+        let mut d = DatagramSeg::new_unchecked(s);
+        d.set_qkey(qkey);
+        // `MLX5_EXTENDED_UD_AV`: the 48-byte address vector (rdma-core and Linux set it
+        // on every UD send, `set_datagram_seg`).
+        d.set_ext(1);
+        d.set_dqp_dct(remote_qpn & 0xFF_FFFF);
     }
 
     /// Appends an atomic segment (`swap_add`, `compare`).

@@ -1,19 +1,25 @@
 //! Device resources created through commands: protection domains, UARs, event queues,
-//! memory regions ([`Mr`]) and device memory ([`Dm`]).
+//! memory regions ([`Mr`]) and device memory ([`Dm`]), CQs, RC QPs ([`Qp`]), UD and GSI
+//! QPs ([`UdQp`]) with their address handles ([`Ah`]), and the GSI endpoint ([`Gsi`]).
 //!
 //! Each handle owns its firmware object and destroys it on `Drop` (errors are logged and
 //! counted, never a panic). Handles keep their device alive.
 
+pub mod ah;
 pub mod cq;
 pub mod eq;
+pub mod gsi;
 pub mod memic;
 pub mod mkey;
 pub mod pd;
 pub mod qp;
 pub mod uar;
+pub mod ud;
 
+pub use ah::{Ah, AhAttr, AhError, Gid, Grh, UNRESOLVED_MAC};
 pub use cq::{Cq, CqArmState, CqConfig, CqInfo, CqPeriodMode, CqStatus, QueueError};
 pub use eq::EqRing;
+pub use gsi::{GSI_RECV_SIZE, Gsi, GsiConfig, GsiCounters, GsiError, GsiEvent, GsiMad, MAD_SIZE};
 pub use memic::{Dm, DmCaps};
 pub use mkey::{Access, MemError, Mr, MrOptions};
 pub use pd::{Pd, PdInUse};
@@ -21,3 +27,4 @@ pub use qp::{
     ConnectParams, Local, Mtu, Qp, QpConfig, QpState, RtsAttrs, SendFlags, SendOp, SendWr,
 };
 pub use uar::Uar;
+pub use ud::{GRH_SIZE, GSI_QKEY, GSI_QPN, QKEY_USE_QP, UdDest, UdParams, UdQp, UdSendWr};

@@ -16,14 +16,16 @@ use uhca_hw::layout::caps::CmdHcaCap;
 use uhca_hw::layout::cmd::Opcode;
 use uhca_hw::layout::qpc::{Ads, Qpc};
 use uhca_hw::layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
-use uhca_hw::layout::wqe::{ATOMIC_SIZE, DS_UNIT, SEND_WQE_BB, WqeOpcode, fm_ce_se};
+use uhca_hw::layout::wqe::{DS_UNIT, SEND_WQE_BB, fm_ce_se};
 
 use super::cq::{Cq, CqObj, QueueError};
 use crate::cmd::ops::{self, RoceAddress};
 use crate::cmd::{CmdError, queue_ops};
+pub(crate) use crate::datapath::post::{SendLimits, post_wr};
 use crate::datapath::ring::RingSize;
+use crate::datapath::sq::WqKind;
 use crate::datapath::sq::{Doorbell, MAX_RECV_SGES, RecvRing, RqMem, SendRing, SqMem, WqShadow};
-use crate::datapath::wqe::{MAX_INLINE, MAX_WQE_BYTES, PostError, Remote, Sge, WqeBuf};
+use crate::datapath::wqe::{MAX_INLINE, MAX_WQE_BYTES, PostError, Remote, Sge};
 use crate::device::{Device, DeviceInner};
 use crate::dma::{DmaRecord, DmaRegion};
 use crate::resource::{Access, Pd, Uar};
@@ -182,6 +184,12 @@ impl SendFlags {
 }
 
 impl SendFlags {
+    /// The `fm_ce_se` bits of the control segment (§9.5).
+    #[inline(always)]
+    pub(crate) const fn bits(self) -> u8 {
+        self.0
+    }
+
     /// Both sets of flags (usable in constants).
     pub const fn union(self, other: SendFlags) -> SendFlags {
         SendFlags(self.0 | other.0)
@@ -297,21 +305,21 @@ const OPTPAR_ACK_TIMEOUT: u32 = 1 << 14;
 
 /// The firmware QP plus what must outlive it.
 pub struct Qp {
-    qpn: u32,
-    state: QpState,
+    pub(super) qpn: u32,
+    pub(super) state: QpState,
     /// RQ, SQ and doorbell record; an `Arc` so a failed destroy can leak it (see `Drop`).
-    buf: Arc<DmaRegion>,
-    dbr: usize,
-    sq: SendRing,
-    rq: RecvRing,
-    db: Doorbell,
-    shadow: Arc<WqShadow>,
-    limits: SendLimits,
-    max_recv_sge: usize,
-    pdn: u32,
-    scq: Arc<CqObj>,
-    rcq: Arc<CqObj>,
-    dev: Arc<DeviceInner>,
+    pub(super) buf: Arc<DmaRegion>,
+    pub(super) dbr: usize,
+    pub(super) sq: SendRing,
+    pub(super) rq: RecvRing,
+    pub(super) db: Doorbell,
+    pub(super) shadow: Arc<WqShadow>,
+    pub(super) limits: SendLimits,
+    pub(super) max_recv_sge: usize,
+    pub(super) pdn: u32,
+    pub(super) scq: Arc<CqObj>,
+    pub(super) rcq: Arc<CqObj>,
+    pub(super) dev: Arc<DeviceInner>,
     _uar: Uar,
     /// Its use of the PD, released after the firmware QP is destroyed.
     _pd: crate::resource::pd::QpUse,
@@ -358,11 +366,56 @@ fn read_atomic_cap(
     Ok(())
 }
 
+/// The service type of a QP the driver creates (qpc `st`, Linux qp.h `MLX5_QP_ST_*`;
+/// docs/spec/mlx5-ib-objects.md §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QpType {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable datagram.
+    Ud,
+    /// The GSI QP (QP1) of port 1.
+    Gsi,
+}
+
+impl QpType {
+    /// The `st` value.
+    pub(crate) fn st(self) -> u32 {
+        match self {
+            QpType::Rc => 0x0,
+            QpType::Ud => 0x2,
+            QpType::Gsi => 0x8,
+        }
+    }
+
+    fn wq_kind(self) -> WqKind {
+        match self {
+            QpType::Rc => WqKind::Connected,
+            QpType::Ud => WqKind::Ud,
+            QpType::Gsi => WqKind::Gsi,
+        }
+    }
+}
+
 impl Device {
     /// Creates an RC QP in RESET on `pd`, completing sends to `send_cq` and receives to
     /// `recv_cq` (which may be the same CQ), prm-subset.md §6.6.
     pub fn create_qp(
         &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        cfg: &QpConfig,
+    ) -> Result<Qp, QueueError> {
+        self.create_qp_of(QpType::Rc, pd, send_cq, recv_cq, cfg)
+    }
+
+    /// [`create_qp`](Self::create_qp) for a QP of service type `ty`: the rings hold the
+    /// largest WQE of that type (RC: control, remote address and data or inline, or an
+    /// atomic; UD and GSI: control, the 48-byte datagram segment and data or inline).
+    pub(crate) fn create_qp_of(
+        &self,
+        ty: QpType,
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
@@ -386,11 +439,22 @@ impl Device {
         {
             return Err(QueueError::Config("too many scatter/gather elements"));
         }
-        // Largest WQE: ctrl + raddr + max(data segments, inline, atomic + 1 data segment).
-        let body = (cfg.max_send_sge as usize * DS_UNIT)
-            .max((4 + cfg.max_inline as usize).next_multiple_of(DS_UNIT))
-            .max(2 * DS_UNIT);
-        let wqe_bbs = (2 * DS_UNIT + body)
+        // Largest WQE: RC: ctrl + raddr + max(data segments, inline, atomic + 1 data
+        // segment); UD: ctrl + datagram + max(data segments, inline).
+        let data = (cfg.max_send_sge as usize * DS_UNIT)
+            .max((4 + cfg.max_inline as usize).next_multiple_of(DS_UNIT));
+        let head_and_body = match ty {
+            QpType::Rc => 2 * DS_UNIT + data.max(2 * DS_UNIT),
+            QpType::Ud | QpType::Gsi => {
+                DS_UNIT + uhca_hw::layout::ud::DATAGRAM_SEG + data.max(DS_UNIT)
+            }
+        };
+        if head_and_body > MAX_WQE_BYTES {
+            return Err(QueueError::Config(
+                "max_send_sge or max_inline do not fit the largest WQE",
+            ));
+        }
+        let wqe_bbs = head_and_body
             .div_ceil(SEND_WQE_BB)
             .min(MAX_WQE_BYTES / SEND_WQE_BB);
         let sq_bbs = cfg.max_send_wr.max(1).saturating_mul(wqe_bbs as u32);
@@ -433,7 +497,7 @@ impl Device {
         let dbr_iova = buf.iova().add(dbr as u64).0;
         let (scqn, rcqn) = (send_cq.cqn(), recv_cq.cqn());
         let qpn = queue_ops::create_qp(&**dev, &pages, |q| {
-            q.set_st(0); // RC
+            q.set_st(ty.st());
             q.set_pm_state(3); // migrated, as Linux creates
             q.set_pd(pd.pdn());
             q.set_uar_page(uar.index());
@@ -454,7 +518,7 @@ impl Device {
         } else {
             0
         };
-        let shadow = Arc::new(WqShadow::new(qpn, sq, rq));
+        let shadow = Arc::new(WqShadow::new(qpn, sq, rq).with_kind(ty.wq_kind()));
         send_cq.obj().registry.add(&shadow);
         recv_cq.obj().registry.add(&shadow);
         Ok(Qp {
@@ -696,11 +760,10 @@ impl Qp {
         s.store_be32(self.dbr + QP_DBR_RCV, 0);
         s.store_be32(self.dbr + QP_DBR_SND, 0);
         // A fresh shadow: the pollers drop their cached copy of the old one.
-        let fresh = Arc::new(WqShadow::new(
-            self.qpn,
-            self.shadow.sq_size(),
-            self.shadow.rq_size(),
-        ));
+        let fresh = Arc::new(
+            WqShadow::new(self.qpn, self.shadow.sq_size(), self.shadow.rq_size())
+                .with_kind(self.shadow.kind),
+        );
         for cq in [&self.scq, &self.rcq] {
             cq.registry.remove(&self.shadow);
             cq.registry.add(&fresh);
@@ -758,145 +821,6 @@ impl Qp {
     pub fn recv_posted(&self) -> u32 {
         self.rq.head()
     }
-}
-
-/// Per-QP limits of send work requests (from [`QpConfig`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SendLimits {
-    /// Most data segments.
-    pub(crate) max_sge: usize,
-    /// Most inline bytes.
-    pub(crate) max_inline: usize,
-}
-
-/// Writes the WQE of `wr` into `sq` (the body of [`Qp::post_send`] after the state check;
-/// the benchmark rig runs it too). A WRITE or SEND (with or without immediate) of one
-/// SGE takes the straight path ([`SendRing::post_one_sge`]); the rest is built
-/// segment by segment.
-#[inline(always)]
-pub(crate) fn post_wr(
-    sq: &mut SendRing,
-    sh: &WqShadow,
-    lim: SendLimits,
-    wr: &SendWr<'_>,
-) -> Result<(), PostError> {
-    let (id, f) = (wr.wr_id, wr.flags.0);
-    if lim.max_sge >= 1 {
-        let none = Remote::default();
-        match wr.op {
-            SendOp::Write {
-                local: Local::Sges([sge]),
-                remote,
-            } => {
-                return sq.post_one_sge::<true>(sh, id, WqeOpcode::RdmaWrite, f, 0, remote, sge);
-            }
-            SendOp::WriteImm {
-                local: Local::Sges([sge]),
-                remote,
-                imm,
-            } => {
-                return sq.post_one_sge::<true>(
-                    sh,
-                    id,
-                    WqeOpcode::RdmaWriteImm,
-                    f,
-                    imm,
-                    remote,
-                    sge,
-                );
-            }
-            SendOp::Send {
-                local: Local::Sges([sge]),
-            } => {
-                return sq.post_one_sge::<false>(sh, id, WqeOpcode::Send, f, 0, none, sge);
-            }
-            SendOp::SendImm {
-                local: Local::Sges([sge]),
-                imm,
-            } => {
-                return sq.post_one_sge::<false>(sh, id, WqeOpcode::SendImm, f, imm, none, sge);
-            }
-            _ => {}
-        }
-    }
-    post_built(sq, sh, lim, wr)
-}
-
-/// Every other send work request: segments built in the stack buffer, then copied.
-#[inline(never)]
-fn post_built(
-    sq: &mut SendRing,
-    sh: &WqShadow,
-    lim: SendLimits,
-    wr: &SendWr<'_>,
-) -> Result<(), PostError> {
-    let (max_sge, max_inline) = (lim.max_sge, lim.max_inline);
-    let local = |w: &mut WqeBuf, l: &Local<'_>| match *l {
-        Local::Sges(s) if s.len() > max_sge => Err(PostError::TooManySges),
-        Local::Sges(s) => w.data(s),
-        Local::Inline(d) if d.len() > max_inline => Err(PostError::InlineTooLong),
-        Local::Inline(d) => w.inline(d),
-    };
-    let (id, f) = (wr.wr_id, wr.flags.0);
-    match wr.op {
-        SendOp::Write { local: l, remote } => sq.post(sh, id, WqeOpcode::RdmaWrite, f, 0, |w| {
-            w.raddr(remote);
-            local(w, &l)
-        }),
-        SendOp::WriteImm {
-            local: l,
-            remote,
-            imm,
-        } => sq.post(sh, id, WqeOpcode::RdmaWriteImm, f, imm, |w| {
-            w.raddr(remote);
-            local(w, &l)
-        }),
-        SendOp::Read { local: l, remote } => {
-            if l.len() > max_sge {
-                return Err(PostError::TooManySges);
-            }
-            sq.post(sh, id, WqeOpcode::RdmaRead, f, 0, |w| {
-                w.raddr(remote);
-                w.data(l)
-            })
-        }
-        SendOp::Send { local: l } => sq.post(sh, id, WqeOpcode::Send, f, 0, |w| local(w, &l)),
-        SendOp::SendImm { local: l, imm } => {
-            sq.post(sh, id, WqeOpcode::SendImm, f, imm, |w| local(w, &l))
-        }
-        SendOp::CompareSwap {
-            local: l,
-            remote,
-            compare,
-            swap,
-        } => {
-            check_atomic(&l, &remote)?;
-            sq.post(sh, id, WqeOpcode::AtomicCs, f, 0, |w| {
-                w.raddr(remote);
-                w.atomic(swap, compare);
-                w.data(&[l])
-            })
-        }
-        SendOp::FetchAdd {
-            local: l,
-            remote,
-            add,
-        } => {
-            check_atomic(&l, &remote)?;
-            sq.post(sh, id, WqeOpcode::AtomicFa, f, 0, |w| {
-                w.raddr(remote);
-                w.atomic(add, 0);
-                w.data(&[l])
-            })
-        }
-    }
-}
-
-fn check_atomic(l: &Sge, r: &Remote) -> Result<(), PostError> {
-    if l.len != ATOMIC_SIZE || !r.addr.is_multiple_of(8) {
-        return Err(PostError::BadAtomic);
-    }
-    Ok(())
 }
 
 impl Drop for Qp {

@@ -20,9 +20,10 @@
 //!
 //! Module per structure family (style.md §1): [`init_seg`], [`cmd`] (queue entry, mailbox,
 //! headers, codes), [`cmds`] (command in/out messages), [`caps`], [`eqc`], [`cqc`], [`qpc`],
-//! [`mkc`], [`eqe`], [`cqe`], [`wqe`], [`uar`], [`reg`] (access registers), and [`roce`] (RoCEv2 frames between model ports).
+//! [`mkc`], [`eqe`], [`cqe`], [`wqe`], [`uar`], [`reg`] (access registers), [`roce`] (RoCEv2 frames between model ports), [`mad`] and [`cm`] (management datagrams on QP1 and the connection manager's messages).
 
 pub mod caps;
+pub mod cm;
 pub mod cmd;
 pub mod cmds;
 pub mod cqc;
@@ -30,6 +31,7 @@ pub mod cqe;
 pub mod eqc;
 pub mod eqe;
 pub mod init_seg;
+pub mod mad;
 pub mod mkc;
 pub mod qpc;
 pub mod reg;

@@ -11,6 +11,7 @@ layout! {
     system_image_guid, set_system_image_guid: 0x028 u64,
     port_guid, set_port_guid: 0x030 u64,
     node_guid, set_node_guid: 0x038 u64,
+    qkey_violation_counter, set_qkey_violation_counter: 0x068 [31:16],
     allowed_list_type, set_allowed_list_type: 0x0f0 [26:24],
     allowed_list_size, set_allowed_list_size: 0x0f0 [11:0],
     mac_addr_47_32, set_mac_addr_47_32: 0x0f4 [15:0],

@@ -262,6 +262,9 @@ pub struct Stats {
     /// UD datagrams dropped on receipt (wrong Q_Key or P_Key, QP not ready, no receive
     /// WQE posted; `model/ud.rs`).
     pub ud_dropped: u64,
+    /// Of those, datagrams whose Q_Key was not the QP's (the port's Q_Key violations,
+    /// reported by QUERY_NIC_VPORT_CONTEXT `qkey_violation_counter`, 16 bits, saturating).
+    pub qkey_violations: u64,
     /// Request packets the RC transport retransmitted.
     pub retransmits: u64,
 }
@@ -287,6 +290,7 @@ pub(crate) struct Counters {
     pub(crate) packets_rx: AtomicU64,
     pub(crate) bursts_tx: AtomicU64,
     pub(crate) ud_dropped: AtomicU64,
+    pub(crate) qkey_violations: AtomicU64,
     /// The port's QUERY_VPORT_COUNTER counters (`cmd::vport::PortCounters`).
     pub(crate) port: cmd::vport::PortCounters,
 }
@@ -724,6 +728,7 @@ impl Hca {
             packets_rx: ld(&c.packets_rx),
             bursts_tx: ld(&c.bursts_tx),
             ud_dropped: ld(&c.ud_dropped),
+            qkey_violations: ld(&c.qkey_violations),
             retransmits: core.dp.retransmits(),
         }
     }

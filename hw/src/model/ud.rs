@@ -257,6 +257,10 @@ pub(crate) fn receive(
         || (pkt.bth.p_key & 0x7FFF) != (DEFAULT_PKEY & 0x7FFF)
     {
         Counters::inc_dev(&sh.stats.ud_dropped);
+        if qp.kind.is_datagram() && deth.q_key != qp.qkey {
+            // IBA Vol. 1 §10.2.5: a Q_Key mismatch is a Q_Key violation of the port.
+            Counters::inc_dev(&sh.stats.qkey_violations);
+        }
         return;
     }
     // The GRH: the IPv6 header, or 20 zero bytes and the IPv4 header.

@@ -11,7 +11,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use uhca::info::{CountersError, DeviceSummary, PortCounters, PortState, format_gid, format_mac};
+use uhca::info::{
+    CountersError, DeviceSummary, GidNetwork, PortCounters, PortState, format_gid, format_mac,
+};
 use uhca::{Device, DeviceConfig};
 use uhca_tools::device::{self, DeviceFlags, OpenError};
 
@@ -191,8 +193,26 @@ fn print_text(s: &DeviceSummary, verbose: bool, counters: Option<&Counters>) {
         println!("\t\t\tlink_layer:\t\t{}", p.link_layer);
         println!("\t\t\tmac:\t\t\t{}", format_mac(&p.mac));
         println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_table_size);
-        for (i, gid, v) in &p.gids {
-            println!("\t\t\tGID[{i:>3}]:\t\t{}, RoCE v{v}", format_gid(gid));
+        if verbose {
+            println!("\t\t\tpkey_tbl_len:\t\t{}", p.pkey_table_size);
+            println!("\t\t\tqkey_viol_cntr:\t\t{}", p.qkey_violations);
+        }
+        for g in &p.gids {
+            println!(
+                "\t\t\tGID[{:>3}]:\t\t{}, {} ({})",
+                g.index,
+                g.gid,
+                g.type_name(),
+                match g.network {
+                    GidNetwork::Ipv4 => "IPv4",
+                    GidNetwork::Ipv6 => "IPv6",
+                }
+            );
+        }
+        if verbose {
+            for (i, k) in &p.pkeys {
+                println!("\t\t\tPKey[{i:>3}]:\t\t{k:#06x}");
+            }
         }
         if let Some(all) = counters {
             print_counters(all.get(k).and_then(Option::as_ref));
@@ -258,9 +278,17 @@ fn to_json(s: &DeviceSummary, counters: Option<&Counters>) -> serde_json::Value 
             "gid_tbl_len": p.gid_table_size,
             "gid0": format_gid(&p.gid0),
             "gid0_roce_version": p.gid0_roce_version,
-            "gids": p.gids.iter().map(|(i, g, v)| serde_json::json!({
-                "index": i, "gid": format_gid(g), "roce_version": v,
+            "gids": p.gids.iter().map(|g| serde_json::json!({
+                "index": g.index, "gid": g.gid.to_string(), "roce_version": g.roce_version,
+                "type": g.type_name(),
+                "network": match g.network { GidNetwork::Ipv4 => "IPv4", GidNetwork::Ipv6 => "IPv6" },
+                "mac": format_mac(&g.mac),
             })).collect::<Vec<_>>(),
+            "pkey_tbl_len": p.pkey_table_size,
+            "pkeys": p.pkeys.iter().map(|(i, k)| serde_json::json!({
+                "index": i, "pkey": k,
+            })).collect::<Vec<_>>(),
+            "qkey_viol_cntr": p.qkey_violations,
         })).collect::<Vec<_>>(),
     });
     if let Some(all) = counters {

@@ -52,6 +52,14 @@ pub(super) fn query_nic_vport_context(
     c.set_system_image_guid(v.guid());
     c.set_port_guid(v.guid());
     c.set_node_guid(v.guid());
+    // A 16-bit IB counter that stops at its maximum (IBA Vol. 1 PortInfo
+    // Q_KeyViolations; Linux mlx5_ib reads it as `ibv_port_attr.qkey_viol_cntr`).
+    let qkey_viol = ctx
+        .sh
+        .stats
+        .qkey_violations
+        .load(std::sync::atomic::Ordering::Relaxed);
+    c.set_qkey_violation_counter(qkey_viol.min(0xFFFF) as u32);
     c.set_mac_addr_47_32(u32::from(u16::from_be_bytes([v.mac[0], v.mac[1]])));
     c.set_mac_addr_31_0(u32::from_be_bytes([v.mac[2], v.mac[3], v.mac[4], v.mac[5]]));
     Ok(())
