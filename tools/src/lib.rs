@@ -7,6 +7,8 @@
 
 #![deny(unsafe_code)]
 
+#[cfg(test)]
+mod cm_loop;
 pub mod device;
 pub mod logging;
 #[cfg(feature = "vfio-user")]

@@ -13,15 +13,23 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use uhca::Device;
+use uhca::cm::{
+    AcceptOptions, Cm, CmError, CmQp, ConnId, ConnectOptions, MadTransport, UNRESOLVED_MAC,
+};
 use uhca::datapath::{Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
-use uhca::resource::{Access, Cq, Local, Mr, Mtu, Pd, Qp, SendFlags, SendOp, SendWr};
+use uhca::resource::{
+    Access, ConnectParams, Cq, CqConfig, Local, Mr, Mtu, Pd, Qp, QpConfig, QueueError, SendFlags,
+    SendOp, SendWr,
+};
 
 use super::PerfError;
 use super::perftest::{KEYS_BIN_LEN, MsgLink};
+use super::remote::Role;
 
 /// The largest message on the control QP: perftest receives into one
 /// `struct pingpong_dest` (`post_one_recv_wqe`).
@@ -218,6 +226,193 @@ impl MsgLink for QpLink {
             .map_err(|e| io::Error::other(e.to_string()))?;
         self.post_recv(k)?;
         Ok(Some(b))
+    }
+}
+
+/// How long a server waits for its client's connect request (perftest waits forever;
+/// bounded here).
+pub const ACCEPT_WAIT: Duration = Duration::from_secs(600);
+
+/// How long a step of a connection (REP, RTU, DREP) may take.
+const STEP_WAIT: Duration = Duration::from_secs(30);
+
+/// A QP the CM is done with: disconnecting moves nothing (the QP itself is destroyed with
+/// its owner right after), it only sends the DREQ.
+struct Detached(u32);
+
+impl CmQp for Detached {
+    fn qpn(&self) -> u32 {
+        self.0
+    }
+    fn connect_qp(&mut self, _: &ConnectParams) -> Result<(), QueueError> {
+        Err(QueueError::Config("a detached QP connects nothing"))
+    }
+    fn disconnect_qp(&mut self) -> Result<(), QueueError> {
+        Ok(())
+    }
+}
+
+fn cm_err(what: &'static str) -> impl Fn(CmError) -> PerfError {
+    move |e| PerfError::Setup(format!("rdma_cm, {what}: {e}"))
+}
+
+/// One end of a perftest `-R` run: the CM, the port the two meet on, the peer (client), and
+/// the connections made (the control connection first).
+pub struct CmSession<T: MadTransport> {
+    cm: Cm<T>,
+    role: Role,
+    /// The server's address (client) or the port's address (server), with the port.
+    addr: SocketAddr,
+    conns: Vec<(ConnId, u32)>,
+    /// The MAC a client's QPs send to (`ConnectOptions::peer_mac`).
+    peer_mac: [u8; 6],
+}
+
+impl<T: MadTransport> CmSession<T> {
+    /// A session on `cm`: a client connects to `addr`, a server listens on `addr`'s port.
+    pub fn new(cm: Cm<T>, role: Role, addr: SocketAddr) -> CmSession<T> {
+        CmSession {
+            cm,
+            role,
+            addr,
+            conns: Vec::new(),
+            peer_mac: UNRESOLVED_MAC,
+        }
+    }
+
+    /// The server's MAC, where the link needs it (a model port in loopback; the model's
+    /// network port sends by IP address and takes any).
+    pub fn set_peer_mac(&mut self, mac: [u8; 6]) {
+        self.peer_mac = mac;
+    }
+
+    /// The CM.
+    pub fn cm(&mut self) -> &mut Cm<T> {
+        &mut self.cm
+    }
+
+    /// Connects (client) or accepts (server) one QP with `resources` outstanding reads each
+    /// way, as perftest's `rdma_client_connect` / `rdma_server_connect`.
+    fn connect_one(&mut self, qp: &mut Qp, resources: u8) -> Result<(), PerfError> {
+        let id = match self.role {
+            Role::Client => {
+                let opts = ConnectOptions {
+                    responder_resources: resources,
+                    initiator_depth: resources,
+                    peer_mac: self.peer_mac,
+                    ..ConnectOptions::default()
+                };
+                self.cm
+                    .connect(qp, self.addr, &opts)
+                    .map_err(cm_err("connecting"))?
+                    .id
+            }
+            Role::Server => {
+                let req = self
+                    .cm
+                    .get_request(ACCEPT_WAIT)
+                    .map_err(cm_err("waiting for the client"))?;
+                let opts = AcceptOptions {
+                    responder_resources: resources,
+                    initiator_depth: resources,
+                    ..AcceptOptions::default()
+                };
+                let c = self
+                    .cm
+                    .accept(&req, qp, &opts)
+                    .map_err(cm_err("accepting"))?;
+                c.id
+            }
+        };
+        self.conns.push((id, qp.qpn()));
+        Ok(())
+    }
+
+    /// Waits for the RTU of the last connection (server); the QP already takes traffic.
+    fn established(&mut self) -> Result<(), PerfError> {
+        if let (Role::Server, Some(&(id, _))) = (self.role, self.conns.last()) {
+            self.cm
+                .wait_established(id, STEP_WAIT)
+                .map_err(cm_err("waiting for the RTU"))?;
+        }
+        Ok(())
+    }
+
+    /// The control connection: a new RC QP and CQ on `dev`/`pd`, connected (the server
+    /// listens for it, accepts one request and stops listening, as perftest), as a
+    /// [`QpLink`].
+    pub fn control(&mut self, dev: &Device, pd: &Pd) -> Result<QpLink, PerfError> {
+        let cq = dev
+            .create_cq(&CqConfig {
+                entries: 16,
+                events: false,
+            })
+            .map_err(|e| PerfError::Setup(format!("control CQ: {e}")))?;
+        let cfg = QpConfig {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            ..QpConfig::default()
+        };
+        let mut qp = dev
+            .create_qp(pd, &cq, &cq, &cfg)
+            .map_err(|e| PerfError::Setup(format!("control QP: {e}")))?;
+        if self.role == Role::Server {
+            self.cm
+                .listen(self.addr.port())
+                .map_err(cm_err("listening"))?;
+        }
+        let r = self.connect_one(&mut qp, 0);
+        if self.role == Role::Server {
+            self.cm.unlisten(self.addr.port());
+        }
+        r?;
+        let link = QpLink::new(dev, pd, qp, cq)?;
+        self.established()?;
+        Ok(link)
+    }
+
+    /// Ends every connection, test QPs first: the side that finished sends its DREQs and
+    /// waits (bounded) for the DREPs; a DREQ the peer sent first is answered by the CM.
+    /// The QPs themselves go with their owners.
+    pub fn finish(&mut self) -> Result<(), PerfError> {
+        let conns: Vec<(ConnId, u32)> = self.conns.drain(..).rev().collect();
+        let mut first = None;
+        for (id, qpn) in conns {
+            let r = self
+                .cm
+                .disconnect(id, &mut Detached(qpn))
+                .and_then(|()| self.cm.wait_disconnected(id, STEP_WAIT));
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            None | Some(CmError::UnknownConnection(_)) => Ok(()),
+            Some(e) => Err(cm_err("disconnecting")(e)),
+        }
+    }
+}
+
+impl<T: MadTransport> QpConnector for CmSession<T> {
+    fn connect(&mut self, qps: &mut [Qp], resources: u8, _mtu: Mtu) -> Result<(), PerfError> {
+        if self.role == Role::Server {
+            self.cm
+                .listen(self.addr.port())
+                .map_err(cm_err("listening"))?;
+        }
+        let mut r = Ok(());
+        for qp in qps.iter_mut() {
+            r = self
+                .connect_one(qp, resources)
+                .and_then(|()| self.established());
+            if r.is_err() {
+                break;
+            }
+        }
+        if self.role == Role::Server {
+            self.cm.unlisten(self.addr.port());
+        }
+        r
     }
 }
 

@@ -209,3 +209,54 @@ fn send_lat_and_write_lat_over_rdma_cm() {
     assert!(got, "the send_lat server measures too");
     run_r(Op::Write, false, 64);
 }
+
+/// A whole `ib_write_bw -R`-shaped run between two uhca ends through the CM: the control
+/// connection and the test QP each connected by REQ/REP/RTU on one port, perftest's
+/// exchange on the control QP, the traffic, then DREQ/DREP for both.
+#[test]
+fn write_bw_and_send_lat_through_the_cm_between_two_uhca_ends() {
+    for (op, bw, size) in [(Op::Write, true, 4096), (Op::Send, false, 64)] {
+        let p = pair_with(64, QpConfig::default(), |_| {});
+        let dev = p.dev.clone();
+        let (ccm, scm, addr) = crate::cm_loop::cms(&dev, 18515);
+        let s = settings(op, 20, 16);
+        let (ds, ss) = (dev.clone(), s.clone());
+        let server = std::thread::spawn(move || {
+            let pd = ds.alloc_pd().unwrap();
+            let mut cm = CmSession::new(scm, Role::Server, addr);
+            let link = cm.control(&ds, &pd).unwrap();
+            let oob = Oob::over(Box::new(link), Role::Server, 0);
+            let mut bench =
+                Bench::connect_perftest_with(&ds, &ss, size, opts(bw), oob, Some(&mut cm)).unwrap();
+            if bw {
+                assert!(bench.pt_serve_bandwidth(size).unwrap().is_none());
+                assert!(bench.pt_end().unwrap().is_some(), "the client's report");
+            } else {
+                assert!(bench.pt_latency(size).unwrap().is_some());
+                bench.pt_end().unwrap();
+            }
+            cm.finish().unwrap();
+            cm.cm().counters()
+        });
+        let pd = dev.alloc_pd().unwrap();
+        let mut cm = CmSession::new(ccm, Role::Client, addr);
+        cm.set_peer_mac(dev.roce_address(0).unwrap().mac);
+        let link = cm.control(&dev, &pd).unwrap();
+        let oob = Oob::over(Box::new(link), Role::Client, 0);
+        let mut bench =
+            Bench::connect_perftest_with(&dev, &s, size, opts(bw), oob, Some(&mut cm)).unwrap();
+        if bw {
+            assert_eq!(bench.bandwidth(size).unwrap().iters, 20);
+        } else {
+            assert_eq!(bench.latency(size).unwrap().size, size);
+        }
+        bench.pt_end().unwrap();
+        cm.finish().unwrap();
+        let theirs = server.join().unwrap();
+        let ours = cm.cm().counters();
+        for c in [ours, theirs] {
+            assert_eq!((c.malformed, c.timeouts, c.rejected_no_listener), (0, 0, 0));
+        }
+        drop(p);
+    }
+}
