@@ -4,7 +4,7 @@
 //!
 //! Layers, bottom up:
 //! - [`transport`]: [`MadTransport`], the seam: whole MADs in and out, and the time. It is
-//!   implemented on the GSI QP and by [`MemTransport`], an in-memory
+//!   implemented on the GSI QP ([`GsiTransport`]) and by [`MemTransport`], an in-memory
 //!   pair with a virtual clock for deterministic tests.
 //! - [`mad`]: the MAD layer: transaction IDs, resends and timeouts, the GSI's answers for
 //!   classes nobody serves, malformed MADs dropped and counted.
@@ -51,6 +51,7 @@
 
 mod api;
 mod engine;
+mod gsi;
 pub mod mad;
 #[cfg(test)]
 mod tests;
@@ -61,6 +62,7 @@ use std::net::{IpAddr, SocketAddr};
 use uhca_hw::layout::cm::{CmWireError, RejReason};
 
 pub use engine::{Cm, CmCounters};
+pub use gsi::{GsiTransport, default_mac_of};
 pub use transport::{InMad, MadAddr, MadTransport, MemTransport, TransportError};
 
 use crate::resource::{ConnectParams, Mtu, QueueError};
@@ -183,8 +185,7 @@ impl Default for AcceptOptions<'_> {
     }
 }
 
-/// A locally administered MAC for links that need none (the model's network port).
-pub const UNRESOLVED_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0];
+pub use crate::resource::UNRESOLVED_MAC;
 
 /// Bytes of private data a REQ carries after the 36-byte cma header.
 pub const MAX_REQ_PRIVATE_DATA: usize = 92 - uhca_hw::layout::cm::CMA_HDR_SIZE;
