@@ -13,12 +13,14 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use uhca::Device;
+use uhca::cm::transport::ip_gid;
 use uhca::cm::{
-    AcceptOptions, Cm, CmError, CmQp, ConnId, ConnectOptions, MadTransport, UNRESOLVED_MAC,
+    AcceptOptions, Cm, CmConfig, CmError, CmQp, ConnId, ConnectOptions, GsiTransport, MadTransport,
+    UNRESOLVED_MAC,
 };
 use uhca::datapath::{Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
@@ -227,6 +229,35 @@ impl MsgLink for QpLink {
         self.post_recv(k)?;
         Ok(Some(b))
     }
+}
+
+/// Opens the CM on `dev`'s GSI QP (on `pd`): it sends from the GID of `local` when given
+/// (a server's bind address), else from the first GID of the family of `v4` (IPv4-mapped
+/// for an IPv4 peer, as perftest and rdma_cm pick); `mtu` is the path MTU it asks for and
+/// accepts at most. Returns the CM and that GID index.
+pub fn open_cm(
+    dev: &Device,
+    pd: &Pd,
+    local: Option<IpAddr>,
+    v4: bool,
+    mtu: Mtu,
+) -> Result<(Cm<GsiTransport>, u8), String> {
+    let x = match local.filter(|ip| !ip.is_unspecified()) {
+        Some(ip) => {
+            let gid = ip_gid(ip);
+            (0..16u8)
+                .find(|&i| dev.roce_address(u32::from(i)).is_ok_and(|a| a.gid == gid))
+                .ok_or_else(|| format!("{ip} is not an address of the device's port"))?
+        }
+        None => super::pt_run::gid_of_kind(dev, v4),
+    };
+    let cfg = CmConfig {
+        sgid_index: x,
+        mtu,
+        ..CmConfig::default()
+    };
+    let cm = Cm::open(dev, pd, cfg).map_err(|e| format!("opening the CM on QP1: {e}"))?;
+    Ok((cm, x))
 }
 
 /// How long a server waits for its client's connect request (perftest waits forever;
