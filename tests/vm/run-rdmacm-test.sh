@@ -198,7 +198,8 @@ fi
 
 # uhca-perf -R clients against perftest -R servers in the guest.
 # shellcheck disable=SC2086
-if host_client write_bw_s "$PERF" write_bw -R -p 18517 $WBW --net "$HOST_IP" "$GUEST_IP" &&
+if host_client write_bw_s "$PERF" write_bw -R -p 18517 $WBW --net "$HOST_IP" \
+    --pcap "$W/host-write_bw_s.pcap" "$GUEST_IP" &&
   guest_ok server write_bw_s " +4096 +20 " 1; then
   pass "uhca-perf write_bw -R against ib_write_bw -R in the guest"
 else
@@ -218,11 +219,11 @@ fi
 # sub-16-byte SENDs (docs/spec/rdma-cm-wire.md §7).
 for f in "$W"/host-*.pcap; do
   [ -f "$f" ] || continue
-  all=$(tshark -r "$f" 2>/dev/null | wc -l)
-  roce=$(tshark -r "$f" -Y infiniband 2>/dev/null | wc -l)
-  cm=$(tshark -r "$f" -Y infiniband.cm 2>/dev/null | wc -l)
-  bad=$(tshark -r "$f" -Y '_ws.malformed && !(infiniband.bth.opcode == 4 && frame.len < 70)' \
-    2>/dev/null | wc -l)
+  count() { { tshark -r "$f" -Y "$1" 2>/dev/null || true; } | wc -l; }
+  all=$(count frame)
+  roce=$(count infiniband)
+  cm=$(count 'infiniband.mad.mgmtclass == 0x07')
+  bad=$(count '_ws.malformed && !(infiniband.bth.opcode == 4 && frame.len < 70)')
   if [ "$all" -gt 0 ] && [ "$all" = "$roce" ] && [ "$cm" -ge 3 ] && [ "$bad" = 0 ]; then
     pass "tshark: $(basename "$f"): $all frames, all RRoCE, $cm CM MADs, none malformed"
   else

@@ -9,6 +9,8 @@ use uhca::Device;
 use uhca::cm::{Cm, CmConfig, InMad, MadAddr, MadTransport, MemTransport, TransportError};
 use uhca::hw::layout::mad::MAD_SIZE;
 
+use crate::perf::rdma_cm::{ReqPsns, Snoop};
+
 /// One end of a [`MemTransport`] pair on the real clock, whose peer is this device's own
 /// GSI (the address of every received MAD is rewritten to it): the CM then connects QPs
 /// to the device itself.
@@ -42,18 +44,24 @@ impl MadTransport for Loop {
     }
 }
 
-/// Two CMs on `dev`'s GID 0 (a client's and a server's), and the address the server's
-/// CM is reached at for `port`.
-pub fn cms(dev: &Device, port: u16) -> (Cm<Loop>, Cm<Loop>, std::net::SocketAddr) {
+/// The CM of one end in the loop, its REQs' PSNs noted.
+pub type LoopCm = Cm<Snoop<Loop>>;
+
+/// Two CMs on `dev`'s GID 0 (a client's and a server's), the address the server's CM is
+/// reached at for `port`, and the REQ PSNs each notes.
+pub fn cms(dev: &Device, port: u16) -> (LoopCm, LoopCm, std::net::SocketAddr, ReqPsns, ReqPsns) {
     let a = dev.roce_address(0).unwrap();
     let ip = uhca::cm::transport::gid_ip(&a.gid);
     let (ta, tb) = MemTransport::pair(ip, ip);
     let me = MadAddr::gsi(a.gid, a.mac);
     let start = Instant::now();
-    let l = |inner| Loop { inner, me, start };
+    let (ra, rb) = (ReqPsns::default(), ReqPsns::default());
+    let l = |inner, r: &ReqPsns| Snoop::new(Loop { inner, me, start }, r.clone());
     (
-        Cm::new(l(ta), CmConfig::with_seed(1)),
-        Cm::new(l(tb), CmConfig::with_seed(2)),
+        Cm::new(l(ta, &ra), CmConfig::with_seed(1)),
+        Cm::new(l(tb, &rb), CmConfig::with_seed(2)),
         std::net::SocketAddr::new(ip, port),
+        ra,
+        rb,
     )
 }

@@ -20,10 +20,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use uhca::Device;
-use uhca::cm::{AcceptOptions, Cm, CmEvent, ConnId, ConnectOptions, GsiTransport};
+use uhca::cm::{AcceptOptions, Cm, CmEvent, ConnId, ConnectOptions, GsiTransport, MadTransport};
 use uhca::resource::{Cq, CqConfig, Mtu, Pd, Qp, QpConfig};
 use uhca_tools::device::{self, DeviceFlags, DeviceSpec};
-use uhca_tools::perf::rdma_cm::open_cm;
+use uhca_tools::perf::rdma_cm::{PsnFix, ReqPsns, Snoop, open_cm};
 use uhca_tools::rping::{self, Options, Pinger};
 
 /// rping on uhca: RDMA CM connect/listen, then RDMA READ/WRITE pings.
@@ -90,7 +90,7 @@ fn resolve(a: &str, port: u16) -> Result<SocketAddr, String> {
 
 /// Whether the peer of connection `id` disconnected (the CM answered its DREQ); other
 /// events are of no interest here.
-fn peer_gone(cm: &mut Cm<GsiTransport>, id: ConnId) -> bool {
+fn peer_gone(cm: &mut DevCm, id: ConnId) -> bool {
     loop {
         match cm.poll() {
             Ok(Some(CmEvent::Disconnected(i) | CmEvent::TimedOut(i))) if i == id => return true,
@@ -131,7 +131,11 @@ fn session(a: &Args, dev: &Device, opts: Options) -> Result<(), String> {
     } else {
         None
     };
-    let (mut cm, _) = open_cm(dev, &pd, local, v4, Mtu::M1024)?;
+    let (mut cm, _, reqs) = open_cm(dev, &pd, local, v4, Mtu::M1024)?;
+    let c = Conn {
+        reqs,
+        gid: cm.transport().local().gid,
+    };
     let mut cq = dev
         .create_cq(&CqConfig {
             entries: 64,
@@ -149,10 +153,10 @@ fn session(a: &Args, dev: &Device, opts: Options) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let wait = Duration::from_secs(a.wait.max(1));
     let r = if a.server {
-        serve(&mut cm, dev, &pd, &mut qp, &mut cq, a.port, opts, wait)
+        serve(&mut cm, &c, dev, &pd, &mut qp, &mut cq, a.port, opts, wait)
     } else {
         let dst = target.expect("a client has -a");
-        ping(&mut cm, dev, &pd, &mut qp, &mut cq, dst, opts)
+        ping(&mut cm, &c, dev, &pd, &mut qp, &mut cq, dst, opts)
     };
     if a.debug {
         eprintln!(
@@ -164,9 +168,19 @@ fn session(a: &Args, dev: &Device, opts: Options) -> Result<(), String> {
     r
 }
 
+/// What the PSN fix of the QPs needs ([`PsnFix`]).
+struct Conn {
+    reqs: ReqPsns,
+    gid: [u8; 16],
+}
+
+/// The CM on the device's QP1, noting the REQs' PSNs.
+type DevCm = Cm<Snoop<GsiTransport>>;
+
 #[allow(clippy::too_many_arguments)]
 fn serve(
-    cm: &mut Cm<GsiTransport>,
+    cm: &mut DevCm,
+    c: &Conn,
     dev: &Device,
     pd: &Pd,
     qp: &mut Qp,
@@ -182,7 +196,11 @@ fn serve(
     cm.unlisten(port);
     // rping accepts with its default responder resources and initiator depth (1).
     let conn = cm
-        .accept(&req, qp, &AcceptOptions::default())
+        .accept(
+            &req,
+            &mut PsnFix::new(qp, &c.reqs, c.gid, true),
+            &AcceptOptions::default(),
+        )
         .map_err(|e| format!("accepting {}: {e}", req.src))?;
     let id = conn.id;
     let mut out = std::io::stdout();
@@ -200,8 +218,10 @@ fn serve(
         .map_err(|e| format!("rping server failed: {e}"))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn ping(
-    cm: &mut Cm<GsiTransport>,
+    cm: &mut DevCm,
+    c: &Conn,
     dev: &Device,
     pd: &Pd,
     qp: &mut Qp,
@@ -210,7 +230,11 @@ fn ping(
     opts: Options,
 ) -> Result<(), String> {
     let conn = cm
-        .connect(qp, dst, &ConnectOptions::default())
+        .connect(
+            &mut PsnFix::new(qp, &c.reqs, c.gid, false),
+            dst,
+            &ConnectOptions::default(),
+        )
         .map_err(|e| format!("connecting to {dst}: {e}"))?;
     let id = conn.id;
     let mut out = std::io::stdout();

@@ -11,22 +11,25 @@
 //! ([`Bench::connect_perftest_with`](super::Bench::connect_perftest_with)). The keys' QPNs and
 //! PSNs are then only printed; what the peer uses of them is the buffer's address and rkey.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use uhca::Device;
 use uhca::cm::transport::ip_gid;
 use uhca::cm::{
-    AcceptOptions, Cm, CmConfig, CmError, CmQp, ConnId, ConnectOptions, GsiTransport, MadTransport,
-    UNRESOLVED_MAC,
+    AcceptOptions, Cm, CmConfig, CmError, CmQp, ConnId, ConnectOptions, GsiTransport, InMad,
+    MadAddr, MadTransport, TransportError, UNRESOLVED_MAC,
 };
 use uhca::datapath::{Sge, WcOpcode, WcStatus};
+use uhca::hw::layout::cm::CmMessage;
 use uhca::hw::layout::cqe::CqeSyndrome;
+use uhca::hw::layout::mad::MAD_SIZE;
 use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, Mr, Mtu, Pd, Qp, QpConfig, QueueError, SendFlags,
-    SendOp, SendWr,
+    Access, ConnectParams, Cq, CqConfig, GsiConfig, Local, Mr, Mtu, Pd, Qp, QpConfig, QueueError,
+    SendFlags, SendOp, SendWr,
 };
 
 use super::PerfError;
@@ -231,6 +234,114 @@ impl MsgLink for QpLink {
     }
 }
 
+/// The starting PSNs of the REQs a CM sent and received, by the requester's QPN and GID
+/// (what [`Snoop`] saw, what [`PsnFix`] needs).
+pub type ReqPsns = Arc<Mutex<HashMap<(u32, [u8; 16]), u32>>>;
+
+/// A MAD transport that notes the starting PSN of every REQ through it (sent or received).
+pub struct Snoop<T> {
+    inner: T,
+    reqs: ReqPsns,
+}
+
+impl<T: MadTransport> Snoop<T> {
+    /// Wraps `inner`; the REQs' PSNs go to `reqs`.
+    pub fn new(inner: T, reqs: ReqPsns) -> Snoop<T> {
+        Snoop { inner, reqs }
+    }
+
+    fn note(&self, mad: &[u8]) {
+        if let Ok((_, CmMessage::Req(r))) = CmMessage::parse(mad) {
+            let mut m = self.reqs.lock().unwrap_or_else(|e| e.into_inner());
+            // A CM talks to few peers; forget the old ones beyond that.
+            if m.len() >= 1024 {
+                m.clear();
+            }
+            m.insert((r.local_qpn, r.primary.local_gid), r.starting_psn);
+        }
+    }
+}
+
+impl<T: MadTransport> MadTransport for Snoop<T> {
+    fn send(&mut self, to: &MadAddr, mad: &[u8; MAD_SIZE]) -> Result<(), TransportError> {
+        self.note(mad);
+        self.inner.send(to, mad)
+    }
+    fn recv(&mut self) -> Result<Option<InMad>, TransportError> {
+        let m = self.inner.recv()?;
+        if let Some(m) = &m {
+            self.note(&m.data[..m.len.min(MAD_SIZE)]);
+        }
+        Ok(m)
+    }
+    fn wait(&mut self, timeout: Duration) {
+        self.inner.wait(timeout)
+    }
+    fn now(&self) -> Duration {
+        self.inner.now()
+    }
+    fn local(&self) -> MadAddr {
+        self.inner.local()
+    }
+}
+
+/// A QP the CM connects with the PSNs as Linux's CM uses them
+/// (`docs/spec/rdma-cm-wire.md` §2, seen on the wire between two soft-RoCE ends): the
+/// REQ's starting PSN is what the **passive** side sends with and the active side expects,
+/// the REP's the reverse. The CM (`uhca::cm`, as of this writing) programs them the other
+/// way round, which works between two uhca ends but not against Linux; this wrapper puts
+/// the REQ's PSN where it belongs (and the CM's other PSN, the REP's, in the other place),
+/// whichever way the CM hands them over, so it stays right when the CM is fixed.
+pub struct PsnFix<'a> {
+    qp: &'a mut Qp,
+    reqs: ReqPsns,
+    /// This end's GID (the requester's, on the active side).
+    gid: [u8; 16],
+    passive: bool,
+}
+
+impl<'a> PsnFix<'a> {
+    /// `qp`, to be connected by the active side (`passive` false, from the port's `gid`)
+    /// or the passive side.
+    pub fn new(qp: &'a mut Qp, reqs: &ReqPsns, gid: [u8; 16], passive: bool) -> PsnFix<'a> {
+        PsnFix {
+            qp,
+            reqs: reqs.clone(),
+            gid,
+            passive,
+        }
+    }
+}
+
+impl CmQp for PsnFix<'_> {
+    fn qpn(&self) -> u32 {
+        self.qp.qpn()
+    }
+    fn connect_qp(&mut self, p: &ConnectParams) -> Result<(), QueueError> {
+        let key = if self.passive {
+            (p.remote_qpn, p.remote_gid)
+        } else {
+            (self.qp.qpn(), self.gid)
+        };
+        let req = self
+            .reqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .copied();
+        let mut q = *p;
+        if let Some(req) = req {
+            // The REP's PSN: the one of the two that is not the REQ's.
+            let rep = if p.sq_psn == req { p.rq_psn } else { p.sq_psn };
+            (q.sq_psn, q.rq_psn) = if self.passive { (req, rep) } else { (rep, req) };
+        }
+        self.qp.connect(&q)
+    }
+    fn disconnect_qp(&mut self) -> Result<(), QueueError> {
+        self.qp.to_err()
+    }
+}
+
 /// Opens the CM on `dev`'s GSI QP (on `pd`): it sends from the GID of `local` when given
 /// (a server's bind address), else from the first GID of the family of `v4` (IPv4-mapped
 /// for an IPv4 peer, as perftest and rdma_cm pick); `mtu` is the path MTU it asks for and
@@ -241,7 +352,7 @@ pub fn open_cm(
     local: Option<IpAddr>,
     v4: bool,
     mtu: Mtu,
-) -> Result<(Cm<GsiTransport>, u8), String> {
+) -> Result<(Cm<Snoop<GsiTransport>>, u8, ReqPsns), String> {
     let x = match local.filter(|ip| !ip.is_unspecified()) {
         Some(ip) => {
             let gid = ip_gid(ip);
@@ -256,8 +367,13 @@ pub fn open_cm(
         mtu,
         ..CmConfig::default()
     };
-    let cm = Cm::open(dev, pd, cfg).map_err(|e| format!("opening the CM on QP1: {e}"))?;
-    Ok((cm, x))
+    let open = |e: &dyn std::fmt::Display| format!("opening the CM on QP1: {e}");
+    let gsi = dev
+        .open_gsi(pd, &GsiConfig::default())
+        .map_err(|e| open(&e))?;
+    let t = GsiTransport::new(dev, gsi, x).map_err(|e| open(&e))?;
+    let reqs = ReqPsns::default();
+    Ok((Cm::new(Snoop::new(t, reqs.clone()), cfg), x, reqs))
 }
 
 /// How long a server waits for its client's connect request (perftest waits forever;
@@ -297,17 +413,24 @@ pub struct CmSession<T: MadTransport> {
     conns: Vec<(ConnId, u32)>,
     /// The MAC a client's QPs send to (`ConnectOptions::peer_mac`).
     peer_mac: [u8; 6],
+    /// The REQs' PSNs ([`PsnFix`]) and this end's GID.
+    reqs: ReqPsns,
+    gid: [u8; 16],
 }
 
 impl<T: MadTransport> CmSession<T> {
     /// A session on `cm`: a client connects to `addr`, a server listens on `addr`'s port.
-    pub fn new(cm: Cm<T>, role: Role, addr: SocketAddr) -> CmSession<T> {
+    /// `reqs` is what the CM's transport notes of the REQs ([`Snoop`]).
+    pub fn new(cm: Cm<T>, role: Role, addr: SocketAddr, reqs: ReqPsns) -> CmSession<T> {
+        let gid = cm.transport().local().gid;
         CmSession {
             cm,
             role,
             addr,
             conns: Vec::new(),
             peer_mac: UNRESOLVED_MAC,
+            reqs,
+            gid,
         }
     }
 
@@ -333,8 +456,9 @@ impl<T: MadTransport> CmSession<T> {
                     peer_mac: self.peer_mac,
                     ..ConnectOptions::default()
                 };
+                let mut q = PsnFix::new(qp, &self.reqs, self.gid, false);
                 self.cm
-                    .connect(qp, self.addr, &opts)
+                    .connect(&mut q, self.addr, &opts)
                     .map_err(cm_err("connecting"))?
                     .id
             }
@@ -348,9 +472,10 @@ impl<T: MadTransport> CmSession<T> {
                     initiator_depth: resources,
                     ..AcceptOptions::default()
                 };
+                let mut q = PsnFix::new(qp, &self.reqs, self.gid, true);
                 let c = self
                     .cm
-                    .accept(&req, qp, &opts)
+                    .accept(&req, &mut q, &opts)
                     .map_err(cm_err("accepting"))?;
                 c.id
             }

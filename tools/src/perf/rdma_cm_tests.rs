@@ -218,12 +218,12 @@ fn write_bw_and_send_lat_through_the_cm_between_two_uhca_ends() {
     for (op, bw, size) in [(Op::Write, true, 4096), (Op::Send, false, 64)] {
         let p = pair_with(64, QpConfig::default(), |_| {});
         let dev = p.dev.clone();
-        let (ccm, scm, addr) = crate::cm_loop::cms(&dev, 18515);
+        let (ccm, scm, addr, creqs, sreqs) = crate::cm_loop::cms(&dev, 18515);
         let s = settings(op, 20, 16);
         let (ds, ss) = (dev.clone(), s.clone());
         let server = std::thread::spawn(move || {
             let pd = ds.alloc_pd().unwrap();
-            let mut cm = CmSession::new(scm, Role::Server, addr);
+            let mut cm = CmSession::new(scm, Role::Server, addr, sreqs);
             let link = cm.control(&ds, &pd).unwrap();
             let oob = Oob::over(Box::new(link), Role::Server, 0);
             let mut bench =
@@ -239,7 +239,7 @@ fn write_bw_and_send_lat_through_the_cm_between_two_uhca_ends() {
             cm.cm().counters()
         });
         let pd = dev.alloc_pd().unwrap();
-        let mut cm = CmSession::new(ccm, Role::Client, addr);
+        let mut cm = CmSession::new(ccm, Role::Client, addr, creqs);
         cm.set_peer_mac(dev.roce_address(0).unwrap().mac);
         let link = cm.control(&dev, &pd).unwrap();
         let oob = Oob::over(Box::new(link), Role::Client, 0);
