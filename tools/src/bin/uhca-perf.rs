@@ -1094,18 +1094,43 @@ fn rdma_cm_run(a: &Args, dev: &uhca::Device, host: Option<&str>, port: u16) -> R
         println!("* Waiting for client rdma_cm QP to connect *");
         println!("************************************");
     }
-    let link = session.control(dev, &pd).map_err(|e| e.to_string())?;
+    let r = rdma_cm_bench(a, dev, &pd, &mut session, sgid, &sizes, &settings, max);
+    // A failed run still ends what it connected, so the peer does not wait for it.
+    let finished = session.finish().map_err(|e| e.to_string());
+    r.and(finished)
+}
+
+/// The part of [`rdma_cm_run`] between the CM's setup and its end.
+#[allow(clippy::too_many_arguments)]
+fn rdma_cm_bench(
+    a: &Args,
+    dev: &uhca::Device,
+    pd: &uhca::resource::Pd,
+    session: &mut uhca_tools::perf::rdma_cm::CmSession<
+        uhca_tools::perf::rdma_cm::Snoop<uhca::cm::GsiTransport>,
+    >,
+    sgid: u8,
+    sizes: &[usize],
+    settings: &Settings,
+    max: usize,
+) -> Result<(), String> {
+    let role = if a.host.is_some() {
+        Role::Client
+    } else {
+        Role::Server
+    };
+    let link = session.control(dev, pd).map_err(|e| e.to_string())?;
     let oob = Oob::over(Box::new(link), role, u32::from(sgid));
     let mut bench =
-        Bench::connect_perftest_with(dev, &settings, max, pt_options(a), oob, Some(&mut session))
+        Bench::connect_perftest_with(dev, settings, max, pt_options(a), oob, Some(session))
             .map_err(|e| e.to_string())?;
     header(a, bench.settings(), &bench);
     if role == Role::Client {
-        drive(a, &mut bench, &sizes)?;
+        drive(a, &mut bench, sizes)?;
         bench.pt_end().map_err(|e| e.to_string())?;
     } else {
         let mut columns = false;
-        for &s in &sizes {
+        for &s in sizes {
             if a.mode.is_bw() {
                 if let Some(r) = bench.pt_serve_bandwidth(s).map_err(|e| e.to_string())? {
                     if !std::mem::replace(&mut columns, true) {
@@ -1128,7 +1153,7 @@ fn rdma_cm_run(a: &Args, dev: &uhca::Device, host: Option<&str>, port: u16) -> R
         }
         closing(a);
     }
-    session.finish().map_err(|e| e.to_string())
+    Ok(())
 }
 
 #[cfg(test)]

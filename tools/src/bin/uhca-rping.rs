@@ -23,7 +23,7 @@ use uhca::Device;
 use uhca::cm::{AcceptOptions, Cm, CmEvent, ConnId, ConnectOptions, GsiTransport, MadTransport};
 use uhca::resource::{Cq, CqConfig, Mtu, Pd, Qp, QpConfig};
 use uhca_tools::device::{self, DeviceFlags, DeviceSpec};
-use uhca_tools::perf::rdma_cm::{PsnFix, ReqPsns, Snoop, open_cm};
+use uhca_tools::perf::rdma_cm::{PsnFix, ReqPsns, Snoop, connect_fresh, open_cm};
 use uhca_tools::rping::{self, Options, Pinger};
 
 /// rping on uhca: RDMA CM connect/listen, then RDMA READ/WRITE pings.
@@ -229,13 +229,13 @@ fn ping(
     dst: SocketAddr,
     opts: Options,
 ) -> Result<(), String> {
-    let conn = cm
-        .connect(
-            &mut PsnFix::new(qp, &c.reqs, c.gid, false),
-            dst,
-            &ConnectOptions::default(),
-        )
-        .map_err(|e| format!("connecting to {dst}: {e}"))?;
+    let conn = connect_fresh(
+        cm,
+        &mut PsnFix::new(qp, &c.reqs, c.gid, false),
+        dst,
+        &ConnectOptions::default(),
+    )
+    .map_err(|e| format!("connecting to {dst}: {e}"))?;
     let id = conn.id;
     let mut out = std::io::stdout();
     let pinged = {

@@ -20,11 +20,12 @@ use std::time::{Duration, Instant};
 use uhca::Device;
 use uhca::cm::transport::ip_gid;
 use uhca::cm::{
-    AcceptOptions, Cm, CmConfig, CmError, CmQp, ConnId, ConnectOptions, GsiTransport, InMad,
-    MadAddr, MadTransport, TransportError, UNRESOLVED_MAC,
+    AcceptOptions, Cm, CmConfig, CmError, CmQp, ConnId, ConnectOptions, Connection, GsiTransport,
+    InMad, MadAddr, MadTransport, TransportError, UNRESOLVED_MAC,
 };
 use uhca::datapath::{Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cm::CmMessage;
+use uhca::hw::layout::cm::RejReason;
 use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::hw::layout::mad::MAD_SIZE;
 use uhca::resource::{
@@ -376,6 +377,35 @@ pub fn open_cm(
     Ok((Cm::new(Snoop::new(t, reqs.clone()), cfg), x, reqs))
 }
 
+/// How often a connect rejected as a stale connection is tried again, a second apart.
+const STALE_TRIES: u32 = 30;
+
+/// [`Cm::connect`], tried again while the peer rejects the REQ as a stale connection
+/// (reason 10). A peer keeps a connection's QPN in "time wait" for a while after it ended
+/// (Linux: `cm_match_req` rejects a REQ from a QPN it still holds, and disconnects the old
+/// connection); a new process on the model numbers its QPs as the last one did, so its
+/// first REQs meet that. Bounded: [`STALE_TRIES`] times.
+pub fn connect_fresh<T: MadTransport, Q: CmQp>(
+    cm: &mut Cm<T>,
+    qp: &mut Q,
+    dst: SocketAddr,
+    opts: &ConnectOptions<'_>,
+) -> Result<Connection, CmError> {
+    let mut tries = 0;
+    loop {
+        match cm.connect(qp, dst, opts) {
+            Err(CmError::Rejected {
+                reason: RejReason::StaleConn,
+                ..
+            }) if tries < STALE_TRIES => {
+                tries += 1;
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// How long a server waits for its client's connect request (perftest waits forever;
 /// bounded here).
 pub const ACCEPT_WAIT: Duration = Duration::from_secs(600);
@@ -457,8 +487,7 @@ impl<T: MadTransport> CmSession<T> {
                     ..ConnectOptions::default()
                 };
                 let mut q = PsnFix::new(qp, &self.reqs, self.gid, false);
-                self.cm
-                    .connect(&mut q, self.addr, &opts)
+                connect_fresh(&mut self.cm, &mut q, self.addr, &opts)
                     .map_err(cm_err("connecting"))?
                     .id
             }
