@@ -5,7 +5,8 @@
 # side of a private network (netns + bridge + tap, no NAT), the model's port on it (`--net`,
 # RoCEv2 on UDP 4791). Both roles each way:
 #   rping -c (guest) -> uhca-rping -s;  uhca-rping -c -> rping -s (guest)   (-C 3 -S 64 -V)
-#   ib_write_bw -R / ib_send_lat -R (guest clients) -> uhca-perf -R servers, and the reverse
+#   ib_write_bw -R / ib_send_lat -R (guest clients) -> uhca-perf -R servers, and the reverse;
+#   ib_send_bw -R -> uhca-perf -R server; uhca-perf write_lat -R -> ib_write_lat -R server
 # First a baseline of the same programs on rxe against itself inside the guest (labelled
 # BASELINE, not counted as uhca's result: it shows the guest's tools work). rping's -V and
 # uhca-rping's -V check the bytes of every ping. The host's captures are decoded by tshark
@@ -47,6 +48,8 @@ vm_rdma_rootfs
 # The perftest flags both ends take; small counts (TCG moves a few MB/s).
 WBW="-s 4096 -n 20"
 SLAT="-s 64 -n 100"
+SBW="-s 1024 -n 20"
+WLAT="-s 64 -n 100"
 cat > "$W/plan" <<EOF
 sh base_rping rping -s -a @ME@ -p 7400 -C 3 -S 64 & sleep 2; rping -c -a @ME@ -p 7400 -C 3 -v -V -S 64; r=\$?; wait; exit \$r
 sh base_write_bw ib_write_bw -R -p 18600 $WBW & sleep 2; ib_write_bw -R -p 18600 $WBW @ME@; r=\$?; wait; exit \$r
@@ -54,8 +57,10 @@ client rping_c rping -c -a @PEER@ -p 7471 -C 3 -v -V -S 64
 server rping_s rping -s -a @ME@ -p 7472 -C 3 -v -V -S 64
 client write_bw_c ib_write_bw -R -p 18515 $WBW @PEER@
 client send_lat_c ib_send_lat -R -p 18516 $SLAT @PEER@
+client send_bw_c ib_send_bw -R -p 18519 $SBW @PEER@
 server write_bw_s ib_write_bw -R -p 18517 $WBW
 server send_lat_s ib_send_lat -R -p 18518 $SLAT
+server write_lat_s ib_write_lat -R -p 18520 $WLAT
 EOF
 vm_rdma_initrd "$W/initrd" "$HERE/rdmacm-init" "$W/plan"
 
@@ -135,11 +140,12 @@ for t in "base_rping:ping data: rdma-ping-2" "base_write_bw: +4096 +20 "; do
   fi
 done
 
-# A host command ($1: name, then the command) run in the namespace, bounded.
+# A host command ($1: name, then the command) run in the namespace, bounded, its port's
+# frames captured (the last try's, for a client that is tried again).
 host() {
   local name=$1
   shift
-  timeout 300 "${IN_NS[@]}" "$@" > "$W/host-$name.log" 2>&1
+  timeout 300 "${IN_NS[@]}" "$@" --pcap "$W/host-$name.pcap" > "$W/host-$name.log" 2>&1
 }
 
 # A host client, retried while the guest's server is not listening yet (the CM's REJ for a
@@ -157,8 +163,7 @@ host_client() {
 }
 
 # rping in the guest as the client, uhca-rping on the host as the server.
-if host rping_c "$RPING" -s -a "$HOST_IP" -p 7471 -C 3 -v -S 64 --net "$HOST_IP" \
-    --pcap "$W/host-rping_c.pcap" &&
+if host rping_c "$RPING" -s -a "$HOST_IP" -p 7471 -C 3 -v -S 64 --net "$HOST_IP" &&
   guest_ok client rping_c "ping data: rdma-ping-2: " 1 &&
   [ "$(grep -c "^server ping data: rdma-ping-" "$W/host-rping_c.log")" = 3 ]; then
   pass "rping -c -C 3 -V in the guest against uhca-rping -s"
@@ -179,8 +184,7 @@ fi
 
 # perftest -R clients in the guest against uhca-perf -R servers.
 # shellcheck disable=SC2086
-if host write_bw_c "$PERF" write_bw -R -p 18515 $WBW --net "$HOST_IP" \
-    --pcap "$W/host-write_bw_c.pcap" &&
+if host write_bw_c "$PERF" write_bw -R -p 18515 $WBW --net "$HOST_IP" &&
   guest_ok client write_bw_c " +4096 +20 " 1; then
   pass "ib_write_bw -R in the guest against uhca-perf write_bw -R"
 else
@@ -196,10 +200,18 @@ else
   show "$W/host-send_lat_c.log" send_lat_c
 fi
 
+# shellcheck disable=SC2086
+if host send_bw_c "$PERF" send_bw -R -p 18519 $SBW --net "$HOST_IP" &&
+  guest_ok client send_bw_c " +1024 +20 " 1; then
+  pass "ib_send_bw -R in the guest against uhca-perf send_bw -R"
+else
+  fail "ib_send_bw -R in the guest against uhca-perf send_bw -R (host log: $W/host-send_bw_c.log)"
+  show "$W/host-send_bw_c.log" send_bw_c
+fi
+
 # uhca-perf -R clients against perftest -R servers in the guest.
 # shellcheck disable=SC2086
-if host_client write_bw_s "$PERF" write_bw -R -p 18517 $WBW --net "$HOST_IP" \
-    --pcap "$W/host-write_bw_s.pcap" "$GUEST_IP" &&
+if host_client write_bw_s "$PERF" write_bw -R -p 18517 $WBW --net "$HOST_IP" "$GUEST_IP" &&
   guest_ok server write_bw_s " +4096 +20 " 1; then
   pass "uhca-perf write_bw -R against ib_write_bw -R in the guest"
 else
@@ -213,6 +225,15 @@ if host_client send_lat_s "$PERF" send_lat -R -p 18518 $SLAT --net "$HOST_IP" "$
 else
   fail "uhca-perf send_lat -R against ib_send_lat -R in the guest (host log: $W/host-send_lat_s.log)"
   show "$W/host-send_lat_s.log" send_lat_s
+fi
+
+# shellcheck disable=SC2086
+if host_client write_lat_s "$PERF" write_lat -R -p 18520 $WLAT --net "$HOST_IP" "$GUEST_IP" &&
+  guest_ok server write_lat_s " +64 +100 " 1; then
+  pass "uhca-perf write_lat -R against ib_write_lat -R in the guest"
+else
+  fail "uhca-perf write_lat -R against ib_write_lat -R in the guest (host log: $W/host-write_lat_s.log)"
+  show "$W/host-write_lat_s.log" write_lat_s
 fi
 
 # The captures: every frame RoCEv2, the CM's MADs decoded, nothing malformed but perftest's

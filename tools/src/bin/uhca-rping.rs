@@ -23,7 +23,7 @@ use uhca::Device;
 use uhca::cm::{AcceptOptions, Cm, CmEvent, ConnId, ConnectOptions, GsiTransport, MadTransport};
 use uhca::resource::{Cq, CqConfig, Mtu, Pd, Qp, QpConfig};
 use uhca_tools::device::{self, DeviceFlags, DeviceSpec};
-use uhca_tools::perf::rdma_cm::{PsnFix, ReqPsns, Snoop, connect_fresh, open_cm};
+use uhca_tools::perf::rdma_cm::{PsnFix, ReqPsns, Snoop, connect_fresh, linger, open_cm};
 use uhca_tools::rping::{self, Options, Pinger};
 
 /// rping on uhca: RDMA CM connect/listen, then RDMA READ/WRITE pings.
@@ -131,7 +131,11 @@ fn session(a: &Args, dev: &Device, opts: Options) -> Result<(), String> {
     } else {
         None
     };
-    let (mut cm, _, reqs) = open_cm(dev, &pd, local, v4, Mtu::M1024)?;
+    let model = matches!(
+        a.spec(),
+        DeviceSpec::Model | DeviceSpec::NetModel(_) | DeviceSpec::LinkedModel { .. }
+    );
+    let (mut cm, _, reqs) = open_cm(dev, &pd, local, v4, Mtu::M1024, model)?;
     let c = Conn {
         reqs,
         gid: cm.transport().local().gid,
@@ -213,6 +217,7 @@ fn serve(
     eprintln!("server DISCONNECT EVENT...");
     let _ = cm.disconnect(id, qp);
     let _ = cm.wait_disconnected(id, Duration::from_secs(5));
+    linger(cm);
     served
         .map(drop)
         .map_err(|e| format!("rping server failed: {e}"))
@@ -244,6 +249,7 @@ fn ping(
     };
     let _ = cm.disconnect(id, qp);
     let _ = cm.wait_disconnected(id, Duration::from_secs(5));
+    linger(cm);
     eprintln!("client DISCONNECT EVENT...");
     pinged
         .map(drop)
