@@ -1087,11 +1087,7 @@ fn rdma_cm_run(a: &Args, dev: &uhca::Device, host: Option<&str>, port: u16) -> R
         None => (Role::Server, SocketAddr::from(([0, 0, 0, 0], port))),
     };
     let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
-    let model = matches!(
-        a.spec(),
-        DeviceSpec::Model | DeviceSpec::NetModel(_) | DeviceSpec::LinkedModel { .. }
-    );
-    let (cm, sgid, reqs) = open_cm(dev, &pd, None, addr.is_ipv4(), settings.mtu, model)?;
+    let (cm, sgid, reqs) = open_cm(dev, &pd, None, addr.is_ipv4(), settings.mtu)?;
     let mut session = CmSession::new(cm, role, addr, reqs);
     if role == Role::Server {
         println!("************************************");

@@ -131,11 +131,7 @@ fn session(a: &Args, dev: &Device, opts: Options) -> Result<(), String> {
     } else {
         None
     };
-    let model = matches!(
-        a.spec(),
-        DeviceSpec::Model | DeviceSpec::NetModel(_) | DeviceSpec::LinkedModel { .. }
-    );
-    let (mut cm, _, reqs) = open_cm(dev, &pd, local, v4, Mtu::M1024, model)?;
+    let (mut cm, _, reqs) = open_cm(dev, &pd, local, v4, Mtu::M1024)?;
     let c = Conn {
         reqs,
         gid: cm.transport().local().gid,

@@ -346,15 +346,13 @@ impl CmQp for PsnFix<'_> {
 /// Opens the CM on `dev`'s GSI QP (on `pd`): it sends from the GID of `local` when given
 /// (a server's bind address), else from the first GID of the family of `v4` (IPv4-mapped
 /// for an IPv4 peer, as perftest and rdma_cm pick); `mtu` is the path MTU it asks for and
-/// accepts at most; `model`: the device is the built-in model, which gets a CA GUID of this
-/// process's own ([`process_guid`]). Returns the CM, that GID index and the REQs' PSNs.
+/// accepts at most. Returns the CM, that GID index and the REQs' PSNs.
 pub fn open_cm(
     dev: &Device,
     pd: &Pd,
     local: Option<IpAddr>,
     v4: bool,
     mtu: Mtu,
-    model: bool,
 ) -> Result<(Cm<Snoop<GsiTransport>>, u8, ReqPsns), String> {
     let x = match local.filter(|ip| !ip.is_unspecified()) {
         Some(ip) => {
@@ -365,14 +363,9 @@ pub fn open_cm(
         }
         None => super::pt_run::gid_of_kind(dev, v4),
     };
-    let mac = dev
-        .roce_address(u32::from(x))
-        .map_err(|e| format!("GID {x}: {e}"))?
-        .mac;
     let cfg = CmConfig {
         sgid_index: x,
         mtu,
-        ca_guid: if model { process_guid(mac) } else { 0 },
         ..CmConfig::default()
     };
     let open = |e: &dyn std::fmt::Display| format!("opening the CM on QP1: {e}");
@@ -391,7 +384,7 @@ const STALE_TRIES: u32 = 30;
 /// (reason 10). A peer keeps a connection's QPN in "time wait" for a while after it ended
 /// (Linux: `cm_match_req` rejects a REQ from a QPN it still holds, and disconnects the old
 /// connection); a new process on the model numbers its QPs as the last one did, so its
-/// first REQs meet that. Bounded: [`STALE_TRIES`] times.
+/// first REQs meet that. Bounded: 30 tries.
 pub fn connect_fresh<T: MadTransport, Q: CmQp>(
     cm: &mut Cm<T>,
     qp: &mut Q,
@@ -601,21 +594,6 @@ pub fn linger<T: MadTransport>(cm: &mut Cm<T>) {
             Err(_) => break,
         }
     }
-}
-
-/// A CA GUID of this process's own for a model port whose MAC (`mac`) every process on the
-/// host shares: the EUI-64 of the MAC with a per-process value where EUI-64 puts `ff:fe`. A
-/// peer keys the connections it still holds (time wait, or a DREQ it resends) by the
-/// requester's CA GUID and QPN (Linux `cm_insert_remote_qpn`) and rejects a REQ that matches
-/// one as a stale connection (docs/spec/rdma-cm-wire.md §8); a new process on the model
-/// numbers its QPs as the last one did, so with the same GUID it would meet that.
-pub fn process_guid(mac: [u8; 6]) -> u64 {
-    use std::hash::{BuildHasher, Hash, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    std::process::id().hash(&mut h);
-    let r = (h.finish() as u16).max(1).to_be_bytes();
-    let m = mac;
-    u64::from_be_bytes([m[0] ^ 2, m[1], m[2], r[0], r[1], m[3], m[4], m[5]])
 }
 
 impl<T: MadTransport> QpConnector for CmSession<T> {

@@ -260,12 +260,3 @@ fn write_bw_and_send_lat_through_the_cm_between_two_uhca_ends() {
         drop(p);
     }
 }
-
-#[test]
-fn a_model_process_has_a_ca_guid_of_its_own_around_its_mac() {
-    let mac = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
-    let g = process_guid(mac).to_be_bytes();
-    assert_eq!(g[..3], [0x50, 0x54, 0x00], "the U/L bit flipped, as EUI-64");
-    assert_eq!(g[5..], [0x12, 0x34, 0x56]);
-    assert_ne!(g[3..5], [0, 0]);
-}
