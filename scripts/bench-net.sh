@@ -12,7 +12,7 @@
 # processes take turns on the cores and the latencies measure the scheduler.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-P=$ROOT/target/release/uhca-perf
+P=${UHCA_PERF:-$ROOT/target/release/uhca-perf}
 lat=${1:-100000}
 bw=${2:-20000}
 echo "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"

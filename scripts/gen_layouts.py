@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Transcribes the `| Byte | Bits | Field |` tables of shared/spec/prm-subset.md into
+"""Transcribes the `| Byte | Bits | Field |` tables of docs/spec/prm-subset.md into
 `layout!` invocations (printed to stdout, one block per table name given on the command line).
 
-Used once to write hw/src/layout/*.rs; kept so a new table can be added the same way:
+Used once to write hw/layout/src/*.rs; kept so a new table can be added the same way:
     scripts/gen_layouts.py docs/spec/prm-subset.md cqc create_cq_in > /tmp/out.rs
 Hand-written layouts (init segment, CQE, EQE, WQE segments) use other table shapes."""
 import re, sys

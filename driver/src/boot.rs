@@ -4,11 +4,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use uhca_hw::layout::Buf;
-use uhca_hw::layout::caps::CmdHcaCap;
-use uhca_hw::layout::cmd::{CapType, QueryPagesOpMod};
-use uhca_hw::layout::eqe::EventType;
-use uhca_hw::layout::init_seg::{InitSeg, cmdq_addr_l_sz, decode_timeout_ms, reg};
+use uhca_layout::Buf;
+use uhca_layout::caps::CmdHcaCap;
+use uhca_layout::cmd::{CapType, QueryPagesOpMod};
+use uhca_layout::eqe::EventType;
+use uhca_layout::init_seg::{InitSeg, cmdq_addr_l_sz, decode_timeout_ms, reg};
 
 use crate::cmd::ops;
 use crate::cmd::{CmdIf, CmdIfParams};
@@ -66,7 +66,10 @@ pub(crate) fn boot(
         .cmd_timeout
         .unwrap_or(Duration::from_millis(exec_to) + Duration::from_secs(1));
     // §4 step 1: program the queue address, then wait for `initializing` = 0 again.
-    let dma = DmaSpace::new(function.clone());
+    // Every DMA region from here on (command queue, mailboxes, firmware pages, queues) is
+    // charged against RLIMIT_MEMLOCK under the configured policy, as registrations are.
+    let memlock = config.memlock.for_function(function.pins_dma_memory());
+    let dma = DmaSpace::with_memlock(function.clone(), memlock);
     let cmd = CmdIf::new(
         bar.clone(),
         &dma,

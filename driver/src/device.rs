@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use uhca_hw::layout::cmd::CmdStatus;
-use uhca_hw::layout::eqe::{EqePageReq, EqePortChange, EventType, PortChangeSubtype};
+use uhca_layout::cmd::CmdStatus;
+use uhca_layout::eqe::{EqePageReq, EqePortChange, EventType, PortChangeSubtype};
 
 use crate::cmd::ops::{self, Exec};
 use crate::cmd::{CmdError, CmdIf, SlotClass};
@@ -74,8 +74,10 @@ pub struct DeviceConfig {
     pub cmd_timeout: Option<Duration>,
     /// log2 entries of the control EQ.
     pub control_eq_log_size: u32,
-    /// How memory registration checks pinned memory against RLIMIT_MEMLOCK (the default,
-    /// the kernel's rule, applies only to functions that pin: kernel VFIO).
+    /// How pinned DMA memory is checked against RLIMIT_MEMLOCK: every region the driver
+    /// maps for the device (command queue and mailboxes, firmware pages, queues, doorbell
+    /// records) and every registered MR (the default, the kernel's rule, applies only to
+    /// functions that pin: kernel VFIO). [`DmaSpace::pinned_bytes`] is the device's figure.
     pub memlock: crate::dma::MemlockPolicy,
 }
 
@@ -181,7 +183,7 @@ pub struct DeviceInner {
     pub(crate) state: AtomicU8,
     pub(crate) config: DeviceConfig,
     /// Completion EQs and interrupt vectors of the data path.
-    pub(crate) dp: crate::resource::cq::DeviceQueues,
+    pub(crate) dp: crate::resource::comp_eq::DeviceQueues,
 }
 
 impl std::fmt::Debug for DeviceInner {
@@ -193,16 +195,6 @@ impl std::fmt::Debug for DeviceInner {
 }
 
 impl DeviceInner {
-    /// The memory-lock policy of registrations on this device: the configured one, as it
-    /// applies to a function that pins DMA memory or not ([`MemlockPolicy::for_function`]).
-    ///
-    /// [`MemlockPolicy::for_function`]: crate::dma::MemlockPolicy::for_function
-    pub(crate) fn pin_policy(&self) -> crate::dma::MemlockPolicy {
-        self.config
-            .memlock
-            .for_function(self.function.pins_dma_memory())
-    }
-
     /// Whether commands may still be sent (not closed, not dead).
     pub(crate) fn is_open(&self) -> bool {
         self.state.load(Ordering::Acquire) == OPEN

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use uhca_hw::layout::init_seg::{HealthSyndrome, NicInterface, cmdq_addr_l_sz, reg};
+use uhca_layout::init_seg::{HealthSyndrome, NicInterface, cmdq_addr_l_sz, reg};
 
 use crate::pci::Bar;
 

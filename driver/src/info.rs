@@ -1,6 +1,6 @@
 //! A device summary in the terms users know from `ibv_devinfo -v`.
 
-use uhca_hw::layout::caps::{AtomicCaps, CmdHcaCap, DeviceMemCap, RoceCap};
+use uhca_layout::caps::{AtomicCaps, CmdHcaCap, DeviceMemCap, RoceCap};
 
 use crate::cmd::ops;
 use crate::device::{Device, DeviceError};
@@ -308,7 +308,7 @@ impl Device {
     /// `clear` the device zeroes them as it reads them (read-and-clear, nothing lost).
     pub fn port_counters(&self, port: u32, clear: bool) -> Result<PortCounters, CountersError> {
         let g = CmdHcaCap::new_unchecked(&self.caps().general[..]);
-        if !uhca_hw::layout::cmds::cap_vport_counters(&self.caps().general[..]) {
+        if !uhca_layout::cmds::cap_vport_counters(&self.caps().general[..]) {
             return Err(CountersError::Unsupported);
         }
         let ports = g.num_ports().max(1);
@@ -354,8 +354,8 @@ impl Device {
     /// docs/spec/mlx5-ib-objects.md §3): `128 << pkey_table_size` entries, the P_Key in
     /// `[15:0]` of each (0: an unused entry; the high bit: full membership).
     pub fn pkey_table(&self) -> Result<Vec<u16>, DeviceError> {
-        use uhca_hw::layout::cmd::Opcode;
-        use uhca_hw::layout::srq::{QueryHcaVportPkeyIn, QueryHcaVportPkeyOut};
+        use uhca_layout::cmd::Opcode;
+        use uhca_layout::srq::{QueryHcaVportPkeyIn, QueryHcaVportPkeyOut};
         let g = CmdHcaCap::new_unchecked(&self.caps().general[..]);
         // Linux `mlx5_to_sw_pkey_sz`; the field is a log, bounded so the output stays sane.
         let n = 128usize << g.pkey_table_size().min(5);
@@ -371,7 +371,7 @@ impl Device {
         let base = QueryHcaVportPkeyOut::<()>::PKEY;
         let out = self.cmd().exec(&i, base + 4 * n)?;
         Ok((0..n)
-            .map(|k| uhca_hw::layout::Buf::read_be32(&out[..], base + 4 * k) as u16)
+            .map(|k| uhca_layout::Buf::read_be32(&out[..], base + 4 * k) as u16)
             .collect())
     }
 }

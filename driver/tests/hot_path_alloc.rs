@@ -5,7 +5,8 @@
 //! - Against the instant stand-in device of `datapath::rig` (no device thread at all):
 //!   posting, ringing and polling many batches.
 //! - Against the real in-process model HCA: RDMA WRITEs, SENDs and RECVs between two
-//!   connected QPs in loopback, with every completion polled, in steady state.
+//!   connected QPs in loopback, with every completion polled, in steady state; UD SENDs
+//!   (SGE and inline, with immediate) and their receives between two UD QPs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -16,7 +17,10 @@ use alloc_common::wait_into;
 use uhca::Device;
 use uhca::datapath::rig::Rig;
 use uhca::datapath::{Completion, Remote, Sge, WcOpcode};
-use uhca::resource::{Access, ConnectParams, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr};
+use uhca::resource::{
+    Access, AhAttr, ConnectParams, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr, UdDest,
+    UdParams, UdSendWr,
+};
 
 /// The system allocator, counting allocations (and reallocations) per thread.
 struct Counting;
@@ -189,4 +193,69 @@ fn writes_sends_and_receives_on_the_model_allocate_nothing_in_steady_state() {
     let mut back = [0u8; 64];
     dst.read(0, &mut back).unwrap();
     assert_eq!(back, [0x5A; 64], "the WRITEs landed");
+}
+
+#[test]
+fn ud_sends_and_receives_on_the_model_allocate_nothing_in_steady_state() {
+    const BATCH: u64 = 16;
+    const ROUNDS: u64 = 320;
+    const QKEY: u32 = 0x11;
+    let dev = Device::open_model().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mut cq_a = dev.create_cq(&CqConfig::default()).unwrap();
+    let mut cq_b = dev.create_cq(&CqConfig::default()).unwrap();
+    let cfg = QpConfig::default();
+    let mut a = dev.create_ud_qp(&pd, &cq_a, &cq_a, &cfg).unwrap();
+    let mut b = dev.create_ud_qp(&pd, &cq_b, &cq_b, &cfg).unwrap();
+    a.activate(&UdParams::new(QKEY)).unwrap();
+    b.activate(&UdParams::new(QKEY)).unwrap();
+    let me = dev.roce_address(0).unwrap();
+    let ah = dev.create_ah(&AhAttr::with_mac(me.gid, me.mac)).unwrap();
+    let src = pd.alloc_mr(4096, Access::ALL).unwrap();
+    let dst = pd.alloc_mr(BATCH as usize * 256, Access::ALL).unwrap();
+    src.write(0, &[0x5A; 4096]).unwrap();
+    let mut done = Vec::with_capacity(BATCH as usize);
+    let remote_qpn = b.qpn();
+    let mut round = |k: u64, done: &mut Vec<Completion>| {
+        for i in 0..BATCH {
+            let inbox = Sge::of(&dst, (i * 256) as usize, 256).unwrap();
+            b.post_recv(k * BATCH + i, &[inbox]).unwrap();
+            let out = [Sge::of(&src, (i * 64) as usize, 64).unwrap()];
+            let local = if i % 2 == 0 {
+                Local::Sges(&out)
+            } else {
+                Local::Inline(&[0x5A; 32])
+            };
+            a.post_send(&UdSendWr {
+                wr_id: k * BATCH + i,
+                dest: UdDest {
+                    ah: &ah,
+                    remote_qpn,
+                    qkey: QKEY,
+                },
+                local,
+                imm: Some(i as u32),
+                flags: SendFlags::SIGNALED,
+            })
+            .unwrap();
+        }
+        a.ring_doorbell();
+        wait_into(&mut cq_a, BATCH as usize, done);
+        assert!(done.iter().all(|c| c.status.is_ok()), "{done:?}");
+        wait_into(&mut cq_b, BATCH as usize, done);
+        assert!(
+            done.iter()
+                .all(|c| c.status.is_ok() && c.datagram.is_some_and(|d| d.src_qp == a.qpn())),
+            "{done:?}"
+        );
+    };
+    for k in 0..16 {
+        round(k, &mut done);
+    }
+    let before = allocs();
+    for k in 16..16 + ROUNDS {
+        round(k, &mut done);
+    }
+    let made = allocs() - before;
+    assert_eq!(made, 0, "the application thread allocated {made} times");
 }

@@ -1,8 +1,9 @@
-//! Hardware side of uhca: the mlx5 layouts and the software model of the HCA.
+//! Hardware side of uhca: the software model of the HCA, over the mlx5 layouts.
 //!
-//! - [`layout`](mod@layout): every byte layout the driver and the device exchange (init segment,
-//!   command queue, command messages, contexts, WQEs, CQEs, EQEs), defined once from
-//!   `shared/spec/prm-subset.md` and used by both sides. Dependency-free and safe.
+//! - [`layout`](mod@layout): the crate `uhca-layout`, re-exported: every byte layout the
+//!   driver and the device exchange (init segment, command queue, command messages,
+//!   contexts, WQEs, CQEs, EQEs), defined once and used by both sides. Dependency-free and
+//!   safe; the driver depends on it directly, and on this crate only for the model.
 //! - `model` (feature `model`, on by default): a software ConnectX-class HCA that speaks
 //!   those layouts behind a BAR0 memory region, a config space and a model IOMMU, run by
 //!   its own thread. It is the default device of every uhca tool, example and test.
@@ -14,7 +15,7 @@
 
 #![deny(unsafe_code)]
 
-pub mod layout;
+pub use uhca_layout as layout;
 
 #[cfg(feature = "model")]
 mod copy;

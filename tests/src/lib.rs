@@ -30,12 +30,13 @@ pub fn model_with(tune: impl FnOnce(&mut ModelConfig)) -> Arc<ModelFunction> {
     ModelFunction::new(cfg).expect("model starts")
 }
 
-/// Device options for tests: health polled every 50 ms (three misses span at least 100 ms, so a
-/// device thread descheduled on a loaded 2-core machine is not declared dead), short command
-/// timeout.
+/// Device options for tests: health polled every second, as rdma-core does (three misses span
+/// at least 2 s: model threads descheduled for up to 958 ms were seen on a loaded 2-core
+/// machine, and a 50 ms poll declared such a device dead in `datapath_fuzz`), short command
+/// timeout. Tests of the health monitor itself that want it faster set their own interval.
 pub fn config() -> DeviceConfig {
     DeviceConfig {
-        health_interval: Duration::from_millis(50),
+        health_interval: Duration::from_secs(1),
         cmd_timeout: Some(Duration::from_secs(20)),
         ..DeviceConfig::default()
     }

@@ -5,7 +5,7 @@
 use std::process::Command;
 
 use uhca::dma::{HostBuffer, HostPages, MemlockPolicy};
-use uhca::resource::{Access, MemError, Mr, MrOptions};
+use uhca::resource::{Access, CqConfig, MemError, Mr, MrOptions, QpConfig};
 use uhca::{Device, DeviceConfig};
 use uhca_hw::layout::mkc::Mkc;
 use uhca_hw::model::{AtomicOp, MemError as Fault};
@@ -207,14 +207,15 @@ fn alloc_mr_gives_registered_dma_memory() {
     assert_eq!(u64::from_be_bytes(v), 42);
 }
 
-/// Run in a child process by `memlock_limit_is_enforced` with a 1 MiB RLIMIT_MEMLOCK.
+/// Run in a child process by `memlock_limit_is_enforced` with a 4 MiB RLIMIT_MEMLOCK.
 #[test]
 #[ignore = "run in a child process by memlock_limit_is_enforced"]
 fn memlock_child() {
+    const LIMIT: u64 = 4 << 20;
     assert_eq!(
         uhca::dma::memlock_rlimit(),
-        Some(1 << 20),
-        "child runs under ulimit -l 1024"
+        Some(LIMIT),
+        "child runs under ulimit -l 4096"
     );
     let m = model();
     let dev = Device::open(
@@ -226,36 +227,116 @@ fn memlock_child() {
     )
     .unwrap();
     let pd = dev.alloc_pd().unwrap();
+    // Booting pinned the command queue, its mailboxes, firmware pages and the EQs.
+    let base = uhca::dma::pinned_bytes();
+    assert!(
+        base > 0 && base < LIMIT / 2,
+        "{base} bytes pinned by booting"
+    );
+    assert_eq!(dev.dma().pinned_bytes(), base);
     let small = pd.reg_mr(vec![0u8; 256 << 10], RW).unwrap();
-    let err = pd.reg_mr(vec![0u8; 1 << 20], RW).unwrap_err();
+    // The pages the buffer spans (one more where it is not page-aligned).
+    let with_small = uhca::dma::pinned_bytes();
+    assert!((base + (256 << 10)..=base + (260 << 10)).contains(&with_small));
+    let err = pd.reg_mr(vec![0u8; 4 << 20], RW).unwrap_err();
     let MemError::Memlock(e) = &err else {
         panic!("expected a memlock error, got {err}");
     };
-    assert_eq!(e.limit, 1 << 20);
+    assert_eq!(e.limit, LIMIT);
     assert!(e.raise > 0 && e.total == e.limit + e.raise);
     let msg = err.to_string();
     assert!(msg.contains("RLIMIT_MEMLOCK") && msg.contains("raise the memlock limit by"));
+    // Driver-allocated memory and queues are charged too: refused with the typed error.
+    let err = pd.alloc_mr(4 << 20, RW).unwrap_err();
+    assert!(matches!(err, MemError::Memlock(_)), "{err}");
+    assert_eq!(uhca::dma::pinned_bytes(), with_small);
     drop(small);
-    assert_eq!(uhca::dma::pinned_bytes(), 0);
+    assert_eq!(uhca::dma::pinned_bytes(), base);
     // With the first MR gone the second fits.
-    pd.reg_mr(vec![0u8; 1 << 19], RW).unwrap();
+    pd.reg_mr(vec![0u8; 1 << 20], RW).unwrap();
+    // A CQ larger than what is left is refused, and nothing stays charged.
+    let big = CqConfig {
+        entries: 1 << 16, // 4 MiB of CQEs
+        events: false,
+    };
+    let err = dev.create_cq(&big).unwrap_err();
+    assert!(err.to_string().contains("RLIMIT_MEMLOCK"), "{err}");
+    assert_eq!(uhca::dma::pinned_bytes(), base);
+}
+
+/// Run in a child process by `memlock_limit_is_enforced` with a 64 KiB RLIMIT_MEMLOCK,
+/// less than booting pins: the open fails with the memlock error, nothing stays charged.
+#[test]
+#[ignore = "run in a child process by memlock_limit_is_enforced"]
+fn memlock_low_child() {
+    assert_eq!(uhca::dma::memlock_rlimit(), Some(64 << 10));
+    let err = Device::open(
+        model(),
+        DeviceConfig {
+            memlock: MemlockPolicy::Rlimit,
+            ..config()
+        },
+    )
+    .map(drop)
+    .unwrap_err();
+    let mut chain = err.to_string();
+    let mut src = std::error::Error::source(&err);
+    while let Some(s) = src {
+        chain += &format!(": {s}");
+        src = s.source();
+    }
+    assert!(chain.contains("RLIMIT_MEMLOCK"), "{chain}");
+    assert_eq!(uhca::dma::pinned_bytes(), 0);
 }
 
 #[test]
 fn memlock_limit_is_enforced() {
     let exe = std::env::current_exe().unwrap();
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -l 1024 && exec \"$0\" --ignored --exact memlock_child --test-threads=1")
-        .arg(&exe)
-        .output()
-        .expect("spawn sh");
-    let text = String::from_utf8_lossy(&out.stdout);
+    for (kib, child) in [(4096, "memlock_child"), (64, "memlock_low_child")] {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -l {kib} && exec \"$0\" --ignored --exact {child} --test-threads=1"
+            ))
+            .arg(&exe)
+            .output()
+            .expect("spawn sh");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{child} failed: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Every pinned region of the device is counted (`DmaSpace::pinned_bytes`): booting pins
+/// some, a CQ and a QP (rings, doorbell records, firmware pages they need) pin more, and
+/// destroying them returns the figure to where it was.
+#[test]
+fn queues_are_counted_as_pinned_memory_and_released() {
+    let (dev, _m) = device();
+    let pd = dev.alloc_pd().unwrap();
+    // Warm up: firmware pages and completion EQs the first queues ask for stay.
+    let cq = dev.create_cq(&CqConfig::default()).unwrap();
+    drop(dev.create_qp(&pd, &cq, &cq, &QpConfig::default()).unwrap());
+    drop(cq);
+    let p0 = dev.dma().pinned_bytes();
+    assert!(p0 > 0, "booting pinned nothing?");
+    let cq = dev.create_cq(&CqConfig::default()).unwrap();
+    let p1 = dev.dma().pinned_bytes();
+    assert!(p1 > p0, "a CQ pins its ring: {p0} -> {p1}");
+    let qp = dev.create_qp(&pd, &cq, &cq, &QpConfig::default()).unwrap();
+    let p2 = dev.dma().pinned_bytes();
+    assert!(p2 > p1, "a QP pins its queues: {p1} -> {p2}");
+    let user = pd.reg_mr(vec![0u8; 10_000], RW).unwrap();
+    let p3 = dev.dma().pinned_bytes();
     assert!(
-        out.status.success() && text.contains("1 passed"),
-        "child failed: {text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        (p2 + 3 * 4096..=p2 + 4 * 4096).contains(&p3),
+        "an MR over 3 or 4 pages"
     );
+    drop((user, qp, cq));
+    assert_eq!(dev.dma().pinned_bytes(), p0);
 }
 
 #[test]

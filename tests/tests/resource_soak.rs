@@ -61,6 +61,7 @@ fn create_destroy_cycles_of_every_object_leave_nothing_behind() {
     let st0 = m.hca().stats();
     let iova = dev.dma().iova_in_use();
     let pinned = uhca::dma::pinned_bytes();
+    let dev_pinned = dev.dma().pinned_bytes();
     for i in 0..n {
         cycle(&dev, i);
     }
@@ -84,11 +85,18 @@ fn create_destroy_cycles_of_every_object_leave_nothing_behind() {
     );
     assert_eq!(dev.dma().iova_in_use(), iova, "IOVA");
     assert_eq!(uhca::dma::pinned_bytes(), pinned, "pinned bytes");
+    assert_eq!(
+        dev.dma().pinned_bytes(),
+        dev_pinned,
+        "pinned bytes of the device"
+    );
     assert_eq!(open_fds(), fds, "file descriptors");
     eprintln!("{n} cycles: {st:?}");
     let dma = dev.dma().clone();
     dev.close().unwrap();
     assert_eq!(dma.iova_in_use(), 0);
+    // Every region of the device (queues, firmware pages, command queue) unpinned.
+    assert_eq!((dma.pinned_bytes(), uhca::dma::pinned_bytes()), (0, 0));
     let st = m.hca().stats();
     assert_eq!((st.fw_pages_held, st.mapped_iova_bytes), (0, 0));
 }

@@ -9,7 +9,7 @@
 #
 # QEMU >= 10.1 has the vfio-user client; Debian ships it in QEMU 11.1 from trixie-backports,
 # which needs glibc >= 2.38, so it runs from a debootstrapped trixie tree through chroot
-# (shared/spec/qemu-vfio.md §3, §6.C). Runs as root on Debian bookworm. Environment:
+# (docs/spec/qemu-vfio.md §3, §6.C). Runs as root on Debian bookworm. Environment:
 #   VFIO_VM_WORK   work dir (default target/vfio-vm): logs, initramfs, guest binaries
 #   UHCA_VM_CACHE  where the kernel and the trixie tree are cached (default /var/cache/uhca-vm)
 #   VFIO_USER_TIMEOUT  seconds the guest may run (default 420)

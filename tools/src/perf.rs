@@ -19,6 +19,7 @@ mod pt_run;
 pub mod rdma_cm;
 pub mod remote;
 mod stream;
+pub mod ud;
 
 pub use placement::{GpuPlacement, GpuReg, GpuSource};
 pub use pt_run::{PtOptions, peer_mac, report_of, result_of};
@@ -101,6 +102,8 @@ pub struct Settings {
     /// Bandwidth tests run both ways at once (perftest's `-b`): each end streams to the
     /// other, and the result counts both directions.
     pub bidirectional: bool,
+    /// The QPs' local ACK timeout, 4.096 µs × 2^value (perftest's `-u`, default 14: 67 ms).
+    pub qp_timeout: u8,
 }
 
 impl Settings {
@@ -178,6 +181,9 @@ pub enum PerfError {
         #[source]
         source: perftest::OobError,
     },
+    /// `--check`: the bytes the peer's messages left are not the pattern.
+    #[error("--check: {0}")]
+    BytesDiffer(String),
     /// A run failed, and the control connection shows the remote end gone.
     #[error("{during} (the remote end: {source})")]
     PeerLost {
@@ -646,12 +652,14 @@ pub const MAX_QPS: u32 = 64;
 
 /// Sets the outstanding RDMA READs/atomics of a QP on `dev`: as requester `s.outs`
 /// (perftest's `-o`; default: the device's limit), as responder the device's limit. An
-/// `-o` above the limit is refused when the QP connects (`QueueError::AboveCap`).
+/// `-o` above the limit is refused when the QP connects (`QueueError::AboveCap`). And the
+/// ACK timeout (`-u`).
 pub(crate) fn read_depths(p: &mut ConnectParams, dev: &Device, s: &Settings) {
     let (req, res) = dev.rd_atomic_limits();
     let byte = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
     p.max_rd_atomic = s.outs.unwrap_or(byte(req));
     p.max_dest_rd_atomic = byte(res);
+    p.timeout = s.qp_timeout;
 }
 
 fn check(c: Result<Completion, PollError>) -> Result<Completion, PerfError> {

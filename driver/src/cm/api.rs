@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use uhca_hw::layout::cm::{
+use uhca_layout::cm::{
     CMA_HDR_SIZE, CmMessage, CmPath, CmaHdrRepr, CommIds, DreqRepr, RDMA_PS_TCP, RejReason,
     RepRepr, ReqRepr, RtuRepr, ip_service_id, msg_code, private_len,
 };
@@ -129,6 +129,8 @@ impl<T: MadTransport> Cm<T> {
                 remote_gid: ip_gid(dst.ip()),
                 hop_limit: self.cfg.hop_limit,
                 local_ack_timeout: self.cfg.local_ack_timeout,
+                // Linux `cma_get_roce_udp_flow_label`: a hash of the two ports.
+                flow_label: (u32::from(src_port) * 31 + u32::from(dst.port())) & 0xf_ffff,
                 ..CmPath::default()
             },
             private_data,
@@ -157,6 +159,7 @@ impl<T: MadTransport> Cm<T> {
                 track: Some(track),
                 last: None,
                 told_end: false,
+                ended: None,
             },
         );
         Ok(ConnId(id))
@@ -177,18 +180,23 @@ impl<T: MadTransport> Cm<T> {
         let rep = rep.clone();
         let req = &c.req;
         let mut p = ConnectParams::new(rep.local_qpn, c.peer.gid, c.peer.mac);
-        p.sq_psn = c.local_psn;
-        p.rq_psn = rep.starting_psn;
+        // A starting PSN is what its sender expects to receive: we send from the REP's
+        // (Linux `cm_rep_handler`: sq_psn from the REP; docs/spec/rdma-cm.md §6).
+        p.sq_psn = rep.starting_psn;
+        p.rq_psn = c.local_psn;
         p.sgid_index = cfg.sgid_index;
         p.mtu = cfg.mtu;
         p.timeout = cfg.local_ack_timeout;
         p.retry_cnt = req.retry_count;
         p.rnr_retry = rep.rnr_retry_count;
         p.min_rnr_timer = cfg.min_rnr_timer;
-        p.max_rd_atomic = req.initiator_depth.min(rep.responder_resources);
-        p.max_dest_rd_atomic = req.responder_resources;
+        // As Linux's CM on the REP (`cm_rep_handler`): our reads in flight are what the
+        // peer's responder takes, our responder takes what the peer will issue.
+        p.max_rd_atomic = rep.responder_resources;
+        p.max_dest_rd_atomic = rep.initiator_depth;
         p.access = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         p.hop_limit = cfg.hop_limit;
+        p.udp_sport = flow_label_sport(req.primary.flow_label);
         let (peer, tid, remote_id) = (c.peer, c.tid, c.remote_id);
         if let Err(e) = qp.connect_qp(&p) {
             let r = rej(id.0, remote_id, msg_code::REP, RejReason::ConsumerReject);
@@ -273,8 +281,10 @@ impl<T: MadTransport> Cm<T> {
         let mtu = mtu_of(req.path_mtu.min(cfg.mtu as u8)).unwrap_or(Mtu::M256);
         let initiator_depth = opts.initiator_depth.min(req.responder_resources);
         let mut p = ConnectParams::new(req.local_qpn, req.primary.local_gid, c.peer.mac);
-        p.sq_psn = c.local_psn;
-        p.rq_psn = req.starting_psn;
+        // We send from the REQ's starting PSN and expect ours, sent in the REP (Linux
+        // `cm_req_handler`: sq_psn from the REQ; docs/spec/rdma-cm.md §6).
+        p.sq_psn = req.starting_psn;
+        p.rq_psn = c.local_psn;
         p.sgid_index = cfg.sgid_index;
         p.mtu = mtu;
         p.timeout = req.primary.local_ack_timeout;
@@ -301,7 +311,7 @@ impl<T: MadTransport> Cm<T> {
             local_comm_id: id.0,
             remote_comm_id: remote_id,
             local_qpn: qp.qpn(),
-            starting_psn: p.sq_psn,
+            starting_psn: p.rq_psn,
             responder_resources: opts.responder_resources,
             initiator_depth,
             target_ack_delay: cfg.packet_life_time.saturating_sub(1),

@@ -5,11 +5,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use uhca_hw::layout::cm::{
+use uhca_layout::cm::{
     CmMessage, CmaHdrRepr, CommIds, DrepRepr, IP_PS_MASK, MraRepr, RDMA_PS_TCP, RejReason, RejRepr,
     RepRepr, ReqRepr, ip_service_id, msg_code,
 };
-use uhca_hw::layout::mad::{MAD_SIZE, Method, MgmtClass};
+use uhca_layout::mad::{MAD_SIZE, Method, MgmtClass};
 
 use super::mad::{MadEvent, MadLayer, TrackId};
 use super::transport::{MadAddr, MadTransport};
@@ -63,6 +63,7 @@ pub(super) struct Conn {
     pub(super) dreq_tid: u64,
     pub(super) peer: MadAddr,
     pub(super) local_qpn: u32,
+    /// The starting PSN we sent (REQ or REP): the first PSN we expect from the peer.
     pub(super) local_psn: u32,
     pub(super) remote_qpn: u32,
     /// The REQ (sent or received).
@@ -73,6 +74,8 @@ pub(super) struct Conn {
     pub(super) last: Option<Box<[u8; MAD_SIZE]>>,
     /// Whether the application was told the connection ended.
     pub(super) told_end: bool,
+    /// When it was first seen over (time wait or failed), for forgetting it later.
+    pub(super) ended: Option<Duration>,
 }
 
 /// Counters of a [`Cm`].
@@ -122,7 +125,13 @@ impl<T: MadTransport> Cm<T> {
         let mut rng = cfg.seed ^ 0x9e37_79b9_7f4a_7c15;
         let tid_seed = splitmix(&mut rng);
         let mut mad = MadLayer::new(transport, tid_seed);
-        mad.serve(MgmtClass::Cm, uhca_hw::layout::cm::CM_CLASS_VERSION);
+        // The CM's messages are all Send (IBA §12.6.2); a ClassPortInfo Get is answered
+        // "unsupported", as Linux's CM (which registers for Send only) has it answered.
+        mad.serve(
+            MgmtClass::Cm,
+            uhca_layout::cm::CM_CLASS_VERSION,
+            &[Method::Send],
+        );
         Cm {
             mad,
             cfg,
@@ -200,8 +209,45 @@ impl<T: MadTransport> Cm<T> {
         self.poll_wire()
     }
 
+    /// Forgets connections that have been over (time wait, failed) for twice the time a
+    /// peer waits for an answer: their late messages are answered or dropped by then
+    /// (a DREQ for a forgotten connection still gets its DREP), and a long-running CM does
+    /// not grow without bound.
+    fn reap(&mut self) {
+        let now = self.mad.now();
+        let linger = 2 * self.response_wait(self.cfg.response_timeout);
+        let mut gone = Vec::new();
+        for (&id, c) in self.conns.iter_mut() {
+            if !matches!(c.state, State::TimeWait | State::Failed) {
+                continue;
+            }
+            match c.ended {
+                None => c.ended = Some(now),
+                Some(t) if now.saturating_sub(t) > linger => gone.push(id),
+                Some(_) => {}
+            }
+        }
+        for id in gone {
+            if let Some(c) = self.conns.remove(&id) {
+                if let Some(t) = c.track {
+                    self.mad.complete(t);
+                }
+                let key = (c.remote_id, c.remote_guid);
+                if self.by_remote.get(&key) == Some(&id) {
+                    self.by_remote.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// How many connections the CM keeps (live, or over but not yet forgotten).
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
     /// Runs timers and received MADs until one makes an event.
     pub(super) fn poll_wire(&mut self) -> Result<Option<CmEvent>, CmError> {
+        self.reap();
         while let Some(ev) = self.mad.poll()? {
             let out = match ev {
                 MadEvent::TimedOut { id, .. } => self.timed_out(id)?,
@@ -236,12 +282,20 @@ impl<T: MadTransport> Cm<T> {
         c.track = None;
         match c.state {
             State::ReqSent | State::RepSent => {
-                // IBA §12.9.6: give up with a REJ, reason timeout.
+                // Give up with a REJ as Linux's `cm_destroy_id` does: after a REQ, reason
+                // timeout with our CA GUID as the additional information; after a REP,
+                // consumer reject; "message rejected" is neither (`cm_format_rej`).
+                let req_sent = c.state == State::ReqSent;
                 c.state = State::Failed;
-                let (peer, tid) = (c.peer, c.tid);
-                let rej = rej(id, c.remote_id, msg_code::REQ, RejReason::Timeout);
+                let (peer, tid, remote_id) = (c.peer, c.tid, c.remote_id);
+                let mut r = rej(id, remote_id, msg_code::OTHER, RejReason::ConsumerReject);
+                if req_sent {
+                    r.reason = RejReason::Timeout;
+                    r.rejected_info_length = 8;
+                    r.ari[..8].copy_from_slice(&self.ca_guid().to_be_bytes());
+                }
                 self.counters.timeouts += 1;
-                self.send_msg(&peer, &CmMessage::Rej(rej), tid)?;
+                self.send_msg(&peer, &CmMessage::Rej(r), tid)?;
                 Ok(Some(CmEvent::TimedOut(ConnId(id))))
             }
             State::DreqSent => {
@@ -316,7 +370,7 @@ impl<T: MadTransport> Cm<T> {
             remote_qpn: req.local_qpn,
             responder_resources: req.responder_resources,
             initiator_depth: req.initiator_depth,
-            private_data: req.private_data[uhca_hw::layout::cm::CMA_HDR_SIZE..].to_vec(),
+            private_data: req.private_data[uhca_layout::cm::CMA_HDR_SIZE..].to_vec(),
         };
         let peer = MadAddr {
             gid: req.primary.local_gid,
@@ -339,6 +393,7 @@ impl<T: MadTransport> Cm<T> {
                 track: None,
                 last: None,
                 told_end: false,
+                ended: None,
             },
         );
         Ok(Some(CmEvent::Request(request)))
@@ -496,10 +551,19 @@ impl<T: MadTransport> Cm<T> {
                 if let Some(t) = c.track.take() {
                     self.mad.complete(t);
                 }
+                // A DREQ after our REP means the peer took the REP (its RTU was lost):
+                // the connection was established before it ended (IBA §12.9.8.4).
+                let was_rep_sent = c.state == State::RepSent;
                 c.state = State::TimeWait;
                 c.dreq_tid = tid;
-                (!std::mem::replace(&mut c.told_end, true))
-                    .then_some(CmEvent::Disconnected(ConnId(ours)))
+                let end = (!std::mem::replace(&mut c.told_end, true))
+                    .then_some(CmEvent::Disconnected(ConnId(ours)));
+                if was_rep_sent {
+                    self.events.extend(end);
+                    Some(CmEvent::Established(ConnId(ours)))
+                } else {
+                    end
+                }
             }
             State::TimeWait => None,
             _ => {

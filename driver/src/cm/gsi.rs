@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use uhca_hw::layout::mad::MAD_SIZE;
+use uhca_layout::mad::MAD_SIZE;
 
 use super::transport::{InMad, MadAddr, MadTransport, TransportError};
 use super::{Cm, CmConfig, CmError};

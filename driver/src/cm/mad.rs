@@ -7,16 +7,16 @@
 //!   then reports [`MadEvent::TimedOut`]. A tracked Get/Set completes by itself when the
 //!   GetResp with its transaction ID arrives ([`MadEvent::Response`]); other MADs (the
 //!   CM's, all method Send) are completed by the layer above, which knows what answers them.
-//! - [`MadLayer::poll`] runs the timers and reads one received MAD: a MAD of a class
-//!   [`serve`](MadLayer::serve)d is [`MadEvent::Received`]; a Get/Set of another class or
-//!   class version is answered with a GetResp carrying status "method/attribute not
+//! - [`MadLayer::poll`] runs the timers and reads one received MAD: a MAD of a class,
+//!   version and method [`serve`](MadLayer::serve)d is [`MadEvent::Received`]; a Get/Set of
+//!   another class, class version or method is answered with a GetResp carrying status "method/attribute not
 //!   supported" or "bad version", as Linux's MAD layer does; anything else unwanted, and
 //!   every malformed MAD (short, wrong base version), is dropped and counted
 //!   ([`MadCounters`]). Nothing a peer sends can panic or stop the layer.
 
 use std::time::Duration;
 
-use uhca_hw::layout::mad::{MAD_SIZE, MadHeader, Method, MgmtClass, status};
+use uhca_layout::mad::{MAD_SIZE, MadHeader, Method, MgmtClass, status};
 
 use super::transport::{InMad, MadAddr, MadTransport, TransportError};
 
@@ -90,7 +90,8 @@ struct Tracked {
 /// The MAD layer over one transport (see the module docs).
 pub struct MadLayer<T: MadTransport> {
     t: T,
-    served: Vec<(MgmtClass, u8)>,
+    /// (class, version, methods taken).
+    served: Vec<(MgmtClass, u8, Vec<Method>)>,
     tracked: Vec<Tracked>,
     next_id: u64,
     tid_hi: u32,
@@ -123,10 +124,17 @@ impl<T: MadTransport> MadLayer<T> {
         }
     }
 
-    /// Hands MADs of `class` at `version` up as [`MadEvent::Received`].
-    pub fn serve(&mut self, class: MgmtClass, version: u8) {
-        if !self.served.contains(&(class, version)) {
-            self.served.push((class, version));
+    /// Hands MADs of `class` at `version` with one of `methods` up as
+    /// [`MadEvent::Received`] (a Get/Set of that class with another method is answered
+    /// "unsupported", as Linux's MAD layer answers what no agent registered for).
+    pub fn serve(&mut self, class: MgmtClass, version: u8, methods: &[Method]) {
+        match self
+            .served
+            .iter_mut()
+            .find(|(c, v, _)| (*c, *v) == (class, version))
+        {
+            Some((_, _, m)) => m.extend_from_slice(methods),
+            None => self.served.push((class, version, methods.to_vec())),
         }
     }
 
@@ -295,7 +303,12 @@ impl<T: MadTransport> MadLayer<T> {
             let t = self.tracked.remove(pos);
             return Ok(Some(MadEvent::Response { id: t.id, hdr, mad }));
         }
-        if self.served.contains(&(hdr.mgmt_class, hdr.class_version)) {
+        let kind = hdr.method_kind();
+        if self
+            .served
+            .iter()
+            .any(|(c, v, m)| (*c, *v) == (hdr.mgmt_class, hdr.class_version) && m.contains(&kind))
+        {
             return Ok(Some(MadEvent::Received { hdr, mad }));
         }
         let is_request =
@@ -306,7 +319,12 @@ impl<T: MadTransport> MadLayer<T> {
         }
         // IBA §13.4.7, Linux `generate_unmatched_resp`: a Get/Set nobody serves gets a
         // GetResp with the reason in its status, the rest of the MAD sent back as it came.
-        let code = if self.served.iter().any(|(c, _)| *c == hdr.mgmt_class) {
+        let version_known = self
+            .served
+            .iter()
+            .any(|(c, v, _)| (*c, *v) == (hdr.mgmt_class, hdr.class_version));
+        let class_known = self.served.iter().any(|(c, _, _)| *c == hdr.mgmt_class);
+        let code = if class_known && !version_known {
             status::BAD_VERSION
         } else {
             status::UNSUPPORTED_METHOD_ATTR

@@ -46,6 +46,14 @@
 //! The blocking forms do the same in one call each: [`Cm::connect`] (REQ to RTU),
 //! [`Cm::get_request`] (the next REQ on a listened port), [`Cm::accept`],
 //! [`Cm::wait_established`].
+//!
+//! # Progress
+//! The CM has no thread of its own: it reads the GSI QP, resends and answers only inside
+//! its calls. A lost REP, RTU, DREQ or DREP is made good only while the side that must
+//! resend or answer is in a call, so keep calling [`Cm::poll`] (or a blocking call) while a
+//! connection is being made or ended: the passive side [`Cm::wait_established`] after
+//! [`Cm::accept`] before waiting on the QP, and both sides poll now and then while
+//! connected, so a peer's DREQ is answered.
 
 #![deny(unsafe_code)]
 
@@ -59,7 +67,7 @@ pub mod transport;
 
 use std::net::{IpAddr, SocketAddr};
 
-use uhca_hw::layout::cm::{CmWireError, RejReason};
+use uhca_layout::cm::{CmWireError, RejReason};
 
 pub use engine::{Cm, CmCounters};
 pub use gsi::{GsiTransport, default_mac_of};
@@ -188,7 +196,7 @@ impl Default for AcceptOptions<'_> {
 pub use crate::resource::UNRESOLVED_MAC;
 
 /// Bytes of private data a REQ carries after the 36-byte cma header.
-pub const MAX_REQ_PRIVATE_DATA: usize = 92 - uhca_hw::layout::cm::CMA_HDR_SIZE;
+pub const MAX_REQ_PRIVATE_DATA: usize = 92 - uhca_layout::cm::CMA_HDR_SIZE;
 
 /// A connection request on a listened port, waiting for [`Cm::accept`] or [`Cm::reject`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,10 +4,10 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use uhca_hw::layout::cm::{
+use uhca_layout::cm::{
     CmAttr, CmMessage, CmaHdrRepr, RDMA_PS_TCP, RejReason, ReqRepr, cm_header, ip_service_id,
 };
-use uhca_hw::layout::mad::{MAD_SIZE, MadHeader, MgmtClass, status};
+use uhca_layout::mad::{MAD_SIZE, MadHeader, Method, MgmtClass, status};
 
 use super::mad::{MadEvent, MadLayer};
 use super::*;
@@ -192,7 +192,14 @@ fn a_peer_that_never_answers_times_out_after_all_retries() {
         last = Some(m);
     }
     let (_, msg) = CmMessage::parse(&last.unwrap().data[..]).unwrap();
-    assert!(matches!(msg, CmMessage::Rej(r) if r.reason == RejReason::Timeout));
+    let CmMessage::Rej(r) = msg else {
+        panic!("{msg:?}")
+    };
+    assert_eq!(
+        (r.reason, r.message_rejected, r.rejected_info_length),
+        (RejReason::Timeout, 2, 8)
+    );
+    assert_eq!(r.ari[..8], a.ca_guid().to_be_bytes());
 }
 
 #[test]
@@ -370,7 +377,7 @@ fn mad_layer_answers_unserved_gets_and_drops_malformed() {
     let (ta, tb) = MemTransport::pair(ip(A), ip(B));
     let mut tb2 = tb.clone();
     let mut m = MadLayer::new(ta.clone(), 7);
-    m.serve(MgmtClass::Cm, 2);
+    m.serve(MgmtClass::Cm, 2, &[Method::Send]);
     // Short, bad base version: dropped.
     ta.inject(from_b(), &[1u8; 100]);
     let mut bad = [0u8; MAD_SIZE];
@@ -395,6 +402,8 @@ fn mad_layer_answers_unserved_gets_and_drops_malformed() {
     ta.inject(from_b(), &get(MgmtClass::SubnAdm, 2));
     // A Get of the CM at class version 1: "bad version".
     ta.inject(from_b(), &get(MgmtClass::Cm, 1));
+    // A ClassPortInfo Get of the CM (version 2, method not served): "unsupported".
+    ta.inject(from_b(), &get(MgmtClass::Cm, 2));
     // A Send of an unserved class and a response nobody asked for: dropped.
     let mut send = get(MgmtClass::Perf, 1);
     send[3] = 0x03;
@@ -404,7 +413,7 @@ fn mad_layer_answers_unserved_gets_and_drops_malformed() {
     ta.inject(from_b(), &resp);
     assert_eq!(m.poll().unwrap(), None);
     let c = m.counters();
-    assert_eq!((c.malformed, c.answered_unsupported, c.unwanted), (2, 2, 2));
+    assert_eq!((c.malformed, c.answered_unsupported, c.unwanted), (2, 3, 2));
     let r1 = tb2.recv().unwrap().unwrap();
     let h1 = MadHeader::parse(&r1.data[..]).unwrap();
     assert_eq!(
@@ -418,6 +427,12 @@ fn mad_layer_answers_unserved_gets_and_drops_malformed() {
     let r2 = tb2.recv().unwrap().unwrap();
     let h2 = MadHeader::parse(&r2.data[..]).unwrap();
     assert_eq!(h2.status, status::BAD_VERSION);
+    let r3 = tb2.recv().unwrap().unwrap();
+    let h3 = MadHeader::parse(&r3.data[..]).unwrap();
+    assert_eq!(
+        (h3.status, h3.mgmt_class),
+        (status::UNSUPPORTED_METHOD_ATTR, MgmtClass::Cm)
+    );
     assert!(tb2.recv().unwrap().is_none());
 }
 
@@ -544,7 +559,8 @@ fn real_rping_req_is_accepted_like_the_kernel_does() {
         .accept(&req, &mut qp, &AcceptOptions::default())
         .unwrap();
     let p = qp.connected.unwrap();
-    assert_eq!((p.remote_qpn, p.rq_psn), (0x11, 0xff_9d2c));
+    // The kernel client sends from the REP's starting PSN and expects the REQ's.
+    assert_eq!((p.remote_qpn, p.sq_psn), (0x11, 0xff_9d2c));
     assert_eq!(p.remote_gid, transport::ip_gid(ip("10.77.0.3")));
     assert_eq!(p.remote_mac, [0x52, 0x54, 0, 0x77, 0, 3]);
     assert_eq!(
@@ -568,11 +584,211 @@ fn real_rping_req_is_accepted_like_the_kernel_does() {
         (r.local_comm_id, r.remote_comm_id),
         (conn.id.0, 0xbfc0_370e)
     );
-    assert_eq!((r.local_qpn, r.starting_psn), (0x11, p.sq_psn));
+    assert_eq!((r.local_qpn, r.starting_psn), (0x11, p.rq_psn));
     assert_eq!(
         (r.responder_resources, r.initiator_depth, r.rnr_retry_count),
         (1, 1, 7)
     );
     assert_eq!((r.local_q_key, r.failover_accepted, r.srq), (0, 0, false));
     assert!(r.private_data.iter().all(|&b| b == 0));
+}
+
+/// An MRA for our REP (Linux's rdma_cm sends one when our REP comes again while it is
+/// still busy with the first: `CMA_CM_MRA_SETTING`) holds back the REP's resends.
+#[test]
+fn mra_for_rep_holds_back_the_rep_resends() {
+    let (mut a, mut b, _wa, wb) = pair();
+    let (qa, mut qb) = (FakeQp::new(0x11), FakeQp::new(0x22));
+    b.listen(7471).unwrap();
+    let id = a
+        .start_connect(&qa, dst(7471), &ConnectOptions::default())
+        .unwrap();
+    let Some(CmEvent::Request(req)) = b.poll().unwrap() else {
+        panic!()
+    };
+    let cb = b.accept(&req, &mut qb, &AcceptOptions::default()).unwrap();
+    assert_eq!(a.poll().unwrap(), Some(CmEvent::Reply(id)));
+    // a has not finished yet; it tells b to wait 4.096 µs · 2^24 (~69 s).
+    let mra = CmMessage::Mra(uhca_layout::cm::MraRepr {
+        local_comm_id: id.0,
+        remote_comm_id: cb.id.0,
+        message_mraed: uhca_layout::cm::msg_code::REP as u8,
+        service_timeout: 24,
+        private_data: Vec::new(),
+    })
+    .emit(1)
+    .unwrap();
+    wb.inject(MadAddr::gsi(transport::ip_gid(ip(A)), UNRESOLVED_MAC), &mra);
+    assert_eq!(b.poll().unwrap(), None);
+    let sent = wb.sent();
+    wb.advance(Duration::from_secs(60));
+    assert_eq!(b.poll().unwrap(), None);
+    assert_eq!(wb.sent(), sent, "REP resent during the MRA's service time");
+    wb.advance(Duration::from_secs(10));
+    assert_eq!(b.poll().unwrap(), None);
+    assert_eq!(wb.sent(), sent + 1, "REP resent after it");
+    assert_eq!(b.counters().stray, 0);
+}
+
+/// Connections that ended are forgotten after twice the answer time, so a CM serving many
+/// connections does not grow; a DREQ resent after that still gets its DREP.
+#[test]
+fn ended_connections_are_forgotten() {
+    let (mut a, mut b, wa, wb) = pair();
+    for i in 0..20u32 {
+        let (mut qa, mut qb) = (FakeQp::new(0x100 + i), FakeQp::new(0x200 + i));
+        let (ca, cb) = establish(&mut a, &mut b, &mut qa, &mut qb);
+        a.disconnect(ca.id, &mut qa).unwrap();
+        assert_eq!(b.poll().unwrap(), Some(CmEvent::Disconnected(cb.id)));
+        assert_eq!(a.poll().unwrap(), Some(CmEvent::Disconnected(ca.id)));
+    }
+    assert_eq!((a.connections(), b.connections()), (20, 20));
+    // The CM notes when it first sees a connection over, and forgets it twice the answer
+    // time later.
+    let linger = 2 * (2 * iba_time(16) + iba_time(20));
+    assert_eq!((a.poll().unwrap(), b.poll().unwrap()), (None, None));
+    wa.advance(linger);
+    assert_eq!((a.poll().unwrap(), b.poll().unwrap()), (None, None));
+    assert_eq!((a.connections(), b.connections()), (20, 20));
+    wa.advance(Duration::from_millis(1));
+    assert_eq!((a.poll().unwrap(), b.poll().unwrap()), (None, None));
+    assert_eq!((a.connections(), b.connections()), (0, 0));
+    // A resent DREQ for a forgotten connection is still answered with a DREP.
+    let dreq = CmMessage::Dreq(uhca_layout::cm::DreqRepr {
+        ids: uhca_layout::cm::CommIds {
+            local_comm_id: 0x1234,
+            remote_comm_id: 0x5678,
+        },
+        remote_qpn_eecn: 0x200,
+        private_data: Vec::new(),
+    })
+    .emit(77)
+    .unwrap();
+    wb.inject(
+        MadAddr::gsi(transport::ip_gid(ip(A)), UNRESOLVED_MAC),
+        &dreq,
+    );
+    let sent = wb.sent();
+    assert_eq!(b.poll().unwrap(), None);
+    assert_eq!(wb.sent(), sent + 1);
+    let mut ta = wa.clone();
+    let drep = ta.recv().unwrap().unwrap();
+    let (hdr, msg) = CmMessage::parse(&drep.data[..]).unwrap();
+    assert_eq!(
+        (hdr.transaction_id, hdr.attribute_id),
+        (77, CmAttr::Drep.raw())
+    );
+    assert!(matches!(msg, CmMessage::Drep(d) if d.ids.local_comm_id == 0x5678));
+}
+
+fn golden(hex: &str) -> [u8; MAD_SIZE] {
+    let mut mad = [0u8; MAD_SIZE];
+    for (i, b) in mad.iter_mut().enumerate().take(hex.len() / 2) {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+    }
+    mad
+}
+
+/// Our active side against the kernel's side of the captured rping exchange
+/// (tests/data/rdmacm/rping.pcap, client 10.77.0.3 QPN 0x11, server 10.77.0.2:7471): our REQ
+/// is the kernel client's byte for byte but for what each connection chooses (transaction
+/// and communication IDs, CA GUID, starting PSN); the kernel
+/// server's REP (its remote ID set to ours) connects our QP with its QPN and PSN, and our
+/// RTU is the kernel client's but for the IDs.
+#[test]
+fn our_req_is_the_kernels_and_a_real_rep_connects_us() {
+    const RPING_REQ: &str = "0107020300000000000000020e37c0bf0010000000000000bfc0370e000000000000000001061d2f505400fffe77000300000000000000000000110100000001000000a0ff9d2ca7ffff37f0ffffffff00000000000000000000ffff0a4d000300000000000000000000ffff0a4d0002a65a30000040009800000000000000000000000000000000000000000000000000000000000000000000000000000000000000000040d90c0000000000000000000000000a4d00030000000000000000000000000a4d00020000000000000000";
+    const RPING_REP: &str = "0107020300000000000000020e37c0bf00130000000000002149bb8bbfc0370e000000000000110000000000cd345c00010178e0505400fffe77000200000000";
+    const RPING_RTU: &str = "0107020300000000000000020e37c0bf0014000000000000bfc0370e2149bb8b";
+    let (ta, tb) = MemTransport::pair(ip("10.77.0.3"), ip("10.77.0.2"));
+    let mut tb2 = tb.clone();
+    let mut client = Cm::new(ta.clone(), CmConfig::with_seed(5));
+    let mut qp = FakeQp::new(0x11);
+    let id = client
+        .start_connect(
+            &qp,
+            "10.77.0.2:7471".parse().unwrap(),
+            &ConnectOptions {
+                src_port: 55564,
+                ..ConnectOptions::default()
+            },
+        )
+        .unwrap();
+    let ours = tb2.recv().unwrap().unwrap();
+    let (hdr, _) = CmMessage::parse(&ours.data[..]).unwrap();
+    let theirs = golden(RPING_REQ);
+    let chosen = [
+        8..16,
+        0x18..0x1c,
+        0x28..0x30,
+        0x44..0x47,
+        0x70..0x73,
+        0xa6..0xa8,
+    ];
+    let differs: Vec<usize> = (0..MAD_SIZE)
+        .filter(|i| !chosen.iter().any(|r| r.contains(i)))
+        .filter(|&i| ours.data[i] != theirs[i])
+        .collect();
+    assert!(
+        differs.is_empty(),
+        "bytes {differs:x?} differ from the kernel's REQ"
+    );
+    // The kernel server's REP, addressed to our communication ID and transaction.
+    let mut rep = golden(RPING_REP);
+    rep[8..16].copy_from_slice(&hdr.transaction_id.to_be_bytes());
+    rep[0x1c..0x20].copy_from_slice(&id.0.to_be_bytes());
+    ta.inject(
+        MadAddr::gsi(transport::ip_gid(ip("10.77.0.2")), UNRESOLVED_MAC),
+        &rep,
+    );
+    assert_eq!(client.poll().unwrap(), Some(CmEvent::Reply(id)));
+    let conn = client.finish_connect(id, &mut qp).unwrap();
+    let p = qp.connected.unwrap();
+    assert_eq!(
+        (conn.remote_qpn, p.remote_qpn, p.sq_psn),
+        (0x11, 0x11, 0xcd_345c)
+    );
+    // ... and expects from the peer the starting PSN of our REQ.
+    let Ok((_, CmMessage::Req(our_req))) = CmMessage::parse(&ours.data[..]) else {
+        panic!()
+    };
+    assert_eq!(p.rq_psn, our_req.starting_psn);
+    assert_eq!(
+        (
+            p.rnr_retry,
+            p.retry_cnt,
+            p.max_rd_atomic,
+            p.max_dest_rd_atomic
+        ),
+        (7, 7, 1, 1)
+    );
+    assert_eq!(p.remote_gid, transport::ip_gid(ip("10.77.0.2")));
+    let rtu = tb2.recv().unwrap().unwrap();
+    let mut want = golden(RPING_RTU);
+    want[8..16].copy_from_slice(&hdr.transaction_id.to_be_bytes());
+    want[0x18..0x1c].copy_from_slice(&id.0.to_be_bytes());
+    assert_eq!(rtu.data[..], want[..]);
+}
+
+/// The RTU is lost and the peer disconnects before our REP is resent: its DREQ shows the
+/// connection was made, so the passive side reports it established, then ended.
+#[test]
+fn dreq_after_a_lost_rtu_reports_established_then_disconnected() {
+    let (mut a, mut b, wa, _wb) = pair();
+    let (mut qa, mut qb) = (FakeQp::new(0x11), FakeQp::new(0x22));
+    b.listen(7471).unwrap();
+    let id = a
+        .start_connect(&qa, dst(7471), &ConnectOptions::default())
+        .unwrap();
+    let Some(CmEvent::Request(req)) = b.poll().unwrap() else {
+        panic!()
+    };
+    let cb = b.accept(&req, &mut qb, &AcceptOptions::default()).unwrap();
+    assert_eq!(a.poll().unwrap(), Some(CmEvent::Reply(id)));
+    wa.drop_next(1); // the RTU
+    a.finish_connect(id, &mut qa).unwrap();
+    a.disconnect(id, &mut qa).unwrap();
+    assert_eq!(b.poll().unwrap(), Some(CmEvent::Established(cb.id)));
+    assert_eq!(b.poll().unwrap(), Some(CmEvent::Disconnected(cb.id)));
+    assert_eq!(a.poll().unwrap(), Some(CmEvent::Disconnected(id)));
 }

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use uhca_hw::layout::mad::MAD_SIZE;
+use uhca_layout::mad::MAD_SIZE;
 
 /// Where a MAD goes, or where it came from: a port's GSI (or another UD QP) on RoCEv2.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -28,7 +28,7 @@ impl MadAddr {
     pub fn gsi(gid: [u8; 16], mac: [u8; 6]) -> MadAddr {
         MadAddr {
             gid,
-            qpn: uhca_hw::layout::mad::GSI_QPN,
+            qpn: uhca_layout::mad::GSI_QPN,
             mac,
             traffic_class: 0,
             flow_label: 0,

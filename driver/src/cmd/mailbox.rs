@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use uhca_hw::layout::cmd::{MAILBOX_ALIGN, MAILBOX_DATA, MailboxBlock};
+use uhca_layout::cmd::{MAILBOX_ALIGN, MAILBOX_DATA, MailboxBlock};
 
 use super::CmdError;
 use crate::dma::{DmaRegion, DmaSpace};

@@ -19,12 +19,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering, fence};
 use std::time::{Duration, Instant};
 
-use uhca_hw::layout::Buf;
-use uhca_hw::layout::cmd::{
+use uhca_layout::Buf;
+use uhca_layout::cmd::{
     CMD_XPORT, CmdEntry, CmdStatus, DeliveryStatus, InHeader, OWN_HW, Opcode, OutHeader,
     mailbox_blocks,
 };
-use uhca_hw::layout::init_seg::reg;
+use uhca_layout::init_seg::reg;
 
 use crate::dma::{DmaError, DmaRegion, DmaSpace};
 use crate::pci::Bar;
@@ -145,7 +145,7 @@ impl CmdIf {
         let n = 1usize << p.log_size;
         let queue = space.alloc(4096)?;
         // One region for every slot's preallocated chains (2 x 8 KiB per slot).
-        let per_chain = PREALLOC_BLOCKS * uhca_hw::layout::cmd::MAILBOX_ALIGN;
+        let per_chain = PREALLOC_BLOCKS * uhca_layout::cmd::MAILBOX_ALIGN;
         let boxes = Arc::new(space.alloc(2 * n * per_chain)?);
         let slots = (0..n)
             .map(|i| Slot {

@@ -1,10 +1,10 @@
 //! Typed commands: one function per firmware command, built on the shared layouts.
 
-use uhca_hw::layout::cmd::{CAP_MODE_CUR, CAP_SIZE, CapType, ManagePagesOpMod, Opcode};
-use uhca_hw::layout::cmds::*;
-use uhca_hw::layout::eqc::Eqc;
-use uhca_hw::layout::vport::{NicVportContext, RoceAddrLayout};
-use uhca_hw::layout::{Buf, BufMut};
+use uhca_layout::cmd::{CAP_MODE_CUR, CAP_SIZE, CapType, ManagePagesOpMod, Opcode};
+use uhca_layout::cmds::*;
+use uhca_layout::eqc::Eqc;
+use uhca_layout::vport::{NicVportContext, RoceAddrLayout};
+use uhca_layout::{Buf, BufMut};
 
 use super::{CmdError, input};
 use crate::pci::Iova;
@@ -421,7 +421,7 @@ pub fn out_header(out: &[u8]) -> (u32, u32) {
 #[derive(Clone, Debug)]
 pub struct CreateMkey<'a> {
     /// Access mode (MTT or MEMIC).
-    pub access_mode: uhca_hw::layout::mkc::AccessMode,
+    pub access_mode: uhca_layout::mkc::AccessMode,
     /// Owning PD.
     pub pd: u32,
     /// `mkey_7_0`: the variant byte of the key.
@@ -441,7 +441,7 @@ pub struct CreateMkey<'a> {
 /// CREATE_MKEY with the MTT list inline (a mailbox chain carries long lists): returns the
 /// MKey index.
 pub fn create_mkey(c: &dyn Exec, p: &CreateMkey<'_>) -> Result<u32, CmdError> {
-    use uhca_hw::layout::mkc::Mkc;
+    use uhca_layout::mkc::Mkc;
     let octs = p.mtts.len().div_ceil(2);
     let base = CreateMkeyIn::<()>::KLM_PAS_MTT;
     let mut i = input(Opcode::CreateMkey, 0, base + 16 * octs);

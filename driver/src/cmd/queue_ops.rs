@@ -6,14 +6,14 @@
 
 #![deny(unsafe_code)]
 
-use uhca_hw::layout::BufMut;
-use uhca_hw::layout::cmd::Opcode;
-use uhca_hw::layout::cmds::{
+use uhca_layout::BufMut;
+use uhca_layout::cmd::Opcode;
+use uhca_layout::cmds::{
     CreateCqIn, CreateCqOut, CreateQpIn, CreateQpOut, DestroyCqIn, MODIFY_CQ_OP_MOD_MODIFY,
     ModifyCqIn, Qp2rstIn, QueryCqIn, QueryCqOut, QueryQpIn, QueryQpOut, Rst2initQpIn,
 };
-use uhca_hw::layout::cqc::Cqc;
-use uhca_hw::layout::qpc::Qpc;
+use uhca_layout::cqc::Cqc;
+use uhca_layout::qpc::Qpc;
 
 use super::ops::Exec;
 use super::{CmdError, input};

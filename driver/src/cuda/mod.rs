@@ -17,7 +17,7 @@
 //!   H100 exported past the allocation when asked to.
 //! - [`DmaBufInfo`]: what the kernel says about a dma-buf fd (`/proc/self/fdinfo`).
 //!
-//! What the exported dma-buf is good for (shared/spec/vfio-kernel.md §2.2, §2.4): NVIDIA's
+//! What the exported dma-buf is good for (docs/spec/vfio-kernel.md §2.2, §2.4): NVIDIA's
 //! exporter is static (the memory stays mapped while exported, no revocation), so a client
 //! needs no invalidation callback. iommufd's `IOMMU_IOAS_MAP_FILE` accepts only VFIO
 //! dma-bufs and refuses this one (`EOPNOTSUPP`); the kernel RDMA stack

@@ -9,10 +9,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use uhca_hw::layout::cqe::fast::{OP_OWN, QPN, SOP, TAIL_WORD, WQE_COUNTER};
-use uhca_hw::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET};
-use uhca_hw::layout::uar::CQ_DBR_SET_CI;
-use uhca_hw::layout::wqe::WqeOpcode;
+use uhca_layout::cqe::fast::{OP_OWN, QPN, SOP, TAIL_WORD, WQE_COUNTER};
+use uhca_layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET};
+use uhca_layout::uar::CQ_DBR_SET_CI;
+use uhca_layout::wqe::WqeOpcode;
 
 use super::ring::RingSize;
 use super::sq::{SendSlots, WqKind, WqShadow};
@@ -172,7 +172,7 @@ pub struct Completion {
     pub datagram: Option<DatagramInfo>,
 }
 
-/// The network header in front of a received datagram (`cqe64.flags_rqpn` [25:24] on
+/// The network header in front of a received datagram (`cqe64.flags_rqpn[25:24]` on
 /// Ethernet, Linux `MLX5_CQE_ROCE_L3_HEADER_TYPE_*`; docs/spec/mlx5-ib-objects.md §4).
 /// It says how to read the 40-byte GRH area that starts the receive buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -336,10 +336,7 @@ impl CqRing {
     ) -> Option<CqRing> {
         let s = buf.slice();
         for i in 0..size.entries() as usize {
-            s.write_u8(
-                i * CQE_SIZE + OP_OWN_OFFSET,
-                uhca_hw::layout::cqe::OP_OWN_INIT,
-            );
+            s.write_u8(i * CQE_SIZE + OP_OWN_OFFSET, uhca_layout::cqe::OP_OWN_INIT);
         }
         let set_ci = DmaRecord::new(buf.clone(), dbr.checked_add(CQ_DBR_SET_CI)?)?;
         set_ci.store_be32(0);
@@ -370,6 +367,7 @@ impl CqRing {
     }
 
     /// Refreshes the QP cache if QPs were added or removed (one atomic load per poll).
+    #[cfg(any(test, feature = "testing"))]
     #[inline]
     pub(crate) fn refresh(&mut self) {
         self.qps.refresh(self.ring.view(), self.ci);
@@ -480,7 +478,7 @@ fn parse(
             };
             let op = WcOpcode::of_wqe(wqe_op);
             let byte_len = match op {
-                WcOpcode::CompSwap | WcOpcode::FetchAdd => uhca_hw::layout::wqe::ATOMIC_SIZE,
+                WcOpcode::CompSwap | WcOpcode::FetchAdd => uhca_layout::wqe::ATOMIC_SIZE,
                 WcOpcode::RdmaRead => c.byte_cnt(),
                 _ => 0,
             };
@@ -663,10 +661,9 @@ impl<'a> Poll<'a> {
             tail,
             head: sh.send_head(),
             key: hot.key,
-            // Hidden from the optimizer (`black_box`, ~4 instructions per batch): as a
-            // known constant, the polling loop copied it between registers on every CQE
-            // (~3 instructions per CQE in `poll_16_cqes`, with the register shuffles);
-            // as an unknown value it stays in one register.
+            // Hidden from the optimizer (`black_box`): as an unknown value it stays in one
+            // register instead of being copied on every CQE (docs/performance.md,
+            // "Instruction counts").
             mask: std::hint::black_box(FAST_MASK),
             slots: sh.send_slots(),
             sh,
@@ -725,9 +722,7 @@ impl Iterator for Poll<'_> {
     /// out first. An entry not yet written on this pass fails the same compare in the
     /// owner bit (the key always has the pass's), and ends the batch without more loads.
     ///
-    /// Cost (`cargo bench -p uhca --bench datapath`, x86-64): 21 instructions per CQE on
-    /// the fast path, ~24 with the benchmark loop's share (`poll_16_cqes` 462 less
-    /// `poll_empty` 73, over 16); ~73 per batch (setup, the empty entry, the CI update).
+    /// Its cost per CQE and per batch: docs/performance.md, "Instruction counts".
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let ci = self.ci;
@@ -788,5 +783,4 @@ impl Drop for Poll<'_> {
 }
 
 #[cfg(all(test, feature = "model"))]
-#[path = "cq_tests.rs"]
 mod tests;

@@ -27,6 +27,7 @@
 
 pub mod cq;
 pub(crate) mod post;
+#[cfg(any(test, feature = "testing"))]
 pub mod rig;
 pub mod ring;
 pub mod sq;

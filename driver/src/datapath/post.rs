@@ -4,7 +4,7 @@
 
 #![deny(unsafe_code)]
 
-use uhca_hw::layout::wqe::{ATOMIC_SIZE, WqeOpcode};
+use uhca_layout::wqe::{ATOMIC_SIZE, WqeOpcode};
 
 use super::sq::{SendRing, WqShadow};
 use super::wqe::{PostError, Remote, Sge, WqeBuf};

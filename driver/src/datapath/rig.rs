@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
-use uhca_hw::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, OP_OWN_OFFSET, cqe_owner_for};
-use uhca_hw::layout::uar::QP_DBR_SND;
-use uhca_hw::layout::wqe::WqeOpcode;
+use uhca_layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, OP_OWN_OFFSET, cqe_owner_for};
+use uhca_layout::uar::QP_DBR_SND;
+use uhca_layout::wqe::WqeOpcode;
 
 use super::cq::{Completion, CqRing, Poll, PollError, QpRegistry};
 use super::ring::RingSize;

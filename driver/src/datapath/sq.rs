@@ -14,11 +14,11 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
-use uhca_hw::layout::wqe::fast::{
+use uhca_layout::wqe::fast::{
     CTRL_DS, CTRL_FM_CE_SE, CTRL_IMM, CTRL_OPCODE, CTRL_QPN, CTRL_WQE_INDEX, DATA_ADDR,
     DATA_BYTE_COUNT, DATA_LKEY, RADDR_RADDR, RADDR_RKEY,
 };
-use uhca_hw::layout::wqe::{DS_UNIT, INVALID_LKEY, SEND_WQE_BB, WqeOpcode};
+use uhca_layout::wqe::{DS_UNIT, INVALID_LKEY, SEND_WQE_BB, WqeOpcode};
 
 use super::ring::{RingSize, in_flight, widen_index16};
 use super::wqe::{PostError, Remote, Sge, WqeBuf};
@@ -540,7 +540,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::dma::{DmaRegion, DmaSpace};
     use crate::pci::model::ModelFunction;
-    use uhca_hw::layout::uar::{QP_DBR_RCV, QP_DBR_SND};
+    use uhca_layout::uar::{QP_DBR_RCV, QP_DBR_SND};
 
     const BF: usize = 3 * 4096 + 0x800 + 2 * 512;
     const SQ_OFF: usize = 1024;

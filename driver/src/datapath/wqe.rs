@@ -4,12 +4,12 @@
 //! This is the general path (several SGEs, inline data, READ, atomics). The common
 //! one-SGE WRITE/SEND skips the buffer and writes its three segments straight into the
 //! ring as 8-byte words (`SendRing::post_one_sge` in `sq`).
-//! Both use the shared layouts of `uhca_hw::layout::wqe`: the setters here, the
+//! Both use the shared layouts of `uhca_layout::wqe`: the setters here, the
 //! `wqe::fast` word positions (derived from the same tables) there.
 
-use uhca_hw::layout::BufMut;
-use uhca_hw::layout::ud::{DATAGRAM_SEG, DatagramSeg};
-use uhca_hw::layout::wqe::{
+use uhca_layout::BufMut;
+use uhca_layout::ud::{DATAGRAM_SEG, DatagramSeg};
+use uhca_layout::wqe::{
     AtomicSeg, CtrlSeg, DS_UNIT, DataSeg, INLINE_SEG, RaddrSeg, SEND_WQE_BB, WqeOpcode,
 };
 
@@ -155,7 +155,7 @@ impl WqeBuf {
     }
 
     /// Appends the datagram segment of a UD send (`mlx5_wqe_datagram_seg`, 48 bytes,
-    /// `uhca_hw::layout::ud`): the address handle's address vector `av`, with the remote
+    /// `uhca_layout::ud`): the address handle's address vector `av`, with the remote
     /// QPN and Q_Key of this work request written into it.
     #[inline(always)]
     pub fn datagram(&mut self, av: &[u8; DATAGRAM_SEG], remote_qpn: u32, qkey: u32) {
@@ -247,7 +247,7 @@ impl WqeBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use uhca_hw::layout::wqe::fm_ce_se;
+    use uhca_layout::wqe::fm_ce_se;
 
     #[test]
     fn rdma_write_golden_bytes() {
@@ -339,6 +339,41 @@ mod tests {
         assert_eq!(w.finish(), 4);
         assert_eq!(w.as_bytes()[7] & 0x3F, 16);
         assert_eq!(&w.as_bytes()[36..36 + MAX_INLINE], &data[..]);
+    }
+
+    #[test]
+    fn ud_send_golden_bytes() {
+        let mut av = [0u8; DATAGRAM_SEG];
+        av[0x14..0x1a].copy_from_slice(&[1, 2, 3, 4, 5, 6]);
+        av[0x20..0x30].copy_from_slice(&[0x77; 16]);
+        let mut w = WqeBuf::default();
+        w.ctrl(
+            WqeOpcode::SendImm,
+            3,
+            0x12,
+            fm_ce_se::CQ_UPDATE,
+            0x0A0B_0C0D,
+        );
+        w.datagram(&av, 0xAB_CDEF, 0x8001_0000);
+        w.data(&[Sge {
+            addr: 0x1000,
+            len: 256,
+            lkey: 9,
+        }])
+        .unwrap();
+        assert_eq!(w.finish(), 2, "80 bytes: two basic blocks");
+        let b = w.as_bytes();
+        // ctrl: index 3, SEND_IMM (0x0b), QPN 0x12, ds 5 (ctrl + 3 datagram + 1 data).
+        assert_eq!(&b[..8], &[0, 0, 3, 0x0B, 0, 0, 0x12, 5]);
+        assert_eq!(&b[12..16], &[0x0A, 0x0B, 0x0C, 0x0D]);
+        // datagram: qkey, then dqp_dct with MLX5_EXTENDED_UD_AV (bit 31), the rest the AV.
+        assert_eq!(&b[16..20], &[0x80, 0x01, 0, 0]);
+        assert_eq!(&b[24..28], &[0x80, 0xAB, 0xCD, 0xEF]);
+        assert_eq!(&b[16 + 0x14..16 + 0x1a], &[1, 2, 3, 4, 5, 6]);
+        assert_eq!(&b[16 + 0x20..16 + 0x30], &[0x77; 16]);
+        // data segment at 64.
+        assert_eq!(&b[64..72], &[0, 0, 1, 0, 0, 0, 0, 9]);
+        assert_eq!(w.used_bytes().len(), 80);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //!   RLIMIT_MEMLOCK accounting of pinned memory ([`PinCharge`], [`MemlockPolicy`]).
 //!
 //! Dependencies: this replaces `hugepage-rs` (no fd, no 1 GiB pages, panics when
-//! `/proc/meminfo` lacks a line; see shared/spec/dependencies.md §1.7) and needs no
+//! `/proc/meminfo` lacks a line; see docs/spec/dependencies.md §1.7) and needs no
 //! `memoffset` (`core::mem::offset_of!` is in core). `libc` gives every call we need.
 
 mod iova;
@@ -30,6 +30,7 @@ pub use user::{
     RawBuffer, UserMapping, effective_capabilities, has_cap_ipc_lock, memlock_rlimit, pinned_bytes,
 };
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::pci::{Iova, PciError, PciFunction};
@@ -60,12 +61,34 @@ pub enum DmaError {
     /// A zero-length request.
     #[error("zero-length DMA allocation")]
     Empty,
+    /// Pinning the memory would exceed RLIMIT_MEMLOCK ([`DmaSpace::memlock`]).
+    #[error(transparent)]
+    Memlock(#[from] MemlockExceeded),
+    /// Whether the process may pin past RLIMIT_MEMLOCK (CAP_IPC_LOCK) could not be told.
+    #[error("cannot tell whether the process has CAP_IPC_LOCK: {0}")]
+    MemlockCheck(#[source] std::io::Error),
 }
 
-/// The DMA side of one device: its PCI function and its IOVA allocator.
+impl From<PinError> for DmaError {
+    fn from(e: PinError) -> Self {
+        match e {
+            PinError::Exceeded(e) => DmaError::Memlock(e),
+            PinError::CapabilityCheck(e) => DmaError::MemlockCheck(e),
+        }
+    }
+}
+
+/// The DMA side of one device: its PCI function, its IOVA allocator and its account of
+/// pinned memory. Every byte mapped for the device (its [`DmaRegion`]s: queues, doorbell
+/// records, firmware pages, the command queue and its mailboxes, memory regions the driver
+/// allocates; and the user memory of registered MRs) is charged against RLIMIT_MEMLOCK
+/// under the space's [`MemlockPolicy`] before it is mapped, as VFIO charges every pinned
+/// page to `locked_vm`, and released when it is unmapped.
 pub struct DmaSpace {
     function: Arc<dyn PciFunction>,
     iova: Mutex<IovaAllocator>,
+    memlock: MemlockPolicy,
+    pinned: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for DmaSpace {
@@ -77,13 +100,40 @@ impl std::fmt::Debug for DmaSpace {
 }
 
 impl DmaSpace {
-    /// A DMA space over the IOVA ranges `function` reports.
+    /// A DMA space over the IOVA ranges `function` reports, with the kernel's memory-lock
+    /// accounting ([`MemlockPolicy::Kernel`] as it applies to `function`).
     pub fn new(function: Arc<dyn PciFunction>) -> Arc<DmaSpace> {
+        let policy = MemlockPolicy::Kernel.for_function(function.pins_dma_memory());
+        Self::with_memlock(function, policy)
+    }
+
+    /// A DMA space whose mappings are checked against RLIMIT_MEMLOCK under `memlock`.
+    pub fn with_memlock(function: Arc<dyn PciFunction>, memlock: MemlockPolicy) -> Arc<DmaSpace> {
         let iova = IovaAllocator::new(&function.iova_ranges());
         Arc::new(DmaSpace {
             function,
             iova: Mutex::new(iova),
+            memlock,
+            pinned: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// The memory-lock policy its mappings are checked under.
+    pub fn memlock(&self) -> MemlockPolicy {
+        self.memlock
+    }
+
+    /// Charges `bytes` about to be pinned for this device: refused with
+    /// [`PinError::Exceeded`] when the process would pin more than RLIMIT_MEMLOCK (under
+    /// the space's policy); released when the charge drops.
+    pub fn charge(&self, bytes: u64) -> Result<PinCharge, PinError> {
+        PinCharge::charge(bytes, self.memlock, Some(&self.pinned))
+    }
+
+    /// Bytes pinned for this device now (its DMA regions and registered user memory);
+    /// [`pinned_bytes`] is the whole process's.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.pinned.load(Ordering::Acquire)
     }
 
     /// The PCI function this space belongs to.

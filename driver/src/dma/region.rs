@@ -5,9 +5,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use uhca_hw::layout::{Buf, BufMut};
+use uhca_layout::{Buf, BufMut};
 
-use super::{DmaError, DmaSpace, system_page_size};
+use super::{DmaError, DmaSpace, PinCharge, PinError, system_page_size};
 use crate::pci::{DmaMapping, FileBacking, Iova};
 
 /// The largest alignment a region's IOVA gets (its size rounded up to a power of two, up
@@ -48,6 +48,9 @@ pub struct DmaRegion {
     page: PageSize,
     fd: OwnedFd,
     space: Arc<DmaSpace>,
+    /// Its bytes charged against RLIMIT_MEMLOCK ([`DmaSpace::charge`]); `None` only once
+    /// leaked (Drop).
+    charge: Option<PinCharge>,
 }
 
 // SAFETY: the region owns its mapping; all access goes through volatile/atomic accessors on
@@ -123,10 +126,18 @@ impl DmaRegion {
         }
         tries.push(PageSize::Small);
         let mut last_err = None;
-        for page in tries {
+        let n = tries.len();
+        for (i, page) in tries.into_iter().enumerate() {
             let rounded = len.next_multiple_of(page.bytes());
+            // Charged before anything is pinned, in whole pages of the kind tried: a
+            // hugepage that would pass the limit falls back to smaller pages.
+            let charge = match space.charge(rounded as u64) {
+                Ok(c) => c,
+                Err(PinError::Exceeded(_)) if i + 1 < n => continue,
+                Err(e) => return Err(e.into()),
+            };
             match map_memfd(rounded, page) {
-                Ok((fd, ptr)) => return Self::map_into(space, fd, ptr, rounded, page),
+                Ok((fd, ptr)) => return Self::map_into(space, fd, ptr, rounded, page, charge),
                 Err(e) => last_err = Some(e),
             }
         }
@@ -142,6 +153,7 @@ impl DmaRegion {
         ptr: NonNull<u8>,
         len: usize,
         page: PageSize,
+        charge: PinCharge,
     ) -> Result<DmaRegion, DmaError> {
         let unmap_mem = || {
             // SAFETY: unmapping the mapping created just above, referenced nowhere else.
@@ -188,6 +200,7 @@ impl DmaRegion {
             page,
             fd,
             space: space.clone(),
+            charge: Some(charge),
         })
     }
 
@@ -248,8 +261,10 @@ impl Drop for DmaRegion {
             Ok(()) => self.space.free_iova(self.iova, self.len as u64),
             // The IOVA stays allocated (it may still be live in the IOMMU) and the memory
             // is leaked rather than freed under a device that might still reach it.
+            // Its pages stay pinned, so they stay charged.
             Err(e) => {
                 tracing::error!(iova = ?self.iova, len = self.len, error = %e, "DMA unmap failed; leaking the region");
+                std::mem::forget(self.charge.take());
                 return;
             }
         }

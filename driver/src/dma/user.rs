@@ -391,7 +391,10 @@ impl Drop for UserMapping {
     }
 }
 
-/// Bytes this process has pinned for memory regions (what VFIO charges to `locked_vm`).
+/// Bytes of DMA memory this process has pinned: memory regions and every region the
+/// driver maps for the device (queues, doorbell records, firmware pages, command queue and
+/// mailboxes): what VFIO charges to `locked_vm` (each page of a type1 DMA mapping,
+/// `vfio_pin_pages_remote`).
 static PINNED: AtomicU64 = AtomicU64::new(0);
 
 /// How pinning is checked against the memory-lock limit.
@@ -454,13 +457,26 @@ pub struct MemlockExceeded {
     pub kib: u64,
 }
 
-/// A charge against the pinned-memory account, released on drop.
+/// A charge against the pinned-memory account (and the account of the DMA space that
+/// made it, [`DmaSpace::charge`](super::DmaSpace::charge)), released on drop.
 #[derive(Debug)]
-pub struct PinCharge(u64);
+pub struct PinCharge {
+    bytes: u64,
+    space: Option<Arc<AtomicU64>>,
+}
 
 impl PinCharge {
     /// Charges `bytes` if the policy allows it.
     pub fn new(bytes: u64, policy: MemlockPolicy) -> Result<PinCharge, PinError> {
+        Self::charge(bytes, policy, None)
+    }
+
+    /// Charges `bytes` to the process and, if given, to one DMA space's account.
+    pub(super) fn charge(
+        bytes: u64,
+        policy: MemlockPolicy,
+        space: Option<&Arc<AtomicU64>>,
+    ) -> Result<PinCharge, PinError> {
         let limit = match policy {
             MemlockPolicy::Unchecked => None,
             MemlockPolicy::Kernel if has_cap_ipc_lock().map_err(PinError::CapabilityCheck)? => None,
@@ -471,7 +487,15 @@ impl PinCharge {
             limit.is_none_or(|l| total <= l).then_some(total)
         });
         match r {
-            Ok(_) => Ok(PinCharge(bytes)),
+            Ok(_) => {
+                if let Some(c) = space {
+                    c.fetch_add(bytes, Ordering::AcqRel);
+                }
+                Ok(PinCharge {
+                    bytes,
+                    space: space.cloned(),
+                })
+            }
             Err(cur) => {
                 let total = cur.saturating_add(bytes);
                 let limit = limit.unwrap_or(u64::MAX);
@@ -487,13 +511,27 @@ impl PinCharge {
     }
 }
 
-impl Drop for PinCharge {
-    fn drop(&mut self) {
-        PINNED.fetch_sub(self.0, Ordering::AcqRel);
+impl PinCharge {
+    /// Bytes charged.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 }
 
-/// Bytes pinned for memory regions by this process.
+impl Drop for PinCharge {
+    fn drop(&mut self) {
+        PINNED.fetch_sub(self.bytes, Ordering::AcqRel);
+        if let Some(c) = &self.space {
+            c.fetch_sub(self.bytes, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Bytes of DMA memory this process has pinned (memory regions and the driver's own DMA
+/// regions of every open device); [`DmaSpace::pinned_bytes`] counts one
+/// device's.
+///
+/// [`DmaSpace::pinned_bytes`]: super::DmaSpace::pinned_bytes
 pub fn pinned_bytes() -> u64 {
     PINNED.load(Ordering::Acquire)
 }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use uhca_hw::layout::{Buf, BufMut};
+use uhca_layout::{Buf, BufMut};
 
 use super::{BarRegion, PciFunction};
 

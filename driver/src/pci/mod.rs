@@ -18,6 +18,7 @@ mod bar;
 pub mod gpu;
 #[cfg(feature = "model")]
 pub mod model;
+#[cfg(any(test, feature = "testing"))]
 pub mod null;
 pub mod sysfs;
 pub mod vfio;

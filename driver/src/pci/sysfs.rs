@@ -570,6 +570,7 @@ impl Sysfs {
 }
 
 pub mod bind;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod topology;
 

@@ -4,7 +4,7 @@
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use uhca_hw::layout::mkc::{AccessMode, MTT_PRESENT};
+use uhca_layout::mkc::{AccessMode, MTT_PRESENT};
 
 use super::client::DmaBufClient;
 use super::{DmaBlock, PeerError, PeerMemory, PeerMemoryClient, PeerTarget};

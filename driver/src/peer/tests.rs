@@ -2,7 +2,7 @@
 
 use super::mr::build_mtt;
 use super::*;
-use uhca_hw::layout::mkc::MTT_PRESENT;
+use uhca_layout::mkc::MTT_PRESENT;
 
 fn blk(iova: u64, len: u64) -> DmaBlock {
     DmaBlock {

@@ -1,5 +1,5 @@
 //! Address handles: where a UD or GSI send goes (IBA Vol. 1 §10.2.2; mlx5: the 48-byte
-//! address vector of the datagram segment, `uhca_hw::layout::ud`,
+//! address vector of the datagram segment, `uhca_layout::ud`,
 //! docs/spec/mlx5-ib-objects.md §4 and §8).
 //!
 //! An mlx5 address handle is no firmware object: the driver builds the address vector once
@@ -28,7 +28,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use uhca_hw::layout::ud::{DATAGRAM_SEG, DatagramSeg, GRH_SIZE};
+use uhca_layout::ud::{DATAGRAM_SEG, DatagramSeg, GRH_SIZE};
 
 use crate::cmd::{CmdError, ops};
 use crate::datapath::NetHeader;

@@ -12,90 +12,25 @@
 
 #![deny(unsafe_code)]
 
-use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use uhca_hw::layout::caps::CmdHcaCap;
-use uhca_hw::layout::cmds::{MODIFY_CQ_COUNT, MODIFY_CQ_PERIOD, MODIFY_CQ_PERIOD_MODE};
-use uhca_hw::layout::cqc::{CQ_PERIOD_FROM_CQE, CQ_PERIOD_FROM_EQE, Cqc};
-use uhca_hw::layout::cqe::CQE_SIZE;
-use uhca_hw::layout::eqe::{EqeComp, EventType};
-use uhca_hw::layout::uar::{CQ_DBR_ARM, CQ_DOORBELL, UAR_SIZE, cq_arm_word};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use uhca_layout::caps::CmdHcaCap;
+use uhca_layout::cmds::{MODIFY_CQ_COUNT, MODIFY_CQ_PERIOD, MODIFY_CQ_PERIOD_MODE};
+use uhca_layout::cqc::{CQ_PERIOD_FROM_CQE, CQ_PERIOD_FROM_EQE, Cqc};
+use uhca_layout::cqe::CQE_SIZE;
+use uhca_layout::eqe::{EqeComp, EventType};
+use uhca_layout::uar::{CQ_DBR_ARM, CQ_DOORBELL, UAR_SIZE, cq_arm_word};
+use vmm_sys_util::epoll::EpollEvent;
 
-use crate::cmd::CmdError;
-use crate::cmd::ops::{self, CreateEq};
+use super::comp_eq::{CompEq, shared_eq};
+pub use super::queue_error::QueueError;
 use crate::cmd::queue_ops;
 use crate::datapath::cq::{CqRing, Poll, QpRegistry};
 use crate::datapath::ring::RingSize;
 use crate::device::{Device, DeviceInner};
-use crate::dma::{DmaError, DmaRegion};
-use crate::pci::{Iova, PciError};
-use crate::resource::EqRing;
-
-/// Errors of creating, connecting and destroying CQs and QPs (the control path).
-#[derive(Debug, thiserror::Error)]
-pub enum QueueError {
-    /// A command failed.
-    #[error(transparent)]
-    Cmd(#[from] CmdError),
-    /// Queue memory could not be provided.
-    #[error(transparent)]
-    Dma(#[from] DmaError),
-    /// Interrupt setup failed.
-    #[error(transparent)]
-    Pci(#[from] PciError),
-    /// A requested size is not possible.
-    #[error("{what}: {requested} is not a power of two in 1..=2^{log_max}")]
-    Size {
-        /// Which size.
-        what: &'static str,
-        /// The request.
-        requested: u32,
-        /// The device limit (log2).
-        log_max: u32,
-    },
-    /// A configuration value is out of range.
-    #[error("invalid configuration: {0}")]
-    Config(&'static str),
-    /// A value above what the device supports.
-    #[error("{what}: {requested} is more than the device's {max} ({cap})")]
-    AboveCap {
-        /// Which value.
-        what: &'static str,
-        /// The request.
-        requested: u32,
-        /// The device limit.
-        max: u32,
-        /// The capability that sets the limit.
-        cap: &'static str,
-    },
-    /// No free MSI-X vector for another event CQ.
-    #[error("no free interrupt vector for a completion EQ")]
-    NoVector,
-    /// The CQ was created without events.
-    #[error("the CQ was created without events (CqConfig::events)")]
-    NoEvents,
-    /// A QP transition that is not allowed from the current state.
-    #[error("QP transition {op} not allowed from state {state:?}")]
-    State {
-        /// The transition.
-        op: &'static str,
-        /// The current state.
-        state: crate::resource::qp::QpState,
-    },
-    /// Waiting for an event failed.
-    #[error("waiting for a completion event: {0}")]
-    Io(#[source] std::io::Error),
-    /// The device was closed.
-    #[error("device is closed")]
-    Closed,
-    /// The device is lost ([`Device::is_lost`]): drop the handles and reopen the function.
-    #[error("device lost")]
-    DeviceLost,
-}
+use crate::dma::DmaRegion;
+use crate::pci::Iova;
 
 /// Options of [`Device::create_cq`].
 #[derive(Clone, Copy, Debug)]
@@ -176,126 +111,6 @@ pub enum CqPeriodMode {
     /// From the last CQE: every CQE restarts the period, so during a burst only the count
     /// raises events, and the event comes a period after the burst ends.
     FromCqe,
-}
-
-/// Per-device state of the completion machinery (lives in the device).
-#[derive(Debug, Default)]
-pub(crate) struct DeviceQueues {
-    shared_eq: Mutex<Weak<CompEq>>,
-    /// Bit v = MSI-X vector v in use by a completion EQ (vector 0 is the control EQ's).
-    vectors: Mutex<u64>,
-}
-
-/// A completion EQ (its firmware object, ring and optional interrupt).
-#[derive(Debug)]
-struct CompEq {
-    dev: Arc<DeviceInner>,
-    ring: Mutex<EqRing>,
-    irq: Option<(u32, EventFd, Epoll)>,
-}
-
-impl CompEq {
-    fn create(dev: &Arc<DeviceInner>, with_irq: bool) -> Result<CompEq, QueueError> {
-        let uar = *dev.driver_uar.get().ok_or(QueueError::Closed)?;
-        let irq = if with_irq {
-            let v = alloc_vector(dev)?;
-            let setup = || -> Result<(EventFd, Epoll), QueueError> {
-                let fd = EventFd::new(EFD_NONBLOCK).map_err(QueueError::Io)?;
-                let ep = Epoll::new().map_err(QueueError::Io)?;
-                ep.ctl(
-                    ControlOperation::Add,
-                    fd.as_raw_fd(),
-                    EpollEvent::new(EventSet::IN, 0),
-                )
-                .map_err(QueueError::Io)?;
-                dev.function.set_irq(v, Some(&fd))?;
-                Ok((fd, ep))
-            };
-            match setup() {
-                Ok((fd, ep)) => Some((v, fd, ep)),
-                Err(e) => {
-                    free_vector(dev, v);
-                    return Err(e);
-                }
-            }
-        } else {
-            None
-        };
-        let mut ring = EqRing::new(&dev.dma, 6)?;
-        let pages = ring.pages();
-        let created = ops::create_eq(
-            &**dev,
-            &CreateEq {
-                log_eq_size: ring.log_size(),
-                uar_page: uar,
-                intr: irq.as_ref().map_or(0, |i| i.0),
-                event_bitmask: 0, // completion events go to the EQ named by c_eqn (§9.3)
-                pages: &pages,
-            },
-        );
-        let eqn = match created {
-            Ok(n) => n,
-            Err(e) => {
-                if let Some((v, _, _)) = &irq {
-                    let _ = dev.function.set_irq(*v, None);
-                    free_vector(dev, *v);
-                }
-                return Err(e.into());
-            }
-        };
-        ring.attach(eqn, uar);
-        if irq.is_some() {
-            ring.update_ci(&dev.bar, true);
-        }
-        Ok(CompEq {
-            dev: dev.clone(),
-            ring: Mutex::new(ring),
-            irq,
-        })
-    }
-
-    fn eqn(&self) -> u32 {
-        self.ring.lock().unwrap_or_else(|e| e.into_inner()).eqn()
-    }
-}
-
-impl Drop for CompEq {
-    fn drop(&mut self) {
-        let eqn = self.eqn();
-        if self.dev.is_open()
-            && let Err(e) = ops::destroy_eq(&*self.dev, eqn)
-        {
-            tracing::warn!(eqn, error = %e, "DESTROY_EQ (completion EQ) failed");
-        }
-        if let Some((v, _, _)) = &self.irq {
-            let _ = self.dev.function.set_irq(*v, None);
-            free_vector(&self.dev, *v);
-        }
-    }
-}
-
-fn alloc_vector(dev: &DeviceInner) -> Result<u32, QueueError> {
-    let n = dev.function.num_irqs().min(64);
-    let mut used = dev.dp.vectors.lock().unwrap_or_else(|e| e.into_inner());
-    let v = (1..n)
-        .find(|v| *used & (1 << v) == 0)
-        .ok_or(QueueError::NoVector)?;
-    *used |= 1 << v;
-    Ok(v)
-}
-
-fn free_vector(dev: &DeviceInner, v: u32) {
-    *dev.dp.vectors.lock().unwrap_or_else(|e| e.into_inner()) &= !(1u64 << v);
-}
-
-fn shared_eq(dev: &Arc<DeviceInner>) -> Result<Arc<CompEq>, QueueError> {
-    let mut w = dev.dp.shared_eq.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(eq) = w.upgrade() {
-        return Ok(eq);
-    }
-    let eq = Arc::new(CompEq::create(dev, false)?);
-    *w = Arc::downgrade(&eq);
-    Ok(eq)
 }
 
 /// The firmware CQ; QPs keep it alive (a CQ is destroyed after the QPs that use it).

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
-use uhca_hw::layout::eqe::{EQE_SIZE, eqe_is_sw_owned};
-use uhca_hw::layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM, UAR_SIZE, eq_doorbell_word};
+use uhca_layout::eqe::{EQE_SIZE, eqe_is_sw_owned};
+use uhca_layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM, UAR_SIZE, eq_doorbell_word};
 
 use crate::dma::{DmaError, DmaRegion, DmaSpace};
 use crate::pci::{Bar, Iova};

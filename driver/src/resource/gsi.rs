@@ -19,13 +19,15 @@
 //!   source GID, source QPN, P_Key and its index), [`GsiEvent::Sent`] (a send's tag and
 //!   status) or [`GsiEvent::RecvFailed`] (a receive completed in error; its buffer is
 //!   posted again). Each receive buffer goes back to the QP as soon as its MAD is copied
-//!   out.
+//!   out (a flushed one waits for [`Gsi::restart`]).
 //! - [`Gsi::counters`]: MADs sent, send errors, MADs received, receive errors.
 //! - Replies: [`AhAttr::reply_to`](crate::resource::AhAttr::reply_to)`(&mad.grh, ...)`
 //!   builds the handle back to a sender (its MAC: see `resource::ah`).
 //!
 //! Not here (the MAD layer's): MAD headers, transaction IDs, timeouts and retries; the
-//! GSI QP is unreliable, so a lost MAD is the layer above's to send again.
+//! GSI QP is unreliable, so a lost MAD is the layer above's to send again. A send that
+//! fails moves the QP to ERR (as on the device), after which every send and receive
+//! completes flushed: [`Gsi::restart`] brings it back (or drop the `Gsi` and open it again).
 
 #![deny(unsafe_code)]
 
@@ -36,6 +38,8 @@ use super::cq::{Cq, CqConfig, QueueError};
 use super::mkey::{Access, MemError, Mr};
 use super::qp::{Local, QpConfig, SendFlags};
 use super::ud::{GRH_SIZE, GSI_QKEY, GSI_QPN, UdDest, UdQp, UdSendWr};
+use uhca_layout::cqe::CqeSyndrome;
+
 use crate::datapath::{NetHeader, PollError, PostError, Sge, WcOpcode, WcStatus};
 use crate::device::{Device, DeviceError};
 use crate::resource::Pd;
@@ -93,6 +97,13 @@ pub enum GsiError {
     /// A configuration value is out of range.
     #[error("invalid GSI configuration: {0}")]
     Config(&'static str),
+    /// [`Gsi::restart`]: the device did not flush the outstanding work requests in time.
+    #[error("the GSI QP's outstanding work requests were not flushed within {0:?}")]
+    Stalled(Duration),
+    /// A completion names a work request this endpoint never posted (device memory is
+    /// untrusted); it was consumed and changed nothing.
+    #[error("completion for a work request this GSI never posted (wr_id {0:#x})")]
+    ForeignCompletion(u64),
 }
 
 /// A MAD received on the GSI QP, with who sent it.
@@ -171,8 +182,14 @@ pub struct Gsi {
     /// The tag of each send slot in flight.
     tags: Vec<u64>,
     pkeys: Vec<u16>,
+    pkey_index: u16,
+    /// Receives posted and not yet completed.
+    recv_out: u32,
     counters: GsiCounters,
 }
+
+/// How long [`Gsi::restart`] waits for the device to flush the outstanding work.
+pub const RESTART_WAIT: Duration = Duration::from_secs(10);
 
 /// `wr_id` of send slot `i` (receive slots are their index).
 const SEND_BIT: u64 = 1 << 63;
@@ -229,6 +246,8 @@ impl Device {
             free: (0..cfg.send_depth).rev().collect(),
             tags: vec![0; cfg.send_depth as usize],
             pkeys,
+            pkey_index: cfg.pkey_index,
+            recv_out: cfg.recv_depth,
             counters: GsiCounters::default(),
         })
     }
@@ -321,7 +340,7 @@ impl Gsi {
             let slot = (c.wr_id & !SEND_BIT) as u32;
             if c.wr_id & SEND_BIT == 0 || slot >= self.send_depth {
                 // Our own wr_ids only; the shadow checked the index already.
-                return Err(GsiError::Config("send completion with a foreign wr_id"));
+                return Err(GsiError::ForeignCompletion(c.wr_id));
             }
             self.free.push(slot);
             if !c.status.is_ok() {
@@ -334,16 +353,28 @@ impl Gsi {
         }
         let slot = c.wr_id as u32;
         if c.wr_id >= u64::from(self.recv_depth) {
-            return Err(GsiError::Config("receive completion with a foreign wr_id"));
+            return Err(GsiError::ForeignCompletion(c.wr_id));
         }
+        self.recv_out = self.recv_out.saturating_sub(1);
         let event = self.take_mad(slot, &c);
-        // The buffer goes back at once (a QP in error refuses it: nothing to repost then).
-        match self
-            .qp
-            .post_recv(u64::from(slot), &[recv_sge(&self.mem, slot)])
-        {
-            Ok(()) | Err(PostError::BadState) => {}
-            Err(e) => return Err(e.into()),
+        // The buffer goes back at once, unless the QP is in error: a flushed receive
+        // posted again would only be flushed again ([`restart`](Self::restart) posts them).
+        let flushed = matches!(
+            c.status,
+            WcStatus::Error {
+                syndrome: CqeSyndrome::WrFlush,
+                ..
+            }
+        );
+        if !flushed {
+            match self
+                .qp
+                .post_recv(u64::from(slot), &[recv_sge(&self.mem, slot)])
+            {
+                Ok(()) => self.recv_out += 1,
+                Err(PostError::BadState) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(Some(event))
     }
@@ -384,6 +415,49 @@ impl Gsi {
             pkey,
             pkey_index,
         })
+    }
+
+    /// Brings the endpoint back after its QP went to ERR (a failed send), or at any time:
+    /// 2ERR flushes what is outstanding, the flushed completions are taken (waiting at
+    /// most [`RESTART_WAIT`]), then 2RST and RST→INIT (receive buffers posted)→RTR→RTS as
+    /// at [`Device::open_gsi`]. Returns the tags of the sends that were still in flight
+    /// (they may or may not have left the port); events not yet polled are dropped.
+    pub fn restart(&mut self) -> Result<Vec<u64>, GsiError> {
+        self.qp.to_err()?;
+        let deadline = Instant::now() + RESTART_WAIT;
+        let mut lost = Vec::new();
+        while (self.free.len() as u32) < self.send_depth || self.recv_out > 0 {
+            let next = self.cq.poll().next();
+            let Some(c) = next else {
+                if Instant::now() > deadline {
+                    return Err(GsiError::Stalled(RESTART_WAIT));
+                }
+                std::thread::yield_now();
+                continue;
+            };
+            let c = c?;
+            if c.opcode == WcOpcode::Recv {
+                self.recv_out = self.recv_out.saturating_sub(1);
+                continue;
+            }
+            let slot = (c.wr_id & !SEND_BIT) as u32;
+            if c.wr_id & SEND_BIT == 0 || slot >= self.send_depth {
+                return Err(GsiError::ForeignCompletion(c.wr_id));
+            }
+            if !self.free.contains(&slot) {
+                self.free.push(slot);
+                lost.push(self.tags[slot as usize]);
+            }
+        }
+        self.qp.reset()?;
+        self.qp.to_init(GSI_QKEY, self.pkey_index)?;
+        for i in 0..self.recv_depth {
+            self.qp.post_recv(u64::from(i), &[recv_sge(&self.mem, i)])?;
+            self.recv_out += 1;
+        }
+        self.qp.to_rtr(None)?;
+        self.qp.to_rts(0)?;
+        Ok(lost)
     }
 
     /// Polls until an event comes or `timeout` passes (`Ok(None)`): spins a little, then

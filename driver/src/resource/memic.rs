@@ -20,8 +20,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use uhca_hw::layout::caps::DeviceMemCap;
-use uhca_hw::layout::cmd::CmdStatus;
+use uhca_layout::caps::DeviceMemCap;
+use uhca_layout::cmd::CmdStatus;
 
 use super::mkey::MemError;
 use crate::cmd::ops;

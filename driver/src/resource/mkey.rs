@@ -18,8 +18,8 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use uhca_hw::layout::cmd::CapType;
-use uhca_hw::layout::mkc::{AccessMode, MTT_PRESENT};
+use uhca_layout::cmd::CapType;
+use uhca_layout::mkc::{AccessMode, MTT_PRESENT};
 
 use super::memic::DmRef;
 use crate::cmd::CmdError;
@@ -425,7 +425,7 @@ impl Pd {
             ops::query_hca_cap(&*self.dev, CapType::General2, true)
                 .ok()
                 .map(|p| {
-                    uhca_hw::layout::caps::CmdHcaCap2::new_unchecked(&p[..])
+                    uhca_layout::caps::CmdHcaCap2::new_unchecked(&p[..])
                         .max_mkey_log_entity_size_mtt()
                 })
                 .filter(|&v| v != 0)
@@ -461,12 +461,12 @@ impl Pd {
         let sys = crate::dma::system_page_size() as u64;
         let span = (addr + len as u64).next_multiple_of(sys) - (addr & !(sys - 1));
         let page = pick_page(span, self.max_log_page(), opts.log_page_size)?;
-        let charge = PinCharge::new(span, dev.pin_policy())?;
+        let charge = dev.dma.charge(span)?;
         let map = UserMapping::new(&dev.dma, buf, page)?;
         let mtts: Vec<u64> = map.mtt_addrs().map(|a| a | MTT_PRESENT).collect();
         self.create(
             Backing::User(map),
-            charge,
+            Some(charge),
             access,
             addr,
             len,
@@ -487,11 +487,12 @@ impl Pd {
         if len == 0 {
             return Err(MemError::Empty);
         }
-        // Charged before pinning, at page granularity (a hugepage-backed region pins up to
-        // one hugepage more than charged).
-        let sys = crate::dma::system_page_size();
-        let charge = PinCharge::new(len.next_multiple_of(sys) as u64, dev.pin_policy())?;
-        let region = dev.dma.alloc(len)?;
+        // The region charges its pages against RLIMIT_MEMLOCK itself (`DmaSpace::charge`).
+        let region = dev.dma.alloc(len).map_err(|e| match e {
+            DmaError::Memlock(e) => MemError::Memlock(e),
+            DmaError::MemlockCheck(e) => MemError::MemlockCheck(e),
+            e => MemError::Dma(e),
+        })?;
         // The MKey's addresses are the region's IOVAs, so any page size lines up (§7.5):
         // take one about the size of the region, for one or two MTT entries.
         let iova = region.iova().0;
@@ -504,7 +505,7 @@ impl Pd {
             .collect();
         self.create(
             Backing::Region(region),
-            charge,
+            None,
             access,
             iova,
             len,
@@ -557,7 +558,7 @@ impl Pd {
     fn create(
         &self,
         backing: Backing,
-        charge: PinCharge,
+        charge: Option<PinCharge>,
         access: Access,
         addr: u64,
         len: usize,
@@ -579,7 +580,7 @@ impl Pd {
             },
         )
         .map(|i| (i, variant));
-        self.finish(index, backing, Some(charge), access, addr, len)
+        self.finish(index, backing, charge, access, addr, len)
     }
 
     fn finish(

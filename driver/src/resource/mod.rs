@@ -6,6 +6,7 @@
 //! counted, never a panic). Handles keep their device alive.
 
 pub mod ah;
+pub(crate) mod comp_eq;
 pub mod cq;
 pub mod eq;
 pub mod gsi;
@@ -13,6 +14,7 @@ pub mod memic;
 pub mod mkey;
 pub mod pd;
 pub mod qp;
+mod queue_error;
 pub mod uar;
 pub mod ud;
 

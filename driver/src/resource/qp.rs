@@ -12,11 +12,11 @@
 
 use std::sync::Arc;
 
-use uhca_hw::layout::caps::CmdHcaCap;
-use uhca_hw::layout::cmd::Opcode;
-use uhca_hw::layout::qpc::{Ads, Qpc};
-use uhca_hw::layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
-use uhca_hw::layout::wqe::{DS_UNIT, SEND_WQE_BB, fm_ce_se};
+use uhca_layout::caps::CmdHcaCap;
+use uhca_layout::cmd::Opcode;
+use uhca_layout::qpc::{Ads, Qpc};
+use uhca_layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
+use uhca_layout::wqe::{DS_UNIT, SEND_WQE_BB, fm_ce_se};
 
 use super::cq::{Cq, CqObj, QueueError};
 use crate::cmd::ops::{self, RoceAddress};
@@ -445,9 +445,7 @@ impl Device {
             .max((4 + cfg.max_inline as usize).next_multiple_of(DS_UNIT));
         let head_and_body = match ty {
             QpType::Rc => 2 * DS_UNIT + data.max(2 * DS_UNIT),
-            QpType::Ud | QpType::Gsi => {
-                DS_UNIT + uhca_hw::layout::ud::DATAGRAM_SEG + data.max(DS_UNIT)
-            }
+            QpType::Ud | QpType::Gsi => DS_UNIT + uhca_layout::ud::DATAGRAM_SEG + data.max(DS_UNIT),
         };
         if head_and_body > MAX_WQE_BYTES {
             return Err(QueueError::Config(

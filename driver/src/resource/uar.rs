@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use uhca_hw::layout::uar::UAR_SIZE;
+use uhca_layout::uar::UAR_SIZE;
 
 use crate::cmd::ops;
 use crate::device::{DeviceError, DeviceInner};

@@ -7,7 +7,7 @@
 //! RTR→RTS the first send PSN ([`UdQp::activate`] runs all three, [`UdParams`]). Each
 //! send names its destination ([`UdDest`]: an address handle [`Ah`], the remote QPN and the
 //! Q_Key), in the datagram segment between the control segment and the data
-//! (`uhca_hw::layout::ud`).
+//! (`uhca_layout::ud`).
 //!
 //! - A send is one packet: at most the QP's path MTU ([`UdQp::mtu`]), or the post is refused
 //!   with [`PostError::MessageTooLong`]. SEND and SEND with immediate, from data segments or
@@ -28,10 +28,10 @@
 
 #![deny(unsafe_code)]
 
-use uhca_hw::layout::caps::CmdHcaCap;
-use uhca_hw::layout::cmd::Opcode;
-use uhca_hw::layout::qpc::{Ads, Qpc};
-use uhca_hw::layout::wqe::WqeOpcode;
+use uhca_layout::caps::CmdHcaCap;
+use uhca_layout::cmd::Opcode;
+use uhca_layout::qpc::{Ads, Qpc};
+use uhca_layout::wqe::WqeOpcode;
 
 use super::ah::Ah;
 use super::cq::{Cq, QueueError};
@@ -42,7 +42,7 @@ use crate::device::Device;
 use crate::info::roce_mtu;
 use crate::resource::Pd;
 
-pub use uhca_hw::layout::ud::{GRH_SIZE, QKEY_USE_QP};
+pub use uhca_layout::ud::{GRH_SIZE, QKEY_USE_QP};
 
 /// The Q_Key of every GSI QP (IBA Vol. 1 §13.5.1, the well-known GSI Q_Key): a GSI QP
 /// receives only datagrams with this Q_Key, and a MAD is sent with it.

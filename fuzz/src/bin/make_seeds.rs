@@ -376,6 +376,44 @@ fn driver_cqe(dir: &Path) {
     write(dir, "driver_cqe", "raw-zero", &w.0);
 }
 
+/// `cm_peer`: a request accepted, its RTU and the peer's DREQ; a connection of ours
+/// answered with a REP, then disconnected; a real rping REQ (for a port nobody listens on).
+fn cm_peer(dir: &Path) {
+    #[allow(clippy::too_many_arguments)]
+    fn msg(w: &mut Writer, kind: u8, pick: u8, local: u32, qpn: u32, x: u8, port: u16) {
+        w.u8(1)
+            .u8(kind)
+            .u8(pick)
+            .u32(local)
+            .u32(qpn)
+            .u32(0x12_3456)
+            .u8(x)
+            .u16(port)
+            .u64(9);
+    }
+    let mut w = Writer::default();
+    msg(&mut w, 0, 255, 7, 0x11, 3, 1);
+    w.u8(3).u8(0);
+    msg(&mut w, 4, 0, 7, 0, 0, 0);
+    msg(&mut w, 5, 0, 7, 0x101, 0, 0);
+    w.u8(2).u16(1000);
+    write(dir, "cm_peer", "req-accept-rtu-dreq", &w.0);
+    let mut w = Writer::default();
+    w.u8(5);
+    msg(&mut w, 3, 0, 9, 0x22, 1, 0);
+    w.u8(4).u8(0);
+    w.u8(2).u16(2000);
+    write(dir, "cm_peer", "connect-rep-disconnect", &w.0);
+    let req = "0107020300000000000000020e37c0bf0010000000000000bfc0370e000000000000000001061d2f505400fffe77000300000000000000000000110100000001000000a0ff9d2ca7ffff37f0ffffffff00000000000000000000ffff0a4d000300000000000000000000ffff0a4d0002a65a30000040009800000000000000000000000000000000000000000000000000000000000000000000000000000000000000000040d90c0000000000000000000000000a4d00030000000000000000000000000a4d00020000000000000000";
+    let mut mad = [0u8; 256];
+    for (i, b) in mad.iter_mut().enumerate().take(req.len() / 2) {
+        *b = u8::from_str_radix(&req[2 * i..2 * i + 2], 16).expect("hex");
+    }
+    let mut w = Writer::default();
+    w.u8(0).blob(&mad);
+    write(dir, "cm_peer", "rping-req", &w.0);
+}
+
 fn perf_control(dir: &Path) {
     let hello = Hello {
         mode: "write_bw".into(),
@@ -450,6 +488,7 @@ fn main() {
     rc_receive(&dir);
     driver_cqe(&dir);
     perf_control(&dir);
+    cm_peer(&dir);
     let _ = std::io::stdout().write_all(
         format!(
             "seeds written to {} ({} driver commands recorded)\n",

@@ -45,7 +45,7 @@ mod sys;
 #[cfg(test)]
 mod tests;
 
-use sys::{BATCH, In, Out};
+use sys::{BATCH, In, Msg};
 
 /// Longest frame the port carries: a 4,096-byte payload and every header.
 pub const MAX_FRAME_LEN: usize = 4096 + 256;
@@ -56,6 +56,17 @@ const HEAD: usize = ETH_SIZE + IPV6_SIZE + UDP_SIZE;
 /// Bytes asked for each socket's buffers (see `udp::SOCKET_BUFFER`: a window of
 /// MTU-sized packets must fit).
 const SOCKET_BUFFER: usize = 8 << 20;
+
+/// Datagrams one UDP GSO message carries at most (`UDP_MAX_SEGMENTS` is 64 in Linux 4.18
+/// to 6.x).
+const GSO_SEGMENTS: usize = 64;
+
+/// Bytes of UDP payload one GSO message carries at most (an IPv4 datagram's limit, 65,535
+/// less the IP and UDP headers, rounded down).
+const GSO_BYTES: usize = 65_000;
+
+/// A receive buffer's payload room with `UDP_GRO` on: the largest coalesced datagram.
+const GRO_BUF: usize = 65_536;
 
 /// Where and how the port is put on the network.
 #[derive(Clone, Debug)]
@@ -267,6 +278,10 @@ struct Tx {
     queue: Vec<Pending>,
     held: Option<Pending>,
     rng: Option<SplitMix64>,
+    /// The messages of one `sendmmsg` (GSO groups of the queue).
+    msgs: Vec<Msg>,
+    /// ICRC changes for the IPv4 Identification of a GSO segment.
+    ids: ipv4_id::IdDelta,
 }
 
 /// The receive side: a batch of datagrams, each with room for the rebuilt headers.
@@ -275,6 +290,9 @@ struct Rx {
     got: [In; BATCH],
     count: usize,
     next: usize,
+    /// Where the next packet starts in datagram `next` (past 0 in one the kernel
+    /// coalesced, `UDP_GRO`).
+    seg_off: usize,
     sock: usize,
     rr: usize,
     ids: ipv4_id::IdSolver,
@@ -294,6 +312,10 @@ pub struct NetLink {
     stats: Counters,
     /// Datagrams and octets dropped on receipt since the model last took them.
     rx_errors: (AtomicU64, AtomicU64),
+    /// Sends go as UDP GSO messages (one system call and one pass through the kernel's
+    /// stack for up to 64 datagrams of one size to one peer); off when the kernel refused
+    /// `UDP_SEGMENT` or a GSO send (then every datagram goes alone).
+    gso: AtomicBool,
 }
 
 impl NetLink {
@@ -306,6 +328,7 @@ impl NetLink {
             ));
         }
         let mut socks = Vec::new();
+        let (mut gso, mut gro) = (true, true);
         for &a in &cfg.addrs {
             let sock = UdpSocket::bind(a)
                 .map_err(|e| io::Error::new(e.kind(), format!("binding {a}: {e}")))?;
@@ -335,15 +358,27 @@ impl NetLink {
                     let _ = sys::set_int(fd, libc::SOL_SOCKET, opt, SOCKET_BUFFER);
                 }
             }
+            // UDP GSO and GRO where the kernel has them (Linux 4.18 and 5.0): a segment size
+            // of 0 set as the socket's default only asks whether it knows the option.
+            gso &= sys::set_int(fd, libc::SOL_UDP, sys::UDP_SEGMENT, 0).is_ok();
+            gro &= sys::set_int(fd, libc::SOL_UDP, sys::UDP_GRO, 1).is_ok();
             let addr = sock.local_addr()?;
             socks.push(Sock { sock, addr });
         }
+        if !gro {
+            // Some socket would hand over coalesced datagrams, others not: none does.
+            for s in &socks {
+                let _ = sys::set_int(s.sock.as_raw_fd(), libc::SOL_UDP, sys::UDP_GRO, 0);
+            }
+        }
+        let room = if gro { GRO_BUF } else { MAX_FRAME_LEN };
         let slot = || vec![0u8; MAX_FRAME_LEN].into_boxed_slice();
-        let rx_buf = || vec![0u8; HEAD + MAX_FRAME_LEN].into_boxed_slice();
+        let rx_buf = || vec![0u8; HEAD + room].into_boxed_slice();
         let in0 = In {
             len: 0,
             src: None,
             truncated: false,
+            seg: None,
         };
         Ok(NetLink {
             socks,
@@ -356,12 +391,15 @@ impl NetLink {
                 queue: Vec::with_capacity(2 * BATCH),
                 held: None,
                 rng: cfg.faults.any().then_some(SplitMix64(cfg.faults.seed)),
+                msgs: Vec::with_capacity(BATCH),
+                ids: ipv4_id::IdDelta::default(),
             }),
             rx: Mutex::new(Rx {
                 bufs: (0..BATCH).map(|_| rx_buf()).collect(),
                 got: [in0; BATCH],
                 count: 0,
                 next: 0,
+                seg_off: 0,
                 sock: 0,
                 rr: 0,
                 ids: ipv4_id::IdSolver::default(),
@@ -370,6 +408,7 @@ impl NetLink {
             capture_on: AtomicBool::new(false),
             stats: Counters::default(),
             rx_errors: (AtomicU64::new(0), AtomicU64::new(0)),
+            gso: AtomicBool::new(gso),
         })
     }
 
@@ -538,57 +577,118 @@ impl NetLink {
     /// (over a copy: the datagram is already queued).
     fn record_sent(&self, f: &[u8]) {
         let mut c = f.to_vec();
-        fill_udp_checksum(&mut c);
+        pcap::fill_udp_checksum(&mut c);
         self.record(&c);
     }
 
-    /// Sends every queued datagram (a held one stays held).
+    /// Sends every queued datagram (a held one stays held): runs of datagrams of one
+    /// size (the last may be shorter) from one socket to one peer go as one UDP GSO
+    /// message, the others alone, all of a socket's in one `sendmmsg`.
     fn send_queue(&self, tx: &mut Tx) {
         let Tx {
             slots,
             free,
             queue,
             held,
+            msgs,
+            ids,
             ..
         } = tx;
+        // A slot queued twice (a duplicate, or a held datagram sent again) goes alone: a
+        // GSO segment's ICRC is rewritten in its slot for its place in the message.
+        let (mut seen, mut twice) = (0u128, 0u128);
+        for p in queue.iter() {
+            let b = 1u128 << p.slot;
+            twice |= seen & b;
+            seen |= b;
+        }
+        let gso = self.gso.load(Ordering::Relaxed);
         let mut at = 0;
         while at < queue.len() {
             let sock = queue[at].sock;
-            let run = queue[at..]
-                .iter()
-                .take(BATCH)
-                .take_while(|p| p.sock == sock)
-                .count();
-            let fd = self.socks[sock].sock.as_raw_fd();
-            let msg = |i: usize| {
-                let p = &queue[at + i];
-                Out {
-                    dst: p.dst,
-                    data: &slots[p.slot][p.off..p.off + p.len],
+            msgs.clear();
+            let mut j = at;
+            while j < queue.len() && queue[j].sock == sock && msgs.len() < BATCH {
+                let p = queue[j];
+                let mut count = 1;
+                if gso && twice >> p.slot & 1 == 0 {
+                    let mut total = p.len;
+                    while let Some(q) = queue.get(j + count) {
+                        if count == GSO_SEGMENTS
+                            || q.sock != sock
+                            || q.dst != p.dst
+                            || q.len > p.len
+                            || total + q.len > GSO_BYTES
+                            || twice >> q.slot & 1 == 1
+                        {
+                            break;
+                        }
+                        total += q.len;
+                        count += 1;
+                        if q.len < p.len {
+                            break;
+                        }
+                    }
                 }
-            };
+                let m = Msg {
+                    dst: p.dst,
+                    first: j,
+                    count,
+                    seg: (count > 1).then_some(p.len as u16),
+                };
+                renumber(slots, &queue[j..j + count], ids);
+                msgs.push(m);
+                j += count;
+            }
+            let fd = self.socks[sock].sock.as_raw_fd();
             let mut sent = 0;
-            while sent < run {
-                match sys::send_batch(fd, run - sent, |i| msg(sent + i)) {
+            while sent < msgs.len() {
+                let r = sys::send_msgs(fd, &msgs[sent..], |i: usize| {
+                    let p = &queue[i];
+                    &slots[p.slot][p.off..p.off + p.len]
+                });
+                let m = msgs[sent];
+                match r {
                     Ok(0) => {
-                        self.stats.add(C::TxErrors, (run - sent) as u64);
+                        let left: usize = msgs[sent..].iter().map(|m| m.count).sum();
+                        self.stats.add(C::TxErrors, left as u64);
                         break;
                     }
                     Ok(k) => {
-                        let bytes: usize = (sent..sent + k).map(|i| msg(i).data.len()).sum();
-                        self.stats.add(C::TxDatagrams, k as u64);
-                        self.stats.add(C::TxBytes, bytes as u64);
+                        for m in &msgs[sent..sent + k] {
+                            let bytes: usize =
+                                (m.first..m.first + m.count).map(|i| queue[i].len).sum();
+                            self.stats.add(C::TxDatagrams, m.count as u64);
+                            self.stats.add(C::TxBytes, bytes as u64);
+                        }
                         sent += k;
+                    }
+                    Err(e) if m.seg.is_some() => {
+                        // The kernel or the route refuses GSO (no checksum offload on the
+                        // device, an old kernel): from now on every datagram goes alone.
+                        tracing::info!(error = %e, "UDP GSO refused; sending datagrams one by one");
+                        self.gso.store(false, Ordering::Relaxed);
+                        let group = &queue[m.first..m.first + m.count];
+                        renumber(slots, group, ids);
+                        let singles: Vec<Msg> = (m.first..m.first + m.count)
+                            .map(|i| Msg {
+                                dst: m.dst,
+                                first: i,
+                                count: 1,
+                                seg: None,
+                            })
+                            .collect();
+                        msgs.splice(sent..=sent, singles);
                     }
                     Err(e) => {
                         // This datagram is lost (as on a wire); the next ones still go.
-                        tracing::debug!(error = %e, dst = %msg(sent).dst, "datagram not sent");
-                        self.stats.add(C::TxErrors, 1);
+                        tracing::debug!(error = %e, dst = %m.dst, "datagram not sent");
+                        self.stats.add(C::TxErrors, m.count as u64);
                         sent += 1;
                     }
                 }
             }
-            at += run;
+            at = j;
         }
         queue.clear();
         let keep = held.map(|h| h.slot);
@@ -596,25 +696,38 @@ impl NetLink {
         free.extend((0..slots.len()).filter(|&s| Some(s) != keep));
     }
 
-    /// Checks datagram `i` of the batch and rebuilds its headers; the frame's range in
-    /// its buffer, or `None` (dropped and counted).
-    fn accept(&self, rx: &mut Rx, i: usize) -> Option<std::ops::Range<usize>> {
-        let d = rx.got[i];
-        let r = self.accept_inner(rx, i);
+    /// Checks the packet of `len` bytes at `o` in datagram `i` of the batch (0 and the
+    /// datagram's length unless the kernel coalesced several) and rebuilds its headers in
+    /// front of it (over the end of the packet before it, already delivered); the frame's
+    /// range in its buffer, or `None` (dropped and counted).
+    fn accept(
+        &self,
+        rx: &mut Rx,
+        i: usize,
+        o: usize,
+        len: usize,
+    ) -> Option<std::ops::Range<usize>> {
+        let r = self.accept_inner(rx, i, o, len);
         if r.is_none() {
             self.rx_errors.0.fetch_add(1, Ordering::Relaxed);
-            self.rx_errors.1.fetch_add(d.len as u64, Ordering::Relaxed);
+            self.rx_errors.1.fetch_add(len as u64, Ordering::Relaxed);
         }
         r
     }
 
-    fn accept_inner(&self, rx: &mut Rx, i: usize) -> Option<std::ops::Range<usize>> {
+    fn accept_inner(
+        &self,
+        rx: &mut Rx,
+        i: usize,
+        o: usize,
+        len: usize,
+    ) -> Option<std::ops::Range<usize>> {
         let d = rx.got[i];
-        if d.truncated {
+        if d.truncated || len > MAX_FRAME_LEN {
             self.stats.add(C::RxTooLong, 1);
             return None;
         }
-        if d.len < BTH_SIZE + ICRC_SIZE {
+        if len < BTH_SIZE + ICRC_SIZE {
             self.stats.add(C::RxTruncated, 1);
             return None;
         }
@@ -625,12 +738,13 @@ impl NetLink {
         } else {
             IPV6_SIZE
         };
-        let start = HEAD - (ETH_SIZE + ip_len + UDP_SIZE);
+        let at = HEAD + o;
+        let start = at - (ETH_SIZE + ip_len + UDP_SIZE);
         let buf = &mut rx.bufs[i];
-        let (l3, l4, end) = (start + ETH_SIZE, HEAD - UDP_SIZE, HEAD + d.len);
+        let (l3, l4, end) = (start + ETH_SIZE, at - UDP_SIZE, at + len);
         buf[start..start + 6].copy_from_slice(&self.mac);
         buf[start + 6..start + 12].copy_from_slice(&peer_mac(src.ip()));
-        let udp_len = (UDP_SIZE + d.len) as u16;
+        let udp_len = (UDP_SIZE + len) as u16;
         match (src.ip(), local.ip()) {
             (IpAddr::V4(s), IpAddr::V4(l)) => {
                 buf[start + 12..l3].copy_from_slice(&[0x08, 0x00]);
@@ -681,13 +795,13 @@ impl NetLink {
         }
         if self.capturing() {
             let mut c = buf[start..end].to_vec();
-            fill_udp_checksum(&mut c);
+            pcap::fill_udp_checksum(&mut c);
             self.record(&c);
         }
         // The model's parser wants the RoCEv2 port; the ICRC was checked above.
         buf[l4 + 2..l4 + 4].copy_from_slice(&ROCE_UDP_PORT.to_be_bytes());
         self.stats.add(C::RxDatagrams, 1);
-        self.stats.add(C::RxBytes, d.len as u64);
+        self.stats.add(C::RxBytes, len as u64);
         Some(start..end)
     }
 
@@ -699,12 +813,31 @@ impl NetLink {
             let Rx { bufs, got, .. } = rx;
             let n = sys::recv_batch(fd, bufs, HEAD, got).map_err(LinkError::Io)?;
             if n > 0 {
-                (rx.count, rx.next, rx.sock) = (n, 0, s);
+                (rx.count, rx.next, rx.seg_off, rx.sock) = (n, 0, 0, s);
                 rx.rr = (s + 1) % self.socks.len();
                 return Ok(true);
             }
         }
         Ok(false)
+    }
+}
+
+/// The IPv4 Identification of GSO segments (docs/spec/rocev2-net.md §2): the kernel sends
+/// segment `k` of a message with ID `k` where the datagram alone would have 0, so the
+/// ICRC each was queued with (ID 0) changes by [`ipv4_id::IdDelta`] for `k`; a second
+/// call changes it back (a message sent one by one after all).
+/// IPv6 has no Identification: nothing changes.
+fn renumber(slots: &mut [Box<[u8]>], group: &[Pending], ids: &mut ipv4_id::IdDelta) {
+    if group.len() < 2 || !group[0].dst.is_ipv4() {
+        return;
+    }
+    for (k, p) in group.iter().enumerate().skip(1) {
+        // The ICRC covers the IPv4 header to the end of the pad.
+        let d = ids.delta(IPV4_SIZE + UDP_SIZE + p.len - ICRC_SIZE, k as u16);
+        let at = p.off + p.len - ICRC_SIZE;
+        let f = &mut slots[p.slot][at..at + ICRC_SIZE];
+        let c = u32::from_le_bytes([f[0], f[1], f[2], f[3]]) ^ d;
+        f.copy_from_slice(&c.to_le_bytes());
     }
 }
 
@@ -716,49 +849,6 @@ fn peer_mac(ip: IpAddr) -> [u8; 6] {
         IpAddr::V6(a) => a.octets()[12..].try_into().unwrap_or([0; 4]),
     };
     [0x02, 0x00, b[0], b[1], b[2], b[3]]
-}
-
-/// Writes the UDP checksum of the frame `f` (Ethernet, IP, UDP; RFC 768 / RFC 8200 §8.1
-/// pseudo-header), as the kernel does for what it sends. A frame it cannot read is left.
-fn fill_udp_checksum(f: &mut [u8]) {
-    let (ip_len, addrs) = match f.get(12..14) {
-        Some([0x08, 0x00]) => (IPV4_SIZE, ETH_SIZE + 12..ETH_SIZE + 20),
-        Some([0x86, 0xDD]) => (IPV6_SIZE, ETH_SIZE + 8..ETH_SIZE + 40),
-        _ => return,
-    };
-    let l4 = ETH_SIZE + ip_len;
-    let Some(udp_len) = f
-        .get(l4 + 4..l4 + 6)
-        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
-    else {
-        return;
-    };
-    if l4 + udp_len > f.len() || udp_len < UDP_SIZE {
-        return;
-    }
-    f[l4 + 6..l4 + 8].fill(0);
-    let mut sum = 0u64;
-    let mut add = |b: &[u8]| {
-        let mut ch = b.chunks_exact(2);
-        for c in &mut ch {
-            sum += u64::from(u16::from_be_bytes([c[0], c[1]]));
-        }
-        if let [x] = ch.remainder() {
-            sum += u64::from(*x) << 8;
-        }
-    };
-    add(&f[addrs]);
-    add(&(udp_len as u32).to_be_bytes());
-    add(&[0, 0, 0, 17]);
-    add(&f[l4..l4 + udp_len]);
-    while sum > 0xFFFF {
-        sum = (sum & 0xFFFF) + (sum >> 16);
-    }
-    let c = match !(sum as u16) {
-        0 => 0xFFFF,
-        c => c,
-    };
-    f[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
 }
 
 impl Link for NetLink {
@@ -816,8 +906,16 @@ impl Link for NetLink {
         loop {
             if rx.next < rx.count {
                 let i = rx.next;
-                rx.next += 1;
-                if let Some(r) = self.accept(&mut rx, i) {
+                let d = rx.got[i];
+                // One packet of the datagram (of several the kernel coalesced, UDP_GRO).
+                let o = rx.seg_off;
+                let len = d.seg.map_or(d.len, |g| g.min(d.len - o));
+                if o + len >= d.len || len == 0 {
+                    (rx.next, rx.seg_off) = (i + 1, 0);
+                } else {
+                    rx.seg_off += len;
+                }
+                if let Some(r) = self.accept(&mut rx, i, o, len) {
                     f(&rx.bufs[i][r]);
                     return Ok(true);
                 }

@@ -237,7 +237,7 @@ mod tests {
     use crate::layout::BufMut;
     use crate::layout::cmd::{CMD_XPORT, CmdEntry, OWN_HW, Opcode, STATUS_OWN_OFFSET};
     use crate::layout::init_seg::reg;
-    use crate::model::dp_tests::{Rig, model};
+    use crate::model::tests::{Rig, model};
 
     /// With doorbells arriving one by one (a trapped page), an entry runs when its bit is
     /// rung, not when its ownership bit is set: Linux hands an entry to hardware before it

@@ -215,7 +215,7 @@ mod doorbell_tests {
     use crate::layout::eqc::Eqc;
     use crate::layout::eqe::EventType;
     use crate::layout::uar::{EQ_DOORBELL_ARM, UAR_SIZE, eq_doorbell_word};
-    use crate::model::dp_tests::{Rig, header, model};
+    use crate::model::tests::{Rig, header, model};
 
     /// Linux arms its command, async and page EQs through the same UAR word, one write
     /// after the other: each write that reaches the model as one access arms its own EQ.

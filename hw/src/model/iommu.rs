@@ -871,5 +871,4 @@ mod smallvec_lite {
 }
 
 #[cfg(test)]
-#[path = "iommu_tests.rs"]
 mod tests;

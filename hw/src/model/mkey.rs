@@ -911,7 +911,6 @@ pub(crate) fn rights_of(lw: u32, rr: u32, rw: u32, a: u32) -> Access {
 }
 
 #[cfg(test)]
-#[path = "mkey_tests.rs"]
 mod tests;
 
 #[cfg(test)]

@@ -752,4 +752,4 @@ impl Drop for Hca {
 }
 
 #[cfg(test)]
-mod dp_tests;
+mod tests;

@@ -72,12 +72,12 @@ impl QpKind {
 }
 
 /// Packets the requester sends ahead of the oldest unacknowledged one (the model's own
-/// bound: RC has no such window but for READs and atomics). 128 kept two 64 KiB messages in
-/// flight at MTU 1024 and the link between two HCAs busy (64 held one message alone:
-/// `write_bw --pair` 1.8 against 3.0 GB/s with 128). 256 halves the ACKs of a stream
-/// (AckReq every half window) and lets a loopback frame carry eight 64 KiB WRITEs at MTU
-/// 4096 (`rc::Burst::more`): `write_bw` 64 KiB +1 % at MTU 4096, +4 % at MTU 1024, `--pair`
-/// unchanged. It bounds a loopback burst to 1 MiB at MTU 4096.
+/// bound: RC has no such window but for READs and atomics). It keeps two 64 KiB messages in
+/// flight at MTU 1024 and the link between two HCAs busy, halves the ACKs of a stream
+/// against 128 (AckReq every half window) and lets a loopback frame carry eight 64 KiB
+/// WRITEs at MTU 4096 (`rc::Burst::more`); the measurements behind the number are in
+/// docs/performance.md ("Instruction counts"). It bounds a loopback burst to 1 MiB at MTU
+/// 4096.
 const MAX_INFLIGHT: u32 = 256;
 /// P_Key of every RoCE QP (the model's P_Key table is empty: the default partition).
 const DEFAULT_PKEY: u16 = 0xFFFF;

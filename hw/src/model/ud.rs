@@ -14,8 +14,9 @@
 //! behind a 40-byte GRH: the IPv6 header, or 20 zero bytes and the IPv4 header. The CQE
 //! gives the source QP, `g`, the RoCE header type (IPv4 2, IPv6 1) and the immediate data
 //! (or, without one, the P_Key for the GSI QP). A datagram with a wrong Q_Key or P_Key, or
-//! with no receive WQE posted, is dropped, as UD does; one longer than its receive buffer
-//! completes that WQE with LOCAL_LENGTH.
+//! with no receive WQE posted, is dropped, as UD does (a wrong Q_Key also counts as the
+//! port's Q_Key violation, `nic_vport_context.qkey_violation_counter`); one longer than its
+//! receive buffer completes that WQE with LOCAL_LENGTH.
 
 use crate::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, OP_OWN_OFFSET};
 use crate::layout::roce::headers::{BthRepr, DethRepr, ETH_SIZE, EthRepr, IPV4_SIZE, UdpRepr};

@@ -235,8 +235,8 @@ impl Tx {
 
 /// A message (or the rest of a READ's responses) of one packet of at most this many bytes
 /// goes as a packet even on a local link: copying it into the frame and out again costs
-/// less than a burst's second look at the source key (2-byte WRITEs from memory: ~500
-/// device-thread instructions fewer, +20 % message rate).
+/// less than a burst's second look at the source key (measured: docs/performance.md,
+/// "Instruction counts").
 const BURST_MIN: u32 = 512;
 
 /// Bytes of the largest header stack the engine emits around a payload: Ethernet, IPv6, UDP,

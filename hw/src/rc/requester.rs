@@ -462,9 +462,10 @@ impl Requester {
                 Ok(false) | Err(TxStop::Busy) => break,
             }
         }
-        if self.deadline.is_none() && self.arm_pending == 0 && self.una.before(self.max_sent) {
-            self.arm(cfg, clock);
-        }
+        // The ACK timer is armed by a packet that goes out (`sent`), not here: after a
+        // go-back whose first packet the link refused (full: the peer does not take its
+        // frames), no timer runs until the retransmission leaves, so a congested link
+        // spends no retries on packets never sent (docs/reliability.md, fault soak).
         self.check_front(&mut cx)
     }
 

@@ -343,6 +343,18 @@ impl Responder {
                 });
                 if let Some(last) = hit {
                     let (va, rkey, left) = (reth.va, reth.r_key, reth.dma_length);
+                    // The responses of this READ still queued (a stream under way) restart
+                    // at the requested packet, as rxe's `duplicate_request` restarts its
+                    // resource: a second stream beside the first would double what a slow
+                    // peer already cannot take, and every further retry add another.
+                    let queued = self.out.iter_mut().find_map(|r| match r {
+                        Resp::Read(q) if q.last == last => Some(q),
+                        _ => None,
+                    });
+                    if let Some(q) = queued {
+                        (q.psn, q.va, q.rkey, q.left, q.started) = (p, va, rkey, left, false);
+                        return;
+                    }
                     self.push(
                         Resp::Read(ReadResp {
                             psn: p,

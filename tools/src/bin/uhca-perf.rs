@@ -182,6 +182,11 @@ struct Args {
     /// result counts both (as perftest's `-b`), on both ends of a client/server run.
     #[arg(short = 'b', long = "bidirectional")]
     bidirectional: bool,
+    /// The QPs' local ACK timeout, 4.096 µs × 2^N (perftest's `-u`; 14: 67 ms). A peer
+    /// slower than a send window per timeout (soft-RoCE under emulation) needs more; 0
+    /// waits for ever.
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    qp_timeout: u8,
     /// Do not measure the peak bandwidth (printed as 0, as perftest's `-N`).
     #[arg(short = 'N', long = "noPeak")]
     no_peak: bool,
@@ -190,7 +195,8 @@ struct Args {
     /// (t_typical, µs) for latency tests.
     #[arg(long = "output", value_enum)]
     output: Option<Output>,
-    /// Connection type: RC, the only one uhca has.
+    /// Connection type: RC, or UD (send_bw and send_lat, both ends in this process;
+    /// messages up to the MTU).
     #[arg(short = 'c', long = "connection", default_value = "RC")]
     connection: String,
     /// Port of the device: 1, the only one.
@@ -250,6 +256,12 @@ struct Args {
     /// The UDP address of the other end's link (with --link-local).
     #[arg(long, value_name = "ADDR", requires = "link_local")]
     link_peer: Option<std::net::SocketAddr>,
+    /// Check the bytes (one-way write_bw, read_bw, send_bw with perftest's exchange, as
+    /// tests/vm/pt-check.c on the other end): this end's buffers hold a known pattern where
+    /// the peer reads or this end sends from, zeros where the peer's bytes land, and after
+    /// the run the receiving end checks that the pattern arrived.
+    #[arg(long)]
+    check: bool,
     /// The model's port on the host's IP network (RoCEv2 on UDP 4791).
     #[command(flatten)]
     net: uhca_tools::net_port::NetFlags,
@@ -260,6 +272,11 @@ struct Args {
 
 impl Args {
     /// Which end this process is in a client/server run; `None` when both ends are here.
+    /// `-c UD`.
+    fn ud(&self) -> bool {
+        self.connection.eq_ignore_ascii_case("UD")
+    }
+
     fn role(&self) -> Option<Role> {
         let remote = self.host.is_some()
             || self.port.is_some()
@@ -491,9 +508,9 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             a.tx_depth
         ));
     }
-    if !a.connection.eq_ignore_ascii_case("RC") {
+    if !a.connection.eq_ignore_ascii_case("RC") && !a.ud() {
         return Err(format!(
-            "-c {}: uhca has RC queue pairs only (no UC, UD, XRC, DC or SRD)",
+            "-c {}: uhca has RC and UD queue pairs (no UC, XRC, DC or SRD)",
             a.connection
         ));
     }
@@ -554,6 +571,17 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
     let gpu = gpu_placement(a)?;
     if let Some(role) = a.role() {
         remote_checks(a, role)?;
+    } else if a.check {
+        return Err(
+            "--check checks what a perftest peer's messages left: a client or server run".into(),
+        );
+    }
+    let mut sizes = sizes;
+    if a.ud() {
+        if gpu.is_some() {
+            return Err("-c UD: buffers in host memory only (no --use_cuda)".into());
+        }
+        ud_checks(a, &mut sizes, 128 << mtu as u32)?;
     }
     Ok((
         sizes,
@@ -574,8 +602,29 @@ fn validate(a: &Args) -> Result<(Vec<usize>, Settings), String> {
             post_list: a.post_list,
             events: a.events,
             bidirectional: a.bidirectional,
+            qp_timeout: a.qp_timeout,
         },
     ))
+}
+
+/// What `-c UD` runs: send_bw and send_lat with both ends in this process, one QP each,
+/// messages up to the MTU (`-a`: the sizes up to it, as perftest runs UD).
+fn ud_checks(a: &Args, sizes: &mut Vec<usize>, mtu: usize) -> Result<(), String> {
+    if !matches!(a.mode, Mode::send_bw | Mode::send_lat) {
+        return Err(format!(
+            "-c UD: {} needs a connected QP (UD has send_bw and send_lat)",
+            a.mode_name()
+        ));
+    }
+    if a.role().is_some() {
+        return Err(
+            "-c UD: both ends in this process only (no server, client or device flags)".into(),
+        );
+    }
+    if a.qps != 1 || a.bidirectional || a.events || a.use_dm || a.post_list.is_some() {
+        return Err("-c UD: one QP, no -b, -e, -l or --use_dm".into());
+    }
+    perf::ud::check_sizes(sizes, a.all, mtu)
 }
 
 /// What a client/server run cannot do.
@@ -595,6 +644,15 @@ fn remote_checks(a: &Args, role: Role) -> Result<(), String> {
     }
     if a.net.net.is_some() && a.link_local.is_some() {
         return Err("--net and --link-local are two different ports: give one".into());
+    }
+    if a.check
+        && (a.oob != OobKind::perftest
+            || !matches!(a.mode, Mode::write_bw | Mode::read_bw | Mode::send_bw)
+            || a.bidirectional)
+    {
+        return Err(
+            "--check takes one-way write_bw, read_bw or send_bw with perftest's exchange".into(),
+        );
     }
     if a.dev.vfio_user.is_none()
         && a.dev.device == "model"
@@ -815,7 +873,41 @@ fn drive(a: &Args, bench: &mut Bench, sizes: &[usize]) -> Result<(), String> {
     Ok(())
 }
 
+/// `-c UD`: both ends here ([`perf::ud`]).
+fn run_ud(a: &Args) -> Result<(), String> {
+    let (sizes, s) = validate(a)?;
+    let max = *sizes.iter().max().expect("at least one size");
+    let mut bench = perf::ud::UdBench::new(&s, max, a.pair).map_err(|e| e.to_string())?;
+    if let Some(x) = a.gid_index {
+        perf::check_gid_index(bench.device(), x)?;
+    }
+    if a.output.is_none() {
+        println!("{LINE}");
+        println!("{}", bench.header(a.mode.title(), a.mode.is_bw(), a.pair));
+        println!("{LINE}");
+    }
+    let p = progress(&sizes, &s);
+    if a.mode.is_bw() {
+        bw_columns(a);
+        for (k, &size) in sizes.iter().enumerate() {
+            p.start(k, size);
+            bw_line(a, &bench.bandwidth(size).map_err(|e| e.to_string())?);
+        }
+    } else {
+        lat_columns(a);
+        for (k, &size) in sizes.iter().enumerate() {
+            p.start(k, size);
+            lat_line(a, &bench.latency(size).map_err(|e| e.to_string())?);
+        }
+    }
+    closing(a);
+    Ok(())
+}
+
 fn run(a: &Args) -> Result<(), String> {
+    if a.ud() {
+        return run_ud(a);
+    }
     match a.role() {
         None => {
             let (sizes, settings) = validate(a)?;
@@ -900,7 +992,8 @@ fn client(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         header(a, bench.settings(), &bench);
         drive(a, &mut bench, &sizes)?;
-        return bench.pt_end().map(drop).map_err(|e| e.to_string());
+        bench.pt_end().map_err(|e| e.to_string())?;
+        return check_bytes(a, &bench, max);
     }
     let mut ctl = remote::connect(host, port).map_err(|e| e.to_string())?;
     remote::propose(&mut ctl, &hello_of(a, &sizes, &settings)).map_err(|e| e.to_string())?;
@@ -970,6 +1063,7 @@ fn pt_options(a: &Args) -> PtOptions {
         all: a.all,
         gid_index: a.gid_index,
         gbits: a.report_gbits,
+        check: a.check,
     }
 }
 
@@ -1007,6 +1101,19 @@ fn pt_server(a: &Args, dev: &uhca::Device, tcp: std::net::TcpStream) -> Result<(
         bw_line(a, &r);
     }
     closing(a);
+    check_bytes(a, &bench, max)
+}
+
+/// `--check` after a perftest run of messages up to `max` bytes: what the peer's messages
+/// left here is the pattern, or the run fails.
+fn check_bytes(a: &Args, bench: &Bench, max: usize) -> Result<(), String> {
+    if !a.check {
+        return Ok(());
+    }
+    match bench.pt_check(max).map_err(|e| e.to_string())? {
+        0 => println!(" bytes: the peer checks what this end sent or offered"),
+        n => println!(" bytes: {n} checked, all as expected"),
+    }
     Ok(())
 }
 
@@ -1027,6 +1134,10 @@ fn argv() -> Vec<String> {
 }
 
 fn main() -> ExitCode {
+    // Log lines (the network port's counters when it closes, at `info`) only when asked.
+    if std::env::var_os("UHCA_LOG").is_some() {
+        uhca_tools::logging::init("UHCA_LOG", "warn");
+    }
     let argv = argv();
     if argv
         .get(1)
@@ -1175,6 +1286,66 @@ mod tests {
         assert_eq!(inline_of(&["uhca-perf", "read_lat"]), 0);
         let a = Args::try_parse_from(["uhca-perf", "write_lat", "-I", "221"]).unwrap();
         assert!(validate(&a).is_err());
+    }
+
+    #[test]
+    fn ud_runs_send_tests_here_up_to_the_mtu() {
+        let check = |v: &[&str]| validate(&Args::try_parse_from(v).unwrap());
+        let (sizes, s) = check(&["uhca-perf", "send_lat", "-c", "UD"]).unwrap();
+        assert_eq!((sizes, s.qps), (vec![2], 1));
+        let (sizes, _) = check(&["uhca-perf", "send_bw", "-c", "ud", "-a", "-m", "2048"]).unwrap();
+        assert_eq!(sizes, (1..=11).map(|k| 1usize << k).collect::<Vec<_>>());
+        for bad in [
+            &[
+                "uhca-perf",
+                "send_bw",
+                "-c",
+                "UD",
+                "-s",
+                "4096",
+                "-m",
+                "1024",
+            ][..],
+            &["uhca-perf", "write_bw", "-c", "UD"],
+            &["uhca-perf", "send_bw", "-c", "UD", "-q", "2"],
+            &["uhca-perf", "send_bw", "-c", "UD", "-b"],
+            &["uhca-perf", "send_bw", "-c", "UD", "--vfio-user", "s", "h"],
+            &["uhca-perf", "send_bw", "-c", "UC"],
+        ] {
+            assert!(check(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn qp_timeout_and_check_are_taken_where_they_apply() {
+        let parse = |v: &[&str]| {
+            let mut v = v.to_vec();
+            v.extend(["-d", "0000:3b:00.0"]);
+            Args::try_parse_from(v)
+        };
+        let a = parse(&["uhca-perf", "read_bw", "-u", "20"]).unwrap();
+        assert_eq!(validate(&a).unwrap().1.qp_timeout, 20);
+        let a = parse(&["uhca-perf", "read_bw"]).unwrap();
+        assert_eq!(validate(&a).unwrap().1.qp_timeout, 14);
+        assert!(parse(&["uhca-perf", "read_bw", "-u", "32"]).is_err());
+        // --check: one-way write/read/send bandwidth with perftest's exchange, client or
+        // server.
+        for ok in [
+            &["uhca-perf", "send_bw", "--check"][..],
+            &["uhca-perf", "read_bw", "--check", "host"],
+        ] {
+            assert!(validate(&parse(ok).unwrap()).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            &["uhca-perf", "atomic_bw", "--check", "host"][..],
+            &["uhca-perf", "write_lat", "--check", "host"],
+            &["uhca-perf", "write_bw", "--check", "-b", "host"],
+            &["uhca-perf", "write_bw", "--check", "--oob", "uhca", "host"],
+        ] {
+            assert!(validate(&parse(bad).unwrap()).is_err(), "{bad:?}");
+        }
+        let local = Args::try_parse_from(["uhca-perf", "write_bw", "--check"]).unwrap();
+        assert!(validate(&local).is_err(), "--check needs a peer");
     }
 
     #[test]

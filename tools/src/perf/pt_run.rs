@@ -36,6 +36,10 @@ pub struct PtOptions {
     pub gid_index: Option<u8>,
     /// Reports in Gb/s (`--report_gbits`), else MiB/s: the unit of the report's figures.
     pub gbits: bool,
+    /// `--check`: the buffers hold the pattern (`pattern_byte` in this module) where this end's bytes
+    /// come from, zeros where the peer's land, before the first keys go out (the peer may
+    /// start its traffic as soon as it has them); [`Bench::pt_check`] looks afterwards.
+    pub check: bool,
 }
 
 /// The shape of a test's exchange.
@@ -176,6 +180,10 @@ impl Bench {
         let cl = agreed.cache_line as usize;
         let half = max_size.max(agreed.cycle_buffer as usize).div_ceil(cl) * cl;
         let mut me = End::new(dev, s, half, s.use_dm)?;
+        if opts.check {
+            let plan = check_plan(s, opts, oob.role())?;
+            check_fill(&me, half, super::rx_off(half), plan.0)?;
+        }
         // The waits also watch the connection: a peer that hangs up ends them at once.
         if let Some(stream) = oob.stream() {
             me.watch.peer = Some(std::sync::Arc::new(
@@ -662,6 +670,107 @@ impl Bench {
         let mut r = lat_stats(size, &mut samples);
         r.iters = done;
         Ok(r)
+    }
+}
+
+/// The byte at `offset` of the pattern `--check` puts where the peer reads or what this end
+/// sends (`tests/vm/pt-check.c` computes the same): 256-byte runs, each shifted by 7 from
+/// the one before, so a packet that lands in another packet's place shows.
+pub fn pattern_byte(offset: usize) -> u8 {
+    (offset
+        .wrapping_add(7 * (offset >> 8))
+        .wrapping_add(13 * (offset >> 16))
+        .wrapping_add(0xa5)) as u8
+}
+
+/// Where `--check` looks after a run: the first bytes of a buffer half.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CheckAt {
+    /// The half this end sends from (READ responses and receives land there).
+    Own,
+    /// The half the peer's requests target.
+    Target,
+}
+
+/// What `--check` does on this end of a one-way WRITE, READ or SEND bandwidth run with
+/// `s` and `opts` as `role`: the halves (own, target) it fills with the pattern (`true`)
+/// or zeros before the run, and the half it checks after it, if this end sees the outcome.
+fn check_plan(
+    s: &Settings,
+    opts: PtOptions,
+    role: Role,
+) -> Result<((bool, bool), Option<CheckAt>), PerfError> {
+    if !opts.bw || s.bidirectional || s.op == Op::Atomic {
+        return Err(PerfError::Setup(
+            "--check takes one-way write_bw, read_bw or send_bw with perftest's exchange".into(),
+        ));
+    }
+    Ok(match (s.op, role) {
+        (Op::Write | Op::Send | Op::Atomic, Role::Client) => ((true, false), None),
+        (Op::Write, Role::Server) => ((false, false), Some(CheckAt::Target)),
+        (Op::Send | Op::Atomic, Role::Server) => ((false, false), Some(CheckAt::Own)),
+        (Op::Read, Role::Client) => ((false, false), Some(CheckAt::Own)),
+        (Op::Read, Role::Server) => ((false, true), None),
+    })
+}
+
+/// `--check`, before the keys go out: every QP's buffer halves of `half` bytes (the
+/// target half at `rx`) get the pattern where `fill` says (own half, target half), zeros
+/// elsewhere.
+fn check_fill(me: &End, half: usize, rx: usize, fill: (bool, bool)) -> Result<(), PerfError> {
+    let bytes = |pattern: bool| -> Vec<u8> {
+        (0..half)
+            .map(|i| if pattern { pattern_byte(i) } else { 0 })
+            .collect()
+    };
+    let (own, target) = (bytes(fill.0), bytes(fill.1));
+    for b in &me.bufs {
+        b.write(0, &own).map_err(PerfError::Setup)?;
+        b.write(rx, &target).map_err(PerfError::Setup)?;
+    }
+    Ok(())
+}
+
+impl Bench {
+    /// `--check`, after the run whose largest message was `size` bytes: the first `size`
+    /// bytes of every QP's half where the peer's bytes landed must be the pattern. Returns
+    /// the bytes checked (0 where this end cannot see the outcome: the sender of WRITEs and
+    /// SENDs, the target of READs; the peer checks those), or an error naming the first
+    /// byte that differs.
+    pub fn pt_check(&self, size: usize) -> Result<usize, PerfError> {
+        let (opts, role) = match &self.peer {
+            Peer::Perftest(p) => (p.opts, p.oob.role()),
+            _ => return Err(PerfError::Setup("--check needs a perftest peer".into())),
+        };
+        let (_, at) = check_plan(&self.settings, opts, role)?;
+        let Some(at) = at else { return Ok(0) };
+        let off = match at {
+            CheckAt::Own => 0,
+            CheckAt::Target => self.rx_off,
+        };
+        let mut got = vec![0u8; size];
+        for (q, b) in self.me.bufs.iter().enumerate() {
+            b.read(off, &mut got).map_err(PerfError::Setup)?;
+            let bad = got
+                .iter()
+                .enumerate()
+                .filter(|&(i, &x)| x != pattern_byte(i))
+                .map(|(i, _)| i);
+            let (mut n, mut first) = (0, None);
+            for i in bad {
+                n += 1;
+                first.get_or_insert(i);
+            }
+            if let Some(i) = first {
+                return Err(PerfError::BytesDiffer(format!(
+                    "QP {q}: {n} of the {size} bytes the peer's messages left differ \
+                     from the pattern, the first at offset {i} ({:#04x}, expected {:#04x})",
+                    got[i],
+                    pattern_byte(i)
+                )));
+            }
+        }
+        Ok(size * self.me.bufs.len())
     }
 }
 

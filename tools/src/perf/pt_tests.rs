@@ -248,6 +248,7 @@ fn opts(bw: bool) -> PtOptions {
         all: false,
         gid_index: Some(0),
         gbits: false,
+        check: false,
     }
 }
 
@@ -691,6 +692,82 @@ fn latency_tests_run_for_a_duration() {
         if op == Op::Write {
             // Each end samples until its own deadline, then answers until the other is done.
             assert!(r[0].iters > 5, "{op:?}: {}", r[0].iters);
+        }
+    }
+}
+
+/// `--check` between two uhca-perf ends over the model link: the pattern (its first bytes
+/// as `tests/vm/pt-check.c` computes them) arrives where WRITEs and SENDs land and where
+/// READs bring it, and an end whose peer sent zeros names the first byte that differs.
+#[test]
+fn check_sees_the_pattern_arrive_and_names_what_differs() {
+    assert_eq!(
+        [0, 255, 256, 65535, 65536].map(pattern_byte),
+        [0xa5, 0xa4, 0xac, 0x9d, 0xb2]
+    );
+    for (op, peer_checks) in [
+        (Op::Write, true),
+        (Op::Read, true),
+        (Op::Send, true),
+        (Op::Write, false),
+    ] {
+        let (dev, peer_dev, _m) = devices();
+        let mut s = settings(op, 20, 16);
+        s.mtu = uhca::resource::Mtu::M1024;
+        let size = 4096;
+        let o = PtOptions {
+            check: true,
+            ..opts(true)
+        };
+        let (tcp, server) = server_under_test(dev, s.clone(), size, o, move |b| {
+            b.pt_serve_bandwidth(size)?;
+            b.pt_end()?;
+            let n = b.pt_check(size)?;
+            Ok(vec![BwResult {
+                size: n,
+                iters: 0,
+                peak: 0.0,
+                avg: 0.0,
+                msg_rate: 0.0,
+            }])
+        });
+        // Without --check on the client, its WRITEs carry zeros.
+        let co = PtOptions {
+            check: peer_checks,
+            ..opts(true)
+        };
+        let mut b = Bench::connect_perftest(
+            &peer_dev,
+            &s,
+            size,
+            co,
+            Oob::new(tcp, Role::Client).unwrap(),
+        )
+        .unwrap();
+        b.bandwidth(size).unwrap();
+        b.pt_end().unwrap();
+        let mine = if peer_checks {
+            b.pt_check(size).unwrap()
+        } else {
+            0
+        };
+        let theirs = server.join().unwrap();
+        match (op, peer_checks) {
+            (Op::Read, _) => {
+                assert_eq!(mine, size, "{op:?}: the READ requester checks");
+                assert_eq!(theirs.unwrap()[0].size, 0, "{op:?}");
+            }
+            (_, true) => {
+                assert_eq!(mine, 0, "{op:?}: the sender sees nothing");
+                assert_eq!(theirs.unwrap()[0].size, size, "{op:?}: the target checks");
+            }
+            (_, false) => {
+                let e = theirs.unwrap_err();
+                assert!(
+                    matches!(&e, PerfError::BytesDiffer(m) if m.contains("offset 0 (0x00, expected 0xa5)")),
+                    "{e}"
+                );
+            }
         }
     }
 }

@@ -289,10 +289,11 @@ impl<T: MadTransport> MadTransport for Snoop<T> {
 /// A QP the CM connects with the PSNs as Linux's CM uses them
 /// (`docs/spec/rdma-cm-wire.md` §2, seen on the wire between two soft-RoCE ends): the
 /// REQ's starting PSN is what the **passive** side sends with and the active side expects,
-/// the REP's the reverse. The CM (`uhca::cm`, as of this writing) programs them the other
-/// way round, which works between two uhca ends but not against Linux; this wrapper puts
-/// the REQ's PSN where it belongs (and the CM's other PSN, the REP's, in the other place),
-/// whichever way the CM hands them over, so it stays right when the CM is fixed.
+/// the REP's the reverse. The CM (`uhca::cm`) first programmed them the other way round,
+/// which worked between two uhca ends but not against Linux, and now does it right; this
+/// wrapper puts the REQ's PSN where it belongs (and the CM's other PSN, the REP's, in the
+/// other place) whichever way the CM hands them over, so with today's CM it changes
+/// nothing, and it keeps the tools right against a CM that swaps them.
 pub struct PsnFix<'a> {
     qp: &'a mut Qp,
     reqs: ReqPsns,

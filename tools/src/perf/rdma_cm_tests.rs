@@ -134,6 +134,7 @@ fn opts(bw: bool) -> PtOptions {
         all: false,
         gid_index: None,
         gbits: false,
+        check: false,
     }
 }
 

@@ -53,6 +53,7 @@ pub(super) fn settings(op: Op, iters: u64, tx_depth: u32) -> Settings {
         post_list: None,
         events: false,
         bidirectional: false,
+        qp_timeout: 14,
     }
 }
 

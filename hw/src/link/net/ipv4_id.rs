@@ -104,6 +104,37 @@ impl IdSolver {
     }
 }
 
+/// What the ICRC of an IPv4 packet changes by when its Identification goes from 0 to
+/// `id`, for packets of one length: `icrc(ID = id) = icrc(ID = 0) ^ delta(id)`, the XOR of
+/// `G`'s columns for the bits of `id`. The sender needs it for UDP GSO, whose segments the
+/// kernel numbers 0, 1, 2... (docs/spec/rocev2-net.md §2). One length at a time (a GSO
+/// message's segments have one length).
+#[derive(Debug, Default)]
+pub(crate) struct IdDelta {
+    len: usize,
+    columns: [u32; 16],
+}
+
+impl IdDelta {
+    /// The change of the ICRC of an IPv4 packet whose IP header to the end of the pad is
+    /// `len` bytes when its ID is `id` instead of 0.
+    pub(crate) fn delta(&mut self, len: usize, id: u16) -> u32 {
+        if len != self.len {
+            let mut z = vec![0u8; len.max(20)];
+            z[0] = 0x45;
+            let base = icrc(&z).unwrap_or(0);
+            for (i, c) in self.columns.iter_mut().enumerate() {
+                z[ID_AT..ID_AT + 2].copy_from_slice(&(1u16 << i).to_be_bytes());
+                *c = icrc(&z).unwrap_or(0) ^ base;
+            }
+            self.len = len;
+        }
+        (0..16)
+            .filter(|&i| id >> i & 1 == 1)
+            .fold(0, |d, i| d ^ self.columns[i])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +175,16 @@ mod tests {
         let last = a.len() - 1;
         a[last] ^= 0x10;
         assert_eq!(s.check(&mut a, want), None);
+    }
+
+    #[test]
+    fn the_icrc_of_another_id_is_the_icrc_of_id_0_and_the_delta() {
+        let (mut a, c0) = vector_a();
+        let mut d = IdDelta::default();
+        for id in [1u16, 2, 3, 63, 0x1234, 0xFFFF] {
+            a[4..6].copy_from_slice(&id.to_be_bytes());
+            assert_eq!(icrc(&a).unwrap(), c0 ^ d.delta(a.len(), id), "ID {id}");
+        }
+        assert_eq!(d.delta(a.len(), 0), 0);
     }
 }

@@ -14,6 +14,8 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::layout::roce::headers::{ETH_SIZE, IPV4_SIZE, IPV6_SIZE, UDP_SIZE};
+
 /// Longest frame recorded whole.
 const SNAPLEN: u32 = 65_535;
 /// LINKTYPE_ETHERNET.
@@ -61,6 +63,49 @@ impl Pcap {
         self.rec.extend_from_slice(&frame[..len]);
         self.file.write_all(&self.rec)
     }
+}
+
+/// Writes the UDP checksum of the frame `f` (Ethernet, IP, UDP; RFC 768 / RFC 8200 §8.1
+/// pseudo-header), as the kernel does for what it sends. A frame it cannot read is left.
+pub(super) fn fill_udp_checksum(f: &mut [u8]) {
+    let (ip_len, addrs) = match f.get(12..14) {
+        Some([0x08, 0x00]) => (IPV4_SIZE, ETH_SIZE + 12..ETH_SIZE + 20),
+        Some([0x86, 0xDD]) => (IPV6_SIZE, ETH_SIZE + 8..ETH_SIZE + 40),
+        _ => return,
+    };
+    let l4 = ETH_SIZE + ip_len;
+    let Some(udp_len) = f
+        .get(l4 + 4..l4 + 6)
+        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+    else {
+        return;
+    };
+    if l4 + udp_len > f.len() || udp_len < UDP_SIZE {
+        return;
+    }
+    f[l4 + 6..l4 + 8].fill(0);
+    let mut sum = 0u64;
+    let mut add = |b: &[u8]| {
+        let mut ch = b.chunks_exact(2);
+        for c in &mut ch {
+            sum += u64::from(u16::from_be_bytes([c[0], c[1]]));
+        }
+        if let [x] = ch.remainder() {
+            sum += u64::from(*x) << 8;
+        }
+    };
+    add(&f[addrs]);
+    add(&(udp_len as u32).to_be_bytes());
+    add(&[0, 0, 0, 17]);
+    add(&f[l4..l4 + udp_len]);
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    let c = match !(sum as u16) {
+        0 => 0xFFFF,
+        c => c,
+    };
+    f[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
 }
 
 #[cfg(test)]

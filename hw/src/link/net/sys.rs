@@ -99,45 +99,87 @@ fn from_raw(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
-/// One datagram to send: its destination and bytes.
-pub(crate) struct Out<'a> {
+/// One message to send: its destination, which of the datagrams it carries (a range of
+/// the caller's list, their bytes back to back), and the segment size when it is a UDP GSO
+/// message (`UDP_SEGMENT`: the kernel cuts it into datagrams of `seg` bytes, the last one
+/// possibly shorter).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Msg {
     pub(crate) dst: SocketAddr,
-    pub(crate) data: &'a [u8],
+    pub(crate) first: usize,
+    pub(crate) count: usize,
+    pub(crate) seg: Option<u16>,
 }
 
-/// Sends `n` datagrams (at most [`BATCH`]), the `i`th being `msg(i)`, from `fd` with as few
-/// `sendmmsg` calls as the kernel needs, returning how many went out; it stops at the first
-/// datagram the kernel refuses (its error is returned if none went out before it).
-pub(crate) fn send_batch<'a>(
+/// Datagrams one [`send_msgs`] call carries at most (in all its messages).
+pub(crate) const MAX_DATAGRAMS: usize = 2 * BATCH;
+
+/// `CMSG_SPACE` of a `u16` or an `int`: one control message's room (8-byte aligned).
+const CMSG_ROOM: usize = 24;
+
+/// Sends the messages `msgs` (at most [`BATCH`]) from `fd`, message `m` made of the
+/// datagrams `data(m.first)..data(m.first + m.count)` (at most [`MAX_DATAGRAMS`] in all),
+/// with as few `sendmmsg` calls as the kernel needs; returns how many messages went out. It
+/// stops at the first message the kernel refuses (its error is returned if none went
+/// out before it).
+pub(crate) fn send_msgs<'a>(
     fd: RawFd,
-    n: usize,
-    msg: impl Fn(usize) -> Out<'a>,
+    msgs: &[Msg],
+    data: impl Fn(usize) -> &'a [u8],
 ) -> io::Result<usize> {
-    let n = n.min(BATCH);
+    let n = msgs.len().min(BATCH);
     // SAFETY: all-zero bytes are valid for these plain C structures.
     let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
     // SAFETY: as above.
-    let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
+    let mut iovs: [libc::iovec; MAX_DATAGRAMS] = unsafe { zeroed() };
     // SAFETY: as above.
     let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-    for i in 0..n {
-        let m = msg(i);
+    // One control message per message, 8-byte aligned as `cmsghdr` needs.
+    let mut ctl = [[0u64; CMSG_ROOM / 8]; BATCH];
+    let mut iov_at = 0;
+    for (i, m) in msgs[..n].iter().enumerate() {
+        if iov_at + m.count > MAX_DATAGRAMS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "too many datagrams for one call",
+            ));
+        }
         let (ss, len) = to_raw(&m.dst);
         names[i] = ss;
-        iovs[i] = libc::iovec {
-            iov_base: m.data.as_ptr().cast_mut().cast(),
-            iov_len: m.data.len(),
-        };
-        hdrs[i].msg_hdr.msg_name = std::ptr::from_mut(&mut names[i]).cast();
-        hdrs[i].msg_hdr.msg_namelen = len;
-        hdrs[i].msg_hdr.msg_iov = std::ptr::from_mut(&mut iovs[i]);
-        hdrs[i].msg_hdr.msg_iovlen = 1;
+        for k in 0..m.count {
+            let d = data(m.first + k);
+            iovs[iov_at + k] = libc::iovec {
+                iov_base: d.as_ptr().cast_mut().cast(),
+                iov_len: d.len(),
+            };
+        }
+        let h = &mut hdrs[i].msg_hdr;
+        h.msg_name = std::ptr::from_mut(&mut names[i]).cast();
+        h.msg_namelen = len;
+        h.msg_iov = std::ptr::from_mut(&mut iovs[iov_at]);
+        h.msg_iovlen = m.count;
+        iov_at += m.count;
+        if let Some(seg) = m.seg {
+            h.msg_control = ctl[i].as_mut_ptr().cast();
+            // SAFETY: CMSG_SPACE only computes a size.
+            h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+            // SAFETY: the control buffer is `CMSG_ROOM` (>= CMSG_SPACE(2)) bytes, aligned
+            // for `cmsghdr`, and `h` points at it with that length: CMSG_FIRSTHDR returns
+            // its start, and CMSG_DATA the 2 bytes after the header inside it.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(h);
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+            }
+        }
     }
     let mut done = 0;
     while done < n {
-        // SAFETY: `hdrs[done..n]` are initialised headers whose names and iovecs point at
-        // `names`, `iovs` and the callers' datagrams, all alive for the call; the kernel
-        // only reads the datagrams and writes each header's `msg_len`.
+        // SAFETY: `hdrs[done..n]` are initialised headers whose names, iovecs and control
+        // messages point at `names`, `iovs`, `ctl` and the callers' datagrams, all alive
+        // for the call; the kernel only reads them and writes each header's `msg_len`.
         let r =
             unsafe { libc::sendmmsg(fd, hdrs[done..].as_mut_ptr(), (n - done) as libc::c_uint, 0) };
         if r < 0 {
@@ -155,12 +197,22 @@ pub(crate) fn send_batch<'a>(
     Ok(done)
 }
 
+/// `UDP_SEGMENT` (`include/uapi/linux/udp.h`): a `u16` control message giving a send's
+/// GSO segment size, and the socket option of the same number.
+pub(crate) const UDP_SEGMENT: libc::c_int = 103;
+/// `UDP_GRO`: the socket option that lets the kernel hand a receiver coalesced datagrams,
+/// each with an `int` control message of this type giving the segment size.
+pub(crate) const UDP_GRO: libc::c_int = 104;
+
 /// One received datagram: its length, sender, and whether it was longer than its buffer.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct In {
     pub(crate) len: usize,
     pub(crate) src: Option<SocketAddr>,
     pub(crate) truncated: bool,
+    /// With `UDP_GRO` on: the size of the datagrams the kernel coalesced into this one
+    /// (back to back, the last possibly shorter); `None`: one datagram.
+    pub(crate) seg: Option<usize>,
 }
 
 /// Receives up to `bufs.len()` (at most [`BATCH`]) waiting datagrams on `fd` without
@@ -179,6 +231,7 @@ pub(crate) fn recv_batch(
     let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
     // SAFETY: as above.
     let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+    let mut ctl = [[0u64; CMSG_ROOM / 8]; BATCH];
     for i in 0..n {
         let b = &mut bufs[i][at..];
         iovs[i] = libc::iovec {
@@ -189,12 +242,15 @@ pub(crate) fn recv_batch(
         hdrs[i].msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         hdrs[i].msg_hdr.msg_iov = std::ptr::from_mut(&mut iovs[i]);
         hdrs[i].msg_hdr.msg_iovlen = 1;
+        hdrs[i].msg_hdr.msg_control = ctl[i].as_mut_ptr().cast();
+        hdrs[i].msg_hdr.msg_controllen = CMSG_ROOM;
     }
     loop {
         // SAFETY: `hdrs[..n]` point at `names`, `iovs` and the callers' buffers, all alive
         // and exclusively ours for the call; the kernel writes at most each iovec's length
         // into its buffer, at most `msg_namelen` bytes into each name, and the lengths and
-        // flags of the headers. MSG_DONTWAIT: it never blocks; no timeout is passed.
+        // flags of the headers, and at most `CMSG_ROOM` bytes of control messages into each
+        // `ctl` entry. MSG_DONTWAIT: it never blocks; no timeout is passed.
         let r = unsafe {
             libc::recvmmsg(
                 fd,
@@ -218,10 +274,29 @@ pub(crate) fn recv_batch(
                 len: (hdrs[i].msg_len as usize).min(bufs[i].len() - at),
                 src: from_raw(&names[i]),
                 truncated: hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+                seg: gro_size(&hdrs[i].msg_hdr),
             };
         }
         return Ok(r);
     }
+}
+
+/// The segment size of a `UDP_GRO` control message in a received header, if it has one.
+fn gro_size(h: &libc::msghdr) -> Option<usize> {
+    // SAFETY: `h` is a header the kernel filled: `msg_control`/`msg_controllen` describe
+    // the control messages it wrote into our buffer, which the CMSG macros walk without
+    // leaving it; the data of a UDP_GRO message is an `int`, read unaligned.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                return usize::try_from(v).ok().filter(|&v| v > 0);
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    None
 }
 
 /// The IP addresses of the network interface `name`, in the kernel's order, each with the

@@ -144,6 +144,55 @@ fn crosses(ip: IpAddr) {
     assert_eq!(sb.rx_ipv4_id_recovered, 0, "this port sends ID 0");
 }
 
+/// Runs of frames of one size go as UDP GSO messages (the kernel numbers an IPv4
+/// message's segments 0, 1, 2...: each was sent with the ICRC of its number) and arrive
+/// whole, coalesced or not; a shorter frame ends a run, a longer one starts the next.
+fn runs_cross_as_gso(ip: IpAddr) {
+    let (a, b) = pair(ip, FaultConfig::default());
+    // 3 runs: 12 of 1000 bytes and a shorter one, 5 of 1000 bytes, 10 of 64 bytes (28 in
+    // all: one batch, sent at the flush).
+    let mut sizes = vec![1000; 12];
+    sizes.push(300);
+    sizes.extend([1000; 5]);
+    sizes.extend([64; 10]);
+    let payloads: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (0..n).map(|k| (k * 7 + i) as u8).collect())
+        .collect();
+    for (i, p) in payloads.iter().enumerate() {
+        a.send(&frame(ip, ip, i as u32, p)).unwrap();
+    }
+    a.flush().unwrap();
+    let got = receive(&b, payloads.len());
+    assert_eq!(got.len(), payloads.len());
+    for (i, f) in got.iter().enumerate() {
+        let p = RocePacket::parse_trusted(f).unwrap();
+        assert_eq!(p.bth.psn, i as u32);
+        assert_eq!(p.payload, &payloads[i][..]);
+    }
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!((sa.tx_datagrams, sb.rx_datagrams), (28, 28));
+    assert_eq!(sb.rx_bad_icrc + sb.rx_truncated + sb.rx_too_long, 0);
+    let renumbered = if ip.is_ipv4() && a.gso.load(Ordering::Relaxed) {
+        // Every datagram but the first of each of the 3 messages had a non-zero ID.
+        28 - 3
+    } else {
+        0
+    };
+    assert_eq!(sb.rx_ipv4_id_recovered, renumbered);
+}
+
+#[test]
+fn runs_of_one_size_cross_as_gso_over_ipv4() {
+    runs_cross_as_gso("127.0.0.1".parse().unwrap());
+}
+
+#[test]
+fn runs_of_one_size_cross_as_gso_over_ipv6() {
+    runs_cross_as_gso("::1".parse().unwrap());
+}
+
 #[test]
 fn frames_cross_over_ipv4_loopback() {
     crosses("127.0.0.1".parse().unwrap());

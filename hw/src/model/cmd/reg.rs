@@ -480,5 +480,4 @@ fn read_mcqi(ctx: &mut Ctx<'_>, req: &[u8], out: &mut Vec<u8>) -> CmdResult {
 }
 
 #[cfg(test)]
-#[path = "reg_tests.rs"]
 mod tests;

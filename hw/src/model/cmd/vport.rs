@@ -287,7 +287,7 @@ mod counter_tests {
     use crate::layout::wqe::{WqeOpcode, fm_ce_se::CQ_UPDATE};
     use crate::layout::{Buf, BufMut};
     use crate::link::{self, Link, LinkConfig};
-    use crate::model::dp_tests::{Rig, cat, data, header, model, raddr};
+    use crate::model::tests::{Rig, cat, data, header, model, raddr};
 
     use super::super::syndrome as s;
 

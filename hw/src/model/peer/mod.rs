@@ -2,7 +2,7 @@
 //! dma-bufs of BAR ranges the way vfio-pci's `VFIO_DEVICE_FEATURE_DMA_BUF` does, and the
 //! model HCA's side of importing them (`IOMMU_IOAS_MAP_FILE` of a dma-buf fd).
 //!
-//! This is a model of the kernel contract in shared/spec/vfio-kernel.md §2, run in one
+//! This is a model of the kernel contract in docs/spec/vfio-kernel.md §2, run in one
 //! process so that P2P registration and revocation can be tested end to end:
 //!
 //! - [`ModelGpu`]: config space (vendor 0x1b36 "model", class 0x030200 3D controller, a

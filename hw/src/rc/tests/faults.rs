@@ -274,12 +274,21 @@ fn each_fault_alone_is_recovered() {
     }
 }
 
+/// One fault of each kind in 10 frames loses about 19 % of them, at which a run of 96
+/// requests ends in RETRY_EXC_ERR by chance about once in 80 (`soak_many_seeds`,
+/// docs/reliability.md): such a run is still checked up to the failed request and flushed
+/// after it (`run_workload_to_end`); more than one in these 12 (expected: 0.15) fails.
 #[test]
 fn all_faults_together_over_many_seeds() {
+    let mut exhausted = Vec::new();
     for seed in 0..12 {
         let mtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][seed as usize % 3];
-        run_workload(mtu, all_faults(seed, 10), &SIZES, seed as u8);
+        let (_, outcome) = run_workload_to_end(mtu, all_faults(seed, 10), &SIZES, seed as u8);
+        if outcome != Outcome::Completed {
+            exhausted.push(seed);
+        }
     }
+    assert!(exhausted.len() <= 1, "RETRY_EXC_ERR in seeds {exhausted:?}");
 }
 
 proptest! {
@@ -306,8 +315,8 @@ proptest! {
 /// (`RC_SOAK_FROM`, `RC_SOAK_ONE_IN` pick the seeds and the fault rate). At one fault of
 /// each kind in 10 frames about 20% of frames are lost, so a request and its response both
 /// get through a retry round only ~2/3 of the time and 8 failed rounds in a row
-/// (`retry_cnt` 7) is expected about once per few hundred runs (seeds 1056 and 90131 end
-/// in RETRY_EXC_ERR that way): such a run is still checked up to the failed request, is
+/// (`retry_cnt` 7) is expected about once per hundred runs (12 of seeds 1000..2000, 1845
+/// among them): such a run is still checked up to the failed request, is
 /// counted, and fails the soak only if more than one run in 50 ends that way at the
 /// default rate or a lower one (a sign of a recovery bug rather than of bad luck). At
 /// heavier rates exhaustion is common (one in 6: ~40% of frames lost, 15 of seeds
@@ -337,16 +346,17 @@ fn soak_many_seeds() {
     );
 }
 
-/// The rare retry exhaustion itself: at one fault of each kind in 10 frames, seed 1056
-/// loses 8 rounds in a row; the run is checked up to the failed request and the rest of
-/// both queues is flushed.
+/// The rare retry exhaustion itself: at one fault of each kind in 10 frames, seed 1845
+/// loses 8 rounds in a row (it did so before the READ restart of `stalls.rs` too, unlike
+/// seed 1056, the one explained in docs/reliability.md); the run is checked up to the
+/// failed request and the rest of both queues is flushed.
 #[test]
 fn a_run_that_exhausts_its_retries_completes_everything_before_and_flushes_the_rest() {
     let (p, outcome) = run_workload_to_end(
-        Mtu::from_ib((1056 % 5) as u8 + 1).unwrap(),
-        all_faults(1056, 10),
+        Mtu::from_ib((1845 % 5) as u8 + 1).unwrap(),
+        all_faults(1845, 10),
         &SIZES,
-        1056u64 as u8,
+        1845u64 as u8,
     );
     assert!(
         matches!(outcome, Outcome::RetryExhausted { .. }),

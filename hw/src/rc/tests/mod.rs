@@ -1,13 +1,16 @@
 //! Tests of the RC engine: two QPs joined by an in-process link, with memory, receive
 //! queues and completion queues as recording doubles, and a manual clock that jumps to the
 //! next timer whenever the wire falls idle (so timeouts fire only when nothing moves, and
-//! runs are deterministic). `RC_TRACE=1` prints every frame each QP receives.
+//! runs are deterministic). `RC_TRACE=1` prints every frame each QP receives, and the QP
+//! after each poll that timed out or moved it to error.
 
 mod basic;
 mod burst;
 mod errors;
 mod faults;
 mod mangle;
+mod soak;
+mod stalls;
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -198,17 +201,32 @@ impl Side {
                 }
                 Err(e) => {
                     if std::env::var_os("RC_TRACE").is_some() {
+                        // The BTH opcode and PSN where an IPv4 frame has them (the test
+                        // paths are IPv4), whatever the damage.
                         eprintln!(
-                            "t={} {:#x} <- bad frame: {e}",
+                            "t={} {:#x} <- bad frame: {e} op {:#x} psn {:02x?} len {n}",
                             clock.now_ns(),
-                            self.qp.config().qpn
+                            self.qp.config().qpn,
+                            self.buf[42],
+                            &self.buf[51..54]
                         );
                     }
                     self.bad_frames += 1
                 }
             }
         }
+        let before_state = (self.qp.state(), self.qp.stats().timeouts);
         let deadline = self.qp.poll(&mut env);
+        if std::env::var_os("RC_TRACE").is_some()
+            && before_state != (self.qp.state(), self.qp.stats().timeouts)
+        {
+            eprintln!(
+                "t={} {:#x} poll: {:?}",
+                clock.now_ns(),
+                self.qp.config().qpn,
+                self.qp
+            );
+        }
         let after = self.link.stats();
 
         (
@@ -316,10 +334,19 @@ impl Pair {
     }
 
     pub(super) fn with(a: QpConfig, b: QpConfig, faults: FaultConfig) -> Self {
-        let (la, lb) = pair(LinkConfig {
-            faults,
-            ..LinkConfig::default()
-        });
+        Self::with_link(
+            a,
+            b,
+            LinkConfig {
+                faults,
+                ..LinkConfig::default()
+            },
+        )
+    }
+
+    /// As [`with`](Self::with), over a link of the given shape (its depth, say).
+    pub(super) fn with_link(a: QpConfig, b: QpConfig, link: LinkConfig) -> Self {
+        let (la, lb) = pair(link);
         Self {
             a: Side::new(a, la),
             b: Side::new(b, lb),
