@@ -3,10 +3,12 @@
 //! measures the machine figures its results are compared with (`uhca-perf cacheline|memcpy`);
 //! [`logging`] sets up their log output; `model_server` (feature `vfio-user`) serves the model
 //! HCA over vfio-user for `uhca-model`; `net_port` (feature `model`) puts the model's port on
-//! the host's IP network.
+//! the host's IP network; [`rping`] is rping's protocol on a connected QP (`uhca-rping`).
 
 #![deny(unsafe_code)]
 
+#[cfg(test)]
+mod cm_loop;
 pub mod device;
 pub mod logging;
 #[cfg(feature = "vfio-user")]
@@ -15,3 +17,4 @@ pub mod model_server;
 pub mod net_port;
 pub mod perf;
 pub mod reference;
+pub mod rping;

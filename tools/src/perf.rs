@@ -16,6 +16,7 @@ pub mod perftest;
 mod placement;
 pub mod progress;
 mod pt_run;
+pub mod rdma_cm;
 pub mod remote;
 mod stream;
 pub mod ud;

@@ -238,6 +238,11 @@ struct Args {
     /// both run the same test, and hears a heartbeat through long runs).
     #[arg(long = "oob", value_enum, default_value_t = OobKind::perftest)]
     oob: OobKind,
+    /// Connect with RDMA CM, as perftest's `-R` (`ib_write_bw -R`): the test QPs and a
+    /// control QP that carries perftest's exchange, both connected by CM messages on QP1 to
+    /// the port (`-p`); no TCP. The peer may be perftest `-R` or a uhca-perf `-R`.
+    #[arg(short = 'R', long = "rdma_cm")]
+    rdma_cm: bool,
     /// Join the built-in model's port to another process's by a UDP link from this address
     /// (with --link-peer; the same link as `uhca-model --link-local`): one end of a
     /// client/server run without `uhca-model` processes.
@@ -975,6 +980,9 @@ fn run_remote(a: &Args, role: Role) -> Result<(), String> {
 
 fn client(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
     let host = a.host.as_deref().unwrap_or_default();
+    if a.rdma_cm {
+        return rdma_cm_run(a, dev, Some(host), port);
+    }
     let (sizes, settings) = validate(a)?;
     let max = *sizes.iter().max().expect("at least one size");
     if a.oob == OobKind::perftest {
@@ -997,6 +1005,9 @@ fn client(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
 }
 
 fn server(a: &Args, dev: &uhca::Device, port: u16) -> Result<(), String> {
+    if a.rdma_cm {
+        return rdma_cm_run(a, dev, None, port);
+    }
     let listener = remote::listen(port).map_err(|e| e.to_string())?;
     println!("************************************");
     println!("* Waiting for client to connect... *");
@@ -1162,6 +1173,98 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// One end of a perftest `-R` run (`uhca_tools::perf::rdma_cm`): the client (`host`) or
+/// the server; the control connection, perftest's exchange over it, the test QPs connected
+/// by the CM, the run, then both connections ended. The server prints as [`pt_server`].
+fn rdma_cm_run(a: &Args, dev: &uhca::Device, host: Option<&str>, port: u16) -> Result<(), String> {
+    use std::net::{SocketAddr, ToSocketAddrs};
+    use uhca_tools::perf::rdma_cm::{CmSession, open_cm};
+    if a.oob != OobKind::perftest {
+        return Err("-R is perftest's rdma_cm mode: not with --oob uhca".into());
+    }
+    let (sizes, settings) = validate(a)?;
+    let max = *sizes.iter().max().expect("at least one size");
+    let (role, addr) = match host {
+        Some(h) => {
+            let addr = (h, port)
+                .to_socket_addrs()
+                .map_err(|e| format!("{h}: {e}"))?
+                .min_by_key(|a| !a.is_ipv4())
+                .ok_or_else(|| format!("{h}: no address"))?;
+            (Role::Client, addr)
+        }
+        None => (Role::Server, SocketAddr::from(([0, 0, 0, 0], port))),
+    };
+    let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
+    let (cm, sgid, reqs) = open_cm(dev, &pd, None, addr.is_ipv4(), settings.mtu)?;
+    let mut session = CmSession::new(cm, role, addr, reqs);
+    if role == Role::Server {
+        println!("************************************");
+        println!("* Waiting for client rdma_cm QP to connect *");
+        println!("************************************");
+    }
+    let r = rdma_cm_bench(a, dev, &pd, &mut session, sgid, &sizes, &settings, max);
+    // A failed run still ends what it connected, so the peer does not wait for it.
+    let finished = session.finish().map_err(|e| e.to_string());
+    r.and(finished)
+}
+
+/// The part of [`rdma_cm_run`] between the CM's setup and its end.
+#[allow(clippy::too_many_arguments)]
+fn rdma_cm_bench(
+    a: &Args,
+    dev: &uhca::Device,
+    pd: &uhca::resource::Pd,
+    session: &mut uhca_tools::perf::rdma_cm::CmSession<
+        uhca_tools::perf::rdma_cm::Snoop<uhca::cm::GsiTransport>,
+    >,
+    sgid: u8,
+    sizes: &[usize],
+    settings: &Settings,
+    max: usize,
+) -> Result<(), String> {
+    let role = if a.host.is_some() {
+        Role::Client
+    } else {
+        Role::Server
+    };
+    let link = session.control(dev, pd).map_err(|e| e.to_string())?;
+    let oob = Oob::over(Box::new(link), role, u32::from(sgid));
+    let mut bench =
+        Bench::connect_perftest_with(dev, settings, max, pt_options(a), oob, Some(session))
+            .map_err(|e| e.to_string())?;
+    header(a, bench.settings(), &bench);
+    if role == Role::Client {
+        drive(a, &mut bench, sizes)?;
+        bench.pt_end().map_err(|e| e.to_string())?;
+    } else {
+        let mut columns = false;
+        for &s in sizes {
+            if a.mode.is_bw() {
+                if let Some(r) = bench.pt_serve_bandwidth(s).map_err(|e| e.to_string())? {
+                    if !std::mem::replace(&mut columns, true) {
+                        bw_columns(a);
+                    }
+                    bw_line(a, &r);
+                }
+            } else if let Some(r) = bench.pt_latency(s).map_err(|e| e.to_string())? {
+                if !std::mem::replace(&mut columns, true) {
+                    lat_columns(a);
+                }
+                lat_line(a, &r);
+            }
+        }
+        if let Some(r) = bench.pt_end().map_err(|e| e.to_string())? {
+            if !columns {
+                bw_columns(a);
+            }
+            bw_line(a, &r);
+        }
+        closing(a);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -11,6 +11,11 @@
 //! bytes of text), the bandwidth report ([`Report`], five 8-byte big-endian fields) and
 //! `done\0`, which nobody reads.
 //!
+//! With `-R` perftest sends the same messages, each as one SEND on an RC QP of its own that
+//! rdma_cm connected, and the keys as a binary `struct pingpong_dest` ([`KEYS_BIN_LEN`]
+//! bytes, `docs/spec/rdma-cm-wire.md` §6): [`Oob::over`] takes such a message link
+//! ([`MsgLink`], `super::rdma_cm`) instead of a TCP connection.
+//!
 //! Unlike perftest, every read here is bounded: by [`REPLY`] between steps, and across a
 //! phase of traffic (where the peer answers only when its traffic is over) by
 //! [`QUIET`] without any sign of life (a byte on the connection or a packet through the
@@ -36,6 +41,10 @@ pub const VERSION_LEN: usize = 16;
 
 /// Bytes of a keys message with a GID (`KEY_MSG_SIZE_GID`): 107 characters and a NUL.
 pub const KEYS_LEN: usize = 108;
+
+/// Bytes of a keys message over rdma_cm (`-R`): `struct pingpong_dest` with its fields
+/// big-endian (`rdma_write_keys`).
+pub const KEYS_BIN_LEN: usize = 56;
 
 /// The closing message (`ctx_close_connection`).
 pub const DONE: &[u8; 5] = b"done\0";
@@ -116,7 +125,7 @@ fn quote(b: &[u8]) -> String {
 
 /// The keys of one QP as perftest sends them (`ethernet_write_keys`, `KEY_PRINT_FMT_GID`):
 /// `%04x:%04x:%06x:%06x:%08x:%016llx:` + 16 × `%02x:` + `%08x:` and a NUL.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Keys {
     /// LID (0 on RoCE).
     pub lid: u16,
@@ -137,6 +146,56 @@ pub struct Keys {
 }
 
 impl Keys {
+    /// The 56 bytes of `struct pingpong_dest` perftest sends over rdma_cm (`-R`,
+    /// `rdma_write_keys`): lid, out_reads, qpn, psn, rkey as big-endian u32s, 4 bytes of
+    /// padding (perftest leaves them uninitialised; zeros here), vaddr (u64), the GID, srqn
+    /// and the GID index (u32s).
+    pub fn emit_bin(&self, gid_index: u32) -> [u8; KEYS_BIN_LEN] {
+        let mut b = [0u8; KEYS_BIN_LEN];
+        let words = [
+            u32::from(self.lid),
+            self.out_reads,
+            self.qpn,
+            self.psn,
+            self.rkey,
+        ];
+        for (k, w) in words.iter().enumerate() {
+            b[4 * k..4 * k + 4].copy_from_slice(&w.to_be_bytes());
+        }
+        b[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        b[32..48].copy_from_slice(&self.gid);
+        b[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        b[52..56].copy_from_slice(&gid_index.to_be_bytes());
+        b
+    }
+
+    /// Parses the binary keys of `-R` (what `rdma_read_keys` takes: all but the padding
+    /// and the GID index).
+    pub fn parse_bin(b: &[u8]) -> Result<Keys, OobError> {
+        if b.len() != KEYS_BIN_LEN {
+            return Err(OobError::Malformed {
+                what: "the keys of a QP (56 bytes of struct pingpong_dest)",
+                got: quote(b),
+                hint: "",
+            });
+        }
+        let w = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&b[24..32]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[32..48]);
+        Ok(Keys {
+            lid: w(0) as u16,
+            out_reads: w(4),
+            qpn: w(8) & 0xff_ffff,
+            psn: w(12) & 0xff_ffff,
+            rkey: w(16),
+            vaddr: u64::from_be_bytes(v),
+            gid,
+            srqn: w(48),
+        })
+    }
+
     /// The 108 bytes on the wire.
     pub fn emit(&self) -> [u8; KEYS_LEN] {
         let mut s = format!(
@@ -269,18 +328,50 @@ pub enum Wait<'a> {
     Across(&'a mut dyn FnMut() -> bool),
 }
 
-/// The TCP connection to a perftest peer (or a `uhca-perf` speaking perftest).
+/// A message link to a perftest peer that is not TCP: perftest's rdma_cm control QP with
+/// `-R` (`super::rdma_cm`). Each `send` is one message, each `recv` returns one.
+pub trait MsgLink: Send {
+    /// Sends `msg` as one message and waits until it is delivered.
+    fn send(&mut self, msg: &[u8]) -> std::io::Result<()>;
+    /// The next message, waiting up to `timeout` (`Ok(None)`: nothing came); an error
+    /// once the link is gone (`ErrorKind::ConnectionReset` when the peer disconnected).
+    fn recv(&mut self, timeout: Duration) -> std::io::Result<Option<Vec<u8>>>;
+}
+
+/// What an [`Oob`] runs on.
+enum Link {
+    /// perftest's TCP connection.
+    Tcp(TcpStream),
+    /// perftest's rdma_cm control QP (`-R`), with the GID index the keys name.
+    Msg(Box<dyn MsgLink>, u32),
+}
+
+/// The connection to a perftest peer (or a `uhca-perf` speaking perftest): TCP, or with
+/// `-R` an RC QP of its own.
 pub struct Oob {
-    stream: TcpStream,
+    link: Link,
     role: Role,
     /// Bytes received and not yet taken.
     pending: Vec<u8>,
 }
 
 impl Oob {
-    /// The connection itself (to watch it for the peer hanging up, `perf::PeerWatch`).
-    pub fn stream(&self) -> &TcpStream {
-        &self.stream
+    /// The TCP connection (to watch it for the peer hanging up, `perf::PeerWatch`); `None`
+    /// over rdma_cm.
+    pub fn stream(&self) -> Option<&TcpStream> {
+        match &self.link {
+            Link::Tcp(s) => Some(s),
+            Link::Msg(..) => None,
+        }
+    }
+
+    /// perftest's exchange over a message link (`-R`); `gid_index` goes into the keys.
+    pub fn over(link: Box<dyn MsgLink>, role: Role, gid_index: u32) -> Oob {
+        Oob {
+            link: Link::Msg(link, gid_index),
+            role,
+            pending: Vec::new(),
+        }
     }
 
     /// Wraps a connected stream; `role` decides who writes first.
@@ -290,7 +381,7 @@ impl Oob {
             source,
         })?;
         Ok(Oob {
-            stream,
+            link: Link::Tcp(stream),
             role,
             pending: Vec::new(),
         })
@@ -302,17 +393,19 @@ impl Oob {
     }
 
     fn write(&mut self, msg: &[u8], what: &'static str) -> Result<(), OobError> {
-        self.stream
-            .write_all(msg)
-            .map_err(|source| match source.kind() {
-                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
-                    OobError::Closed(what)
-                }
-                _ => OobError::Io {
-                    what: format!("sending {what} to the peer"),
-                    source,
-                },
-            })
+        let r = match &mut self.link {
+            Link::Tcp(s) => s.write_all(msg),
+            Link::Msg(l, _) => l.send(msg),
+        };
+        r.map_err(|source| match source.kind() {
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                OobError::Closed(what)
+            }
+            _ => OobError::Io {
+                what: format!("sending {what} to the peer"),
+                source,
+            },
+        })
     }
 
     fn io(what: &'static str) -> impl Fn(std::io::Error) -> OobError {
@@ -347,14 +440,9 @@ impl Oob {
                 Wait::Reply => left,
                 Wait::Across(_) => left.min(SLICE),
             };
-            self.stream.set_read_timeout(Some(slice)).map_err(&io)?;
-            let mut buf = [0u8; 512];
-            match self.stream.read(&mut buf) {
+            match self.link_read(Some(slice)) {
                 Ok(0) => return Err(OobError::Closed(what)),
-                Ok(k) => {
-                    self.pending.extend_from_slice(&buf[..k]);
-                    heard = Instant::now();
-                }
+                Ok(_) => heard = Instant::now(),
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -377,6 +465,37 @@ impl Oob {
         }
     }
 
+    /// Appends what the link has to `pending`, waiting up to `wait` (`None`: not at all);
+    /// returns the bytes taken. `Ok(0)` is a closed connection; nothing yet is
+    /// `WouldBlock` (or `TimedOut`).
+    fn link_read(&mut self, wait: Option<Duration>) -> std::io::Result<usize> {
+        let mut buf = [0u8; 512];
+        let k = match &mut self.link {
+            Link::Tcp(s) => match wait {
+                Some(t) => {
+                    s.set_read_timeout(Some(t))?;
+                    s.read(&mut buf)?
+                }
+                None => {
+                    s.set_nonblocking(true)?;
+                    let r = s.read(&mut buf);
+                    s.set_nonblocking(false)?;
+                    r?
+                }
+            },
+            Link::Msg(l, _) => match l.recv(wait.unwrap_or(Duration::ZERO))? {
+                Some(m) if !m.is_empty() => {
+                    self.pending.extend_from_slice(&m);
+                    return Ok(m.len());
+                }
+                // perftest sends no empty message: nothing to take.
+                _ => return Err(std::io::ErrorKind::WouldBlock.into()),
+            },
+        };
+        self.pending.extend_from_slice(&buf[..k]);
+        Ok(k)
+    }
+
     /// Takes what has arrived without waiting; true once `n` bytes are there (for
     /// `read` to take). A closed connection is an error.
     pub fn arrived(&mut self, n: usize, what: &'static str) -> Result<bool, OobError> {
@@ -384,19 +503,12 @@ impl Oob {
         if self.pending.len() >= n {
             return Ok(true);
         }
-        self.stream.set_nonblocking(true).map_err(&io)?;
-        let mut buf = [0u8; 512];
-        let r = self.stream.read(&mut buf);
-        self.stream.set_nonblocking(false).map_err(&io)?;
-        match r {
+        match self.link_read(None) {
             Ok(0) => Err(OobError::Closed(what)),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
                 Err(OobError::Closed(what))
             }
-            Ok(k) => {
-                self.pending.extend_from_slice(&buf[..k]);
-                Ok(self.pending.len() >= n)
-            }
+            Ok(_) => Ok(self.pending.len() >= n),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -489,6 +601,10 @@ impl Oob {
         what: &'static str,
         wait: Wait<'_>,
     ) -> Result<Keys, OobError> {
+        if let Link::Msg(_, gid_index) = self.link {
+            let b = self.xchg(&mine.emit_bin(gid_index), what, wait)?;
+            return Keys::parse_bin(&b);
+        }
         let b = self.xchg(&mine.emit(), what, wait)?;
         Keys::parse(&b).map_err(|e| match e {
             OobError::Malformed { what, got, .. } if looks_like_report(&b) => OobError::Malformed {
@@ -522,9 +638,12 @@ impl Oob {
         Ok(Report::from_fields(&theirs))
     }
 
-    /// The closing `done\0` (nobody reads it; best effort, the peer may be gone).
+    /// The closing `done\0` (nobody reads it; best effort, the peer may be gone). Over
+    /// rdma_cm perftest sends none (`ctx_close_connection`).
     pub fn done(&mut self) {
-        let _ = self.stream.write_all(DONE);
+        if let Link::Tcp(s) = &mut self.link {
+            let _ = s.write_all(DONE);
+        }
     }
 
     /// Whether the connection shows the peer gone (closed, or failing).

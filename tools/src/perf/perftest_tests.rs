@@ -165,14 +165,14 @@ fn the_opening_takes_the_larger_buffers_and_the_smaller_mtu() {
 /// is kept for it.
 #[test]
 fn reads_are_whole_bounded_and_see_a_closed_peer() {
-    let (mut c, mut s) = pair();
+    let (c, mut s) = pair();
     let keys = client_keys();
     let t = std::thread::spawn(move || {
         let b = keys.emit();
-        c.stream.write_all(&b[..50]).unwrap();
+        c.stream().unwrap().write_all(&b[..50]).unwrap();
         std::thread::sleep(Duration::from_millis(20));
-        c.stream.write_all(&b[50..]).unwrap();
-        c.stream.write_all(b"done\0").unwrap();
+        c.stream().unwrap().write_all(&b[50..]).unwrap();
+        c.stream().unwrap().write_all(b"done\0").unwrap();
         c
     });
     let got = s.read(KEYS_LEN, "keys", Wait::Reply).unwrap();
@@ -188,7 +188,7 @@ fn reads_are_whole_bounded_and_see_a_closed_peer() {
     };
     let start = Instant::now();
     let mut quick = Oob {
-        stream: s.stream.try_clone().unwrap(),
+        link: Link::Tcp(s.stream().unwrap().try_clone().unwrap()),
         role: Role::Server,
         pending: Vec::new(),
     };
@@ -226,11 +226,14 @@ fn a_message_of_another_step_names_the_other_test() {
     drop(s);
     drop(t.join().unwrap());
 
-    let (mut c, mut s) = pair();
+    let (c, mut s) = pair();
     let t = std::thread::spawn(move || {
         // Report fields, then the rest of a keys message's length.
-        c.stream.write_all(&[0, 0, 0, 0, 0, 1, 0, 0]).unwrap();
-        c.stream.write_all(&[0; 100]).unwrap();
+        c.stream()
+            .unwrap()
+            .write_all(&[0, 0, 0, 0, 0, 1, 0, 0])
+            .unwrap();
+        c.stream().unwrap().write_all(&[0; 100]).unwrap();
         c
     });
     let e = s.keys(&client_keys(), "keys", Wait::Reply).unwrap_err();

@@ -152,7 +152,21 @@ impl Bench {
         s: &Settings,
         max_size: usize,
         opts: PtOptions,
+        oob: Oob,
+    ) -> Result<Bench, PerfError> {
+        Bench::connect_perftest_with(dev, s, max_size, opts, oob, None)
+    }
+
+    /// [`connect_perftest`](Self::connect_perftest), the QPs connected by `cm` (perftest's
+    /// `-R`: between two exchanges of zeroed keys, before the keys; `super::rdma_cm`)
+    /// instead of with the keys' QPNs and PSNs.
+    pub fn connect_perftest_with(
+        dev: &Device,
+        s: &Settings,
+        max_size: usize,
+        opts: PtOptions,
         mut oob: Oob,
+        cm: Option<&mut dyn super::rdma_cm::QpConnector>,
     ) -> Result<Bench, PerfError> {
         let shape = match (s.op, opts.bw) {
             (Op::Send, true) => Shape::SendBw,
@@ -171,10 +185,12 @@ impl Bench {
             check_fill(&me, half, super::rx_off(half), plan.0)?;
         }
         // The waits also watch the connection: a peer that hangs up ends them at once.
-        me.watch.peer = Some(std::sync::Arc::new(
-            super::PeerWatch::new(oob.stream())
-                .map_err(setup("watching the connection to the peer"))?,
-        ));
+        if let Some(stream) = oob.stream() {
+            me.watch.peer = Some(std::sync::Arc::new(
+                super::PeerWatch::new(stream)
+                    .map_err(setup("watching the connection to the peer"))?,
+            ));
+        }
         let x = gid_index(dev, opts.gid_index);
         let addr = dev.roce_address(u32::from(x)).map_err(setup("GID (-x)"))?;
         let reads = matches!(s.op, Op::Read | Op::Atomic);
@@ -199,6 +215,18 @@ impl Bench {
             })
             .collect();
         let nq = mine.len();
+        let by_cm = cm.is_some();
+        if let Some(cm) = cm {
+            // perftest -R (`create_rdma_cm_connection`): keys not yet filled in, the
+            // rdma_cm connection of every QP, the same again.
+            let zero = Keys::default();
+            oob.keys(&zero, "the meeting before rdma_cm connects", Wait::Reply)
+                .map_err(oob_err)?;
+            let res = if reads { out_reads.min(255) as u8 } else { 0 };
+            cm.connect(&mut me.qps, res, agreed.mtu)?;
+            oob.keys(&zero, "the meeting after rdma_cm connected", Wait::Reply)
+                .map_err(oob_err)?;
+        }
         let mut theirs: Vec<Keys> = Vec::with_capacity(nq);
         let xchg = |oob: &mut Oob, q: usize, theirs: &mut Vec<Keys>| -> Result<(), PerfError> {
             let t = oob
@@ -227,6 +255,9 @@ impl Bench {
         }
         check_peer(&mine[0], &theirs[0], s.op)?;
         for ((qp, m), t) in me.qps.iter_mut().zip(&mine).zip(&theirs) {
+            if by_cm {
+                break;
+            }
             let mut p = ConnectParams::new(t.qpn, t.gid, peer_mac(&t.gid));
             (p.sq_psn, p.rq_psn) = (m.psn, t.psn);
             p.mtu = agreed.mtu;
@@ -270,9 +301,11 @@ impl Bench {
         let mut settings = s.clone();
         settings.mtu = agreed.mtu;
         // Every wait of the run watches the peer's socket for a hang-up (and the device).
-        me.watch.peer = Some(std::sync::Arc::new(
-            super::PeerWatch::new(oob.stream()).map_err(setup("watching the connection"))?,
-        ));
+        if let Some(stream) = oob.stream() {
+            me.watch.peer = Some(std::sync::Arc::new(
+                super::PeerWatch::new(stream).map_err(setup("watching the connection"))?,
+            ));
+        }
         Ok(Bench {
             rx_off: rx,
             me,
