@@ -146,6 +146,7 @@ pub fn open_port(
     let model = ModelConfig {
         mac,
         port_addrs: p.addrs.iter().map(|a| a.ip()).collect(),
+        first_qpn: ModelConfig::run_first_qpn(),
         ..base
     };
     tracing::info!(interface = %p.interface, addrs = ?link.local_addrs(), "port on the network");

@@ -122,6 +122,30 @@ pub struct ModelConfig {
     /// builds a RoCE device's table from its netdev: the IPv6 link-local addresses first,
     /// then the IPv4 addresses (IPv4-mapped), then the other IPv6 addresses, all RoCEv2.
     pub port_addrs: Vec<std::net::IpAddr>,
+    /// The lowest QPN the model hands out (default 2, the first after the SMI and GSI
+    /// QPs; values below 2 or in the top half of the QPN space are taken as 2). A port on
+    /// a real network starts each run somewhere else (`ModelConfig::run_first_qpn`): a
+    /// peer's CM remembers a connection after it ends (IBA §12.9.8.3.1, time wait) and
+    /// rejects a new REQ from the same CA GUID and QPN as stale (REJ reason 10), which a
+    /// fresh model handing out the same QPNs every run runs into (seen against Linux's CM,
+    /// docs/spec/rdma-cm-wire.md §8).
+    pub first_qpn: u32,
+}
+
+impl ModelConfig {
+    /// A first QPN that differs from run to run (from the clock and the process ID), for
+    /// models whose port faces peers that outlive the process.
+    pub fn run_first_qpn() -> u32 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let mut x = t ^ (u64::from(std::process::id()) << 20);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        state::FIRST_QPN + (x % u64::from(state::MAX_FIRST_QPN - state::FIRST_QPN)) as u32
+    }
 }
 
 impl Default for ModelConfig {
@@ -137,6 +161,7 @@ impl Default for ModelConfig {
             name: "model0".to_string(),
             loopback_offload: true,
             port_addrs: Vec::new(),
+            first_qpn: state::FIRST_QPN,
         }
     }
 }

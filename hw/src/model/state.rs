@@ -95,6 +95,9 @@ impl IdAlloc {
 
 /// The first QPN the model gives out (0 and 1 are the special QPs).
 pub(crate) const FIRST_QPN: u32 = 2;
+/// The highest [`ModelConfig::first_qpn`](super::ModelConfig::first_qpn) taken: the
+/// bottom half of the QPN space, so the top half is always there to allocate.
+pub(crate) const MAX_FIRST_QPN: u32 = 1 << (super::caps::LOG_MAX_QP - 1);
 
 /// Everything a function-level reset forgets.
 pub(crate) struct Core {
@@ -160,7 +163,14 @@ impl Core {
             // §10.2.3): a peer delivers packets for QP1 to its GSI QP (rxe: RC opcodes to
             // it are dropped) and Wireshark decodes their payloads as MADs. An RC QP gets
             // 2 and up (docs/spec/rocev2-net.md §3).
-            qpns: IdAlloc::new(FIRST_QPN, 1 << super::caps::LOG_MAX_QP),
+            qpns: IdAlloc::new(
+                if (FIRST_QPN..MAX_FIRST_QPN).contains(&cfg.first_qpn) {
+                    cfg.first_qpn
+                } else {
+                    FIRST_QPN
+                },
+                1 << super::caps::LOG_MAX_QP,
+            ),
             dp: Box::default(),
             mkeys: MkeyTable::new(super::caps::LOG_MAX_MKEY),
             memic: Memic::new(
@@ -195,5 +205,26 @@ mod tests {
         assert!(!a.free(4));
         assert_eq!(a.alloc(), Some(4));
         assert_eq!(a.len(), 3);
+    }
+
+    #[test]
+    fn qpns_start_at_the_configured_first_qpn_and_bad_values_fall_back_to_2() {
+        use crate::model::ModelConfig;
+        let first = |q| {
+            let cfg = ModelConfig {
+                first_qpn: q,
+                ..ModelConfig::default()
+            };
+            Core::new(&cfg).qpns.alloc()
+        };
+        assert_eq!(first(FIRST_QPN), Some(2));
+        assert_eq!(first(0x1234), Some(0x1234));
+        assert_eq!(first(0), Some(2), "QPN 0 is the SMI QP");
+        assert_eq!(first(1), Some(2), "QPN 1 is the GSI QP");
+        assert_eq!(first(MAX_FIRST_QPN), Some(2), "the top half stays free");
+        for _ in 0..100 {
+            let q = ModelConfig::run_first_qpn();
+            assert!((FIRST_QPN..MAX_FIRST_QPN).contains(&q), "{q:#x}");
+        }
     }
 }
