@@ -36,10 +36,10 @@ use uhca_layout::wqe::WqeOpcode;
 use super::ah::Ah;
 use super::cq::{Cq, QueueError};
 use super::qp::{Local, Mtu, Qp, QpConfig, QpState, QpType, SendFlags};
-use crate::cmd::{ops, queue_ops};
+use crate::cmd::ops::{self, roce_mtu};
+use crate::cmd::queue_ops;
 use crate::datapath::wqe::{PostError, Sge};
 use crate::device::Device;
-use crate::info::roce_mtu;
 use crate::resource::Pd;
 
 // The GSI's Q_Key and QPN are the layout's (`uhca_layout::mad`), defined once.
