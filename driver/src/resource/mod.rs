@@ -14,6 +14,7 @@ pub mod memic;
 pub mod mkey;
 pub mod pd;
 pub mod qp;
+mod qp_state;
 mod queue_error;
 pub mod uar;
 pub mod ud;

@@ -19,6 +19,7 @@ use uhca_layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
 use uhca_layout::wqe::{DS_UNIT, SEND_WQE_BB, fm_ce_se};
 
 use super::cq::{Cq, CqObj, QueueError};
+pub use super::qp_state::QpState;
 use crate::cmd::ops::{self, RoceAddress};
 use crate::cmd::{CmdError, queue_ops};
 pub(crate) use crate::datapath::post::{SendLimits, post_wr};
@@ -33,36 +34,6 @@ use crate::resource::{Access, Pd, Uar};
 /// BlueFlame register used in each QP's own UAR page (Linux's first "fast path" register,
 /// §9.1; the page is not shared, so no lock is needed).
 const BF_REG: usize = 2;
-
-/// QP states (§7.3 `state`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QpState {
-    /// Reset.
-    Reset,
-    /// Initialized.
-    Init,
-    /// Ready to receive.
-    Rtr,
-    /// Ready to send.
-    Rts,
-    /// Error.
-    Err,
-    /// A state the driver does not drive to (SQER, SQD, ...), raw.
-    Other(u32),
-}
-
-impl QpState {
-    fn from_raw(v: u32) -> QpState {
-        match v {
-            0 => QpState::Reset,
-            1 => QpState::Init,
-            2 => QpState::Rtr,
-            3 => QpState::Rts,
-            6 => QpState::Err,
-            o => QpState::Other(o),
-        }
-    }
-}
 
 /// Path MTU (IB encoding, §7.3 `mtu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
