@@ -10,6 +10,7 @@ pub(crate) mod comp_eq;
 pub mod cq;
 pub mod eq;
 pub mod gsi;
+mod mem_error;
 pub mod memic;
 pub mod mkey;
 pub mod pd;
