@@ -25,6 +25,7 @@ pub use super::mem_error::{Access, MemError};
 use super::memic::DmRef;
 use crate::cmd::CmdError;
 use crate::cmd::ops::{self, CreateMkey, MkeyInfo};
+use crate::datapath::{Remote, Sge};
 use crate::device::DeviceInner;
 use crate::dma::{DmaError, DmaRegion, MrBuffer, PinCharge, UserMapping};
 use crate::resource::Pd;
@@ -421,6 +422,31 @@ impl Pd {
             charge,
             _pd: self.track(),
         })
+    }
+}
+
+// The data path's descriptors of an MR (`Sge::of`, `Remote::of`) are defined here, beside
+// `Mr`, so that the data path (a lower layer) does not import the resources.
+impl Sge {
+    /// `len` bytes at `offset` of `mr`, or `None` if that leaves the region.
+    pub fn of(mr: &Mr, offset: usize, len: usize) -> Option<Sge> {
+        let end = offset.checked_add(len)?;
+        (end <= mr.len() && u32::try_from(len).is_ok()).then(|| Sge {
+            addr: mr.addr() + offset as u64,
+            len: len as u32,
+            lkey: mr.lkey(),
+        })
+    }
+}
+
+impl Remote {
+    /// `offset` bytes into the peer's region `mr` (for loopback and tests; a real peer sends
+    /// its address and rkey out of band).
+    pub fn of(mr: &Mr, offset: u64) -> Remote {
+        Remote {
+            addr: mr.addr() + offset,
+            rkey: mr.rkey(),
+        }
     }
 }
 
