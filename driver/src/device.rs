@@ -15,7 +15,7 @@ use crate::dma::{DmaError, DmaSpace};
 use crate::health::{HealthError, HealthMonitor};
 use crate::pages::{FwPages, UnknownPage};
 use crate::pci::{Bar, PciError, PciFunction};
-use crate::resource::{EqRing, Pd, Uar};
+use crate::resource::EqRing;
 
 /// Errors of opening, running and closing a device.
 #[derive(Debug, thiserror::Error)]
@@ -407,7 +407,7 @@ impl Drop for DeviceInner {
 /// A booted HCA.
 ///
 /// `Device` is `Send + Sync`: commands may be issued from any number of threads at once.
-/// Resources ([`Pd`], [`Uar`]) keep the device's state alive; [`Device::close`] (or dropping
+/// Resources ([`Pd`](crate::resource::Pd), [`Uar`](crate::resource::Uar)) keep the device's state alive; [`Device::close`] (or dropping
 /// the last handle) tears the HCA down, after which remaining resources are inert.
 #[derive(Clone, Debug)]
 pub struct Device {
@@ -503,19 +503,8 @@ impl Device {
         self.inner.is_lost()
     }
 
-    /// Allocates a protection domain.
-    pub fn alloc_pd(&self) -> Result<Pd, DeviceError> {
-        self.ensure_open()?;
-        Pd::alloc(&self.inner)
-    }
-
-    /// Allocates a UAR page.
-    pub fn alloc_uar(&self) -> Result<Uar, DeviceError> {
-        self.ensure_open()?;
-        Uar::alloc(&self.inner)
-    }
-
-    fn ensure_open(&self) -> Result<(), DeviceError> {
+    /// Whether the device is open, as an error if not (the resources' constructors check it).
+    pub(crate) fn ensure_open(&self) -> Result<(), DeviceError> {
         if self.inner.is_open() {
             Ok(())
         } else if self.inner.is_lost() {
