@@ -16,10 +16,10 @@ use crate::device::{
     Caps, DeviceConfig, DeviceError, DeviceInfo, DeviceInner, Events, STATE_CLOSED, STATE_OPEN,
 };
 use crate::dma::DmaSpace;
+use crate::eq::EqRing;
 use crate::health::HealthMonitor;
 use crate::pages::FwPages;
 use crate::pci::{self, Bar, PciError, PciFunction};
-use crate::resource::EqRing;
 
 /// Event types the control EQ subscribes to: command completions, page requests and the
 /// asynchronous events an application may care about.

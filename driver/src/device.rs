@@ -12,10 +12,10 @@ use uhca_layout::eqe::{EqePageReq, EqePortChange, EventType, PortChangeSubtype};
 use crate::cmd::ops::{self, Exec};
 use crate::cmd::{CmdError, CmdIf, SlotClass};
 use crate::dma::{DmaError, DmaSpace};
+use crate::eq::EqRing;
 use crate::health::{HealthError, HealthMonitor};
 use crate::pages::{FwPages, UnknownPage};
 use crate::pci::{Bar, PciError, PciFunction};
-use crate::resource::EqRing;
 
 /// Errors of opening, running and closing a device.
 #[derive(Debug, thiserror::Error)]

@@ -54,6 +54,7 @@ pub mod datapath;
 mod device;
 #[allow(unsafe_code)]
 pub mod dma;
+pub(crate) mod eq;
 pub(crate) mod health;
 pub mod info;
 pub(crate) mod pages;
