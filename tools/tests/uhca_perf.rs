@@ -48,7 +48,7 @@ fn bad_flags_are_messages_not_panics() {
             &["write_bw", "-l", "33", "-t", "32"],
             "a list is 1..=the depth (-t 32)",
         ),
-        (&["write_bw", "-c", "UD"], "RC queue pairs only"),
+        (&["write_bw", "-c", "UD"], "write_bw needs a connected QP"),
         (&["write_bw", "-i", "2"], "one port"),
         (&["write_lat", "-e"], "watches the message's last byte"),
         (&["write_lat", "-b"], "bandwidth tests"),

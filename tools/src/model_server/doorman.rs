@@ -1,14 +1,14 @@
 //! The doorman: while one client is served, answers every other that connects with "busy"
 //! instead of leaving it in the listen queue until its reply timeout.
 //!
-//! The `vfio_user` crate's server accepts one connection per session and serves it to the
-//! end; a second client's connection waits unaccepted, and its VERSION goes unanswered.
-//! Once the session has touched the device (its first backend call, so the crate's own
-//! `accept` has certainly returned and nobody else accepts on the socket), the doorman
-//! accepts on a duplicate of the listening socket, reads the newcomer's first message and
-//! answers it with an error reply carrying `EBUSY`, then closes the connection. It stops,
-//! and is joined, before the next session's `accept`, so it never takes a client that the
-//! server would have served.
+//! The server loop (ours, `vfu`, or the `vfio_user` crate's) accepts one connection per
+//! session and serves it to the end; a second client's connection waits unaccepted, and its
+//! VERSION goes unanswered. Once the session has touched the device (its first backend call,
+//! so the loop's own `accept` has certainly returned and nobody else accepts on the socket),
+//! the doorman accepts on a duplicate of the listening socket, reads the newcomer's first
+//! message and answers it with an error reply carrying `EBUSY`, then closes the connection.
+//! It stops, and is joined, before the next session's `accept`, so it never takes a client
+//! that the server would have served.
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};

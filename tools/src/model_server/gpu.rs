@@ -28,7 +28,7 @@ use vfio_bindings::bindings::vfio::{
 };
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion, SparseArea};
 
-use super::{ServerError, listen_at, prepare_path};
+use super::{ServerError, ServerLoop, listen_at, prepare_path, vfu};
 
 /// Size of the GPU's config-space region: the conventional 256 bytes. The model GPU has no
 /// capabilities (no PCI Express capability), so it is a conventional PCI function; the
@@ -39,8 +39,13 @@ use uhca::hw::model::peer::{GPU_MEM_BAR, GpuError, ModelGpu};
 /// A model GPU served over vfio-user on a UNIX socket.
 pub struct GpuServer {
     server: vfio_user::Server,
+    /// The listening socket (a duplicate of the crate server's), for [`ServerLoop::Own`].
+    listener: std::os::unix::net::UnixListener,
     device: GpuDevice,
     path: PathBuf,
+    server_loop: ServerLoop,
+    regions: Vec<ServerRegion>,
+    irqs: Vec<IrqInfo>,
 }
 
 impl std::fmt::Debug for GpuServer {
@@ -58,18 +63,29 @@ impl GpuServer {
     pub fn bind(gpu: ModelGpu, path: &Path, replace_stale: bool) -> Result<GpuServer, ServerError> {
         prepare_path(path, replace_stale)?;
         let listener = listen_at(path)?;
-        let server = vfio_user::Server::from_owned_fd(
-            listener.into(),
-            true,
-            irq_table(),
-            region_table(&gpu),
-        );
+        let dup = listener.try_clone().map_err(|source| ServerError::Os {
+            what: "duplicate the listening socket of",
+            path: path.into(),
+            source,
+        })?;
+        let (irqs, regions) = (irq_table(), region_table(&gpu));
+        let server =
+            vfio_user::Server::from_owned_fd(dup.into(), true, irqs.clone(), regions.clone());
         tracing::info!(socket = %path.display(), name = %gpu.name(), bar = gpu.bar_len(), "vfio-user GPU server listening");
         Ok(GpuServer {
             server,
+            listener,
             device: GpuDevice { gpu, dma_maps: 0 },
             path: path.to_path_buf(),
+            server_loop: ServerLoop::from_env(),
+            regions,
+            irqs,
         })
+    }
+
+    /// Chooses the loop that serves the next sessions.
+    pub fn set_server_loop(&mut self, l: ServerLoop) {
+        self.server_loop = l;
     }
 
     /// The model GPU being served (its device memory is what the client's BAR1 shows).
@@ -81,10 +97,17 @@ impl GpuServer {
     /// panic of the vfio-user crate on a malformed message ends the session as in
     /// [`ModelServer::serve_one`](super::ModelServer::serve_one).
     pub fn serve_one(&mut self) -> Result<(), ServerError> {
-        let (server, device) = (&self.server, &mut self.device);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.run(device)));
+        let r = match self.server_loop {
+            ServerLoop::Crate => {
+                let (server, device) = (&self.server, &mut self.device);
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    server.run(device).map_err(ServerError::VfioUser)
+                }))
+            }
+            ServerLoop::Own => Ok(self.serve_own()),
+        };
         let r = match r {
-            Ok(r) => r.map_err(ServerError::VfioUser),
+            Ok(r) => r,
             Err(p) => Err(ServerError::ClientBroke(
                 p.downcast_ref::<&str>()
                     .map(|s| s.to_string())
@@ -96,6 +119,23 @@ impl GpuServer {
         self.device.gpu.reset();
         self.device.dma_maps = 0;
         r
+    }
+}
+
+impl GpuServer {
+    /// One session of [`ServerLoop::Own`].
+    fn serve_own(&mut self) -> Result<(), ServerError> {
+        let (mut stream, _) = self.listener.accept().map_err(|source| ServerError::Os {
+            what: "accept on",
+            path: self.path.clone(),
+            source,
+        })?;
+        let dev = vfu::Device {
+            resettable: true,
+            regions: &self.regions,
+            irqs: &self.irqs,
+        };
+        vfu::serve(&mut stream, &dev, &mut self.device).map_err(ServerError::Own)
     }
 }
 

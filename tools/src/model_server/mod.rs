@@ -1,8 +1,9 @@
 //! The model HCA as a PCI device over vfio-user (feature `vfio-user`): what the
 //! `uhca-model` binary runs.
 //!
-//! A [`ModelServer`] owns one [`Hca`] and serves it on a UNIX socket with the rust-vmm
-//! `vfio_user` crate's [`vfio_user::Server`], to uhca's vfio-user backend
+//! A [`ModelServer`] owns one [`Hca`] and serves it on a UNIX socket with uhca's
+//! own vfio-user loop ([`vfu`]; the rust-vmm `vfio_user` crate's [`vfio_user::Server`] with
+//! `UHCA_MODEL_SERVER_LOOP=crate`), to uhca's vfio-user backend
 //! (`uhca::pci::vfio_user`) or to QEMU's `vfio-user-pci` (qemu-vfio.md §3, §6.C). What the
 //! client sees:
 //! - **Config space** (region 7, 4 KiB): the model's ([`Hca::config_read`] /
@@ -26,11 +27,12 @@
 //! - **DMA**: DMA_MAP with a file (memfd, hugetlbfs) is mapped here and handed to the model
 //!   IOMMU ([`Hca::dma_map`]); DMA_UNMAP removes it from the IOMMU (which waits for
 //!   in-flight device accesses) and then unmaps it. A DMA_MAP without a file is accepted
-//!   (QEMU sends them for ROM and VGA memory) but not DMA-able: the `vfio_user` crate has no
-//!   DMA_READ/DMA_WRITE messages, so a device access there faults in the model IOMMU.
+//!   (QEMU sends them for ROM and VGA memory) but not DMA-able yet: [`vfu::DmaPort`] sends DMA_READ/DMA_WRITE
+//!   messages, but the model IOMMU has no mapping kind that uses it, so a device access
+//!   there faults.
 //! - **Reset**: DEVICE_RESET is [`Hca::reset`].
 //!
-//! The crate's server serves one client per [`ModelServer::serve_one`]; between clients
+//! The server serves one client per [`ModelServer::serve_one`]; between clients
 //! every DMA mapping is dropped, every vector disconnected and the model reset, so the next
 //! client finds a power-on device.
 //!
@@ -40,6 +42,7 @@
 mod doorman;
 mod gpu;
 mod host;
+pub mod vfu;
 
 pub use gpu::GpuServer;
 
@@ -98,6 +101,9 @@ pub enum ServerError {
     /// The vfio-user transport failed (bind, accept, a broken message).
     #[error("vfio-user: {0}")]
     VfioUser(#[source] vfio_user::Error),
+    /// uhca's own loop ended a session on a broken message or socket.
+    #[error(transparent)]
+    Own(#[from] vfu::VfuError),
     /// A client's message made the vfio-user server code panic (see
     /// [`ModelServer::serve_one`]); the session ended, the server goes on.
     #[error("vfio-user: the client's message broke the session: {0}")]
@@ -122,6 +128,36 @@ pub struct ModelServer {
     listener: UnixListener,
     device: ModelDevice,
     path: PathBuf,
+    /// Which loop serves sessions.
+    server_loop: ServerLoop,
+    /// The regions and interrupt indexes, for [`ServerLoop::Own`].
+    regions: Vec<ServerRegion>,
+    irqs: Vec<IrqInfo>,
+}
+
+/// Which vfio-user server loop serves the sessions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ServerLoop {
+    /// The rust-vmm `vfio_user` crate's server (0.1.7): panics on some malformed messages
+    /// (caught per session), allocates a client's REGION_READ/WRITE count unchecked, cannot
+    /// send DMA_READ/DMA_WRITE. Kept for comparison (`UHCA_MODEL_SERVER_LOOP=crate`).
+    Crate,
+    /// uhca's own loop ([`vfu`]): bounded sizes, error replies instead of panics,
+    /// server-initiated DMA messages. The default.
+    #[default]
+    Own,
+}
+
+impl ServerLoop {
+    /// The loop named by the environment variable `UHCA_MODEL_SERVER_LOOP` (`own` or
+    /// `crate`), else the default.
+    pub fn from_env() -> ServerLoop {
+        match std::env::var("UHCA_MODEL_SERVER_LOOP").as_deref() {
+            Ok("own") => ServerLoop::Own,
+            Ok("crate") => ServerLoop::Crate,
+            _ => ServerLoop::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for ModelServer {
@@ -161,19 +197,24 @@ impl ModelServer {
             path: path.into(),
             source,
         })?;
-        let server = vfio_user::Server::from_owned_fd(
-            dup.into(),
-            true,
-            irq_table(&hca),
-            region_table(&hca, trapped_uars),
-        );
+        let (irqs, regions) = (irq_table(&hca), region_table(&hca, trapped_uars));
+        let server =
+            vfio_user::Server::from_owned_fd(dup.into(), true, irqs.clone(), regions.clone());
         tracing::info!(socket = %path.display(), name = %hca.config().name, "vfio-user server listening");
         Ok(ModelServer {
             server,
             listener,
             device: ModelDevice::new(hca),
             path: path.to_path_buf(),
+            server_loop: ServerLoop::from_env(),
+            regions,
+            irqs,
         })
+    }
+
+    /// Chooses the loop that serves the next sessions.
+    pub fn set_server_loop(&mut self, l: ServerLoop) {
+        self.server_loop = l;
     }
 
     /// The model being served.
@@ -193,7 +234,7 @@ impl ModelServer {
     /// first message; `doorman`). A connection that never touched the device is
     /// [`Session::Untouched`].
     ///
-    /// The `vfio_user` crate (0.1.7) panics on some malformed messages rather than
+    /// With [`ServerLoop::Crate`]: the `vfio_user` crate (0.1.7) panics on some malformed messages rather than
     /// returning an error: a VERSION whose size is below the VERSION header (the body length
     /// underflows to a huge allocation) or whose capabilities lack their terminating NUL
     /// (`CString::from_vec_with_nul(..).unwrap()`). Any client can send those, so a panic in
@@ -210,13 +251,20 @@ impl ModelServer {
             })?;
         self.device.session = Some(opener);
         self.device.touched = false;
-        let (server, device) = (&self.server, &mut self.device);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.run(device)));
+        let r = match self.server_loop {
+            ServerLoop::Crate => {
+                let (server, device) = (&self.server, &mut self.device);
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    server.run(device).map_err(ServerError::VfioUser)
+                }))
+            }
+            ServerLoop::Own => Ok(self.serve_own()),
+        };
         doorman.stop();
         self.device.session = None;
         let touched = self.device.touched;
         let r = match r {
-            Ok(r) => r.map_err(ServerError::VfioUser).map(|()| {
+            Ok(r) => r.map(|()| {
                 if touched {
                     Session::Served
                 } else {
@@ -237,6 +285,23 @@ impl ModelServer {
         }
         self.device.release_client();
         r
+    }
+}
+
+impl ModelServer {
+    /// One session of [`ServerLoop::Own`].
+    fn serve_own(&mut self) -> Result<(), ServerError> {
+        let (mut stream, _) = self.listener.accept().map_err(|source| ServerError::Os {
+            what: "accept on",
+            path: self.path.clone(),
+            source,
+        })?;
+        let dev = vfu::Device {
+            resettable: true,
+            regions: &self.regions,
+            irqs: &self.irqs,
+        };
+        vfu::serve(&mut stream, &dev, &mut self.device).map_err(ServerError::Own)
     }
 }
 

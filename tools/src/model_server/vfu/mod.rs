@@ -1,0 +1,648 @@
+//! uhca's own vfio-user server loop (`vfu`): serves one connected client for a device
+//! described by its regions and interrupt indexes, calling the device's backend.
+//!
+//! It speaks the messages of the vfio-user protocol (QEMU's `docs/interop/vfio-user.rst`,
+//! version 0.1) that the model's functions offer — VERSION, DMA_MAP/DMA_UNMAP,
+//! DEVICE_GET_INFO, DEVICE_GET_REGION_INFO (sparse mmap capability and region fd),
+//! DEVICE_GET_IRQ_INFO, DEVICE_SET_IRQS, REGION_READ/REGION_WRITE and DEVICE_RESET — with
+//! the wire layouts of uhca's client (`uhca::pci::vfio_user::proto`), so both ends share one
+//! definition. Unlike the `vfio_user` crate's server (0.1.7) it never panics on a client's
+//! message and bounds every size before it allocates: a message larger than
+//! [`MAX_MESSAGE`] or a truncated one closes the session; a malformed request or one the
+//! device refuses gets an error reply carrying an errno, and the session goes on.
+//!
+//! Unsafe code: receiving descriptors by `SCM_RIGHTS` (recvmsg into a local buffer, then
+//! taking ownership of the descriptors the kernel installed).
+
+#![allow(unsafe_code)]
+
+mod dma;
+
+pub use dma::{DMA_READ, DMA_WRITE, DmaMsgError, DmaPort};
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use uhca::pci::vfio_user::proto::{
+    Command, DEVICE_FLAGS_PCI, DEVICE_FLAGS_RESET, FLAG_ERROR, FLAG_REPLY, HEADER_LEN, Header,
+    Payload, REGION_ACCESS_LEN, REGION_CAP_SPARSE_MMAP, REGION_FLAG_CAPS, REGION_INFO_LEN,
+};
+use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+/// The most file descriptors one message may carry (announced in VERSION).
+pub const MAX_MSG_FDS: usize = 16;
+/// The most data bytes one REGION_READ/REGION_WRITE moves (announced in VERSION).
+pub const MAX_DATA_XFER: usize = 1 << 20;
+/// The largest message accepted: a REGION_WRITE of [`MAX_DATA_XFER`] bytes and its fields,
+/// with room to spare for a VERSION's capabilities.
+pub const MAX_MESSAGE: usize = HEADER_LEN + REGION_ACCESS_LEN + MAX_DATA_XFER + 4096;
+/// Header flag: the sender wants no reply.
+const FLAG_NO_REPLY: u32 = 1 << 4;
+
+/// The page sizes the server's DMA accepts (`pgsizes`: 4 KiB).
+const PGSIZES: u64 = 4096;
+
+/// Why a session ended other than by the client closing it.
+#[derive(Debug, thiserror::Error)]
+pub enum VfuError {
+    /// The socket failed.
+    #[error("vfio-user socket: {0}")]
+    Io(#[from] io::Error),
+    /// The client sent something the session cannot go on from.
+    #[error("vfio-user: {0}")]
+    Protocol(String),
+}
+
+/// A device as the loop serves it.
+pub struct Device<'a> {
+    /// Whether DEVICE_GET_INFO reports reset support.
+    pub resettable: bool,
+    /// The regions, by index.
+    pub regions: &'a [ServerRegion],
+    /// The interrupt indexes, by index.
+    pub irqs: &'a [IrqInfo],
+}
+
+/// A request's outcome: a reply payload (and an fd to pass) or an errno.
+type Outcome = Result<(Vec<u8>, Option<RawFd>), u32>;
+
+fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn le64(b: &[u8], at: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(v)
+}
+
+fn errno_of(e: &io::Error) -> u32 {
+    e.raw_os_error().map_or(libc::EINVAL as u32, |n| n as u32)
+}
+
+/// How long a server-initiated request waits for its reply by default.
+pub const DMA_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves `stream` until the client closes it (Ok) or breaks the protocol (Err).
+pub fn serve(
+    stream: &mut UnixStream,
+    dev: &Device<'_>,
+    backend: &mut dyn ServerBackend,
+) -> Result<(), VfuError> {
+    let port = DmaPort::new(stream, DMA_TIMEOUT)?;
+    serve_port(stream, dev, backend, &port)
+}
+
+/// [`serve`], writing through `port` (made for `stream`), so that other threads can send
+/// DMA_READ/DMA_WRITE requests on the session while it is served: the client's replies to
+/// them are handed to `port`. When the session ends, `port` is closed.
+pub fn serve_port(
+    stream: &mut UnixStream,
+    dev: &Device<'_>,
+    backend: &mut dyn ServerBackend,
+    port: &DmaPort,
+) -> Result<(), VfuError> {
+    let r = serve_loop(stream, dev, backend, port);
+    port.close();
+    r
+}
+
+fn serve_loop(
+    stream: &mut UnixStream,
+    dev: &Device<'_>,
+    backend: &mut dyn ServerBackend,
+    port: &DmaPort,
+) -> Result<(), VfuError> {
+    loop {
+        let mut hb = [0u8; HEADER_LEN];
+        let mut raw = [0 as RawFd; MAX_MSG_FDS];
+        let mut iov = [libc::iovec {
+            iov_base: hb.as_mut_ptr().cast(),
+            iov_len: HEADER_LEN,
+        }];
+        // SAFETY: the one iovec points at `hb`, a live local of HEADER_LEN bytes, and `raw`
+        // has room for MAX_MSG_FDS descriptors; nothing else aliases either during the call.
+        let (n, nfds) = unsafe { stream.recv_with_fds(&mut iov, &mut raw) }
+            .map_err(|e| VfuError::Io(e.into()))?;
+        let fds: Vec<File> = raw[..nfds.min(MAX_MSG_FDS)]
+            .iter()
+            // SAFETY: recvmsg installed these `nfds` descriptors for us; nothing else owns
+            // them.
+            .map(|fd| unsafe { File::from_raw_fd(*fd) })
+            .collect();
+        if n == 0 {
+            return Ok(());
+        }
+        if n < HEADER_LEN {
+            stream.read_exact(&mut hb[n..])?;
+        }
+        let h = Header::parse(&hb);
+        let size = h.size as usize;
+        if !(HEADER_LEN..=MAX_MESSAGE).contains(&size) {
+            return Err(VfuError::Protocol(format!(
+                "message size {size} outside {HEADER_LEN}..={MAX_MESSAGE}"
+            )));
+        }
+        let kind = h.flags & 0xf;
+        if kind > FLAG_REPLY {
+            return Err(VfuError::Protocol(format!(
+                "unexpected message type {kind:#x} from the client"
+            )));
+        }
+        let mut body = vec![0u8; size - HEADER_LEN];
+        stream.read_exact(&mut body)?;
+        if kind == FLAG_REPLY {
+            // A reply to one of our DMA_READ/DMA_WRITE requests (one that timed out is
+            // dropped).
+            if !port.deliver(h, body) {
+                tracing::debug!(id = h.id, command = h.command, "reply nobody waits for");
+            }
+            continue;
+        }
+        if let Some(n) = (h.command == Command::Version as u16)
+            .then(|| client_max_xfer(&body))
+            .flatten()
+        {
+            port.set_max_xfer(n);
+        }
+        let out = handle(dev, backend, h.command, &body, fds);
+        if h.flags & FLAG_NO_REPLY != 0 {
+            continue;
+        }
+        let (payload, fd, flags, error) = match out {
+            Ok((p, fd)) => (p, fd, FLAG_REPLY, 0),
+            Err(errno) => {
+                tracing::debug!(command = h.command, errno, "vfio-user request refused");
+                (Vec::new(), None, FLAG_REPLY | FLAG_ERROR, errno)
+            }
+        };
+        let reply = Header {
+            id: h.id,
+            command: h.command,
+            size: (HEADER_LEN + payload.len()) as u32,
+            flags,
+            error,
+        };
+        let mut msg = Vec::with_capacity(HEADER_LEN + payload.len());
+        msg.extend_from_slice(&reply.emit());
+        msg.extend_from_slice(&payload);
+        match fd {
+            Some(fd) => port.send_fd(&msg, fd)?,
+            None => port.send(&msg)?,
+        }
+    }
+}
+
+/// The `max_data_xfer_size` of a client's VERSION capabilities (JSON after the 4 version
+/// bytes), if it names one.
+fn client_max_xfer(body: &[u8]) -> Option<usize> {
+    let caps = std::str::from_utf8(body.get(4..)?).ok()?;
+    let key = "\"max_data_xfer_size\"";
+    let rest = caps[caps.find(key)? + key.len()..].trim_start();
+    let digits: String = rest
+        .strip_prefix(':')?
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .take(20)
+        .collect();
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| usize::try_from(n).ok())
+}
+
+fn need(body: &[u8], n: usize) -> Result<(), u32> {
+    if body.len() < n {
+        Err(libc::EINVAL as u32)
+    } else {
+        Ok(())
+    }
+}
+
+const EINVAL: u32 = libc::EINVAL as u32;
+
+fn handle(
+    dev: &Device<'_>,
+    backend: &mut dyn ServerBackend,
+    command: u16,
+    body: &[u8],
+    mut fds: Vec<File>,
+) -> Outcome {
+    let io = |r: io::Result<()>| r.map_err(|e| errno_of(&e));
+    match command {
+        c if c == Command::Version as u16 => {
+            need(body, 4)?;
+            let (major, minor) = (le16(body, 0), le16(body, 2));
+            if major != 0 {
+                return Err(libc::ENOTSUP as u32);
+            }
+            let caps = format!(
+                "{{\"capabilities\":{{\"max_msg_fds\":{MAX_MSG_FDS},\
+                 \"max_data_xfer_size\":{MAX_DATA_XFER},\"pgsizes\":{PGSIZES}}}}}"
+            );
+            let p = Payload::default()
+                .u16(0)
+                .u16(minor.min(1))
+                .bytes(caps.as_bytes())
+                .bytes(&[0]);
+            Ok((p.0, None))
+        }
+        c if c == Command::DmaMap as u16 => {
+            need(body, 32)?;
+            if fds.len() > 1 {
+                return Err(EINVAL);
+            }
+            let flags = DmaMapFlags::from_bits_truncate(le32(body, 4));
+            io(backend.dma_map(
+                flags,
+                le64(body, 8),
+                le64(body, 16),
+                le64(body, 24),
+                fds.pop(),
+            ))?;
+            Ok((Vec::new(), None))
+        }
+        c if c == Command::DmaUnmap as u16 => {
+            need(body, 24)?;
+            let flags = DmaUnmapFlags::from_bits_truncate(le32(body, 4));
+            io(backend.dma_unmap(flags, le64(body, 8), le64(body, 16)))?;
+            Ok((body[..24].to_vec(), None))
+        }
+        c if c == Command::DeviceGetInfo as u16 => {
+            let flags = DEVICE_FLAGS_PCI
+                | if dev.resettable {
+                    DEVICE_FLAGS_RESET
+                } else {
+                    0
+                };
+            let p = Payload::default()
+                .u32(16)
+                .u32(flags)
+                .u32(dev.regions.len() as u32)
+                .u32(dev.irqs.len() as u32);
+            Ok((p.0, None))
+        }
+        c if c == Command::DeviceGetRegionInfo as u16 => {
+            need(body, REGION_INFO_LEN)?;
+            let argsz = le32(body, 0) as usize;
+            let r = dev.regions.get(le32(body, 8) as usize).ok_or(EINVAL)?;
+            Ok(region_info(r, argsz))
+        }
+        c if c == Command::GetIrqInfo as u16 => {
+            need(body, 16)?;
+            let irq = dev.irqs.get(le32(body, 8) as usize).ok_or(EINVAL)?;
+            let p = Payload::default()
+                .u32(16)
+                .u32(irq.flags)
+                .u32(irq.index)
+                .u32(irq.count);
+            Ok((p.0, None))
+        }
+        c if c == Command::SetIrqs as u16 => {
+            need(body, 20)?;
+            io(backend.set_irqs(
+                le32(body, 8),
+                le32(body, 4),
+                le32(body, 12),
+                le32(body, 16),
+                fds,
+            ))?;
+            Ok((Vec::new(), None))
+        }
+        c if c == Command::RegionRead as u16 => {
+            need(body, REGION_ACCESS_LEN)?;
+            let count = le32(body, 12) as usize;
+            if count > MAX_DATA_XFER {
+                return Err(EINVAL);
+            }
+            let mut p = body[..REGION_ACCESS_LEN].to_vec();
+            p.resize(REGION_ACCESS_LEN + count, 0);
+            io(backend.region_read(le32(body, 8), le64(body, 0), &mut p[REGION_ACCESS_LEN..]))?;
+            Ok((p, None))
+        }
+        c if c == Command::RegionWrite as u16 => {
+            need(body, REGION_ACCESS_LEN)?;
+            let count = le32(body, 12) as usize;
+            if count > MAX_DATA_XFER || body.len() != REGION_ACCESS_LEN + count {
+                return Err(EINVAL);
+            }
+            io(backend.region_write(le32(body, 8), le64(body, 0), &body[REGION_ACCESS_LEN..]))?;
+            Ok((body[..REGION_ACCESS_LEN].to_vec(), None))
+        }
+        c if c == Command::DeviceReset as u16 => {
+            io(backend.reset())?;
+            Ok((Vec::new(), None))
+        }
+        _ => Err(libc::ENOSYS as u32),
+    }
+}
+
+/// The DEVICE_GET_REGION_INFO reply for `r`: its info, and when `argsz` leaves room, the
+/// sparse mmap capability with the region's fd; with too little room, the info alone with
+/// the size the client must ask for (VFIO's convention).
+fn region_info(r: &ServerRegion, argsz: usize) -> (Vec<u8>, Option<RawFd>) {
+    let info = &r.region_info;
+    let mut caps = Vec::new();
+    if !r.sparse_areas.is_empty() {
+        caps = Payload::default()
+            .u16(REGION_CAP_SPARSE_MMAP)
+            .u16(1)
+            .u32(0)
+            .u32(r.sparse_areas.len() as u32)
+            .u32(0)
+            .0;
+        for a in &r.sparse_areas {
+            caps.extend_from_slice(&a.area.offset.to_le_bytes());
+            caps.extend_from_slice(&a.area.size.to_le_bytes());
+        }
+    }
+    let full = REGION_INFO_LEN + caps.len();
+    let (flags, cap_offset) = if caps.is_empty() {
+        (info.flags, 0)
+    } else {
+        (info.flags | REGION_FLAG_CAPS, REGION_INFO_LEN as u32)
+    };
+    let mut p = Payload::default()
+        .u32(full as u32)
+        .u32(flags)
+        .u32(info.index)
+        .u32(cap_offset)
+        .u64(info.size)
+        .u64(info.offset)
+        .0;
+    if !caps.is_empty() && argsz >= full {
+        p.extend_from_slice(&caps);
+        return (p, r.mmap_fd);
+    }
+    (p, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use vfio_bindings::bindings::vfio::{vfio_region_info, vfio_region_sparse_mmap_area};
+    use vfio_user::SparseArea;
+
+    /// A backend that records region writes and refuses everything else.
+    #[derive(Default)]
+    struct Echo(Vec<u8>);
+
+    impl ServerBackend for Echo {
+        fn region_read(&mut self, _r: u32, _o: u64, data: &mut [u8]) -> io::Result<()> {
+            data.fill(0xab);
+            Ok(())
+        }
+        fn region_write(&mut self, _r: u32, _o: u64, data: &[u8]) -> io::Result<()> {
+            self.0.extend_from_slice(data);
+            Ok(())
+        }
+        fn dma_map(
+            &mut self,
+            _f: DmaMapFlags,
+            _o: u64,
+            _a: u64,
+            _s: u64,
+            _fd: Option<File>,
+        ) -> io::Result<()> {
+            Err(io::Error::from_raw_os_error(libc::EFAULT))
+        }
+        fn dma_unmap(&mut self, _f: DmaUnmapFlags, _a: u64, _s: u64) -> io::Result<()> {
+            Ok(())
+        }
+        fn reset(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+        fn set_irqs(
+            &mut self,
+            _i: u32,
+            _f: u32,
+            _s: u32,
+            _c: u32,
+            _fds: Vec<File>,
+        ) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn msg(id: u16, command: u16, body: &[u8], size: Option<u32>) -> Vec<u8> {
+        let h = Header {
+            id,
+            command,
+            size: size.unwrap_or((HEADER_LEN + body.len()) as u32),
+            flags: 0,
+            error: 0,
+        };
+        let mut m = h.emit().to_vec();
+        m.extend_from_slice(body);
+        m
+    }
+
+    fn reply(s: &mut UnixStream) -> (Header, Vec<u8>) {
+        let mut hb = [0u8; HEADER_LEN];
+        s.read_exact(&mut hb).unwrap();
+        let h = Header::parse(&hb);
+        let mut body = vec![0u8; h.size as usize - HEADER_LEN];
+        s.read_exact(&mut body).unwrap();
+        (h, body)
+    }
+
+    /// Malformed requests get error replies and the session goes on; an oversized message
+    /// ends it with an error, never a panic or an allocation of the client's size.
+    #[test]
+    fn malformed_requests_are_refused_and_oversized_messages_end_the_session() {
+        let (mut client, mut server) = UnixStream::pair().unwrap();
+        let regions = vec![ServerRegion {
+            region_info: vfio_region_info {
+                index: 0,
+                size: 8192,
+                flags: 7,
+                ..Default::default()
+            },
+            sparse_areas: vec![SparseArea {
+                area: vfio_region_sparse_mmap_area {
+                    offset: 0,
+                    size: 8192,
+                },
+            }],
+            mmap_fd: None,
+        }];
+        let t = std::thread::spawn(move || {
+            let dev = Device {
+                resettable: true,
+                regions: &regions,
+                irqs: &[],
+            };
+            let mut b = Echo::default();
+            let r = serve(&mut server, &dev, &mut b);
+            (r, b.0)
+        });
+        // A VERSION too short for its fields (the crate panicked on it).
+        client.write_all(&msg(1, 1, &[0], None)).unwrap();
+        let (h, _) = reply(&mut client);
+        assert_eq!(
+            (h.id, h.flags, h.error),
+            (1, FLAG_REPLY | FLAG_ERROR, EINVAL)
+        );
+        // A good VERSION: the capabilities, NUL-terminated.
+        let v = Payload::default().u16(0).u16(1).bytes(b"{}\0").0;
+        client.write_all(&msg(2, 1, &v, None)).unwrap();
+        let (h, b) = reply(&mut client);
+        assert_eq!(h.flags, FLAG_REPLY);
+        let caps = String::from_utf8_lossy(&b[4..]);
+        assert!(caps.contains("\"max_data_xfer_size\":1048576"), "{caps}");
+        assert!(caps.ends_with("}\0"));
+        // A REGION_READ of more than max_data_xfer_size: refused before any allocation.
+        let rr = Payload::default().u64(0).u32(0).u32(u32::MAX).0;
+        client.write_all(&msg(3, 9, &rr, None)).unwrap();
+        assert_eq!(reply(&mut client).0.error, EINVAL);
+        // A REGION_WRITE whose count disagrees with its data.
+        let rw = Payload::default().u64(0).u32(0).u32(8).bytes(&[1, 2]).0;
+        client.write_all(&msg(4, 10, &rw, None)).unwrap();
+        assert_eq!(reply(&mut client).0.error, EINVAL);
+        let rw = Payload::default().u64(0).u32(0).u32(2).bytes(&[1, 2]).0;
+        client.write_all(&msg(5, 10, &rw, None)).unwrap();
+        let (h, b) = reply(&mut client);
+        assert_eq!((h.flags, b.len()), (FLAG_REPLY, REGION_ACCESS_LEN));
+        // The backend's errno reaches the client; an unknown command is ENOSYS.
+        client
+            .write_all(&msg(
+                6,
+                2,
+                &uhca::pci::vfio_user::proto::dma_map(0, 0, 4096),
+                None,
+            ))
+            .unwrap();
+        assert_eq!(reply(&mut client).0.error, libc::EFAULT as u32);
+        client.write_all(&msg(7, 77, &[], None)).unwrap();
+        assert_eq!(reply(&mut client).0.error, libc::ENOSYS as u32);
+        // Region info: with too little room, no capabilities and the size to ask for.
+        let ri = uhca::pci::vfio_user::proto::region_info_request(0, 0);
+        client.write_all(&msg(8, 5, &ri, None)).unwrap();
+        let (_, b) = reply(&mut client);
+        assert_eq!((b.len(), le32(&b, 0)), (REGION_INFO_LEN, 64));
+        let ri = uhca::pci::vfio_user::proto::region_info_request(0, 32);
+        client.write_all(&msg(9, 5, &ri, None)).unwrap();
+        let (_, b) = reply(&mut client);
+        let r = uhca::pci::vfio_user::proto::parse_region_info(&b).unwrap();
+        assert_eq!((r.size, r.sparse), (8192, vec![(0, 8192)]));
+        let ri = uhca::pci::vfio_user::proto::region_info_request(5, 0);
+        client.write_all(&msg(10, 5, &ri, None)).unwrap();
+        assert_eq!(reply(&mut client).0.error, EINVAL);
+        // A header announcing 4 GiB: the session ends with an error.
+        client.write_all(&msg(11, 10, &[], Some(u32::MAX))).unwrap();
+        let (r, written) = t.join().unwrap();
+        assert!(matches!(r, Err(VfuError::Protocol(_))), "{r:?}");
+        assert_eq!(written, vec![1, 2]);
+    }
+
+    /// Server-initiated DMA: requests with their own ids, chunked by the client's
+    /// `max_data_xfer_size`, replies matched while the loop serves the client's own
+    /// requests; an unanswered request times out with a typed error, and once the session
+    /// ends every request fails as closed.
+    #[test]
+    fn server_dma_requests_are_chunked_matched_and_bounded() {
+        let (mut client, mut server) = UnixStream::pair().unwrap();
+        let port = std::sync::Arc::new(
+            DmaPort::new(&server, std::time::Duration::from_millis(300)).unwrap(),
+        );
+        let p2 = port.clone();
+        let t = std::thread::spawn(move || {
+            let dev = Device {
+                resettable: true,
+                regions: &[],
+                irqs: &[],
+            };
+            serve_port(&mut server, &dev, &mut Echo::default(), &p2)
+        });
+        let caps = b"{\"capabilities\":{\"max_data_xfer_size\": 4096}}\0";
+        let v = Payload::default().u16(0).u16(1).bytes(caps).0;
+        client.write_all(&msg(1, 1, &v, None)).unwrap();
+        assert_eq!(reply(&mut client).0.flags, FLAG_REPLY);
+        // 10000 bytes to write: three requests of 4096, 4096 and 1808 bytes.
+        let p3 = port.clone();
+        let data: Vec<u8> = (0..10000u32).map(|i| i as u8).collect();
+        let d2 = data.clone();
+        let w = std::thread::spawn(move || p3.write(0x1_0000, &d2));
+        let mut got = Vec::new();
+        let mut ids = Vec::new();
+        for k in 0..3u64 {
+            let (h, b) = reply(&mut client);
+            assert_eq!((h.command, h.flags), (DMA_WRITE, 0));
+            assert_eq!(le64(&b, 0), 0x1_0000 + 4096 * k);
+            let n = le64(&b, 8) as usize;
+            assert_eq!(b.len(), 16 + n);
+            got.extend_from_slice(&b[16..]);
+            ids.push(h.id);
+            // The client's own request in the middle is served before the DMA reply.
+            let rr = Payload::default().u64(0).u32(0).u32(4).0;
+            client
+                .write_all(&msg(100 + k as u16, 9, &rr, None))
+                .unwrap();
+            let (rh, rb) = reply(&mut client);
+            assert_eq!((rh.id, &rb[16..]), (100 + k as u16, &[0xab; 4][..]));
+            let ans = Header {
+                id: h.id,
+                command: DMA_WRITE,
+                size: (HEADER_LEN + 16) as u32,
+                flags: FLAG_REPLY,
+                error: 0,
+            };
+            let mut m = ans.emit().to_vec();
+            m.extend_from_slice(&b[..16]);
+            client.write_all(&m).unwrap();
+        }
+        w.join().unwrap().unwrap();
+        assert_eq!(got, data);
+        ids.dedup();
+        assert_eq!(ids.len(), 3, "each request has its own id");
+        // A read the client refuses, then one it never answers.
+        let p4 = port.clone();
+        let r = std::thread::spawn(move || {
+            let mut buf = [0u8; 8];
+            (p4.read(0x2000, &mut buf), p4.read(0x3000, &mut buf))
+        });
+        let (h, _) = reply(&mut client);
+        assert_eq!(h.command, DMA_READ);
+        let ans = Header {
+            id: h.id,
+            command: DMA_READ,
+            size: HEADER_LEN as u32,
+            flags: FLAG_REPLY | FLAG_ERROR,
+            error: libc::EFAULT as u32,
+        };
+        client.write_all(&ans.emit()).unwrap();
+        let (h, _) = reply(&mut client); // the second read: left unanswered
+        assert_eq!(h.command, DMA_READ);
+        let (refused, silent) = r.join().unwrap();
+        assert!(
+            matches!(refused, Err(DmaMsgError::Refused { errno, .. }) if errno == libc::EFAULT as u32)
+        );
+        assert!(matches!(
+            silent,
+            Err(DmaMsgError::Timeout {
+                address: 0x3000,
+                ..
+            })
+        ));
+        // A late reply to the timed-out request is dropped; the session goes on.
+        let late = Header {
+            id: h.id,
+            command: DMA_READ,
+            size: HEADER_LEN as u32,
+            flags: FLAG_REPLY | FLAG_ERROR,
+            error: 5,
+        };
+        client.write_all(&late.emit()).unwrap();
+        drop(client);
+        t.join().unwrap().unwrap();
+        assert_eq!(port.write(0, &[1]), Err(DmaMsgError::Closed));
+    }
+}
