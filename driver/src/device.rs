@@ -395,34 +395,18 @@ impl Exec for DeviceInner {
     }
 }
 
-impl Drop for DeviceInner {
-    fn drop(&mut self) {
-        // Runs the teardown unless `close` already did (a dead device is reset instead).
-        if let Err(e) = crate::boot::teardown(self) {
-            tracing::error!(error = %e, "teardown failed");
-        }
-    }
-}
-
 /// A booted HCA.
 ///
 /// `Device` is `Send + Sync`: commands may be issued from any number of threads at once.
-/// Resources ([`Pd`](crate::resource::Pd), [`Uar`](crate::resource::Uar)) keep the device's state alive; [`Device::close`] (or dropping
-/// the last handle) tears the HCA down, after which remaining resources are inert.
+/// Resources ([`Pd`](crate::resource::Pd), [`Uar`](crate::resource::Uar)) keep the device's
+/// state alive; [`Device::close`] (or dropping the last handle) tears the HCA down, after
+/// which remaining resources are inert.
 #[derive(Clone, Debug)]
 pub struct Device {
     pub(crate) inner: Arc<DeviceInner>,
 }
 
 impl Device {
-    /// Boots the HCA behind `function` (prm-subset.md §4).
-    pub fn open(
-        function: Arc<dyn PciFunction>,
-        config: DeviceConfig,
-    ) -> Result<Device, DeviceError> {
-        crate::boot::boot(function, config).map(|inner| Device { inner })
-    }
-
     /// Starts the built-in model HCA and boots it.
     #[cfg(feature = "model")]
     pub fn open_model() -> Result<Device, DeviceError> {
@@ -512,16 +496,6 @@ impl Device {
         } else {
             Err(DeviceError::Closed)
         }
-    }
-
-    /// Tears the HCA down now (prm-subset.md §4 teardown): control EQ, driver UAR,
-    /// TEARDOWN_HCA, every firmware page taken back, DISABLE_HCA, bus mastering off.
-    /// DMA memory is unmapped when the last handle or resource is dropped.
-    pub fn close(self) -> Result<(), DeviceError> {
-        if self.inner.state.load(Ordering::Acquire) != OPEN {
-            return Err(DeviceError::Closed);
-        }
-        crate::boot::teardown(&self.inner)
     }
 }
 
