@@ -35,7 +35,8 @@ CRATES = {
         [
             ["pci", "dma", "barrier"],
             ["cmd"],
-            ["boot", "device", "pages", "health"],
+            # `eq` is the EQ ring both the control EQ (boot) and the completion EQs use.
+            ["eq", "boot", "device", "pages", "health"],
             # The data path (rings, WQE building, CQ polling) is the mechanics the resources
             # own: a QP holds its send ring, so the data path sits under them.
             ["datapath"],

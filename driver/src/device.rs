@@ -12,10 +12,10 @@ use uhca_layout::eqe::{EqePageReq, EqePortChange, EventType, PortChangeSubtype};
 use crate::cmd::ops::{self, Exec};
 use crate::cmd::{CmdError, CmdIf, SlotClass};
 use crate::dma::{DmaError, DmaSpace};
+use crate::eq::EqRing;
 use crate::health::{HealthError, HealthMonitor};
 use crate::pages::{FwPages, UnknownPage};
 use crate::pci::{Bar, PciError, PciFunction};
-use crate::resource::{EqRing, Pd, Uar};
 
 /// Errors of opening, running and closing a device.
 #[derive(Debug, thiserror::Error)]
@@ -395,34 +395,18 @@ impl Exec for DeviceInner {
     }
 }
 
-impl Drop for DeviceInner {
-    fn drop(&mut self) {
-        // Runs the teardown unless `close` already did (a dead device is reset instead).
-        if let Err(e) = crate::boot::teardown(self) {
-            tracing::error!(error = %e, "teardown failed");
-        }
-    }
-}
-
 /// A booted HCA.
 ///
 /// `Device` is `Send + Sync`: commands may be issued from any number of threads at once.
-/// Resources ([`Pd`], [`Uar`]) keep the device's state alive; [`Device::close`] (or dropping
-/// the last handle) tears the HCA down, after which remaining resources are inert.
+/// Resources ([`Pd`](crate::resource::Pd), [`Uar`](crate::resource::Uar)) keep the device's
+/// state alive; [`Device::close`] (or dropping the last handle) tears the HCA down, after
+/// which remaining resources are inert.
 #[derive(Clone, Debug)]
 pub struct Device {
     pub(crate) inner: Arc<DeviceInner>,
 }
 
 impl Device {
-    /// Boots the HCA behind `function` (prm-subset.md §4).
-    pub fn open(
-        function: Arc<dyn PciFunction>,
-        config: DeviceConfig,
-    ) -> Result<Device, DeviceError> {
-        crate::boot::boot(function, config).map(|inner| Device { inner })
-    }
-
     /// Starts the built-in model HCA and boots it.
     #[cfg(feature = "model")]
     pub fn open_model() -> Result<Device, DeviceError> {
@@ -503,19 +487,8 @@ impl Device {
         self.inner.is_lost()
     }
 
-    /// Allocates a protection domain.
-    pub fn alloc_pd(&self) -> Result<Pd, DeviceError> {
-        self.ensure_open()?;
-        Pd::alloc(&self.inner)
-    }
-
-    /// Allocates a UAR page.
-    pub fn alloc_uar(&self) -> Result<Uar, DeviceError> {
-        self.ensure_open()?;
-        Uar::alloc(&self.inner)
-    }
-
-    fn ensure_open(&self) -> Result<(), DeviceError> {
+    /// Whether the device is open, as an error if not (the resources' constructors check it).
+    pub(crate) fn ensure_open(&self) -> Result<(), DeviceError> {
         if self.inner.is_open() {
             Ok(())
         } else if self.inner.is_lost() {
@@ -523,16 +496,6 @@ impl Device {
         } else {
             Err(DeviceError::Closed)
         }
-    }
-
-    /// Tears the HCA down now (prm-subset.md §4 teardown): control EQ, driver UAR,
-    /// TEARDOWN_HCA, every firmware page taken back, DISABLE_HCA, bus mastering off.
-    /// DMA memory is unmapped when the last handle or resource is dropped.
-    pub fn close(self) -> Result<(), DeviceError> {
-        if self.inner.state.load(Ordering::Acquire) != OPEN {
-            return Err(DeviceError::Closed);
-        }
-        crate::boot::teardown(&self.inner)
     }
 }
 

@@ -3,6 +3,9 @@
 use uhca_layout::caps::{AtomicCaps, CmdHcaCap, DeviceMemCap, RoceCap};
 
 use crate::cmd::ops;
+// The path MTU of a port is the command layer's (the resources need it too); kept here
+// under its old path.
+pub use crate::cmd::ops::{HW_MTU_OVERHEAD, roce_mtu};
 use crate::device::{Device, DeviceError};
 use crate::resource::Gid;
 
@@ -387,21 +390,6 @@ pub fn format_mac(mac: &[u8; 6]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
         .join(":")
-}
-
-/// L2 framing the hardware MTU counts beyond the netdev MTU: Ethernet header (14), one
-/// VLAN tag (4) and the FCS (4), as Linux `MLX5E_HW2SW_MTU` subtracts it.
-pub const HW_MTU_OVERHEAD: u32 = 22;
-
-/// The RoCE path MTU for a port with hardware MTU `hw_mtu`: the largest IB MTU (256, 512,
-/// 1024, 2048, 4096) not above the netdev MTU, as Linux `ib_mtu_int_to_enum` picks it
-/// (RoCE headers fit in the difference).
-pub fn roce_mtu(hw_mtu: u32) -> u32 {
-    let eth = hw_mtu.saturating_sub(HW_MTU_OVERHEAD);
-    [4096, 2048, 1024, 512]
-        .into_iter()
-        .find(|&m| eth >= m)
-        .unwrap_or(256)
 }
 
 /// The `ibv_mtu` enum value of an MTU in bytes (256 = 1 ... 4096 = 5).

@@ -7,11 +7,12 @@
 //!   (container/group and iommufd + device cdev) and vfio-user; [`pci::sysfs`]: discovery,
 //!   binding to vfio-pci, P2P topology.
 //! - [`dma`]: DMA memory (memfd, hugepages when available) mapped into the device's IOVA
-//!   space, and the IOVA allocator. [`barrier`]: the memory barriers, named by what they
-//!   order.
+//!   space, and the IOVA allocator. `barrier` (internal): the memory barriers, named by
+//!   what they order.
 //! - [`cmd`]: the command interface: queue, mailboxes, slots, typed commands ([`cmd::ops`]).
-//! - [`boot`](Device::open): the PRM boot and teardown order, firmware pages ([`pages`]),
-//!   the control EQ and health monitoring ([`health`]), behind one [`Device`] handle.
+//! - [`boot`](Device::open): the PRM boot and teardown order, firmware pages (`pages`),
+//!   the control EQ and health monitoring (`health`; its error is [`HealthError`]), behind
+//!   one [`Device`] handle. `boot`, `pages` and `health` are internal.
 //! - [`datapath`]: the hot path: WQE building, send rings, doorbells and BlueFlame, CQ
 //!   polling; no locks, allocation or system call per operation.
 //! - [`resource`]: PDs, UARs, EQs, MRs, device memory (MEMIC), CQs and RC QPs.
@@ -42,7 +43,7 @@
 // device-shared rings) and `cuda` (calls into libcuda). Every other module is safe code.
 #![deny(unsafe_code)]
 
-pub mod barrier;
+pub(crate) mod barrier;
 mod boot;
 pub mod cm;
 pub mod cmd;
@@ -53,9 +54,10 @@ pub mod datapath;
 mod device;
 #[allow(unsafe_code)]
 pub mod dma;
-pub mod health;
+pub(crate) mod eq;
+pub(crate) mod health;
 pub mod info;
-pub mod pages;
+pub(crate) mod pages;
 #[allow(unsafe_code)]
 pub mod pci;
 pub mod peer;
@@ -66,6 +68,7 @@ pub use device::{
     AsyncEvent, Caps, Device, DeviceConfig, DeviceError, DeviceInfo, MAX_PAGES_PER_REQUEST,
     MAX_PENDING_EVENTS, is_status,
 };
+pub use health::HealthError;
 /// The model crate (`uhca-hw`): the software HCA behind [`pci::model`] (feature `model`).
 #[cfg(feature = "model")]
 pub use uhca_hw as hw;

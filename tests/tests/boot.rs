@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use uhca::HealthError;
 use uhca::cmd::ops;
 use uhca::cmd::{CmdError, input};
-use uhca::health::HealthError;
 use uhca::hw::layout::cmd::{CapType, CmdStatus, Opcode};
 use uhca::hw::layout::init_seg::{HealthSyndrome, NicInterface};
 use uhca::{Device, DeviceError};

@@ -233,6 +233,21 @@ pub struct NicVport {
     pub qkey_violations: u16,
 }
 
+/// L2 framing the hardware MTU counts beyond the netdev MTU: Ethernet header (14), one
+/// VLAN tag (4) and the FCS (4), as Linux `MLX5E_HW2SW_MTU` subtracts it.
+pub const HW_MTU_OVERHEAD: u32 = 22;
+
+/// The RoCE path MTU for a port with hardware MTU `hw_mtu`: the largest IB MTU (256, 512,
+/// 1024, 2048, 4096) not above the netdev MTU, as Linux `ib_mtu_int_to_enum` picks it
+/// (RoCE headers fit in the difference).
+pub fn roce_mtu(hw_mtu: u32) -> u32 {
+    let eth = hw_mtu.saturating_sub(HW_MTU_OVERHEAD);
+    [4096, 2048, 1024, 512]
+        .into_iter()
+        .find(|&m| eth >= m)
+        .unwrap_or(256)
+}
+
 /// QUERY_NIC_VPORT_CONTEXT of our own vport.
 pub fn query_nic_vport_context(c: &dyn Exec) -> Result<NicVport, CmdError> {
     let out = c.exec(

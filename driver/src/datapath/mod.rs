@@ -32,6 +32,7 @@ pub mod rig;
 pub mod ring;
 pub mod sq;
 pub mod wqe;
+pub(crate) mod wr;
 
 pub use cq::{
     Completion, DatagramInfo, NetHeader, Poll, PollError, WcOpcode, WcStatus, wc_status_str,

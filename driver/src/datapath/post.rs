@@ -8,7 +8,7 @@ use uhca_layout::wqe::{ATOMIC_SIZE, WqeOpcode};
 
 use super::sq::{SendRing, WqShadow};
 use super::wqe::{PostError, Remote, Sge, WqeBuf};
-use crate::resource::qp::{Local, SendOp, SendWr};
+use super::wr::{Local, SendOp, SendWr};
 
 /// Per-QP limits of send work requests (from [`QpConfig`]).
 #[derive(Clone, Copy, Debug)]

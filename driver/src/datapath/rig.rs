@@ -15,11 +15,11 @@ use super::cq::{Completion, CqRing, Poll, PollError, QpRegistry};
 use super::ring::RingSize;
 use super::sq::{Doorbell, SendRing, SqMem, WqShadow};
 use super::wqe::{PostError, Remote, Sge};
+use super::wr::{Local, SendFlags, SendOp, SendWr};
 use crate::dma::{DmaRecord, DmaSpace};
 use crate::pci::null::NullFunction;
 use crate::pci::{Bar, PciError, PciFunction};
 use crate::resource::qp::{SendLimits, post_wr};
-use crate::resource::{Local, SendFlags, SendOp, SendWr};
 
 const QPN: u32 = 0x42;
 const LOG: u32 = 10;

@@ -31,18 +31,6 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-impl Sge {
-    /// `len` bytes at `offset` of `mr`, or `None` if that leaves the region.
-    pub fn of(mr: &crate::resource::Mr, offset: usize, len: usize) -> Option<Sge> {
-        let end = offset.checked_add(len)?;
-        (end <= mr.len() && u32::try_from(len).is_ok()).then(|| Sge {
-            addr: mr.addr() + offset as u64,
-            len: len as u32,
-            lkey: mr.lkey(),
-        })
-    }
-}
-
 /// A remote buffer: address in the peer's MKey space and its rkey.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Remote {
@@ -50,17 +38,6 @@ pub struct Remote {
     pub addr: u64,
     /// Remote key.
     pub rkey: u32,
-}
-
-impl Remote {
-    /// `offset` bytes into the peer's region `mr` (for loopback and tests; a real peer sends
-    /// its address and rkey out of band).
-    pub fn of(mr: &crate::resource::Mr, offset: u64) -> Remote {
-        Remote {
-            addr: mr.addr() + offset,
-            rkey: mr.rkey(),
-        }
-    }
 }
 
 /// Why a work request was not posted. Nothing was written to the ring.

@@ -17,17 +17,19 @@
 //! `/proc/meminfo` lacks a line; see docs/spec/dependencies.md §1.7) and needs no
 //! `memoffset` (`core::mem::offset_of!` is in core). `libc` gives every call we need.
 
+mod caps;
 mod iova;
 mod region;
 mod ring;
 mod user;
 
+pub use caps::{effective_capabilities, has_cap_ipc_lock};
 pub use iova::IovaAllocator;
 pub use region::{DmaRegion, DmaSlice, PageSize};
 pub use ring::{DmaEntry, DmaRecord, DmaRing, DmaRingView, MaskedSlots, SlotsView};
 pub use user::{
     HostBuffer, HostPages, MemlockExceeded, MemlockPolicy, MrBuffer, PinCharge, PinError,
-    RawBuffer, UserMapping, effective_capabilities, has_cap_ipc_lock, memlock_rlimit, pinned_bytes,
+    RawBuffer, UserMapping, memlock_rlimit, pinned_bytes,
 };
 
 use std::sync::atomic::{AtomicU64, Ordering};

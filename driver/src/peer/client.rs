@@ -2,10 +2,11 @@
 //! a GPU allocation exported as a dma-buf by its driver, a buffer received over
 //! SCM_RIGHTS), imported through [`PciFunction::dma_map_dmabuf`].
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use super::{DmaBlock, Invalidation, PeerError, PeerMemory, PeerMemoryClient, PeerTarget};
+use super::{DmaBlock, Invalidation, PeerError, PeerMemory, PeerMemoryClient, PeerMr, PeerTarget};
 use crate::pci::{Iova, PciError, PciFunction};
+use crate::resource::{Access, Pd};
 
 /// Page granularity of dma-buf imports.
 const PAGE: u64 = 4096;
@@ -98,5 +99,27 @@ impl PeerMemory for FdMemory {
 
     fn put_pages(&mut self) {
         self.invalidation = None;
+    }
+}
+
+impl Pd {
+    /// Registers `len` bytes at `offset` of a dma-buf the application hands in (a VFIO
+    /// peer's BAR export, or a GPU allocation exported as a dma-buf) through
+    /// [`DmaBufClient`]. The importer may refuse the buffer: a
+    /// [`PciError::DmaBuf`] error names the kernel limit.
+    /// The driver cannot see the exporter revoke this buffer: call
+    /// [`PeerMr::revoke`] (or drop the MR) before the memory goes away.
+    pub fn reg_dmabuf_mr(
+        &self,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<PeerMr, PeerError> {
+        self.reg_peer_mr(
+            &DmaBufClient,
+            PeerTarget::DmaBuf { fd, offset, len },
+            access,
+        )
     }
 }

@@ -1,12 +1,10 @@
 //! Peer memory regions: registration, the MTT built from a client's DMA blocks, and
 //! revocation (module docs of [`super`]).
 
-use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use uhca_layout::mkc::{AccessMode, MTT_PRESENT};
 
-use super::client::DmaBufClient;
 use super::{DmaBlock, PeerError, PeerMemory, PeerMemoryClient, PeerTarget};
 use crate::cmd::ops::{self, CreateMkey, MkeyInfo};
 use crate::datapath::{Remote, Sge};
@@ -432,25 +430,5 @@ impl Pd {
             client: client.name().to_string(),
             _pd: self.track(),
         })
-    }
-
-    /// Registers `len` bytes at `offset` of a dma-buf the application hands in (a VFIO
-    /// peer's BAR export, or a GPU allocation exported as a dma-buf) through
-    /// [`DmaBufClient`]. The importer may refuse the buffer: a
-    /// [`PciError::DmaBuf`](crate::pci::PciError::DmaBuf) error names the kernel limit.
-    /// The driver cannot see the exporter revoke this buffer: call
-    /// [`PeerMr::revoke`] (or drop the MR) before the memory goes away.
-    pub fn reg_dmabuf_mr(
-        &self,
-        fd: BorrowedFd<'_>,
-        offset: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<PeerMr, PeerError> {
-        self.reg_peer_mr(
-            &DmaBufClient,
-            PeerTarget::DmaBuf { fd, offset, len },
-            access,
-        )
     }
 }

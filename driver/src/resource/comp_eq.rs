@@ -12,7 +12,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use super::QueueError;
 use crate::cmd::ops::{self, CreateEq};
 use crate::device::DeviceInner;
-use crate::resource::EqRing;
+use crate::eq::EqRing;
 
 /// Per-device state of the completion machinery (lives in the device).
 #[derive(Debug, Default)]

@@ -44,8 +44,8 @@ use crate::datapath::{NetHeader, PollError, PostError, Sge, WcOpcode, WcStatus};
 use crate::device::{Device, DeviceError};
 use crate::resource::Pd;
 
-/// Bytes of a MAD (IBA Vol. 1 §13.4.2): the most a GSI send carries.
-pub const MAD_SIZE: usize = 256;
+// Bytes of a MAD, the most a GSI send carries: the layout's (`uhca_layout::mad`).
+pub use uhca_layout::mad::MAD_SIZE;
 /// Bytes of one receive buffer: the GRH area, then the MAD.
 pub const GSI_RECV_SIZE: usize = GRH_SIZE + MAD_SIZE;
 

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use uhca_layout::caps::DeviceMemCap;
 use uhca_layout::cmd::CmdStatus;
 
-use super::mkey::MemError;
+use super::mem_error::MemError;
 use crate::cmd::ops;
 use crate::device::{Device, DeviceInner, is_status};
 

@@ -8,19 +8,19 @@
 pub mod ah;
 pub(crate) mod comp_eq;
 pub mod cq;
-pub mod eq;
 pub mod gsi;
+mod mem_error;
 pub mod memic;
 pub mod mkey;
 pub mod pd;
 pub mod qp;
+mod qp_state;
 mod queue_error;
 pub mod uar;
 pub mod ud;
 
 pub use ah::{Ah, AhAttr, AhError, Gid, Grh, UNRESOLVED_MAC};
 pub use cq::{Cq, CqArmState, CqConfig, CqInfo, CqPeriodMode, CqStatus, QueueError};
-pub use eq::EqRing;
 pub use gsi::{GSI_RECV_SIZE, Gsi, GsiConfig, GsiCounters, GsiError, GsiEvent, GsiMad, MAD_SIZE};
 pub use memic::{Dm, DmCaps};
 pub use mkey::{Access, MemError, Mr, MrOptions};

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::cmd::ops;
-use crate::device::{DeviceError, DeviceInner};
+use crate::device::{Device, DeviceError, DeviceInner};
 
 /// The firmware PD: deallocated when the handle and every user are gone.
 struct PdObj {
@@ -141,5 +141,15 @@ impl Pd {
             return Err(Box::new(PdInUse { pd: self, mrs, qps }));
         }
         Ok(()) // the last reference: PdObj's drop deallocates
+    }
+}
+
+// Defined here rather than in device.rs, so that the device layer does not import the
+// resources above it.
+impl Device {
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<Pd, DeviceError> {
+        self.ensure_open()?;
+        Pd::alloc(&self.inner)
     }
 }

@@ -16,16 +16,18 @@ use uhca_layout::caps::CmdHcaCap;
 use uhca_layout::cmd::Opcode;
 use uhca_layout::qpc::{Ads, Qpc};
 use uhca_layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
-use uhca_layout::wqe::{DS_UNIT, SEND_WQE_BB, fm_ce_se};
+use uhca_layout::wqe::{DS_UNIT, SEND_WQE_BB};
 
 use super::cq::{Cq, CqObj, QueueError};
+pub use super::qp_state::QpState;
 use crate::cmd::ops::{self, RoceAddress};
 use crate::cmd::{CmdError, queue_ops};
 pub(crate) use crate::datapath::post::{SendLimits, post_wr};
 use crate::datapath::ring::RingSize;
 use crate::datapath::sq::WqKind;
 use crate::datapath::sq::{Doorbell, MAX_RECV_SGES, RecvRing, RqMem, SendRing, SqMem, WqShadow};
-use crate::datapath::wqe::{MAX_INLINE, MAX_WQE_BYTES, PostError, Remote, Sge};
+use crate::datapath::wqe::{MAX_INLINE, MAX_WQE_BYTES, PostError, Sge};
+pub use crate::datapath::wr::{Local, SendFlags, SendOp, SendWr};
 use crate::device::{Device, DeviceInner};
 use crate::dma::{DmaRecord, DmaRegion};
 use crate::resource::{Access, Pd, Uar};
@@ -33,36 +35,6 @@ use crate::resource::{Access, Pd, Uar};
 /// BlueFlame register used in each QP's own UAR page (Linux's first "fast path" register,
 /// §9.1; the page is not shared, so no lock is needed).
 const BF_REG: usize = 2;
-
-/// QP states (§7.3 `state`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QpState {
-    /// Reset.
-    Reset,
-    /// Initialized.
-    Init,
-    /// Ready to receive.
-    Rtr,
-    /// Ready to send.
-    Rts,
-    /// Error.
-    Err,
-    /// A state the driver does not drive to (SQER, SQD, ...), raw.
-    Other(u32),
-}
-
-impl QpState {
-    fn from_raw(v: u32) -> QpState {
-        match v {
-            0 => QpState::Reset,
-            1 => QpState::Init,
-            2 => QpState::Rtr,
-            3 => QpState::Rts,
-            6 => QpState::Err,
-            o => QpState::Other(o),
-        }
-    }
-}
 
 /// Path MTU (IB encoding, §7.3 `mtu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,122 +138,6 @@ impl ConnectParams {
             hop_limit: 64,
         }
     }
-}
-
-/// Send flags of a work request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SendFlags(u8);
-
-impl SendFlags {
-    /// No completion unless it fails.
-    pub const NONE: SendFlags = SendFlags(0);
-    /// Write a CQE on success too (`MLX5_WQE_CTRL_CQ_UPDATE`, §9.5).
-    pub const SIGNALED: SendFlags = SendFlags(fm_ce_se::CQ_UPDATE);
-    /// The receiver's CQE carries the solicited-event bit.
-    pub const SOLICITED: SendFlags = SendFlags(fm_ce_se::SOLICITED);
-    /// Wait for earlier READs/atomics before this one (fence mode 2).
-    pub const FENCE: SendFlags = SendFlags(fm_ce_se::FENCE);
-}
-
-impl SendFlags {
-    /// The `fm_ce_se` bits of the control segment (§9.5).
-    #[inline(always)]
-    pub(crate) const fn bits(self) -> u8 {
-        self.0
-    }
-
-    /// Both sets of flags (usable in constants).
-    pub const fn union(self, other: SendFlags) -> SendFlags {
-        SendFlags(self.0 | other.0)
-    }
-}
-
-impl std::ops::BitOr for SendFlags {
-    type Output = SendFlags;
-    fn bitor(self, rhs: SendFlags) -> SendFlags {
-        SendFlags(self.0 | rhs.0)
-    }
-}
-
-/// Local data of a SEND or WRITE: data segments or inline bytes (copied into the WQE).
-#[derive(Clone, Copy, Debug)]
-pub enum Local<'a> {
-    /// Scatter/gather elements.
-    Sges(&'a [Sge]),
-    /// Bytes carried in the WQE itself (up to the QP's `max_inline`).
-    Inline(&'a [u8]),
-}
-
-/// The operation of a send work request (§9.5 segment table).
-#[derive(Clone, Copy, Debug)]
-pub enum SendOp<'a> {
-    /// RDMA WRITE.
-    Write {
-        /// Local data.
-        local: Local<'a>,
-        /// Remote target.
-        remote: Remote,
-    },
-    /// RDMA WRITE with immediate (consumes a receive at the peer).
-    WriteImm {
-        /// Local data.
-        local: Local<'a>,
-        /// Remote target.
-        remote: Remote,
-        /// Immediate data.
-        imm: u32,
-    },
-    /// RDMA READ into `local`.
-    Read {
-        /// Local scatter list.
-        local: &'a [Sge],
-        /// Remote source.
-        remote: Remote,
-    },
-    /// SEND.
-    Send {
-        /// Local data.
-        local: Local<'a>,
-    },
-    /// SEND with immediate.
-    SendImm {
-        /// Local data.
-        local: Local<'a>,
-        /// Immediate data.
-        imm: u32,
-    },
-    /// Atomic compare-and-swap of the 8 bytes at `remote`; the old value lands in `local`
-    /// (big-endian, §9.5).
-    CompareSwap {
-        /// 8-byte local buffer for the original value.
-        local: Sge,
-        /// 8-byte aligned remote address.
-        remote: Remote,
-        /// Value compared.
-        compare: u64,
-        /// Value swapped in on equality.
-        swap: u64,
-    },
-    /// Atomic fetch-and-add.
-    FetchAdd {
-        /// 8-byte local buffer for the original value.
-        local: Sge,
-        /// 8-byte aligned remote address.
-        remote: Remote,
-        /// Value added.
-        add: u64,
-    },
-}
-
-/// A send work request.
-#[derive(Clone, Copy, Debug)]
-pub struct SendWr<'a> {
-    /// Returned in the completion.
-    pub wr_id: u64,
-    /// What to do.
-    pub op: SendOp<'a>,
-    /// Signaled, solicited, fence.
-    pub flags: SendFlags,
 }
 
 /// Attributes [`Qp::modify_rts`] changes (RTS2RTS); `None` keeps the current value.

@@ -53,7 +53,7 @@ pub enum QueueError {
         /// The transition.
         op: &'static str,
         /// The current state.
-        state: crate::resource::qp::QpState,
+        state: super::qp_state::QpState,
     },
     /// Waiting for an event failed.
     #[error("waiting for a completion event: {0}")]

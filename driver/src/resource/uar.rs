@@ -5,7 +5,7 @@ use std::sync::Arc;
 use uhca_layout::uar::UAR_SIZE;
 
 use crate::cmd::ops;
-use crate::device::{DeviceError, DeviceInner};
+use crate::device::{Device, DeviceError, DeviceInner};
 
 /// A UAR page (prm-subset.md §9.1): BAR0 page `index`.
 pub struct Uar {
@@ -53,5 +53,15 @@ impl Drop for Uar {
         {
             tracing::warn!(uar = self.index, error = %e, "DEALLOC_UAR failed");
         }
+    }
+}
+
+// Defined here rather than in device.rs, so that the device layer does not import the
+// resources above it.
+impl Device {
+    /// Allocates a UAR page.
+    pub fn alloc_uar(&self) -> Result<Uar, DeviceError> {
+        self.ensure_open()?;
+        Uar::alloc(&self.inner)
     }
 }

@@ -36,19 +36,15 @@ use uhca_layout::wqe::WqeOpcode;
 use super::ah::Ah;
 use super::cq::{Cq, QueueError};
 use super::qp::{Local, Mtu, Qp, QpConfig, QpState, QpType, SendFlags};
-use crate::cmd::{ops, queue_ops};
+use crate::cmd::ops::{self, roce_mtu};
+use crate::cmd::queue_ops;
 use crate::datapath::wqe::{PostError, Sge};
 use crate::device::Device;
-use crate::info::roce_mtu;
 use crate::resource::Pd;
 
+// The GSI's Q_Key and QPN are the layout's (`uhca_layout::mad`), defined once.
+pub use uhca_layout::mad::{GSI_QKEY, GSI_QPN};
 pub use uhca_layout::ud::{GRH_SIZE, QKEY_USE_QP};
-
-/// The Q_Key of every GSI QP (IBA Vol. 1 §13.5.1, the well-known GSI Q_Key): a GSI QP
-/// receives only datagrams with this Q_Key, and a MAD is sent with it.
-pub const GSI_QKEY: u32 = 0x8001_0000;
-/// The QPN the GSI QP of a port answers to on the wire (IBA Vol. 1 §10.2.3: QP1).
-pub const GSI_QPN: u32 = 1;
 
 /// `opt_param_mask` bits of datagram transitions (Linux `MLX5_QP_OPTPAR_*`; qp.c
 /// `opt_mask`, docs/spec/mlx5-ib-objects.md §4).

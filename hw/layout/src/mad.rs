@@ -15,9 +15,10 @@ pub const MAD_SIZE: usize = 256;
 pub const MAD_HDR_SIZE: usize = 24;
 /// The only base version (IBA Vol. 1 §13.4.2 table 145 `BaseVersion`).
 pub const BASE_VERSION: u8 = 1;
-/// The Q_Key of QP1 (IBA Vol. 1 §13.5.1: GSI packets carry Q_Key 0x80010000).
+/// The Q_Key of QP1 (IBA Vol. 1 §13.5.1: GSI packets carry Q_Key 0x80010000): a GSI QP
+/// receives only datagrams with this Q_Key, and a MAD is sent with it.
 pub const GSI_QKEY: u32 = 0x8001_0000;
-/// The QP number of the GSI.
+/// The QPN the GSI QP of a port answers to on the wire (IBA Vol. 1 §10.2.3: QP1).
 pub const GSI_QPN: u32 = 1;
 
 layout! {

@@ -61,11 +61,6 @@ impl EqRing {
         self.eqn
     }
 
-    /// Software consumer index.
-    pub fn ci(&self) -> u32 {
-        self.ci
-    }
-
     /// The next software-owned entry, copied out, advancing the consumer index.
     pub fn next_event(&mut self) -> Option<[u8; EQE_SIZE]> {
         let mask = (1u32 << self.log_size) - 1;
