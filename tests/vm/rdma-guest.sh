@@ -126,3 +126,16 @@ vm_rdma_initrd() {
   cat "$RT.cpio" "$x.cpio" > "$out"
   rm -rf "$x" "$x.cpio"
 }
+
+# For a test that runs the guest in the background with its console in $CONSOLE, its QEMU
+# process in $QEMU_PID and its deadline (in $SECONDS) in $DEADLINE: waits until the console
+# has a line matching $1 (an ERE); false at the deadline or when the guest is gone.
+wait_console() {
+  while ! grep -qaE "$1" "$CONSOLE"; do
+    if [ $SECONDS -ge $DEADLINE ] || ! kill -0 "$QEMU_PID" 2>/dev/null; then
+      grep -qaE "$1" "$CONSOLE"
+      return
+    fi
+    sleep 1
+  done
+}

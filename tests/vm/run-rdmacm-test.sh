@@ -95,18 +95,6 @@ timeout "$GUEST_TIMEOUT" "${IN_NS[@]}" qemu-system-x86_64 -accel tcg -machine q3
 QEMU_PID=$!
 DEADLINE=$((SECONDS + GUEST_TIMEOUT))
 
-# Waits until the console has a line matching $1 (an ERE); false at the deadline or when
-# the guest is gone.
-wait_console() {
-  while ! grep -qaE "$1" "$CONSOLE"; do
-    if [ $SECONDS -ge $DEADLINE ] || ! kill -0 "$QEMU_PID" 2>/dev/null; then
-      grep -qaE "$1" "$CONSOLE"
-      return
-    fi
-    sleep 1
-  done
-}
-
 # The guest's verdict on its command $2 (role $1): rc 0 and the lines $3 (an ERE) at least
 # $4 times in its output.
 guest_ok() {
