@@ -39,6 +39,26 @@ fn dst(port: u16) -> std::net::SocketAddr {
     std::net::SocketAddr::new(ip(B), port)
 }
 
+/// Runs a connection on port 7471 until the REP reaches `a`: `b` listens, `a` sends its
+/// REQ from `qa`, `b` accepts it with `qb`. Returns `a`'s connection ID and `b`'s connection.
+fn up_to_reply(
+    a: &mut Cm<MemTransport>,
+    b: &mut Cm<MemTransport>,
+    qa: &FakeQp,
+    qb: &mut FakeQp,
+) -> (ConnId, Connection) {
+    b.listen(7471).unwrap();
+    let id = a
+        .start_connect(qa, dst(7471), &ConnectOptions::default())
+        .unwrap();
+    let Some(CmEvent::Request(req)) = b.poll().unwrap() else {
+        panic!("no REQ reached the listener")
+    };
+    let cb = b.accept(&req, qb, &AcceptOptions::default()).unwrap();
+    assert_eq!(a.poll().unwrap(), Some(CmEvent::Reply(id)));
+    (id, cb)
+}
+
 /// Polls until `cm` has no event; returns them.
 fn drain(cm: &mut Cm<MemTransport>) -> Vec<CmEvent> {
     let mut out = Vec::new();
@@ -265,15 +285,7 @@ fn duplicate_req_before_accept_gets_an_mra_that_stops_the_resends() {
 fn lost_rtu_is_recovered_by_the_resent_rep() {
     let (mut a, mut b, wa, wb) = pair();
     let (mut qa, mut qb) = (FakeQp::new(0x11), FakeQp::new(0x22));
-    b.listen(7471).unwrap();
-    let id = a
-        .start_connect(&qa, dst(7471), &ConnectOptions::default())
-        .unwrap();
-    let Some(CmEvent::Request(req)) = b.poll().unwrap() else {
-        panic!()
-    };
-    let cb = b.accept(&req, &mut qb, &AcceptOptions::default()).unwrap();
-    assert_eq!(a.poll().unwrap(), Some(CmEvent::Reply(id)));
+    let (id, cb) = up_to_reply(&mut a, &mut b, &qa, &mut qb);
     wa.drop_next(1); // the RTU
     a.finish_connect(id, &mut qa).unwrap();
     assert_eq!(b.poll().unwrap(), None);
@@ -599,15 +611,7 @@ fn real_rping_req_is_accepted_like_the_kernel_does() {
 fn mra_for_rep_holds_back_the_rep_resends() {
     let (mut a, mut b, _wa, wb) = pair();
     let (qa, mut qb) = (FakeQp::new(0x11), FakeQp::new(0x22));
-    b.listen(7471).unwrap();
-    let id = a
-        .start_connect(&qa, dst(7471), &ConnectOptions::default())
-        .unwrap();
-    let Some(CmEvent::Request(req)) = b.poll().unwrap() else {
-        panic!()
-    };
-    let cb = b.accept(&req, &mut qb, &AcceptOptions::default()).unwrap();
-    assert_eq!(a.poll().unwrap(), Some(CmEvent::Reply(id)));
+    let (id, cb) = up_to_reply(&mut a, &mut b, &qa, &mut qb);
     // a has not finished yet; it tells b to wait 4.096 µs · 2^24 (~69 s).
     let mra = CmMessage::Mra(uhca_layout::cm::MraRepr {
         local_comm_id: id.0,
@@ -776,15 +780,7 @@ fn our_req_is_the_kernels_and_a_real_rep_connects_us() {
 fn dreq_after_a_lost_rtu_reports_established_then_disconnected() {
     let (mut a, mut b, wa, _wb) = pair();
     let (mut qa, mut qb) = (FakeQp::new(0x11), FakeQp::new(0x22));
-    b.listen(7471).unwrap();
-    let id = a
-        .start_connect(&qa, dst(7471), &ConnectOptions::default())
-        .unwrap();
-    let Some(CmEvent::Request(req)) = b.poll().unwrap() else {
-        panic!()
-    };
-    let cb = b.accept(&req, &mut qb, &AcceptOptions::default()).unwrap();
-    assert_eq!(a.poll().unwrap(), Some(CmEvent::Reply(id)));
+    let (id, cb) = up_to_reply(&mut a, &mut b, &qa, &mut qb);
     wa.drop_next(1); // the RTU
     a.finish_connect(id, &mut qa).unwrap();
     a.disconnect(id, &mut qa).unwrap();
