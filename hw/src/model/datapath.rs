@@ -192,7 +192,7 @@ impl Clock for PassClock {
 /// The port: device-thread state that survives a function reset.
 pub(crate) struct Port {
     /// Frames to the port's own MAC, from its transmit side to its receive side.
-    looped: Loopback,
+    looped: Loopback<rc::Burst>,
     peer: Option<Arc<dyn Link + Send + Sync>>,
     generation: u64,
     rx: Box<[u8]>,
@@ -780,6 +780,7 @@ fn deliver(
     let Some(engine) = engine else { return };
     let mut env = Env {
         link: wire,
+        offload: Some(wire),
         mem: &mem,
         recv: &mut rq,
         cq: &mut sink,
@@ -850,6 +851,7 @@ fn transmit(
             Some(engine) => {
                 let mut env = Env {
                     link: wire,
+                    offload: Some(wire),
                     mem: &mem,
                     recv: &mut rq,
                     cq: &mut sink,
