@@ -5,10 +5,12 @@
 # PCI P2PDMA and the VFIO dma-buf export (tests/vm/build-iommufd-kernel.sh). The guest's
 # /init (tests/vm/init-p2p) binds them to vfio-pci and runs uhca-vm-p2p: the GPU's BAR range
 # exported as a VFIO dma-buf, imported with IOMMU_IOAS_MAP_FILE under an MR of the HCA
-# (iommufd + device cdev), the legacy path's refusal, the typed refusals, and revocation by
-# memory decoding off, reset and close; then the same against QEMU's ivshmem-plain as the
-# exporter, with RDMA WRITE and READ bytes checked in its BAR. Exits 0 only if both runs
-# printed "RESULT: N passed, 0 failed".
+# (iommufd + device cdev), RDMA WRITE and READ bytes checked in the GPU's BAR (the HCA's
+# server reaches it with vfio-user DMA_READ/DMA_WRITE, which QEMU forwards to the GPU), the
+# legacy path's refusal, the typed refusals, and revocation by memory decoding off, reset and
+# close (later WRITEs complete in error, nothing lands in the BAR); then the same against
+# QEMU's ivshmem-plain as the exporter (a BAR QEMU backs with a file). Exits 0 only if both
+# runs printed "RESULT: N passed, 0 failed".
 #
 # Needs the trixie tree with QEMU 11.1 that tests/vm/run-vfio-user-test.sh builds (run that
 # first; CI does). Root on Debian bookworm. Environment: VFIO_VM_WORK, UHCA_VM_CACHE,
@@ -98,7 +100,9 @@ trap - EXIT
 plain=$(sed 's/\x1b\[[0-9;]*m//g' "$HLOG")
 count() { grep -c "$1" <<< "$plain" || true; }
 # The import's IOMMU mapping reaches the HCA's server as a DMA_MAP of an IOVA that maps the
-# GPU's BAR: QEMU sends it without a file descriptor (docs/spec/p2p-vm.md).
+# GPU's BAR: QEMU sends it without a file descriptor (docs/spec/p2p-vm.md), and the model
+# reaches it with DMA_READ/DMA_WRITE messages (counted here from QEMU's side: none is logged
+# per message, so the count is of the fd-less ranges the model mapped).
 say "HCA server ($HLOG): DMA regions mapped with an fd: $(count 'DMA region mapped')," \
   "without an fd: $(count 'DMA_MAP without a file'), errors: $(count ' ERROR ')"
 # The guest names the IOVA range of its import; the HCA's server must have seen all of it

@@ -51,6 +51,7 @@ mod mkey;
 mod pages;
 pub mod peer;
 mod qp;
+mod remote;
 mod sq;
 mod srq;
 mod state;
@@ -77,6 +78,7 @@ pub use cmdif::MAX_MSG;
 pub use iommu::{AtomicOp, ByteOrder, DmaError, IOVA_END, IOVA_START};
 pub use mem::DmaBuffer;
 pub use mkey::MemError;
+pub use remote::{RemoteError, RemoteFailure, RemoteMemory};
 
 use crate::layout::init_seg::{cmdq_addr_l_sz, reg};
 use config::ConfigSpace;
