@@ -562,7 +562,7 @@ pub(crate) fn run_sq(
         }
         let idx = qp.sq_ci as u16;
         let Some((ctrl, posted)) = fetch(dma, qp) else {
-            to_error(qp);
+            qp.move_to_error();
             return;
         };
         let nbb = ctrl.wqebbs();
@@ -595,7 +595,7 @@ pub(crate) fn run_sq(
                         .is_some_and(|e| e.state() == rc::QpState::Error);
                 let s = if flush { CqeSyndrome::WrFlush } else { s };
                 Sink::new(sh, dma, cqs, events, qp).error(false, idx, ctrl.opcode, s);
-                to_error(qp);
+                qp.move_to_error();
             }
         }
         qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
@@ -642,16 +642,6 @@ fn fetch(dma: &Dma<'_>, qp: &mut Qp) -> Option<(Ctrl, Result<(), WqeError>)> {
         qp.buf.read(dma, off, &mut w[at..at + SEND_WQE_BB]).ok()?;
     }
     Some((ctrl, post(qp, &w)))
-}
-
-/// Moves `qp` to ERR (its engine flushes what it holds).
-pub(crate) fn to_error(qp: &mut Qp) {
-    qp.state = QpState::Err;
-    qp.active = true;
-    qp.moved = true;
-    if let Some(e) = qp.engine.as_mut() {
-        e.set_error();
-    }
 }
 
 /// Receives the frames waiting on the loopback queue and the attached link (`rx`: the
