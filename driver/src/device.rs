@@ -1,9 +1,10 @@
 //! The device handle: a booted HCA with its command interface, control EQ, firmware pages
 //! and health monitor.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use uhca_layout::cmd::CmdStatus;
@@ -183,7 +184,19 @@ pub struct DeviceInner {
     pub(crate) state: AtomicU8,
     pub(crate) config: DeviceConfig,
     /// Completion EQs and interrupt vectors of the data path.
-    pub(crate) dp: crate::resource::comp_eq::DeviceQueues,
+    pub(crate) dp: DeviceQueues,
+}
+
+/// Per-device state of the completion machinery: what the completion EQs (a resource, in
+/// `resource::comp_eq`) share across CQs, kept with the device they belong to.
+#[derive(Debug, Default)]
+pub(crate) struct DeviceQueues {
+    /// The never-armed completion EQ that the polled-only CQs share, while one of them
+    /// holds it. Its type (`resource::comp_eq::CompEq`) sits above the device, so it is
+    /// kept as `dyn Any` here and downcast there: the device does not know its resources.
+    pub(crate) shared_eq: Mutex<Option<Weak<dyn Any + Send + Sync>>>,
+    /// Bit v = MSI-X vector v in use by a completion EQ (vector 0 is the control EQ's).
+    pub(crate) vectors: Mutex<u64>,
 }
 
 impl std::fmt::Debug for DeviceInner {

@@ -15,8 +15,9 @@
 //! one non-blocking `recv`, and its socket errors travel in [`LinkError::Io`].
 //! [`Loopback`] is a port's queue to itself: the same buffer discipline on one thread,
 //! without atomics or locks. It is the one local link ([`Link::is_local`]): its frames
-//! carry no ICRC, and it alone takes [`Burst`]s ([`Link::send_burst`]), a frame with a
-//! description of the packets it stands for beside it.
+//! carry no ICRC, and it alone keeps a side record beside a frame
+//! ([`Loopback::send_with_side`]), with which a port's loopback offload (`rc::Offload`,
+//! above the links) sends a description of the packets a frame stands for.
 //!
 //! `Link` itself asks for no `Send` or `Sync` (a port's loopback queue and the engine's
 //! view of its port are neither); a link shared between threads is a
@@ -26,8 +27,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::ArrayQueue;
-
-use crate::rc::Burst;
 
 /// Why a frame could not be sent or received.
 #[derive(Debug, thiserror::Error)]
@@ -57,8 +56,9 @@ pub enum LinkError {
     /// An I/O error of a socket-backed link.
     #[error("link I/O error")]
     Io(#[source] std::io::Error),
-    /// The link carries no [`Burst`]s: only one that keeps frames inside the device does
-    /// ([`Link::is_local`]).
+    /// The link carries no bursts of a port's loopback offload: only a port's own loopback
+    /// queue does, beside its frames ([`Loopback::send_with_side`]), and only its
+    /// [`Loopback::recv_local`] hands such a frame over.
     #[error("the link does not carry bursts")]
     NoBursts,
 }
@@ -122,19 +122,6 @@ pub trait Link {
     /// longer than one pass. The provided version has nothing to send.
     fn flush(&self) -> Result<(), LinkError> {
         Ok(())
-    }
-    /// Sends a frame that `build` writes in place (as for [`send_with`](Self::send_with))
-    /// with a [`Burst`] beside it: the packets it stands for and where their payload is.
-    /// Only a local link carries bursts ([`is_local`](Self::is_local) for the frame's
-    /// destination); the provided version refuses with [`LinkError::NoBursts`] and builds
-    /// nothing.
-    fn send_burst(
-        &self,
-        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
-        burst: &Burst,
-    ) -> Result<(), LinkError> {
-        let _ = (build, burst);
-        Err(LinkError::NoBursts)
     }
     /// Sends one frame that `build` writes in place: `build` gets a buffer of at least
     /// [`max_frame_len`](Self::max_frame_len) bytes and returns the frame's length, or
@@ -302,17 +289,17 @@ const FRAME_PAGE_OFFSET: usize = 64;
 
 /// A frame buffer of the pool: `cap` (`max_frame_len`) bytes of storage from `start` of
 /// `mem`, `FRAME_PAGE_OFFSET` bytes into a page, and the used length.
-struct Frame {
+struct Frame<X = ()> {
     mem: Box<[u8]>,
     start: usize,
     cap: usize,
     len: usize,
-    /// The burst beside the frame (a port's loopback queue only).
-    burst: Option<Burst>,
+    /// The side record beside the frame (a port's loopback queue only).
+    side: Option<X>,
 }
 
-impl Frame {
-    fn new(cap: usize) -> Frame {
+impl<X> Frame<X> {
+    fn new(cap: usize) -> Frame<X> {
         let mem = vec![0u8; cap + 4096].into_boxed_slice();
         // The first index whose address is FRAME_PAGE_OFFSET past a page boundary.
         let start = FRAME_PAGE_OFFSET.wrapping_sub(mem.as_ptr() as usize) % 4096;
@@ -321,7 +308,7 @@ impl Frame {
             start,
             cap,
             len: 0,
-            burst: None,
+            side: None,
         }
     }
 

@@ -5,10 +5,12 @@
 # PCI P2PDMA and the VFIO dma-buf export (tests/vm/build-iommufd-kernel.sh). The guest's
 # /init (tests/vm/init-p2p) binds them to vfio-pci and runs uhca-vm-p2p: the GPU's BAR range
 # exported as a VFIO dma-buf, imported with IOMMU_IOAS_MAP_FILE under an MR of the HCA
-# (iommufd + device cdev), the legacy path's refusal, the typed refusals, and revocation by
-# memory decoding off, reset and close; then the same against QEMU's ivshmem-plain as the
-# exporter, with RDMA WRITE and READ bytes checked in its BAR. Exits 0 only if both runs
-# printed "RESULT: N passed, 0 failed".
+# (iommufd + device cdev), RDMA WRITE and READ bytes checked in the GPU's BAR (the HCA's
+# server reaches it with vfio-user DMA_READ/DMA_WRITE, which QEMU forwards to the GPU), the
+# legacy path's refusal, the typed refusals, and revocation by memory decoding off, reset and
+# close (later WRITEs complete in error, nothing lands in the BAR); then the same against
+# QEMU's ivshmem-plain as the exporter (a BAR QEMU backs with a file). Exits 0 only if both
+# runs printed "RESULT: N passed, 0 failed".
 #
 # Needs the trixie tree with QEMU 11.1 that tests/vm/run-vfio-user-test.sh builds (run that
 # first; CI does). Root on Debian bookworm. Environment: VFIO_VM_WORK, UHCA_VM_CACHE,
@@ -43,7 +45,12 @@ else
   MODEL=$ROOT/target/release/uhca-model
 fi
 vm_build_guest
-vm_mkinitrd "" "$HERE/init-p2p" "$W/initrd-p2p.gz" "$GUEST_BIN_DIR/uhca-vm-p2p"
+say "building uhca-perf (static)"
+RUSTFLAGS="-C target-feature=+crt-static" CARGO_PROFILE_RELEASE_DEBUG=0 \
+  cargo build -q --release --locked -p uhca-tools --no-default-features --features model \
+  --bin uhca-perf --manifest-path "$ROOT/Cargo.toml" --target x86_64-unknown-linux-gnu \
+  --target-dir "$W/cargo"
+vm_mkinitrd "" "$HERE/init-p2p" "$W/initrd-p2p.gz" "$GUEST_BIN_DIR/uhca-vm-p2p" "$GUEST_BIN_DIR/uhca-perf"
 
 V=$TR/tmp/uhca-p2p
 rm -rf "$V" && mkdir -p "$V"
@@ -90,7 +97,7 @@ timeout "$GUEST_TIMEOUT" "${IN_TREE[@]}" qemu-system-x86_64 -accel tcg -machine 
   -device pcie-root-port,id=rp2,slot=2 -device ivshmem-plain,memdev=peermem,bus=rp2 \
   -nographic -no-reboot -kernel /tmp/uhca-p2p/vmlinuz -initrd /tmp/uhca-p2p/initrd.gz \
   -append "console=ttyS0 intel_iommu=on no_timer_check panic=-1 quiet" </dev/null 2>&1 | tr -d '\r' > "$CONSOLE" || true
-grep -aE '^(PASS|FAIL|INFO|RESULT|GUEST)|qemu-system|panicked|Kernel panic' "$CONSOLE" || true
+grep -aE '^(PASS|FAIL|INFO|RESULT|GUEST|PERF)|qemu-system|panicked|Kernel panic' "$CONSOLE" || true
 say "guest ran $((SECONDS - t))s (console: $CONSOLE)"
 
 stop_servers
@@ -98,7 +105,9 @@ trap - EXIT
 plain=$(sed 's/\x1b\[[0-9;]*m//g' "$HLOG")
 count() { grep -c "$1" <<< "$plain" || true; }
 # The import's IOMMU mapping reaches the HCA's server as a DMA_MAP of an IOVA that maps the
-# GPU's BAR: QEMU sends it without a file descriptor (docs/spec/p2p-vm.md).
+# GPU's BAR: QEMU sends it without a file descriptor (docs/spec/p2p-vm.md), and the model
+# reaches it with DMA_READ/DMA_WRITE messages (counted here from QEMU's side: none is logged
+# per message, so the count is of the fd-less ranges the model mapped).
 say "HCA server ($HLOG): DMA regions mapped with an fd: $(count 'DMA region mapped')," \
   "without an fd: $(count 'DMA_MAP without a file'), errors: $(count ' ERROR ')"
 # The guest names the IOVA range of its import; the HCA's server must have seen all of it
@@ -116,5 +125,14 @@ if [ -n "${A:-}" ]; then
 fi
 say "GPU server ($GLOG): $(grep -c 'GPU reset' "$GLOG" || true) reset(s); $(grep -E 'session ended' "$GLOG" | sed -E 's/^[^ ]+ +//' || true)"
 vm_verdict "$CONSOLE" 2
+# uhca-perf in the guest (issue 20 item 4): its header names the GPU and the kernel path,
+# and each test printed its result line (64 iterations of 64 KiB). Its exit codes are in
+# the verdict above ("GUEST: exit code").
+for t in write_bw read_bw; do
+  grep -aqE "^PERF $t: +GPU memory +: GPU 0 \([0-9a-f:.]+, vfio-pci\) BAR1 through the kernel: VFIO dma-buf export, IOMMU_IOAS_MAP_FILE import" "$CONSOLE" \
+    && grep -aqE "^PERF $t: +65536 +64 " "$CONSOLE" \
+    || { echo "vm-test: FAILED: uhca-perf $t in the guest did not run on the GPU's BAR through the kernel" >&2; exit 1; }
+done
+say "uhca-perf write_bw/read_bw --use_cuda 0 --use_cuda_dmabuf ran on the GPU's BAR through VFIO dma-buf + iommufd"
 rm -rf "$V"
 say "PASSED"

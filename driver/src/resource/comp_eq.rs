@@ -3,6 +3,7 @@
 //! with its own MSI-X vector, eventfd and epoll for each CQ created with events, and the
 //! bitmap of the MSI-X vectors those EQs hold (vector 0 is the control EQ's).
 
+use std::any::Any;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -13,14 +14,6 @@ use super::QueueError;
 use crate::cmd::ops::{self, CreateEq};
 use crate::device::DeviceInner;
 use crate::eq::EqRing;
-
-/// Per-device state of the completion machinery (lives in the device).
-#[derive(Debug, Default)]
-pub(crate) struct DeviceQueues {
-    shared_eq: Mutex<Weak<CompEq>>,
-    /// Bit v = MSI-X vector v in use by a completion EQ (vector 0 is the control EQ's).
-    vectors: Mutex<u64>,
-}
 
 /// A completion EQ (its firmware object, ring and optional interrupt).
 #[derive(Debug)]
@@ -135,10 +128,14 @@ fn free_vector(dev: &DeviceInner, v: u32) {
 /// new one (it lives as long as a CQ holds it).
 pub(super) fn shared_eq(dev: &Arc<DeviceInner>) -> Result<Arc<CompEq>, QueueError> {
     let mut w = dev.dp.shared_eq.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(eq) = w.upgrade() {
+    // Only this function fills the slot, always with a `CompEq`.
+    if let Some(eq) = w.as_ref().and_then(Weak::upgrade)
+        && let Ok(eq) = eq.downcast::<CompEq>()
+    {
         return Ok(eq);
     }
     let eq = Arc::new(CompEq::create(dev, false)?);
-    *w = Arc::downgrade(&eq);
+    let any: Arc<dyn Any + Send + Sync> = eq.clone();
+    *w = Some(Arc::downgrade(&any));
     Ok(eq)
 }

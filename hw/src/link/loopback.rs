@@ -10,15 +10,19 @@
 //! each buffer has its own `RefCell`, borrowed only by the operation that took its index
 //! (from the free list to build it, from the queue to lend it), so no two borrows of one
 //! buffer can meet and the callers' closures may use the queue again.
+//!
+//! A frame may have a side record of type `X` beside it ([`Loopback::send_with_side`]),
+//! which only [`Loopback::recv_local`] hands over: the port's loopback offload (`rc::Offload`)
+//! sends its bursts so, and the queue knows nothing of what they say.
 
 use std::cell::{Cell, RefCell};
 
 use super::{Frame, Link, LinkError, LinkStats};
-use crate::rc::Burst;
 
-/// A link from a port to itself (see the module docs): what it sends, it receives.
-pub struct Loopback {
-    bufs: Box<[RefCell<Frame>]>,
+/// A link from a port to itself (see the module docs): what it sends, it receives, with the
+/// side record of type `X` sent beside a frame, if any.
+pub struct Loopback<X: Copy = ()> {
+    bufs: Box<[RefCell<Frame<X>>]>,
     /// The queue: a ring of buffer indices, `queued` of them from `head`.
     ring: Box<[Cell<u32>]>,
     head: Cell<usize>,
@@ -34,7 +38,7 @@ pub struct Loopback {
     rx_bytes: Cell<u64>,
 }
 
-impl Loopback {
+impl<X: Copy> Loopback<X> {
     /// A queue of `depth` frames (at least 1) of up to `max_frame_len` bytes.
     pub fn new(depth: usize, max_frame_len: usize) -> Self {
         let depth = depth.max(1);
@@ -144,7 +148,7 @@ fn bump(c: &Cell<u64>, n: u64) {
     c.set(c.get() + n);
 }
 
-impl Link for Loopback {
+impl<X: Copy> Link for Loopback<X> {
     fn max_frame_len(&self) -> usize {
         self.max_frame_len
     }
@@ -157,7 +161,7 @@ impl Link for Loopback {
             let mut f = self.bufs[i].borrow_mut();
             crate::copy::copy_bytes(&mut f.data_mut()[..frame.len()], frame);
             f.len = frame.len();
-            f.burst = None;
+            f.side = None;
         }
         self.enqueue(i, frame.len())
     }
@@ -191,23 +195,15 @@ impl Link for Loopback {
         self.build(build, None)
     }
 
-    /// Builds the frame in one of the queue's own buffers and keeps the burst beside it.
-    fn send_burst(
-        &self,
-        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
-        burst: &Burst,
-    ) -> Result<(), LinkError> {
-        self.build(build, Some(burst))
-    }
-
     /// Lends the frame in the queue's own buffer: no copy, no scratch needed. A frame that
-    /// came with a burst is left queued and refused with `NoBursts`: its payload is not in
-    /// the frame, and only [`recv_local`](Loopback::recv_local) hands it over whole.
+    /// came with a side record (a burst) is left queued and refused with `NoBursts`: its
+    /// payload is not in the frame, and only [`recv_local`](Loopback::recv_local) hands it
+    /// over whole.
     fn recv_with(&self, _scratch: &mut [u8], f: &mut dyn FnMut(&[u8])) -> Result<bool, LinkError> {
         if self.queued.get() > 0 {
             let i = self.ring[self.head.get()].get() as usize;
             // Buffer `i` is queued: only a receive, which is not running, borrows it.
-            if self.bufs[i].borrow().burst.is_some() {
+            if self.bufs[i].borrow().side.is_some() {
                 return Err(LinkError::NoBursts);
             }
         }
@@ -215,12 +211,22 @@ impl Link for Loopback {
     }
 }
 
-impl Loopback {
-    /// Builds a frame in a free buffer, with `burst` beside it, and queues it.
+impl<X: Copy> Loopback<X> {
+    /// Sends a frame that `build` writes in place in one of the queue's own buffers (as for
+    /// [`Link::send_with`]) and keeps `side` beside it, for [`recv_local`](Self::recv_local).
+    pub fn send_with_side(
+        &self,
+        build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        side: &X,
+    ) -> Result<(), LinkError> {
+        self.build(build, Some(side))
+    }
+
+    /// Builds a frame in a free buffer, with `side` beside it, and queues it.
     fn build(
         &self,
         build: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
-        burst: Option<&Burst>,
+        side: Option<&X>,
     ) -> Result<(), LinkError> {
         let i = self.take_free()?;
         let built = {
@@ -229,10 +235,10 @@ impl Loopback {
             let cap = f.cap;
             let n = build(f.data_mut()).filter(|&n| n <= cap);
             f.len = n.unwrap_or(0);
-            match burst {
-                Some(b) => f.burst = Some(*b),
+            match side {
+                Some(b) => f.side = Some(*b),
                 // Only the tag: a burst is some 300 bytes, a plain frame needs none.
-                None if f.burst.is_some() => f.burst = None,
+                None if f.side.is_some() => f.side = None,
                 None => {}
             }
             n
@@ -247,8 +253,8 @@ impl Loopback {
     }
 
     /// Receives one frame if one is waiting and lends it to `f` in the queue's own buffer,
-    /// with the [`Burst`] sent beside it, if any; returns whether there was one.
-    pub fn recv_local(&self, f: &mut dyn FnMut(&[u8], Option<&Burst>)) -> Result<bool, LinkError> {
+    /// with the side record sent beside it, if any; returns whether there was one.
+    pub fn recv_local(&self, f: &mut dyn FnMut(&[u8], Option<&X>)) -> Result<bool, LinkError> {
         let Some(i) = self.dequeue() else {
             return Ok(false);
         };
@@ -256,7 +262,7 @@ impl Loopback {
             // Buffer `i` came off the queue: nothing else borrows it.
             let frame = self.bufs[i].borrow();
             let n = frame.len;
-            f(&frame.data()[..n], frame.burst.as_ref());
+            f(&frame.data()[..n], frame.side.as_ref());
             n
         };
         self.put_free(i);
@@ -266,7 +272,7 @@ impl Loopback {
     }
 }
 
-impl std::fmt::Debug for Loopback {
+impl<X: Copy> std::fmt::Debug for Loopback<X> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Loopback")
             .field("max_frame_len", &self.max_frame_len)
@@ -287,34 +293,23 @@ mod tests {
         f
     }
 
-    fn drain(l: &Loopback) -> Vec<Vec<u8>> {
+    fn drain<X: Copy>(l: &Loopback<X>) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         while l.recv_with(&mut [], &mut |f| out.push(f.to_vec())).unwrap() {}
         out
     }
 
     #[test]
-    fn a_burst_comes_back_beside_its_frame_and_only_through_recv_local() {
-        let l = Loopback::new(4, 64);
-        let burst = Burst {
-            packets: 3,
-            len: 2500,
-            ends: true,
-            imm: None,
-            se: false,
-            ack_req: true,
-            wire_len: 2700,
-            sges: crate::rc::SgeList::new(),
-            offset: 0,
-            domain: 7,
-            more: crate::rc::MoreMsgs::default(),
-        };
-        l.send_burst(
+    fn a_side_record_comes_back_beside_its_frame_and_only_through_recv_local() {
+        // A record of some size, as a burst of the loopback offload is.
+        let l: Loopback<[u64; 32]> = Loopback::new(4, 64);
+        let side: [u64; 32] = std::array::from_fn(|i| i as u64 * 0x0101);
+        l.send_with_side(
             &mut |b| {
                 b[..8].copy_from_slice(&frame(1));
                 Some(8)
             },
-            &burst,
+            &side,
         )
         .unwrap();
         l.send(&frame(2)).unwrap();
@@ -326,9 +321,9 @@ mod tests {
         let mut got = None;
         l.recv_local(&mut |f, b| got = Some((f.to_vec(), b.copied())))
             .unwrap();
-        assert_eq!(got, Some((frame(1).to_vec(), Some(burst))));
+        assert_eq!(got, Some((frame(1).to_vec(), Some(side))));
         // The buffer just received is the next one filled: built in place as a plain frame,
-        // it holds no burst any more.
+        // it holds no side record any more.
         l.send_with(&mut [], &mut |b| {
             b[..8].copy_from_slice(&frame(3));
             Some(8)
@@ -339,7 +334,7 @@ mod tests {
 
     #[test]
     fn frames_come_back_in_order_copied_or_built_in_place() {
-        let l = Loopback::new(8, 64);
+        let l: Loopback = Loopback::new(8, 64);
         assert!(l.is_empty());
         l.send(&frame(0)).unwrap();
         assert!(!l.is_empty());
@@ -365,7 +360,7 @@ mod tests {
 
     #[test]
     fn bad_lengths_are_refused_and_unbuilt_frames_are_not_sent() {
-        let l = Loopback::new(4, 16);
+        let l: Loopback = Loopback::new(4, 16);
         assert!(matches!(
             l.send(&[0u8; 17]),
             Err(LinkError::FrameTooLong { len: 17, max: 16 })
@@ -383,7 +378,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_refuses_and_recovers() {
-        let l = Loopback::new(3, 64);
+        let l: Loopback = Loopback::new(3, 64);
         for i in 0..3 {
             l.send(&frame(i)).unwrap();
         }
@@ -403,7 +398,7 @@ mod tests {
 
     #[test]
     fn closures_may_use_the_queue_again() {
-        let l = Loopback::new(4, 64);
+        let l: Loopback = Loopback::new(4, 64);
         l.send(&frame(0)).unwrap();
         // The receiver answers from inside its closure; the builder sends from inside its.
         let mut seen = Vec::new();
@@ -425,7 +420,7 @@ mod tests {
 
     #[test]
     fn the_buffer_received_last_is_the_next_one_filled() {
-        let l = Loopback::new(4, 64);
+        let l: Loopback = Loopback::new(4, 64);
         let mut last = None;
         for i in 0..10 {
             l.send(&frame(i)).unwrap();

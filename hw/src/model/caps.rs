@@ -11,6 +11,8 @@ use super::{ModelConfig, bar_layout};
 
 /// `log_max_qp`: 2^16 QPs.
 pub(crate) const LOG_MAX_QP: u32 = 16;
+// `ModelConfig::first_qpn` is taken only in the bottom half of the QPN space.
+const _: () = assert!(super::model_config::MAX_FIRST_QPN == 1 << (LOG_MAX_QP - 1));
 /// `log_max_qp_sz`: 2^15 WQEs per queue.
 pub(crate) const LOG_MAX_QP_SZ: u32 = 15;
 /// `log_max_cq`: 2^16 CQs.

@@ -192,7 +192,7 @@ impl Clock for PassClock {
 /// The port: device-thread state that survives a function reset.
 pub(crate) struct Port {
     /// Frames to the port's own MAC, from its transmit side to its receive side.
-    looped: Loopback,
+    looped: Loopback<rc::Burst>,
     peer: Option<Arc<dyn Link + Send + Sync>>,
     generation: u64,
     rx: Box<[u8]>,
@@ -562,7 +562,7 @@ pub(crate) fn run_sq(
         }
         let idx = qp.sq_ci as u16;
         let Some((ctrl, posted)) = fetch(dma, qp) else {
-            to_error(qp);
+            qp.move_to_error();
             return;
         };
         let nbb = ctrl.wqebbs();
@@ -595,7 +595,7 @@ pub(crate) fn run_sq(
                         .is_some_and(|e| e.state() == rc::QpState::Error);
                 let s = if flush { CqeSyndrome::WrFlush } else { s };
                 Sink::new(sh, dma, cqs, events, qp).error(false, idx, ctrl.opcode, s);
-                to_error(qp);
+                qp.move_to_error();
             }
         }
         qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
@@ -642,16 +642,6 @@ fn fetch(dma: &Dma<'_>, qp: &mut Qp) -> Option<(Ctrl, Result<(), WqeError>)> {
         qp.buf.read(dma, off, &mut w[at..at + SEND_WQE_BB]).ok()?;
     }
     Some((ctrl, post(qp, &w)))
-}
-
-/// Moves `qp` to ERR (its engine flushes what it holds).
-pub(crate) fn to_error(qp: &mut Qp) {
-    qp.state = QpState::Err;
-    qp.active = true;
-    qp.moved = true;
-    if let Some(e) = qp.engine.as_mut() {
-        e.set_error();
-    }
 }
 
 /// Receives the frames waiting on the loopback queue and the attached link (`rx`: the
@@ -780,6 +770,7 @@ fn deliver(
     let Some(engine) = engine else { return };
     let mut env = Env {
         link: wire,
+        offload: Some(wire),
         mem: &mem,
         recv: &mut rq,
         cq: &mut sink,
@@ -850,6 +841,7 @@ fn transmit(
             Some(engine) => {
                 let mut env = Env {
                     link: wire,
+                    offload: Some(wire),
                     mem: &mem,
                     recv: &mut rq,
                     cq: &mut sink,

@@ -9,32 +9,13 @@
 //!   output, then rewrites it (and may replace the delivery status) before the model
 //!   scatters it into the driver's mailboxes, so the driver meets a device that lies.
 
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use crate::layout::cmd::DeliveryStatus;
 use crate::layout::init_seg::reg;
 
 use super::{Hca, cmdif};
 
-/// A rewrite of a command's output: gets the gathered input and the output the model
-/// computed; may change the output (any length) and return a delivery status to report
-/// instead of the real one.
-pub type OutputHook = Box<dyn FnMut(&[u8], &mut Vec<u8>) -> Option<DeliveryStatus> + Send>;
-
-/// The process-wide hook (fuzz targets run one model at a time).
-static OUTPUT_HOOK: Mutex<Option<OutputHook>> = Mutex::new(None);
-
-/// Installs (`Some`) or removes (`None`) the output hook of every model in the process.
-pub fn set_output_hook(hook: Option<OutputHook>) {
-    *OUTPUT_HOOK.lock().unwrap_or_else(|e| e.into_inner()) = hook;
-}
-
-/// Runs the hook, if any, on one command's output (called by `cmdif::execute`).
-pub(crate) fn rewrite_output(input: &[u8], output: &mut Vec<u8>) -> Option<DeliveryStatus> {
-    let mut hook = OUTPUT_HOOK.lock().unwrap_or_else(|e| e.into_inner());
-    hook.as_mut().and_then(|h| h(input, output))
-}
+pub use super::cmdif::{OutputHook, set_output_hook};
 
 impl Hca {
     /// Stops and joins the device thread: nothing runs on the device any more but what the

@@ -33,13 +33,23 @@
 //! answered without the lock while the generation and the bus-master bit stand
 //! ([`Iommu::still_mapped`]). Data never moves that way: reads and writes always hold the
 //! read lock and translate again.
+//!
+//! A mapping is host memory ([`HostRegion`]) or memory reached by messages
+//! ([`RemoteMemory`], `remote.rs`: an IOVA a vfio-user client mapped without a file, such
+//! as another function's BAR). A remote chunk of an access is sent to its `RemoteMemory`
+//! under the same read lock (an `unmap` of it waits for the answer, which the
+//! implementation bounds); a failed one fails the access with [`DmaError::Remote`]. The
+//! shortcuts that hand out host addresses ([`Dma::host_span`], [`Dma::host_hints`]) see
+//! remote mappings as absent, so their callers take the translated way. An access that
+//! fails in a remote chunk may already have moved its earlier chunks.
 
 use std::cell::OnceCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{RwLock, RwLockReadGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use super::ModelError;
 use super::mem::HostRegion;
+use super::remote::{RemoteError, RemoteFailure, RemoteMemory};
 use smallvec_lite::{Chunk, Chunks};
 
 /// First usable IOVA: 0, as on a real IOMMU (VFIO reports its IOVA ranges from 0, and
@@ -69,11 +79,86 @@ pub enum DmaError {
     /// An 8-byte atomic at an unaligned IOVA.
     #[error("misaligned 8-byte atomic at IOVA {0:#x}")]
     Misaligned(u64),
+    /// The access reached memory served by messages (`RemoteMemory`) and that failed.
+    #[error("DMA of {len:#x} bytes at IOVA {iova:#x}: remote memory failed: {failure}")]
+    Remote {
+        /// Start of the access.
+        iova: u64,
+        /// Length of the access.
+        len: usize,
+        /// What the remote side reported.
+        failure: RemoteFailure,
+    },
+}
+
+/// What a mapping reaches: host memory, or memory accessed by messages.
+pub(crate) enum Backing {
+    /// Host memory, accessed directly.
+    Host(HostRegion),
+    /// Memory served by `mem`; the mapping's first byte is its bus address `addr`.
+    Remote {
+        /// The memory.
+        mem: Arc<dyn RemoteMemory>,
+        /// Bus address of the mapping's first byte.
+        addr: u64,
+    },
+}
+
+impl Backing {
+    /// Copies `dst.len()` bytes at `off` into `dst`.
+    #[inline]
+    fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), RemoteError> {
+        match self {
+            Backing::Host(r) => {
+                r.read(off, dst);
+                Ok(())
+            }
+            Backing::Remote { mem, addr } => mem.read(addr + off as u64, dst),
+        }
+    }
+
+    /// Copies `src` to `off`.
+    #[inline]
+    fn write(&self, off: usize, src: &[u8]) -> Result<(), RemoteError> {
+        match self {
+            Backing::Host(r) => {
+                r.write(off, src);
+                Ok(())
+            }
+            Backing::Remote { mem, addr } => mem.write(addr + off as u64, src),
+        }
+    }
+
+    /// Stores one byte with release ordering (a plain one-byte write when remote: the
+    /// message is sent after every earlier access of this thread was answered).
+    #[inline]
+    fn store_u8_release(&self, off: usize, v: u8) -> Result<(), RemoteError> {
+        match self {
+            Backing::Host(r) => {
+                r.store_u8_release(off, v);
+                Ok(())
+            }
+            Backing::Remote { .. } => self.write(off, &[v]),
+        }
+    }
+
+    /// Loads one byte with acquire ordering (a one-byte read when remote).
+    #[inline]
+    fn load_u8_acquire(&self, off: usize) -> Result<u8, RemoteError> {
+        match self {
+            Backing::Host(r) => Ok(r.load_u8_acquire(off)),
+            Backing::Remote { .. } => {
+                let mut b = [0u8];
+                self.read(off, &mut b)?;
+                Ok(b[0])
+            }
+        }
+    }
 }
 
 /// One mapping of the table.
 pub(crate) struct HostMapping {
-    region: HostRegion,
+    region: Backing,
     len: u64,
     /// Keeps the memory behind `region` alive while it is mapped (a peer BAR imported as a
     /// dma-buf, `peer.rs`); `None` for host memory, whose lifetime the mapper guarantees.
@@ -89,7 +174,7 @@ impl HostMapping {
     pub(crate) fn new(region: HostRegion) -> HostMapping {
         let len = region_len(&region);
         HostMapping {
-            region,
+            region: Backing::Host(region),
             len,
             _owner: None,
             tag: 0,
@@ -113,11 +198,28 @@ impl HostMapping {
     ) -> HostMapping {
         let len = region_len(&region);
         HostMapping {
-            region,
+            region: Backing::Host(region),
             len,
             _owner: Some(owner),
             tag,
             writable: true,
+        }
+    }
+
+    /// `len` bytes of memory reached by messages to `mem`, whose first byte is bus address
+    /// `addr`; writable by the device if `writable`.
+    pub(crate) fn remote(
+        mem: Arc<dyn RemoteMemory>,
+        addr: u64,
+        len: u64,
+        writable: bool,
+    ) -> HostMapping {
+        HostMapping {
+            region: Backing::Remote { mem, addr },
+            len,
+            _owner: None,
+            tag: 0,
+            writable,
         }
     }
 }
@@ -217,6 +319,8 @@ pub(crate) struct Iommu {
     bus_master: AtomicBool,
     faults: AtomicU64,
     refused: AtomicU64,
+    /// Accesses that failed in memory reached by messages ([`DmaError::Remote`]).
+    remote_failures: AtomicU64,
     /// Threads waiting for the write lock ([`writer_waiting`](Self::writer_waiting)).
     writers: AtomicU64,
     /// Bumped (under the write lock) by every change of the table: host addresses
@@ -232,6 +336,7 @@ impl Iommu {
             bus_master: AtomicBool::new(false),
             faults: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            remote_failures: AtomicU64::new(0),
             writers: AtomicU64::new(0),
             generation: AtomicU64::new(0),
         }
@@ -250,6 +355,11 @@ impl Iommu {
     /// Accesses refused because bus mastering was off.
     pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Accesses that failed in remote memory so far.
+    pub(crate) fn remote_failures(&self) -> u64 {
+        self.remote_failures.load(Ordering::Relaxed)
     }
 
     /// Bytes currently mapped.
@@ -274,7 +384,9 @@ impl Iommu {
         if len == 0 || !len.is_multiple_of(IOMMU_PAGE) || !iova.is_multiple_of(IOMMU_PAGE) {
             return Err(err("IOVA and length must be non-zero multiples of 4 KiB"));
         }
-        if !m.region.addr().is_multiple_of(IOMMU_PAGE as usize) {
+        if let Backing::Host(r) = &m.region
+            && !r.addr().is_multiple_of(IOMMU_PAGE as usize)
+        {
             return Err(err("host address must be 4 KiB aligned"));
         }
         let end = iova
@@ -519,10 +631,13 @@ impl Dma<'_> {
     pub(crate) fn host_hints(&self, iovas: &[u64], out: &mut Vec<(usize, usize)>) -> u64 {
         out.clear();
         out.extend(iovas.iter().map(|&iova| match self.t().lookup(iova) {
-            Some((s, m)) => (
-                m.region.addr() + (iova - s) as usize,
-                (m.len - (iova - s)) as usize,
-            ),
+            Some((s, m)) => match &m.region {
+                Backing::Host(r) => (
+                    r.addr() + (iova - s) as usize,
+                    (m.len - (iova - s)) as usize,
+                ),
+                Backing::Remote { .. } => (0, 0),
+            },
             None => (0, 0),
         }));
         // Read under the lock: no change of the table can fall between the translation
@@ -560,18 +675,32 @@ impl Dma<'_> {
         Ok(())
     }
 
-    /// Runs `f` on each host chunk `(region, offset, length)` of every segment
-    /// `(iova, len)`, in order, after translating all of them (so a fault anywhere
-    /// touches nothing). `write` as for [`translate`](Self::translate). `point`: a
-    /// zero-length segment still needs a mapped address (single accesses; a zero-length
-    /// piece of a segment list does not).
+    /// The error of an access to `segs` whose remote chunk failed with `e` (counted).
+    #[cold]
+    fn remote_failed(&self, segs: &[(u64, usize)], e: RemoteError) -> DmaError {
+        self.io.remote_failures.fetch_add(1, Ordering::Relaxed);
+        let iova = segs.first().map_or(0, |s| s.0);
+        let len = segs.iter().map(|s| s.1).sum();
+        tracing::debug!(iova, len, error = %e, "DMA to remote memory failed");
+        DmaError::Remote {
+            iova,
+            len,
+            failure: e.failure,
+        }
+    }
+
+    /// Runs `f` on each chunk `(backing, offset, length)` of every segment `(iova, len)`,
+    /// in order, after translating all of them (so a fault anywhere touches nothing; a
+    /// remote chunk that fails stops the access there). `write` as for
+    /// [`translate`](Self::translate). `point`: a zero-length segment still needs a mapped
+    /// address (single accesses; a zero-length piece of a segment list does not).
     #[inline]
     fn with_segments(
         &self,
         segs: &[(u64, usize)],
         write: bool,
         point: bool,
-        mut f: impl FnMut(&HostRegion, usize, usize),
+        mut f: impl FnMut(&Backing, usize, usize) -> Result<(), RemoteError>,
     ) -> Result<(), DmaError> {
         self.io.gate()?;
         // The common case: one segment inside one mapping.
@@ -580,8 +709,7 @@ impl Dma<'_> {
             && (!write || m.writable)
             && len as u64 <= m.len - (iova - s)
         {
-            f(&m.region, (iova - s) as usize, len);
-            return Ok(());
+            return f(&m.region, (iova - s) as usize, len).map_err(|e| self.remote_failed(segs, e));
         }
         let mut chunks = Chunks::new();
         for &(iova, len) in segs {
@@ -592,7 +720,7 @@ impl Dma<'_> {
             }
         }
         for (r, off, n) in chunks.iter() {
-            f(r, off, n);
+            f(r, off, n).map_err(|e| self.remote_failed(segs, e))?;
         }
         Ok(())
     }
@@ -607,8 +735,9 @@ impl Dma<'_> {
         debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), dst.len());
         let mut pos = 0;
         self.with_segments(segs, false, false, |r, off, n| {
-            r.read(off, &mut dst[pos..pos + n]);
+            r.read(off, &mut dst[pos..pos + n])?;
             pos += n;
+            Ok(())
         })
     }
 
@@ -639,8 +768,9 @@ impl Dma<'_> {
         debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), src.len());
         let mut pos = 0;
         self.with_segments(segs, true, false, |r, off, n| {
-            r.write(off, &src[pos..pos + n]);
+            r.write(off, &src[pos..pos + n])?;
             pos += n;
+            Ok(())
         })
     }
 
@@ -664,9 +794,9 @@ impl Dma<'_> {
             && dm.writable
             && *n as u64 <= sm.len - (s - ss)
             && *n as u64 <= dm.len - (d - ds)
+            && let (Backing::Host(sr), Backing::Host(dr)) = (&sm.region, &dm.region)
         {
-            sm.region
-                .copy_to((s - ss) as usize, &dm.region, (d - ds) as usize, *n);
+            sr.copy_to((s - ss) as usize, dr, (d - ds) as usize, *n);
             return Ok(());
         }
         let (mut from, mut to) = (Chunks::new(), Chunks::new());
@@ -682,7 +812,10 @@ impl Dma<'_> {
         let (mut s, mut d) = (from.next(), to.next());
         while let (Some((sr, so, sn)), Some((dr, dof, dn))) = (s, d) {
             let n = sn.min(dn);
-            sr.copy_to(so, dr, dof, n);
+            copy_chunk(sr, so, dr, dof, n).map_err(|(side, e)| {
+                let segs = if side { src } else { dst };
+                (side, self.remote_failed(segs, e))
+            })?;
             s = if n == sn {
                 from.next()
             } else {
@@ -711,16 +844,20 @@ impl Dma<'_> {
             return None;
         }
         let (start, m) = self.t().lookup(iova)?;
+        let Backing::Host(r) = &m.region else {
+            return None;
+        };
         let off = iova - start;
-        (len as u64 <= m.len - off && (m.writable || !write)).then_some((&m.region, off as usize))
+        (len as u64 <= m.len - off && (m.writable || !write)).then_some((r, off as usize))
     }
 
     /// Device read of `dst.len()` bytes at `iova`.
     pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaError> {
         let mut pos = 0;
         self.with_segments(&[(iova, dst.len())], false, true, |r, off, n| {
-            r.read(off, &mut dst[pos..pos + n]);
+            r.read(off, &mut dst[pos..pos + n])?;
             pos += n;
+            Ok(())
         })
     }
 
@@ -728,8 +865,9 @@ impl Dma<'_> {
     pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaError> {
         let mut pos = 0;
         self.with_segments(&[(iova, src.len())], true, true, |r, off, n| {
-            r.write(off, &src[pos..pos + n]);
+            r.write(off, &src[pos..pos + n])?;
             pos += n;
+            Ok(())
         })
     }
 
@@ -744,7 +882,8 @@ impl Dma<'_> {
     pub(crate) fn read_u8_acquire(&self, iova: u64) -> Result<u8, DmaError> {
         let mut v = 0;
         self.with_segments(&[(iova, 1)], false, true, |r, off, _| {
-            v = r.load_u8_acquire(off)
+            v = r.load_u8_acquire(off)?;
+            Ok(())
         })?;
         Ok(v)
     }
@@ -767,7 +906,15 @@ impl Dma<'_> {
         let mut old = 0;
         // An aligned 8-byte access lies in one 4 KiB-aligned mapping: one chunk.
         self.with_segments(&[(iova, 8)], true, true, |r, off, _| {
-            let a = r.atomic_u64(off);
+            let a = match r {
+                Backing::Host(r) => r.atomic_u64(off),
+                Backing::Remote { addr, .. } => {
+                    return Err(RemoteError {
+                        addr: addr + off as u64,
+                        failure: RemoteFailure::NoAtomics,
+                    });
+                }
+            };
             old = match op {
                 AtomicOp::CmpSwap { compare, swap } => {
                     match a.compare_exchange(
@@ -791,9 +938,29 @@ impl Dma<'_> {
                     }
                 }
             };
+            Ok(())
         })?;
         Ok(old)
     }
+}
+
+/// Copies `n` bytes from `off` of `src` to `dst_off` of `dst`: directly between host
+/// memory, else through a bounce buffer (remote memory on either side). The error says
+/// which side failed: `(true, e)` for the source.
+fn copy_chunk(
+    src: &Backing,
+    off: usize,
+    dst: &Backing,
+    dst_off: usize,
+    n: usize,
+) -> Result<(), (bool, RemoteError)> {
+    if let (Backing::Host(s), Backing::Host(d)) = (src, dst) {
+        s.copy_to(off, d, dst_off, n);
+        return Ok(());
+    }
+    let mut bounce = vec![0u8; n];
+    src.read(off, &mut bounce).map_err(|e| (true, e))?;
+    dst.write(dst_off, &bounce).map_err(|e| (false, e))
 }
 
 /// The debug-build check that a thread never takes a lock of the table while it holds a
@@ -838,9 +1005,9 @@ mod held {
 
 /// A tiny inline-first chunk list (most accesses touch one mapping; no allocation then).
 mod smallvec_lite {
-    use super::HostRegion;
+    use super::Backing;
 
-    pub(super) type Chunk<'a> = (&'a HostRegion, usize, usize);
+    pub(super) type Chunk<'a> = (&'a Backing, usize, usize);
 
     pub(super) struct Chunks<'a> {
         first: Option<Chunk<'a>>,
@@ -870,5 +1037,7 @@ mod smallvec_lite {
     }
 }
 
+#[cfg(test)]
+mod remote_tests;
 #[cfg(test)]
 mod tests;

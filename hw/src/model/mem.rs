@@ -506,6 +506,32 @@ impl Hca {
             .iommu
             .map(iova, HostMapping::new(region).read_only())
     }
+
+    /// Makes `len` bytes of memory reached by messages (`remote.rs`) reachable by the
+    /// device at `iova` (page-aligned `iova` and `len`; no overlap with an existing
+    /// mapping): a device access there is sent to `mem` at bus address `addr` plus its
+    /// offset in the range, read-only for the device unless `writable`. A failed access is
+    /// the device's DMA error for that access (an error completion), as an IOMMU fault is.
+    /// Safe: no host memory is handed over.
+    pub fn dma_map_remote(
+        &self,
+        iova: u64,
+        len: usize,
+        mem: std::sync::Arc<dyn super::RemoteMemory>,
+        addr: u64,
+        writable: bool,
+    ) -> Result<(), ModelError> {
+        self.shared
+            .iommu
+            .map(iova, HostMapping::remote(mem, addr, len as u64, writable))
+    }
+
+    /// Device accesses to remote memory that failed so far ([`dma_map_remote`]).
+    ///
+    /// [`dma_map_remote`]: Self::dma_map_remote
+    pub fn remote_dma_failures(&self) -> u64 {
+        self.shared.iommu.remote_failures()
+    }
 }
 
 /// A zero-filled, 4 KiB-aligned host allocation for DMA (tests, examples).

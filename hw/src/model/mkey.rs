@@ -45,7 +45,8 @@ use std::ops::BitOr;
 
 use super::Shared;
 use super::iommu::{AtomicOp, ByteOrder, Dma, Seen};
-use super::state::{Core, IdAlloc};
+use super::state::Core;
+use super::table::IdAlloc;
 
 /// Access rights of an MKey, and the rights an access needs (local read is always granted).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -5,6 +5,8 @@
 //! - [`mem`](self) — BAR0 backing memory (shared memfd) and raw host-memory access; the
 //!   only module with `unsafe`.
 //! - `iommu` — IOVA → host translation; every device DMA goes through it.
+//! - `model_config` ([`ModelConfig`]), `counters` (what [`Stats`] reports), `lifecycle`
+//!   (the HCA state machine), [`bar_layout`] — what every layer above reads.
 //! - `config` — PCI config space (identity, BAR0, MSI-X, bus master).
 //! - `device` — the device thread: polls BAR0 doorbells, runs commands, advances health.
 //! - `health` — init segment registers: `initializing`, timers, health counter/buffer.
@@ -33,6 +35,7 @@ mod caps;
 mod cmd;
 mod cmdif;
 mod config;
+mod counters;
 mod cq;
 mod datapath;
 mod device;
@@ -48,6 +51,7 @@ mod mkey;
 mod pages;
 pub mod peer;
 mod qp;
+mod remote;
 mod sq;
 mod srq;
 mod state;
@@ -58,10 +62,14 @@ mod vport;
 mod watch;
 mod wq;
 
+pub mod bar_layout;
+mod lifecycle;
+mod model_config;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vmm_sys_util::eventfd::EventFd;
 
@@ -70,101 +78,14 @@ pub use cmdif::MAX_MSG;
 pub use iommu::{AtomicOp, ByteOrder, DmaError, IOVA_END, IOVA_START};
 pub use mem::DmaBuffer;
 pub use mkey::MemError;
+pub use remote::{RemoteError, RemoteFailure, RemoteMemory};
 
 use crate::layout::init_seg::{cmdq_addr_l_sz, reg};
 use config::ConfigSpace;
+pub(crate) use counters::Counters;
 use mem::BarMem;
+pub use model_config::ModelConfig;
 use state::Core;
-
-/// BAR0 layout of the model (prm-subset.md §2, §9.1, §8.3).
-pub mod bar_layout {
-    /// Default BAR0 size (32 MiB, like a ConnectX-5 PF); larger when the MEMIC window needs it.
-    pub const BAR0_MIN_SIZE: usize = 32 << 20;
-    /// BAR0 offset of the MSI-X table (page 2, after the init segment's last registers).
-    pub const MSIX_TABLE: usize = 0x2800;
-    /// BAR0 offset of the MSI-X pending-bit array.
-    pub const MSIX_PBA: usize = 0x2c00;
-    /// Number of MSI-X vectors.
-    pub const NUM_IRQS: u32 = 32;
-    /// One past the last UAR index handed out (UARs live below the MEMIC window).
-    pub const UAR_INDEX_END: u32 = (MEMIC_OFFSET / 4096) as u32;
-    /// BAR0 offset of the MEMIC window (`memic_bar_start_addr`).
-    pub const MEMIC_OFFSET: usize = 16 << 20;
-}
-
-/// Configuration of a model HCA. `Default` is a ConnectX-5-like single-port RoCE HCA.
-#[derive(Clone, Debug)]
-pub struct ModelConfig {
-    /// Firmware revision: major, minor, subminor.
-    pub fw_rev: (u16, u16, u16),
-    /// `initializing` stays 1 this long after creation and after reset.
-    pub boot_delay: Duration,
-    /// `health_counter` advances at least this often.
-    pub health_period: Duration,
-    /// Permanent MAC address of port 1.
-    pub mac: [u8; 6],
-    /// QUERY_PAGES boot answer.
-    pub boot_pages: u32,
-    /// QUERY_PAGES init answer.
-    pub init_pages: u32,
-    /// MEMIC window size and `max_memic_size` in bytes (multiple of 4 KiB).
-    pub memic_size: u32,
-    /// Name (memfd name, logs).
-    pub name: String,
-    /// The port's loopback queue takes Linux `lo`'s offloads (default): frames a port sends
-    /// to itself carry no ICRC, and RDMA WRITE, SEND and READ response payloads cross it as
-    /// bursts (`rc::Burst`), copied once from the sender's memory. False: they are real
-    /// packets, one per MTU with an ICRC, as on a link.
-    pub loopback_offload: bool,
-    /// The addresses of the network interface the port is put on
-    /// ([`link::net::NetLink`](crate::link::net::NetLink)); empty (default): the port has
-    /// the made-up addresses of its MAC. When given, the GID table holds them as Linux
-    /// builds a RoCE device's table from its netdev: the IPv6 link-local addresses first,
-    /// then the IPv4 addresses (IPv4-mapped), then the other IPv6 addresses, all RoCEv2.
-    pub port_addrs: Vec<std::net::IpAddr>,
-    /// The lowest QPN the model hands out (default 2, the first after the SMI and GSI
-    /// QPs; values below 2 or in the top half of the QPN space are taken as 2). A port on
-    /// a real network starts each run somewhere else (`ModelConfig::run_first_qpn`): a
-    /// peer's CM remembers a connection after it ends (IBA §12.9.8.3.1, time wait) and
-    /// rejects a new REQ from the same CA GUID and QPN as stale (REJ reason 10), which a
-    /// fresh model handing out the same QPNs every run runs into (seen against Linux's CM,
-    /// docs/spec/rdma-cm-wire.md §8).
-    pub first_qpn: u32,
-}
-
-impl ModelConfig {
-    /// A first QPN that differs from run to run (from the clock and the process ID), for
-    /// models whose port faces peers that outlive the process.
-    pub fn run_first_qpn() -> u32 {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let mut x = t ^ (u64::from(std::process::id()) << 20);
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        state::FIRST_QPN + (x % u64::from(state::MAX_FIRST_QPN - state::FIRST_QPN)) as u32
-    }
-}
-
-impl Default for ModelConfig {
-    fn default() -> Self {
-        ModelConfig {
-            fw_rev: (16, 35, 1000),
-            boot_delay: Duration::from_millis(1),
-            health_period: Duration::from_millis(1),
-            mac: [0x02, 0x00, 0x00, 0x00, 0x00, 0x01],
-            boot_pages: 4,
-            init_pages: 8,
-            memic_size: 256 << 10,
-            name: "model0".to_string(),
-            loopback_offload: true,
-            port_addrs: Vec::new(),
-            first_qpn: state::FIRST_QPN,
-        }
-    }
-}
 
 /// Errors of the model's host-side API.
 #[derive(Debug, thiserror::Error)]
@@ -292,53 +213,6 @@ pub struct Stats {
     pub qkey_violations: u64,
     /// Request packets the RC transport retransmitted.
     pub retransmits: u64,
-}
-
-/// Live counters (atomics) behind [`Stats`].
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) commands_done: AtomicU64,
-    pub(crate) delivery_errors: AtomicU64,
-    pub(crate) cmdq_unreachable: AtomicU64,
-    pub(crate) eqes_posted: AtomicU64,
-    pub(crate) eq_overruns: AtomicU64,
-    pub(crate) irqs_signalled: AtomicU64,
-    pub(crate) page_requests: AtomicU64,
-    pub(crate) polls: AtomicU64,
-    pub(crate) idle_sleeps: AtomicU64,
-    pub(crate) resets: AtomicU64,
-    pub(crate) mkey_faults: AtomicU64,
-    pub(crate) cqes: AtomicU64,
-    pub(crate) cq_overruns: AtomicU64,
-    pub(crate) wqes_executed: AtomicU64,
-    pub(crate) packets_tx: AtomicU64,
-    pub(crate) packets_rx: AtomicU64,
-    pub(crate) bursts_tx: AtomicU64,
-    pub(crate) ud_dropped: AtomicU64,
-    pub(crate) qkey_violations: AtomicU64,
-    /// The port's QUERY_VPORT_COUNTER counters (`cmd::vport::PortCounters`).
-    pub(crate) port: cmd::vport::PortCounters,
-}
-
-impl Counters {
-    pub(crate) fn inc(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// [`inc`](Self::inc) for a counter whose writers never run at once: `polls` and the
-    /// port's frame counts (device thread only), `packets_tx`, `packets_rx`, `bursts_tx`,
-    /// `wqes_executed`, `cqes` (data path, with the core lock held). A load and a store,
-    /// no locked read-modify-write on the data path; readers still see every value whole.
-    pub(crate) fn inc_dev(c: &AtomicU64) {
-        Counters::add_dev(c, 1);
-    }
-
-    /// [`inc_dev`](Self::inc_dev) by `n`, under the same rule (also the port's
-    /// QUERY_VPORT_COUNTER counters, written by the data path and cleared by the command,
-    /// both with the core lock held).
-    pub(crate) fn add_dev(c: &AtomicU64, n: u64) {
-        c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-    }
 }
 
 /// Fault injection for tests.

@@ -11,7 +11,8 @@ use std::collections::BTreeSet;
 
 use crate::layout::eqe::{EqePageReq, EventType};
 
-use super::state::{Core, Lifecycle};
+use super::lifecycle::Lifecycle;
+use super::state::Core;
 use super::{Counters, ModelConfig, Shared, eq};
 
 /// ICM objects that share one firmware page.

@@ -17,7 +17,7 @@ use super::iommu::Dma;
 use super::sq::{Ctrl, MAX_WQE};
 use super::srq::Srq;
 use super::table::Table;
-use super::vport::{GidEntry, L3_IPV4};
+use super::vport::{DEFAULT_PKEY, GidEntry, L3_IPV4};
 use super::wq::{Hints, QueueBuf, extend_counter, read_dbr};
 
 /// Bytes of a whole send WQE as `Qp::read_sq_wqe` reads it: the largest the model takes,
@@ -79,8 +79,6 @@ impl QpKind {
 /// docs/performance.md ("Instruction counts"). It bounds a loopback burst to 1 MiB at MTU
 /// 4096.
 const MAX_INFLIGHT: u32 = 256;
-/// P_Key of every RoCE QP (the model's P_Key table is empty: the default partition).
-const DEFAULT_PKEY: u16 = 0xFFFF;
 /// Hop limit / TTL when the path leaves it 0.
 pub(crate) const DEFAULT_HOP_LIMIT: u8 = 64;
 
@@ -134,6 +132,16 @@ pub(crate) struct Qp {
 }
 
 impl Qp {
+    /// Moves the QP to ERR (its engine flushes what it holds, on its next poll).
+    pub(crate) fn move_to_error(&mut self) {
+        self.state = QpState::Err;
+        self.active = true;
+        self.moved = true;
+        if let Some(e) = self.engine.as_mut() {
+            e.set_error();
+        }
+    }
+
     /// A view of the stored context.
     pub(crate) fn ctx(&self) -> Qpc<&[u8]> {
         Qpc::new_unchecked(&self.qpc[..])

@@ -4,100 +4,19 @@
 //! batch of commands or doorbells, and `Hca::reset` replaces it with a fresh one. Adding a
 //! resource kind (CQ, QP, MKey, MEMIC) means adding a table here and handlers in `cmd/`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::ModelConfig;
 use super::caps::CapSet;
 use super::datapath::DataPath;
 use super::eq::Eq;
+use super::lifecycle::Lifecycle;
 use super::memic::Memic;
 use super::mkey::MkeyTable;
+use super::model_config::{FIRST_QPN, MAX_FIRST_QPN};
 use super::pages::Pages;
-use super::vport::Vport;
-
-/// HCA lifecycle (prm-subset.md §4).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Lifecycle {
-    /// Power-on / after DISABLE_HCA or FLR: only ENABLE_HCA (and NOP) are accepted.
-    Disabled,
-    /// After ENABLE_HCA: ISSI, pages, capabilities, INIT_HCA.
-    Enabled,
-    /// After INIT_HCA: resources.
-    Initialized,
-    /// After TEARDOWN_HCA: page reclaim and DISABLE_HCA.
-    TornDown,
-}
-
-impl Lifecycle {
-    /// Bit of this state in a `StateMask`.
-    pub(crate) const fn bit(self) -> u8 {
-        match self {
-            Lifecycle::Disabled => 1,
-            Lifecycle::Enabled => 2,
-            Lifecycle::Initialized => 4,
-            Lifecycle::TornDown => 8,
-        }
-    }
-}
-
-/// Allocator of small resource numbers: the lowest free number in `[min, end)`.
-#[derive(Debug)]
-pub(crate) struct IdAlloc {
-    min: u32,
-    end: u32,
-    used: BTreeSet<u32>,
-}
-
-impl IdAlloc {
-    pub(crate) fn new(min: u32, end: u32) -> IdAlloc {
-        IdAlloc {
-            min,
-            end,
-            used: BTreeSet::new(),
-        }
-    }
-
-    /// Takes the lowest free number, or `None` when all are used.
-    pub(crate) fn alloc(&mut self) -> Option<u32> {
-        let mut want = self.min;
-        for &u in self.used.range(self.min..) {
-            if u != want {
-                break;
-            }
-            want += 1;
-        }
-        (want < self.end).then(|| {
-            self.used.insert(want);
-            want
-        })
-    }
-
-    /// Frees `id`; false if it was not allocated.
-    pub(crate) fn free(&mut self, id: u32) -> bool {
-        self.used.remove(&id)
-    }
-
-    /// Whether `id` is allocated.
-    pub(crate) fn contains(&self, id: u32) -> bool {
-        self.used.contains(&id)
-    }
-
-    /// Number allocated.
-    pub(crate) fn len(&self) -> usize {
-        self.used.len()
-    }
-
-    /// The allocated numbers.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.used.iter().copied()
-    }
-}
-
-/// The first QPN the model gives out (0 and 1 are the special QPs).
-pub(crate) const FIRST_QPN: u32 = 2;
-/// The highest [`ModelConfig::first_qpn`](super::ModelConfig::first_qpn) taken: the
-/// bottom half of the QPN space, so the top half is always there to allocate.
-pub(crate) const MAX_FIRST_QPN: u32 = 1 << (super::caps::LOG_MAX_QP - 1);
+use super::table::IdAlloc;
+use super::vport::{RegState, Vport};
 
 /// Everything a function-level reset forgets.
 pub(crate) struct Core {
@@ -119,7 +38,7 @@ pub(crate) struct Core {
     /// HOST_ENDIANNESS register (`he` byte) as last written.
     pub(crate) host_endianness: u8,
     /// The writable access registers (PAOS, PTYS, PMTU, NODE_DESC).
-    pub(crate) regs: super::cmd::reg::RegState,
+    pub(crate) regs: RegState,
     /// SET_DRIVER_VERSION string.
     pub(crate) driver_version: Vec<u8>,
     /// CQ numbers (from 1: 0 marks an empty CQ doorbell).
@@ -156,7 +75,7 @@ impl Core {
             eqs: BTreeMap::new(),
             vport: Vport::new(cfg),
             host_endianness: 0,
-            regs: super::cmd::reg::RegState::new(),
+            regs: RegState::new(),
             driver_version: Vec::new(),
             cqns: IdAlloc::new(1, 1 << super::caps::LOG_MAX_CQ),
             // QPNs 0 and 1 are the subnet management and general services QPs (IBA
@@ -193,19 +112,6 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn id_alloc_reuses_the_lowest_free() {
-        let mut a = IdAlloc::new(3, 6);
-        assert_eq!(
-            (a.alloc(), a.alloc(), a.alloc(), a.alloc()),
-            (Some(3), Some(4), Some(5), None)
-        );
-        assert!(a.free(4));
-        assert!(!a.free(4));
-        assert_eq!(a.alloc(), Some(4));
-        assert_eq!(a.len(), 3);
-    }
 
     #[test]
     fn qpns_start_at_the_configured_first_qpn_and_bad_values_fall_back_to_2() {

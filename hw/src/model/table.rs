@@ -1,10 +1,13 @@
-//! A table of model objects indexed directly by their number (QPN, CQN).
+//! A table of model objects indexed directly by their number (QPN, CQN), and the allocator
+//! of those numbers.
 //!
-//! The model hands out QPNs and CQNs lowest-free first (`state::IdAlloc`), so the numbers
+//! The model hands out QPNs and CQNs lowest-free first ([`IdAlloc`]), so the numbers
 //! in use are small and dense: a slot per number finds an object with one bounds check
 //! and one load, where a map walks a tree on every doorbell and every received frame.
 //! Slots past the highest number in use are dropped, so a walk over the table visits at
 //! most as many slots as the highest number in use.
+
+use std::collections::BTreeSet;
 
 /// Objects by number; slot `n` holds the object numbered `n`.
 pub(crate) struct Table<T> {
@@ -85,9 +88,75 @@ impl<T> Table<T> {
     }
 }
 
+/// Allocator of small resource numbers: the lowest free number in `[min, end)`.
+#[derive(Debug)]
+pub(crate) struct IdAlloc {
+    min: u32,
+    end: u32,
+    used: BTreeSet<u32>,
+}
+
+impl IdAlloc {
+    pub(crate) fn new(min: u32, end: u32) -> IdAlloc {
+        IdAlloc {
+            min,
+            end,
+            used: BTreeSet::new(),
+        }
+    }
+
+    /// Takes the lowest free number, or `None` when all are used.
+    pub(crate) fn alloc(&mut self) -> Option<u32> {
+        let mut want = self.min;
+        for &u in self.used.range(self.min..) {
+            if u != want {
+                break;
+            }
+            want += 1;
+        }
+        (want < self.end).then(|| {
+            self.used.insert(want);
+            want
+        })
+    }
+
+    /// Frees `id`; false if it was not allocated.
+    pub(crate) fn free(&mut self, id: u32) -> bool {
+        self.used.remove(&id)
+    }
+
+    /// Whether `id` is allocated.
+    pub(crate) fn contains(&self, id: u32) -> bool {
+        self.used.contains(&id)
+    }
+
+    /// Number allocated.
+    pub(crate) fn len(&self) -> usize {
+        self.used.len()
+    }
+
+    /// The allocated numbers.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.used.iter().copied()
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Table;
+    use super::{IdAlloc, Table};
+
+    #[test]
+    fn id_alloc_reuses_the_lowest_free() {
+        let mut a = IdAlloc::new(3, 6);
+        assert_eq!(
+            (a.alloc(), a.alloc(), a.alloc(), a.alloc()),
+            (Some(3), Some(4), Some(5), None)
+        );
+        assert!(a.free(4));
+        assert!(!a.free(4));
+        assert_eq!(a.alloc(), Some(4));
+        assert_eq!(a.len(), 3);
+    }
 
     #[test]
     fn holes_are_skipped_and_the_tail_is_trimmed() {

@@ -26,7 +26,6 @@ use crate::layout::wqe::{WqeOpcode, fm_ce_se};
 use crate::link::Link;
 use crate::rc::{LocalRef, RecvQueue, SendSlot};
 
-use super::cmd::pkey::DEFAULT_PKEY;
 use super::cq::{Cq, Event};
 use super::datapath::Sink;
 use super::iommu::Dma;
@@ -36,6 +35,7 @@ use super::sq::{Ctrl, local_data};
 use super::srq::Srq;
 use super::state::Core;
 use super::table::Table;
+use super::vport::DEFAULT_PKEY;
 use super::{Counters, Shared};
 
 /// The QPN every port's GSI QP answers to.
@@ -64,7 +64,7 @@ pub(crate) fn run_sq(
     while (pi.wrapping_sub(qp.sq_ci) as i32) > 0 {
         let idx = qp.sq_ci as u16;
         let Some((ctrl, w)) = qp.read_sq_wqe(dma) else {
-            super::datapath::to_error(qp);
+            qp.move_to_error();
             return;
         };
         let nbb = ctrl.wqebbs();

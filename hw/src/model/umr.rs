@@ -77,7 +77,7 @@ fn run_qp(sh: &Shared, dma: &Dma<'_>, core: &mut Core, qpn: u32) {
         let idx = qp.sq_ci as u16;
         let state = qp.state;
         let Some((ctrl, w)) = qp.read_sq_wqe(dma) else {
-            super::datapath::to_error(qp);
+            qp.move_to_error();
             return;
         };
         let nbb = ctrl.wqebbs();

@@ -5,7 +5,7 @@
 //! RFC 4291 appendix A) and index 1 is the IPv4-mapped address `10.0.<mac[4]>.<mac[5]>`.
 
 use super::ModelConfig;
-use super::caps::GID_TABLE_SIZE;
+use super::caps::{GID_TABLE_SIZE, PKEY_TABLE_SIZE};
 
 /// `roce_version` value of a RoCEv2 GID entry (`MLX5_ROCE_VERSION_2`).
 pub(crate) const ROCE_VERSION_2: u32 = 2;
@@ -112,6 +112,82 @@ pub(crate) fn ipv4_mapped(ip: [u8; 4]) -> [u8; 16] {
     g[11] = 0xff;
     g[12..].copy_from_slice(&ip);
     g
+}
+
+/// The port's P_Key table (docs/spec/mlx5-ib-objects.md §3): a RoCE port has one partition,
+/// the default P_Key (IBTA: full member of the default partition) at entry 0, the other
+/// entries 0 (invalid). Every RoCE QP uses it.
+pub(crate) const DEFAULT_PKEY: u16 = 0xFFFF;
+
+/// Entries of the P_Key table: `pkey_table_size` decoded as Linux's
+/// `mlx5_to_sw_pkey_sz` does (128 << n).
+pub(crate) const fn pkey_entries() -> u32 {
+    128 << PKEY_TABLE_SIZE
+}
+
+/// P_Key at `index` of the table.
+pub(crate) const fn pkey_at(index: u32) -> u16 {
+    if index == 0 { DEFAULT_PKEY } else { 0 }
+}
+
+/// PAOS `admin_status` / `oper_status`: up.
+pub(crate) const PORT_UP: u32 = 1;
+/// PAOS `admin_status` / `oper_status`: down.
+pub(crate) const PORT_DOWN: u32 = 2;
+/// PTYS `eth_proto_*` bits of the 100 Gb/s protocols (Linux `MLX5E_100GBASE_CR4` = 20,
+/// SR4 21, KR4 22, LR4 23): the model's port is a 100 Gb/s port.
+pub(crate) const ETH_PROTO_100G: u32 = 0xF << 20;
+/// PTYS: the protocol the link comes up with when the admin mask allows it (100GBASE_CR4).
+pub(crate) const ETH_PROTO_100G_CR4: u32 = 1 << 20;
+
+/// The state of the writable registers (forgotten by a function reset, like the rest of
+/// the core).
+#[derive(Clone, Debug)]
+pub(crate) struct RegState {
+    /// PAOS `admin_status` (1 up, 2 down, 3 up once).
+    pub(crate) admin_status: u32,
+    /// PTYS `eth_proto_admin`.
+    pub(crate) eth_proto_admin: u32,
+    /// PMTU `admin_mtu`.
+    pub(crate) admin_mtu: u32,
+    /// NODE_DESC.
+    pub(crate) node_desc: [u8; 64],
+}
+
+impl RegState {
+    pub(crate) fn new() -> RegState {
+        let mut node_desc = [0u8; 64];
+        let d = b"uhca model HCA";
+        node_desc[..d.len()].copy_from_slice(d);
+        RegState {
+            admin_status: PORT_UP,
+            eth_proto_admin: ETH_PROTO_100G,
+            admin_mtu: 1500 + 22,
+            node_desc,
+        }
+    }
+
+    /// PAOS `oper_status`: the model's link is up whenever the port is administratively up.
+    pub(crate) fn oper_status(&self) -> u32 {
+        if self.admin_status == PORT_DOWN {
+            PORT_DOWN
+        } else {
+            PORT_UP
+        }
+    }
+
+    /// PTYS `eth_proto_oper`: CR4 when allowed, else the lowest allowed 100G protocol,
+    /// none while the port is down.
+    pub(crate) fn eth_proto_oper(&self) -> u32 {
+        let allowed = self.eth_proto_admin & ETH_PROTO_100G;
+        if self.oper_status() != PORT_UP || allowed == 0 {
+            0
+        } else if allowed & ETH_PROTO_100G_CR4 != 0 {
+            ETH_PROTO_100G_CR4
+        } else {
+            allowed & allowed.wrapping_neg()
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@ use crate::layout::roce::{AethRepr, RethRepr};
 /// SEND requests, or the responses to an RDMA READ) sent as one frame, whose payload stays in
 /// the sender's memory until the receiver copies it in.
 ///
-/// Only a link that keeps frames inside the device ([`Link::is_local`], a port's own
-/// loopback queue) carries bursts ([`Link::send_burst`]), as Linux's `lo` takes 64 KiB
+/// Only a port's loopback offload sends bursts ([`Offload::send_burst`](super::Offload::send_burst)),
+/// for frames that stay inside the device (the port's own loopback queue carries the burst
+/// beside its frame), as Linux's `lo` takes 64 KiB
 /// segments (`NETIF_F_ALL_TSO`, MTU 64 KiB) and hands the sender's buffer to the receiver
 /// without a copy: nothing on such a path can split, lose or corrupt a packet, and no wire
 /// sees it. The frame holds the first packet's headers (opcode, PSN, RETH) and no payload;
@@ -24,9 +25,7 @@ use crate::layout::roce::{AethRepr, RethRepr};
 /// RDMA WRITEs and SENDs that follow it in the send queue, or the responses to READs that
 /// follow it in the responder's queue, as a TCP sender coalesces small writes into one
 /// segment. The receiver takes each as if it came in a burst of its own, in order.
-///
-/// [`Link::is_local`]: crate::link::Link::is_local
-/// [`Link::send_burst`]: crate::link::Link::send_burst
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Burst {
     /// Packets it stands for (at least 1), from the frame's PSN on.

@@ -27,6 +27,9 @@
 //! credits), alternate paths/APM, congestion control (ECN/CNP), UC/UD transports.
 
 mod burst;
+mod error;
+mod memory;
+mod offload;
 mod requester;
 mod responder;
 mod sge;
@@ -36,6 +39,9 @@ mod types;
 mod tests;
 
 pub use burst::{Burst, MAX_MORE, MoreMsg, MoreMsgs};
+pub use error::PostError;
+pub use memory::{Access, AccessError, AtomicOp, CopyFault, CopyIn, Memory};
+pub use offload::Offload;
 pub use sge::{MAX_INLINE, MAX_SGE, Sge, SgeList};
 pub use types::*;
 
@@ -48,6 +54,9 @@ use responder::Responder;
 pub struct Env<'a> {
     /// Frames out.
     pub link: &'a dyn Link,
+    /// The port's loopback offload, if it has one: messages to a destination it takes go
+    /// as [`Burst`]s ([`Offload::send_burst`]), the rest as packets on `link`.
+    pub offload: Option<&'a dyn Offload>,
     /// Local and remote memory.
     pub mem: &'a dyn Memory,
     /// The QP's receive queue (or its SRQ).
@@ -174,10 +183,11 @@ impl Tx {
 }
 
 impl Tx {
-    /// Whether this QP's frames stay inside the device on `link` ([`Link::is_local`]).
+    /// Whether this QP's messages may go as bursts: the port has an offload that takes its
+    /// destination ([`Offload::takes_bursts`]).
     #[inline]
-    fn is_local(&self, link: &dyn Link) -> bool {
-        link.is_local(&self.hdr.dst_mac())
+    fn bursts(&self, offload: Option<&dyn Offload>) -> bool {
+        offload.is_some_and(|o| o.takes_bursts(&self.hdr.dst_mac()))
     }
 
     /// Bytes on a wire of `packets` packets with `len` payload bytes in all, the first
@@ -192,11 +202,12 @@ impl Tx {
     }
 
     /// Sends the headers of a burst's first packet (no payload, no ICRC: the frame stays
-    /// in the device) with `burst` beside them ([`Link::send_burst`]).
+    /// in the device) with `burst` beside them ([`Offload::send_burst`]; none refuses as the
+    /// offload does a frame it does not take).
     #[allow(clippy::too_many_arguments)]
     fn send_burst(
         &mut self,
-        link: &dyn Link,
+        offload: Option<&dyn Offload>,
         stats: &mut RcStats,
         opcode: crate::layout::roce::RcOpcode,
         psn: crate::layout::roce::Psn,
@@ -211,14 +222,17 @@ impl Tx {
         };
         let hdr = &self.hdr;
         let mut emit_err = false;
-        let sent = link.send_burst(
-            &mut |buf: &mut [u8]| {
-                hdr.emit_in_place_with(buf, bth, ext, 0, false)
-                    .map_err(|_| emit_err = true)
-                    .ok()
-            },
-            burst,
-        );
+        let sent = match offload {
+            Some(o) => o.send_burst(
+                &mut |buf: &mut [u8]| {
+                    hdr.emit_in_place_with(buf, bth, ext, 0, false)
+                        .map_err(|_| emit_err = true)
+                        .ok()
+                },
+                burst,
+            ),
+            None => Err(LinkError::NoBursts),
+        };
         match sent {
             Ok(()) if !emit_err => {
                 stats.tx_packets += u64::from(burst.frame_packets());

@@ -23,6 +23,8 @@ mod queue;
 use queue::SendQueue;
 
 use super::burst::*;
+use super::error::PostError;
+use super::memory::*;
 use super::sge::{CopyError, check_gather, gather, scatter, scatter_from};
 use super::types::*;
 use super::{BURST_MIN, Env, RcStats, Tx, TxStop};
@@ -506,7 +508,7 @@ impl Requester {
             WrOp::Write { .. } | WrOp::WriteImm { .. } | WrOp::Send | WrOp::SendImm { .. }
         ) && matches!(w.wr.local(), LocalRef::Sges(_))
             && (w.npkts - k > 1 || w.len > BURST_MIN)
-            && tx.is_local(cx.env.link)
+            && tx.bursts(cx.env.offload)
         {
             return self.transmit_burst(cx, tx, k, inflight);
         }

@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 
 use super::burst::*;
+use super::memory::*;
 use super::sge::{
     CopyError, SendFault, Sge, SgeList, check_gather_in, copy_between, copy_in, scatter,
 };
@@ -638,7 +639,7 @@ impl Responder {
                         started,
                         msn,
                     } = rd;
-                    if tx.is_local(env.link) && (psn != last || left > BURST_MIN) {
+                    if tx.bursts(env.offload) && (psn != last || left > BURST_MIN) {
                         // The rest as bursts, read by the requester (see `read_burst`); a
                         // region that went away is NAKed here as below.
                         let sent = read_burst(tx, env, stats, mtu, &rd, self.out.range(1..));

@@ -1,6 +1,7 @@
 //! Scatter/gather lists and the copies between them and packet payloads.
 
-use super::types::{Access, AccessError, CopyFault, Memory, PostError};
+use super::error::PostError;
+use super::memory::{Access, AccessError, CopyFault, Memory};
 
 /// Most SGEs in one list (a send WQE of 16 data segments; the model may advertise fewer).
 pub const MAX_SGE: usize = 16;

@@ -26,10 +26,14 @@
 //!   INTx, MSI, ERR and REQ have no vectors.
 //! - **DMA**: DMA_MAP with a file (memfd, hugetlbfs) is mapped here and handed to the model
 //!   IOMMU ([`Hca::dma_map`]); DMA_UNMAP removes it from the IOMMU (which waits for
-//!   in-flight device accesses) and then unmaps it. A DMA_MAP without a file is accepted
-//!   (QEMU sends them for ROM and VGA memory) but not DMA-able yet: [`vfu::DmaPort`] sends DMA_READ/DMA_WRITE
-//!   messages, but the model IOMMU has no mapping kind that uses it, so a device access
-//!   there faults.
+//!   in-flight device accesses) and then unmaps it. A DMA_MAP without a file (QEMU sends
+//!   them for an IOVA the guest mapped to another function's BAR, docs/spec/p2p-vm.md, and
+//!   for ROM and VGA memory) becomes a model mapping of memory reached by messages
+//!   ([`Hca::dma_map_remote`] with the session's [`vfu::DmaPort`]): each device access there
+//!   is a DMA_READ or DMA_WRITE to the client at the same address, bounded by the port's
+//!   timeout, and a failed one is the device's DMA error (an error completion). With the
+//!   `vfio_user` crate's loop (no port), or for a range the model IOMMU cannot map (not
+//!   page-aligned), it is accepted but not DMA-able: a device access there faults.
 //! - **Reset**: DEVICE_RESET is [`Hca::reset`].
 //!
 //! The server serves one client per [`ModelServer::serve_one`]; between clients
@@ -43,6 +47,9 @@ mod doorman;
 mod gpu;
 mod host;
 pub mod vfu;
+
+#[cfg(test)]
+mod remote_tests;
 
 pub use gpu::GpuServer;
 
@@ -301,7 +308,15 @@ impl ModelServer {
             regions: &self.regions,
             irqs: &self.irqs,
         };
-        vfu::serve(&mut stream, &dev, &mut self.device).map_err(ServerError::Own)
+        let port = std::sync::Arc::new(
+            vfu::DmaPort::new(&stream, vfu::DMA_TIMEOUT).map_err(|e| ServerError::Own(e.into()))?,
+        );
+        self.device.port = Some(port.clone());
+        let r = vfu::serve_port(&mut stream, &dev, &mut self.device, &port);
+        // The port is closed: a device access to a range still mapped by messages fails
+        // at once until `release_client` unmaps it.
+        self.device.port = None;
+        r.map_err(ServerError::Own)
     }
 }
 
@@ -443,8 +458,11 @@ struct ModelDevice {
     hca: Hca,
     /// Client regions mapped here and in the model IOMMU.
     mem: ClientMemory,
-    /// DMA_MAPs without a file (accepted, not DMA-able), by IOVA: length.
-    unbacked: BTreeMap<u64, u64>,
+    /// DMA_MAPs without a file, by IOVA: length and whether the model IOMMU maps it to
+    /// the client by messages (else it is accepted but not DMA-able).
+    unbacked: BTreeMap<u64, (u64, bool)>,
+    /// The current session's sender of DMA_READ/DMA_WRITE (own loop only).
+    port: Option<std::sync::Arc<vfu::DmaPort>>,
     /// The current session's doorman, told when the client first touches the device.
     session: Option<doorman::Opener>,
     /// Whether the current session touched the device.
@@ -465,6 +483,7 @@ impl ModelDevice {
             hca,
             mem: ClientMemory::default(),
             unbacked: BTreeMap::new(),
+            port: None,
             session: None,
             touched: false,
         }
@@ -481,6 +500,53 @@ impl ModelDevice {
         }
     }
 
+    /// A DMA_MAP without a file: the model reaches `[address, address + size)` by
+    /// DMA_READ/DMA_WRITE messages to the client at the same addresses (the session's
+    /// port), read-only unless the client gave write access; without a port, or where the
+    /// model IOMMU cannot map the range, it is accepted but not DMA-able.
+    fn map_unbacked(&mut self, flags: DmaMapFlags, address: u64, size: u64) -> io::Result<()> {
+        if self.unbacked.contains_key(&address) {
+            return Err(invalid(format!(
+                "DMA_MAP at {address:#x}: a range is already mapped there"
+            )));
+        }
+        let writable = flags.contains(DmaMapFlags::WRITE);
+        let remote = match (&self.port, usize::try_from(size)) {
+            (Some(port), Ok(len)) => {
+                let mem: std::sync::Arc<dyn uhca::hw::model::RemoteMemory> = port.clone();
+                match self
+                    .hca
+                    .dma_map_remote(address, len, mem, address, writable)
+                {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(iova = address, size, error = %e,
+                            "DMA_MAP without a file: accepted but not DMA-able");
+                        false
+                    }
+                }
+            }
+            _ => {
+                tracing::warn!(
+                    iova = address,
+                    size,
+                    "DMA_MAP without a file: accepted but not DMA-able (no DMA_READ/DMA_WRITE port)"
+                );
+                false
+            }
+        };
+        if remote {
+            tracing::debug!(
+                iova = address,
+                size,
+                ?flags,
+                "DMA_MAP without a file: reached by DMA_READ/DMA_WRITE"
+            );
+        }
+        self.unbacked.insert(address, (size, remote));
+        Ok(())
+    }
+
     /// Unmaps the regions that start inside `[iova, iova + len)`; `len` = 0: all of them.
     fn unmap_range(&mut self, iova: u64, len: u64) -> io::Result<()> {
         let (start, end) = if len == 0 {
@@ -490,9 +556,19 @@ impl ModelDevice {
         };
         let n = self.mem.unmap(&self.hca, start, end)?;
         tracing::debug!(iova, len, regions = n, "DMA unmapped");
-        let gone: Vec<u64> = self.unbacked.range(start..end).map(|(k, _)| *k).collect();
-        for k in gone {
+        let gone: Vec<(u64, u64, bool)> = self
+            .unbacked
+            .range(start..end)
+            .map(|(k, (len, remote))| (*k, *len, *remote))
+            .collect();
+        for (k, len, remote) in gone {
             self.unbacked.remove(&k);
+            if remote {
+                // Waits for in-flight device accesses (their messages are bounded).
+                if let Err(e) = self.hca.dma_unmap(k, len as usize) {
+                    tracing::error!(iova = k, error = %e, "unmapping a range reached by messages");
+                }
+            }
         }
         Ok(())
     }
@@ -569,13 +645,7 @@ impl ServerBackend for ModelDevice {
             )));
         }
         let Some(file) = fd else {
-            tracing::warn!(
-                iova = address,
-                size,
-                "DMA_MAP without a file: accepted but not DMA-able (no DMA_READ/DMA_WRITE)"
-            );
-            self.unbacked.insert(address, size);
-            return Ok(());
+            return self.map_unbacked(flags, address, size);
         };
         // Every IOVA is DMA-able, page 0 included (QEMU maps guest RAM at its physical
         // addresses from 0; a guest IOMMU may hand out IOVA 0).

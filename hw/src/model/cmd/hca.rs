@@ -6,7 +6,8 @@ use crate::layout::cmds::{
     SetHcaCapIn, SetIssiIn, TeardownHcaIn,
 };
 
-use super::super::state::{Core, Lifecycle};
+use super::super::lifecycle::Lifecycle;
+use super::super::state::Core;
 use super::{CmdResult, Ctx, bad_param, err, syndrome as s};
 
 /// ISSIs the model supports (`supported_issi_dw0`): 0 and 1.

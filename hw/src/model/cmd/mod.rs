@@ -26,7 +26,8 @@ pub(crate) mod vport;
 use crate::layout::cmd::{CmdStatus, InHeader, Opcode, OutHeader};
 
 use super::Shared;
-use super::state::{Core, Lifecycle};
+use super::lifecycle::Lifecycle;
+use super::state::Core;
 
 /// A failed command: the status byte and the syndrome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

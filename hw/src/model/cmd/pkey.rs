@@ -7,25 +7,12 @@
 use crate::layout::srq::{QueryHcaVportPkeyIn, QueryHcaVportPkeyOut};
 use crate::layout::{Buf, BufMut};
 
-use super::super::caps::PKEY_TABLE_SIZE;
+use super::super::vport::{pkey_at, pkey_entries};
 use super::{CmdResult, Ctx, bad_param, err, syndrome as s};
 use crate::layout::cmd::CmdStatus;
 
-/// The default P_Key (IBTA: full member of the default partition).
-pub(crate) const DEFAULT_PKEY: u16 = 0xFFFF;
 /// `pkey_index` asking for every entry.
 const ALL: u32 = 0xFFFF;
-
-/// Entries of the P_Key table: `pkey_table_size` decoded as Linux's
-/// `mlx5_to_sw_pkey_sz` does (128 << n).
-pub(crate) const fn pkey_entries() -> u32 {
-    128 << PKEY_TABLE_SIZE
-}
-
-/// P_Key at `index` of the table.
-pub(crate) const fn pkey_at(index: u32) -> u16 {
-    if index == 0 { DEFAULT_PKEY } else { 0 }
-}
 
 pub(super) fn query_hca_vport_pkey(
     ctx: &mut Ctx<'_>,

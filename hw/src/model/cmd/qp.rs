@@ -13,11 +13,10 @@ use crate::layout::qpc::{Ads, Qpc};
 use crate::rc::{AtomicEndianness, RcQp};
 
 use super::super::caps::{LOG_MAX_QP_SZ, MAX_WQE_SZ_RQ};
-use super::super::datapath;
 use super::super::qp::{Qp, QpKind, QpState};
+use super::super::vport::pkey_entries;
 use super::super::wq::QueueBuf;
 use super::cq::{buf_err, dbr_ok};
-use super::pkey::pkey_entries;
 use super::{CmdErr, CmdResult, Ctx, bad_param, err, syndrome as s};
 
 const QPC: usize = CreateQpIn::<()>::QPC;
@@ -381,7 +380,7 @@ pub(super) fn rts2rts_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
 pub(super) fn qp_2err(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
     let qpn = Qp2rstIn::new_unchecked(input).qpn();
     let qp = ctx.core.dp.qps.get_mut(qpn).ok_or_else(no_qp)?;
-    datapath::to_error(qp);
+    qp.move_to_error();
     Ok(())
 }
 

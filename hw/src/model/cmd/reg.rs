@@ -17,35 +17,13 @@ use crate::layout::reg::{
 };
 
 use super::super::eq;
+use super::super::vport::{ETH_PROTO_100G, PORT_UP};
 use super::{CmdResult, Ctx, bad_param, err, syndrome as s};
 
-/// The state of the writable registers (forgotten by a function reset, like the rest of
-/// the core).
-#[derive(Clone, Debug)]
-pub(crate) struct RegState {
-    /// PAOS `admin_status` (1 up, 2 down, 3 up once).
-    pub(crate) admin_status: u32,
-    /// PTYS `eth_proto_admin`.
-    pub(crate) eth_proto_admin: u32,
-    /// PMTU `admin_mtu`.
-    pub(crate) admin_mtu: u32,
-    /// NODE_DESC.
-    pub(crate) node_desc: [u8; 64],
-}
-
-/// PAOS `admin_status` / `oper_status`: up.
-pub(crate) const PORT_UP: u32 = 1;
-/// PAOS `admin_status` / `oper_status`: down.
-pub(crate) const PORT_DOWN: u32 = 2;
 /// PAOS `admin_status`: up once (down again after the link goes down).
 const PORT_UP_ONCE: u32 = 3;
 /// PTYS `proto_mask`: Ethernet.
 const PTYS_EN: u32 = 1 << 2;
-/// PTYS `eth_proto_*` bits of the 100 Gb/s protocols (Linux `MLX5E_100GBASE_CR4` = 20,
-/// SR4 21, KR4 22, LR4 23): the model's port is a 100 Gb/s port.
-const ETH_PROTO_100G: u32 = 0xF << 20;
-/// PTYS: the protocol the link comes up with when the admin mask allows it (100GBASE_CR4).
-const ETH_PROTO_100G_CR4: u32 = 1 << 20;
 /// PMTU `max_mtu`: the largest frame the port takes (bytes, as ConnectX-5).
 pub(crate) const PORT_MAX_MTU: u32 = 9978;
 /// Smallest PMTU `admin_mtu` accepted: an IPv4 minimum MTU (68) plus the 22-byte L2
@@ -59,42 +37,6 @@ const MCQI_VERSION: u32 = 1;
 const MCQI_ACTIVATION_METHOD: u32 = 5;
 /// MCQI data of the activation method (`mcqi_activation_method`: one word).
 const ACTIVATION_METHOD_SIZE: usize = 4;
-
-impl RegState {
-    pub(crate) fn new() -> RegState {
-        let mut node_desc = [0u8; 64];
-        let d = b"uhca model HCA";
-        node_desc[..d.len()].copy_from_slice(d);
-        RegState {
-            admin_status: PORT_UP,
-            eth_proto_admin: ETH_PROTO_100G,
-            admin_mtu: 1500 + 22,
-            node_desc,
-        }
-    }
-
-    /// PAOS `oper_status`: the model's link is up whenever the port is administratively up.
-    pub(crate) fn oper_status(&self) -> u32 {
-        if self.admin_status == PORT_DOWN {
-            PORT_DOWN
-        } else {
-            PORT_UP
-        }
-    }
-
-    /// PTYS `eth_proto_oper`: CR4 when allowed, else the lowest allowed 100G protocol,
-    /// none while the port is down.
-    fn eth_proto_oper(&self) -> u32 {
-        let allowed = self.eth_proto_admin & ETH_PROTO_100G;
-        if self.oper_status() != PORT_UP || allowed == 0 {
-            0
-        } else if allowed & ETH_PROTO_100G_CR4 != 0 {
-            ETH_PROTO_100G_CR4
-        } else {
-            allowed & allowed.wrapping_neg()
-        }
-    }
-}
 
 /// A register's read: `req` is the register data of the request, `out` the zeroed answer
 /// of the register's size (a read may shorten or grow it).

@@ -9,7 +9,7 @@ pub(super) struct Wire<'a> {
     /// The port's MAC: frames to it go to `looped`.
     pub(super) mac: [u8; 6],
     /// The port's loopback queue.
-    pub(super) looped: &'a Loopback,
+    pub(super) looped: &'a Loopback<rc::Burst>,
     /// The attached link, if any.
     pub(super) peer: Option<&'a (dyn Link + Send + Sync)>,
     /// Frames sent (the pass's progress).
@@ -98,6 +98,16 @@ impl Link for Wire<'_> {
     fn flush(&self) -> Result<(), LinkError> {
         self.peer.map_or(Ok(()), |p| p.flush())
     }
+}
+
+/// The port's loopback offload ([`rc::Offload`]): bursts to its own MAC, queued on its
+/// loopback queue beside their frames.
+impl rc::Offload for Wire<'_> {
+    /// A frame to the port's own MAC, unless the model was made without the offloads
+    /// (`ModelConfig::loopback_offload`).
+    fn takes_bursts(&self, dst_mac: &[u8; 6]) -> bool {
+        *dst_mac == self.mac && self.sh.cfg.loopback_offload
+    }
 
     /// Queues the burst on the loopback queue, if its frame is for this port (else
     /// `NoBursts`, nothing sent).
@@ -108,7 +118,7 @@ impl Link for Wire<'_> {
     ) -> Result<(), LinkError> {
         let mac = self.mac;
         let mut foreign = false;
-        let r = self.looped.send_burst(
+        let r = self.looped.send_with_side(
             &mut |buf: &mut [u8]| {
                 let n = build(buf)?;
                 foreign = buf.first_chunk::<6>() != Some(&mac);

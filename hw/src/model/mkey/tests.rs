@@ -2,8 +2,8 @@
 //! through `mem_read` / `mem_write` / `mem_atomic`), with host memory in the model IOMMU.
 
 use super::super::cmd::{dispatch, syndrome as s};
+use super::super::lifecycle::Lifecycle;
 use super::super::mem::MappedBuffer;
-use super::super::state::Lifecycle;
 use super::super::{Hca, ModelConfig};
 use super::*;
 use crate::layout::cmd::{CmdStatus, InHeader, Opcode, OutHeader};

@@ -8,8 +8,8 @@ mod ops;
 mod wqe_fuzz;
 
 use super::cmd::dispatch;
+use super::lifecycle::Lifecycle;
 use super::mem::MappedBuffer;
-use super::state::Lifecycle;
 use super::{Hca, ModelConfig};
 use crate::layout::cmd::{CmdStatus, InHeader, Opcode, OutHeader};
 use crate::layout::cmds::{

@@ -63,7 +63,7 @@ impl Requester {
         if let Some((at, st)) = refused {
             self.wqes[at].failed = Some(st);
         }
-        tx.send_burst(cx.env.link, cx.stats, opcode, psn, &ext, &burst)?;
+        tx.send_burst(cx.env.offload, cx.stats, opcode, psn, &ext, &burst)?;
         self.sent(cx, psn, psn.add(n), ack_req, end);
         for m in burst.more.as_slice() {
             let at = self.send_psn;

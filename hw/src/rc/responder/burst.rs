@@ -69,7 +69,7 @@ pub(super) fn read_burst<'a>(
         domain: env.mem.domain(),
         more,
     };
-    tx.send_burst(env.link, stats, op, rd.psn, &ext, &burst)?;
+    tx.send_burst(env.offload, stats, op, rd.psn, &ext, &burst)?;
     Ok(Some(ReadSent {
         packets,
         bytes: len,

@@ -661,6 +661,7 @@ fn packets_for_another_qp_or_pkey_are_dropped() {
     let mut rq = VecDeque::new();
     let mut env = Env {
         link: &p.a.link,
+        offload: None,
         mem: &p.a.mem,
         recv: &mut rq,
         cq: &mut cq,
@@ -725,10 +726,11 @@ fn frames_that_stay_in_the_device_carry_no_icrc_and_others_do() {
     data[..500].fill(7);
     inline.local = LocalData::Inline { len: 500, data };
     qp.post_send(inline).unwrap();
-    let looped = Loopback::new(8, p.a.link.max_frame_len());
+    let looped: Loopback<crate::rc::Burst> = Loopback::new(8, p.a.link.max_frame_len());
     let (mut rq, mut cq) = (VecDeque::new(), Vec::new());
     let mut env = Env {
         link: &looped,
+        offload: Some(&looped),
         mem: &p.a.mem,
         recv: &mut rq,
         cq: &mut cq,

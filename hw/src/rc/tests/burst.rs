@@ -20,7 +20,7 @@ struct Local {
     a: RcQp,
     b: RcQp,
     mem: TestMem,
-    link: Loopback,
+    link: Loopback<Burst>,
     rq: [VecDeque<RecvWqe>; 2],
     cq: [Vec<Completion>; 2],
     clock: ManualClock,
@@ -100,6 +100,7 @@ impl Local {
                 };
                 let mut env = Env {
                     link: &*link,
+                    offload: Some(&*link),
                     mem: &*mem,
                     recv,
                     cq,
@@ -141,6 +142,7 @@ impl Local {
         let qp = if which == 0 { &mut self.a } else { &mut self.b };
         let mut env = Env {
             link: &self.link,
+            offload: Some(&self.link),
             mem: &self.mem,
             recv: &mut self.rq[which],
             cq: &mut self.cq[which],

@@ -168,6 +168,7 @@ impl Side {
     ) -> R {
         let mut env = Env {
             link: &self.link,
+            offload: None,
             mem: &self.mem,
             recv: &mut self.rq,
             cq: &mut self.cq,
@@ -181,6 +182,7 @@ impl Side {
         let before = self.link.stats();
         let mut env = Env {
             link: &self.link,
+            offload: None,
             mem: &self.mem,
             recv: &mut self.rq,
             cq: &mut self.cq,

@@ -17,6 +17,7 @@ use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use uhca::hw::model::{RemoteError, RemoteFailure, RemoteMemory};
 use uhca::pci::vfio_user::proto::{FLAG_ERROR, HEADER_LEN, Header, Payload};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
@@ -208,6 +209,32 @@ impl DmaPort {
             check(&h, &body, DMA_WRITE, a, part.len(), FIELDS)?;
         }
         Ok(())
+    }
+}
+
+impl DmaMsgError {
+    /// The model's view of the failure of an access at `addr` (`RemoteMemory`).
+    fn remote(&self, addr: u64) -> RemoteError {
+        let (addr, failure) = match *self {
+            DmaMsgError::Timeout { address, .. } => (address, RemoteFailure::NoReply),
+            DmaMsgError::Refused { address, errno, .. } => (address, RemoteFailure::Refused(errno)),
+            DmaMsgError::Malformed { address, .. } => (address, RemoteFailure::Malformed),
+            DmaMsgError::Closed => (addr, RemoteFailure::Closed),
+        };
+        RemoteError { addr, failure }
+    }
+}
+
+/// The model IOMMU's memory reached by messages: an IOVA the client mapped without a file,
+/// read and written with DMA_READ/DMA_WRITE at the same address (the client translates it
+/// through its guest IOMMU), each chunk bounded by the port's timeout.
+impl RemoteMemory for DmaPort {
+    fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), RemoteError> {
+        DmaPort::read(self, addr, dst).map_err(|e| e.remote(addr))
+    }
+
+    fn write(&self, addr: u64, src: &[u8]) -> Result<(), RemoteError> {
+        DmaPort::write(self, addr, src).map_err(|e| e.remote(addr))
     }
 }
 

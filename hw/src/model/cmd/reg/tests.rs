@@ -11,8 +11,9 @@ use crate::layout::reg::{
 use crate::model::Gap;
 use crate::model::tests::{Rig, header, model};
 
+use super::super::super::vport::{PORT_DOWN, PORT_UP};
 use super::super::syndrome as s;
-use super::{PORT_DOWN, PORT_MAX_MTU, PORT_UP, register};
+use super::{PORT_MAX_MTU, register};
 
 const DATA: usize = AccessRegisterIn::<()>::REGISTER_DATA;
 

@@ -10,19 +10,22 @@
 //!   (`DmaBufRefusal::LegacyContainer`);
 //! - the HCA opened through iommufd and its device cdev, booted; an MR over the GPU range
 //!   (`IOMMU_IOAS_MAP_FILE` of the dma-buf, then the MKey); a non-dma-buf fd refused;
+//! - RDMA WRITE and READ through that MR move bytes into and out of the peer's BAR, each
+//!   byte checked through the peer's own BAR mapping (vfio-pci's mmap of the BAR in this
+//!   guest);
 //! - revocation: memory decoding off, a reset and a close of the GPU kill the MKey first (a
 //!   WRITE on its rkey then completes in error and nothing lands in the BAR, read directly
 //!   through the GPU's own BAR mapping), and the kernel refuses the revoked buffer (`ENODEV`,
 //!   `DmaBufRefusal::Revoked`).
 //!
-//! With `--data` (the script's second run, against QEMU's ivshmem-plain as the exporter, whose
-//! BAR2 QEMU backs with a shared memfd) RDMA WRITE and READ must move bytes into and out of the
-//! peer's BAR, each byte checked through the peer's own BAR mapping. Against the model GPU the
-//! WRITE's outcome is printed as `INFO`: QEMU 11.1 hands the HCA's server an IOVA that maps a
-//! vfio-user function's BAR without a file descriptor, and reaching it needs the vfio-user
-//! DMA_READ/DMA_WRITE messages, which the servers do not send yet (docs/spec/p2p-vm.md).
+//! The script runs it twice. Against the model GPU, QEMU 11.1 hands the HCA's server the
+//! imported IOVAs without a file descriptor (they map another vfio-user function's BAR), and
+//! the HCA model reaches them with vfio-user DMA_READ/DMA_WRITE messages, which QEMU forwards
+//! through the guest IOMMU to the GPU's BAR (docs/spec/p2p-vm.md). Against QEMU's
+//! ivshmem-plain, whose BAR2 QEMU backs with a shared memfd, the HCA's server receives the
+//! memfd with the DMA_MAP and the model reaches the BAR directly.
 //!
-//! Usage: `uhca-vm-p2p --gpu BDF [--bar N] [--data]` (BAR 1 by default). Prints
+//! Usage: `uhca-vm-p2p --gpu BDF [--bar N]` (BAR 1 by default). Prints
 //! `PASS:`/`FAIL:`/`INFO:` lines and `RESULT: N passed, M failed`; exits 1 if any check failed.
 
 use std::os::fd::{AsFd, AsRawFd};
@@ -48,16 +51,14 @@ const LEN: u64 = 256 << 10;
 const FILL: u32 = 0xEEEE_EEEE;
 
 fn main() {
-    let usage = "usage: uhca-vm-p2p --gpu BDF [--bar N] [--data]";
+    let usage = "usage: uhca-vm-p2p --gpu BDF [--bar N]";
     let mut peer = Peer {
         bdf: String::new(),
         bar: 1,
-        data: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--data" => peer.data = true,
             "--gpu" | "--bar" => {
                 let v = args.next().unwrap_or_default();
                 if a == "--gpu" {
@@ -98,9 +99,6 @@ struct Peer {
     bdf: String,
     /// The BAR of device memory.
     bar: u8,
-    /// Whether RDMA WRITE and READ must move bytes into and out of the BAR (a peer whose
-    /// BAR QEMU backs with a file: the HCA's server then receives it with the DMA_MAP).
-    data: bool,
 }
 
 fn opts(mode: VfioMode) -> VfioOptions {
@@ -319,24 +317,8 @@ fn iommufd_hca(t: &mut Tally, p: &Peer, gpu: &PeerDevice, buf: &PeerBuffer, bar:
     let Some(sge) = Sge::of(&src, 0, data.len()) else {
         return;
     };
-    if p.data {
-        data_checks(t, &mut a, &mut cq, &src, &pmr, bar, &data);
-        write_bw(&pd, &mut a, &mut cq, &pmr);
-    } else {
-        // Device to device without a file behind the BAR: outcome reported (module docs).
-        let c = write_to(&mut a, &mut cq, 1, sge, pmr.remote(4096));
-        let mut got = vec![0u8; data.len()];
-        read_bar(bar, BAR_OFF as usize + 4096, &mut got);
-        println!(
-            "INFO: RDMA WRITE into the peer range: {:?}; bytes in the BAR {}",
-            c.first().map(|c| c.status),
-            if got == data {
-                "match"
-            } else {
-                "do not match (no DMA_READ/DMA_WRITE path in the servers yet)"
-            }
-        );
-    }
+    data_checks(t, &mut a, &mut cq, &src, &pmr, bar, &data);
+    write_bw(&pd, &mut a, &mut cq, &pmr);
     // Whatever happened, restore the fill so that "nothing lands after" can be checked.
     bar.write_u32s(BAR_OFF as usize, &vec![FILL; (LEN / 4) as usize]);
     drop((a, b));
