@@ -12,10 +12,13 @@
 # uhca-rping's -V check the bytes of every ping. The host's captures are decoded by tshark
 # (every frame RRoCE, none malformed but for perftest's short SENDs, which tshark's heuristics
 # flag; docs/spec/rdma-cm-wire.md §7).
-# Prints PASS/FAIL lines and `RESULT: N passed, M failed`; exits non-zero on any failure.
+# A guest server still waiting after 60 s shows the kernel's view of its QPs, CM IDs and
+# counters (GUEST-DIAG lines, printed at the end). Prints PASS/FAIL lines and
+# `RESULT: N passed, M failed`; exits non-zero on any failure.
 # Needs root (netns, tap), QEMU and Debian's archive (for the cached guest, tshark).
 #
-# Env: UHCA_VM_CACHE (guest cache, default /var/cache/uhca-vm), RDMACM_GUEST_TIMEOUT (900 s).
+# Env: UHCA_VM_CACHE (guest cache, default /var/cache/uhca-vm), RDMACM_GUEST_TIMEOUT (900 s),
+# RDMACM_TESTS (names of the table below: only those).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -44,24 +47,49 @@ RPING=$ROOT/target/release/uhca-rping
 vm_rdma_kernel
 vm_rdma_rootfs
 
-# The guest's plan (tests/vm/rdmacm-init): the baseline, then the guest's side of each test.
-# The perftest flags both ends take; small counts (TCG moves a few MB/s).
+# The tests: t NAME, the guest's role, the guest's command, uhca's command on the host, the
+# line (ERE) the guest's output must show once, the line the host's output must show -C
+# times (or -), and what the test is. @ME@ / @PEER@ are the guest's / the host's address in
+# the guest's command. The perftest flags both ends take; small counts (TCG moves a few
+# MB/s). RDMACM_TESTS="NAME ..." runs only those (not for CI).
 WBW="-s 4096 -n 20"
 SLAT="-s 64 -n 100"
 SBW="-s 1024 -n 20"
 WLAT="-s 64 -n 100"
-cat > "$W/plan" <<EOF
-sh base_rping rping -s -a @ME@ -p 7400 -C 3 -S 64 & sleep 2; rping -c -a @ME@ -p 7400 -C 3 -v -V -S 64; r=\$?; wait; exit \$r
-sh base_write_bw ib_write_bw -R -p 18600 $WBW & sleep 2; ib_write_bw -R -p 18600 $WBW @ME@; r=\$?; wait; exit \$r
-client rping_c rping -c -a @PEER@ -p 7471 -C 3 -v -V -S 64
-server rping_s rping -s -a @ME@ -p 7472 -C 3 -v -V -S 64
-client write_bw_c ib_write_bw -R -p 18515 $WBW @PEER@
-client send_lat_c ib_send_lat -R -p 18516 $SLAT @PEER@
-client send_bw_c ib_send_bw -R -p 18519 $SBW @PEER@
-server write_bw_s ib_write_bw -R -p 18517 $WBW
-server send_lat_s ib_send_lat -R -p 18518 $SLAT
-server write_lat_s ib_write_lat -R -p 18520 $WLAT
-EOF
+RP="-C 3 -v -S 64"
+TESTS=""
+t() { TESTS+="$1|$2|$3|$4|$5|$6|$7"$'\n'; }
+t rping_c client "rping -c -a @PEER@ -p 7471 $RP -V" "$RPING -s -a $HOST_IP -p 7471 $RP" \
+  "ping data: rdma-ping-2: " "^server ping data: rdma-ping-" \
+  "rping -c -C 3 -V in the guest against uhca-rping -s"
+t rping_s server "rping -s -a @ME@ -p 7472 $RP -V" "$RPING -c -a $GUEST_IP -p 7472 $RP -V" \
+  "server ping data: rdma-ping-2" "^ping data: rdma-ping-" \
+  "uhca-rping -c -C 3 -V against rping -s in the guest"
+t write_bw_c client "ib_write_bw -R -p 18515 $WBW @PEER@" "$PERF write_bw -R -p 18515 $WBW" \
+  " +4096 +20 " - "ib_write_bw -R in the guest against uhca-perf write_bw -R"
+t send_lat_c client "ib_send_lat -R -p 18516 $SLAT @PEER@" "$PERF send_lat -R -p 18516 $SLAT" \
+  " +64 +100 " - "ib_send_lat -R in the guest against uhca-perf send_lat -R"
+t send_bw_c client "ib_send_bw -R -p 18519 $SBW @PEER@" "$PERF send_bw -R -p 18519 $SBW" \
+  " +1024 +20 " - "ib_send_bw -R in the guest against uhca-perf send_bw -R"
+t write_bw_s server "ib_write_bw -R -p 18517 $WBW" "$PERF write_bw -R -p 18517 $WBW $GUEST_IP" \
+  " +4096 +20 " - "uhca-perf write_bw -R against ib_write_bw -R in the guest"
+t send_lat_s server "ib_send_lat -R -p 18518 $SLAT" "$PERF send_lat -R -p 18518 $SLAT $GUEST_IP" \
+  " +64 +100 " - "uhca-perf send_lat -R against ib_send_lat -R in the guest"
+t write_lat_s server "ib_write_lat -R -p 18520 $WLAT" "$PERF write_lat -R -p 18520 $WLAT $GUEST_IP" \
+  " +64 +100 " - "uhca-perf write_lat -R against ib_write_lat -R in the guest"
+if [ -n "${RDMACM_TESTS:-}" ]; then
+  TESTS=$(echo "$TESTS" | grep -E "^($(echo "$RDMACM_TESTS" | tr ' ' '|'))\|")
+fi
+
+# The guest's plan (tests/vm/rdmacm-init): the baseline (rxe against itself), then the guest's
+# side of each test.
+{
+  echo "sh base_rping rping -s -a @ME@ -p 7400 $RP & sleep 2; rping -c -a @ME@ -p 7400 $RP -V; r=\$?; wait; exit \$r"
+  echo "sh base_write_bw ib_write_bw -R -p 18600 $WBW & sleep 2; ib_write_bw -R -p 18600 $WBW @ME@; r=\$?; wait; exit \$r"
+  echo "$TESTS" | while IFS='|' read -r name role gcmd _; do
+    [ -z "$name" ] || echo "$role $name $gcmd"
+  done
+} > "$W/plan"
 vm_rdma_initrd "$W/initrd" "$HERE/rdmacm-init" "$W/plan"
 
 QEMU_PID=""
@@ -128,103 +156,53 @@ for t in "base_rping:ping data: rdma-ping-2" "base_write_bw: +4096 +20 "; do
   fi
 done
 
-# A host command ($1: name, then the command) run in the namespace, bounded, its port's
-# frames captured (the last try's, for a client that is tried again).
+# A host command ($1: name, $2: try, then the command) run in the namespace, bounded, its
+# port's frames captured (host-NAME.pcap: the last try's; an earlier try's is kept as
+# try-NAME.K.pcap).
 host() {
-  local name=$1
-  shift
-  timeout 300 "${IN_NS[@]}" "$@" --pcap "$W/host-$name.pcap" > "$W/host-$name.log" 2>&1
+  local name=$1 k=$2
+  shift 2
+  [ -f "$W/host-$name.pcap" ] && mv "$W/host-$name.pcap" "$W/try-$name.$((k - 1)).pcap"
+  # shellcheck disable=SC2086
+  timeout 300 "${IN_NS[@]}" "$@" --net "$HOST_IP" --pcap "$W/host-$name.pcap" \
+    < /dev/null > "$W/host-$name.log" 2>&1
 }
 
-# A host client, retried while the guest's server is not listening yet (the CM's REJ for a
-# port nobody listens on, docs/spec/rdma-cm-wire.md §4), at most 150 times; also after a
-# first SEND that never completed (the guest's server hung; its init runs it once more and
-# says so with GUEST-RETRY).
+# A host client: tried again (1 s apart, at most 150 times) only while the guest's server is
+# not listening yet (the CM's REJ for a port nobody listens on, docs/spec/rdma-cm-wire.md §4).
 host_client() {
   local name=$1 k
+  shift
   wait_console "^GUEST: start server $name" || true
   for k in $(seq 150); do
-    host "$@" && return 0
-    grep -aqiE "reject|refused|did not complete" "$W/host-$name.log" || return 1
+    host "$name" "$k" "$@" && return 0
+    grep -aqE "(rdma_cm, connecting|connecting to [^ ]+): rejected by the peer: InvalidServiceId" \
+      "$W/host-$name.log" || return 1
     grep -aq "^GUEST-DONE server $name" "$CONSOLE" && return 1
     sleep 1
   done
   return 1
 }
 
-# rping in the guest as the client, uhca-rping on the host as the server.
-if host rping_c "$RPING" -s -a "$HOST_IP" -p 7471 -C 3 -v -S 64 --net "$HOST_IP" &&
-  guest_ok client rping_c "ping data: rdma-ping-2: " 1 &&
-  [ "$(grep -c "^server ping data: rdma-ping-" "$W/host-rping_c.log")" = 3 ]; then
-  pass "rping -c -C 3 -V in the guest against uhca-rping -s"
-else
-  fail "rping -c -C 3 -V in the guest against uhca-rping -s (host log: $W/host-rping_c.log)"
-  show "$W/host-rping_c.log" rping_c
-fi
-
-# uhca-rping on the host as the client (-V checks every echo), rping -s in the guest.
-if host_client rping_s "$RPING" -c -a "$GUEST_IP" -p 7472 -C 3 -v -V -S 64 --net "$HOST_IP" &&
-  [ "$(grep -c "^ping data: rdma-ping-" "$W/host-rping_s.log")" = 3 ] &&
-  guest_ok server rping_s "server ping data: rdma-ping-2" 1; then
-  pass "uhca-rping -c -C 3 -V against rping -s in the guest"
-else
-  fail "uhca-rping -c -C 3 -V against rping -s in the guest (host log: $W/host-rping_s.log)"
-  show "$W/host-rping_s.log" rping_s
-fi
-
-# perftest -R clients in the guest against uhca-perf -R servers.
-# shellcheck disable=SC2086
-if host write_bw_c "$PERF" write_bw -R -p 18515 $WBW --net "$HOST_IP" &&
-  guest_ok client write_bw_c " +4096 +20 " 1; then
-  pass "ib_write_bw -R in the guest against uhca-perf write_bw -R"
-else
-  fail "ib_write_bw -R in the guest against uhca-perf write_bw -R (host log: $W/host-write_bw_c.log)"
-  show "$W/host-write_bw_c.log" write_bw_c
-fi
-# shellcheck disable=SC2086
-if host send_lat_c "$PERF" send_lat -R -p 18516 $SLAT --net "$HOST_IP" &&
-  guest_ok client send_lat_c " +64 +100 " 1; then
-  pass "ib_send_lat -R in the guest against uhca-perf send_lat -R"
-else
-  fail "ib_send_lat -R in the guest against uhca-perf send_lat -R (host log: $W/host-send_lat_c.log)"
-  show "$W/host-send_lat_c.log" send_lat_c
-fi
-
-# shellcheck disable=SC2086
-if host send_bw_c "$PERF" send_bw -R -p 18519 $SBW --net "$HOST_IP" &&
-  guest_ok client send_bw_c " +1024 +20 " 1; then
-  pass "ib_send_bw -R in the guest against uhca-perf send_bw -R"
-else
-  fail "ib_send_bw -R in the guest against uhca-perf send_bw -R (host log: $W/host-send_bw_c.log)"
-  show "$W/host-send_bw_c.log" send_bw_c
-fi
-
-# uhca-perf -R clients against perftest -R servers in the guest.
-# shellcheck disable=SC2086
-if host_client write_bw_s "$PERF" write_bw -R -p 18517 $WBW --net "$HOST_IP" "$GUEST_IP" &&
-  guest_ok server write_bw_s " +4096 +20 " 1; then
-  pass "uhca-perf write_bw -R against ib_write_bw -R in the guest"
-else
-  fail "uhca-perf write_bw -R against ib_write_bw -R in the guest (host log: $W/host-write_bw_s.log)"
-  show "$W/host-write_bw_s.log" write_bw_s
-fi
-# shellcheck disable=SC2086
-if host_client send_lat_s "$PERF" send_lat -R -p 18518 $SLAT --net "$HOST_IP" "$GUEST_IP" &&
-  guest_ok server send_lat_s " +64 +100 " 1; then
-  pass "uhca-perf send_lat -R against ib_send_lat -R in the guest"
-else
-  fail "uhca-perf send_lat -R against ib_send_lat -R in the guest (host log: $W/host-send_lat_s.log)"
-  show "$W/host-send_lat_s.log" send_lat_s
-fi
-
-# shellcheck disable=SC2086
-if host_client write_lat_s "$PERF" write_lat -R -p 18520 $WLAT --net "$HOST_IP" "$GUEST_IP" &&
-  guest_ok server write_lat_s " +64 +100 " 1; then
-  pass "uhca-perf write_lat -R against ib_write_lat -R in the guest"
-else
-  fail "uhca-perf write_lat -R against ib_write_lat -R in the guest (host log: $W/host-write_lat_s.log)"
-  show "$W/host-write_lat_s.log" write_lat_s
-fi
+# One test: uhca's side on the host (a server for a guest client; for a guest server, a
+# client tried again while the server is not up yet), then both sides' verdicts.
+run_test() {
+  local name=$1 role=$2 hcmd=$3 gwant=$4 hwant=$5
+  rm -f "$W/host-$name.pcap"
+  # shellcheck disable=SC2086
+  if [ "$role" = client ]; then host "$name" 1 $hcmd; else host_client "$name" $hcmd; fi &&
+    guest_ok "$role" "$name" "$gwant" 1 &&
+    { [ "$hwant" = - ] || [ "$(grep -c "$hwant" "$W/host-$name.log")" = 3 ]; }
+}
+while IFS='|' read -r name role _ hcmd gwant hwant what; do
+  [ -n "$name" ] || continue
+  if run_test "$name" "$role" "$hcmd" "$gwant" "$hwant"; then
+    pass "$what"
+  else
+    fail "$what (host log: $W/host-$name.log)"
+    show "$W/host-$name.log" "$name"
+  fi
+done <<< "$TESTS"
 
 # The captures: every frame RoCEv2, the CM's MADs decoded, nothing malformed but perftest's
 # sub-16-byte SENDs (docs/spec/rdma-cm-wire.md §7).
@@ -245,7 +223,7 @@ done
 wait "$QEMU_PID" 2>/dev/null || true
 QEMU_PID=""
 grep -aE '^GUEST:' "$CONSOLE" | sed 's/^/  /' || true
-grep -aE '^GUEST-RETRY' "$CONSOLE" || true
+grep -aE '^GUEST-DIAG' "$CONSOLE" || true
 say "finished"
 echo "BASELINE: $BASE_OK of 2 (rxe against itself; not counted below)"
 echo "RESULT: $PASS passed, $FAIL failed"

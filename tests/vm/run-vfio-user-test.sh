@@ -83,7 +83,13 @@ guest_run() {
   LOG=$W/model$3.log
   CONSOLE=$W/console-hca$3.log
   say "starting uhca-model on $SOCK"
-  NO_COLOR=1 RUST_LOG=${RUST_LOG:-info,uhca_tools=debug} timeout $((GUEST_TIMEOUT + 60)) "$MODEL" --socket "$SOCK" > "$LOG" 2>&1 &
+  # --trap-uars 1: the driver's first UAR (the model's first ALLOC_UAR, index 3) is served by
+  # messages, so each EQ arm counts. The driver arms its control EQ and a CQ's event EQ
+  # through the same word of that UAR; in shared memory the second write can replace the
+  # first before the device thread takes it, and a lost arm of the event EQ left its
+  # interrupt unsignalled: the occasional "MSI-X interrupt taken ... (0 -> 0)" failure
+  # (docs/spec/firmware-behaviour.md §Doorbells).
+  NO_COLOR=1 RUST_LOG=${RUST_LOG:-info,uhca_tools=debug} timeout $((GUEST_TIMEOUT + 60)) "$MODEL" --socket "$SOCK" --trap-uars 1 > "$LOG" 2>&1 &
   SRV=$!
   stop_model() { # it exits by itself when QEMU hangs up; give it a moment, then stop it
     for _ in $(seq 50); do kill -0 "$SRV" 2>/dev/null && sleep 0.1 || break; done

@@ -586,6 +586,22 @@ impl Bench {
         } else {
             dev_c.clone()
         };
+        Bench::connect_local(s, max_size, dev_c, dev_s, models)
+    }
+
+    /// Both ends in this process on `dev` (an opened device, such as a function bound to
+    /// vfio-pci), in loopback through its port's own MAC.
+    pub fn on_device(s: &Settings, max_size: usize, dev: Device) -> Result<Bench, PerfError> {
+        Bench::connect_local(s, max_size, dev.clone(), dev, Vec::new())
+    }
+
+    fn connect_local(
+        s: &Settings,
+        max_size: usize,
+        dev_c: Device,
+        dev_s: Device,
+        models: Vec<std::sync::Arc<ModelFunction>>,
+    ) -> Result<Bench, PerfError> {
         let mut client = End::new(&dev_c, s, max_size, s.use_dm)?;
         let mut server = End::new(&dev_s, s, max_size, false)?;
         let ca = client.dev.roce_address(0).map_err(setup("GID"))?;

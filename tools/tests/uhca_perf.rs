@@ -238,6 +238,15 @@ fn gpu_placement_runs_on_the_model_gpu_and_says_so() {
         assert_ne!(code, 0, "{args:?} should fail");
         assert!(err.contains(want), "{args:?}: {err}");
     }
+    // With -d BDF and no HOST or -p, --use_cuda is a loopback run on that device (the
+    // guest's P2P test runs it on real vfio-pci functions): here the device is absent, and
+    // the error is the device's, not a refusal of --use_cuda in a client/server run.
+    let (code, _, err) = perf(&["write_bw", "-d", "0000:ff:1f.7", "--use_cuda", "0"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("0000:ff:1f.7") && !err.contains("client/server"),
+        "{err}"
+    );
 }
 
 /// The software model pins nothing, so the memory-lock limit does not apply to it: runs

@@ -56,6 +56,23 @@ impl<T: MadTransport> Cm<T> {
         self.listeners.retain(|&p| p != port);
     }
 
+    /// Lets `d` pass on the transport's clock while the CM goes on answering the wire
+    /// (resends, a peer's DREQ); the events met meanwhile stay for [`poll`](Self::poll).
+    /// The pause between two tries of a connect that met a port nobody listened on yet.
+    pub fn pause(&mut self, d: Duration) -> Result<(), CmError> {
+        let end = self.mad.now() + d;
+        loop {
+            let now = self.mad.now();
+            if now >= end {
+                return Ok(());
+            }
+            match self.poll_wire()? {
+                Some(ev) => self.events.push_back(ev),
+                None => self.mad.wait((end - now).min(WAIT_STEP)),
+            }
+        }
+    }
+
     /// Where connection `id` stands, if it exists.
     pub fn state(&self, id: ConnId) -> Option<&'static str> {
         self.conns.get(&id.0).map(|c| c.state.name())

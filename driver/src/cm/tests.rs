@@ -788,3 +788,28 @@ fn dreq_after_a_lost_rtu_reports_established_then_disconnected() {
     assert_eq!(b.poll().unwrap(), Some(CmEvent::Disconnected(cb.id)));
     assert_eq!(a.poll().unwrap(), Some(CmEvent::Disconnected(id)));
 }
+
+/// `pause` lets the time pass on the transport's clock while the CM answers the wire: a
+/// REQ for a port nobody listens on gets its REJ during the pause, and a REQ for a port
+/// that listens is kept as an event for `poll`.
+#[test]
+fn a_pause_keeps_answering_the_wire_and_keeps_its_events() {
+    let (mut a, mut b, wa, _) = pair();
+    let qa = FakeQp::new(0x11);
+    let id = a
+        .start_connect(&qa, dst(7400), &ConnectOptions::default())
+        .unwrap();
+    let t0 = wa.now();
+    b.pause(Duration::from_millis(100)).unwrap();
+    assert!(wa.now() >= t0 + Duration::from_millis(100));
+    assert_eq!(b.counters().rejected_no_listener, 1);
+    assert!(matches!(
+        a.poll().unwrap(),
+        Some(CmEvent::Rejected { id: r, reason: RejReason::InvalidServiceId, .. }) if r == id
+    ));
+    b.listen(7400).unwrap();
+    a.start_connect(&qa, dst(7400), &ConnectOptions::default())
+        .unwrap();
+    b.pause(Duration::from_millis(100)).unwrap();
+    assert!(matches!(b.poll().unwrap(), Some(CmEvent::Request(_))));
+}

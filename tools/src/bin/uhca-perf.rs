@@ -22,7 +22,13 @@
 //! iterations, `-D`, QPs, depth, inline size and MTU are the client's.
 //! `--use_cuda 0` puts both ends' buffers in the model GPU's BAR (peer memory registered
 //! through the peer-memory client; `--use_cuda_dmabuf` registers the dma-buf fd instead):
-//! the header says "model GPU", as it is not GPU hardware.
+//! the header says "model GPU", as it is not GPU hardware. With `-d BDF` and no HOST or
+//! `-p`, `--use_cuda N` runs both ends in this process on that device (loopback) with the
+//! buffers in GPU N among the display-class functions bound to vfio-pci: each buffer a
+//! range of its BAR1 exported by the kernel as a VFIO dma-buf and imported by the HCA with
+//! `IOMMU_IOAS_MAP_FILE` (`uhca-perf write_bw -d 0000:00:03.0 --use_cuda 0
+//! --use_cuda_dmabuf`; tests/vm/run-p2p-test.sh runs it in a guest), and the header names the
+//! GPU and that path.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -205,8 +211,9 @@ struct Args {
     /// Put the local buffers in device memory (MEMIC); bandwidth tests.
     #[arg(long = "use_dm")]
     use_dm: bool,
-    /// Put both ends' buffers in GPU memory: GPU index (only 0, the model GPU, exists in
-    /// this build), registered through the peer-memory client.
+    /// Put both ends' buffers in GPU memory: GPU index (the built-in model: only 0, the
+    /// model GPU; with -d BDF and no HOST or -p: the N-th display-class function bound to
+    /// vfio-pci, both ends in this process), registered through the peer-memory client.
     #[arg(long = "use_cuda", value_name = "GPU")]
     use_cuda: Option<u32>,
     /// With --use_cuda: register the GPU memory as a dma-buf fd (reg_dmabuf_mr).
@@ -283,12 +290,21 @@ impl Args {
             || self.dev.vfio_user.is_some()
             || self.link_local.is_some()
             || self.net.net.is_some()
-            || self.dev.device != "model";
+            || (self.dev.device != "model" && !self.gpu_loopback());
         match (&self.host, remote) {
             (_, false) => None,
             (Some(_), true) => Some(Role::Client),
             (None, true) => Some(Role::Server),
         }
+    }
+
+    /// `-d BDF --use_cuda N` with no HOST or `-p`: both ends in this process on that device
+    /// (loopback), the buffers in GPU `N` among the functions bound to vfio-pci.
+    fn gpu_loopback(&self) -> bool {
+        self.use_cuda.is_some()
+            && self.dev.device != "model"
+            && self.host.is_none()
+            && self.port.is_none()
     }
 
     /// The device of a client/server run.
@@ -708,13 +724,19 @@ fn gpu_placement(a: &Args) -> Result<Option<GpuPlacement>, String> {
     if a.mode.op() == Op::Atomic {
         return Err("atomics on GPU memory are not supported by this tool".into());
     }
-    if id != 0 {
+    let source = if a.gpu_loopback() {
+        GpuSource::Vfio(id)
+    } else if id != 0 {
         return Err(format!(
-            "--use_cuda {id}: this build has one GPU, the model GPU 0 (no CUDA support)"
+            "--use_cuda {id}: with the built-in model, one GPU: the model GPU 0 (on a device \
+             bound to vfio-pci, -d BDF, GPU N is the N-th display-class function bound to \
+             vfio-pci)"
         ));
-    }
+    } else {
+        GpuSource::Model
+    };
     Ok(Some(GpuPlacement {
-        source: GpuSource::Model,
+        source,
         reg: if a.use_cuda_dmabuf {
             GpuReg::DmaBuf
         } else {
@@ -735,6 +757,7 @@ fn header(a: &Args, s: &Settings, bench: &Bench) {
     let device = match a.role() {
         Some(_) => a.spec().describe(),
         None if a.pair => "uhca model x2 (linked)".into(),
+        None if a.gpu_loopback() => format!("{} (loopback)", a.spec().describe()),
         None => "uhca model (loopback)".into(),
     };
     println!(" Device         : {device}");
@@ -912,7 +935,14 @@ fn run(a: &Args) -> Result<(), String> {
         None => {
             let (sizes, settings) = validate(a)?;
             let max = *sizes.iter().max().expect("at least one size");
-            let mut bench = Bench::new(&settings, max, a.pair).map_err(|e| e.to_string())?;
+            let mut bench = if a.gpu_loopback() {
+                let dev = device::open(&a.spec(), uhca::DeviceConfig::default())
+                    .map_err(|e| e.to_string())?;
+                Bench::on_device(&settings, max, dev)
+            } else {
+                Bench::new(&settings, max, a.pair)
+            }
+            .map_err(|e| e.to_string())?;
             if let Some(x) = a.gid_index {
                 perf::check_gid_index(bench.device(), x)?;
             }

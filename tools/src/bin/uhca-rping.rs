@@ -16,7 +16,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use uhca::Device;
@@ -55,7 +55,7 @@ struct Args {
     /// Validate the ping data (client).
     #[arg(short = 'V')]
     validate: bool,
-    /// Debug output: the CM's counters at the end.
+    /// Debug output: the client's connect time, the CM's counters at the end.
     #[arg(short = 'd')]
     debug: bool,
     /// Longest wait for the peer (seconds): a connect request (server), any reply.
@@ -156,7 +156,7 @@ fn session(a: &Args, dev: &Device, opts: Options) -> Result<(), String> {
         serve(&mut cm, &c, dev, &pd, &mut qp, &mut cq, a.port, opts, wait)
     } else {
         let dst = target.expect("a client has -a");
-        ping(&mut cm, &c, dev, &pd, &mut qp, &mut cq, dst, opts)
+        ping(&mut cm, &c, dev, &pd, &mut qp, &mut cq, dst, opts, a.debug)
     };
     if a.debug {
         eprintln!(
@@ -229,14 +229,24 @@ fn ping(
     cq: &mut Cq,
     dst: SocketAddr,
     opts: Options,
+    debug: bool,
 ) -> Result<(), String> {
+    let start = Instant::now();
     let conn = connect_fresh(
         cm,
         &mut PsnFix::new(qp, &c.reqs, c.gid, false),
         dst,
         &ConnectOptions::default(),
+        false,
     )
     .map_err(|e| format!("connecting to {dst}: {e}"))?;
+    if debug {
+        // From the REQ to the RTU sent: the QP is in RTS and may send.
+        eprintln!(
+            "uhca-rping: connected in {} us",
+            start.elapsed().as_micros()
+        );
+    }
     let id = conn.id;
     let mut out = std::io::stdout();
     let pinged = {

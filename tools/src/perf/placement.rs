@@ -7,12 +7,20 @@
 //! [`GpuSource`]: export the CUDA allocation as a dma-buf (`cuMemGetHandleForAddressRange`)
 //! and register the fd with `Pd::reg_dmabuf_mr`, which is exactly the `--use_cuda_dmabuf`
 //! path below (that wiring belongs to the `gpu` feature and is not here).
+//!
+//! On a device opened through vfio-pci (`-d BDF`), GPU `N` is the N-th PCI function bound
+//! to vfio-pci whose class is a display controller (0x03, as NVIDIA's 3D controllers and
+//! the model GPU `uhca-model --gpu` are), in address order ([`GpuSource::Vfio`]): its BAR1
+//! ranges are exported by the kernel as VFIO dma-bufs and imported by the HCA with
+//! `IOMMU_IOAS_MAP_FILE` (iommufd), the real kernel path of peer-to-peer DMA.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use uhca::Device;
 use uhca::datapath::Remote;
 use uhca::pci::gpu::ModelGpuFunction;
+use uhca::pci::vfio::{VfioFunction, VfioMode, VfioOptions};
+use uhca::pci::{Bar, PciFunction};
 use uhca::peer::{PeerDevice, PeerMr};
 use uhca::resource::{Access, Dm, Mr, Pd};
 
@@ -26,11 +34,14 @@ pub enum GpuReg {
     DmaBuf,
 }
 
-/// Which GPU provides the memory. Only the model GPU exists in this build.
+/// Which GPU provides the memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GpuSource {
     /// The in-process model GPU (label every result with it: this is not GPU hardware).
     Model,
+    /// GPU `N` among the PCI functions bound to vfio-pci (module docs), through the
+    /// kernel's VFIO dma-buf export and iommufd import.
+    Vfio(u32),
 }
 
 /// GPU placement of both ends' buffers.
@@ -53,6 +64,13 @@ impl GpuPlacement {
             GpuSource::Model => {
                 format!("model GPU BAR1 (uhca model, not a real GPU), registered by {how}")
             }
+            GpuSource::Vfio(n) => format!(
+                "GPU {n} {} BAR1 through the kernel: VFIO dma-buf export, IOMMU_IOAS_MAP_FILE import, registered by {how}",
+                vfio_gpu_bdf(n).map_or_else(
+                    |e| format!("(not found: {e})"),
+                    |b| format!("({b}, vfio-pci)")
+                )
+            ),
         }
     }
 }
@@ -61,12 +79,136 @@ impl GpuPlacement {
 pub(super) enum Buf {
     /// Host or device memory.
     Mr(Mr),
-    /// Peer memory in the model GPU's BAR1 at `bar_off`.
+    /// Peer memory in a GPU's BAR1 at `bar_off`.
     Gpu {
         mr: PeerMr,
-        gpu: Arc<ModelGpuFunction>,
+        gpu: GpuMem,
         bar_off: u64,
     },
+}
+
+/// A GPU's BAR1 as the CPU reaches it.
+pub(super) enum GpuMem {
+    /// The in-process model GPU.
+    Model(Arc<ModelGpuFunction>),
+    /// A GPU function bound to vfio-pci, BAR1 mapped through VFIO.
+    Vfio(Arc<VfioGpu>),
+}
+
+impl GpuMem {
+    fn write(&self, off: u64, src: &[u8]) -> Result<(), String> {
+        match self {
+            GpuMem::Model(g) => g.gpu().write(off, src).map_err(|e| e.to_string()),
+            // Read-modify-write of the words the range touches.
+            GpuMem::Vfio(g) => g.rw(off as usize, src.len(), |b, o| {
+                b[o..o + src.len()].copy_from_slice(src);
+                true
+            }),
+        }
+    }
+
+    fn read(&self, off: u64, dst: &mut [u8]) -> Result<(), String> {
+        match self {
+            GpuMem::Model(g) => g.gpu().read(off, dst).map_err(|e| e.to_string()),
+            GpuMem::Vfio(g) => {
+                let n = dst.len();
+                g.rw(off as usize, n, |b, o| {
+                    dst.copy_from_slice(&b[o..o + n]);
+                    false
+                })
+            }
+        }
+    }
+}
+
+/// A GPU function opened through vfio-pci (iommufd and its device cdev) for this process:
+/// BAR1 mapped, its exporter, and the next free offset of BAR1 (each run buffer gets its
+/// own range; both ends of a loopback run share the one open function).
+pub(super) struct VfioGpu {
+    bar: Bar,
+    peer: PeerDevice,
+    next: Mutex<u64>,
+}
+
+impl VfioGpu {
+    /// Runs `f` on the bytes of the 32-bit words covering `[off, off + len)` of BAR1 (read
+    /// as words) with the offset of `off` in them; writes the words back if `f` returns
+    /// true.
+    fn rw(
+        &self,
+        off: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8], usize) -> bool,
+    ) -> Result<(), String> {
+        let start = off & !3;
+        let end = (off + len).next_multiple_of(4);
+        if end > self.bar.len() {
+            return Err(format!(
+                "{len} bytes at {off:#x} outside BAR1 ({:#x})",
+                self.bar.len()
+            ));
+        }
+        let mut w = vec![0u32; (end - start) / 4];
+        self.bar.read_u32s(start, &mut w);
+        let mut b: Vec<u8> = w.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        if f(&mut b, off - start) {
+            for (x, c) in w.iter_mut().zip(b.chunks_exact(4)) {
+                *x = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            self.bar.write_u32s(start, &w);
+        }
+        Ok(())
+    }
+}
+
+/// The GPU of this process (opened once: a VFIO function has one opener).
+static VFIO_GPU: Mutex<Option<(u32, Arc<VfioGpu>)>> = Mutex::new(None);
+
+/// The PCI address of GPU `n` (module docs).
+fn vfio_gpu_bdf(n: u32) -> Result<String, String> {
+    let root = std::path::Path::new("/sys/bus/pci/devices");
+    let mut gpus: Vec<String> = std::fs::read_dir(root)
+        .map_err(|e| format!("{}: {e}", root.display()))?
+        .filter_map(Result::ok)
+        .filter(|d| {
+            let class = std::fs::read_to_string(d.path().join("class")).unwrap_or_default();
+            let drv = std::fs::read_link(d.path().join("driver")).ok();
+            class.trim().starts_with("0x03")
+                && drv.is_some_and(|p| p.file_name().is_some_and(|f| f == "vfio-pci"))
+        })
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+        .collect();
+    gpus.sort();
+    gpus.get(n as usize).cloned().ok_or_else(|| {
+        format!(
+            "no GPU {n}: {} display-class function(s) bound to vfio-pci",
+            gpus.len()
+        )
+    })
+}
+
+fn vfio_gpu(n: u32) -> Result<Arc<VfioGpu>, String> {
+    let mut g = VFIO_GPU.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((k, gpu)) = g.as_ref()
+        && *k == n
+    {
+        return Ok(gpu.clone());
+    }
+    let bdf = vfio_gpu_bdf(n)?;
+    let opts = VfioOptions {
+        mode: Some(VfioMode::Iommufd),
+        ..VfioOptions::default()
+    };
+    let f: Arc<dyn PciFunction> =
+        Arc::new(VfioFunction::open(&bdf, &opts).map_err(|e| format!("GPU {n} ({bdf}): {e}"))?);
+    let bar = Bar::map(&f, 1).map_err(|e| format!("GPU {n} ({bdf}) BAR1: {e}"))?;
+    let gpu = Arc::new(VfioGpu {
+        bar,
+        peer: PeerDevice::new(f),
+        next: Mutex::new(0),
+    });
+    *g = Some((n, gpu.clone()));
+    Ok(gpu)
 }
 
 impl Buf {
@@ -96,10 +238,7 @@ impl Buf {
     pub(super) fn write(&self, off: usize, src: &[u8]) -> Result<(), String> {
         match self {
             Buf::Mr(m) => m.write(off, src).map_err(|e| e.to_string()),
-            Buf::Gpu { gpu, bar_off, .. } => gpu
-                .gpu()
-                .write(bar_off + off as u64, src)
-                .map_err(|e| e.to_string()),
+            Buf::Gpu { gpu, bar_off, .. } => gpu.write(bar_off + off as u64, src),
         }
     }
 
@@ -107,10 +246,7 @@ impl Buf {
     pub(super) fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), String> {
         match self {
             Buf::Mr(m) => m.read(off, dst).map_err(|e| e.to_string()),
-            Buf::Gpu { gpu, bar_off, .. } => gpu
-                .gpu()
-                .read(bar_off + off as u64, dst)
-                .map_err(|e| e.to_string()),
+            Buf::Gpu { gpu, bar_off, .. } => gpu.read(bar_off + off as u64, dst),
         }
     }
 }
@@ -127,8 +263,35 @@ pub(super) fn alloc_bufs(
 ) -> Result<(Vec<Buf>, Vec<Dm>), String> {
     let mut bufs = Vec::with_capacity(n);
     let mut dms = Vec::new();
+    if let Some(g) = gpu
+        && let GpuSource::Vfio(idx) = g.source
+    {
+        let gpu = vfio_gpu(idx)?;
+        let slot = (len as u64).next_multiple_of(4096);
+        for _ in 0..n {
+            let off = {
+                let mut next = gpu.next.lock().unwrap_or_else(|e| e.into_inner());
+                let off = *next;
+                *next += slot;
+                off
+            };
+            let b = gpu.peer.export(1, off, slot).map_err(|e| {
+                format!("GPU export (VFIO dma-buf) of {slot} bytes at BAR1 {off:#x}: {e}")
+            })?;
+            let mr = match g.reg {
+                GpuReg::PeerClient => pd.reg_peer_mr(&b, b.whole(), Access::ALL),
+                GpuReg::DmaBuf => pd.reg_dmabuf_mr(b.fd(), 0, slot, Access::ALL),
+            }
+            .map_err(|e| format!("GPU memory registration: {e}"))?;
+            bufs.push(Buf::Gpu {
+                mr,
+                gpu: GpuMem::Vfio(gpu.clone()),
+                bar_off: off,
+            });
+        }
+        return Ok((bufs, dms));
+    }
     if let Some(g) = gpu {
-        let GpuSource::Model = g.source;
         let slot = (len as u64).next_multiple_of(4096);
         let bar = (slot * n as u64).next_power_of_two().max(64 << 10);
         let f = ModelGpuFunction::with_bar_size(bar as usize).map_err(|e| e.to_string())?;
@@ -144,7 +307,7 @@ pub(super) fn alloc_bufs(
             .map_err(|e| format!("GPU memory registration: {e}"))?;
             bufs.push(Buf::Gpu {
                 mr,
-                gpu: f.clone(),
+                gpu: GpuMem::Model(f.clone()),
                 bar_off: k * slot,
             });
         }

@@ -220,6 +220,7 @@ impl Bench {
             // perftest -R (`create_rdma_cm_connection`): keys not yet filled in, the
             // rdma_cm connection of every QP, the same again.
             let zero = Keys::default();
+            cm.prepare()?;
             oob.keys(&zero, "the meeting before rdma_cm connects", Wait::Reply)
                 .map_err(oob_err)?;
             let res = if reads { out_reads.min(255) as u8 } else { 0 };

@@ -55,6 +55,13 @@ const WR_RECV: u64 = 0x100;
 pub trait QpConnector {
     /// Connects `qps`.
     fn connect(&mut self, qps: &mut [Qp], resources: u8, mtu: Mtu) -> Result<(), PerfError>;
+
+    /// Called before the meeting that precedes [`connect`](Self::connect): a server
+    /// listens here, so that a client which connects as soon as the meeting is over never
+    /// finds the port closed.
+    fn prepare(&mut self) -> Result<(), PerfError> {
+        Ok(())
+    }
 }
 
 /// perftest's control QP (`-R`): an RC QP connected by rdma_cm whose SENDs carry the
@@ -379,28 +386,46 @@ pub fn open_cm(
 }
 
 /// How often a connect rejected as a stale connection is tried again, a second apart.
-const STALE_TRIES: u32 = 30;
+pub const STALE_TRIES: u32 = 30;
+
+/// How often a test QP's connect that meets a port nobody listens on (REJ reason 8) is
+/// tried again, and the pause between tries (perftest's `rdma_cm_client_connection`:
+/// 10 tries, 100 ms apart; more here, for a server slowed down by TCG).
+pub const NO_LISTENER_TRIES: u32 = 100;
+const NO_LISTENER_PAUSE: Duration = Duration::from_millis(100);
 
 /// [`Cm::connect`], tried again while the peer rejects the REQ as a stale connection
-/// (reason 10). A peer keeps a connection's QPN in "time wait" for a while after it ended
-/// (Linux: `cm_match_req` rejects a REQ from a QPN it still holds, and disconnects the old
-/// connection); a new process on the model numbers its QPs as the last one did, so its
-/// first REQs meet that. Bounded: 30 tries.
+/// (reason 10), and, when `no_listener` is true, while it rejects it because nobody listens
+/// on the port (reason 8). A peer keeps a connection's QPN in "time wait" for a while after
+/// it ended (Linux: `cm_match_req` rejects a REQ from a QPN it still holds, and disconnects
+/// the old connection). A perftest `-R` server listens for its test QPs only after it
+/// answered the meeting before them, so a client that connects as soon as it has the
+/// answer may come too early (docs/spec/rdma-cm-wire.md §6, §8). Each try is a new REQ on
+/// the same QP (a rejected REQ leaves the QP as it was); the CM keeps answering the wire
+/// between tries. Bounded: [`STALE_TRIES`], [`NO_LISTENER_TRIES`].
 pub fn connect_fresh<T: MadTransport, Q: CmQp>(
     cm: &mut Cm<T>,
     qp: &mut Q,
     dst: SocketAddr,
     opts: &ConnectOptions<'_>,
+    no_listener: bool,
 ) -> Result<Connection, CmError> {
-    let mut tries = 0;
+    let (mut stale, mut absent) = (0, 0);
     loop {
         match cm.connect(qp, dst, opts) {
             Err(CmError::Rejected {
                 reason: RejReason::StaleConn,
                 ..
-            }) if tries < STALE_TRIES => {
-                tries += 1;
-                std::thread::sleep(Duration::from_secs(1));
+            }) if stale < STALE_TRIES => {
+                stale += 1;
+                cm.pause(Duration::from_secs(1))?;
+            }
+            Err(CmError::Rejected {
+                reason: RejReason::InvalidServiceId,
+                ..
+            }) if no_listener && absent < NO_LISTENER_TRIES => {
+                absent += 1;
+                cm.pause(NO_LISTENER_PAUSE)?;
             }
             r => return r,
         }
@@ -447,6 +472,8 @@ pub struct CmSession<T: MadTransport> {
     /// The REQs' PSNs ([`PsnFix`]) and this end's GID.
     reqs: ReqPsns,
     gid: [u8; 16],
+    /// Whether a server listens on its port now.
+    listening: bool,
 }
 
 impl<T: MadTransport> CmSession<T> {
@@ -462,6 +489,7 @@ impl<T: MadTransport> CmSession<T> {
             peer_mac: UNRESOLVED_MAC,
             reqs,
             gid,
+            listening: false,
         }
     }
 
@@ -478,7 +506,8 @@ impl<T: MadTransport> CmSession<T> {
 
     /// Connects (client) or accepts (server) one QP with `resources` outstanding reads each
     /// way, as perftest's `rdma_client_connect` / `rdma_server_connect`.
-    fn connect_one(&mut self, qp: &mut Qp, resources: u8) -> Result<(), PerfError> {
+    /// `test`: a test QP (its connect is tried again while the server does not listen yet).
+    fn connect_one(&mut self, qp: &mut Qp, resources: u8, test: bool) -> Result<(), PerfError> {
         let id = match self.role {
             Role::Client => {
                 let opts = ConnectOptions {
@@ -488,8 +517,13 @@ impl<T: MadTransport> CmSession<T> {
                     ..ConnectOptions::default()
                 };
                 let mut q = PsnFix::new(qp, &self.reqs, self.gid, false);
-                connect_fresh(&mut self.cm, &mut q, self.addr, &opts)
-                    .map_err(cm_err("connecting"))?
+                let what = if test {
+                    "connecting a test QP"
+                } else {
+                    "connecting"
+                };
+                connect_fresh(&mut self.cm, &mut q, self.addr, &opts, test)
+                    .map_err(cm_err(what))?
                     .id
             }
             Role::Server => {
@@ -542,15 +576,9 @@ impl<T: MadTransport> CmSession<T> {
         let mut qp = dev
             .create_qp(pd, &cq, &cq, &cfg)
             .map_err(|e| PerfError::Setup(format!("control QP: {e}")))?;
-        if self.role == Role::Server {
-            self.cm
-                .listen(self.addr.port())
-                .map_err(cm_err("listening"))?;
-        }
-        let r = self.connect_one(&mut qp, 0);
-        if self.role == Role::Server {
-            self.cm.unlisten(self.addr.port());
-        }
+        self.listen()?;
+        let r = self.connect_one(&mut qp, 0, false);
+        self.unlisten();
         r?;
         let link = QpLink::new(dev, pd, qp, cq)?;
         self.established()?;
@@ -597,25 +625,44 @@ pub fn linger<T: MadTransport>(cm: &mut Cm<T>) {
     }
 }
 
-impl<T: MadTransport> QpConnector for CmSession<T> {
-    fn connect(&mut self, qps: &mut [Qp], resources: u8, _mtu: Mtu) -> Result<(), PerfError> {
-        if self.role == Role::Server {
+impl<T: MadTransport> CmSession<T> {
+    /// A server listens on its port (once).
+    fn listen(&mut self) -> Result<(), PerfError> {
+        if self.role == Role::Server && !self.listening {
             self.cm
                 .listen(self.addr.port())
                 .map_err(cm_err("listening"))?;
+            self.listening = true;
         }
+        Ok(())
+    }
+
+    /// A server stops listening.
+    fn unlisten(&mut self) {
+        if self.listening {
+            self.cm.unlisten(self.addr.port());
+            self.listening = false;
+        }
+    }
+}
+
+impl<T: MadTransport> QpConnector for CmSession<T> {
+    fn prepare(&mut self) -> Result<(), PerfError> {
+        self.listen()
+    }
+
+    fn connect(&mut self, qps: &mut [Qp], resources: u8, _mtu: Mtu) -> Result<(), PerfError> {
+        self.listen()?;
         let mut r = Ok(());
         for qp in qps.iter_mut() {
             r = self
-                .connect_one(qp, resources)
+                .connect_one(qp, resources, true)
                 .and_then(|()| self.established());
             if r.is_err() {
                 break;
             }
         }
-        if self.role == Role::Server {
-            self.cm.unlisten(self.addr.port());
-        }
+        self.unlisten();
         r
     }
 }

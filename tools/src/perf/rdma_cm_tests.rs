@@ -261,3 +261,72 @@ fn write_bw_and_send_lat_through_the_cm_between_two_uhca_ends() {
         drop(p);
     }
 }
+
+/// A perftest `-R` server's way with the test QPs (`rdma_cm_server_connection`): it listens
+/// only after it answered the meeting before them, so the client's first REQs may find the
+/// port closed (here: the first two, REJ reason 8), as seen against `ib_write_bw -R` in the
+/// guest (docs/spec/rdma-cm-wire.md §8).
+struct LateListener<T: MadTransport> {
+    session: CmSession<T>,
+    rejects: u64,
+}
+
+impl<T: MadTransport> QpConnector for LateListener<T> {
+    fn connect(&mut self, qps: &mut [Qp], resources: u8, mtu: Mtu) -> Result<(), PerfError> {
+        // Bounded only so that a broken client fails the test instead of hanging it.
+        let end = Instant::now() + Duration::from_secs(120);
+        while self.session.cm().counters().rejected_no_listener < self.rejects {
+            assert!(Instant::now() < end, "the client's test REQs never came");
+            if self.session.cm().poll().unwrap().is_none() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.session.connect(qps, resources, mtu)
+    }
+}
+
+/// The client connects its test QP again while the server does not listen yet (perftest's
+/// client tries 10 times, 100 ms apart): the run goes on once the server listens. Before,
+/// the client gave up at the first REJ and, run again, sent its control connection's
+/// messages to the test QP the server had meanwhile accepted, which has no receives posted:
+/// RNR NAKs for good.
+#[test]
+fn a_test_qp_connect_that_meets_a_closed_port_is_tried_again() {
+    let p = pair_with(64, QpConfig::default(), |_| {});
+    let dev = p.dev.clone();
+    let (ccm, scm, addr, creqs, sreqs) = crate::cm_loop::cms(&dev, 18517);
+    let s = settings(Op::Write, 20, 16);
+    let (ds, ss) = (dev.clone(), s.clone());
+    let server = std::thread::spawn(move || {
+        let pd = ds.alloc_pd().unwrap();
+        let mut session = CmSession::new(scm, Role::Server, addr, sreqs);
+        let link = session.control(&ds, &pd).unwrap();
+        let oob = Oob::over(Box::new(link), Role::Server, 0);
+        let mut late = LateListener {
+            session,
+            rejects: 2,
+        };
+        let mut bench =
+            Bench::connect_perftest_with(&ds, &ss, 4096, opts(true), oob, Some(&mut late)).unwrap();
+        assert!(bench.pt_serve_bandwidth(4096).unwrap().is_none());
+        assert!(bench.pt_end().unwrap().is_some(), "the client's report");
+        late.session.finish().unwrap();
+        late.session.cm().counters()
+    });
+    let pd = dev.alloc_pd().unwrap();
+    let mut cm = CmSession::new(ccm, Role::Client, addr, creqs);
+    cm.set_peer_mac(dev.roce_address(0).unwrap().mac);
+    let link = cm.control(&dev, &pd).unwrap();
+    let oob = Oob::over(Box::new(link), Role::Client, 0);
+    let mut bench =
+        Bench::connect_perftest_with(&dev, &s, 4096, opts(true), oob, Some(&mut cm)).unwrap();
+    assert_eq!(bench.bandwidth(4096).unwrap().iters, 20);
+    bench.pt_end().unwrap();
+    cm.finish().unwrap();
+    let theirs = server.join().unwrap();
+    assert_eq!(
+        theirs.rejected_no_listener, 2,
+        "two REQs met the closed port"
+    );
+    drop(p);
+}
