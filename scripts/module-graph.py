@@ -56,12 +56,14 @@ CRATES = {
             # config space and queue buffers; the tables of objects; the command engine
             # and handlers; the data path; the device thread on top.
             # What everything reads: the configuration, the counters, the lifecycle state.
-            ["model::mem", "model::iommu", "model::bar_layout", "model::model_config",
-             "model::counters", "model::lifecycle"],
+            ["model::mem", "model::iommu", "model::remote", "model::bar_layout",
+             "model::model_config", "model::counters", "model::lifecycle"],
             ["model::config", "model::health", "model::table", "model::caps"],
             ["model::eq", "model::pages", "model::memic", "model::mkey", "model::peer",
              "model::wq", "model::cq", "model::srq", "model::vport"],
-            ["model::qp", "model::sq", "model::ud", "model::umr", "model::link_api"],
+            # `queues`: the data path's tables (DataPath); `sink`: CQEs of a QP's work.
+            ["model::qp", "model::sq", "model::queues", "model::sink", "model::ud", "model::umr",
+             "model::link_api"],
             # `Core`: the state the command engine and the data path share.
             ["model::state"],
             ["model::cmdif", "model::cmd"],

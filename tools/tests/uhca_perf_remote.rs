@@ -434,8 +434,22 @@ fn the_in_process_model_without_a_link_cannot_be_an_end() {
         ),
         (&["send_lat", "-d", "0000:fe:1f.7", "-D", "1"], "-D"),
         (
-            &["write_bw", "-d", "0000:fe:1f.7", "--use_cuda", "0"],
+            &[
+                "write_bw",
+                "-d",
+                "0000:fe:1f.7",
+                "--use_cuda",
+                "0",
+                "-p",
+                "18515",
+            ],
             "--use_cuda",
+        ),
+        // With no HOST or -p it is a loopback run on that function: refused only because
+        // the function is not there.
+        (
+            &["write_bw", "-d", "0000:fe:1f.7", "--use_cuda", "0"],
+            "no PCI function 0000:fe:1f.7",
         ),
         (&["write_bw", "-x", "300", "127.0.0.1"], "invalid value"),
         (&["write_bw", "-d", "0000:fe:1f.7", "-p", "0"], "-p 0"),

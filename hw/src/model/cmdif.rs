@@ -6,12 +6,12 @@ use crate::layout::cmd::{
     CMD_XPORT, CmdEntry, DeliveryStatus, INLINE_BYTES, MAILBOX_ALIGN, MAILBOX_DATA, MailboxBlock,
     OWN_HW, STATUS_OWN_OFFSET, mailbox_blocks,
 };
-use crate::layout::eqe::EventType;
+use crate::layout::eqe::{EqePageReq, EventType};
 use crate::layout::init_seg::{cmdq_addr_l_sz, reg};
 
 use super::health::{LOG_CMDQ_SIZE, LOG_CMDQ_STRIDE};
 use super::state::Core;
-use super::{Counters, DmaError, Shared, cmd, eq, pages};
+use super::{Counters, DmaError, Shared, cmd, eq};
 
 /// Entries in the queue.
 pub(crate) const SLOTS: u32 = 1 << LOG_CMDQ_SIZE;
@@ -102,11 +102,26 @@ pub(crate) fn run_queue(sh: &Shared, core: &mut Core, rung: u32) {
                 .get(&eqn)
                 .is_some_and(|e| e.wants(EventType::Cmd.into()))
             {
-                eq::post_to(sh, core, eqn, EventType::Cmd.into(), 0, &data);
+                eq::post_to(sh, &mut core.eqs, eqn, EventType::Cmd.into(), 0, &data);
             }
         }
     }
-    pages::balance(sh, core);
+    balance_pages(sh, core);
+}
+
+/// After a batch of commands: one PAGE_REQUEST event per change of the firmware-page demand
+/// (`Pages::rebalance`).
+fn balance_pages(sh: &Shared, core: &mut Core) {
+    let objects = core.icm_objects();
+    let Some(want) = core.pages.rebalance(core.life, objects) else {
+        return;
+    };
+    let mut eqe = [0u8; 64];
+    EqePageReq::new_unchecked(&mut eqe[..]).set_num_pages(want as i32 as u32);
+    let mut data = [0u8; 28];
+    data.copy_from_slice(&eqe[0x20..0x3c]);
+    Counters::inc(&sh.stats.page_requests);
+    eq::post_event(sh, &mut core.eqs, EventType::PageRequest, 0, &data);
 }
 
 /// Reads one block header's `(next, block_num, token)`.

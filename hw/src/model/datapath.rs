@@ -30,27 +30,26 @@
 //! packets.
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, ErrCqe, OP_OWN_OFFSET};
+use crate::layout::cqe::{CQE_SIZE, Cqe, CqeOpcode, CqeSyndrome, OP_OWN_OFFSET};
 use crate::layout::eqe::EventType;
 use crate::layout::roce::{RcOpcode, RocePacket};
-use crate::layout::uar::{BF_REGS_PER_UAR, UAR_SIZE, bf_reg_offset};
 use crate::layout::wqe::SEND_WQE_BB;
 use crate::link::{Link, LinkConfig, LinkError, Loopback};
 use crate::rc::{
     self, AccessError, Clock, Completion, CompletionSink, Env, MonotonicClock, WcOpcode, WcStatus,
 };
 
-use super::caps::LOG_BF_REG_SIZE;
 use super::cq::{self, Cq, Event};
 use super::iommu::{self, Dma};
 use super::mkey::{self, Access, MemError};
 use super::qp::{Qp, QpKind, QpState};
+// `device.rs` names the tables through here.
+pub(crate) use super::queues::DataPath;
+use super::sink::Sink;
 use super::sq::{self, Ctrl, MAX_WQE, WqeError};
-use super::srq::Srq;
 use super::state::Core;
 use super::table::Table;
 use super::{Counters, Shared, eq};
@@ -61,94 +60,6 @@ use engine_io::{Mem, Wire};
 
 /// Passes of receive + transmit in one poll before the thread looks at doorbells again.
 const INNER_PASSES: u32 = 64;
-
-/// The QP and CQ tables and the per-UAR doorbell lists.
-#[derive(Default)]
-pub(crate) struct DataPath {
-    /// CQs by CQN.
-    pub(crate) cqs: Table<Cq>,
-    /// QPs by QPN.
-    pub(crate) qps: Table<Qp>,
-    /// SRQs, XRC SRQs and RMPs by number (`srq.rs`).
-    pub(crate) srqs: Table<Srq>,
-    /// UAR → number of CQs on it.
-    pub(crate) cq_uars: BTreeMap<u32, u32>,
-    /// UAR → number of QPs on it.
-    pub(crate) qp_uars: BTreeMap<u32, u32>,
-    /// The SQ doorbell words of the UARs in `qp_uars`: BAR offset of each BlueFlame half's
-    /// `qpn_ds` and its UAR (kept in step by [`DataPath::qp_uar`]).
-    sq_words: Vec<(usize, u32)>,
-    /// Events raised in the current pass.
-    pub(crate) events: Vec<Event>,
-    /// Retransmissions of destroyed or reset QPs.
-    pub(crate) retired_retransmits: u64,
-    /// The last pass left nothing to do: no active QP, no frame queued, no link attached,
-    /// no moderated event held (`watch::Watch`).
-    pub(crate) settled: bool,
-    /// CQs with event moderation set (`Cq::moderated`): a pass looks for held events whose
-    /// period is over only while there are any.
-    pub(crate) moderated: u32,
-}
-
-impl DataPath {
-    /// Retransmissions so far.
-    pub(crate) fn retransmits(&self) -> u64 {
-        self.retired_retransmits
-            + self
-                .qps
-                .values()
-                .filter_map(|q| q.engine.as_ref())
-                .map(|e| e.stats().retransmits)
-                .sum::<u64>()
-    }
-
-    /// Forgets `q`'s engine, keeping its retransmission count.
-    pub(crate) fn retire_engine(&mut self, qpn: u32) {
-        if let Some(e) = self.qps.get_mut(qpn).and_then(|q| q.engine.take()) {
-            self.retired_retransmits += e.stats().retransmits;
-        }
-    }
-
-    /// A QP starts (`add`) or stops using `uar` for its doorbells.
-    pub(crate) fn qp_uar(&mut self, uar: u32, add: bool) {
-        uar_ref(&mut self.qp_uars, uar, add);
-        let half = (1usize << LOG_BF_REG_SIZE) / 2;
-        self.sq_words.clear();
-        for &uar in self.qp_uars.keys() {
-            let base = uar as usize * UAR_SIZE;
-            for k in 0..BF_REGS_PER_UAR {
-                for h in 0..2 {
-                    // `qpn_ds`, bytes 4-7 of the doorbell (§9.2).
-                    let off = base + bf_reg_offset(k, LOG_BF_REG_SIZE) + h * half + 4;
-                    self.sq_words.push((off, uar));
-                }
-            }
-        }
-    }
-
-    /// The SQ doorbell words to watch: BAR offset of each BlueFlame half's `qpn_ds` on the
-    /// UARs QPs use, with its UAR.
-    pub(crate) fn sq_words(&self) -> &[(usize, u32)] {
-        &self.sq_words
-    }
-
-    /// A CQ starts (`add`) or stops using `uar` for its arm doorbells.
-    pub(crate) fn cq_uar(&mut self, uar: u32, add: bool) {
-        uar_ref(&mut self.cq_uars, uar, add);
-    }
-}
-
-/// Adds (`+1`) or removes (`-1`) a user of `uar` in a per-UAR count.
-fn uar_ref(map: &mut BTreeMap<u32, u32>, uar: u32, add: bool) {
-    if add {
-        *map.entry(uar).or_insert(0) += 1;
-    } else if let Some(n) = map.get_mut(&uar) {
-        *n -= 1;
-        if *n == 0 {
-            map.remove(&uar);
-        }
-    }
-}
 
 /// A link attached through the host API, with a generation so the device thread notices.
 #[derive(Default)]
@@ -263,73 +174,6 @@ fn syndrome(s: WcStatus) -> CqeSyndrome {
     }
 }
 
-/// Where a QP's completions go: CQEs on its send and receive CQs.
-pub(crate) struct Sink<'a, 'd> {
-    pub(crate) sh: &'a Shared,
-    pub(crate) dma: &'a Dma<'d>,
-    pub(crate) cqs: &'a mut Table<Cq>,
-    pub(crate) events: &'a mut Vec<Event>,
-    pub(crate) qpn: u32,
-    pub(crate) cqn_snd: u32,
-    pub(crate) cqn_rcv: u32,
-    pub(crate) user_index: u32,
-    pub(crate) remote_qpn: u32,
-}
-
-impl<'a, 'd> Sink<'a, 'd> {
-    pub(crate) fn new(
-        sh: &'a Shared,
-        dma: &'a Dma<'d>,
-        cqs: &'a mut Table<Cq>,
-        events: &'a mut Vec<Event>,
-        qp: &Qp,
-    ) -> Sink<'a, 'd> {
-        Sink {
-            sh,
-            dma,
-            cqs,
-            events,
-            qpn: qp.qpn,
-            cqn_snd: qp.cqn_snd,
-            cqn_rcv: qp.cqn_rcv,
-            user_index: qp.user_index,
-            remote_qpn: qp.ctx().remote_qpn(),
-        }
-    }
-
-    /// An error CQE for a send WQE (`idx`, `opcode`) or a receive WQE (`recv`).
-    pub(crate) fn error(&mut self, recv: bool, idx: u16, opcode: u8, synd: CqeSyndrome) {
-        let mut cqe = [0u8; CQE_SIZE];
-        let op = if recv {
-            CqeOpcode::RespErr
-        } else {
-            CqeOpcode::ReqErr
-        };
-        {
-            let mut e = ErrCqe::new_unchecked(&mut cqe[..]);
-            e.set_srqn(self.user_index);
-            e.set_syndrome(u8::from(synd).into());
-            e.set_s_wqe_opcode(if recv { 0 } else { opcode.into() });
-            e.set_qpn(self.qpn);
-            e.set_wqe_counter(idx.into());
-        }
-        cqe[OP_OWN_OFFSET] = u8::from(op) << 4;
-        self.push(recv, &mut cqe, true);
-    }
-
-    /// A CQE built by the caller (`umr.rs`, `ud.rs`) on the send or receive (`recv`) CQ.
-    pub(crate) fn push_cqe(&mut self, recv: bool, cqe: &mut [u8; CQE_SIZE], solicited: bool) {
-        self.push(recv, cqe, solicited);
-    }
-
-    fn push(&mut self, recv: bool, cqe: &mut [u8; CQE_SIZE], solicited: bool) {
-        let cqn = if recv { self.cqn_rcv } else { self.cqn_snd };
-        if let Some(cq) = self.cqs.get_mut(cqn) {
-            cq.push(self.sh, self.dma, cqe, solicited, self.events);
-        }
-    }
-}
-
 impl CompletionSink for Sink<'_, '_> {
     fn complete(&mut self, c: Completion) {
         let recv = c.opcode.is_recv();
@@ -364,7 +208,7 @@ impl CompletionSink for Sink<'_, '_> {
         }
         let se = recv && c.solicited;
         cqe[OP_OWN_OFFSET] = (u8::from(op) << 4) | (u8::from(se) << 1);
-        self.push(recv, &mut cqe, se);
+        self.push_cqe(recv, &mut cqe, se);
     }
 }
 
@@ -436,7 +280,7 @@ pub(crate) fn poll(
     };
     std::mem::swap(&mut core.dp, dp);
     // UMR and NOP WQEs of non-RC QPs, with the MKey table writable (`umr.rs`).
-    super::umr::run_local(sh, core);
+    super::umr::run_local(sh, &mut core.dp, &mut core.mkeys, &core.pds);
     post_events(sh, core);
     let held = core.dp.moderated != 0 && core.dp.cqs.values().any(|c| c.moder.due.is_some());
     core.dp.settled = !exhausted
@@ -458,13 +302,13 @@ pub(crate) fn post_events(sh: &Shared, core: &mut Core) {
             Event::Comp { eqn, cqn } => {
                 // EQE byte 0x38 = data byte 0x18: [23:0] CQN (§9.8).
                 data[0x18..0x1c].copy_from_slice(&cqn.to_be_bytes());
-                eq::post_to(sh, core, eqn, EventType::Comp.into(), 0, &data);
+                eq::post_to(sh, &mut core.eqs, eqn, EventType::Comp.into(), 0, &data);
             }
             Event::CqError { cqn, syndrome } => {
                 // EQE byte 0x20: CQN, byte 0x2B: syndrome (§9.8).
                 data[0..4].copy_from_slice(&cqn.to_be_bytes());
                 data[0x0b] = syndrome;
-                eq::post_event(sh, core, EventType::CqError, 0, &data);
+                eq::post_event(sh, &mut core.eqs, EventType::CqError, 0, &data);
             }
         }
     }
@@ -755,14 +599,14 @@ fn deliver(
             let DataPath {
                 srqs, cqs, events, ..
             } = dp;
-            super::ud::receive(sh, dma, core, qp, srqs, cqs, events, pkt, frame);
+            super::ud::receive(sh, dma, &core.mkeys, qp, srqs, cqs, events, pkt, frame);
         }
         return;
     }
     let mem = Mem {
         sh,
         dma,
-        core,
+        keys: &core.mkeys,
         pd: qp.pd,
     };
     let mut sink = Sink::new(sh, dma, &mut dp.cqs, &mut dp.events, qp);
@@ -815,7 +659,7 @@ fn transmit(
         }
         if qp.local_work && qp.kind.is_datagram() {
             // A UD or GSI QP's WQEs run here, where the wire is (`ud.rs`).
-            super::ud::run_sq(sh, dma, core, qp, cqs, events, wire);
+            super::ud::run_sq(sh, dma, &core.mkeys, &core.vport, qp, cqs, events, wire);
         }
         if !(qp.active && (first || qp.moved)) {
             continue;
@@ -831,7 +675,7 @@ fn transmit(
         let mem = Mem {
             sh,
             dma,
-            core,
+            keys: &core.mkeys,
             pd: qp.pd,
         };
         let mut sink = Sink::new(sh, dma, cqs, events, qp);

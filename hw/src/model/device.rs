@@ -156,7 +156,7 @@ fn poll(
         }
     }
     if !core.eqs.is_empty() {
-        busy |= eq::poll_doorbells(sh, &mut core);
+        busy |= eq::poll_doorbells(sh, &mut core.eqs);
     }
     busy |= datapath::poll(sh, &mut core, port, spare);
     let settled = core.dp.settled;

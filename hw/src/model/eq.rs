@@ -16,11 +16,13 @@ use crate::layout::eqe::{EQE_SIZE, EventType, eqe_owner_for};
 use crate::layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM, UAR_SIZE};
 
 use super::caps::LOG_MAX_EQ;
-use super::state::Core;
 use super::{Counters, Shared};
 
 /// What a doorbell word holds when nothing was written since the last poll.
 pub(crate) const DB_EMPTY: u32 = u32::MAX;
+
+/// The event queues by EQ number.
+pub(crate) type Eqs = std::collections::BTreeMap<u32, Eq>;
 
 /// One event queue.
 #[derive(Debug)]
@@ -62,22 +64,15 @@ impl Eq {
 }
 
 /// Posts an event of type `t` to every EQ that subscribed it.
-pub(crate) fn post_event(
-    sh: &Shared,
-    core: &mut Core,
-    t: EventType,
-    sub_type: u8,
-    data: &[u8; 28],
-) {
+pub(crate) fn post_event(sh: &Shared, eqs: &mut Eqs, t: EventType, sub_type: u8, data: &[u8; 28]) {
     let code = u8::from(t);
-    let eqns: Vec<u32> = core
-        .eqs
+    let eqns: Vec<u32> = eqs
         .values()
         .filter(|e| e.wants(code))
         .map(|e| e.eqn)
         .collect();
     for eqn in eqns {
-        post_to(sh, core, eqn, code, sub_type, data);
+        post_to(sh, eqs, eqn, code, sub_type, data);
     }
 }
 
@@ -85,13 +80,13 @@ pub(crate) fn post_event(
 /// false when the EQE was dropped (no such EQ, overrun, or its buffer is unreachable).
 pub(crate) fn post_to(
     sh: &Shared,
-    core: &mut Core,
+    eqs: &mut Eqs,
     eqn: u32,
     t: u8,
     sub_type: u8,
     data: &[u8; 28],
 ) -> bool {
-    let Some(eq) = core.eqs.get_mut(&eqn) else {
+    let Some(eq) = eqs.get_mut(&eqn) else {
         return false;
     };
     if eq.pi.wrapping_sub(eq.ci) >= eq.size() {
@@ -142,12 +137,12 @@ fn signal(sh: &Shared, vector: u32) {
 }
 
 /// Takes the EQ doorbells of every UAR that has an EQ; true if any was written.
-pub(crate) fn poll_doorbells(sh: &Shared, core: &mut Core) -> bool {
+pub(crate) fn poll_doorbells(sh: &Shared, eqs: &mut Eqs) -> bool {
     // Runs on every device-thread pass: the distinct UARs go in a stack array (one per EQ
     // at most), not a heap Vec.
     let mut uars = [0u32; 1 << LOG_MAX_EQ];
     let mut n = 0;
-    for e in core.eqs.values() {
+    for e in eqs.values() {
         if !uars[..n].contains(&e.uar) {
             uars[n] = e.uar;
             n += 1;
@@ -166,7 +161,7 @@ pub(crate) fn poll_doorbells(sh: &Shared, core: &mut Core) -> bool {
                 continue;
             }
             any = true;
-            apply_doorbell(sh, core, uar, arm, w);
+            apply_doorbell(sh, eqs, uar, arm, w);
         }
     }
     any
@@ -175,9 +170,9 @@ pub(crate) fn poll_doorbells(sh: &Shared, core: &mut Core) -> bool {
 /// Applies one EQ doorbell word `eqn << 24 | ci` written to UAR `uar` (`arm`: at
 /// [`EQ_DOORBELL_ARM`]): the consumer index moves, and an arm arms the EQ (interrupting at
 /// once when EQEs are pending). A doorbell naming an EQ of another UAR is ignored.
-pub(crate) fn apply_doorbell(sh: &Shared, core: &mut Core, uar: u32, arm: bool, w: u32) {
+pub(crate) fn apply_doorbell(sh: &Shared, eqs: &mut Eqs, uar: u32, arm: bool, w: u32) {
     let (eqn, ci) = (w >> 24, w & 0xFF_FFFF);
-    let Some(eq) = core.eqs.get_mut(&eqn) else {
+    let Some(eq) = eqs.get_mut(&eqn) else {
         return;
     };
     if eq.uar != uar {

@@ -3,9 +3,9 @@
 //! # Translation API (for the data path)
 //!
 //! ```text
-//! mem_read  (sh, dma, core, key, pd, va, dst: &mut [u8], need: Access) -> Result<(), MemError>
-//! mem_write (sh, dma, core, key, pd, va, src: &[u8],     need: Access) -> Result<(), MemError>
-//! mem_atomic(sh, dma, core, key, pd, va, op: AtomicOp,   need: Access) -> Result<u64, MemError>
+//! mem_read  (sh, dma, keys, key, pd, va, dst: &mut [u8], need: Access) -> Result<(), MemError>
+//! mem_write (sh, dma, keys, key, pd, va, src: &[u8],     need: Access) -> Result<(), MemError>
+//! mem_atomic(sh, dma, keys, key, pd, va, op: AtomicOp,   need: Access) -> Result<u64, MemError>
 //! ```
 //!
 //! `dma` is the IOMMU table under the read lock the caller holds (`iommu::Dma`): the data
@@ -45,7 +45,6 @@ use std::ops::BitOr;
 
 use super::Shared;
 use super::iommu::{AtomicOp, ByteOrder, Dma, Seen};
-use super::state::Core;
 use super::table::IdAlloc;
 
 /// Access rights of an MKey, and the rights an access needs (local read is always granted).
@@ -339,7 +338,7 @@ fn in_bounds(m: &Mkey, va: u64, n: u64) -> bool {
 /// Steps 1-4 of the module docs for `len` bytes at `va`: the MKey, when they pass.
 #[inline]
 fn admit(
-    core: &Core,
+    keys: &MkeyTable,
     key: u32,
     pd: u32,
     va: u64,
@@ -347,7 +346,7 @@ fn admit(
     need: Access,
     dir: Dir,
 ) -> Result<&Mkey, MemError> {
-    let m = core.mkeys.get(key >> 8).ok_or(MemError::BadKey)?;
+    let m = keys.get(key >> 8).ok_or(MemError::BadKey)?;
     if m.variant != key as u8 || m.free {
         return Err(MemError::BadKey);
     }
@@ -459,7 +458,7 @@ enum Place<'a> {
 #[inline]
 fn access<R>(
     sh: &Shared,
-    core: &Core,
+    keys: &MkeyTable,
     key: u32,
     pd: u32,
     va: u64,
@@ -470,7 +469,7 @@ fn access<R>(
 ) -> Result<R, MemError> {
     let n = len as u64;
     let target =
-        admit(core, key, pd, va, n, need, dir).and_then(|m| Ok((m, translate(m, va, n, dir)?)));
+        admit(keys, key, pd, va, n, need, dir).and_then(|m| Ok((m, translate(m, va, n, dir)?)));
     let res = match target {
         Ok((_, Target::Iova(iova))) => run(Place::Host(&[(iova, len)])),
         Ok((m, Target::Pages)) => {
@@ -491,7 +490,7 @@ fn access<R>(
 pub(crate) fn mem_read(
     sh: &Shared,
     dma: &Dma<'_>,
-    core: &Core,
+    keys: &MkeyTable,
     key: u32,
     pd: u32,
     va: u64,
@@ -499,7 +498,7 @@ pub(crate) fn mem_read(
     need: Access,
 ) -> Result<(), MemError> {
     let len = dst.len();
-    access(sh, core, key, pd, va, len, need, Dir::Read, |at| match at {
+    access(sh, keys, key, pd, va, len, need, Dir::Read, |at| match at {
         Place::Host(segs) => dma.read_segments(segs, dst),
         Place::Bar(off) => {
             sh.bar.read_bytes(off, dst);
@@ -515,7 +514,7 @@ pub(crate) fn mem_read(
 #[inline]
 fn probe_passes(
     sh: &Shared,
-    core: &Core,
+    keys: &MkeyTable,
     key: u32,
     pd: u32,
     va: u64,
@@ -523,7 +522,7 @@ fn probe_passes(
     need: Access,
 ) -> bool {
     let n = (last - va).saturating_add(1);
-    let Ok(m) = admit(core, key, pd, va, n, need, Dir::Read) else {
+    let Ok(m) = admit(keys, key, pd, va, n, need, Dir::Read) else {
         return false;
     };
     let Xlate::Mtt {
@@ -543,7 +542,7 @@ fn probe_passes(
         return false;
     };
     let iova = (e & MTT_ADDR_MASK) + (va & ((1 << lps) - 1));
-    core.mkeys.seen.holds(sh, &[(iova, n as usize)])
+    keys.seen.holds(sh, &[(iova, n as usize)])
 }
 
 /// The direction whose MTT enables (`pg_access`) an access needing `need` checks: writes
@@ -571,7 +570,7 @@ const fn probe_dir(need: Access) -> Dir {
 pub(crate) fn mem_probe(
     sh: &Shared,
     dma: &Dma<'_>,
-    core: &Core,
+    keys: &MkeyTable,
     key: u32,
     pd: u32,
     va: u64,
@@ -581,7 +580,7 @@ pub(crate) fn mem_probe(
     let last = va
         .checked_add(len.saturating_sub(1))
         .ok_or_else(|| fault(sh, MemError::OutOfBounds))?;
-    if probe_passes(sh, core, key, pd, va, last, need) {
+    if probe_passes(sh, keys, key, pd, va, last, need) {
         return Ok(());
     }
     // Where one byte lands: `Some(iova)` in host memory, `None` in the MEMIC window.
@@ -592,7 +591,7 @@ pub(crate) fn mem_probe(
     };
     // Alignment is the data move's business (an atomic checks it itself): admit the
     // probe's one byte as a read would.
-    let m = admit(core, key, pd, va, 1, need, Dir::Read).map_err(|e| fault(sh, e))?;
+    let m = admit(keys, key, pd, va, 1, need, Dir::Read).map_err(|e| fault(sh, e))?;
     let a = byte(m, va).map_err(|e| fault(sh, e))?;
     let b = if in_bounds(m, last, 1) {
         byte(m, last)
@@ -609,11 +608,11 @@ pub(crate) fn mem_probe(
     // The IOMMU part, answered without its lock when a recent probe saw the same
     // mapping and the table has not changed since.
     let segs = &pair[..n];
-    if n > 0 && !core.mkeys.seen.holds(sh, segs) {
+    if n > 0 && !keys.seen.holds(sh, segs) {
         let seen = dma
             .probe_segments(segs)
             .map_err(|_| fault(sh, MemError::Unmapped))?;
-        core.mkeys.seen.remember(seen);
+        keys.seen.remember(seen);
     }
     b.map(|_| ()).map_err(|e| fault(sh, e))
 }
@@ -623,7 +622,7 @@ pub(crate) fn mem_probe(
 pub(crate) fn mem_write(
     sh: &Shared,
     dma: &Dma<'_>,
-    core: &Core,
+    keys: &MkeyTable,
     key: u32,
     pd: u32,
     va: u64,
@@ -632,7 +631,7 @@ pub(crate) fn mem_write(
 ) -> Result<(), MemError> {
     access(
         sh,
-        core,
+        keys,
         key,
         pd,
         va,
@@ -673,7 +672,7 @@ pub(crate) enum CopySide {
 pub(crate) fn mem_copy(
     sh: &Shared,
     dma: &Dma<'_>,
-    core: &Core,
+    keys: &MkeyTable,
     dst: CopyEnd,
     src: CopyEnd,
     len: usize,
@@ -685,7 +684,7 @@ pub(crate) fn mem_copy(
     let mut target = Ok(());
     access(
         sh,
-        core,
+        keys,
         src.key,
         src.pd,
         src.va,
@@ -700,7 +699,7 @@ pub(crate) fn mem_copy(
             let mut src_fault = None;
             target = access(
                 sh,
-                core,
+                keys,
                 dst.key,
                 dst.pd,
                 dst.va,
@@ -728,7 +727,7 @@ pub(crate) fn mem_copy(
     .map_err(CopySide::Source)?;
     target.map_err(CopySide::Target)?;
     if bounce {
-        return copy_through_buffer(sh, dma, core, dst, src, len);
+        return copy_through_buffer(sh, dma, keys, dst, src, len);
     }
     Ok(())
 }
@@ -743,15 +742,15 @@ pub(crate) const MAX_BATCH: usize = 8;
 /// nothing of it is counted (the caller's `mem_copy` of it decides and counts).
 pub(crate) fn mem_copy_batch(
     dma: &Dma<'_>,
-    core: &Core,
+    keys: &MkeyTable,
     copies: &[(CopyEnd, CopyEnd, usize)],
 ) -> usize {
     let mut spans = [None; MAX_BATCH];
     let mut n = 0;
     for (&(dst, src, len), span) in copies.iter().zip(&mut spans) {
         let (Some(from), Some(to)) = (
-            host_span(dma, core, src, len, Dir::Read),
-            host_span(dma, core, dst, len, Dir::Write),
+            host_span(dma, keys, src, len, Dir::Read),
+            host_span(dma, keys, dst, len, Dir::Write),
         ) else {
             break;
         };
@@ -768,13 +767,13 @@ pub(crate) fn mem_copy_batch(
 /// one host mapping: [`access`]'s checks without its counting, then the IOMMU's.
 fn host_span<'t>(
     dma: &'t Dma<'_>,
-    core: &Core,
+    keys: &MkeyTable,
     end: CopyEnd,
     len: usize,
     dir: Dir,
 ) -> Option<(&'t super::mem::HostRegion, usize)> {
     let n = len as u64;
-    let m = admit(core, end.key, end.pd, end.va, n, end.need, dir).ok()?;
+    let m = admit(keys, end.key, end.pd, end.va, n, end.need, dir).ok()?;
     let iova = match translate(m, end.va, n, dir).ok()? {
         Target::Iova(iova) => iova,
         Target::Pages => {
@@ -797,7 +796,7 @@ fn host_span<'t>(
 fn copy_through_buffer(
     sh: &Shared,
     dma: &Dma<'_>,
-    core: &Core,
+    keys: &MkeyTable,
     dst: CopyEnd,
     src: CopyEnd,
     len: usize,
@@ -808,9 +807,9 @@ fn copy_through_buffer(
         let n = (len - done).min(buf.len());
         let at = done as u64;
         let piece = &mut buf[..n];
-        mem_read(sh, dma, core, src.key, src.pd, src.va + at, piece, src.need)
+        mem_read(sh, dma, keys, src.key, src.pd, src.va + at, piece, src.need)
             .map_err(CopySide::Source)?;
-        mem_write(sh, dma, core, dst.key, dst.pd, dst.va + at, piece, dst.need)
+        mem_write(sh, dma, keys, dst.key, dst.pd, dst.va + at, piece, dst.need)
             .map_err(CopySide::Target)?;
         done += n;
     }
@@ -823,14 +822,14 @@ fn copy_through_buffer(
 pub(crate) fn mem_atomic(
     sh: &Shared,
     dma: &Dma<'_>,
-    core: &Core,
+    keys: &MkeyTable,
     key: u32,
     pd: u32,
     va: u64,
     op: AtomicOp,
     need: Access,
 ) -> Result<u64, MemError> {
-    access(sh, core, key, pd, va, 8, need, Dir::Atomic, |at| match at {
+    access(sh, keys, key, pd, va, 8, need, Dir::Atomic, |at| match at {
         Place::Host(segs) => dma.atomic64(segs[0].0, op, ByteOrder::Big),
         Place::Bar(off) => Ok(sh.bar.atomic64_be(off, op)),
     })
@@ -855,7 +854,7 @@ impl super::Hca {
         };
         let core = self.shared.core();
         let dma = self.shared.iommu.dma();
-        mem_read(&self.shared, &dma, &core, key, pd, va, dst, need)
+        mem_read(&self.shared, &dma, &core.mkeys, key, pd, va, dst, need)
     }
 
     /// A device write through an MKey: `remote` requires `rw` (an RDMA WRITE), otherwise
@@ -875,7 +874,7 @@ impl super::Hca {
         };
         let core = self.shared.core();
         let dma = self.shared.iommu.dma();
-        mem_write(&self.shared, &dma, &core, key, pd, va, src, need)
+        mem_write(&self.shared, &dma, &core.mkeys, key, pd, va, src, need)
     }
 
     /// A remote 8-byte atomic through an MKey (requires `a`); returns the original value.
@@ -885,7 +884,7 @@ impl super::Hca {
         mem_atomic(
             &self.shared,
             &dma,
-            &core,
+            &core.mkeys,
             key,
             pd,
             va,

@@ -23,7 +23,9 @@
 //! - [`peer`] — a model GPU whose BAR exports dma-bufs, and the HCA's dma-buf import.
 //!
 //! - `wq`, `cq`, `qp`, `sq` — queue buffers, completion queues, RC QP contexts and receive
-//!   queues, send WQE decoding (prm-subset.md §9); `datapath` — the device-thread pass over
+//!   queues, send WQE decoding (prm-subset.md §9); `queues` — their tables (`DataPath`);
+//!   `sink` — a QP's CQEs; `ud`, `umr` — the WQEs the model runs itself; `datapath` — the
+//!   device-thread pass over
 //!   doorbells, the port (loopback and attached link, `link_api`) and the RC engine of
 //!   `crate::rc`.
 //!
@@ -51,7 +53,9 @@ mod mkey;
 mod pages;
 pub mod peer;
 mod qp;
+mod queues;
 mod remote;
+mod sink;
 mod sq;
 mod srq;
 mod state;
@@ -548,7 +552,13 @@ impl Hca {
             return false;
         }
         // The driver stores the big-endian word: the bytes in memory order.
-        eq::apply_doorbell(&self.shared, &mut core, uar, arm, u32::from_be_bytes(bytes));
+        eq::apply_doorbell(
+            &self.shared,
+            &mut core.eqs,
+            uar,
+            arm,
+            u32::from_be_bytes(bytes),
+        );
         true
     }
 
@@ -583,7 +593,7 @@ impl Hca {
     /// as the device would on a port change, an error or the like.
     pub fn inject_event(&self, t: crate::layout::eqe::EventType, sub_type: u8, data: &[u8; 28]) {
         let mut core = self.shared.core();
-        eq::post_event(&self.shared, &mut core, t, sub_type, data);
+        eq::post_event(&self.shared, &mut core.eqs, t, sub_type, data);
     }
 
     /// Fault injection.

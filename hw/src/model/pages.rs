@@ -9,11 +9,8 @@
 
 use std::collections::BTreeSet;
 
-use crate::layout::eqe::{EqePageReq, EventType};
-
 use super::lifecycle::Lifecycle;
-use super::state::Core;
-use super::{Counters, ModelConfig, Shared, eq};
+use super::{ModelConfig, Shared};
 
 /// ICM objects that share one firmware page.
 pub(crate) const OBJECTS_PER_PAGE: u32 = 8;
@@ -147,28 +144,27 @@ impl Pages {
     }
 }
 
-/// After a batch of commands: asks for missing pages (or offers surplus) with one
-/// PAGE_REQUEST event per change of demand, while initialized.
-pub(crate) fn balance(sh: &Shared, core: &mut Core) {
-    if core.life != Lifecycle::Initialized {
-        return;
+impl Pages {
+    /// After a batch of commands: the page count to ask for (positive) or offer back
+    /// (negative) in a PAGE_REQUEST event, once per change of demand and only while
+    /// initialized (`life`), with `objects` ICM objects in use; `None`: no event. The
+    /// caller posts the event (`cmdif`).
+    pub(crate) fn rebalance(&mut self, life: Lifecycle, objects: u32) -> Option<i64> {
+        if life != Lifecycle::Initialized {
+            return None;
+        }
+        let need = self.regular_need(life, objects);
+        // Hand back surplus only from RETURN_HYSTERESIS pages up, so one object more or less
+        // does not bounce a page back and forth.
+        let want = if need > 0 || need <= -RETURN_HYSTERESIS {
+            need
+        } else {
+            0
+        };
+        if want == 0 || want == self.requested {
+            return None;
+        }
+        self.requested = want;
+        Some(want)
     }
-    let need = core.pages.regular_need(core.life, core.icm_objects());
-    // Hand back surplus only from RETURN_HYSTERESIS pages up, so one object more or less
-    // does not bounce a page back and forth.
-    let want = if need > 0 || need <= -RETURN_HYSTERESIS {
-        need
-    } else {
-        0
-    };
-    if want == 0 || want == core.pages.requested {
-        return;
-    }
-    core.pages.requested = want;
-    let mut eqe = [0u8; 64];
-    EqePageReq::new_unchecked(&mut eqe[..]).set_num_pages(want as i32 as u32);
-    let mut data = [0u8; 28];
-    data.copy_from_slice(&eqe[0x20..0x3c]);
-    Counters::inc(&sh.stats.page_requests);
-    eq::post_event(sh, core, EventType::PageRequest, 0, &data);
 }

@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 
 use super::ModelConfig;
 use super::caps::CapSet;
-use super::datapath::DataPath;
 use super::eq::Eq;
 use super::lifecycle::Lifecycle;
 use super::memic::Memic;
 use super::mkey::MkeyTable;
 use super::model_config::{FIRST_QPN, MAX_FIRST_QPN};
 use super::pages::Pages;
+use super::queues::DataPath;
 use super::table::IdAlloc;
 use super::vport::{RegState, Vport};
 

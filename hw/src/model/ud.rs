@@ -27,15 +27,14 @@ use crate::link::Link;
 use crate::rc::{LocalRef, RecvQueue, SendSlot};
 
 use super::cq::{Cq, Event};
-use super::datapath::Sink;
 use super::iommu::Dma;
-use super::mkey::{self, Access};
+use super::mkey::{self, Access, MkeyTable};
 use super::qp::{DEFAULT_HOP_LIMIT, Qp, QpKind, QpState, path_ip};
+use super::sink::Sink;
 use super::sq::{Ctrl, local_data};
 use super::srq::Srq;
-use super::state::Core;
 use super::table::Table;
-use super::vport::DEFAULT_PKEY;
+use super::vport::{DEFAULT_PKEY, Vport};
 use super::{Counters, Shared};
 
 /// The QPN every port's GSI QP answers to.
@@ -48,7 +47,8 @@ const DEFAULT_UDP_SPORT: u16 = 0xC000;
 pub(crate) fn run_sq(
     sh: &Shared,
     dma: &Dma<'_>,
-    core: &Core,
+    keys: &MkeyTable,
+    vport: &Vport,
     qp: &mut Qp,
     cqs: &mut Table<Cq>,
     events: &mut Vec<Event>,
@@ -76,7 +76,7 @@ pub(crate) fn run_sq(
             match WqeOpcode::from(ctrl.opcode) {
                 WqeOpcode::Nop => Ok(()),
                 WqeOpcode::Send | WqeOpcode::SendImm => {
-                    send(sh, dma, core, qp, &ctrl, &w[..ctrl.ds * 16], wire)
+                    send(sh, dma, keys, vport, qp, &ctrl, &w[..ctrl.ds * 16], wire)
                 }
                 _ => Err(CqeSyndrome::LocalQpOp),
             }
@@ -114,10 +114,12 @@ fn mtu_bytes(qp: &Qp) -> usize {
 }
 
 /// Sends the UD SEND WQE `w` (`ds` units): one packet.
+#[allow(clippy::too_many_arguments)]
 fn send(
     sh: &Shared,
     dma: &Dma<'_>,
-    core: &Core,
+    keys: &MkeyTable,
+    vport: &Vport,
     qp: &mut Qp,
     ctrl: &Ctrl,
     w: &[u8],
@@ -142,14 +144,13 @@ fn send(
             for s in list.as_slice() {
                 let n = s.len as usize;
                 let dst = &mut payload[at..at + n];
-                mkey::mem_read(sh, dma, core, s.lkey, qp.pd, s.addr, dst, Access::NONE)
+                mkey::mem_read(sh, dma, keys, s.lkey, qp.pd, s.addr, dst, Access::NONE)
                     .map_err(|_| CqeSyndrome::LocalProt)?;
                 at += n;
             }
         }
     }
-    let src = core
-        .vport
+    let src = vport
         .gids
         .get(av.sgid_index() as usize)
         .copied()
@@ -243,7 +244,7 @@ pub(crate) fn target_qpn(qps: &Table<Qp>, dest_qp: u32) -> u32 {
 pub(crate) fn receive(
     sh: &Shared,
     dma: &Dma<'_>,
-    core: &Core,
+    keys: &MkeyTable,
     qp: &mut Qp,
     srqs: &mut Table<Srq>,
     cqs: &mut Table<Cq>,
@@ -299,7 +300,7 @@ pub(crate) fn receive(
         let r = mkey::mem_write(
             sh,
             dma,
-            core,
+            keys,
             s.lkey,
             pd,
             s.addr,

@@ -25,12 +25,13 @@ use crate::layout::umr::{MKEY_SEG, UMR_CTRL_SEG, UmrCtrlSeg, flags, mkey_mask as
 use crate::layout::wqe::{DataSeg, WqeOpcode};
 
 use super::caps::MAX_MKEY_LOG_ENTITY_SIZE_MTT;
-use super::datapath::Sink;
 use super::iommu::Dma;
-use super::mkey::{self, Access, MTT_ADDR_MASK, Xlate, rights_of};
+use super::mkey::{self, Access, MTT_ADDR_MASK, MkeyTable, Xlate, rights_of};
 use super::qp::{QpKind, QpState};
+use super::queues::DataPath;
+use super::sink::Sink;
 use super::sq::Ctrl;
-use super::state::Core;
+use super::table::IdAlloc;
 use super::{Counters, Shared};
 
 /// Offset of the UMR control segment in a UMR WQE (after the 16-byte control segment).
@@ -43,9 +44,8 @@ const XLT_AT: usize = MKEY_SEG_AT + MKEY_SEG;
 const MIN_LOG_PAGE: u32 = 12;
 
 /// Runs the WQEs of every QP marked for local work.
-pub(crate) fn run_local(sh: &Shared, core: &mut Core) {
-    let marked: Vec<u32> = core
-        .dp
+pub(crate) fn run_local(sh: &Shared, dp: &mut DataPath, keys: &mut MkeyTable, pds: &IdAlloc) {
+    let marked: Vec<u32> = dp
         .qps
         .values()
         .filter(|q| q.local_work && q.kind == QpKind::RegUmr)
@@ -56,12 +56,19 @@ pub(crate) fn run_local(sh: &Shared, core: &mut Core) {
     }
     let dma = sh.iommu.dma();
     for qpn in marked {
-        run_qp(sh, &dma, core, qpn);
+        run_qp(sh, &dma, dp, keys, pds, qpn);
     }
 }
 
-fn run_qp(sh: &Shared, dma: &Dma<'_>, core: &mut Core, qpn: u32) {
-    let Some(qp) = core.dp.qps.get_mut(qpn) else {
+fn run_qp(
+    sh: &Shared,
+    dma: &Dma<'_>,
+    dp: &mut DataPath,
+    keys: &mut MkeyTable,
+    pds: &IdAlloc,
+    qpn: u32,
+) {
+    let Some(qp) = dp.qps.get_mut(qpn) else {
         return;
     };
     qp.local_work = false;
@@ -71,7 +78,7 @@ fn run_qp(sh: &Shared, dma: &Dma<'_>, core: &mut Core, qpn: u32) {
     let Some(pi) = qp.sq_pi(dma) else {
         return;
     };
-    while let Some(qp) = core.dp.qps.get_mut(qpn)
+    while let Some(qp) = dp.qps.get_mut(qpn)
         && (pi.wrapping_sub(qp.sq_ci) as i32) > 0
     {
         let idx = qp.sq_ci as u16;
@@ -88,15 +95,14 @@ fn run_qp(sh: &Shared, dma: &Dma<'_>, core: &mut Core, qpn: u32) {
         } else {
             match WqeOpcode::from(ctrl.opcode) {
                 WqeOpcode::Nop => Ok(()),
-                WqeOpcode::Umr => umr(sh, dma, core, &ctrl, &w),
+                WqeOpcode::Umr => umr(sh, dma, keys, pds, &ctrl, &w),
                 _ => Err(CqeSyndrome::LocalQpOp),
             }
         };
-        let core = &mut *core;
-        let Some(qp) = core.dp.qps.get_mut(qpn) else {
+        let Some(qp) = dp.qps.get_mut(qpn) else {
             return;
         };
-        let mut sink = Sink::new(sh, dma, &mut core.dp.cqs, &mut core.dp.events, qp);
+        let mut sink = Sink::new(sh, dma, &mut dp.cqs, &mut dp.events, qp);
         match result {
             Ok(()) if ctrl.signaled() => {
                 let mut cqe = [0u8; CQE_SIZE];
@@ -130,7 +136,8 @@ fn prot() -> CqeSyndrome {
 fn umr(
     sh: &Shared,
     dma: &Dma<'_>,
-    core: &mut Core,
+    keys: &mut MkeyTable,
+    pds: &IdAlloc,
     ctrl: &Ctrl,
     w: &[u8],
 ) -> Result<(), CqeSyndrome> {
@@ -145,7 +152,7 @@ fn umr(
         return Err(CqeSyndrome::LocalQpOp);
     }
     let key = ctrl.imm;
-    let m = core.mkeys.get(key >> 8).ok_or_else(prot)?;
+    let m = keys.get(key >> 8).ok_or_else(prot)?;
     if m.variant != key as u8 || Mkc::new_unchecked(&m.mkc[..]).umr_en() == 0 {
         return Err(prot());
     }
@@ -180,11 +187,11 @@ fn umr(
                 return Err(CqeSyndrome::LocalLength);
             }
             // The lkey's own PD: the UMR QP has none (Linux leaves its `pd` 0).
-            let pd = core.mkeys.get(d.lkey() >> 8).map_or(0, |k| k.pd);
+            let pd = keys.get(d.lkey() >> 8).map_or(0, |k| k.pd);
             mkey::mem_read(
                 sh,
                 dma,
-                core,
+                keys,
                 d.lkey(),
                 pd,
                 d.addr(),
@@ -194,10 +201,10 @@ fn umr(
             .map_err(|_| prot())?;
         }
     }
-    if mask & mm::PD != 0 && !core.pds.contains(seg.pd()) {
+    if mask & mm::PD != 0 && !pds.contains(seg.pd()) {
         return Err(prot());
     }
-    let m = core.mkeys.get_mut(key >> 8).ok_or_else(prot)?;
+    let m = keys.get_mut(key >> 8).ok_or_else(prot)?;
     let capacity = 2 * u64::from(Mkc::new_unchecked(&m.mkc[..]).translations_octword_size());
     let Xlate::Mtt {
         log_page_size,

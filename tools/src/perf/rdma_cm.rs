@@ -386,7 +386,7 @@ pub fn open_cm(
 }
 
 /// How often a connect rejected as a stale connection is tried again, a second apart.
-const STALE_TRIES: u32 = 30;
+pub const STALE_TRIES: u32 = 30;
 
 /// How often a test QP's connect that meets a port nobody listens on (REJ reason 8) is
 /// tried again, and the pause between tries (perftest's `rdma_cm_client_connection`:

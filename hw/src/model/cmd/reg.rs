@@ -248,7 +248,13 @@ fn write_paos(ctx: &mut Ctx<'_>, req: &[u8]) -> CmdResult {
         };
         let mut data = [0u8; 28];
         data.copy_from_slice(&eqe[0x20..0x3c]);
-        eq::post_event(ctx.sh, ctx.core, EventType::PortChange, sub.into(), &data);
+        eq::post_event(
+            ctx.sh,
+            &mut ctx.core.eqs,
+            EventType::PortChange,
+            sub.into(),
+            &data,
+        );
     }
     Ok(())
 }

@@ -161,7 +161,8 @@ impl Wire<'_> {
 pub(super) struct Mem<'a, 'd> {
     pub(super) sh: &'a Shared,
     pub(super) dma: &'a Dma<'d>,
-    pub(super) core: &'a Core,
+    /// The MKey table.
+    pub(super) keys: &'a mkey::MkeyTable,
     /// The QP's protection domain.
     pub(super) pd: u32,
 }
@@ -203,7 +204,7 @@ impl Mem<'_, '_> {
             return Ok(());
         }
         va.checked_add(len - 1).ok_or(AccessError::OutOfRange)?;
-        mkey::mem_probe(self.sh, self.dma, self.core, key, pd, va, len, need(access))
+        mkey::mem_probe(self.sh, self.dma, self.keys, key, pd, va, len, need(access))
             .map_err(|e| access_error(key, e))
     }
 }
@@ -265,7 +266,7 @@ impl rc::Memory for Mem<'_, '_> {
         });
         let len =
             usize::try_from(len).map_err(|_| rc::CopyFault::Target(AccessError::OutOfRange))?;
-        mkey::mem_copy(self.sh, self.dma, self.core, dst, src, len).map_err(|e| match e {
+        mkey::mem_copy(self.sh, self.dma, self.keys, dst, src, len).map_err(|e| match e {
             mkey::CopySide::Source(e) => rc::CopyFault::Source(access_error(src_key, e)),
             mkey::CopySide::Target(e) => rc::CopyFault::Target(access_error(dst_key, e)),
         })
@@ -286,7 +287,7 @@ impl rc::Memory for Mem<'_, '_> {
             *c = (dst, src, len);
             n += 1;
         }
-        mkey::mem_copy_batch(self.dma, self.core, &copies[..n])
+        mkey::mem_copy_batch(self.dma, self.keys, &copies[..n])
     }
 
     fn check(&self, key: u32, va: u64, len: u64, access: rc::Access) -> Result<(), AccessError> {
@@ -294,7 +295,7 @@ impl rc::Memory for Mem<'_, '_> {
     }
 
     fn read(&self, key: u32, va: u64, buf: &mut [u8], a: rc::Access) -> Result<(), AccessError> {
-        mkey::mem_read(self.sh, self.dma, self.core, key, self.pd, va, buf, need(a))
+        mkey::mem_read(self.sh, self.dma, self.keys, key, self.pd, va, buf, need(a))
             .map_err(|e| access_error(key, e))
     }
 
@@ -302,7 +303,7 @@ impl rc::Memory for Mem<'_, '_> {
         mkey::mem_write(
             self.sh,
             self.dma,
-            self.core,
+            self.keys,
             key,
             self.pd,
             va,
@@ -325,7 +326,7 @@ impl rc::Memory for Mem<'_, '_> {
         mkey::mem_atomic(
             self.sh,
             self.dma,
-            self.core,
+            self.keys,
             key,
             self.pd,
             va,

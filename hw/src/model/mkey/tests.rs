@@ -62,7 +62,7 @@ impl Rig {
         mem_read(
             &self.hca.shared,
             &self.hca.shared.iommu.dma(),
-            &core,
+            &core.mkeys,
             key,
             pd,
             va,
@@ -76,7 +76,7 @@ impl Rig {
         mem_write(
             &self.hca.shared,
             &self.hca.shared.iommu.dma(),
-            &core,
+            &core.mkeys,
             key,
             pd,
             va,
@@ -95,7 +95,7 @@ impl Rig {
         mem_probe(
             &self.hca.shared,
             &self.hca.shared.iommu.dma(),
-            &core,
+            &core.mkeys,
             key,
             pd,
             va,
@@ -821,7 +821,7 @@ fn a_copy_batch_stops_before_the_first_copy_a_check_refuses_and_counts_nothing()
     let good = |k: u64| (at(key, VA + k * PAGE, Access::REMOTE_WRITE), src, 700);
     let batch = |copies: &[(CopyEnd, CopyEnd, usize)]| {
         let core = r.hca.shared.core();
-        mem_copy_batch(&r.hca.shared.iommu.dma(), &core, copies)
+        mem_copy_batch(&r.hca.shared.iommu.dma(), &core.mkeys, copies)
     };
     // Whether page `k` of the key (offset 0x123) holds the source's first 700 bytes.
     let landed = |m: &MappedBuffer<'_>, m2: &MappedBuffer<'_>, k: u64| {
