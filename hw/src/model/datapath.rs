@@ -43,7 +43,8 @@ use crate::rc::{
 };
 
 use super::cq::{self, Cq, Event};
-use super::iommu::{self, Dma};
+use super::iommu::Dma;
+use super::mem;
 use super::mkey::{self, Access, MemError};
 use super::qp::{Qp, QpKind, QpState};
 // `device.rs` names the tables through here.

@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use super::ModelError;
-use super::mem::HostRegion;
+use super::mem::{AtomicOp, HostRegion};
 use super::remote::{RemoteError, RemoteFailure, RemoteMemory};
 pub(crate) use backing::Backing;
 use backing::copy_chunk;
@@ -174,20 +174,6 @@ pub enum ByteOrder {
     Big,
     /// The host's native order.
     Native,
-}
-
-/// An 8-byte atomic operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AtomicOp {
-    /// Compare and swap: store `swap` if the value equals `compare`.
-    CmpSwap {
-        /// Expected value.
-        compare: u64,
-        /// New value.
-        swap: u64,
-    },
-    /// Fetch and add (wrapping).
-    FetchAdd(u64),
 }
 
 /// IOVAs `[start, end)` that one mapping held at `generation` of the table: what a

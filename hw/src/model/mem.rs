@@ -6,10 +6,18 @@
 //! - [`HostRegion`]: host memory the driver mapped for DMA. Created only by
 //!   [`Hca::dma_map`](super::Hca::dma_map), whose caller promises the memory stays valid
 //!   until the matching unmap returns; the IOMMU (`iommu.rs`) holds a read lock across every
-//!   device access, so an unmap waits for in-flight accesses.
+//!   device access, so an unmap waits for in-flight accesses. The host API's mapping entry
+//!   points (`map.rs`, above the IOMMU) make them and hand them to the IOMMU: this file
+//!   knows nothing of the IOMMU.
 //! - [`DmaBuffer`]: a safe, page-aligned, zeroed host allocation for tests and examples.
 
 #![allow(unsafe_code)]
+
+mod map;
+
+#[cfg(test)]
+pub(crate) use map::MappedBuffer;
+pub(crate) use map::bar_mapping;
 
 use std::alloc::Layout;
 use std::io;
@@ -19,8 +27,19 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::layout::{Buf, BufMut};
 
-use super::iommu::HostMapping;
-use super::{Hca, ModelError};
+/// An 8-byte atomic operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Compare and swap: store `swap` if the value equals `compare`.
+    CmpSwap {
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+    /// Fetch and add (wrapping).
+    FetchAdd(u64),
+}
 
 /// BAR0 backing memory: a shared memfd mapping accessed with atomic words.
 pub(crate) struct BarMem {
@@ -166,7 +185,7 @@ impl BarMem {
 
     /// An 8-byte atomic on the big-endian value at `off` (8-byte aligned); returns the
     /// value before the operation (MEMIC atomics, prm-subset.md §11).
-    pub(crate) fn atomic64_be(&self, off: usize, op: super::AtomicOp) -> u64 {
+    pub(crate) fn atomic64_be(&self, off: usize, op: AtomicOp) -> u64 {
         assert!(
             off.is_multiple_of(8) && off + 8 <= self.len,
             "BAR atomic {off:#x} misaligned or out of range"
@@ -447,93 +466,6 @@ pub(crate) fn new_memfd(name: &str) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// A mapping of `len` bytes of `bar` at `off` (a peer BAR slice imported as a dma-buf):
-/// the mapping holds `bar`, so the memory stays valid while the IOMMU can reach it.
-pub(crate) fn bar_mapping(
-    bar: &std::sync::Arc<BarMem>,
-    off: usize,
-    len: usize,
-    tag: u64,
-) -> HostMapping {
-    assert!(
-        off.checked_add(len).is_some_and(|e| e <= bar.len),
-        "BAR slice {off:#x}+{len:#x} outside the BAR"
-    );
-    // Inside the live mapping (checked above); HostRegion accesses rely on `bar` outliving
-    // the mapping, which holds it.
-    let ptr = NonNull::new(bar.ptr.as_ptr().wrapping_add(off)).expect("non-null BAR pointer");
-    let region = HostRegion { ptr, len };
-    HostMapping::owned(region, bar.clone(), tag)
-}
-
-impl Hca {
-    /// Makes `len` bytes of host memory at `host` reachable by the device at `iova`
-    /// (page-aligned `iova`, `host` and `len`; no overlap with an existing mapping).
-    ///
-    /// # Safety
-    /// `[host, host + len)` must stay allocated and not be freed or remapped until
-    /// [`dma_unmap`](Self::dma_unmap) of this range returns (or the `Hca` is dropped): the
-    /// device may read and write it at any time until then.
-    pub unsafe fn dma_map(&self, iova: u64, host: *mut u8, len: usize) -> Result<(), ModelError> {
-        let ptr = NonNull::new(host).ok_or(ModelError::DmaMap {
-            iova,
-            len,
-            reason: "null host pointer",
-        })?;
-        let region = HostRegion { ptr, len };
-        self.shared.iommu.map(iova, HostMapping::new(region))
-    }
-
-    /// As [`dma_map`](Self::dma_map), but the device may only read the memory: a device
-    /// write or atomic there faults like an access to an unmapped IOVA (an IOMMU mapping
-    /// without write permission, as vfio-user's DMA_MAP without the WRITE flag asks).
-    ///
-    /// # Safety
-    /// As for [`dma_map`](Self::dma_map); the model never writes through `host`.
-    pub unsafe fn dma_map_read_only(
-        &self,
-        iova: u64,
-        host: *const u8,
-        len: usize,
-    ) -> Result<(), ModelError> {
-        let ptr = NonNull::new(host.cast_mut()).ok_or(ModelError::DmaMap {
-            iova,
-            len,
-            reason: "null host pointer",
-        })?;
-        let region = HostRegion { ptr, len };
-        self.shared
-            .iommu
-            .map(iova, HostMapping::new(region).read_only())
-    }
-
-    /// Makes `len` bytes of memory reached by messages (`remote.rs`) reachable by the
-    /// device at `iova` (page-aligned `iova` and `len`; no overlap with an existing
-    /// mapping): a device access there is sent to `mem` at bus address `addr` plus its
-    /// offset in the range, read-only for the device unless `writable`. A failed access is
-    /// the device's DMA error for that access (an error completion), as an IOMMU fault is.
-    /// Safe: no host memory is handed over.
-    pub fn dma_map_remote(
-        &self,
-        iova: u64,
-        len: usize,
-        mem: std::sync::Arc<dyn super::RemoteMemory>,
-        addr: u64,
-        writable: bool,
-    ) -> Result<(), ModelError> {
-        self.shared
-            .iommu
-            .map(iova, HostMapping::remote(mem, addr, len as u64, writable))
-    }
-
-    /// Device accesses to remote memory that failed so far ([`dma_map_remote`]).
-    ///
-    /// [`dma_map_remote`]: Self::dma_map_remote
-    pub fn remote_dma_failures(&self) -> u64 {
-        self.shared.iommu.remote_failures()
-    }
-}
-
 /// A zero-filled, 4 KiB-aligned host allocation for DMA (tests, examples).
 ///
 /// All accessors are bounds-checked and use plain copies (it is ordinary host memory);
@@ -647,33 +579,6 @@ impl BufMut for &DmaBuffer {
         for (i, b) in src.iter().enumerate() {
             self.byte(off + i).store(*b, Ordering::Relaxed);
         }
-    }
-}
-
-/// A [`DmaBuffer`] mapped into a model's IOMMU for the life of the value (unit tests).
-#[cfg(test)]
-pub(crate) struct MappedBuffer<'a> {
-    hca: &'a Hca,
-    pub(crate) buf: DmaBuffer,
-    pub(crate) iova: u64,
-}
-
-#[cfg(test)]
-impl<'a> MappedBuffer<'a> {
-    /// Allocates `len` bytes and maps them at `iova`.
-    pub(crate) fn new(hca: &'a Hca, iova: u64, len: usize) -> MappedBuffer<'a> {
-        let buf = DmaBuffer::new(len);
-        // SAFETY: `buf` is owned by the returned value, whose Drop unmaps before the buffer
-        // is freed; a leaked value leaks the buffer too, so the memory stays valid.
-        unsafe { hca.dma_map(iova, buf.as_mut_ptr(), buf.len()) }.expect("test mapping");
-        MappedBuffer { hca, buf, iova }
-    }
-}
-
-#[cfg(test)]
-impl Drop for MappedBuffer<'_> {
-    fn drop(&mut self) {
-        let _ = self.hca.dma_unmap(self.iova, self.buf.len());
     }
 }
 

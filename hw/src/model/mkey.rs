@@ -44,7 +44,8 @@ use std::cell::Cell;
 use std::ops::BitOr;
 
 use super::Shared;
-use super::iommu::{AtomicOp, ByteOrder, Dma, Seen};
+use super::iommu::{ByteOrder, Dma, Seen};
+use super::mem::AtomicOp;
 use super::table::IdAlloc;
 
 /// Access rights of an MKey, and the rights an access needs (local read is always granted).

@@ -79,7 +79,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 pub use cmd::syndrome;
 pub use cmdif::MAX_MSG;
-pub use iommu::{AtomicOp, ByteOrder, DmaError, IOVA_END, IOVA_START};
+pub use iommu::{ByteOrder, DmaError, IOVA_END, IOVA_START};
+pub use mem::AtomicOp;
 pub use mem::DmaBuffer;
 pub use mkey::MemError;
 pub use remote::{RemoteError, RemoteFailure, RemoteMemory};

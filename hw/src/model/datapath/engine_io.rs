@@ -318,10 +318,8 @@ impl rc::Memory for Mem<'_, '_> {
             return Err(AccessError::Misaligned);
         }
         let op = match op {
-            rc::AtomicOp::CompareSwap { compare, swap } => {
-                iommu::AtomicOp::CmpSwap { compare, swap }
-            }
-            rc::AtomicOp::FetchAdd { add } => iommu::AtomicOp::FetchAdd(add),
+            rc::AtomicOp::CompareSwap { compare, swap } => mem::AtomicOp::CmpSwap { compare, swap },
+            rc::AtomicOp::FetchAdd { add } => mem::AtomicOp::FetchAdd(add),
         };
         mkey::mem_atomic(
             self.sh,
