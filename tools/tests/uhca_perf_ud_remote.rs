@@ -249,3 +249,35 @@ fn a_ud_client_and_an_rc_server_refuse_each_other() {
     assert_ne!(c, 0);
     assert!(cout.contains("no -D, -R or --check"), "{cout}");
 }
+
+#[test]
+fn a_ud_server_killed_mid_run_fails_the_client_naming_the_peer() {
+    for oob in ["uhca", "perftest"] {
+        let (a, b) = (
+            format!("127.0.0.1:{}", model_proc::free_udp_port()),
+            format!("127.0.0.1:{}", model_proc::free_udp_port()),
+        );
+        let port = free_tcp_port().to_string();
+        let args = |l: &str, p: &str| -> Vec<String> {
+            let f = [
+                "send_lat", "-c", "UD", "-n", "10000000", "-x", "0", "--oob", oob,
+            ];
+            let mut v: Vec<String> = f.iter().map(|s| s.to_string()).collect();
+            v.extend(["--link-local", l, "--link-peer", p, "-p", &port].map(str::to_owned));
+            v
+        };
+        let (mut srv, _) = Perf::spawn(&args(&a, &b)).listening();
+        let mut cargs = args(&b, &a);
+        cargs.push("127.0.0.1".into());
+        let client = Perf::spawn(&cargs);
+        // Let the ping-pong start, then kill the server in the middle of it.
+        std::thread::sleep(Duration::from_secs(2));
+        let _ = srv.0.kill();
+        let (c, out) = client.finish();
+        assert_ne!(c, 0, "{oob}: {out}");
+        assert!(
+            out.contains("closed") && !out.contains("stalled"),
+            "{oob}: the client names the peer's end: {out}"
+        );
+    }
+}

@@ -26,7 +26,7 @@
 use std::time::{Duration, Instant};
 
 use uhca::Device;
-use uhca::datapath::WcOpcode;
+use uhca::datapath::{Completion, WcOpcode};
 use uhca::resource::{Ah, AhAttr, SendFlags, UdDest, UdSendWr};
 
 use super::control::{Control, ControlError, Endpoint, Msg, QpInfo};
@@ -34,12 +34,15 @@ use super::meter::Meter;
 use super::perftest::{Agreed, KEYS_LEN, Keys, Oob, OobError, Wait};
 use super::pt_run::{gid_of_kind, peer_mac, v4_mapped};
 use super::remote::{REPLY, Role};
-use super::ud::{QKEY, RX_DEPTH, UdEnd, message, message_sge, wait_one};
+use super::ud::{QKEY, RX_DEPTH, UdEnd, message, message_sge};
 use super::{BwResult, LatResult, PerfError, STALL, Settings, lat_stats, setup};
 
 /// How long a `send_bw` server waits for a datagram the client sent once the client says
 /// it is done (a datagram still in flight arrives within this; one dropped never does).
 const LATE: Duration = Duration::from_secs(2);
+
+/// How often a wait looks at the device and the peer's connection.
+const LOOK: Duration = Duration::from_millis(50);
 
 /// How a UD run meets its peer.
 enum Link {
@@ -413,11 +416,59 @@ impl UdRemote {
         Ok(())
     }
 
+    /// Whether the peer is still there: a closed or failing connection is an error (a
+    /// message of the client's that comes meanwhile, its DONE, is kept for later).
+    fn peer_alive(&mut self) -> Result<(), PerfError> {
+        match &mut self.link {
+            Link::Uhca(ctl) => {
+                if self.early.is_none() {
+                    self.early = ctl.try_recv("the traffic to end")?;
+                }
+                Ok(())
+            }
+            Link::Perftest { oob, .. } => match oob.gone() {
+                Some(e) => Err(oob_err(e)),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// The next completion (a failed one is an error), looking at the device and the peer
+    /// every [`LOOK`]: a lost device, a peer gone or [`STALL`] without one ends the wait.
+    fn wait(&mut self) -> Result<Completion, PerfError> {
+        let start = Instant::now();
+        let mut next_look = start + LOOK;
+        loop {
+            if let Some(c) = self.end.cq.poll().next() {
+                let c = c?;
+                if !c.status.is_ok() {
+                    return Err(PerfError::Completion {
+                        wr_id: c.wr_id,
+                        status: c.status,
+                    });
+                }
+                return Ok(c);
+            }
+            let now = Instant::now();
+            if now >= next_look {
+                next_look = now + LOOK;
+                if self.end.dev.is_lost() {
+                    return Err(PerfError::Setup("the device was lost".into()));
+                }
+                self.peer_alive()?;
+                if now.duration_since(start) > STALL {
+                    return Err(PerfError::Stalled(STALL));
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
     /// Waits for the next receive (taking send completions on the way) and posts its slot
     /// again.
     fn await_recv(&mut self) -> Result<(), PerfError> {
         loop {
-            let c = wait_one(&self.end.dev, &mut self.end.cq)?;
+            let c = self.wait()?;
             if c.opcode == WcOpcode::Recv {
                 return self.end.post_recvs(1);
             }
@@ -429,7 +480,7 @@ impl UdRemote {
     fn await_send(&mut self, wr_id: u64) -> Result<u64, PerfError> {
         let mut recvs = 0;
         loop {
-            let c = wait_one(&self.end.dev, &mut self.end.cq)?;
+            let c = self.wait()?;
             if c.opcode == WcOpcode::Recv {
                 self.end.post_recvs(1)?;
                 recvs += 1;
