@@ -1,5 +1,6 @@
 //! `-c UD` (perftest's connection type flag): `send_bw` and `send_lat` over UD QPs, both
-//! ends in this process (one model HCA in loopback, or two linked with `--pair`).
+//! ends in this process (one model HCA in loopback, or two linked with `--pair`); between
+//! two processes, [`super::ud_remote`] uses the same end.
 //!
 //! Each end has a UD QP (Q_Key [`QKEY`], the run's MTU), a CQ, an address handle to the
 //! other end's GID 0 and MAC, and one buffer: the send area first, then [`RX_DEPTH`]
