@@ -2,9 +2,10 @@
 # The figures of docs/performance.md "UD send_lat and the CM's connect time" (issue #21):
 # in one run, on this host,
 #   - RC and UD send_lat, 2 bytes, both ends in one uhca-perf process (one model HCA in
-#     loopback; UD QPs exist in uhca-perf's loopback mode only, `-c UD`);
-#   - RC send_lat, 2 bytes, between two uhca-perf processes whose model ports are on this
-#     host's loopback (127.0.0.1, UDP 4791 and 4792; perftest's exchange over TCP);
+#     loopback);
+#   - RC and UD (`-c UD`) send_lat, 2 bytes, between two uhca-perf processes whose model
+#     ports are on this host's loopback (127.0.0.1, UDP 4791 and 4792; perftest's exchange
+#     over TCP);
 #   - the RDMA CM's connect time between two processes on the same loopback: uhca-rping -s
 #     and uhca-rping -c -C 1 -d, which prints the time from its REQ to its RTU sent (the QP
 #     is in RTS and may send), CONNECTS times, each a new pair of processes.
@@ -39,6 +40,16 @@ srv=$!
 sleep 1
 # shellcheck disable=SC2046
 timeout 300 "$P" send_lat $(net 4792) -p 18731 -u 20 -s 2 -n "$netlat" 127.0.0.1 | grep -A1 '#bytes' ||
+  echo "(failed)"
+wait "$srv" || true
+
+echo "== send_lat -s 2, UD, two processes over the network port ($netlat iterations)"
+# shellcheck disable=SC2046
+timeout 300 "$P" send_lat -c UD $(net 4791) -p 18732 -s 2 -n "$netlat" > /dev/null 2>&1 &
+srv=$!
+sleep 1
+# shellcheck disable=SC2046
+timeout 300 "$P" send_lat -c UD $(net 4792) -p 18732 -s 2 -n "$netlat" 127.0.0.1 | grep -A1 '#bytes' ||
   echo "(failed)"
 wait "$srv" || true
 

@@ -54,6 +54,7 @@ TESTS=(
   "send_bw send_bw ib_send_bw -s 4096 -n 20"
   "atomic_bw atomic_bw ib_atomic_bw -n 20"
   "write_lat write_lat ib_write_lat -s 2 -n 100"
+  "send_lat_ud send_lat ib_send_lat -c UD -s 2 -n 100"
 )
 # The bytes checked (perftest checks none): tests/vm/pt-check.c in the guest speaks
 # perftest's exchange with buffers that hold a known pattern, against `uhca-perf --check`;

@@ -20,6 +20,7 @@ pub mod rdma_cm;
 pub mod remote;
 mod stream;
 pub mod ud;
+pub mod ud_remote;
 
 pub use placement::{GpuPlacement, GpuReg, GpuSource};
 pub use pt_run::{PtOptions, peer_mac, report_of, result_of};

@@ -632,13 +632,18 @@ fn ud_checks(a: &Args, sizes: &mut Vec<usize>, mtu: usize) -> Result<(), String>
             a.mode_name()
         ));
     }
-    if a.role().is_some() {
+    if a.role().is_some() && (a.duration.is_some() || a.rdma_cm || a.check) {
         return Err(
-            "-c UD: both ends in this process only (no server, client or device flags)".into(),
+            "-c UD between two processes: -n iterations, TCP exchange (no -D, -R or --check)"
+                .into(),
         );
     }
     if a.qps != 1 || a.bidirectional || a.events || a.use_dm || a.post_list.is_some() {
         return Err("-c UD: one QP, no -b, -e, -l or --use_dm".into());
+    }
+    if a.size.is_none() && !a.all {
+        // perftest's default send_bw size (64 KiB) becomes the MTU on UD, as in perftest.
+        sizes.iter_mut().for_each(|s| *s = (*s).min(mtu));
     }
     perf::ud::check_sizes(sizes, a.all, mtu)
 }
@@ -929,7 +934,10 @@ fn run_ud(a: &Args) -> Result<(), String> {
 
 fn run(a: &Args) -> Result<(), String> {
     if a.ud() {
-        return run_ud(a);
+        return match a.role() {
+            None => run_ud(a),
+            Some(role) => run_ud_remote(a, role),
+        };
     }
     match a.role() {
         None => {
@@ -954,6 +962,97 @@ fn run(a: &Args) -> Result<(), String> {
             run_remote(a, role)
         }
     }
+}
+
+/// `-c UD` between two processes ([`perf::ud_remote`]): one end, the client (`HOST`) or
+/// the server, over perftest's exchange or uhca-perf's.
+fn run_ud_remote(a: &Args, role: Role) -> Result<(), String> {
+    use perf::ud_remote::{UdRemote, mode_name};
+    validate(a)?;
+    let dev = device::open(&a.spec(), uhca::DeviceConfig::default()).map_err(|e| e.to_string())?;
+    let port = a.port.unwrap_or(DEFAULT_PORT);
+    let run = || -> Result<(), String> {
+        let e = |e: &dyn std::fmt::Display| e.to_string();
+        let mode = mode_name(&a.mode_name());
+        let (b, mut ud) = match (role, a.oob) {
+            (Role::Client, oob) => {
+                let (sizes, s) = validate(a)?;
+                let max = *sizes.iter().max().expect("a size");
+                let host = a.host.as_deref().unwrap_or_default();
+                let ud = if oob == OobKind::perftest {
+                    let tcp = remote::connect_tcp(host, port).map_err(|x| e(&x))?;
+                    let oob = Oob::new(tcp, role).map_err(|x| e(&x))?;
+                    UdRemote::connect_perftest(&dev, &s, max, a.gid_index, a.all, oob)
+                } else {
+                    let mut ctl = remote::connect(host, port).map_err(|x| e(&x))?;
+                    let mut h = hello_of(a, &sizes, &s);
+                    h.mode = mode;
+                    remote::propose(&mut ctl, &h).map_err(|x| e(&x))?;
+                    UdRemote::connect_uhca(&dev, &s, max, a.gid_index, ctl, role)
+                };
+                (a.clone(), ud.map_err(|x| e(&x))?)
+            }
+            (Role::Server, oob) => {
+                let listener = remote::listen(port).map_err(|x| e(&x))?;
+                println!("************************************");
+                println!("* Waiting for client to connect... *");
+                println!("************************************");
+                if oob == OobKind::perftest {
+                    let (sizes, s) = validate(a)?;
+                    let max = *sizes.iter().max().expect("a size");
+                    let tcp = remote::accept_tcp(&listener).map_err(|x| e(&x))?;
+                    let oob = Oob::new(tcp, role).map_err(|x| e(&x))?;
+                    let ud = UdRemote::connect_perftest(&dev, &s, max, a.gid_index, a.all, oob);
+                    (a.clone(), ud.map_err(|x| e(&x))?)
+                } else {
+                    let mut ctl = remote::accept(&listener).map_err(|x| e(&x))?;
+                    let hello = remote::proposal(&mut ctl, &mode).map_err(|x| e(&x))?;
+                    let b = adopt(a, &hello);
+                    let (sizes, s) = match validate(&b) {
+                        Ok(v) => v,
+                        Err(why) => {
+                            let why = format!("the server cannot run the client's settings: {why}");
+                            remote::refuse(&mut ctl, &why);
+                            return Err(why);
+                        }
+                    };
+                    remote::confirm(&mut ctl, &hello).map_err(|x| e(&x))?;
+                    let max = *sizes.iter().max().expect("a size");
+                    let ud = UdRemote::connect_uhca(&dev, &s, max, b.gid_index, ctl, role);
+                    (b, ud.map_err(|x| e(&x))?)
+                }
+            }
+        };
+        let (sizes, _) = validate(&b)?;
+        if b.output.is_none() {
+            println!("{LINE}");
+            let d = b.spec().describe();
+            println!("{}", ud.header(b.mode.title(), b.mode.is_bw(), &d));
+            if let Some(p) = ud.perftest_agreed() {
+                println!(" perftest peer   : version {}", p.peer_version);
+            }
+            println!("{LINE}");
+        }
+        let p = progress(&sizes, ud.settings());
+        if b.mode.is_bw() {
+            bw_columns(&b);
+        } else {
+            lat_columns(&b);
+        }
+        for (k, &size) in sizes.iter().enumerate() {
+            p.start(k, size);
+            if b.mode.is_bw() {
+                bw_line(&b, &ud.bandwidth(size).map_err(|x| e(&x))?);
+            } else {
+                lat_line(&b, &ud.latency(size).map_err(|x| e(&x))?);
+            }
+        }
+        closing(&b);
+        ud.close().map_err(|x| e(&x))
+    };
+    let result = run();
+    let closed = dev.close().map_err(|e| format!("teardown: {e}"));
+    result.and(closed)
 }
 
 /// The settings this end proposes (the client) or runs with (the server).

@@ -1,5 +1,6 @@
 //! `-c UD` (perftest's connection type flag): `send_bw` and `send_lat` over UD QPs, both
-//! ends in this process (one model HCA in loopback, or two linked with `--pair`).
+//! ends in this process (one model HCA in loopback, or two linked with `--pair`); between
+//! two processes, [`super::ud_remote`] uses the same end.
 //!
 //! Each end has a UD QP (Q_Key [`QKEY`], the run's MTU), a CQ, an address handle to the
 //! other end's GID 0 and MAC, and one buffer: the send area first, then [`RX_DEPTH`]
@@ -35,11 +36,11 @@ pub const QKEY: u32 = 0x1111_1111;
 pub const RX_DEPTH: u32 = 512;
 
 /// One end: its device, QP, CQ and buffer.
-struct UdEnd {
-    dev: Device,
-    qp: UdQp,
-    cq: Cq,
-    buf: Mr,
+pub(super) struct UdEnd {
+    pub(super) dev: Device,
+    pub(super) qp: UdQp,
+    pub(super) cq: Cq,
+    pub(super) buf: Mr,
     /// Bytes of each receive slot (GRH + the largest message).
     slot: usize,
     /// Receives posted so far (the next slot is this modulo [`RX_DEPTH`]).
@@ -48,7 +49,7 @@ struct UdEnd {
 }
 
 impl UdEnd {
-    fn new(dev: &Device, s: &Settings, max_size: usize) -> Result<UdEnd, PerfError> {
+    pub(super) fn new(dev: &Device, s: &Settings, max_size: usize) -> Result<UdEnd, PerfError> {
         let pd = dev.alloc_pd().map_err(setup("PD"))?;
         let cq = dev
             .create_cq(&CqConfig {
@@ -88,7 +89,7 @@ impl UdEnd {
     }
 
     /// Posts `n` receives into the next slots.
-    fn post_recvs(&mut self, n: u64) -> Result<(), PerfError> {
+    pub(super) fn post_recvs(&mut self, n: u64) -> Result<(), PerfError> {
         let base = self.buf.len() - RX_DEPTH as usize * self.slot;
         for _ in 0..n {
             let k = (self.posted % u64::from(RX_DEPTH)) as usize;
@@ -116,7 +117,7 @@ pub fn check_sizes(sizes: &mut Vec<usize>, all: bool, mtu: usize) -> Result<(), 
 
 /// The next completion of `cq`, or [`PerfError::Stalled`] after [`STALL`] without one (a
 /// lost device ends the wait too).
-fn wait_one(dev: &Device, cq: &mut Cq) -> Result<Completion, PerfError> {
+pub(super) fn wait_one(dev: &Device, cq: &mut Cq) -> Result<Completion, PerfError> {
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
@@ -146,13 +147,18 @@ fn wait_one(dev: &Device, cq: &mut Cq) -> Result<Completion, PerfError> {
 }
 
 /// The SGE of a `size`-byte message at the start of `buf`.
-fn message_sge(buf: &Mr, size: usize) -> Result<[Sge; 1], PerfError> {
+pub(super) fn message_sge(buf: &Mr, size: usize) -> Result<[Sge; 1], PerfError> {
     Ok([Sge::of(buf, 0, size)
         .ok_or_else(|| PerfError::Setup("message larger than the buffer".into()))?])
 }
 
 /// The message: inline (from `inline`) up to `-I`, else `sge`.
-fn message<'a>(s: &Settings, size: usize, inline: &'a [u8], sge: &'a [Sge; 1]) -> Local<'a> {
+pub(super) fn message<'a>(
+    s: &Settings,
+    size: usize,
+    inline: &'a [u8],
+    sge: &'a [Sge; 1],
+) -> Local<'a> {
     if size <= s.inline_size as usize && size <= inline.len() {
         Local::Inline(&inline[..size])
     } else {
