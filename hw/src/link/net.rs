@@ -47,6 +47,10 @@ mod tests;
 
 use sys::{BATCH, In, Msg};
 
+/// The one byte of the UDP payload (the BTH's byte 4: FECN, BECN, Resv6a) that the ICRC
+/// masks.
+const BTH_MASKED_BYTE: usize = 4;
+
 /// Longest frame the port carries: a 4,096-byte payload and every header.
 pub const MAX_FRAME_LEN: usize = 4096 + 256;
 
@@ -195,7 +199,7 @@ pub struct NetStats {
     pub fault_duplicated: u64,
     /// ... held back and sent after the next one.
     pub fault_reordered: u64,
-    /// ... corrupted (one byte changed after the ICRC).
+    /// ... corrupted (one byte the ICRC covers changed after the ICRC).
     pub fault_corrupted: u64,
     /// ... mangled (one transport-header byte changed before the ICRC).
     pub fault_mangled: u64,
@@ -548,8 +552,13 @@ impl NetLink {
             tx.free.push(slot);
             return;
         }
-        if corrupt && p.len > 0 {
-            f[p.off + (pos % p.len as u64) as usize] ^= (bits % 255 + 1) as u8;
+        if corrupt && p.len > 1 {
+            // A byte the ICRC covers: every corruption is one the receiver's check sees.
+            // BTH byte 4 (FECN, BECN, Resv6a) is masked out of the ICRC, so a change there
+            // would pass (docs/spec/rocev2-net.md §2).
+            let i = (pos % (p.len as u64 - 1)) as usize;
+            let i = if i >= BTH_MASKED_BYTE { i + 1 } else { i };
+            f[p.off + i] ^= (bits % 255 + 1) as u8;
             self.stats.add(C::FaultCorrupted, 1);
         }
         if self.capturing() {

@@ -291,6 +291,37 @@ fn an_ipv6_datagram_with_a_bad_icrc_is_dropped() {
     drop(a);
 }
 
+/// Every corruption the port injects is one the receiver's ICRC check sees: never the BTH
+/// byte the ICRC masks. With 16-byte datagrams (a BTH and the ICRC) a byte drawn from the
+/// whole payload would be that byte once in 16, so 200 frames would all but surely meet it.
+#[test]
+fn every_injected_corruption_fails_the_icrc() {
+    let ip: IpAddr = "::1".parse().unwrap();
+    let (a, b) = pair(ip, FaultConfig::default());
+    let (_, c) = pair(
+        ip,
+        FaultConfig {
+            seed: 3,
+            corrupt_one_in: 1,
+            ..FaultConfig::default()
+        },
+    );
+    c.set_peer_port(b.local_addrs()[0].port());
+    for round in 0..20 {
+        for i in 0..10 {
+            c.send(&frame(ip, ip, round * 10 + i, &[])).unwrap();
+        }
+        c.flush().unwrap();
+        assert!(
+            quiet(&b),
+            "round {round}: a corrupted datagram was delivered"
+        );
+    }
+    assert_eq!(c.stats().fault_corrupted, 200);
+    assert_eq!(b.stats().rx_bad_icrc, 200);
+    drop(a);
+}
+
 #[test]
 fn seeded_faults_drop_duplicate_and_reorder() {
     let ip: IpAddr = "127.0.0.1".parse().unwrap();
