@@ -10,6 +10,9 @@
 //! window's start and end and the health timer are checked then), so doorbells are seen
 //! sooner. While the last pass left nothing to do, a pass is only the idle check of
 //! `watch.rs` (the watched doorbell words, without the core lock).
+//!
+//! Run to completion (`Hca::drive`, opt-in): an application thread makes the passes on its
+//! own thread; the device thread hands its pass state over and naps while that goes on.
 
 use std::os::fd::RawFd;
 use std::sync::Arc;
