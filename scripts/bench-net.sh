@@ -15,23 +15,34 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 P=${UHCA_PERF:-$ROOT/target/release/uhca-perf}
 lat=${1:-100000}
 bw=${2:-20000}
+# Other UDP and TCP ports, for two runs at once on one machine: UHCA_NET_PORT (the
+# server's; the client's is the next) and UHCA_OOB_PORT (write_lat's; write_bw's the next).
+np=${UHCA_NET_PORT:-4791}
+oob=${UHCA_OOB_PORT:-18721}
+# Extra uhca-perf options for both ends of both pairs (e.g. --rtc).
+read -r -a extra <<< "${UHCA_PERF_ARGS:-}"
 echo "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 pair() { # MODE OOB_PORT ARGS...: a server and a client on 127.0.0.1, the client's report
   local mode=$1 oob=$2
   shift 2
-  timeout 300 "$P" "$mode" --net 127.0.0.1 --net-port 4791 --net-peer-port 4792 -p "$oob" "$@" \
-    > /dev/null 2>&1 &
+  timeout 300 "$P" "$mode" --net 127.0.0.1 --net-port "$np" --net-peer-port $((np + 1)) \
+    -p "$oob" "${extra[@]}" "$@" > /dev/null 2>&1 &
   local srv=$!
   sleep 1
-  timeout 300 "$P" "$mode" --net 127.0.0.1 --net-port 4792 --net-peer-port 4791 -p "$oob" "$@" \
-    127.0.0.1 | grep -A1 '#bytes'
+  timeout 300 "$P" "$mode" --net 127.0.0.1 --net-port $((np + 1)) --net-peer-port "$np" \
+    -p "$oob" "${extra[@]}" "$@" 127.0.0.1 | grep -A1 '#bytes'
   wait "$srv" || true
 }
 
-echo "== UDP ping-pong, 2 bytes (the reference)"
-"$P" udp -s 2 -n "$lat" | grep -A1 '#bytes'
-echo "== write_lat -s 2 over the network port"
-pair write_lat 18721 -s 2 -n "$lat"
-echo "== write_bw -s 65536 -m 4096 over the network port"
-pair write_bw 18722 -s 65536 -m 4096 -n "$bw"
+# An iteration count of 0 leaves that part out.
+if [ "$lat" -gt 0 ]; then
+  echo "== UDP ping-pong, 2 bytes (the reference)"
+  "$P" udp -s 2 -n "$lat" | grep -A1 '#bytes'
+  echo "== write_lat -s 2 over the network port"
+  pair write_lat "$oob" -s 2 -n "$lat"
+fi
+if [ "$bw" -gt 0 ]; then
+  echo "== write_bw -s 65536 -m 4096 over the network port"
+  pair write_bw $((oob + 1)) -s 65536 -m 4096 -n "$bw"
+fi

@@ -87,5 +87,6 @@ impl EqRing {
             };
         fence(Ordering::SeqCst); // entries consumed before the index is published
         bar.write32_be(off, eq_doorbell_word(self.eqn, self.ci));
+        bar.doorbell_rung();
     }
 }

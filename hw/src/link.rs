@@ -105,11 +105,13 @@ pub trait Link {
         let _ = dst_mac;
         false
     }
-    /// Puts the idle device thread to sleep for at most `timeout`. A link that can tell
-    /// when a frame arrives (a socket) wakes it then; the provided version parks the
-    /// thread (an unpark, or the timeout, ends it).
-    fn wait(&self, timeout: std::time::Duration) {
-        std::thread::park_timeout(timeout);
+    /// The descriptors that become readable when a frame arrives (a port's sockets), put
+    /// into `out`; returns how many. The idle device thread sleeps in `ppoll` on them (and
+    /// on its doorbell kick), so such a frame wakes it at once; a link with none (the
+    /// provided version) is looked at when the sleep's timeout ends it.
+    fn wake_fds(&self, out: &mut [std::os::fd::RawFd]) -> usize {
+        let _ = out;
+        0
     }
     /// The datagrams the link itself dropped on receipt (bad ICRC, too short, too long)
     /// since the last call, as (packets, octets): the model adds them to its port's receive

@@ -62,8 +62,8 @@ impl Link for Shared {
     fn take_rx_errors(&self) -> (u64, u64) {
         self.0.take_rx_errors()
     }
-    fn wait(&self, t: std::time::Duration) {
-        self.0.wait(t)
+    fn wake_fds(&self, out: &mut [std::os::fd::RawFd]) -> usize {
+        self.0.wake_fds(out)
     }
 }
 

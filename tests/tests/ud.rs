@@ -534,8 +534,8 @@ impl Link for NetPort {
     fn take_rx_errors(&self) -> (u64, u64) {
         self.0.take_rx_errors()
     }
-    fn wait(&self, t: Duration) {
-        self.0.wait(t)
+    fn wake_fds(&self, out: &mut [std::os::fd::RawFd]) -> usize {
+        self.0.wake_fds(out)
     }
 }
 

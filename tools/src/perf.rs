@@ -256,6 +256,18 @@ impl Watch {
     }
 }
 
+/// The device whose passes this process's waiting loops make ([`run_to_completion`]).
+static RTC: std::sync::OnceLock<std::sync::Arc<dyn uhca::pci::PciFunction>> =
+    std::sync::OnceLock::new();
+
+/// Run to completion (`uhca-perf --rtc`): from now on every waiting loop of this process
+/// makes a pass of `f`'s device work (`PciFunction::drive`: the model's device pass on
+/// this thread) where it would spin, so one thread polls instead of two. Only the first
+/// call counts. Does nothing for a real device.
+pub fn run_to_completion(f: std::sync::Arc<dyn uhca::pci::PciFunction>) {
+    let _ = RTC.set(f);
+}
+
 /// How often a waiting loop asks whether its device is still there
 /// ([`Device::check_health`]: a vfio-user server that died, a health failure), so a lost
 /// device ends the run at once as device-lost, not after [`STALL`] as a stall.
@@ -324,11 +336,14 @@ impl StallTimer {
         Ok(())
     }
 
-    /// One unsuccessful poll: a spin-loop hint, and an error once the loop has waited
-    /// longer than [`STALL`]. Returns the time when it read the clock.
+    /// One unsuccessful poll: a spin-loop hint (or, run to completion, a device pass:
+    /// [`run_to_completion`]), and an error once the loop has waited longer than
+    /// [`STALL`]. Returns the time when it read the clock.
     #[inline]
     fn spin(&mut self) -> Result<Option<Instant>, PerfError> {
-        std::hint::spin_loop();
+        if !RTC.get().is_some_and(|f| f.drive()) {
+            std::hint::spin_loop();
+        }
         self.spins = self.spins.wrapping_add(1);
         if !self.spins.is_multiple_of(SPINS_PER_CLOCK) {
             return Ok(None);

@@ -319,6 +319,7 @@ impl CmdIf {
         entry.write_u8(0x3f, OWN_HW);
         fence(Ordering::SeqCst); // wmb_before_doorbell: ownership visible before the ring
         self.bar.write32_be(reg::CMD_DBELL, 1 << slot);
+        self.bar.doorbell_rung();
 
         let start = Instant::now();
         let mut spins = 0u32;

@@ -401,6 +401,7 @@ impl SendRing {
                 .write64_raw(at, self.ring.load(self.last, 0).to_ne_bytes());
         }
         barrier::wc_flush(); // the BlueFlame copy done before the next doorbell
+        db.bar.doorbell_rung();
         db.bf_off ^= db.bf_half;
         self.rung = head;
     }

@@ -15,6 +15,9 @@ use super::{BarRegion, PciFunction};
 pub struct Bar {
     ptr: *mut u8,
     len: usize,
+    /// The device's wake, for a device that sleeps ([`PciFunction::doorbell_wake`]).
+    #[cfg(feature = "model")]
+    wake: Option<uhca_hw::model::DoorbellWake>,
     _owner: Arc<dyn PciFunction>,
 }
 
@@ -38,8 +41,21 @@ impl Bar {
         Ok(Bar {
             ptr,
             len,
+            #[cfg(feature = "model")]
+            wake: function.doorbell_wake(),
             _owner: function.clone(),
         })
+    }
+
+    /// Called after each doorbell store: wakes a device that sleeps and asked for it
+    /// (the in-process model: one relaxed load while it is awake); nothing for a real
+    /// device (one test of an empty option).
+    #[inline(always)]
+    pub fn doorbell_rung(&self) {
+        #[cfg(feature = "model")]
+        if let Some(w) = &self.wake {
+            w.rung();
+        }
     }
 
     /// Length of the mapping in bytes.

@@ -294,6 +294,19 @@ pub unsafe trait PciFunction: Send + Sync + 'static {
     fn check(&self) -> Result<(), PciError> {
         Ok(())
     }
+    /// What to call after each doorbell store, for a device that sleeps while idle and
+    /// asks to be woken (the in-process model: `uhca_hw::model::DoorbellWake`). The
+    /// default, for real devices, is none: a doorbell write is all they need.
+    #[cfg(feature = "model")]
+    fn doorbell_wake(&self) -> Option<uhca_hw::model::DoorbellWake> {
+        None
+    }
+    /// Run to completion, for a device that is software in this process (the model,
+    /// `uhca_hw::model::Hca::drive`): makes one pass of its device work on the calling
+    /// thread; true if it did anything. The default, for a real device, does nothing.
+    fn drive(&self) -> bool {
+        false
+    }
 }
 
 /// Reads a little-endian u16 from config space.

@@ -66,6 +66,14 @@ unsafe impl PciFunction for ModelFunction {
             })
     }
 
+    fn doorbell_wake(&self) -> Option<uhca_hw::model::DoorbellWake> {
+        self.hca.doorbell_wake()
+    }
+
+    fn drive(&self) -> bool {
+        self.hca.drive()
+    }
+
     fn map_bar(&self, index: u8) -> Result<BarRegion, PciError> {
         if index != 0 {
             return Err(PciError::NoBar(index));

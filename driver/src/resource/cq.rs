@@ -325,6 +325,7 @@ impl Cq {
             .dev
             .bar
             .write64_raw(uar as usize * UAR_SIZE + CQ_DOORBELL, db);
+        self.obj.dev.bar.doorbell_rung();
     }
 
     /// Blocks until the device posts a completion event for this CQ (after

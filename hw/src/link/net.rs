@@ -30,7 +30,7 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
@@ -940,15 +940,14 @@ impl Link for NetLink {
         true
     }
 
-    /// Sleeps in `ppoll` on the sockets: a datagram that arrives wakes the device thread
-    /// at once instead of after its backoff sleep (which can be a millisecond).
-    fn wait(&self, timeout: std::time::Duration) {
-        let mut fds = [0; 8];
-        let n = self.socks.len().min(fds.len());
-        for (f, s) in fds.iter_mut().zip(&self.socks) {
+    /// The sockets: a datagram that arrives wakes the sleeping device thread at once
+    /// instead of after its backoff sleep (which can be a millisecond).
+    fn wake_fds(&self, out: &mut [RawFd]) -> usize {
+        let n = self.socks.len().min(out.len());
+        for (f, s) in out.iter_mut().zip(&self.socks) {
             *f = s.sock.as_raw_fd();
         }
-        sys::wait_readable(&fds[..n], timeout);
+        n
     }
 
     fn take_rx_errors(&self) -> (u64, u64) {

@@ -3,12 +3,18 @@
 //! Idle policy (tests run many models on 2 cores): after activity the thread spins for
 //! about [`SPIN_FOR`], then yields a few times, then sleeps with exponential backoff from
 //! [`SLEEP_MIN`] up to [`SLEEP_MAX`] (never past the next health tick). Any activity resets
-//! the backoff. `Hca::drop` unparks the thread, so a sleeping thread exits at once. While
+//! the backoff. It sleeps in `ppoll` on its kick (`wake.rs`) and the link's sockets: a
+//! doorbell of a driver in this process (which kicks only while the thread has published
+//! that it sleeps), a datagram, `Hca::drop` or a reset end the sleep at once. While
 //! spinning or busy, a pass reads no clock except every [`CLOCK_EVERY`]th (the spin
 //! window's start and end and the health timer are checked then), so doorbells are seen
 //! sooner. While the last pass left nothing to do, a pass is only the idle check of
 //! `watch.rs` (the watched doorbell words, without the core lock).
+//!
+//! Run to completion (`Hca::drive`, opt-in): an application thread makes the passes on its
+//! own thread; the device thread hands its pass state over and naps while that goes on.
 
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -16,6 +22,7 @@ use std::time::{Duration, Instant};
 use crate::layout::init_seg::reg;
 
 use super::health::Health;
+use super::wake::{MAX_FDS, Slept};
 use super::watch::Watch;
 use super::{Counters, Shared, cmdif, datapath, eq};
 
@@ -27,6 +34,11 @@ const YIELDS: u32 = 8;
 pub(crate) const SLEEP_MIN: Duration = Duration::from_micros(20);
 /// Longest sleep.
 pub(crate) const SLEEP_MAX: Duration = Duration::from_millis(1);
+
+/// Passes an application thread must have driven since the device thread's last look for
+/// it to nap instead of polling ([`drive`]): a thread that polls makes thousands in the
+/// [`SLEEP_MAX`] between two looks.
+const DRIVEN_MIN: u64 = 64;
 
 /// While spinning, the clock is read (and the health timer advanced) once per this many
 /// passes: a clock read costs about as much as an idle pass, and a spinning pass is what
@@ -41,6 +53,8 @@ struct Backoff {
     spins: u32,
     yields: u32,
     sleep: Duration,
+    /// `Shared::driven` as of the last nap (run to completion, [`drive`]).
+    driven: u64,
 }
 
 impl Backoff {
@@ -50,11 +64,13 @@ impl Backoff {
             spins: 0,
             yields: 0,
             sleep: SLEEP_MIN,
+            driven: 0,
         }
     }
 
     /// Something happened: spin again. Reads no clock.
-    fn reset(&mut self) {
+    fn reset(&mut self, sh: &Shared) {
+        sh.wake.awake();
         self.last_activity = None;
         self.spins = 0;
         self.yields = 0;
@@ -66,7 +82,15 @@ impl Backoff {
         self.yields == 0
     }
 
-    fn idle(&mut self, sh: &Shared, until_tick: Duration, port: &datapath::Port) {
+    /// No work this pass: spin, yield or sleep. `fds` are the link's (`Link::wake_fds`);
+    /// `rung` is the second look at the doorbells before a sleep (`wake.rs`).
+    fn idle(
+        &mut self,
+        sh: &Shared,
+        until_tick: Duration,
+        fds: &[std::os::fd::RawFd],
+        rung: impl FnOnce() -> bool,
+    ) {
         if self.yields == 0 {
             // The clock is read on every CLOCK_EVERY-th idle pass only; the window starts at
             // the first such read (at most CLOCK_EVERY passes after the activity), so the
@@ -91,16 +115,65 @@ impl Backoff {
             self.yields += 1;
             std::thread::yield_now();
         } else {
-            Counters::inc(&sh.stats.idle_sleeps);
             let d = self.sleep.min(until_tick.max(SLEEP_MIN));
-            // A link that knows when a frame arrives ends the sleep then (`Link::wait`).
-            match port.peer() {
-                Some(l) => l.wait(d),
-                None => std::thread::park_timeout(d),
+            // Published "asleep", then a second look at every doorbell (`wake.rs`): one
+            // rung in between is found here, or its driver saw "asleep" and kicks. A link
+            // that knows when a frame arrives ends the sleep then (`Link::wake_fds`).
+            if sh.wake.sleep(rung, fds, d) == Slept::Rung {
+                return;
             }
+            Counters::inc(&sh.stats.idle_sleeps);
             self.sleep = (self.sleep * 2).min(SLEEP_MAX);
         }
     }
+}
+
+/// What the device's passes keep between them: the device thread's own, or, once an
+/// application thread drives passes ([`drive`]), shared with it behind `Shared::passes`.
+pub(crate) struct Passes {
+    port: datapath::Port,
+    spare: Box<datapath::DataPath>,
+    watch: Watch,
+}
+
+impl Passes {
+    fn new() -> Box<Passes> {
+        Box::new(Passes {
+            port: datapath::Port::new(),
+            spare: Box::default(),
+            watch: Watch::default(),
+        })
+    }
+
+    fn pass(&mut self, sh: &Shared) -> bool {
+        poll(sh, &mut self.port, &mut self.spare, &mut self.watch)
+    }
+
+    /// The link's descriptors that a frame makes readable (`Link::wake_fds`).
+    fn link_fds(&self, fds: &mut [RawFd; MAX_FDS - 1]) -> usize {
+        self.port.peer().map_or(0, |l| l.wake_fds(fds))
+    }
+}
+
+/// Run to completion: one device pass on the calling thread (an application thread that
+/// polls its CQ), as the device thread would make it; true if it did anything. The first
+/// call asks the device thread to hand its pass state over (at its next pass, until then
+/// this returns false at once); from then on the two take turns on it, and the device
+/// thread, while calls keep coming, only advances the health timer and sleeps
+/// [`SLEEP_MAX`] at a time without asking doorbells to kick it: the caller's next call
+/// sees them. When the calls stop, it polls as before.
+pub(crate) fn drive(sh: &Shared) -> bool {
+    if !sh.rtc.load(Ordering::Relaxed) {
+        sh.rtc.store(true, Ordering::Relaxed);
+    }
+    let Ok(mut g) = sh.passes.try_lock() else {
+        return false;
+    };
+    let Some(p) = g.as_mut() else {
+        return false;
+    };
+    sh.driven.fetch_add(1, Ordering::Relaxed);
+    p.pass(sh)
 }
 
 /// The device thread's body. Never inlined: profiles (`scripts/model-cost.sh`) find the
@@ -109,11 +182,10 @@ impl Backoff {
 pub(crate) fn run(sh: Arc<Shared>) {
     let mut health = Health::new();
     let mut backoff = Backoff::new();
-    let mut port = datapath::Port::new();
-    let mut spare = Box::<datapath::DataPath>::default();
-    let mut watch = Watch::default();
+    let mut own = Some(Passes::new());
     let mut passes = 0u32;
     let mut until_tick = Duration::ZERO;
+    let mut fds = [0; MAX_FDS - 1];
     while !sh.stop.load(Ordering::Acquire) {
         Counters::inc_dev(&sh.stats.polls);
         // Backed-off passes always tick; spinning and busy passes (what a doorbell waits
@@ -122,12 +194,61 @@ pub(crate) fn run(sh: Arc<Shared>) {
             until_tick = health.tick(&sh);
         }
         passes = passes.wrapping_add(1);
-        if poll(&sh, &mut port, &mut spare, &mut watch) {
-            backoff.reset();
+        if let Some(p) = own.as_mut() {
+            if p.pass(&sh) {
+                backoff.reset(&sh);
+            } else if sh.rtc.load(Ordering::Relaxed) {
+                // An application thread asked to drive passes: hand the state over.
+                *lock(&sh) = own.take();
+            } else {
+                let n = p.link_fds(&mut fds);
+                backoff.idle(&sh, until_tick, &fds[..n], || p.watch.rung(&sh));
+            }
         } else {
-            backoff.idle(&sh, until_tick, &port);
+            shared_pass(&sh, &mut backoff, until_tick, &mut fds);
         }
     }
+}
+
+fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, Option<Box<Passes>>> {
+    sh.passes.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A device thread's pass once the state is shared ([`drive`]).
+fn shared_pass(
+    sh: &Shared,
+    backoff: &mut Backoff,
+    until_tick: Duration,
+    fds: &mut [RawFd; MAX_FDS - 1],
+) {
+    let driven = sh.driven.load(Ordering::Relaxed);
+    if driven.wrapping_sub(backoff.driven) >= DRIVEN_MIN {
+        // Driven since the last nap (or during it): leave the passes to the application
+        // thread. A caller that drives now and then (a loop that sleeps between looks)
+        // makes fewer passes than this in a nap, and the device thread polls as before
+        // (napping again once that many have added up).
+        backoff.driven = driven;
+        backoff.reset(sh);
+        sh.wake.nap(SLEEP_MAX.min(until_tick.max(SLEEP_MIN)));
+        return;
+    }
+    let mut g = lock(sh);
+    let Some(p) = g.as_mut() else {
+        return;
+    };
+    if p.pass(sh) {
+        backoff.reset(sh);
+        return;
+    }
+    let n = p.link_fds(fds);
+    drop(g);
+    // The second look takes the lock again; if an application thread holds it, that
+    // thread is making a pass and will see what was rung.
+    let rung = || match sh.passes.try_lock() {
+        Ok(g) => g.as_ref().is_some_and(|p| p.watch.rung(sh)),
+        Err(_) => true,
+    };
+    backoff.idle(sh, until_tick, &fds[..n], rung);
 }
 
 /// One pass over the doorbells; true if anything happened. While the model is settled

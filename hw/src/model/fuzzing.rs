@@ -22,11 +22,11 @@ impl Hca {
     /// caller runs ([`fuzz_run_command_queue`](Self::fuzz_run_command_queue)). Idempotent.
     pub fn fuzz_stop_device_thread(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            t.thread().unpark();
-            if t.join().is_err() {
-                tracing::error!("model device thread panicked");
-            }
+        self.shared.wake.kick();
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!("model device thread panicked");
         }
     }
 
@@ -34,9 +34,7 @@ impl Hca {
     /// driver leaked on purpose (a queue the device refused to destroy) stops using a core.
     pub fn fuzz_halt(&self) {
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(t) = &self.thread {
-            t.thread().unpark();
-        }
+        self.shared.wake.kick();
     }
 
     /// What the device thread does on a command doorbell: clears `cmd_dbell` and runs every

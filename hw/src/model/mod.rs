@@ -63,6 +63,7 @@ mod table;
 mod ud;
 mod umr;
 mod vport;
+mod wake;
 mod watch;
 mod wq;
 
@@ -84,6 +85,7 @@ pub use mem::AtomicOp;
 pub use mem::DmaBuffer;
 pub use mkey::MemError;
 pub use remote::{RemoteError, RemoteFailure, RemoteMemory};
+pub use wake::DoorbellWake;
 
 use crate::layout::init_seg::{cmdq_addr_l_sz, reg};
 use config::ConfigSpace;
@@ -315,6 +317,14 @@ pub(crate) struct Shared {
     /// Command doorbell writes reach the model one by one ([`Hca::doorbell_write`]), so
     /// `cmd_dbell` holds exactly the slots rung and only those run (`cmdif::run_queue`).
     pub(crate) cmd_db_exact: AtomicBool,
+    /// The sleeping device thread's wake: kicks, and what doorbells of this process check.
+    pub(crate) wake: wake::Wake,
+    /// Run to completion asked for (`Hca::drive`): the device thread hands `passes` over.
+    pub(crate) rtc: AtomicBool,
+    /// The device passes' state once shared with application threads (`device::drive`).
+    pub(crate) passes: Mutex<Option<Box<device::Passes>>>,
+    /// Passes application threads made (`Hca::drive`).
+    pub(crate) driven: AtomicU64,
 }
 
 impl Shared {
@@ -400,6 +410,13 @@ impl Hca {
             lock_count: AtomicU64::new(0),
             gaps: Gaps::default(),
             cmd_db_exact: AtomicBool::new(false),
+            wake: wake::Wake::new(true).map_err(|source| ModelError::Os {
+                what: "eventfd for the device thread's wake",
+                source,
+            })?,
+            rtc: AtomicBool::new(false),
+            passes: Mutex::new(None),
+            driven: AtomicU64::new(0),
         });
         health::power_on(&shared);
         let sh = shared.clone();
@@ -414,6 +431,31 @@ impl Hca {
             shared,
             thread: Some(thread),
         })
+    }
+
+    /// What a driver in this process calls after each doorbell it stores into BAR0, so
+    /// that a sleeping device thread wakes for it (`wake.rs`: the device publishes that it
+    /// sleeps, a doorbell kicks it only then). `None` where this kernel lacks
+    /// `membarrier`: the device thread then ends its sleeps by timeout only.
+    pub fn doorbell_wake(&self) -> Option<DoorbellWake> {
+        self.shared.wake.handle()
+    }
+
+    /// Run to completion: makes one device pass on the calling thread, as the device
+    /// thread would; true if it did anything. For an application thread that polls its
+    /// CQ and has the cores to itself otherwise: one busy thread instead of two. The first
+    /// call switches the model over (this returns false until the device thread has
+    /// handed its state over, at its next pass); while calls keep coming the device
+    /// thread sleeps, and when they stop it polls again (within a millisecond or two).
+    /// A call while another thread makes a pass returns false at once.
+    pub fn drive(&self) -> bool {
+        device::drive(&self.shared)
+    }
+
+    /// Sleeps of the device thread that a kick ended (a doorbell, a reset, a command
+    /// doorbell by message).
+    pub fn kicked_sleeps(&self) -> u64 {
+        self.shared.wake.kicked()
     }
 
     /// BAR0 as mapped in this process; valid while the `Hca` lives.
@@ -506,9 +548,7 @@ impl Hca {
         self.shared.cmd_db_exact.store(false, Ordering::Release);
         Counters::inc(&self.shared.stats.resets);
         drop(core);
-        if let Some(t) = &self.thread {
-            t.thread().unpark();
-        }
+        self.shared.wake.kick();
     }
 
     /// A BAR0 write that reaches the model as one access (a host serving a BAR page by
@@ -535,9 +575,7 @@ impl Hca {
                     break;
                 }
             }
-            if let Some(t) = &self.thread {
-                t.thread().unpark();
-            }
+            self.shared.wake.kick();
             return true;
         }
         let arm = match offset % UAR_SIZE {
@@ -652,11 +690,11 @@ impl Hca {
 impl Drop for Hca {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            t.thread().unpark();
-            if t.join().is_err() {
-                tracing::error!(name = %self.shared.cfg.name, "model device thread panicked");
-            }
+        self.shared.wake.kick();
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::error!(name = %self.shared.cfg.name, "model device thread panicked");
         }
     }
 }

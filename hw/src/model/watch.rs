@@ -14,6 +14,7 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::layout::init_seg::reg;
 use crate::layout::uar::{CQ_DOORBELL, UAR_SIZE};
 use crate::layout::uar::{EQ_DOORBELL_ARM, EQ_DOORBELL_NOARM};
 
@@ -47,6 +48,24 @@ impl Watch {
                 self.words.iter().all(|&(i, empty)| {
                     bar.get(i)
                         .is_some_and(|w| w.load(Ordering::Acquire) == empty)
+                })
+            }
+    }
+
+    /// True if anything may have been rung since the last full pass: the command doorbell,
+    /// a watched doorbell word not empty, another thread took the lock (it may have
+    /// changed the tables), a link was attached or detached. The device thread's second
+    /// look before it sleeps (`wake.rs`); unlike [`quiet`](Self::quiet) it ignores whether
+    /// the last pass left work (timers wake the thread by the sleep's timeout).
+    pub(crate) fn rung(&self, sh: &Shared) -> bool {
+        sh.bar.read_be32(reg::CMD_DBELL) != 0
+            || sh.lock_count.load(Ordering::Acquire) != self.locks
+            || sh.link.generation.load(Ordering::Acquire) != self.link_gen
+            || {
+                let bar = sh.bar.words();
+                self.words.iter().any(|&(i, empty)| {
+                    bar.get(i)
+                        .is_some_and(|w| w.load(Ordering::Acquire) != empty)
                 })
             }
     }

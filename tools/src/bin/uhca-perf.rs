@@ -184,6 +184,12 @@ struct Args {
     /// memory, as perftest; send_bw and -b only between two processes).
     #[arg(short = 'e', long = "events")]
     events: bool,
+    /// Run to completion (the built-in model only): the thread that polls the CQ or the
+    /// buffer also makes the model's device passes where it would spin, so the process
+    /// has one busy thread instead of two (the device thread then sleeps while it does).
+    /// Changes what is measured: docs/performance.md, "Run to completion".
+    #[arg(long = "rtc")]
+    rtc: bool,
     /// Bandwidth tests: both directions at once, each end streaming to the other; the
     /// result counts both (as perftest's `-b`), on both ends of a client/server run.
     #[arg(short = 'b', long = "bidirectional")]
@@ -1091,6 +1097,9 @@ fn adopt(a: &Args, h: &Hello) -> Args {
 /// it has them, for send_bw, write_lat and send_lat) and closes the device.
 fn run_remote(a: &Args, role: Role) -> Result<(), String> {
     let dev = device::open(&a.spec(), uhca::DeviceConfig::default()).map_err(|e| e.to_string())?;
+    if a.rtc {
+        perf::run_to_completion(dev.function().clone());
+    }
     if let Err(e) = a
         .gid_index
         .map_or(Ok(()), |x| perf::check_gid_index(&dev, x))

@@ -377,28 +377,3 @@ pub(crate) fn interface_of(addr: IpAddr) -> io::Result<Option<String>> {
     }
     Ok(None)
 }
-
-/// Waits until one of `fds` has a datagram to read, at most `timeout`; true if one has.
-pub(crate) fn wait_readable(fds: &[RawFd], timeout: std::time::Duration) -> bool {
-    let mut p = [libc::pollfd {
-        fd: -1,
-        events: 0,
-        revents: 0,
-    }; 8];
-    let n = fds.len().min(p.len());
-    for (slot, &fd) in p.iter_mut().zip(&fds[..n]) {
-        *slot = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-    }
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
-    // SAFETY: `p[..n]` are initialised pollfds on this stack frame, `ts` a valid timespec;
-    // the kernel writes only the `revents` of the first `n` entries; no signal mask.
-    let r = unsafe { libc::ppoll(p.as_mut_ptr(), n as libc::nfds_t, &ts, std::ptr::null()) };
-    r > 0
-}

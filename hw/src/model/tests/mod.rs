@@ -5,6 +5,7 @@
 mod cmds;
 mod ib;
 mod ops;
+mod rtc;
 mod wqe_fuzz;
 
 use super::cmd::dispatch;
