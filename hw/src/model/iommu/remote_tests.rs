@@ -224,3 +224,82 @@ fn unmapped_remote_ranges_fault_and_send_nothing() {
         .is_err()
     );
 }
+
+/// A remote memory whose writes wait until the test lets them go (a reply in flight).
+struct Gate {
+    entered: std::sync::mpsc::SyncSender<()>,
+    go: Mutex<std::sync::mpsc::Receiver<Result<(), RemoteError>>>,
+}
+
+impl RemoteMemory for Gate {
+    fn read(&self, addr: u64, _dst: &mut [u8]) -> Result<(), RemoteError> {
+        Err(RemoteError {
+            addr,
+            failure: RemoteFailure::Closed,
+        })
+    }
+
+    fn write(&self, _addr: u64, _src: &[u8]) -> Result<(), RemoteError> {
+        let _ = self.entered.send(());
+        self.go.lock().unwrap().recv().unwrap()
+    }
+}
+
+/// An unmap issued while a device access waits for the remote side returns only after that
+/// access ended (here with the remote's failure), and nothing reaches the range afterwards:
+/// the same guarantee as for host memory, with the remote's bounded wait as the bound.
+#[test]
+fn an_unmap_waits_for_a_remote_access_in_flight_and_later_accesses_fault() {
+    let (entered_tx, entered) = std::sync::mpsc::sync_channel(4);
+    let (go, go_rx) = std::sync::mpsc::sync_channel(4);
+    let gate = Arc::new(Gate {
+        entered: entered_tx,
+        go: Mutex::new(go_rx),
+    });
+    let io = Arc::new(Iommu::new());
+    io.set_bus_master(true);
+    io.map(0x70_0000, HostMapping::remote(gate, 0x70_0000, 4096, true))
+        .unwrap();
+    let io2 = io.clone();
+    let writer = std::thread::spawn(move || io2.write(0x70_0010, &[1; 16]));
+    entered.recv().unwrap(); // the write waits for its reply under the read lock
+    let io3 = io.clone();
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let unmapper = std::thread::spawn(move || {
+        let r = io3.unmap(0x70_0000, 4096);
+        done_tx.send(()).unwrap();
+        r
+    });
+    // The unmap cannot finish while the access is in flight: once it waits for the table
+    // (or, wrongly, has returned), it must not have returned.
+    let mut returned = false;
+    while !io.writer_waiting() && !returned {
+        returned = done.try_recv().is_ok();
+        std::thread::yield_now();
+    }
+    assert!(
+        !returned && done.try_recv().is_err(),
+        "unmap returned under an access"
+    );
+    go.send(Err(RemoteError {
+        addr: 0x70_0010,
+        failure: RemoteFailure::NoReply,
+    }))
+    .unwrap();
+    assert!(matches!(
+        writer.join().unwrap(),
+        Err(DmaError::Remote {
+            failure: RemoteFailure::NoReply,
+            ..
+        })
+    ));
+    unmapper.join().unwrap().unwrap();
+    assert!(matches!(
+        io.write(0x70_0010, &[1; 16]),
+        Err(DmaError::Fault { .. })
+    ));
+    assert!(
+        entered.try_recv().is_err(),
+        "no access reached the range after the unmap"
+    );
+}

@@ -357,14 +357,17 @@ fn iommufd_hca(t: &mut Tally, p: &Peer, gpu: &PeerDevice, buf: &PeerBuffer, bar:
         "memory decoding off: nothing landed in the GPU range (read through BAR1)",
     );
 
-    // Revocation 2: a reset (after a new registration: nothing was remapped).
+    // Revocation 2: a reset (after a new registration: nothing was remapped), with WRITEs
+    // into the range still in flight.
     let Some(pmr) = t.ok(
         pd.reg_peer_mr(buf, buf.whole(), Access::ALL),
         "registered again once the exporter is back",
     ) else {
         return;
     };
-    let r = gpu.reset();
+    let r = reset_mid_traffic(t, &dev, &pd, &mut cq, &pmr, gpu);
+    // What landed before the revocation is overwritten: from here on nothing may land.
+    bar.write_u32s(BAR_OFF as usize, &vec![FILL; (LEN / 4) as usize]);
     t.check(
         r.is_ok() && pmr.is_revoked() && gpu.registrations() == 0,
         format!("GPU reset through VFIO, the MR revoked first: {r:?}, {pmr:?}"),
@@ -387,6 +390,67 @@ fn iommufd_hca(t: &mut Tally, p: &Peer, gpu: &PeerDevice, buf: &PeerBuffer, bar:
     drop(pd);
     let closed = dev.close();
     t.check(closed.is_ok(), format!("HCA closed: {closed:?}"));
+}
+
+/// WRITEs posted into the peer range, then the GPU reset once the first has completed, with
+/// the rest in flight: every WRITE completes (successfully before the revocation, in error
+/// after; none is lost and nothing hangs). Returns the reset's outcome.
+fn reset_mid_traffic(
+    t: &mut Tally,
+    dev: &Device,
+    pd: &uhca::resource::Pd,
+    cq: &mut Cq,
+    pmr: &uhca::peer::PeerMr,
+    gpu: &PeerDevice,
+) -> Result<(), PeerError> {
+    // 32 WRITEs of 64 KiB: 16 DMA_WRITE messages each into the model GPU's BAR.
+    const N: u64 = 32;
+    const MSG: usize = 64 << 10;
+    let src = pd.alloc_mr(MSG, Access::ALL);
+    let Some(sge) = src.as_ref().ok().and_then(|m| Sge::of(m, 0, MSG)) else {
+        t.check(false, "reset mid-traffic: source MR");
+        return gpu.reset();
+    };
+    let qa = dev.create_qp(pd, cq, cq, &QpConfig::default());
+    let qb = dev.create_qp(pd, cq, cq, &QpConfig::default());
+    let (Ok(mut a), Ok(mut b), Ok(me)) = (qa, qb, dev.roce_address(0)) else {
+        t.check(false, "reset mid-traffic: new QPs");
+        return gpu.reset();
+    };
+    let _ = a.connect(&ConnectParams::new(b.qpn(), me.gid, me.mac));
+    let _ = b.connect(&ConnectParams::new(a.qpn(), me.gid, me.mac));
+    let mut posted: usize = 0;
+    for k in 0..N {
+        let wr = SendWr {
+            wr_id: 100 + k,
+            op: SendOp::Write {
+                local: Local::Sges(&[sge]),
+                remote: pmr.remote(k * sge.len as u64 % LEN),
+            },
+            flags: SendFlags::SIGNALED,
+        };
+        if a.post_send(&wr).is_ok() {
+            posted += 1;
+        }
+    }
+    a.ring_doorbell();
+    // Traffic is flowing once the first WRITE completed: reset with the rest in flight.
+    let mut c = wait(cq, 1);
+    let r = gpu.reset();
+    c.extend(wait(cq, posted.saturating_sub(c.len())));
+    let ok = c.iter().take_while(|c| c.status.is_ok()).count();
+    t.check(
+        posted == N as usize
+            && c.len() == posted
+            && ok >= 1
+            && c[ok..].iter().all(|c| !c.status.is_ok()),
+        format!(
+            "reset mid-traffic: all {posted} WRITEs completed, {ok} before the revocation, \
+             the rest in error ({:?})",
+            c.iter().map(|c| c.status).collect::<Vec<_>>()
+        ),
+    );
+    r
 }
 
 /// After a revocation: a WRITE on the revoked rkey (new QPs) completes in error.
