@@ -46,7 +46,7 @@ use super::cq::{self, Cq, Event};
 use super::iommu::Dma;
 use super::mem;
 use super::mkey::{self, Access, MemError};
-use super::qp::{Qp, QpKind, QpState};
+use super::qp::{Qp, QpKind, QpcState};
 // `device.rs` names the tables through here.
 pub(crate) use super::queues::DataPath;
 use super::sink::Sink;
@@ -386,7 +386,7 @@ pub(crate) fn run_sq(
     cqs: &mut Table<Cq>,
     events: &mut Vec<Event>,
 ) {
-    if !matches!(qp.state, QpState::Rts | QpState::Err) {
+    if !matches!(qp.state, QpcState::Rts | QpcState::Err) {
         return;
     }
     if qp.kind != QpKind::Rc {
@@ -433,7 +433,7 @@ pub(crate) fn run_sq(
             }
             Err(Some(s)) => {
                 // In error already (here, or in the engine since its last poll): flushed.
-                let flush = qp.state == QpState::Err
+                let flush = qp.state == QpcState::Err
                     || qp
                         .engine
                         .as_ref()
@@ -698,7 +698,7 @@ fn transmit(
                 // held back by a full link.
                 !engine.is_idle() || wire.full.load(Ordering::Relaxed) != full0
             }
-            None if state == QpState::Err => {
+            None if state == QpcState::Err => {
                 // Never reached RTS: flush posted receives here (sends flush at their
                 // doorbell); an SRQ's belong to every QP on it and stay.
                 while !rc::RecvQueue::shared(&rq)
@@ -715,7 +715,7 @@ fn transmit(
             .as_ref()
             .is_some_and(|e| e.state() == rc::QpState::Error)
         {
-            qp.state = QpState::Err;
+            qp.state = QpcState::Err;
         }
         qp.active = keep;
         // It sent and has more to send (once the frames it sent are taken, say). One that

@@ -24,9 +24,11 @@ use super::wq::{Hints, QueueBuf, extend_counter, read_dbr};
 /// rounded up to whole WQEBBs.
 pub(crate) const SQ_WQE_BUF: usize = MAX_WQE + SEND_WQE_BB;
 
-/// QP states (qpc `state`, §7.3). SQD, SQER and the drain states are not modelled.
+/// QP states as a QP context holds them (qpc `state`, §7.3). SQD, SQER and the drain states
+/// are not modelled. Named apart from the driver's `uhca::QpState` (the verbs view) and the
+/// RC engine's `rc::QpState` (RTS or error) (#23: one name per concept).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum QpState {
+pub(crate) enum QpcState {
     /// Reset.
     Rst = 0,
     /// Initialized.
@@ -85,7 +87,7 @@ pub(crate) const DEFAULT_HOP_LIMIT: u8 = 64;
 /// One QP.
 pub(crate) struct Qp {
     pub(crate) qpn: u32,
-    pub(crate) state: QpState,
+    pub(crate) state: QpcState,
     /// The context as written by the commands (state field kept at 0; see `state`).
     pub(crate) qpc: [u8; 232],
     pub(crate) pd: u32,
@@ -134,7 +136,7 @@ pub(crate) struct Qp {
 impl Qp {
     /// Moves the QP to ERR (its engine flushes what it holds, on its next poll).
     pub(crate) fn move_to_error(&mut self) {
-        self.state = QpState::Err;
+        self.state = QpcState::Err;
         self.active = true;
         self.moved = true;
         if let Some(e) = self.engine.as_mut() {
@@ -193,7 +195,7 @@ impl Qp {
 
     /// Back to the state after CREATE_QP (2RST).
     pub(crate) fn reset(&mut self) {
-        self.state = QpState::Rst;
+        self.state = QpcState::Rst;
         self.engine = None;
         self.sq_ci = 0;
         self.rq_ci = 0;

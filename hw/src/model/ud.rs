@@ -29,7 +29,7 @@ use crate::rc::{LocalRef, RecvQueue, SendSlot};
 use super::cq::{Cq, Event};
 use super::iommu::Dma;
 use super::mkey::{self, Access, MkeyTable};
-use super::qp::{DEFAULT_HOP_LIMIT, Qp, QpKind, QpState, path_ip};
+use super::qp::{DEFAULT_HOP_LIMIT, Qp, QpKind, QpcState, path_ip};
 use super::sink::Sink;
 use super::sq::{Ctrl, local_data};
 use super::srq::Srq;
@@ -55,7 +55,7 @@ pub(crate) fn run_sq(
     wire: &dyn Link,
 ) {
     qp.local_work = false;
-    if !matches!(qp.state, QpState::Rts | QpState::Err) {
+    if !matches!(qp.state, QpcState::Rts | QpcState::Err) {
         return;
     }
     let Some(pi) = qp.sq_pi(dma) else {
@@ -68,7 +68,7 @@ pub(crate) fn run_sq(
             return;
         };
         let nbb = ctrl.wqebbs();
-        let result = if qp.state == QpState::Err {
+        let result = if qp.state == QpcState::Err {
             Err(CqeSyndrome::WrFlush)
         } else if ctrl.qpn != qp.qpn {
             Err(CqeSyndrome::LocalQpOp)
@@ -97,7 +97,7 @@ pub(crate) fn run_sq(
             Ok(()) => {}
             Err(synd) => {
                 sink.error(false, idx, ctrl.opcode, synd);
-                qp.state = QpState::Err;
+                qp.state = QpcState::Err;
             }
         }
         qp.sq_ci = qp.sq_ci.wrapping_add(nbb);
@@ -254,7 +254,7 @@ pub(crate) fn receive(
 ) {
     let Some(deth) = pkt.ext.deth else { return };
     if !qp.kind.is_datagram()
-        || !matches!(qp.state, QpState::Rtr | QpState::Rts)
+        || !matches!(qp.state, QpcState::Rtr | QpcState::Rts)
         || deth.q_key != qp.qkey
         || (pkt.bth.p_key & 0x7FFF) != (DEFAULT_PKEY & 0x7FFF)
     {

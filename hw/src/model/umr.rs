@@ -27,7 +27,7 @@ use crate::layout::wqe::{DataSeg, WqeOpcode};
 use super::caps::MAX_MKEY_LOG_ENTITY_SIZE_MTT;
 use super::iommu::Dma;
 use super::mkey::{self, Access, MTT_ADDR_MASK, MkeyTable, Xlate, rights_of};
-use super::qp::{QpKind, QpState};
+use super::qp::{QpKind, QpcState};
 use super::queues::DataPath;
 use super::sink::Sink;
 use super::sq::Ctrl;
@@ -72,7 +72,7 @@ fn run_qp(
         return;
     };
     qp.local_work = false;
-    if !matches!(qp.state, QpState::Rts | QpState::Err) {
+    if !matches!(qp.state, QpcState::Rts | QpcState::Err) {
         return;
     }
     let Some(pi) = qp.sq_pi(dma) else {
@@ -88,7 +88,7 @@ fn run_qp(
             return;
         };
         let nbb = ctrl.wqebbs();
-        let result = if state == QpState::Err {
+        let result = if state == QpcState::Err {
             Err(CqeSyndrome::WrFlush)
         } else if ctrl.qpn != qpn {
             Err(CqeSyndrome::LocalQpOp)
@@ -118,7 +118,7 @@ fn run_qp(
             Ok(()) => {}
             Err(synd) => {
                 sink.error(false, idx, ctrl.opcode, synd);
-                qp.state = QpState::Err;
+                qp.state = QpcState::Err;
             }
         }
         qp.sq_ci = qp.sq_ci.wrapping_add(nbb);

@@ -13,7 +13,7 @@ use crate::layout::qpc::{Ads, Qpc};
 use crate::rc::{AtomicEndianness, RcQp};
 
 use super::super::caps::{LOG_MAX_QP_SZ, MAX_WQE_SZ_RQ};
-use super::super::qp::{Qp, QpKind, QpState};
+use super::super::qp::{Qp, QpKind, QpcState};
 use super::super::vport::pkey_entries;
 use super::super::wq::QueueBuf;
 use super::cq::{buf_err, dbr_ok};
@@ -97,7 +97,7 @@ pub(super) fn create_qp(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
     Qpc::new_unchecked(&mut qpc[..]).set_state(0);
     let qp = Qp {
         qpn,
-        state: QpState::Rst,
+        state: QpcState::Rst,
         qpc,
         pd: c.pd(),
         cqn_snd: c.cqn_snd(),
@@ -146,7 +146,7 @@ fn copy_access(dst: &mut [u8], src: &[u8]) {
 fn qp_in<'a>(
     ctx: &'a mut Ctx<'_>,
     input: &[u8],
-    from: &[QpState],
+    from: &[QpcState],
     wrong_state: u32,
 ) -> Result<&'a mut Qp, CmdErr> {
     let qpn = Rst2initQpIn::new_unchecked(input).qpn();
@@ -158,15 +158,15 @@ fn qp_in<'a>(
 }
 
 pub(super) fn rst2init_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
-    init_fields(ctx, input, QpState::Rst, s::QP_NOT_RST)
+    init_fields(ctx, input, QpcState::Rst, s::QP_NOT_RST)
 }
 
 pub(super) fn init2init_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
-    init_fields(ctx, input, QpState::Init, s::QP_NOT_INIT)
+    init_fields(ctx, input, QpcState::Init, s::QP_NOT_INIT)
 }
 
 /// RST2INIT / INIT2INIT: port, P_Key index, access rights (§7.3).
-fn init_fields(ctx: &mut Ctx<'_>, input: &[u8], from: QpState, synd: u32) -> CmdResult {
+fn init_fields(ctx: &mut Ctx<'_>, input: &[u8], from: QpcState, synd: u32) -> CmdResult {
     let src = &input[QPC..QPC + 232];
     let port = Ads::new_unchecked(&src[ADS..ADS + 44]).vhca_port_num();
     qp_in(ctx, input, &[from], synd)?; // the state first
@@ -185,10 +185,10 @@ fn init_fields(ctx: &mut Ctx<'_>, input: &[u8], from: QpState, synd: u32) -> Cmd
     copy_bits(dst, src, ADS, 15, 0); // pkey_index
     copy_bits(dst, src, ADS + 0x24, 23, 16); // vhca_port_num
     // RST2INIT sets the Q_Key of a datagram QP; INIT2INIT changes it with OPTPAR_Q_KEY.
-    if qp.kind.is_datagram() && (from == QpState::Rst || mask & OPTPAR_Q_KEY != 0) {
+    if qp.kind.is_datagram() && (from == QpcState::Rst || mask & OPTPAR_Q_KEY != 0) {
         take_qkey(qp, src);
     }
-    qp.state = QpState::Init;
+    qp.state = QpcState::Init;
     Ok(())
 }
 
@@ -206,7 +206,7 @@ fn take_qkey(qp: &mut Qp, src: &[u8]) {
 /// INIT2RTR and RTR2RTS of a UD, GSI or UMR QP: no path, no transport engine. The MTU and
 /// message size (Linux sets 4096 / 2^12 for UD and UMR, 256 / 2^8 for GSI) and the send
 /// PSN are kept for QUERY_QP; a datagram QP's Q_Key changes with OPTPAR_Q_KEY.
-fn datagram_step(ctx: &mut Ctx<'_>, input: &[u8], from: QpState, synd: u32) -> CmdResult {
+fn datagram_step(ctx: &mut Ctx<'_>, input: &[u8], from: QpcState, synd: u32) -> CmdResult {
     let src = &input[QPC..QPC + 232];
     let mask = Rst2initQpIn::new_unchecked(input).opt_param_mask();
     let qp = qp_in(ctx, input, &[from], synd)?;
@@ -219,15 +219,15 @@ fn datagram_step(ctx: &mut Ctx<'_>, input: &[u8], from: QpState, synd: u32) -> C
         return Err(bad_param(s::QP_BAD_OPT_PARAM));
     }
     let dst = &mut qp.qpc[..];
-    if from == QpState::Init {
+    if from == QpcState::Init {
         if Qpc::new_unchecked(src).mtu() > 5 {
             return Err(bad_param(s::QP_BAD_MTU));
         }
         copy_bits(dst, src, 0x08, 31, 24); // mtu, log_msg_max
-        qp.state = QpState::Rtr;
+        qp.state = QpcState::Rtr;
     } else {
         copy_bits(dst, src, 0x78, 23, 0); // next_send_psn
-        qp.state = QpState::Rts;
+        qp.state = QpcState::Rts;
         // WQEs posted before RTS run on the device thread's next pass.
         qp.kick = true;
     }
@@ -245,11 +245,11 @@ fn kind_of(ctx: &Ctx<'_>, input: &[u8]) -> Result<QpKind, CmdErr> {
 
 pub(super) fn init2rtr_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
     if kind_of(ctx, input)? != QpKind::Rc {
-        return datagram_step(ctx, input, QpState::Init, s::QP_NOT_INIT);
+        return datagram_step(ctx, input, QpcState::Init, s::QP_NOT_INIT);
     }
     let src = &input[QPC..QPC + 232];
     let c = Qpc::new_unchecked(src);
-    qp_in(ctx, input, &[QpState::Init], s::QP_NOT_INIT)?; // the state first
+    qp_in(ctx, input, &[QpcState::Init], s::QP_NOT_INIT)?; // the state first
     if !(1..=5).contains(&c.mtu()) {
         return Err(bad_param(s::QP_BAD_MTU));
     }
@@ -257,7 +257,7 @@ pub(super) fn init2rtr_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -
     if ctx.core.vport.gids.get(gid).copied().flatten().is_none() {
         return Err(bad_param(s::QP_BAD_GID_INDEX));
     }
-    let qp = qp_in(ctx, input, &[QpState::Init], s::QP_NOT_INIT)?;
+    let qp = qp_in(ctx, input, &[QpcState::Init], s::QP_NOT_INIT)?;
     let dst = &mut qp.qpc[..];
     copy_bits(dst, src, 0x08, 31, 24); // mtu, log_msg_max
     copy_bits(dst, src, 0x14, 23, 0); // remote_qpn
@@ -269,13 +269,13 @@ pub(super) fn init2rtr_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -
     copy_bits(dst, src, 0x94, 28, 24); // min_rnr_nak
     copy_bits(dst, src, 0x90, 23, 21); // log_rra_max
     copy_access(dst, src);
-    qp.state = QpState::Rtr;
+    qp.state = QpcState::Rtr;
     Ok(())
 }
 
 pub(super) fn rtr2rts_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
     if kind_of(ctx, input)? != QpKind::Rc {
-        return datagram_step(ctx, input, QpState::Rtr, s::QP_NOT_RTR);
+        return datagram_step(ctx, input, QpcState::Rtr, s::QP_NOT_RTR);
     }
     let src = &input[QPC..QPC + 232];
     let endianness = if ctx.core.caps.atomic().atomic_req_8B_endianness_mode() == 1 {
@@ -284,7 +284,7 @@ pub(super) fn rtr2rts_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
         AtomicEndianness::Big
     };
     let gids = ctx.core.vport.gids.clone();
-    let qp = qp_in(ctx, input, &[QpState::Rtr], s::QP_NOT_RTR)?;
+    let qp = qp_in(ctx, input, &[QpcState::Rtr], s::QP_NOT_RTR)?;
     let mut next = qp.qpc;
     {
         let dst = &mut next[..];
@@ -306,7 +306,7 @@ pub(super) fn rtr2rts_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) ->
         return Err(bad_param(s::QP_BAD_ATTR));
     };
     qp.engine = Some(engine);
-    qp.state = QpState::Rts;
+    qp.state = QpcState::Rts;
     // WQEs posted before RTS run on the device thread's next pass.
     qp.kick = true;
     qp.active = true;
@@ -328,7 +328,7 @@ pub(crate) const RTS2RTS_OPTPAR_ACK_TIMEOUT: u32 = 1 << 14;
 pub(super) fn rts2rts_qp(ctx: &mut Ctx<'_>, input: &[u8], _out: &mut Vec<u8>) -> CmdResult {
     let src = &input[QPC..QPC + 232];
     let mask = Rst2initQpIn::new_unchecked(input).opt_param_mask();
-    let qp = qp_in(ctx, input, &[QpState::Rts], s::QP_NOT_RTS)?;
+    let qp = qp_in(ctx, input, &[QpcState::Rts], s::QP_NOT_RTS)?;
     if qp.kind != QpKind::Rc {
         // A datagram QP changes only its Q_Key here (Linux `opt_mask[RTS][RTS][UD]`).
         if !qp.kind.is_datagram() || mask & !OPTPAR_Q_KEY != 0 {
