@@ -39,7 +39,7 @@ asan() {
     *) echo "detect_leaks=1" ;;
     esac
 }
-targets=${FUZZ_TARGETS:-$(cargo +nightly fuzz list | grep -v make-seeds)}
+targets=${FUZZ_TARGETS:-$(cargo +nightly fuzz list | grep -vE "^(make-seeds|harness-speed)$")}
 nice -n 19 cargo +nightly fuzz build -a --target-dir "$TARGET_DIR"
 mkdir -p campaign
 echo "| Target | Seconds | Executions | exec/s | cov | ft | Corpus | Crashes |"

@@ -47,7 +47,7 @@ asan() {
     *) echo "detect_leaks=1" ;;
     esac
 }
-targets=${FUZZ_TARGETS:-$(cargo +nightly fuzz list | grep -v make-seeds)}
+targets=${FUZZ_TARGETS:-$(cargo +nightly fuzz list | grep -vE "^(make-seeds|harness-speed)$")}
 nice -n 10 cargo +nightly fuzz build -a --target-dir "$TARGET_DIR"
 for t in $targets; do
     mkdir -p "corpus-run/$t"

@@ -189,7 +189,7 @@ fuzz_target!(|data: &[u8]| {
                 let i = r.u8();
                 if !s.pending.is_empty() {
                     let req = s.pending.remove(i as usize % s.pending.len());
-                    if i % 2 == 0 {
+                    if i.is_multiple_of(2) {
                         let mut qp = s.qp();
                         if s.cm
                             .accept(&req, &mut qp, &AcceptOptions::default())

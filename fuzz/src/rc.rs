@@ -312,6 +312,8 @@ impl Side {
         if let Ok(pkt) = RocePacket::parse(frame) {
             let mut env = Env {
                 link: &self.link,
+                // No offload: every message crosses the link as packets the fuzzer sees.
+                offload: None,
                 mem: &self.mem,
                 recv: &mut self.rq,
                 cq: &mut self.cq,
@@ -334,6 +336,7 @@ impl Side {
         }
         let mut env = Env {
             link: &self.link,
+            offload: None,
             mem: &self.mem,
             recv: &mut self.rq,
             cq: &mut self.cq,
