@@ -1460,7 +1460,7 @@ mod tests {
             ],
             &[
                 "uhca-perf",
-                "send_lat",
+                "send_bw",
                 "-c",
                 "UD",
                 "--vfio-user",
