@@ -35,8 +35,8 @@ pub(crate) const SLEEP_MIN: Duration = Duration::from_micros(20);
 /// Longest sleep.
 pub(crate) const SLEEP_MAX: Duration = Duration::from_millis(1);
 
-/// Passes an application thread must have driven since the device thread's last look for
-/// it to nap instead of polling ([`drive`]): a thread that polls makes thousands in the
+/// Calls of [`drive`] an application thread must have made since the device thread's last
+/// look for it to nap instead of polling: a thread that polls makes thousands in the
 /// [`SLEEP_MAX`] between two looks.
 const DRIVEN_MIN: u64 = 64;
 
@@ -166,13 +166,17 @@ pub(crate) fn drive(sh: &Shared) -> bool {
     if !sh.rtc.load(Ordering::Relaxed) {
         sh.rtc.store(true, Ordering::Relaxed);
     }
+    // Every call counts, also one that finds the device thread in a pass: counting only
+    // the passes made let a device thread that held the lock keep itself busy (the
+    // caller's tries failed, so the count stayed under DRIVEN_MIN and the device thread
+    // went on polling beside the caller, the two taking turns on the lock).
+    sh.driven.fetch_add(1, Ordering::Relaxed);
     let Ok(mut g) = sh.passes.try_lock() else {
         return false;
     };
     let Some(p) = g.as_mut() else {
         return false;
     };
-    sh.driven.fetch_add(1, Ordering::Relaxed);
     p.pass(sh)
 }
 
