@@ -1216,8 +1216,16 @@ fn pt_server(a: &Args, dev: &uhca::Device, tcp: std::net::TcpStream) -> Result<(
     let mut bench = Bench::connect_perftest(dev, &settings, max, pt_options(a), oob)
         .map_err(|e| e.to_string())?;
     header(a, bench.settings(), &bench);
+    pt_serve(a, &mut bench, &sizes)?;
+    check_bytes(a, &bench, max)
+}
+
+/// The server's side of perftest's exchange (over TCP or rdma_cm), after the header: each
+/// size's report as it ends (the columns before the first), the closing report, the
+/// closing line.
+fn pt_serve(a: &Args, bench: &mut Bench, sizes: &[usize]) -> Result<(), String> {
     let mut columns = false;
-    for &s in &sizes {
+    for &s in sizes {
         if a.mode.is_bw() {
             if let Some(r) = bench.pt_serve_bandwidth(s).map_err(|e| e.to_string())? {
                 if !std::mem::replace(&mut columns, true) {
@@ -1239,7 +1247,7 @@ fn pt_server(a: &Args, dev: &uhca::Device, tcp: std::net::TcpStream) -> Result<(
         bw_line(a, &r);
     }
     closing(a);
-    check_bytes(a, &bench, max)
+    Ok(())
 }
 
 /// `--check` after a perftest run of messages up to `max` bytes: what the peer's messages
@@ -1378,29 +1386,7 @@ fn rdma_cm_bench(
         drive(a, &mut bench, sizes)?;
         bench.pt_end().map_err(|e| e.to_string())?;
     } else {
-        let mut columns = false;
-        for &s in sizes {
-            if a.mode.is_bw() {
-                if let Some(r) = bench.pt_serve_bandwidth(s).map_err(|e| e.to_string())? {
-                    if !std::mem::replace(&mut columns, true) {
-                        bw_columns(a);
-                    }
-                    bw_line(a, &r);
-                }
-            } else if let Some(r) = bench.pt_latency(s).map_err(|e| e.to_string())? {
-                if !std::mem::replace(&mut columns, true) {
-                    lat_columns(a);
-                }
-                lat_line(a, &r);
-            }
-        }
-        if let Some(r) = bench.pt_end().map_err(|e| e.to_string())? {
-            if !columns {
-                bw_columns(a);
-            }
-            bw_line(a, &r);
-        }
-        closing(a);
+        pt_serve(a, &mut bench, sizes)?;
     }
     Ok(())
 }
