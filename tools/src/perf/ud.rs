@@ -28,7 +28,7 @@ use uhca::resource::{
 use uhca::{Device, DeviceConfig};
 
 use super::meter::Meter;
-use super::{BwResult, LatResult, PerfError, STALL, Settings, lat_stats, model, setup};
+use super::{BwResult, LatResult, PerfError, STALL, Settings, check, lat_stats, model, setup};
 
 /// The Q_Key both ends use.
 pub const QKEY: u32 = 0x1111_1111;
@@ -122,13 +122,7 @@ pub(super) fn wait_one(dev: &Device, cq: &mut Cq) -> Result<Completion, PerfErro
     let mut spins = 0u32;
     loop {
         if let Some(c) = cq.poll().next() {
-            let c = c?;
-            if !c.status.is_ok() {
-                return Err(PerfError::Completion {
-                    wr_id: c.wr_id,
-                    status: c.status,
-                });
-            }
+            let c = check(c)?;
             return Ok(c);
         }
         spins += 1;
@@ -392,13 +386,7 @@ impl UdBench {
             // Completions: the client's sends, the server's receives (posted again).
             let mut moved = false;
             for c in self.client.cq.poll() {
-                let c = c?;
-                if !c.status.is_ok() {
-                    return Err(PerfError::Completion {
-                        wr_id: c.wr_id,
-                        status: c.status,
-                    });
-                }
+                let c = check(c)?;
                 // Completions of this run's sends only (earlier unsignaled ones complete
                 // in passing and report nothing).
                 let n = (c.wr_id + 1).saturating_sub(done);
@@ -408,13 +396,7 @@ impl UdBench {
             }
             let mut got = 0;
             for c in self.server.cq.poll() {
-                let c = c?;
-                if !c.status.is_ok() {
-                    return Err(PerfError::Completion {
-                        wr_id: c.wr_id,
-                        status: c.status,
-                    });
-                }
+                let c = check(c)?;
                 // Its own send completions (of a latency run) count for nothing here.
                 if c.opcode == WcOpcode::Recv {
                     got += 1;

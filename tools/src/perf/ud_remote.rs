@@ -35,7 +35,7 @@ use super::perftest::{Agreed, KEYS_LEN, Keys, Oob, OobError, Wait};
 use super::pt_run::{gid_of_kind, peer_mac, v4_mapped};
 use super::remote::{REPLY, Role};
 use super::ud::{QKEY, RX_DEPTH, UdEnd, message, message_sge};
-use super::{BwResult, LatResult, PerfError, STALL, Settings, lat_stats, setup};
+use super::{BwResult, LatResult, PerfError, STALL, Settings, check, lat_stats, setup};
 
 /// How long a `send_bw` server waits for a datagram the client sent once the client says
 /// it is done (a datagram still in flight arrives within this; one dropped never does).
@@ -440,13 +440,7 @@ impl UdRemote {
         let mut next_look = start + LOOK;
         loop {
             if let Some(c) = self.end.cq.poll().next() {
-                let c = c?;
-                if !c.status.is_ok() {
-                    return Err(PerfError::Completion {
-                        wr_id: c.wr_id,
-                        status: c.status,
-                    });
-                }
+                let c = check(c)?;
                 return Ok(c);
             }
             let now = Instant::now();
@@ -591,13 +585,7 @@ impl UdRemote {
             }
             let (mut moved, mut recvs) = (false, 0);
             for c in self.end.cq.poll() {
-                let c = c?;
-                if !c.status.is_ok() {
-                    return Err(PerfError::Completion {
-                        wr_id: c.wr_id,
-                        status: c.status,
-                    });
-                }
+                let c = check(c)?;
                 if c.opcode == WcOpcode::Recv {
                     recvs += 1;
                     continue;
@@ -642,13 +630,7 @@ impl UdRemote {
         while got < iters {
             let mut n = 0;
             for c in self.end.cq.poll() {
-                let c = c?;
-                if !c.status.is_ok() {
-                    return Err(PerfError::Completion {
-                        wr_id: c.wr_id,
-                        status: c.status,
-                    });
-                }
+                let c = check(c)?;
                 if c.opcode == WcOpcode::Recv {
                     n += 1;
                 }
