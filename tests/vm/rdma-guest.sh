@@ -139,3 +139,29 @@ wait_console() {
     sleep 1
   done
 }
+
+# The guest's network: a namespace $NS with a bridge br0 holding $HOST_IP/24 and a tap0
+# for the guest's virtio-net, so its packets reach the host's stack unNATed. Sets IN_NS
+# (the command prefix that runs in the namespace) and QEMU_PID (empty: the test sets it
+# when it starts the guest), and on exit kills the guest and whatever runs in the
+# namespace and removes it.
+vm_rdma_netns() {
+  QEMU_PID=""
+  trap vm_rdma_netns_cleanup EXIT
+  say "network namespace $NS: bridge br0 ($HOST_IP/24) with tap0 for the guest ($GUEST_IP)"
+  ip netns add "$NS"
+  ip -n "$NS" link set lo up
+  ip -n "$NS" link add br0 type bridge
+  ip -n "$NS" tuntap add dev tap0 mode tap
+  ip -n "$NS" link set tap0 master br0
+  ip -n "$NS" addr add "$HOST_IP/24" dev br0
+  ip -n "$NS" link set tap0 up
+  ip -n "$NS" link set br0 up
+  IN_NS=(ip netns exec "$NS")
+}
+
+vm_rdma_netns_cleanup() {
+  [ -n "$QEMU_PID" ] && kill "$QEMU_PID" 2>/dev/null || true
+  ip netns pids "$NS" 2>/dev/null | xargs -r kill 2>/dev/null || true
+  ip netns del "$NS" 2>/dev/null || true
+}

@@ -92,24 +92,7 @@ fi
 } > "$W/plan"
 vm_rdma_initrd "$W/initrd" "$HERE/rdmacm-init" "$W/plan"
 
-QEMU_PID=""
-cleanup() {
-  [ -n "$QEMU_PID" ] && kill "$QEMU_PID" 2>/dev/null || true
-  ip netns pids "$NS" 2>/dev/null | xargs -r kill 2>/dev/null || true
-  ip netns del "$NS" 2>/dev/null || true
-}
-trap cleanup EXIT
-
-say "network namespace $NS: bridge br0 ($HOST_IP/24) with tap0 for the guest ($GUEST_IP)"
-ip netns add "$NS"
-ip -n "$NS" link set lo up
-ip -n "$NS" link add br0 type bridge
-ip -n "$NS" tuntap add dev tap0 mode tap
-ip -n "$NS" link set tap0 master br0
-ip -n "$NS" addr add "$HOST_IP/24" dev br0
-ip -n "$NS" link set tap0 up
-ip -n "$NS" link set br0 up
-IN_NS=(ip netns exec "$NS")
+vm_rdma_netns
 
 say "booting the guest (timeout ${GUEST_TIMEOUT}s)"
 rm -f "$W"/*.pcap "$W"/*.log
