@@ -66,7 +66,7 @@ fn writes_of_every_size_land_exactly() {
         for (i, (c, &(off, n))) in cqes.iter().zip(&placed).enumerate() {
             assert_eq!(
                 (c.wr_id, c.status, c.opcode, c.byte_len),
-                (i as u64, WcStatus::Success, WcOpcode::RdmaWrite, n)
+                (i as u64, RcWcStatus::Success, RcWcOpcode::RdmaWrite, n)
             );
             let n = n as usize;
             assert_eq!(
@@ -112,7 +112,7 @@ fn reads_of_every_size_return_the_remote_bytes() {
         for (c, &(off, n)) in cqes.iter().zip(&asked) {
             assert_eq!(
                 (c.status, c.opcode, c.byte_len),
-                (WcStatus::Success, WcOpcode::RdmaRead, n)
+                (RcWcStatus::Success, RcWcOpcode::RdmaRead, n)
             );
             let n = n as usize;
             assert_eq!(
@@ -159,7 +159,13 @@ fn sends_fill_posted_receives_in_order() {
     for (i, (c, &n)) in recvs.iter().zip(&ns).enumerate() {
         assert_eq!(
             (c.wr_id, c.status, c.opcode, c.byte_len, c.qpn),
-            (1000 + i as u64, WcStatus::Success, WcOpcode::Recv, n, QPN_B)
+            (
+                1000 + i as u64,
+                RcWcStatus::Success,
+                RcWcOpcode::Recv,
+                n,
+                QPN_B
+            )
         );
         assert_eq!(c.imm, (i % 2 == 1).then_some(0xABC0 + i as u32));
         assert_eq!(c.solicited, i == 3);
@@ -174,7 +180,7 @@ fn sends_fill_posted_receives_in_order() {
     assert!(
         p.a.send_cqes()
             .iter()
-            .all(|c| c.status == WcStatus::Success && c.opcode == WcOpcode::Send)
+            .all(|c| c.status == RcWcStatus::Success && c.opcode == RcWcOpcode::Send)
     );
 }
 
@@ -210,7 +216,7 @@ fn write_with_immediate_consumes_a_receive() {
     assert_eq!(r.len(), 2);
     assert_eq!(
         (r[0].wr_id, r[0].opcode, r[0].byte_len, r[0].imm),
-        (77, WcOpcode::RecvRdmaWithImm, 3000, Some(0x1234_5678))
+        (77, RcWcOpcode::RecvRdmaWithImm, 3000, Some(0x1234_5678))
     );
     assert_eq!((r[1].wr_id, r[1].byte_len, r[1].imm), (78, 0, Some(9)));
     assert_eq!(
@@ -313,8 +319,8 @@ fn atomics_return_the_original_value() {
                 .iter()
                 .map(|c| (c.opcode, c.status, c.byte_len))
                 .collect();
-        assert_eq!(ops[0], (WcOpcode::FetchAdd, WcStatus::Success, 8));
-        assert_eq!(ops[1], (WcOpcode::CompareSwap, WcStatus::Success, 8));
+        assert_eq!(ops[0], (RcWcOpcode::FetchAdd, RcWcStatus::Success, 8));
+        assert_eq!(ops[1], (RcWcOpcode::CompareSwap, RcWcStatus::Success, 8));
     }
 }
 
@@ -361,13 +367,13 @@ fn a_mixed_pipeline_completes_in_order_both_ways() {
         let ids: Vec<_> = s.send_cqes().iter().map(|c| c.wr_id).collect();
         let want: Vec<_> = (0..120).filter(|i| i % 3 == 0 || *i == 119).collect();
         assert_eq!(ids, want, "completions in order, signaled only");
-        assert!(s.cq.iter().all(|c| c.status == WcStatus::Success));
+        assert!(s.cq.iter().all(|c| c.status == RcWcStatus::Success));
         assert_eq!(
             s.recv_cqes().len(),
             40,
             "20 SENDs and 20 WRITEs with immediate"
         );
-        assert_eq!(s.qp.state(), QpState::Rts);
+        assert_eq!(s.qp.state(), RcQpState::Rts);
     }
     // 20 FETCH_ADDs of 1 each way, on the counter of each side.
     let counter =
@@ -437,7 +443,7 @@ fn post_checks_the_request() {
     }];
     let mut w = wr(0, WrOp::Read { remote: remote(0) }, &sge);
     w.local = LocalData::inline(&[1, 2, 3]).unwrap();
-    assert_eq!(p.a.qp.post_send(w), Err(PostError::InlineNotAllowed));
+    assert_eq!(p.a.qp.post_send(w), Err(RcPostError::InlineNotAllowed));
     let w = wr(
         0,
         WrOp::FetchAdd {
@@ -448,7 +454,7 @@ fn post_checks_the_request() {
     );
     assert_eq!(
         p.a.qp.post_send(w),
-        Err(PostError::BadAtomicLength { len: 16 })
+        Err(RcPostError::BadAtomicLength { len: 16 })
     );
     let big = [Sge {
         lkey: SRC,
@@ -457,20 +463,20 @@ fn post_checks_the_request() {
     }];
     assert_eq!(
         p.a.qp.post_send(wr(0, WrOp::Send, &big)),
-        Err(PostError::TooLong {
+        Err(RcPostError::TooLong {
             len: u64::from(u32::MAX)
         })
     );
     assert_eq!(
         SgeList::from_slice(&[Sge::default(); MAX_SGE + 1]),
-        Err(PostError::TooManySges { max: MAX_SGE })
+        Err(RcPostError::TooManySges { max: MAX_SGE })
     );
     for i in 0..256 {
         p.a.post(wr(i, WrOp::Write { remote: remote(0) }, &sge));
     }
     assert_eq!(
         p.a.qp.post_send(wr(0, WrOp::Send, &sge)),
-        Err(PostError::QueueFull)
+        Err(RcPostError::QueueFull)
     );
     p.settle();
     assert_eq!(p.a.send_cqes().len(), 256);
@@ -491,24 +497,27 @@ fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
         s.push_sge(sge)?;
         s.push_inline(b"xy")
     });
-    assert_eq!(mixed, Err(PostError::MixedLocalData));
+    assert_eq!(mixed, Err(RcPostError::MixedLocalData));
     let too_long = q.post_send_with(|s: &mut SendSlot| {
         s.push_inline(&[7; MAX_INLINE])?;
         s.push_inline(&[7])
     });
-    assert_eq!(too_long, Err(PostError::InlineTooLong { max: MAX_INLINE }));
+    assert_eq!(
+        too_long,
+        Err(RcPostError::InlineTooLong { max: MAX_INLINE })
+    );
     assert_eq!(
         q.post_send_with(|s: &mut SendSlot| {
             s.op = WrOp::Read { remote: remote(0) };
             s.push_inline(&[])
         }),
-        Err(PostError::InlineNotAllowed),
+        Err(RcPostError::InlineNotAllowed),
         "empty inline data is still inline"
     );
     #[derive(Debug, PartialEq)]
     struct Mine;
-    impl From<PostError> for Mine {
-        fn from(_: PostError) -> Self {
+    impl From<RcPostError> for Mine {
+        fn from(_: RcPostError) -> Self {
             Mine
         }
     }
@@ -548,10 +557,10 @@ fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
         }
         let full =
             p.a.qp
-                .post_send_with(|_: &mut SendSlot| -> Result<(), PostError> {
+                .post_send_with(|_: &mut SendSlot| -> Result<(), RcPostError> {
                     panic!("a full queue is refused before the slot is filled")
                 });
-        assert_eq!(full, Err(PostError::QueueFull));
+        assert_eq!(full, Err(RcPostError::QueueFull));
         p.settle();
         // The last round's requests, of 64 distinct targets, checked.
         for i in 192..256u64 {
@@ -574,7 +583,7 @@ fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
     assert_eq!(cqes.len(), 3);
     assert!(
         cqes.iter()
-            .all(|c| c.status == WcStatus::Success && c.wr_id % 256 == 255)
+            .all(|c| c.status == RcWcStatus::Success && c.wr_id % 256 == 255)
     );
     assert_eq!(cqes[2].byte_len, 300 - (767 % 5));
 }
@@ -584,39 +593,39 @@ fn config_is_validated() {
     let good = config(QPN_A, QPN_B, Mtu::Mtu1024);
     assert!(RcQp::new(good).is_ok());
     let bad = [
-        QpConfig {
+        RcQpConfig {
             retry_cnt: 8,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             rnr_retry: 8,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             ack_timeout: 32,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             min_rnr_timer: 32,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             qpn: 1 << 24,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             max_inflight: 0,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             sq_depth: 0,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             max_rd_atomic: 0,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             log_max_msg: 32,
             ..good
         },
@@ -629,7 +638,7 @@ fn config_is_validated() {
     }
     assert_eq!(good.ack_timeout_ns(), Some(4096 << 14));
     assert_eq!(
-        QpConfig {
+        RcQpConfig {
             ack_timeout: 0,
             ..good
         }

@@ -144,13 +144,13 @@ fn every_operation_survives_one_percent_of_every_fault() {
         p.settle();
         let sends: Vec<_> = p.a.cq.drain(..).collect();
         let got: Vec<_> = sends.iter().map(|c| (c.wr_id, c.status)).collect();
-        let want: Vec<_> = (g..g + n).map(|op| (op, WcStatus::Success)).collect();
+        let want: Vec<_> = (g..g + n).map(|op| (op, RcWcStatus::Success)).collect();
         assert_eq!(got, want, "send completions at {g}: {:?}", p.a.qp);
         let recvs: Vec<_> = p.b.cq.drain(..).collect();
         assert_eq!(recvs.len(), expect_recv.len(), "receives at {g}");
         for (c, (op, rslot, body, imm)) in recvs.iter().zip(&expect_recv) {
-            assert_eq!((c.wr_id, c.status, c.imm), (*op, WcStatus::Success, *imm));
-            if c.opcode != WcOpcode::RecvRdmaWithImm {
+            assert_eq!((c.wr_id, c.status, c.imm), (*op, RcWcStatus::Success, *imm));
+            if c.opcode != RcWcOpcode::RecvRdmaWithImm {
                 assert_eq!(c.byte_len as usize, body.len(), "op {op}");
                 let at = VA_RCV + rslot;
                 assert!(p.b.mem.bytes(RCV, at, body.len()) == *body, "op {op}");
@@ -179,7 +179,7 @@ fn every_operation_survives_one_percent_of_every_fault() {
     }
     assert_eq!(
         (p.a.qp.state(), p.b.qp.state()),
-        (QpState::Rts, QpState::Rts)
+        (RcQpState::Rts, RcQpState::Rts)
     );
     let (la, lb) = (p.a.link.stats(), p.b.link.stats());
     let faults = |s: crate::link::LinkStats| s.dropped + s.reordered + s.duplicated + s.corrupted;

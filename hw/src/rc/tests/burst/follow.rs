@@ -259,7 +259,7 @@ fn sends_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
         let len = s.as_slice()[0].len;
         assert_eq!(
             (c.wr_id, c.status, c.byte_len),
-            (i as u64, WcStatus::Success, len)
+            (i as u64, RcWcStatus::Success, len)
         );
         let last = i == n as usize - 1;
         assert_eq!((c.imm, c.solicited), (last.then_some(7), last), "{c:?}");
@@ -346,7 +346,7 @@ fn reads_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     l.settle();
     assert!(l.more > 10, "{}", l.more);
     assert_eq!(l.a.stats().timeouts, 0);
-    assert!(l.sends().iter().all(|&(_, st)| st == WcStatus::Success));
+    assert!(l.sends().iter().all(|&(_, st)| st == RcWcStatus::Success));
     for (id, w) in (1..).zip(&wrs) {
         let LocalData::Sges(s) = w.local else {
             unreachable!()
@@ -392,9 +392,9 @@ fn a_read_whose_region_went_away_behind_a_burst_is_nakd_after_one_check() {
     assert_eq!(
         l.sends(),
         [
-            (1, WcStatus::Success),
-            (2, WcStatus::RemoteOperational),
-            (3, WcStatus::Flushed)
+            (1, RcWcStatus::Success),
+            (2, RcWcStatus::RemoteOperational),
+            (3, RcWcStatus::Flushed)
         ]
     );
     assert_eq!(l.mem.refused.get() - refused, 1, "its range checked once");
