@@ -30,7 +30,7 @@ use uhca_hw::link::{Link, LinkConfig, LinkEnd, pair};
 use uhca_hw::rc::{
     AccessError, AccessKind, AtomicEndianness, AtomicOp, Clock, RcCompletion, CompletionSink, Env,
     LocalData, ManualClock, Memory, Mtu, PathConfig, RcQpConfig, RcQp, RecvQueue, RecvWqe,
-    RemoteAccess, RemoteAddr, Sge, SgeList, RcWcStatus, WorkRequest, WrOp,
+    RemoteAccess, RemoteAddr, RcSge, SgeList, RcWcStatus, WorkRequest, WrOp,
 };
 
 use crate::Reader;
@@ -229,7 +229,7 @@ impl Side {
         let guard = mem.regions.borrow()[&GUARD].data.clone();
         let mut rq = Rq(VecDeque::new());
         for i in 0..RECVS {
-            let sges = SgeList::from_slice(&[Sge {
+            let sges = SgeList::from_slice(&[RcSge {
                 lkey: RCV,
                 addr: VA_RCV + i * RECV_SLOT,
                 len: RECV_SLOT as u32,
@@ -287,7 +287,7 @@ impl Side {
         let local = if kind & 0x40 != 0 && slot <= 64 {
             LocalData::inline(&[kind; 64][..slot as usize]).expect("inline fits")
         } else {
-            let sge = Sge {
+            let sge = RcSge {
                 lkey: SRC,
                 addr: VA_SRC,
                 len: slot as u32,
@@ -414,11 +414,11 @@ impl Pair {
 
 fn mtu_of(b: u8) -> Mtu {
     match b % 5 {
-        0 => Mtu::Mtu256,
-        1 => Mtu::Mtu512,
-        2 => Mtu::Mtu1024,
-        3 => Mtu::Mtu2048,
-        _ => Mtu::Mtu4096,
+        0 => Mtu::M256,
+        1 => Mtu::M512,
+        2 => Mtu::M1024,
+        3 => Mtu::M2048,
+        _ => Mtu::M4096,
     }
 }
 

@@ -9,8 +9,8 @@ use crate::layout::qpc::{Ads, Qpc};
 use crate::layout::roce::{EthRepr, EtherType, IpRepr, Ipv4Repr, Ipv6Repr};
 use crate::layout::wqe::{DataSeg, INVALID_LKEY, SEND_WQE_BB};
 use crate::rc::{
-    AtomicEndianness, MAX_SGE, Mtu, PathConfig, RcQp, RcQpConfig, RecvQueue, RecvWqe, RemoteAccess,
-    Sge, SgeList,
+    AtomicEndianness, MAX_SGE, Mtu, PathConfig, RcQp, RcQpConfig, RcSge, RecvQueue, RecvWqe,
+    RemoteAccess, SgeList,
 };
 
 use super::iommu::Dma;
@@ -364,7 +364,7 @@ impl Rq<'_, '_> {
                 continue;
             }
             // At most MAX_SGE entries are read, so the push cannot fail.
-            let _ = sges.push(Sge {
+            let _ = sges.push(RcSge {
                 lkey: d.lkey(),
                 addr: d.addr(),
                 len: d.byte_count(),

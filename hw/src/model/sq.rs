@@ -11,7 +11,7 @@ use crate::layout::wqe::{
 };
 #[cfg(test)]
 use crate::rc::LocalRef;
-use crate::rc::{RcPostError, RemoteAddr, SendSlot, Sge, WrOp};
+use crate::rc::{RcPostError, RcSge, RemoteAddr, SendSlot, WrOp};
 
 /// Largest WQE: 63 16-byte units (the `ds` field is 6 bits).
 pub(crate) const MAX_WQE: usize = 63 * DS_UNIT;
@@ -179,7 +179,7 @@ pub(crate) fn local_data(segs: &[u8], slot: &mut SendSlot) -> Result<(), WqeErro
         if d.byte_count() == 0 {
             continue; // zero-length entries move nothing
         }
-        slot.push_sge(Sge {
+        slot.push_sge(RcSge {
             lkey: d.lkey(),
             addr: d.addr(),
             len: d.byte_count(),
@@ -243,7 +243,7 @@ mod tests {
         match wr.local() {
             LocalRef::Sges(l) => assert_eq!(
                 l.as_slice()[1],
-                Sge {
+                RcSge {
                     lkey: 0x42,
                     addr: 0x2014,
                     len: 20

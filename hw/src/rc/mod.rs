@@ -42,7 +42,7 @@ pub use burst::{Burst, MAX_MORE, MoreMsg, MoreMsgs};
 pub use error::RcPostError;
 pub use memory::{AccessError, AccessKind, AtomicOp, CopyFault, CopyIn, Memory};
 pub use offload::Offload;
-pub use sge::{MAX_INLINE, MAX_SGE, Sge, SgeList};
+pub use sge::{MAX_INLINE, MAX_SGE, RcSge, SgeList};
 pub use types::*;
 
 use crate::layout::roce::{BthRepr, BthVar, ExtHeaders, HeaderTemplate, Psn, RocePacket, UdpRepr};

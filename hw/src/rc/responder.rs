@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use super::burst::*;
 use super::memory::*;
 use super::sge::{
-    CopyError, SendFault, Sge, SgeList, check_gather_in, copy_between, copy_in, scatter,
+    CopyError, RcSge, SendFault, SgeList, check_gather_in, copy_between, copy_in, scatter,
 };
 use super::types::*;
 use super::{BURST_MIN, Env, RcStats, Tx, TxStop};

@@ -10,7 +10,7 @@ pub const MAX_INLINE: usize = 512;
 
 /// One scatter/gather entry: `len` bytes at `addr` under `lkey`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Sge {
+pub struct RcSge {
     /// Local key.
     pub lkey: u32,
     /// Virtual address.
@@ -23,7 +23,7 @@ pub struct Sge {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SgeList {
     len: u8,
-    sges: [Sge; MAX_SGE],
+    sges: [RcSge; MAX_SGE],
 }
 
 impl SgeList {
@@ -31,7 +31,7 @@ impl SgeList {
     pub const fn new() -> Self {
         Self {
             len: 0,
-            sges: [Sge {
+            sges: [RcSge {
                 lkey: 0,
                 addr: 0,
                 len: 0,
@@ -39,7 +39,7 @@ impl SgeList {
         }
     }
     /// A list of the given entries.
-    pub fn from_slice(sges: &[Sge]) -> Result<Self, RcPostError> {
+    pub fn from_slice(sges: &[RcSge]) -> Result<Self, RcPostError> {
         let mut l = Self::new();
         for s in sges {
             l.push(*s)?;
@@ -47,7 +47,7 @@ impl SgeList {
         Ok(l)
     }
     /// Appends an entry.
-    pub fn push(&mut self, sge: Sge) -> Result<(), RcPostError> {
+    pub fn push(&mut self, sge: RcSge) -> Result<(), RcPostError> {
         let slot = self
             .sges
             .get_mut(usize::from(self.len))
@@ -61,7 +61,7 @@ impl SgeList {
         self.len = 0;
     }
     /// The entries.
-    pub fn as_slice(&self) -> &[Sge] {
+    pub fn as_slice(&self) -> &[RcSge] {
         &self.sges[..usize::from(self.len)]
     }
     /// Total bytes.
@@ -85,7 +85,7 @@ fn pieces(
     sges: &SgeList,
     offset: u64,
     len: usize,
-    mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), AccessError>,
+    mut f: impl FnMut(&RcSge, u64, usize, usize) -> Result<(), AccessError>,
 ) -> Result<(), CopyError> {
     let mut skip = offset;
     let mut done = 0usize;
@@ -206,7 +206,7 @@ fn copy_pieces(
     offset: u64,
     len: usize,
     short: fn(AccessError) -> CopyFault,
-    ends: impl Fn(&Sge, u64, u64) -> (u32, u64, AccessKind, u32, u64),
+    ends: impl Fn(&RcSge, u64, u64) -> (u32, u64, AccessKind, u32, u64),
     mem: &dyn Memory,
     domain: u32,
 ) -> Result<(), CopyFault> {

@@ -4,41 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::RcPostError;
-use super::sge::{MAX_INLINE, Sge, SgeList};
+use super::sge::{MAX_INLINE, RcSge, SgeList};
+pub use crate::layout::qpc::Mtu;
 use crate::layout::roce::{EthRepr, IpRepr, Psn};
-
-/// Path MTU (IBA Vol. 1 §9.7.7.2; the qpc `mtu` encoding 1..=5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Mtu {
-    /// 256 bytes.
-    Mtu256 = 1,
-    /// 512 bytes.
-    Mtu512 = 2,
-    /// 1024 bytes.
-    Mtu1024 = 3,
-    /// 2048 bytes.
-    Mtu2048 = 4,
-    /// 4096 bytes.
-    Mtu4096 = 5,
-}
-
-impl Mtu {
-    /// Payload bytes per packet.
-    pub const fn bytes(self) -> u32 {
-        128 << (self as u32)
-    }
-    /// From the IB encoding (1 = 256 ... 5 = 4096).
-    pub const fn from_ib(v: u8) -> Option<Self> {
-        Some(match v {
-            1 => Mtu::Mtu256,
-            2 => Mtu::Mtu512,
-            3 => Mtu::Mtu1024,
-            4 => Mtu::Mtu2048,
-            5 => Mtu::Mtu4096,
-            _ => return None,
-        })
-    }
-}
 
 /// Byte order in which the original remote value of an atomic is written to the
 /// requester's local buffer (prm-subset.md §8.4 `atomic_req_8B_endianness_mode`).
@@ -396,7 +364,7 @@ impl SendSlot {
     }
 
     /// Appends a scatter/gather entry to the local data.
-    pub fn push_sge(&mut self, sge: Sge) -> Result<(), RcPostError> {
+    pub fn push_sge(&mut self, sge: RcSge) -> Result<(), RcPostError> {
         self.sges.push(sge)?;
         self.len += u64::from(sge.len);
         Ok(())

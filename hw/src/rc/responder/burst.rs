@@ -51,7 +51,7 @@ pub(super) fn read_burst<'a>(
     };
     let mut sges = SgeList::new();
     // One entry: cannot fail.
-    let _ = sges.push(Sge {
+    let _ = sges.push(RcSge {
         lkey: rd.rkey,
         addr: rd.va,
         len,
@@ -133,7 +133,7 @@ fn more_reads<'a>(
             se: false,
             ack_req: false,
             wire_len: tx.wire_len(&ext, n, f.left, true),
-            sge: Sge {
+            sge: RcSge {
                 lkey: f.rkey,
                 addr: f.va,
                 len: f.left,

@@ -44,7 +44,7 @@ fn remote(off: u64) -> RemoteAddr {
 
 #[test]
 fn writes_of_every_size_land_exactly() {
-    for mtu in [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096] {
+    for mtu in [Mtu::M256, Mtu::M1024, Mtu::M4096] {
         let mut p = setup(mtu);
         let mut off = 0u64;
         let mut placed = Vec::new();
@@ -90,7 +90,7 @@ fn writes_of_every_size_land_exactly() {
 
 #[test]
 fn reads_of_every_size_return_the_remote_bytes() {
-    for mtu in [Mtu::Mtu256, Mtu::Mtu2048] {
+    for mtu in [Mtu::M256, Mtu::M2048] {
         let mut p = setup(mtu);
         let mut off = 0u64;
         let mut asked = Vec::new();
@@ -125,7 +125,7 @@ fn reads_of_every_size_return_the_remote_bytes() {
 
 #[test]
 fn sends_fill_posted_receives_in_order() {
-    let mtu = Mtu::Mtu512;
+    let mtu = Mtu::M512;
     let mut p = setup(mtu);
     let ns = sizes(mtu);
     let mut off = 0u64;
@@ -186,7 +186,7 @@ fn sends_fill_posted_receives_in_order() {
 
 #[test]
 fn write_with_immediate_consumes_a_receive() {
-    let mut p = setup(Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
     p.b.rq.push_back(RecvWqe {
         wr_id: 77,
         sges: SgeList::new(),
@@ -227,7 +227,7 @@ fn write_with_immediate_consumes_a_receive() {
 
 #[test]
 fn inline_data_is_sent_from_the_request() {
-    let mut p = setup(Mtu::Mtu256);
+    let mut p = setup(Mtu::M256);
     let data: Vec<u8> = (0..MAX_INLINE as u32).map(|i| (i * 7) as u8).collect();
     let mut w = wr(
         5,
@@ -240,7 +240,7 @@ fn inline_data_is_sent_from_the_request() {
     p.a.post(w);
     p.b.rq.push_back(RecvWqe {
         wr_id: 1,
-        sges: SgeList::from_slice(&[Sge {
+        sges: SgeList::from_slice(&[RcSge {
             lkey: DST,
             addr: VA_DST + 4096,
             len: 64,
@@ -259,18 +259,14 @@ fn inline_data_is_sent_from_the_request() {
 #[test]
 fn atomics_return_the_original_value() {
     for endian in [AtomicEndianness::Big, AtomicEndianness::Host] {
-        let mut a = config(QPN_A, QPN_B, Mtu::Mtu1024);
+        let mut a = config(QPN_A, QPN_B, Mtu::M1024);
         a.atomic_endianness = endian;
-        let mut p = Pair::with(
-            a,
-            config(QPN_B, QPN_A, Mtu::Mtu1024),
-            FaultConfig::default(),
-        );
+        let mut p = Pair::with(a, config(QPN_B, QPN_A, Mtu::M1024), FaultConfig::default());
         p.a.mem.register(SRC, VA_SRC, 64, false);
         p.b.mem.register(DST, VA_DST, 64, true);
         p.b.mem.fill(DST, VA_DST, &40u64.to_le_bytes());
         let sge = |i: u64| {
-            [Sge {
+            [RcSge {
                 lkey: SRC,
                 addr: VA_SRC + 8 * i,
                 len: 8,
@@ -326,7 +322,7 @@ fn atomics_return_the_original_value() {
 
 #[test]
 fn a_mixed_pipeline_completes_in_order_both_ways() {
-    let mut p = setup(Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
     for s in [&mut p.a, &mut p.b] {
         s.post_recv_slots(DST, VA_DST + 0x3_0000, 4096, 40);
     }
@@ -387,7 +383,7 @@ fn a_mixed_pipeline_completes_in_order_both_ways() {
 
 #[test]
 fn acks_are_coalesced() {
-    let mut p = setup(Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
     for i in 0..200u64 {
         let mut w = wr(
             i,
@@ -412,9 +408,9 @@ fn acks_are_coalesced() {
 
 #[test]
 fn the_send_window_bounds_packets_in_flight() {
-    let mut a = config(QPN_A, QPN_B, Mtu::Mtu256);
+    let mut a = config(QPN_A, QPN_B, Mtu::M256);
     a.max_inflight = 4;
-    let mut p = Pair::with(a, config(QPN_B, QPN_A, Mtu::Mtu256), FaultConfig::default());
+    let mut p = Pair::with(a, config(QPN_B, QPN_A, Mtu::M256), FaultConfig::default());
     p.a.mem.register(SRC, VA_SRC, LEN, false);
     p.b.mem.register(DST, VA_DST, LEN, true);
     p.a.post(wr(
@@ -435,8 +431,8 @@ fn the_send_window_bounds_packets_in_flight() {
 
 #[test]
 fn post_checks_the_request() {
-    let mut p = setup(Mtu::Mtu1024);
-    let sge = [Sge {
+    let mut p = setup(Mtu::M1024);
+    let sge = [RcSge {
         lkey: SRC,
         addr: VA_SRC,
         len: 8,
@@ -456,7 +452,7 @@ fn post_checks_the_request() {
         p.a.qp.post_send(w),
         Err(RcPostError::BadAtomicLength { len: 16 })
     );
-    let big = [Sge {
+    let big = [RcSge {
         lkey: SRC,
         addr: 0,
         len: u32::MAX,
@@ -468,7 +464,7 @@ fn post_checks_the_request() {
         })
     );
     assert_eq!(
-        SgeList::from_slice(&[Sge::default(); MAX_SGE + 1]),
+        SgeList::from_slice(&[RcSge::default(); MAX_SGE + 1]),
         Err(RcPostError::TooManySges { max: MAX_SGE })
     );
     for i in 0..256 {
@@ -484,8 +480,8 @@ fn post_checks_the_request() {
 
 #[test]
 fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
-    let mut p = setup(Mtu::Mtu256);
-    let sge = Sge {
+    let mut p = setup(Mtu::M256);
+    let sge = RcSge {
         lkey: SRC,
         addr: VA_SRC,
         len: 300,
@@ -547,7 +543,7 @@ fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
                     if id % 2 == 0 {
                         s.push_inline(&data[(id % 7) as usize..][..(id % 200) as usize])
                     } else {
-                        s.push_sge(Sge {
+                        s.push_sge(RcSge {
                             len: 300 - (id % 5) as u32,
                             ..sge
                         })
@@ -590,7 +586,7 @@ fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
 
 #[test]
 fn config_is_validated() {
-    let good = config(QPN_A, QPN_B, Mtu::Mtu1024);
+    let good = config(QPN_A, QPN_B, Mtu::M1024);
     assert!(RcQp::new(good).is_ok());
     let bad = [
         RcQpConfig {
@@ -648,15 +644,15 @@ fn config_is_validated() {
     assert_eq!(rnr_timer_ns(0), 655_360_000);
     assert_eq!(rnr_timer_ns(1), 10_000);
     assert_eq!(rnr_timer_ns(31), 491_520_000);
-    assert_eq!([Mtu::Mtu256.bytes(), Mtu::Mtu4096.bytes()], [256, 4096]);
-    assert_eq!(Mtu::from_ib(3), Some(Mtu::Mtu1024));
+    assert_eq!([Mtu::M256.bytes(), Mtu::M4096.bytes()], [256, 4096]);
+    assert_eq!(Mtu::from_ib(3), Some(Mtu::M1024));
     assert_eq!(Mtu::from_ib(6), None);
 }
 
 #[test]
 fn packets_for_another_qp_or_pkey_are_dropped() {
-    let mut p = setup(Mtu::Mtu1024);
-    let mut other = config(QPN_A, 0x99, Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
+    let mut other = config(QPN_A, 0x99, Mtu::M1024);
     other.sq_psn = 0xFF_FFF0;
     let mut stray = RcQp::new(other).unwrap();
     stray
@@ -684,7 +680,7 @@ fn packets_for_another_qp_or_pkey_are_dropped() {
 
 #[test]
 fn a_qp_is_idle_or_awaits_a_response_only_when_a_poll_has_nothing_else_to_do() {
-    let mut p = setup(Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
     assert!(p.a.qp.is_idle() && p.b.qp.is_idle());
     assert!(p.a.qp.awaits_response());
     let sg = split(SRC, VA_SRC, 8);
@@ -716,7 +712,7 @@ fn a_qp_is_idle_or_awaits_a_response_only_when_a_poll_has_nothing_else_to_do() {
 #[test]
 fn frames_that_stay_in_the_device_carry_no_icrc_and_others_do() {
     use crate::link::Loopback;
-    let mut p = setup(Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
     let sg = split(SRC, VA_SRC, 3000);
     // Over the pair's link: every frame carries its ICRC (the receiving side verifies it).
     p.a.post(wr(1, WrOp::Write { remote: remote(0) }, &sg));
@@ -728,7 +724,7 @@ fn frames_that_stay_in_the_device_carry_no_icrc_and_others_do() {
     // SEND of 500 bytes at MTU 256, two packets: a WRITE or SEND from memory goes as one
     // burst there).
     let mut cfg = *p.a.qp.config();
-    cfg.mtu = Mtu::Mtu256;
+    cfg.mtu = Mtu::M256;
     let mut qp = RcQp::new(cfg).unwrap();
     let mut inline = wr(2, WrOp::Send, &[]);
     let mut data = [0u8; MAX_INLINE];

@@ -188,7 +188,7 @@ impl Local {
     }
 
     fn post_recv(&mut self, wr_id: u64) {
-        let sges = SgeList::from_slice(&[Sge {
+        let sges = SgeList::from_slice(&[RcSge {
             lkey: RCV,
             addr: VA_RCV,
             len: 4096,
@@ -209,7 +209,7 @@ fn write(remote_off: u64) -> WrOp {
 
 #[test]
 fn writes_of_every_size_go_as_bursts_and_land_exactly() {
-    for mtu in [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096] {
+    for mtu in [Mtu::M256, Mtu::M1024, Mtu::M4096] {
         let m = mtu.bytes();
         let mut l = Local::new(mtu);
         let window = u64::from(l.a.config().max_inflight);
@@ -251,11 +251,11 @@ fn writes_of_every_size_go_as_bursts_and_land_exactly() {
 
 #[test]
 fn writes_streaming_fill_the_window_and_stay_in_order() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     // Twenty 5-packet WRITEs posted at once into overlapping targets: the last one wins
     // each byte, as packets in order would leave it.
     for i in 0..20u64 {
-        let sg = [Sge {
+        let sg = [RcSge {
             lkey: SRC,
             addr: VA_SRC + i * 1000,
             len: 5000,
@@ -275,7 +275,7 @@ fn writes_streaming_fill_the_window_and_stay_in_order() {
 
 #[test]
 fn a_write_with_immediate_and_no_receive_is_placed_then_rnr_nakd_at_its_last_packet() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     let n = 3 * 1024 + 10;
     let op = WrOp::WriteImm {
         remote: RemoteAddr {
@@ -309,7 +309,7 @@ fn a_write_with_immediate_and_no_receive_is_placed_then_rnr_nakd_at_its_last_pac
 
 #[test]
 fn a_bad_rkey_in_a_burst_is_a_remote_access_error_and_writes_nothing() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     let before = l.mem.bytes(DST, VA_DST, 4096);
     let bad = WrOp::Write {
         remote: RemoteAddr {
@@ -333,8 +333,8 @@ fn a_bad_rkey_in_a_burst_is_a_remote_access_error_and_writes_nothing() {
 
 #[test]
 fn a_bad_local_key_fails_at_the_sender_and_sends_nothing() {
-    let mut l = Local::new(Mtu::Mtu1024);
-    let sg = [Sge {
+    let mut l = Local::new(Mtu::M1024);
+    let sg = [RcSge {
         lkey: 0x777,
         addr: VA_SRC,
         len: 3000,
@@ -347,7 +347,7 @@ fn a_bad_local_key_fails_at_the_sender_and_sends_nothing() {
 
 #[test]
 fn a_source_gone_while_the_burst_is_queued_drops_it_and_the_retry_fails_locally() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     let before = l.mem.bytes(DST, VA_DST, 4096);
     l.a.post_send(wr(1, write(0), &split(SRC, VA_SRC, 3000)))
         .unwrap();
@@ -368,7 +368,7 @@ fn a_source_gone_while_the_burst_is_queued_drops_it_and_the_retry_fails_locally(
 
 #[test]
 fn a_burst_resent_after_a_lost_ack_is_a_duplicate_acknowledged_once() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     l.a.post_send(wr(1, write(0), &split(SRC, VA_SRC, 5000)))
         .unwrap();
     l.drop_to_a = 1; // the ACK
@@ -394,7 +394,7 @@ fn read(remote_off: u64) -> WrOp {
 
 #[test]
 fn reads_of_every_size_come_back_as_bursts_and_land_exactly() {
-    for mtu in [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096] {
+    for mtu in [Mtu::M256, Mtu::M1024, Mtu::M4096] {
         let m = mtu.bytes();
         let mut l = Local::new(mtu);
         let sizes = [1, 3, m - 1, m, m + 1, 2 * m, 7 * m + 5, 40_000];
@@ -429,8 +429,8 @@ fn reads_of_every_size_come_back_as_bursts_and_land_exactly() {
 
 #[test]
 fn a_read_into_a_bad_local_key_is_a_local_protection_error() {
-    let mut l = Local::new(Mtu::Mtu1024);
-    let sg = [Sge {
+    let mut l = Local::new(Mtu::M1024);
+    let sg = [RcSge {
         lkey: 0x777,
         addr: VA_SRC,
         len: 3000,
@@ -442,7 +442,7 @@ fn a_read_into_a_bad_local_key_is_a_local_protection_error() {
 
 #[test]
 fn a_read_of_a_region_gone_under_its_responses_is_a_remote_operational_error() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     let before = l.mem.bytes(SRC, VA_SRC, 3000);
     l.a.post_send(wr(1, read(0), &split(SRC, VA_SRC, 3000)))
         .unwrap();
@@ -489,10 +489,10 @@ impl SendCase {
     }
 
     fn recv(&self) -> RecvWqe {
-        let sges: Vec<Sge> = self
+        let sges: Vec<RcSge> = self
             .recv
             .iter()
-            .map(|&(lkey, off, len)| Sge {
+            .map(|&(lkey, off, len)| RcSge {
                 lkey,
                 addr: VA_RCV + off,
                 len,
@@ -589,7 +589,7 @@ fn sends_as_bursts_end_as_sends_as_packets_do() {
             (32, Some(5), false, true),
         ] {
             let case = SendCase {
-                mtu: Mtu::Mtu1024,
+                mtu: Mtu::M1024,
                 window,
                 len,
                 imm,
@@ -716,7 +716,7 @@ fn writes_and_reads_as_bursts_end_as_they_do_as_packets() {
     cases.push((vec![read(5, 0, 5000, remote(VA_DST, 0x999)), after], vec![]));
     let mut bad_local = read(5, 0, 3000, remote(VA_DST, DST));
     bad_local.local = LocalData::Sges(
-        SgeList::from_slice(&[Sge {
+        SgeList::from_slice(&[RcSge {
             lkey: 0x888,
             addr: VA_SRC,
             len: 3000,
@@ -735,7 +735,7 @@ fn writes_and_reads_as_bursts_end_as_they_do_as_packets() {
         ],
         vec![recv, recv],
     ));
-    for (mtu, window) in [(Mtu::Mtu1024, 32), (Mtu::Mtu256, 3), (Mtu::Mtu4096, 64)] {
+    for (mtu, window) in [(Mtu::M1024, 32), (Mtu::M256, 3), (Mtu::M4096, 64)] {
         let mut a = config(QPN_A, QPN_B, mtu);
         let mut b = config(QPN_B, QPN_A, mtu);
         (a.max_inflight, b.max_inflight) = (window, window);
@@ -758,7 +758,7 @@ fn a_lost_ack_in_a_message_of_three_windows_costs_one_timeout() {
     // as one duplicate, and the rest of the message follows without a second timeout. (A
     // go-back-N retry on the loopback queue covers exactly the packets in flight at the
     // timeout, so a retry burst never reaches past what the responder expects.)
-    let mut l = Local::new(Mtu::Mtu256);
+    let mut l = Local::new(Mtu::M256);
     let window = l.a.config().max_inflight;
     let len = 3 * window * 256;
     l.a.post_send(wr(1, write(0), &split(SRC, VA_SRC, len)))

@@ -18,8 +18,8 @@ fn setup_with(a: RcQpConfig, b: RcQpConfig, faults: FaultConfig) -> Pair {
 
 fn setup() -> Pair {
     setup_with(
-        config(QPN_A, QPN_B, Mtu::Mtu1024),
-        config(QPN_B, QPN_A, Mtu::Mtu1024),
+        config(QPN_A, QPN_B, Mtu::M1024),
+        config(QPN_B, QPN_A, Mtu::M1024),
         FaultConfig::default(),
     )
 }
@@ -90,7 +90,7 @@ fn a_bad_rkey_is_a_remote_access_error() {
         wr(1, WrOp::Write { remote: outside }, &split(SRC, VA_SRC, 100)),
         RcWcStatus::RemoteAccess,
     );
-    let sge = [Sge {
+    let sge = [RcSge {
         lkey: SRC,
         addr: VA_SRC,
         len: 8,
@@ -123,7 +123,7 @@ fn a_bad_rkey_is_a_remote_access_error() {
 
 #[test]
 fn a_misaligned_atomic_is_an_invalid_request() {
-    let sge = [Sge {
+    let sge = [RcSge {
         lkey: SRC,
         addr: VA_SRC,
         len: 8,
@@ -144,16 +144,12 @@ fn a_misaligned_atomic_is_an_invalid_request() {
 
 #[test]
 fn an_operation_the_qp_does_not_allow_is_an_invalid_request() {
-    let mut b = config(QPN_B, QPN_A, Mtu::Mtu1024);
+    let mut b = config(QPN_B, QPN_A, Mtu::M1024);
     b.remote_access = RemoteAccess {
         read: false,
         ..RemoteAccess::ALL
     };
-    let mut p = setup_with(
-        config(QPN_A, QPN_B, Mtu::Mtu1024),
-        b,
-        FaultConfig::default(),
-    );
+    let mut p = setup_with(config(QPN_A, QPN_B, Mtu::M1024), b, FaultConfig::default());
     p.a.post(wr(
         1,
         WrOp::Read { remote: remote(0) },
@@ -166,7 +162,7 @@ fn an_operation_the_qp_does_not_allow_is_an_invalid_request() {
 #[test]
 fn a_send_larger_than_the_receive_buffer_is_a_length_error() {
     let mut p = setup();
-    let sges = SgeList::from_slice(&[Sge {
+    let sges = SgeList::from_slice(&[RcSge {
         lkey: DST,
         addr: VA_DST,
         len: 1500,
@@ -189,7 +185,7 @@ fn a_send_larger_than_the_receive_buffer_is_a_length_error() {
 #[test]
 fn a_bad_receive_key_is_a_remote_operational_error() {
     let mut p = setup();
-    let sges = SgeList::from_slice(&[Sge {
+    let sges = SgeList::from_slice(&[RcSge {
         lkey: 0xBAD,
         addr: VA_DST,
         len: 1500,
@@ -204,7 +200,7 @@ fn a_bad_receive_key_is_a_remote_operational_error() {
 
 #[test]
 fn a_bad_local_key_is_a_local_protection_error() {
-    let bad = [Sge {
+    let bad = [RcSge {
         lkey: 0xBAD,
         addr: VA_SRC,
         len: 100,
@@ -223,7 +219,7 @@ fn a_bad_local_key_is_a_local_protection_error() {
 #[test]
 fn retries_exhausted_give_retry_exceeded() {
     for retry_cnt in [0, 3, 7] {
-        let mut a = config(QPN_A, QPN_B, Mtu::Mtu1024);
+        let mut a = config(QPN_A, QPN_B, Mtu::M1024);
         a.retry_cnt = retry_cnt;
         // Nothing from A reaches B.
         let dead = FaultConfig {
@@ -231,7 +227,7 @@ fn retries_exhausted_give_retry_exceeded() {
             drop_one_in: 1,
             ..Default::default()
         };
-        let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::Mtu1024), dead);
+        let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::M1024), dead);
         p.a.post(wr(
             0,
             WrOp::Write { remote: remote(0) },
@@ -263,14 +259,14 @@ fn retries_exhausted_give_retry_exceeded() {
 
 #[test]
 fn an_infinite_ack_timeout_never_retransmits() {
-    let mut a = config(QPN_A, QPN_B, Mtu::Mtu1024);
+    let mut a = config(QPN_A, QPN_B, Mtu::M1024);
     a.ack_timeout = 0;
     let dead = FaultConfig {
         seed: 1,
         drop_one_in: 1,
         ..Default::default()
     };
-    let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::Mtu1024), dead);
+    let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::M1024), dead);
     p.a.post(wr(
         0,
         WrOp::Write { remote: remote(0) },
@@ -293,7 +289,7 @@ fn rnr_waits_for_a_receive_then_succeeds() {
         "the requester waited the RNR timer"
     );
     assert!(p.a.cq.is_empty());
-    let sges = SgeList::from_slice(&[Sge {
+    let sges = SgeList::from_slice(&[RcSge {
         lkey: DST,
         addr: VA_DST,
         len: 4096,
@@ -334,16 +330,12 @@ fn write_with_immediate_waits_for_a_receive_too() {
 #[test]
 fn rnr_retries_exhausted_give_rnr_retry_exceeded() {
     for rnr_retry in [0, 2, 6] {
-        let mut a = config(QPN_A, QPN_B, Mtu::Mtu1024);
+        let mut a = config(QPN_A, QPN_B, Mtu::M1024);
         a.rnr_retry = rnr_retry;
-        let mut p = setup_with(
-            a,
-            config(QPN_B, QPN_A, Mtu::Mtu1024),
-            FaultConfig::default(),
-        );
+        let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::M1024), FaultConfig::default());
         p.b.rq.push_back(RecvWqe {
             wr_id: 1,
-            sges: SgeList::from_slice(&[Sge {
+            sges: SgeList::from_slice(&[RcSge {
                 lkey: DST,
                 addr: VA_DST,
                 len: 64,
@@ -413,9 +405,9 @@ fn an_ack_timer_started_without_a_reading_starts_two_polls_later_and_fires() {
         drop_one_in: 1,
         ..Default::default()
     };
-    let a_cfg = config(QPN_A, QPN_B, Mtu::Mtu1024);
+    let a_cfg = config(QPN_A, QPN_B, Mtu::M1024);
     let timeout = a_cfg.ack_timeout_ns().expect("a finite timeout");
-    let mut p = setup_with(a_cfg, config(QPN_B, QPN_A, Mtu::Mtu1024), dead);
+    let mut p = setup_with(a_cfg, config(QPN_B, QPN_A, Mtu::M1024), dead);
     p.a.post(wr(
         0,
         WrOp::Write { remote: remote(0) },

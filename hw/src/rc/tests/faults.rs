@@ -215,7 +215,7 @@ const SIZES: [u32; 9] = [0, 1, 255, 256, 257, 1024, 3000, 4097, 9000];
 
 #[test]
 fn a_clean_link_needs_no_retransmission() {
-    let p = run_workload(Mtu::Mtu1024, FaultConfig::default(), &SIZES, 0);
+    let p = run_workload(Mtu::M1024, FaultConfig::default(), &SIZES, 0);
     for s in [&p.a, &p.b] {
         let st = s.qp.stats();
         assert_eq!(
@@ -252,7 +252,7 @@ fn each_fault_alone_is_recovered() {
         },
     ];
     for (k, f) in kinds.iter().enumerate() {
-        let p = run_workload(Mtu::Mtu256, f(k as u64 + 10), &SIZES, k as u8);
+        let p = run_workload(Mtu::M256, f(k as u64 + 10), &SIZES, k as u8);
         let (a, b) = (p.a.link.stats(), p.b.link.stats());
         match k {
             0 => assert!(
@@ -282,7 +282,7 @@ fn each_fault_alone_is_recovered() {
 fn all_faults_together_over_many_seeds() {
     let mut exhausted = Vec::new();
     for seed in 0..12 {
-        let mtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][seed as usize % 3];
+        let mtu = [Mtu::M256, Mtu::M1024, Mtu::M4096][seed as usize % 3];
         let (_, outcome) = run_workload_to_end(mtu, all_faults(seed, 10), &SIZES, seed as u8);
         if outcome != Outcome::Completed {
             exhausted.push(seed);

@@ -247,7 +247,7 @@ impl Side {
     /// `va + i * slot`.
     pub(super) fn post_recv_slots(&mut self, key: u32, va: u64, slot: u64, n: u64) {
         for i in 0..n {
-            let sges = SgeList::from_slice(&[Sge {
+            let sges = SgeList::from_slice(&[RcSge {
                 lkey: key,
                 addr: va + i * slot,
                 len: slot as u32,
@@ -396,7 +396,7 @@ impl Pair {
 }
 
 /// A work request over `sges` of `local`, signaled.
-pub(super) fn wr(wr_id: u64, op: WrOp, sges: &[Sge]) -> WorkRequest {
+pub(super) fn wr(wr_id: u64, op: WrOp, sges: &[RcSge]) -> WorkRequest {
     WorkRequest {
         wr_id,
         op,
@@ -408,14 +408,14 @@ pub(super) fn wr(wr_id: u64, op: WrOp, sges: &[Sge]) -> WorkRequest {
 }
 
 /// `len` bytes at `va` under `key` split into up to three SGEs of uneven sizes.
-pub(super) fn split(key: u32, va: u64, len: u32) -> Vec<Sge> {
+pub(super) fn split(key: u32, va: u64, len: u32) -> Vec<RcSge> {
     let a = len / 3;
     let b = len / 2 - len / 7;
     let c = len - a - b;
     [(0, a), (a, b), (a + b, c)]
         .into_iter()
         .filter(|&(_, n)| n > 0)
-        .map(|(off, n)| Sge {
+        .map(|(off, n)| RcSge {
             lkey: key,
             addr: va + u64::from(off),
             len: n,

@@ -50,7 +50,7 @@ fn every_operation_survives_one_percent_of_every_fault() {
         corrupt_one_in: 1000,
         mangle_one_in: 0,
     };
-    let mut p = Pair::new(Mtu::Mtu1024, faults);
+    let mut p = Pair::new(Mtu::M1024, faults);
     p.a.mem
         .register(SRC, VA_SRC, (BATCH * SLOT) as usize, false);
     p.b.mem
@@ -118,7 +118,7 @@ fn every_operation_survives_one_percent_of_every_fault() {
             if matches!(kind, 1 | 3 | 4) {
                 let rslot = expect_recv.len() as u64 * SLOT;
                 p.b.mem.fill(RCV, VA_RCV + rslot, &[0xEE; SLOT as usize]);
-                let sges = SgeList::from_slice(&[Sge {
+                let sges = SgeList::from_slice(&[RcSge {
                     lkey: RCV,
                     addr: VA_RCV + rslot,
                     len: SLOT as u32,
@@ -129,10 +129,10 @@ fn every_operation_survives_one_percent_of_every_fault() {
                 let body = if kind == 1 { Vec::new() } else { data.clone() };
                 expect_recv.push((op, rslot, body, imm));
             }
-            let sges: Vec<Sge> = if len == 0 {
+            let sges: Vec<RcSge> = if len == 0 {
                 Vec::new()
             } else {
-                vec![Sge {
+                vec![RcSge {
                     lkey: SRC,
                     addr: VA_SRC + slot,
                     len,

@@ -37,10 +37,10 @@ fn remote(off: u64) -> RemoteAddr {
 /// link (retry_cnt 7) failed the QP with RETRY_EXC_ERR although nothing had been lost.
 #[test]
 fn a_full_link_spends_no_retries_on_packets_it_refused() {
-    let mut p = pair_with_depth(Mtu::Mtu1024, 4);
+    let mut p = pair_with_depth(Mtu::M1024, 4);
     let t = p.a.qp.config().ack_timeout_ns().unwrap();
     for i in 0..12u64 {
-        let sg = [Sge {
+        let sg = [RcSge {
             lkey: SRC,
             addr: VA_SRC + i * 1024,
             len: 1000,
@@ -90,9 +90,9 @@ fn a_full_link_spends_no_retries_on_packets_it_refused() {
 #[test]
 fn a_repeated_read_restarts_the_stream_under_way_instead_of_adding_one() {
     const PKTS: u64 = 256; // MTU 256: a 64 KiB READ
-    let mut p = pair_with_depth(Mtu::Mtu256, 64);
+    let mut p = pair_with_depth(Mtu::M256, 64);
     let t = p.a.qp.config().ack_timeout_ns().unwrap();
-    let sg = [Sge {
+    let sg = [RcSge {
         lkey: SRC,
         addr: VA_SRC,
         len: (PKTS * 256) as u32,
