@@ -130,7 +130,7 @@ impl GpuServer {
             path: self.path.clone(),
             source,
         })?;
-        let dev = vfu::Device {
+        let dev = vfu::ServedDevice {
             resettable: true,
             regions: &self.regions,
             irqs: &self.irqs,

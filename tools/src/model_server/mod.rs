@@ -303,7 +303,7 @@ impl ModelServer {
             path: self.path.clone(),
             source,
         })?;
-        let dev = vfu::Device {
+        let dev = vfu::ServedDevice {
             resettable: true,
             regions: &self.regions,
             irqs: &self.irqs,
