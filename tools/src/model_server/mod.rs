@@ -298,16 +298,7 @@ impl ModelServer {
 impl ModelServer {
     /// One session of [`ServerLoop::Own`].
     fn serve_own(&mut self) -> Result<(), ServerError> {
-        let (mut stream, _) = self.listener.accept().map_err(|source| ServerError::Os {
-            what: "accept on",
-            path: self.path.clone(),
-            source,
-        })?;
-        let dev = vfu::Device {
-            resettable: true,
-            regions: &self.regions,
-            irqs: &self.irqs,
-        };
+        let (mut stream, dev) = accept_own(&self.listener, &self.path, &self.regions, &self.irqs)?;
         let port = std::sync::Arc::new(
             vfu::DmaPort::new(&stream, vfu::DMA_TIMEOUT).map_err(|e| ServerError::Own(e.into()))?,
         );
@@ -325,6 +316,28 @@ impl Drop for ModelServer {
         // The socket goes with the server (`listen_at` made it).
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// The start of a session of [`ServerLoop::Own`], the same for the HCA's server and the
+/// GPU's: the next client on `listener` (the socket at `path`), and the device as the loop
+/// describes it to that client (resettable, `regions`, `irqs`).
+fn accept_own<'a>(
+    listener: &UnixListener,
+    path: &Path,
+    regions: &'a [ServerRegion],
+    irqs: &'a [IrqInfo],
+) -> Result<(UnixStream, vfu::ServedDevice<'a>), ServerError> {
+    let (stream, _) = listener.accept().map_err(|source| ServerError::Os {
+        what: "accept on",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let dev = vfu::ServedDevice {
+        resettable: true,
+        regions,
+        irqs,
+    };
+    Ok((stream, dev))
 }
 
 /// A listening socket at `path` that appears there only once it listens, so a client that
