@@ -518,7 +518,7 @@ fn rx_off(max_size: usize) -> usize {
 /// The other end of a run.
 enum Peer {
     /// In this process.
-    Local(End),
+    Local(Box<End>),
     /// In another process: its buffer halves we target, one per QP, and the connection
     /// to it.
     Remote {
@@ -637,7 +637,7 @@ impl Bench {
         Ok(Bench {
             rx_off: rx_off(max_size),
             me: client,
-            peer: Peer::Local(server),
+            peer: Peer::Local(Box::new(server)),
             _models: models,
             settings: s.clone(),
         })

@@ -41,7 +41,8 @@ use super::ud::{GRH_SIZE, GSI_QKEY, GSI_QPN, UdDest, UdQp, UdSendWr};
 use uhca_layout::cqe::CqeSyndrome;
 
 use crate::datapath::{NetHeader, PollError, PostError, Sge, WcOpcode, WcStatus};
-use crate::device::{Device, DeviceError};
+use crate::device::DeviceError;
+use crate::handle::Device;
 use crate::resource::Pd;
 
 // Bytes of a MAD, the most a GSI send carries: the layout's (`uhca_layout::mad`).

@@ -28,8 +28,9 @@ use crate::datapath::sq::WqKind;
 use crate::datapath::sq::{Doorbell, MAX_RECV_SGES, RecvRing, RqMem, SendRing, SqMem, WqShadow};
 use crate::datapath::wqe::{MAX_INLINE, MAX_WQE_BYTES, PostError, Sge};
 pub use crate::datapath::wr::{Local, SendFlags, SendOp, SendWr};
-use crate::device::{Device, DeviceInner};
+use crate::device::DeviceInner;
 use crate::dma::{DmaRecord, DmaRegion};
+use crate::handle::Device;
 use crate::resource::{Access, Pd, Uar};
 
 /// BlueFlame register used in each QP's own UAR page (Linux's first "fast path" register,

@@ -39,7 +39,7 @@ use super::qp::{Local, Mtu, Qp, QpConfig, QpState, QpType, SendFlags};
 use crate::cmd::ops::{self, roce_mtu};
 use crate::cmd::queue_ops;
 use crate::datapath::wqe::{PostError, Sge};
-use crate::device::Device;
+use crate::handle::Device;
 use crate::resource::Pd;
 
 // The GSI's Q_Key and QPN are the layout's (`uhca_layout::mad`), defined once.
