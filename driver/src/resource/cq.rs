@@ -24,7 +24,7 @@ use uhca_layout::uar::{CQ_DBR_ARM, CQ_DOORBELL, UAR_SIZE, cq_arm_word};
 use vmm_sys_util::epoll::EpollEvent;
 
 use super::comp_eq::CompEq;
-pub use super::queue_error::QueueError;
+use super::queue_error::QueueError;
 use crate::cmd::queue_ops;
 use crate::datapath::cq::{CqRing, Poll, QpRegistry};
 use crate::datapath::ring::RingSize;

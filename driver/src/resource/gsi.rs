@@ -34,9 +34,10 @@
 use std::time::{Duration, Instant};
 
 use super::ah::{Ah, Grh};
-use super::cq::{Cq, CqConfig, QueueError};
+use super::cq::{Cq, CqConfig};
 use super::mkey::{Access, MemError, Mr};
 use super::qp::{Local, QpConfig, SendFlags};
+use super::queue_error::QueueError;
 use super::ud::{GRH_SIZE, GSI_QKEY, GSI_QPN, UdDest, UdQp, UdSendWr};
 use uhca_layout::cqe::CqeSyndrome;
 

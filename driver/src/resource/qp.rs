@@ -18,8 +18,9 @@ use uhca_layout::qpc::{Ads, Qpc};
 use uhca_layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
 use uhca_layout::wqe::{DS_UNIT, SEND_WQE_BB};
 
-use super::cq::{Cq, CqObj, QueueError};
+use super::cq::{Cq, CqObj};
 pub use super::qp_state::QpState;
+use super::queue_error::QueueError;
 use crate::cmd::ops::{self, RoceAddress};
 use crate::cmd::{CmdError, queue_ops};
 pub(crate) use crate::datapath::post::{SendLimits, post_wr};

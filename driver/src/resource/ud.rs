@@ -34,8 +34,9 @@ use uhca_layout::qpc::{Ads, Qpc};
 use uhca_layout::wqe::WqeOpcode;
 
 use super::ah::Ah;
-use super::cq::{Cq, QueueError};
+use super::cq::Cq;
 use super::qp::{Local, Mtu, Qp, QpConfig, QpState, QpType, SendFlags};
+use super::queue_error::QueueError;
 use crate::cmd::ops::{self, roce_mtu};
 use crate::cmd::queue_ops;
 use crate::datapath::wqe::{PostError, Sge};
