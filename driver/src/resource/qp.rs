@@ -19,18 +19,20 @@ use uhca_layout::qpc::{Ads, Qpc};
 use uhca_layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
 use uhca_layout::wqe::{DS_UNIT, SEND_WQE_BB};
 
-use super::cq::{Cq, CqObj, QueueError};
+use super::cq::{Cq, CqObj};
 pub use super::qp_state::QpState;
+use super::queue_error::QueueError;
 use crate::cmd::ops::{self, RoceAddress};
 use crate::cmd::{CmdError, queue_ops};
 pub(crate) use crate::datapath::post::{SendLimits, post_wr};
 use crate::datapath::ring::RingSize;
-use crate::datapath::sq::WqKind;
-use crate::datapath::sq::{Doorbell, MAX_RECV_SGES, RecvRing, RqMem, SendRing, SqMem, WqShadow};
+use crate::datapath::shadow::{WqKind, WqShadow};
+use crate::datapath::sq::{Doorbell, MAX_RECV_SGES, RecvRing, RqMem, SendRing, SqMem};
 use crate::datapath::wqe::{MAX_INLINE, MAX_WQE_BYTES, PostError, Sge};
 pub use crate::datapath::wr::{Local, SendFlags, SendOp, SendWr};
-use crate::device::{Device, DeviceInner};
+use crate::device::DeviceInner;
 use crate::dma::{DmaRecord, DmaRegion};
+use crate::handle::Device;
 use crate::resource::{Access, Pd, Uar};
 
 /// BlueFlame register used in each QP's own UAR page (Linux's first "fast path" register,

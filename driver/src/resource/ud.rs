@@ -34,12 +34,13 @@ use uhca_layout::qpc::{Ads, Qpc};
 use uhca_layout::wqe::WqeOpcode;
 
 use super::ah::Ah;
-use super::cq::{Cq, QueueError};
+use super::cq::Cq;
 use super::qp::{Local, Mtu, Qp, QpConfig, QpState, QpType, SendFlags};
+use super::queue_error::QueueError;
 use crate::cmd::ops::{self, roce_mtu};
 use crate::cmd::queue_ops;
 use crate::datapath::wqe::{PostError, Sge};
-use crate::device::Device;
+use crate::handle::Device;
 use crate::resource::Pd;
 
 // The GSI's Q_Key and QPN are the layout's (`uhca_layout::mad`), defined once.
