@@ -425,3 +425,15 @@ fn mtu_codes_round_trip() {
     assert_eq!(qpc::Mtu::from_ib(0), None);
     assert_eq!(qpc::Mtu::from_ib(6), None);
 }
+
+#[test]
+fn access_rights_are_the_mkc_bits() {
+    use mkc::Access;
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    assert_eq!(rw.mkc_rights(), [true, false, true, false]);
+    assert_eq!(Access::ALL.mkc_rights(), [true; 4]);
+    assert_eq!(Access::NONE.mkc_rights(), [false; 4]);
+    assert!(Access::ALL.contains(rw) && !rw.contains(Access::REMOTE_READ));
+    assert_eq!(format!("{:?}", Access::NONE), "Access(LOCAL_READ)");
+    assert_eq!(format!("{rw:?}"), "Access(LOCAL_WRITE | REMOTE_WRITE)");
+}

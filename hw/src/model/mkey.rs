@@ -41,47 +41,15 @@
 //! original value as a number.
 
 use std::cell::Cell;
-use std::ops::BitOr;
 
 use super::Shared;
 use super::iommu::{ByteOrder, Dma, Seen};
 use super::table::IdAlloc;
 use crate::rc::AtomicOp;
 
-/// Access rights of an MKey, and the rights an access needs (local read is always granted).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Access(u8);
-
-#[allow(dead_code, reason = "the data path uses the remote rights")]
-impl Access {
-    /// Local read only.
-    pub(crate) const NONE: Access = Access(0);
-    /// `lw`: local write.
-    pub(crate) const LOCAL_WRITE: Access = Access(1);
-    /// `rr`: remote read.
-    pub(crate) const REMOTE_READ: Access = Access(2);
-    /// `rw`: remote write.
-    pub(crate) const REMOTE_WRITE: Access = Access(4);
-    /// `a`: remote atomic.
-    pub(crate) const REMOTE_ATOMIC: Access = Access(8);
-
-    /// Whether every right of `other` is in `self`.
-    pub(crate) const fn contains(self, other: Access) -> bool {
-        self.0 & other.0 == other.0
-    }
-
-    /// The raw bits.
-    pub(crate) const fn bits(self) -> u8 {
-        self.0
-    }
-}
-
-impl BitOr for Access {
-    type Output = Access;
-    fn bitor(self, rhs: Access) -> Access {
-        Access(self.0 | rhs.0)
-    }
-}
+/// Access rights of an MKey, and the rights an access needs: the layout's (the driver
+/// registers with the same type).
+pub(crate) use crate::layout::mkc::Access;
 
 /// Why a device access through an MKey was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -917,7 +885,7 @@ pub(crate) fn rights_of(lw: u32, rr: u32, rw: u32, a: u32) -> Access {
         (a, Access::REMOTE_ATOMIC),
     ] {
         if bit != 0 {
-            r = r | right;
+            r |= right;
         }
     }
     r
