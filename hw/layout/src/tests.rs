@@ -415,3 +415,13 @@ fn nic_interface_is_three_bits_so_sw_reset_reads_as_seven() {
     assert_eq!(w, 0x1234_5000 | (1 << 8) | 0x56);
     assert_eq!(cmdq_addr_l_sz::with_nic_interface(w, 0), 0x1234_5056);
 }
+
+#[test]
+fn mtu_codes_round_trip() {
+    for (code, bytes) in [(1u8, 256u32), (2, 512), (3, 1024), (4, 2048), (5, 4096)] {
+        let m = qpc::Mtu::from_ib(code).unwrap();
+        assert_eq!((m as u8, m.bytes()), (code, bytes));
+    }
+    assert_eq!(qpc::Mtu::from_ib(0), None);
+    assert_eq!(qpc::Mtu::from_ib(6), None);
+}

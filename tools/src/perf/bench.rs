@@ -16,7 +16,7 @@ use super::{Pacing, PerfError, Settings, control, pt_run, remote, setup};
 /// The other end of a run.
 pub(super) enum Peer {
     /// In this process.
-    Local(End),
+    Local(Box<End>),
     /// In another process: its buffer halves we target, one per QP, and the connection
     /// to it.
     Remote {
@@ -140,7 +140,7 @@ impl Bench {
         Ok(Bench {
             rx_off: rx_off(max_size),
             me: client,
-            peer: Peer::Local(server),
+            peer: Peer::Local(Box::new(server)),
             _models: models,
             settings: s.clone(),
         })
