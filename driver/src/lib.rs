@@ -5,7 +5,7 @@
 //! - [`pci`]: the PCI function: config space, BARs ([`pci::Bar`]), DMA mapping, MSI-X.
 //!   Backends: the in-process model (feature `model`, the default device), kernel VFIO
 //!   (container/group and iommufd + device cdev) and vfio-user; [`pci::sysfs`]: discovery,
-//!   binding to vfio-pci, P2P topology.
+//!   binding to vfio-pci (`uhca-bind` and the VM guest tests use it).
 //! - [`dma`]: DMA memory (memfd, hugepages when available) mapped into the device's IOVA
 //!   space, and the IOVA allocator. `barrier` (internal): the memory barriers, named by
 //!   what they order.

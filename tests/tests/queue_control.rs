@@ -6,13 +6,13 @@
 use std::time::{Duration, Instant};
 
 use uhca::cmd::{ops, queue_ops};
-use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::layout::cmd::CmdStatus;
 use uhca::layout::cqc::Cqc;
 use uhca::resource::{
-    ConnectParams, Cq, CqArmState, CqConfig, CqPeriodMode, CqStatus, Local, QpConfig, QpState,
-    QueueError, RtsAttrs, SendFlags, SendOp, SendWr,
+    ConnectParams, Cq, CqArmState, CqConfig, CqPeriodMode, CqStatus, QpConfig, QpState, QueueError,
+    RtsAttrs,
 };
 use uhca::{Device, is_status};
 use uhca_tests::datapath::{Pair, mr, pair_with, read, wait_n};

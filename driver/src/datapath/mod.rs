@@ -40,3 +40,4 @@ pub use cq::{
     Completion, DatagramInfo, NetHeader, Poll, PollError, WcOpcode, WcStatus, wc_status_str,
 };
 pub use wqe::{MAX_INLINE, PostError, Remote, Sge};
+pub use wr::{Local, SendFlags, SendOp, SendWr};

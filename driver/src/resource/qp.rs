@@ -29,6 +29,9 @@ use crate::datapath::ring::RingSize;
 use crate::datapath::shadow::{WqKind, WqShadow};
 use crate::datapath::sq::{Doorbell, MAX_RECV_SGES, RecvRing, RqMem, SendRing, SqMem};
 use crate::datapath::wqe::{MAX_INLINE, MAX_WQE_BYTES, PostError, Sge};
+// The work-request vocabulary's home is `datapath` (with `Sge`, `Remote` and `PostError`); this
+// path is kept, out of the docs, for the tools and fuzz targets that still import it here.
+#[doc(hidden)]
 pub use crate::datapath::wr::{Local, SendFlags, SendOp, SendWr};
 use crate::device::DeviceInner;
 use crate::dma::{DmaRecord, DmaRegion};

@@ -35,11 +35,12 @@ use uhca_layout::wqe::WqeOpcode;
 
 use super::ah::Ah;
 use super::cq::Cq;
-use super::qp::{Local, Mtu, Qp, QpConfig, QpState, QpType, SendFlags};
+use super::qp::{Mtu, Qp, QpConfig, QpState, QpType};
 use super::queue_error::QueueError;
 use crate::cmd::ops::{self, roce_mtu};
 use crate::cmd::queue_ops;
 use crate::datapath::wqe::{PostError, Sge};
+use crate::datapath::wr::{Local, SendFlags};
 use crate::handle::Device;
 use crate::resource::Pd;
 
