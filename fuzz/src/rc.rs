@@ -174,6 +174,9 @@ struct Side {
     seen: VecDeque<Vec<u8>>,
     posted: u64,
     guard: Vec<u8>,
+    /// Keep every frame that reaches this end in `received` (the determinism test).
+    record: bool,
+    received: Vec<Vec<u8>>,
 }
 
 fn config(qpn: u32, dest: u32, mtu: Mtu) -> RcQpConfig {
@@ -247,6 +250,8 @@ impl Side {
             seen: VecDeque::new(),
             posted: 0,
             guard,
+            record: false,
+            received: Vec::new(),
         }
     }
 
@@ -328,6 +333,9 @@ impl Side {
         let before = self.link.stats();
         while let Ok(Some(n)) = self.link.try_recv(&mut self.buf) {
             let frame = self.buf[..n].to_vec();
+            if self.record {
+                self.received.push(frame.clone());
+            }
             self.deliver(&frame, clock);
             if self.seen.len() == 32 {
                 self.seen.pop_front();
@@ -366,6 +374,21 @@ impl Side {
     }
 }
 
+thread_local! {
+    /// The link pair of the last input, empty again: making one allocates and zeroes
+    /// every frame buffer of both directions (a tenth of a run under coverage), and an
+    /// empty link without faults behaves the same whatever it carried before (a frame is
+    /// read back only as far as it was written; the counters are only compared, never
+    /// read absolutely; `tests/determinism.rs` checks it).
+    static LINKS: RefCell<Option<(LinkEnd, LinkEnd)>> = const { RefCell::new(None) };
+}
+
+/// Drops the kept link pair: the next input makes a new one (the determinism test's
+/// reference runs).
+pub fn forget_links() {
+    LINKS.with(|l| l.borrow_mut().take());
+}
+
 /// Two connected QPs and their clock.
 pub struct Pair {
     a: Side,
@@ -375,17 +398,28 @@ pub struct Pair {
 
 impl Pair {
     fn new(mtu: Mtu) -> Pair {
-        // A shallow link (zeroing 128 frame buffers a side per input cost most of a run);
-        // a full link answers "busy", which the engine handles.
-        let (la, lb) = pair(LinkConfig {
-            depth: 40,
-            ..LinkConfig::default()
+        let (la, lb) = LINKS.with(|l| l.borrow_mut().take()).unwrap_or_else(|| {
+            // A shallow link (zeroing 128 frame buffers a side per input cost most of a
+            // run); a full link answers "busy", which the engine handles.
+            pair(LinkConfig {
+                depth: 40,
+                ..LinkConfig::default()
+            })
         });
         Pair {
             a: Side::new(config(QPN_A, QPN_B, mtu), la),
             b: Side::new(config(QPN_B, QPN_A, mtu), lb),
             clock: ManualClock::new(1_000_000),
         }
+    }
+
+    /// Empties both directions and keeps the links for the next input.
+    fn keep_links(self) {
+        let Pair { mut a, mut b, .. } = self;
+        for s in [&mut a, &mut b] {
+            while let Ok(Some(_)) = s.link.try_recv(&mut s.buf) {}
+        }
+        LINKS.with(|l| *l.borrow_mut() = Some((a.link, b.link)));
     }
 
     fn side(&mut self, b: u8) -> &mut Side {
@@ -499,10 +533,33 @@ fn rebuild(frame: &[u8], r: &mut Reader<'_>) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// What a run did, for the determinism test: every frame each end received, each end's
+/// completions, and the remote-accessible memory of each end at the end.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Frames A and B received, in order.
+    pub frames: [Vec<Vec<u8>>; 2],
+    /// Completions of A and B (as printed).
+    pub completions: [Vec<String>; 2],
+    /// The DST region of A and B.
+    pub dst: [Vec<u8>; 2],
+}
+
 /// Runs one input (see the module docs); panics on a broken invariant.
 pub fn run_input(data: &[u8]) {
+    run(data, false);
+}
+
+/// Runs one input and reports what it did.
+pub fn run_recorded(data: &[u8]) -> Outcome {
+    run(data, true).unwrap_or_default()
+}
+
+fn run(data: &[u8], record: bool) -> Option<Outcome> {
     let mut r = Reader::new(data);
     let mut p = Pair::new(mtu_of(r.u8()));
+    p.a.record = record;
+    p.b.record = record;
     for s in [0u8, 1] {
         let n = r.u8() % 17;
         for _ in 0..n {
@@ -586,4 +643,16 @@ pub fn run_input(data: &[u8]) {
             "memory without remote access changed"
         );
     }
+    let out = record.then(|| {
+        let sides = [&mut p.a, &mut p.b];
+        let mut o = Outcome::default();
+        for (i, s) in sides.into_iter().enumerate() {
+            o.frames[i] = std::mem::take(&mut s.received);
+            o.completions[i] = s.cq.0.iter().map(|c| format!("{c:?}")).collect();
+            o.dst[i] = s.mem.regions.borrow()[&DST].data.clone();
+        }
+        o
+    });
+    p.keep_links();
+    out
 }

@@ -48,6 +48,15 @@ fn next_variant() -> u8 {
     VARIANT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Fuzzing (feature `fuzzing`): the variant bytes start again from their initial value
+/// (and so do those of peer-memory MRs), so that a fuzz target that runs many inputs in
+/// one process gives each the keys it would get alone.
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_reset_variants() {
+    VARIANT.store(0, Ordering::Relaxed);
+    crate::peer::fuzz_reset_variant();
+}
+
 /// What an MR keeps alive until its MKey is destroyed.
 #[derive(Debug)]
 enum Backing {

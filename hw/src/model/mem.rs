@@ -154,6 +154,27 @@ impl BarMem {
         }
     }
 
+    /// Zeroes the whole mapping by giving its pages back to the kernel (a hole punched
+    /// in the memfd): every mapping of it then reads zeros, as a fresh one does, and only
+    /// the pages that were written cost anything.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn discard_all(&self) -> io::Result<()> {
+        // SAFETY: fallocate on our own valid descriptor, within its size (kept); the
+        // mapping stays valid, its pages read as zeros from now on.
+        let r = unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                self.len as libc::off_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Device-side copy of BAR bytes at `off` into `dst` (MEMIC reads by the data path).
     pub(crate) fn read_bytes(&self, off: usize, dst: &mut [u8]) {
         assert!(off.checked_add(dst.len()).is_some_and(|e| e <= self.len));
