@@ -856,7 +856,6 @@ fn oob_err(e: OobError) -> PerfError {
 }
 
 #[cfg(test)]
-#[path = "pt_tests.rs"]
 mod tests;
 
 impl PtPeer {
