@@ -78,7 +78,8 @@ pub(crate) fn boot(
             log_stride,
             timeout,
         },
-    )?;
+    )?
+    .driving(config.drive_commands);
     wait_initializing(
         &*function,
         &bar,

@@ -80,6 +80,11 @@ pub struct DeviceConfig {
     /// records) and every registered MR (the default, the kernel's rule, applies only to
     /// functions that pin: kernel VFIO). [`DmaSpace::pinned_bytes`] is the device's figure.
     pub memlock: crate::dma::MemlockPolicy,
+    /// Run to completion for commands: the thread that waits for a command makes the
+    /// device's passes itself ([`PciFunction::drive`](crate::pci::PciFunction::drive);
+    /// only the in-process model does anything) instead of waiting for the device's own
+    /// thread to be scheduled. For fuzzing and tests on loaded cores; off by default.
+    pub drive_commands: bool,
 }
 
 impl Default for DeviceConfig {
@@ -90,6 +95,7 @@ impl Default for DeviceConfig {
             cmd_timeout: None,
             control_eq_log_size: 7,
             memlock: crate::dma::MemlockPolicy::default(),
+            drive_commands: false,
         }
     }
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use uhca_layout::caps::CmdHcaCap;
 use uhca_layout::cmd::Opcode;
+pub use uhca_layout::qpc::Mtu;
 use uhca_layout::qpc::{Ads, Qpc};
 use uhca_layout::uar::{QP_DBR_RCV, QP_DBR_SND, bf_reg_offset};
 use uhca_layout::wqe::{DS_UNIT, SEND_WQE_BB};
@@ -40,21 +41,6 @@ use crate::resource::{Access, Pd, Uar};
 /// BlueFlame register used in each QP's own UAR page (Linux's first "fast path" register,
 /// §9.1; the page is not shared, so no lock is needed).
 const BF_REG: usize = 2;
-
-/// Path MTU (IB encoding, §7.3 `mtu`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mtu {
-    /// 256 bytes.
-    M256 = 1,
-    /// 512 bytes.
-    M512 = 2,
-    /// 1024 bytes.
-    M1024 = 3,
-    /// 2048 bytes.
-    M2048 = 4,
-    /// 4096 bytes.
-    M4096 = 5,
-}
 
 /// Sizes of a QP (see [`Device::create_qp`]).
 #[derive(Clone, Copy, Debug)]

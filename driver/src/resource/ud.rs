@@ -179,10 +179,6 @@ fn mtu_of_bytes(b: u32) -> Mtu {
     }
 }
 
-fn mtu_bytes(m: Mtu) -> u32 {
-    128 << (m as u32)
-}
-
 impl UdQp {
     /// The QP number the device gave it.
     pub fn qpn(&self) -> u32 {
@@ -290,7 +286,7 @@ impl UdQp {
             q.set_log_msg_max(log_msg);
         })?;
         self.qp.state = QpState::Rtr;
-        self.mtu_bytes = mtu_bytes(mtu);
+        self.mtu_bytes = mtu.bytes();
         Ok(())
     }
 
@@ -452,7 +448,7 @@ mod tests {
             (4096, Mtu::M4096),
         ] {
             assert_eq!(mtu_of_bytes(b), m);
-            assert_eq!(mtu_bytes(m), b);
+            assert_eq!(m.bytes(), b);
         }
     }
 }
