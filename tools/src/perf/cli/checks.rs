@@ -292,5 +292,4 @@ fn gpu_placement(a: &Args) -> Result<Option<GpuPlacement>, String> {
 }
 
 #[cfg(test)]
-#[path = "checks_tests.rs"]
 mod tests;
