@@ -28,9 +28,9 @@ use uhca_hw::layout::roce::{
 };
 use uhca_hw::link::{Link, LinkConfig, LinkEnd, pair};
 use uhca_hw::rc::{
-    Access, AccessError, AtomicEndianness, AtomicOp, Clock, Completion, CompletionSink, Env,
-    LocalData, ManualClock, Memory, Mtu, PathConfig, QpConfig, RcQp, RecvQueue, RecvWqe,
-    RemoteAccess, RemoteAddr, Sge, SgeList, WcStatus, WorkRequest, WrOp,
+    AccessError, AccessKind, AtomicEndianness, AtomicOp, Clock, RcCompletion, CompletionSink, Env,
+    LocalData, ManualClock, Memory, Mtu, PathConfig, RcQpConfig, RcQp, RecvQueue, RecvWqe,
+    RemoteAccess, RemoteAddr, RcSge, SgeList, RcWcStatus, WorkRequest, WrOp,
 };
 
 use crate::Reader;
@@ -86,12 +86,12 @@ impl Mem {
             .insert(key, Region { va, data, remote });
     }
 
-    fn span(&self, key: u32, va: u64, len: u64, access: Access) -> Result<usize, AccessError> {
+    fn span(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<usize, AccessError> {
         let r = self.regions.borrow();
         let r = r.get(&key).ok_or(AccessError::InvalidKey { key })?;
         let remote = matches!(
             access,
-            Access::RemoteRead | Access::RemoteWrite | Access::RemoteAtomic
+            AccessKind::RemoteRead | AccessKind::RemoteWrite | AccessKind::RemoteAtomic
         );
         if remote && !r.remote {
             return Err(AccessError::Denied);
@@ -105,15 +105,15 @@ impl Mem {
 }
 
 impl Memory for Mem {
-    fn check(&self, key: u32, va: u64, len: u64, access: Access) -> Result<(), AccessError> {
+    fn check(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<(), AccessError> {
         self.span(key, va, len, access).map(drop)
     }
-    fn read(&self, key: u32, va: u64, buf: &mut [u8], access: Access) -> Result<(), AccessError> {
+    fn read(&self, key: u32, va: u64, buf: &mut [u8], access: AccessKind) -> Result<(), AccessError> {
         let at = self.span(key, va, buf.len() as u64, access)?;
         buf.copy_from_slice(&self.regions.borrow()[&key].data[at..at + buf.len()]);
         Ok(())
     }
-    fn write(&self, key: u32, va: u64, data: &[u8], access: Access) -> Result<(), AccessError> {
+    fn write(&self, key: u32, va: u64, data: &[u8], access: AccessKind) -> Result<(), AccessError> {
         let at = self.span(key, va, data.len() as u64, access)?;
         let mut r = self.regions.borrow_mut();
         let r = r.get_mut(&key).ok_or(AccessError::InvalidKey { key })?;
@@ -124,7 +124,7 @@ impl Memory for Mem {
         if !va.is_multiple_of(8) {
             return Err(AccessError::Misaligned);
         }
-        let at = self.span(key, va, 8, Access::RemoteAtomic)?;
+        let at = self.span(key, va, 8, AccessKind::RemoteAtomic)?;
         let mut regions = self.regions.borrow_mut();
         let r = regions
             .get_mut(&key)
@@ -154,10 +154,10 @@ impl RecvQueue for Rq {
     }
 }
 
-struct Cq(Vec<Completion>);
+struct Cq(Vec<RcCompletion>);
 
 impl CompletionSink for Cq {
-    fn complete(&mut self, c: Completion) {
+    fn complete(&mut self, c: RcCompletion) {
         self.0.push(c);
     }
 }
@@ -179,9 +179,9 @@ struct Side {
     received: Vec<Vec<u8>>,
 }
 
-fn config(qpn: u32, dest: u32, mtu: Mtu) -> QpConfig {
+fn config(qpn: u32, dest: u32, mtu: Mtu) -> RcQpConfig {
     let (src, dst) = if qpn == QPN_A { (1, 2) } else { (2, 1) };
-    QpConfig {
+    RcQpConfig {
         qpn,
         dest_qpn: dest,
         p_key: 0xFFFF,
@@ -222,7 +222,7 @@ fn config(qpn: u32, dest: u32, mtu: Mtu) -> QpConfig {
 }
 
 impl Side {
-    fn new(cfg: QpConfig, link: LinkEnd) -> Side {
+    fn new(cfg: RcQpConfig, link: LinkEnd) -> Side {
         let buf = vec![0; link.max_frame_len()];
         let mem = Mem::default();
         mem.register(SRC, VA_SRC, false);
@@ -232,7 +232,7 @@ impl Side {
         let guard = mem.regions.borrow()[&GUARD].data.clone();
         let mut rq = Rq(VecDeque::new());
         for i in 0..RECVS {
-            let sges = SgeList::from_slice(&[Sge {
+            let sges = SgeList::from_slice(&[RcSge {
                 lkey: RCV,
                 addr: VA_RCV + i * RECV_SLOT,
                 len: RECV_SLOT as u32,
@@ -292,7 +292,7 @@ impl Side {
         let local = if kind & 0x40 != 0 && slot <= 64 {
             LocalData::inline(&[kind; 64][..slot as usize]).expect("inline fits")
         } else {
-            let sge = Sge {
+            let sge = RcSge {
                 lkey: SRC,
                 addr: VA_SRC,
                 len: slot as u32,
@@ -365,9 +365,9 @@ impl Side {
         for c in self.cq.0.iter().filter(|c| c.opcode.is_recv() == recv) {
             assert_eq!(c.wr_id, expect, "completion order (recv {recv}): {c:?}");
             if failed {
-                assert_eq!(c.status, WcStatus::Flushed, "after the error: {c:?}");
+                assert_eq!(c.status, RcWcStatus::Flushed, "after the error: {c:?}");
             }
-            failed |= c.status != WcStatus::Success;
+            failed |= c.status != RcWcStatus::Success;
             expect += 1;
         }
         assert!(expect <= n, "more completions than requests (recv {recv})");
@@ -448,11 +448,11 @@ impl Pair {
 
 fn mtu_of(b: u8) -> Mtu {
     match b % 5 {
-        0 => Mtu::Mtu256,
-        1 => Mtu::Mtu512,
-        2 => Mtu::Mtu1024,
-        3 => Mtu::Mtu2048,
-        _ => Mtu::Mtu4096,
+        0 => Mtu::M256,
+        1 => Mtu::M512,
+        2 => Mtu::M1024,
+        3 => Mtu::M2048,
+        _ => Mtu::M4096,
     }
 }
 

@@ -26,20 +26,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::layout::{Buf, BufMut};
-
-/// An 8-byte atomic operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AtomicOp {
-    /// Compare and swap: store `swap` if the value equals `compare`.
-    CmpSwap {
-        /// Expected value.
-        compare: u64,
-        /// New value.
-        swap: u64,
-    },
-    /// Fetch and add (wrapping).
-    FetchAdd(u64),
-}
+use crate::rc::AtomicOp;
 
 /// BAR0 backing memory: a shared memfd mapping accessed with atomic words.
 pub(crate) struct BarMem {
@@ -218,13 +205,13 @@ impl BarMem {
         loop {
             let cur = u64::from_be(old);
             let new = match op {
-                super::AtomicOp::CmpSwap { compare, swap } => {
+                AtomicOp::CompareSwap { compare, swap } => {
                     if cur != compare {
                         return cur;
                     }
                     swap
                 }
-                super::AtomicOp::FetchAdd(add) => cur.wrapping_add(add),
+                AtomicOp::FetchAdd { add } => cur.wrapping_add(add),
             };
             match a.compare_exchange_weak(old, new.to_be(), Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return cur,

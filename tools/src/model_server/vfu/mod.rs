@@ -57,8 +57,10 @@ pub enum VfuError {
     Protocol(String),
 }
 
-/// A device as the loop serves it.
-pub struct Device<'a> {
+/// A device as the loop describes it to the client: what DEVICE_GET_INFO,
+/// DEVICE_GET_REGION_INFO and DEVICE_GET_IRQ_INFO answer (the [`ServerBackend`] does the
+/// rest). Not the driver's `uhca::Device`, which opens a device as a client.
+pub struct ServedDevice<'a> {
     /// Whether DEVICE_GET_INFO reports reset support.
     pub resettable: bool,
     /// The regions, by index.
@@ -92,7 +94,7 @@ pub const DMA_TIMEOUT: Duration = Duration::from_secs(5);
 /// Serves `stream` until the client closes it (Ok) or breaks the protocol (Err).
 pub fn serve(
     stream: &mut UnixStream,
-    dev: &Device<'_>,
+    dev: &ServedDevice<'_>,
     backend: &mut dyn ServerBackend,
 ) -> Result<(), VfuError> {
     let port = DmaPort::new(stream, DMA_TIMEOUT)?;
@@ -104,7 +106,7 @@ pub fn serve(
 /// them are handed to `port`. When the session ends, `port` is closed.
 pub fn serve_port(
     stream: &mut UnixStream,
-    dev: &Device<'_>,
+    dev: &ServedDevice<'_>,
     backend: &mut dyn ServerBackend,
     port: &DmaPort,
 ) -> Result<(), VfuError> {
@@ -115,7 +117,7 @@ pub fn serve_port(
 
 fn serve_loop(
     stream: &mut UnixStream,
-    dev: &Device<'_>,
+    dev: &ServedDevice<'_>,
     backend: &mut dyn ServerBackend,
     port: &DmaPort,
 ) -> Result<(), VfuError> {
@@ -229,7 +231,7 @@ fn need(body: &[u8], n: usize) -> Result<(), u32> {
 const EINVAL: u32 = libc::EINVAL as u32;
 
 fn handle(
-    dev: &Device<'_>,
+    dev: &ServedDevice<'_>,
     backend: &mut dyn ServerBackend,
     command: u16,
     body: &[u8],
@@ -475,7 +477,7 @@ mod tests {
             mmap_fd: None,
         }];
         let t = std::thread::spawn(move || {
-            let dev = Device {
+            let dev = ServedDevice {
                 resettable: true,
                 regions: &regions,
                 irqs: &[],
@@ -555,7 +557,7 @@ mod tests {
         );
         let p2 = port.clone();
         let t = std::thread::spawn(move || {
-            let dev = Device {
+            let dev = ServedDevice {
                 resettable: true,
                 regions: &[],
                 irqs: &[],
