@@ -28,9 +28,9 @@ use uhca_hw::layout::roce::{
 };
 use uhca_hw::link::{Link, LinkConfig, LinkEnd, pair};
 use uhca_hw::rc::{
-    AccessError, AccessKind, AtomicEndianness, AtomicOp, Clock, RcCompletion, CompletionSink, Env,
-    LocalData, ManualClock, Memory, Mtu, PathConfig, RcQpConfig, RcQp, RecvQueue, RecvWqe,
-    RemoteAccess, RemoteAddr, RcSge, SgeList, RcWcStatus, WorkRequest, WrOp,
+    AccessError, AccessKind, AtomicEndianness, AtomicOp, Clock, CompletionSink, Env, LocalData,
+    ManualClock, Memory, Mtu, PathConfig, RcCompletion, RcQp, RcQpConfig, RcSge, RcWcStatus,
+    RecvQueue, RecvWqe, RemoteAccess, RemoteAddr, SgeList, WorkRequest, WrOp,
 };
 
 use crate::Reader;
@@ -108,7 +108,13 @@ impl Memory for Mem {
     fn check(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<(), AccessError> {
         self.span(key, va, len, access).map(drop)
     }
-    fn read(&self, key: u32, va: u64, buf: &mut [u8], access: AccessKind) -> Result<(), AccessError> {
+    fn read(
+        &self,
+        key: u32,
+        va: u64,
+        buf: &mut [u8],
+        access: AccessKind,
+    ) -> Result<(), AccessError> {
         let at = self.span(key, va, buf.len() as u64, access)?;
         buf.copy_from_slice(&self.regions.borrow()[&key].data[at..at + buf.len()]);
         Ok(())
