@@ -1,25 +1,37 @@
 //! A table of model objects indexed directly by their number (QPN, CQN), and the allocator
 //! of those numbers.
 //!
-//! The model hands out QPNs and CQNs lowest-free first ([`IdAlloc`]), so the numbers
-//! in use are small and dense: a slot per number finds an object with one bounds check
-//! and one load, where a map walks a tree on every doorbell and every received frame.
-//! Slots past the highest number in use are dropped, so a walk over the table visits at
-//! most as many slots as the highest number in use.
+//! A slot per number finds an object with two bounds checks and two loads (its place, then
+//! the object), where a map walks a tree on every doorbell and every received frame. The
+//! objects themselves are kept together, by increasing number, so a walk over the table
+//! (every device pass walks the QPs) visits only the objects: numbers need not be small.
+//! A port on a real network starts its QPNs anywhere up to 2^15 (`run_first_qpn`), and a
+//! walk over a slot per number then read up to 32,768 empty slots of a large `Qp`, twice a
+//! pass: tens of µs to milliseconds per pass, the whole of a write_lat half round trip
+//! over the port (docs/performance.md, "Where a write_lat round trip's time goes").
 
 use std::collections::BTreeSet;
 
-/// Objects by number; slot `n` holds the object numbered `n`.
+/// `Table::pos` of a number with no object.
+const NONE: u32 = u32::MAX;
+
+/// Objects by number.
 pub(crate) struct Table<T> {
-    slots: Vec<Option<T>>,
-    len: usize,
+    /// The objects, by increasing number.
+    items: Vec<T>,
+    /// The number of each of `items`.
+    nums: Vec<u32>,
+    /// Where the object numbered `n` is in `items` (`NONE`: none); no entries past the
+    /// highest number in use.
+    pos: Vec<u32>,
 }
 
 impl<T> Default for Table<T> {
     fn default() -> Table<T> {
         Table {
-            slots: Vec::new(),
-            len: 0,
+            items: Vec::new(),
+            nums: Vec::new(),
+            pos: Vec::new(),
         }
     }
 }
@@ -28,13 +40,13 @@ impl<T> Table<T> {
     /// The object numbered `n`.
     #[inline]
     pub(crate) fn get(&self, n: u32) -> Option<&T> {
-        self.slots.get(n as usize)?.as_ref()
+        self.items.get(*self.pos.get(n as usize)? as usize)
     }
 
     /// The object numbered `n`, mutably.
     #[inline]
     pub(crate) fn get_mut(&mut self, n: u32) -> Option<&mut T> {
-        self.slots.get_mut(n as usize)?.as_mut()
+        self.items.get_mut(*self.pos.get(n as usize)? as usize)
     }
 
     /// Whether an object is numbered `n`.
@@ -42,49 +54,63 @@ impl<T> Table<T> {
         self.get(n).is_some()
     }
 
+    /// Points `pos` at `items[from..]` again (after an insertion or removal there).
+    fn reindex(&mut self, from: usize) {
+        for (i, &n) in self.nums.iter().enumerate().skip(from) {
+            self.pos[n as usize] = i as u32;
+        }
+    }
+
     /// Puts `v` at `n`, returning the object it replaces.
     pub(crate) fn insert(&mut self, n: u32, v: T) -> Option<T> {
+        if let Some(old) = self.get_mut(n) {
+            return Some(std::mem::replace(old, v));
+        }
         let i = n as usize;
-        if self.slots.len() <= i {
-            self.slots.resize_with(i + 1, || None);
+        if self.pos.len() <= i {
+            self.pos.resize(i + 1, NONE);
         }
-        let old = self.slots[i].replace(v);
-        if old.is_none() {
-            self.len += 1;
-        }
-        old
+        let at = self.nums.partition_point(|&m| m < n);
+        self.items.insert(at, v);
+        self.nums.insert(at, n);
+        self.reindex(at);
+        None
     }
 
     /// Takes the object numbered `n` out.
     pub(crate) fn remove(&mut self, n: u32) -> Option<T> {
-        let old = self.slots.get_mut(n as usize)?.take();
-        if old.is_some() {
-            self.len -= 1;
-            while matches!(self.slots.last(), Some(None)) {
-                self.slots.pop();
-            }
+        let at = *self.pos.get(n as usize)?;
+        if at == NONE {
+            return None;
         }
-        old
+        let old = self.items.remove(at as usize);
+        self.nums.remove(at as usize);
+        self.pos[n as usize] = NONE;
+        self.reindex(at as usize);
+        while self.pos.last() == Some(&NONE) {
+            self.pos.pop();
+        }
+        Some(old)
     }
 
     /// Number of objects.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.items.len()
     }
 
     /// Whether the table holds nothing.
     pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.items.is_empty()
     }
 
     /// The objects, by increasing number.
     pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
-        self.slots.iter().filter_map(Option::as_ref)
+        self.items.iter()
     }
 
     /// The objects, mutably, by increasing number.
     pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.slots.iter_mut().filter_map(Option::as_mut)
+        self.items.iter_mut()
     }
 }
 
@@ -174,13 +200,43 @@ mod tests {
         assert!(!t.contains(0) && t.contains(1));
         assert_eq!(t.values().copied().collect::<Vec<_>>(), [10, 31, 50]);
         assert_eq!(t.remove(5), Some(50));
-        // The slots past the highest number in use are gone.
-        assert_eq!(t.slots.len(), 4);
+        // The places past the highest number in use are gone.
+        assert_eq!(t.pos.len(), 4);
         for v in t.values_mut() {
             *v += 1;
         }
         assert_eq!(t.values().copied().collect::<Vec<_>>(), [11, 32]);
         assert_eq!(t.len(), 2);
         assert_eq!(t.get(u32::MAX), None);
+    }
+
+    #[test]
+    fn a_walk_visits_the_objects_only_in_number_order_however_high_the_numbers() {
+        let mut t = Table::default();
+        for n in [30_000u32, 7, 19_999, 8] {
+            assert!(t.insert(n, n).is_none());
+        }
+        assert_eq!(
+            t.values().copied().collect::<Vec<_>>(),
+            [7, 8, 19_999, 30_000]
+        );
+        assert_eq!(t.items.len(), 4, "one entry per object, not per number");
+        assert_eq!(t.remove(8), Some(8));
+        assert_eq!(t.insert(5, 5), None);
+        assert_eq!(
+            t.values().copied().collect::<Vec<_>>(),
+            [5, 7, 19_999, 30_000]
+        );
+        for n in [5, 7, 19_999, 30_000] {
+            assert_eq!(t.get(n), Some(&n));
+        }
+        assert_eq!((t.get(8), t.get(6), t.get(29_999)), (None, None, None));
+        assert_eq!(t.remove(30_000), Some(30_000));
+        assert_eq!(t.pos.len(), 20_000);
+        assert_eq!(
+            t.get_mut(19_999).map(|v| std::mem::replace(v, 1)),
+            Some(19_999)
+        );
+        assert_eq!(t.values().copied().collect::<Vec<_>>(), [5, 7, 1]);
     }
 }
