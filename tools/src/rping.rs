@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use uhca::Device;
 use uhca::datapath::{Completion, Remote, Sge, WcOpcode, WcStatus};
+use uhca::datapath::{Local, SendFlags, SendOp, SendWr};
 use uhca::hw::layout::cqe::CqeSyndrome;
-use uhca::resource::{Access, Cq, Local, Mr, Pd, Qp, SendFlags, SendOp, SendWr};
+use uhca::resource::{Access, Cq, Mr, Pd, Qp};
 
 /// Bytes of rping's advertisement, `struct rping_rdma_info { __be64 buf; __be32 rkey; __be32
 /// size; }`.

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use uhca::datapath::{Local, SendFlags, SendOp, SendWr};
 use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
 use uhca::pci::PciError;
 use uhca::pci::vfio_user::{VfioUserError, VfioUserFunction};
-use uhca::resource::{Access, Cq, Local, Mr, Qp, SendFlags, SendOp, SendWr};
+use uhca::resource::{Access, Cq, Mr, Qp};
 use uhca::{Device, DeviceConfig, DeviceError};
 use uhca_tests::datapath::{connect, mr, pattern, qp_with_cq, read, wait_n};
 

@@ -26,9 +26,6 @@ pub use memic::{Dm, DmCaps};
 pub use mkey::{Access, MemError, Mr, MrOptions};
 pub use pd::{Pd, PdInUse};
 pub use qp::{ConnectParams, Mtu, Qp, QpConfig, QpState, RtsAttrs};
-// Kept out of the docs: the work-request vocabulary's home is `datapath` (`resource::qp`).
-#[doc(hidden)]
-pub use qp::{Local, SendFlags, SendOp, SendWr};
 pub use queue_error::QueueError;
 pub use uar::Uar;
 pub use ud::{GRH_SIZE, GSI_QKEY, GSI_QPN, QKEY_USE_QP, UdDest, UdParams, UdQp, UdSendWr};

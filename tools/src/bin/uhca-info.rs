@@ -47,10 +47,9 @@ const TRAFFIC_LEN: usize = 4096;
 /// an error, not a hang).
 fn send_traffic(dev: &Device, n: u32) -> Result<(), String> {
     use std::time::{Duration, Instant};
+    use uhca::datapath::{Local, SendFlags, SendOp, SendWr};
     use uhca::datapath::{Remote, Sge, WcStatus};
-    use uhca::resource::{
-        Access, ConnectParams, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr,
-    };
+    use uhca::resource::{Access, ConnectParams, CqConfig, QpConfig};
     let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
     let cfg = CqConfig {
         entries: 16,

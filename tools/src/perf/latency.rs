@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
+use uhca::datapath::{Local, SendFlags, SendOp, SendWr};
 use uhca::datapath::{Remote, WcOpcode};
-use uhca::resource::{Local, SendFlags, SendOp, SendWr};
 
 use super::bench::{Bench, Peer};
 use super::end::End;

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use uhca::Device;
 use uhca::datapath::Remote;
-use uhca::resource::{ConnectParams, SendFlags};
+use uhca::datapath::SendFlags;
+use uhca::resource::ConnectParams;
 
 use super::bench::{Bench, Peer};
 use super::control::{Endpoint, QpInfo};

@@ -23,14 +23,14 @@ use uhca::cm::{
     AcceptOptions, Cm, CmConfig, CmError, CmQp, ConnId, ConnectOptions, Connection, GsiTransport,
     InMad, MadAddr, MadTransport, TransportError, UNRESOLVED_MAC,
 };
+use uhca::datapath::{Local, SendFlags, SendOp, SendWr};
 use uhca::datapath::{Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cm::CmMessage;
 use uhca::hw::layout::cm::RejReason;
 use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::hw::layout::mad::MAD_SIZE;
 use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, GsiConfig, Local, Mr, Mtu, Pd, Qp, QpConfig, QueueError,
-    SendFlags, SendOp, SendWr,
+    Access, ConnectParams, Cq, CqConfig, GsiConfig, Mr, Mtu, Pd, Qp, QpConfig, QueueError,
 };
 
 use super::PerfError;

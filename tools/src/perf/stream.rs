@@ -1,8 +1,8 @@
 //! The posting and completion steps of a bandwidth run, one direction each
 //! ([`Stream`]): what `Bench::bandwidth` runs once per direction (twice with `-b`).
 
+use uhca::datapath::{Local, SendFlags, SendOp, SendWr};
 use uhca::datapath::{Remote, Sge, WcOpcode};
-use uhca::resource::{Local, SendFlags, SendOp, SendWr};
 
 use super::end::End;
 use super::{MAX_QPS, Op, PerfError, PostError, Settings, check};

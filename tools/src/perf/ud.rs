@@ -19,11 +19,11 @@
 use std::time::Instant;
 
 use uhca::datapath::{Completion, Sge, WcOpcode};
+use uhca::datapath::{Local, SendFlags};
 use uhca::hw::model::Hca;
 use uhca::pci::model::ModelFunction;
 use uhca::resource::{
-    Ah, AhAttr, Cq, CqConfig, GRH_SIZE, Local, Mr, QpConfig, SendFlags, UdDest, UdParams, UdQp,
-    UdSendWr,
+    Ah, AhAttr, Cq, CqConfig, GRH_SIZE, Mr, QpConfig, UdDest, UdParams, UdQp, UdSendWr,
 };
 use uhca::{Device, DeviceConfig};
 

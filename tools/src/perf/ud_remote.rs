@@ -26,8 +26,9 @@
 use std::time::{Duration, Instant};
 
 use uhca::Device;
+use uhca::datapath::SendFlags;
 use uhca::datapath::{Completion, WcOpcode};
-use uhca::resource::{Ah, AhAttr, SendFlags, UdDest, UdSendWr};
+use uhca::resource::{Ah, AhAttr, UdDest, UdSendWr};
 
 use super::control::{Control, ControlError, Endpoint, Msg, QpInfo};
 use super::meter::Meter;

@@ -11,10 +11,11 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use uhca::Device;
+use uhca::datapath::{Local, SendFlags, SendOp, SendWr};
 use uhca::datapath::{Remote, WcOpcode};
 use uhca::hw::model::Hca;
 use uhca::pci::model::ModelFunction;
-use uhca::resource::{ConnectParams, Local, SendFlags, SendOp, SendWr};
+use uhca::resource::ConnectParams;
 
 use super::*;
 use crate::perf::bench::model;
