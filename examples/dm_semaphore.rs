@@ -4,8 +4,8 @@
 //! `cargo run -p uhca-examples --example dm_semaphore`
 
 use uhca::Device;
-use uhca::datapath::{Remote, Sge};
-use uhca::resource::{Access, ConnectParams, Cq, CqConfig, QpConfig, SendFlags, SendOp, SendWr};
+use uhca::datapath::{Remote, SendFlags, SendOp, SendWr, Sge};
+use uhca::resource::{Access, ConnectParams, Cq, CqConfig, QpConfig};
 
 fn wait(cq: &mut Cq) -> Result<uhca::datapath::Completion, Box<dyn std::error::Error>> {
     loop {

@@ -9,12 +9,10 @@
 use std::time::{Duration, Instant};
 
 use uhca::Device;
-use uhca::datapath::{Completion, Sge};
+use uhca::datapath::{Completion, Local, SendFlags, SendOp, SendWr, Sge};
 use uhca::pci::gpu::ModelGpuFunction;
 use uhca::peer::PeerDevice;
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr,
-};
+use uhca::resource::{Access, ConnectParams, Cq, CqConfig, QpConfig};
 
 /// Polls `cq` for one completion (an error after 10 s instead of hanging).
 fn wait(cq: &mut Cq) -> Result<Completion, Box<dyn std::error::Error>> {

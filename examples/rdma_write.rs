@@ -3,10 +3,8 @@
 //! `cargo run -p uhca-examples --example rdma_write`
 
 use uhca::Device;
-use uhca::datapath::{Remote, Sge, WcOpcode};
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr,
-};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcOpcode};
+use uhca::resource::{Access, ConnectParams, Cq, CqConfig, QpConfig};
 
 /// Polls `cq` until one completion arrives and checks that it succeeded.
 fn wait(cq: &mut Cq) -> Result<uhca::datapath::Completion, Box<dyn std::error::Error>> {

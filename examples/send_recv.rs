@@ -3,10 +3,8 @@
 //! `cargo run -p uhca-examples --example send_recv`
 
 use uhca::Device;
-use uhca::datapath::{Sge, WcOpcode};
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr,
-};
+use uhca::datapath::{Local, SendFlags, SendOp, SendWr, Sge, WcOpcode};
+use uhca::resource::{Access, ConnectParams, Cq, CqConfig, QpConfig};
 
 fn wait(cq: &mut Cq) -> Result<uhca::datapath::Completion, Box<dyn std::error::Error>> {
     loop {

@@ -49,6 +49,10 @@ asan() {
 }
 targets=${FUZZ_TARGETS:-$(cargo +nightly fuzz list | grep -vE "^(make-seeds|harness-speed)$")}
 nice -n 10 cargo +nightly fuzz build -a --target-dir "$TARGET_DIR"
+# The harnesses that keep a model or a link pair across inputs must run every input as it
+# would run alone, or a crash would not reproduce from its input (tests/determinism.rs): a
+# plain build, kept next to the instrumented one.
+nice -n 10 cargo +nightly test --release --test determinism --target-dir "$TARGET_DIR/plain"
 for t in $targets; do
     mkdir -p "corpus-run/$t"
     echo "== $t (${SECS}s)"

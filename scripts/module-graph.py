@@ -40,7 +40,10 @@ CRATES = {
             # The data path (rings, WQE building, CQ polling) is the mechanics the resources
             # own: a QP holds its send ring, so the data path sits under them.
             ["datapath"],
-            ["resource", "peer", "cuda"],
+            # `handle`: the `Device` handle holds what its resources share that the device
+            # state under them must not know (the completion-EQ pool); the resources define
+            # their constructors on it, so it sits in their layer.
+            ["resource", "peer", "cuda", "handle"],
             ["cm"],
             ["info"],
         ],

@@ -3,46 +3,8 @@
 //! ([`uhca::datapath::rig::Rig`]). Run with `cargo bench -p uhca --bench datapath` after
 //! `cargo install gungraun-runner --version 0.20.0`; needs valgrind.
 //!
-//! Figures (x86-64, rustc 1.95, valgrind 3.19; whole benchmark function, so the loop and
-//! `black_box` overhead of the benchmark itself is included):
-//!
-//! | benchmark | before (524bdfa) | 319d525 | 5bfcded | now |
-//! |---|---|---|---|---|
-//! | `post_one_write` | 158 | 78 | 68 | 68 |
-//! | `post_16_writes_one_doorbell` | 2219 (~139 each) | 892 (~56 each) | 702 (~44 each) | 702 |
-//! | `post_16_writes_runtime_operands` | - | 1176 (~74 each) | 914 (~57 each) | 914 |
-//! | `poll_empty` (per-batch fixed cost) | - | - | 74 | 73 |
-//! | `poll_one_cqe` (with the batch's CI update) | 197 | 121 | 98 | 96 |
-//! | `poll_16_cqes` | 1627 (~102 each) | 708 (~44 each) | 576 (~36 each) | 462 (~29 each) |
-//! | marginal per CQE: (`poll_16_cqes` - `poll_empty`) / 16 | - | - | ~31.4 | ~24.3 |
-//!
-//! `post_16_writes_runtime_operands` read its `wr_id` from a `black_box` counter before
-//! (~3 instructions per post of stack traffic); now from the operand array, as the other
-//! operands. `poll_16_cqes` had a panicking `expect` and a formatted assert in its loop
-//! (which kept the iterator in memory); now its loop cannot panic. `poll_empty` runs
-//! `poll_16_cqes`'s loop (`drain`) with no CQE waiting, so the two differ by the CQEs only.
-//!
-//! Per post, the loop (operand step, end compare, `black_box` store and check) costs ~6
-//! of the ~57; the doorbell ~45 per batch. Per CQE, `poll_16_cqes`'s loop is 24
-//! instructions: the fast path's 21 (entry address 3, tail word load, byte swap, mask,
-//! key xor, expected WQE counter 2, compare and branch 2, "anything outstanding" 2, slot
-//! address 2, `wr_id` and next-WQE loads 2, hand-back store 1, CI increment and pass
-//! check 3) and the loop's 3 (sink store, counter, jump). The rest (~73 per batch) is
-//! the function's frame, the QP-cache check, the iterator's setup, the empty entry that
-//! ends the batch (told by the same compare: the key carries the pass's owner bit) and
-//! the CI update.
-//!
-//! 576 -> 462, step by step (poll_16_cqes / poll_empty): reading no byte count on the
-//! fast path, RDMA READ and atomics (the only send completions with one) taking the slow
-//! path: 513 / 75 (this also freed a register: ~4 per CQE); the empty entry told by the
-//! fast path's compare: 507 / 69; the tail-word mask hidden from the optimizer, which
-//! had copied it between registers on every CQE: 462 / 73. Tried and dropped: a pointer
-//! cursor over the CQE ring (~1 less per CQE, ~13 more per batch for the consumer index
-//! it must then work out), and the expected WQE counter precomputed in the send slot (2
-//! more per post, and the poller spilled more than it saved: 630).
-//!
-//! The budget (60 per post, 30 per CQE) is met: ~57 per post with run-time
-//! operands, ~29 per CQE amortised over 16 (~24 marginal).
+//! The figures, what each step changed and what was tried and dropped are in
+//! docs/performance.md ("The driver's hot path"); record new ones there.
 
 // gungraun's attribute macros generate undocumented modules.
 #![allow(missing_docs)]

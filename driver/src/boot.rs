@@ -13,8 +13,7 @@ use uhca_layout::init_seg::{InitSeg, cmdq_addr_l_sz, decode_timeout_ms, reg};
 use crate::cmd::ops;
 use crate::cmd::{CmdIf, CmdIfParams};
 use crate::device::{
-    Caps, Device, DeviceConfig, DeviceError, DeviceInfo, DeviceInner, Events, STATE_CLOSED,
-    STATE_OPEN,
+    Caps, DeviceConfig, DeviceError, DeviceInfo, DeviceInner, Events, STATE_CLOSED, STATE_OPEN,
 };
 use crate::dma::DmaSpace;
 use crate::eq::EqRing;
@@ -79,7 +78,8 @@ pub(crate) fn boot(
             log_stride,
             timeout,
         },
-    )?;
+    )?
+    .driving(config.drive_commands);
     wait_initializing(
         &*function,
         &bar,
@@ -104,7 +104,6 @@ pub(crate) fn boot(
         driver_uar: OnceLock::new(),
         state: AtomicU8::new(STATE_OPEN),
         config,
-        dp: Default::default(),
     });
     match boot_commands(&dev) {
         Ok(()) => Ok(dev),
@@ -271,28 +270,6 @@ fn create_control_eq(dev: &Arc<DeviceInner>, uar: u32) -> Result<(), DeviceError
         dropped: 0,
     });
     Ok(())
-}
-
-// Device's boot and close are defined here, beside the sequences they run, so that
-// device.rs (the handle's types) does not import the boot sequence.
-impl Device {
-    /// Boots the HCA behind `function` (prm-subset.md §4).
-    pub fn open(
-        function: Arc<dyn PciFunction>,
-        config: DeviceConfig,
-    ) -> Result<Device, DeviceError> {
-        boot(function, config).map(|inner| Device { inner })
-    }
-
-    /// Tears the HCA down now (prm-subset.md §4 teardown): control EQ, driver UAR,
-    /// TEARDOWN_HCA, every firmware page taken back, DISABLE_HCA, bus mastering off.
-    /// DMA memory is unmapped when the last handle or resource is dropped.
-    pub fn close(self) -> Result<(), DeviceError> {
-        if self.inner.state.load(Ordering::Acquire) != STATE_OPEN {
-            return Err(DeviceError::Closed);
-        }
-        teardown(&self.inner)
-    }
 }
 
 // The device's teardown on drop lives here, beside `teardown`, so that device.rs does

@@ -1,10 +1,10 @@
-//! The device handle: a booted HCA with its command interface, control EQ, firmware pages
-//! and health monitor.
+//! A booted HCA's shared state ([`DeviceInner`]): its command interface, control EQ,
+//! firmware pages and health monitor, held by the [`Device`](crate::Device) handle and
+//! every resource; the device's errors, configuration and facts.
 
-use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use uhca_layout::cmd::CmdStatus;
@@ -53,7 +53,7 @@ pub enum DeviceError {
     /// The device was closed.
     #[error("device is closed")]
     Closed,
-    /// The device is lost ([`Device::is_lost`]): drop the handles and reopen the function.
+    /// The device is lost ([`Device::is_lost`](crate::Device::is_lost)): drop the handles and reopen the function.
     #[error("device lost")]
     DeviceLost,
 }
@@ -64,7 +64,7 @@ impl From<UnknownPage> for DeviceError {
     }
 }
 
-/// Options for [`Device::open`].
+/// Options for [`Device::open`](crate::Device::open).
 #[derive(Clone, Debug)]
 pub struct DeviceConfig {
     /// Health poll interval (rdma-core: 1 s). Three unchanged polls declare the device dead.
@@ -80,6 +80,11 @@ pub struct DeviceConfig {
     /// records) and every registered MR (the default, the kernel's rule, applies only to
     /// functions that pin: kernel VFIO). [`DmaSpace::pinned_bytes`] is the device's figure.
     pub memlock: crate::dma::MemlockPolicy,
+    /// Run to completion for commands: the thread that waits for a command makes the
+    /// device's passes itself ([`PciFunction::drive`](crate::pci::PciFunction::drive);
+    /// only the in-process model does anything) instead of waiting for the device's own
+    /// thread to be scheduled. For fuzzing and tests on loaded cores; off by default.
+    pub drive_commands: bool,
 }
 
 impl Default for DeviceConfig {
@@ -90,6 +95,7 @@ impl Default for DeviceConfig {
             cmd_timeout: None,
             control_eq_log_size: 7,
             memlock: crate::dma::MemlockPolicy::default(),
+            drive_commands: false,
         }
     }
 }
@@ -150,8 +156,8 @@ pub(crate) struct Events {
     pub(crate) dropped: u64,
 }
 
-/// Asynchronous events kept for [`Device::take_events`]: past this many the oldest go (and
-/// are counted, [`Device::dropped_events`]), so an application that never looks, or a
+/// Asynchronous events kept for [`Device::take_events`](crate::Device::take_events): past this many the oldest go (and
+/// are counted, [`Device::dropped_events`](crate::Device::dropped_events)), so an application that never looks, or a
 /// device that floods events, cannot make the queue grow without bound.
 pub const MAX_PENDING_EVENTS: usize = 1024;
 
@@ -183,20 +189,6 @@ pub struct DeviceInner {
     pub(crate) driver_uar: OnceLock<u32>,
     pub(crate) state: AtomicU8,
     pub(crate) config: DeviceConfig,
-    /// Completion EQs and interrupt vectors of the data path.
-    pub(crate) dp: DeviceQueues,
-}
-
-/// Per-device state of the completion machinery: what the completion EQs (a resource, in
-/// `resource::comp_eq`) share across CQs, kept with the device they belong to.
-#[derive(Debug, Default)]
-pub(crate) struct DeviceQueues {
-    /// The never-armed completion EQ that the polled-only CQs share, while one of them
-    /// holds it. Its type (`resource::comp_eq::CompEq`) sits above the device, so it is
-    /// kept as `dyn Any` here and downcast there: the device does not know its resources.
-    pub(crate) shared_eq: Mutex<Option<Weak<dyn Any + Send + Sync>>>,
-    /// Bit v = MSI-X vector v in use by a completion EQ (vector 0 is the control EQ's).
-    pub(crate) vectors: Mutex<u64>,
 }
 
 impl std::fmt::Debug for DeviceInner {
@@ -257,7 +249,7 @@ impl DeviceInner {
         self.cmd.mark_dead();
     }
 
-    /// [`Device::check_health`]: a failure declares the device lost.
+    /// [`Device::check_health`](crate::Device::check_health): a failure declares the device lost.
     pub(crate) fn check_health(&self) -> Result<(), DeviceError> {
         if let Err(e) = self.function.check() {
             self.declare_dead();
@@ -405,110 +397,6 @@ impl Exec for DeviceInner {
             self.on_wait(false)
         });
         self.timed_out(r)
-    }
-}
-
-/// A booted HCA.
-///
-/// `Device` is `Send + Sync`: commands may be issued from any number of threads at once.
-/// Resources ([`Pd`](crate::resource::Pd), [`Uar`](crate::resource::Uar)) keep the device's
-/// state alive; [`Device::close`] (or dropping the last handle) tears the HCA down, after
-/// which remaining resources are inert.
-#[derive(Clone, Debug)]
-pub struct Device {
-    pub(crate) inner: Arc<DeviceInner>,
-}
-
-impl Device {
-    /// Starts the built-in model HCA and boots it.
-    #[cfg(feature = "model")]
-    pub fn open_model() -> Result<Device, DeviceError> {
-        let f = crate::pci::model::ModelFunction::with_defaults()?;
-        Device::open(f, DeviceConfig::default())
-    }
-
-    /// Facts about the device.
-    pub fn info(&self) -> &DeviceInfo {
-        self.inner.info.get().expect("set at boot")
-    }
-
-    /// Capability pages (current values).
-    pub fn caps(&self) -> &Caps {
-        self.inner.caps.get().expect("set at boot")
-    }
-
-    /// The PCI function.
-    pub fn function(&self) -> &Arc<dyn PciFunction> {
-        &self.inner.function
-    }
-
-    /// The DMA space (IOVA allocator and mapping).
-    pub fn dma(&self) -> &Arc<DmaSpace> {
-        &self.inner.dma
-    }
-
-    /// Executes a raw command (input message, accepted output length). For tools and tests;
-    /// the typed wrappers in [`crate::cmd::ops`] are the normal way.
-    pub fn exec(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>, CmdError> {
-        if !self.inner.is_open() {
-            return Err(CmdError::DeviceDead("device closed".into()));
-        }
-        Exec::exec(&*self.inner, input, out_len)
-    }
-
-    /// The command executor, for the typed wrappers in [`crate::cmd::ops`].
-    pub fn cmd(&self) -> &dyn Exec {
-        &*self.inner
-    }
-
-    /// Services the control EQ (page requests, async events). Commands do this while they
-    /// wait; an application that issues no commands should call it now and then.
-    pub fn process_events(&self) -> Result<usize, DeviceError> {
-        self.inner.process_events()
-    }
-
-    /// Takes the asynchronous events seen so far.
-    pub fn take_events(&self) -> Vec<AsyncEvent> {
-        let mut g = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
-        g.as_mut()
-            .map(|e| e.pending.drain(..).collect())
-            .unwrap_or_default()
-    }
-
-    /// Asynchronous events dropped so far because [`MAX_PENDING_EVENTS`] were waiting.
-    pub fn dropped_events(&self) -> u64 {
-        let g = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
-        g.as_ref().map_or(0, |e| e.dropped)
-    }
-
-    /// Checks the device's health now (subject to the poll interval).
-    pub fn check_health(&self) -> Result<(), DeviceError> {
-        self.inner.check_health()
-    }
-
-    /// Firmware pages the device currently holds.
-    pub fn fw_pages(&self) -> usize {
-        self.inner.fw_pages()
-    }
-
-    /// Whether the device is lost (a health failure, a command timeout, a vanished
-    /// server or a dead link was seen). Every handle then fails with a device-lost error;
-    /// the way back is to drop every handle of this device (the last one resets the
-    /// function and frees its memory) and [`open`](Self::open) the function again, as
-    /// mlx5_core's recovery unloads and reloads it (docs/spec/device-recovery.md).
-    pub fn is_lost(&self) -> bool {
-        self.inner.is_lost()
-    }
-
-    /// Whether the device is open, as an error if not (the resources' constructors check it).
-    pub(crate) fn ensure_open(&self) -> Result<(), DeviceError> {
-        if self.inner.is_open() {
-            Ok(())
-        } else if self.inner.is_lost() {
-            Err(DeviceError::DeviceLost)
-        } else {
-            Err(DeviceError::Closed)
-        }
     }
 }
 

@@ -6,7 +6,8 @@ use crate::cmd::ops;
 // The path MTU of a port is the command layer's (the resources need it too); kept here
 // under its old path.
 pub use crate::cmd::ops::{HW_MTU_OVERHEAD, roce_mtu};
-use crate::device::{Device, DeviceError};
+use crate::device::DeviceError;
+use crate::handle::Device;
 use crate::resource::Gid;
 
 /// Port state as `ibv_devinfo` names it.

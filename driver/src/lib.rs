@@ -5,17 +5,19 @@
 //! - [`pci`]: the PCI function: config space, BARs ([`pci::Bar`]), DMA mapping, MSI-X.
 //!   Backends: the in-process model (feature `model`, the default device), kernel VFIO
 //!   (container/group and iommufd + device cdev) and vfio-user; [`pci::sysfs`]: discovery,
-//!   binding to vfio-pci, P2P topology.
+//!   binding to vfio-pci (`uhca-bind` and the VM guest tests use it).
 //! - [`dma`]: DMA memory (memfd, hugepages when available) mapped into the device's IOVA
 //!   space, and the IOVA allocator. `barrier` (internal): the memory barriers, named by
 //!   what they order.
 //! - [`cmd`]: the command interface: queue, mailboxes, slots, typed commands ([`cmd::ops`]).
-//! - [`boot`](Device::open): the PRM boot and teardown order, firmware pages (`pages`),
-//!   the control EQ and health monitoring (`health`; its error is [`HealthError`]), behind
-//!   one [`Device`] handle. `boot`, `pages` and `health` are internal.
+//! - The device's shared state (`device`, internal): the PRM boot and teardown order
+//!   (`boot`), firmware pages (`pages`), the control EQ (`eq`) and health monitoring
+//!   (`health`; its error is [`HealthError`]), which every resource of a device holds.
 //! - [`datapath`]: the hot path: WQE building, send rings, doorbells and BlueFlame, CQ
 //!   polling; no locks, allocation or system call per operation.
-//! - [`resource`]: PDs, UARs, EQs, MRs, device memory (MEMIC), CQs and RC QPs.
+//! - [`resource`]: PDs, UARs, completion EQs, MRs, device memory (MEMIC), CQs, RC, UD and
+//!   GSI QPs, and address handles, each created from the [`Device`] handle ([`Device::open`]),
+//!   which holds what a device's resources share (the completion-EQ pool).
 //! - [`cm`]: the RDMA connection manager over RoCEv2 (MADs on QP1; `connect(ip, port)`,
 //!   `listen(port)`), as librdmacm's rdma_cm speaks it.
 //! - [`peer`]: peer memory (dma-bufs of another device's BAR): clients, registration,
@@ -55,6 +57,7 @@ mod device;
 #[allow(unsafe_code)]
 pub mod dma;
 pub(crate) mod eq;
+mod handle;
 pub(crate) mod health;
 pub mod info;
 pub(crate) mod pages;
@@ -65,9 +68,10 @@ pub mod resource;
 
 pub use boot::cap_word;
 pub use device::{
-    AsyncEvent, Caps, Device, DeviceConfig, DeviceError, DeviceInfo, MAX_PAGES_PER_REQUEST,
+    AsyncEvent, Caps, DeviceConfig, DeviceError, DeviceInfo, MAX_PAGES_PER_REQUEST,
     MAX_PENDING_EVENTS, is_status,
 };
+pub use handle::Device;
 pub use health::HealthError;
 /// The model crate (`uhca-hw`): the software HCA behind [`pci::model`] (feature `model`).
 #[cfg(feature = "model")]

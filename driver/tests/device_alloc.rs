@@ -15,8 +15,8 @@ mod alloc_common;
 
 use alloc_common::wait_into;
 use uhca::Device;
-use uhca::datapath::{Completion, Remote, Sge};
-use uhca::resource::{Access, ConnectParams, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr};
+use uhca::datapath::{Completion, Local, Remote, SendFlags, SendOp, SendWr, Sge};
+use uhca::resource::{Access, ConnectParams, CqConfig, QpConfig};
 
 /// The system allocator, counting every thread's allocations (and reallocations).
 struct Counting;

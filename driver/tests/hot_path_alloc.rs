@@ -16,10 +16,9 @@ mod alloc_common;
 use alloc_common::wait_into;
 use uhca::Device;
 use uhca::datapath::rig::Rig;
-use uhca::datapath::{Completion, Remote, Sge, WcOpcode};
+use uhca::datapath::{Completion, Local, Remote, SendFlags, SendOp, SendWr, Sge, WcOpcode};
 use uhca::resource::{
-    Access, AhAttr, ConnectParams, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr, UdDest,
-    UdParams, UdSendWr,
+    Access, AhAttr, ConnectParams, CqConfig, QpConfig, UdDest, UdParams, UdSendWr,
 };
 
 /// The system allocator, counting allocations (and reallocations) per thread.

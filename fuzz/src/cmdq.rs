@@ -5,7 +5,11 @@
 //! Memory: the command queue page and each slot's mailbox area at [`QUEUE_IOVA`]; 8 MiB
 //! of data memory at [`DATA_IOVA`] = 0x1000, where the driver's own allocations land on a
 //! fresh device, so addresses in commands recorded from a real boot point at mapped memory;
-//! firmware pages of the canned boot at [`PAGES_IOVA`].
+//! firmware pages of the canned boot at [`PAGES_IOVA`]. One model serves every input:
+//! before each, the model goes back to its power-on state (`Hca::fuzz_reset`) and all
+//! three memories to zeros ([`AnonMem::clear`]): commands make the device write there
+//! (EQEs, firmware page tags) and read there (a CQ's doorbell record in QUERY_CQ, an
+//! SRQ's in QUERY_SRQ), so an input could otherwise see what an earlier one left.
 //!
 //! Input: a flags byte (bit 0: boot the HCA first with ENABLE_HCA, SET_ISSI, the boot and
 //! init pages and INIT_HCA), then records until the input ends:
@@ -15,16 +19,16 @@
 //! `ring` bit 0: run the queue after this record (else the record waits for the next
 //! doorbell, so several slots run in one pass).
 
-use uhca_hw::layout::Buf;
 use uhca_hw::layout::cmd::{
     CMD_XPORT, CmdEntry, CmdPas, MAILBOX_ALIGN, MAILBOX_DATA, MailboxBlock, OWN_HW,
     STATUS_OWN_OFFSET, mailbox_blocks,
 };
 use uhca_hw::layout::cmds::{ManagePagesIn, QueryPagesIn, QueryPagesOut, SetIssiIn};
 use uhca_hw::layout::init_seg::reg;
-use uhca_hw::model::{DmaBuffer, Hca, ModelConfig};
+use uhca_hw::model::{Hca, ModelConfig};
 
 use crate::Reader;
+use crate::anon::AnonMem;
 
 /// IOVA of the command queue page; each slot's mailboxes follow it.
 pub const QUEUE_IOVA: u64 = 1 << 40;
@@ -137,10 +141,10 @@ impl Cmd {
 /// The model with its command queue, mailboxes and memory mapped.
 pub struct Harness {
     hca: Hca,
-    queue: DmaBuffer,
-    data: DmaBuffer,
+    queue: AnonMem,
+    data: AnonMem,
     /// The canned boot's firmware pages (mapped; the device keeps their addresses).
-    _pages: DmaBuffer,
+    pages: AnonMem,
     token: u8,
 }
 
@@ -154,9 +158,9 @@ impl Harness {
         })
         .expect("model");
         hca.fuzz_stop_device_thread();
-        let queue = DmaBuffer::new(4096 + SLOTS * SLOT_AREA);
-        let data = DmaBuffer::new(DATA_LEN);
-        let pages = DmaBuffer::new(PAGES * 4096);
+        let queue = AnonMem::new(4096 + SLOTS * SLOT_AREA);
+        let data = AnonMem::new(DATA_LEN);
+        let pages = AnonMem::new(PAGES * 4096);
         // SAFETY: the buffers live in the harness, which owns the model and unmaps (drops)
         // it first: fields drop in declaration order, `hca` before the buffers.
         unsafe {
@@ -167,16 +171,14 @@ impl Harness {
             hca.dma_map(PAGES_IOVA, pages.as_mut_ptr(), pages.len())
                 .expect("map pages");
         }
-        // Memory space and bus mastering on.
-        hca.config_write(4, &6u16.to_le_bytes()).expect("config");
-        let h = Harness {
+        let mut h = Harness {
             hca,
             queue,
             data,
-            _pages: pages,
+            pages,
             token: 0,
         };
-        h.program_queue();
+        h.reset();
         h
     }
 
@@ -186,8 +188,13 @@ impl Harness {
     }
 
     /// The data memory (mapped at [`DATA_IOVA`]).
-    pub fn data(&self) -> &DmaBuffer {
+    pub fn data(&self) -> &AnonMem {
         &self.data
+    }
+
+    /// Whether the queue, data and page memories are all zeros (as after [`reset`](Self::reset)).
+    pub fn memory_is_zero(&self) -> bool {
+        self.queue.is_zero() && self.data.is_zero() && self.pages.is_zero()
     }
 
     fn bar_write(&self, off: usize, v: u32) {
@@ -203,11 +210,18 @@ impl Harness {
         self.bar_write(reg::CMDQ_ADDR_L_SZ, QUEUE_IOVA as u32);
     }
 
-    /// Back to power-on: device state reset, queue page cleared and programmed again.
+    /// Back to the state of a fresh harness: the model as just created
+    /// (`Hca::fuzz_reset`), every memory zeros, memory space and bus mastering on, the
+    /// queue programmed.
     pub fn reset(&mut self) {
-        self.hca.reset();
-        self.queue.clone_into_at(0, &[0u8; 4096]);
+        self.hca.fuzz_reset();
+        self.queue.clear();
+        self.data.clear();
+        self.pages.clear();
         self.token = 0;
+        self.hca
+            .config_write(4, &6u16.to_le_bytes())
+            .expect("config");
         self.program_queue();
     }
 
@@ -252,7 +266,7 @@ impl Harness {
                 _ => token,
             };
             b.set_token(tok.into());
-            q.clone_into_at(block_off(i), &blk);
+            q.write(block_off(i), &blk);
         }
         for i in 0..out_blocks {
             let j = 32 + i;
@@ -269,7 +283,7 @@ impl Harness {
                 _ => token,
             };
             b.set_token(tok.into());
-            q.clone_into_at(block_off(j), &blk);
+            q.write(block_off(j), &blk);
         }
         let mut raw = [0u8; 64];
         let mut e = CmdEntry::new_unchecked(&mut raw[..]);
@@ -306,13 +320,13 @@ impl Harness {
         };
         e.set_status_own(0);
         let at = c.slot * 64;
-        q.clone_into_at(at, &raw);
+        q.write(at, &raw);
         // Ownership last, as the driver hands an entry over.
         q.store_u8_release(at + STATUS_OWN_OFFSET, own);
     }
 
     /// Runs the command queue once.
-    pub fn run(&self) {
+    pub fn run_queue(&self) {
         self.hca.fuzz_run_command_queue();
     }
 
@@ -325,13 +339,13 @@ impl Harness {
     pub fn output(&self, slot: usize, outlen: usize) -> Vec<u8> {
         let outlen = outlen.min(MAX_LEN);
         let mut out = vec![0u8; outlen.max(16)];
-        self.queue.read_bytes(slot * 64 + 0x20, &mut out[..16]);
+        self.queue.read(slot * 64 + 0x20, &mut out[..16]);
         let (_, mbox_off) = Self::slot_base(slot);
         for i in 0..mailbox_blocks(outlen).min(32) {
             let start = 16 + i * MAILBOX_DATA;
             let end = (start + MAILBOX_DATA).min(outlen);
             self.queue
-                .read_bytes(mbox_off + (32 + i) * MAILBOX_ALIGN, &mut out[start..end]);
+                .read(mbox_off + (32 + i) * MAILBOX_ALIGN, &mut out[start..end]);
         }
         out.truncate(outlen.max(16));
         out
@@ -349,7 +363,7 @@ impl Harness {
             input: input.to_vec(),
         };
         self.post(&c);
-        self.run();
+        self.run_queue();
         let own = self.status_own(0);
         assert_eq!(own & OWN_HW, 0, "the device did not complete a command");
         if own >> 1 != 0 {
@@ -410,6 +424,19 @@ impl Harness {
     /// Runs one input (see the module docs); panics on a broken invariant: an entry the
     /// device owned and did not give back, or a refusal without a syndrome.
     pub fn run_input(&mut self, data: &[u8]) {
+        self.run(data, None);
+    }
+
+    /// Runs one input and returns what it observed: each command's slot, `status_own`
+    /// and output (`outlen` bytes, at most [`MAX_LEN`]), in the order they completed
+    /// (the determinism test).
+    pub fn run_recorded(&mut self, data: &[u8]) -> Vec<(usize, u8, Vec<u8>)> {
+        let mut rec = Vec::new();
+        self.run(data, Some(&mut rec));
+        rec
+    }
+
+    fn run(&mut self, data: &[u8], mut rec: Option<&mut Vec<(usize, u8, Vec<u8>)>>) {
         self.reset();
         let mut r = Reader::new(data);
         if r.u8() & 1 != 0 {
@@ -425,18 +452,21 @@ impl Harness {
             pending.retain(|p| p.slot != c.slot);
             pending.push(c);
             if ring {
-                self.run();
-                self.check(&pending);
+                self.run_queue();
+                self.check(&pending, rec.as_deref_mut());
                 pending.clear();
             }
         }
-        self.run();
-        self.check(&pending);
+        self.run_queue();
+        self.check(&pending, rec);
     }
 
-    fn check(&self, cmds: &[Cmd]) {
+    fn check(&self, cmds: &[Cmd], mut rec: Option<&mut Vec<(usize, u8, Vec<u8>)>>) {
         for c in cmds {
             let own = self.status_own(c.slot);
+            if let Some(r) = rec.as_deref_mut() {
+                r.push((c.slot, own, self.output(c.slot, c.outlen as usize)));
+            }
             if c.fault == Fault::NotOwned {
                 assert_eq!(
                     own, 0,
@@ -467,22 +497,5 @@ impl Harness {
 impl Default for Harness {
     fn default() -> Self {
         Harness::new()
-    }
-}
-
-/// Byte copies into a [`DmaBuffer`] at an offset.
-trait CloneInto {
-    fn clone_into_at(&self, off: usize, src: &[u8]);
-}
-
-impl CloneInto for DmaBuffer {
-    fn clone_into_at(&self, off: usize, src: &[u8]) {
-        assert!(off + src.len() <= self.len(), "write past the buffer");
-        // SAFETY: inside the buffer (checked); the device thread is stopped, so nothing
-        // else touches the memory while the harness writes it (a plain copy instead of
-        // `BufMut`'s byte-wise atomics, which cost most of a run under coverage tracing).
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_mut_ptr().add(off), src.len())
-        }
     }
 }

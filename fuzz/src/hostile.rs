@@ -7,8 +7,9 @@
 //! never a panic, a hang or undefined behaviour (ASan).
 //!
 //! Input: a prelude (`fw u8`: bit 0 raises `initializing` for good, bit 1 writes the
-//! `nic_interface` bits of `cmdq_addr_l_sz` from bits 4-6), then actions until the input
-//! ends, each `at u8` (the command it follows, counted from 0) and `kind u8`:
+//! `nic_interface` bits of `cmdq_addr_l_sz` from bits 4-6, bit 2 leaves the commands to
+//! the model's thread instead of running them to completion: see below), then actions
+//! until the input ends, each `at u8` (the command it follows, counted from 0) and `kind u8`:
 //! - `0 off u16, xor u8`: flip an output byte;
 //! - `1 status u8, syndrome u32`: a refusal;
 //! - `2 len u16`: the output cut or zero-extended to `len`;
@@ -19,7 +20,15 @@
 //! - `6 type u8, sub u8, data [u8; 28]`: any event;
 //! - `7 syndrome u8`: the health syndrome (firmware assert).
 //!
-//! `UHCA_FUZZ_TRACE=1` prints how far the driver got (replaying one input).
+//! One model serves every input ([`Harness`]): before each it goes back to the state of a
+//! fresh one (`Hca::fuzz_reset`, and the driver's MKey variants start again), so that an
+//! input runs as it would alone (`tests/determinism.rs`). Unless the prelude's bit 2 says
+//! otherwise, the driver's thread makes the model's passes while it waits for a command
+//! ([`Options::drive`]): a command then costs no handoff between threads, which on a
+//! loaded machine is a scheduler time slice.
+//!
+//! `UHCA_FUZZ_TRACE=1` prints how far the driver got (replaying one input);
+//! `UHCA_FUZZ_NO_DRIVE=1` leaves the commands to the model's thread.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc;
@@ -35,6 +44,7 @@ use uhca_hw::layout::eqe::EventType;
 use uhca_hw::model::{ModelConfig, fuzzing};
 
 use crate::Reader;
+use crate::anon::AnonMem;
 
 /// One hostile action.
 #[derive(Clone, Debug)]
@@ -55,6 +65,8 @@ enum Inject {
     Pages(i32),
     Event(u8, u8, [u8; 28]),
     Syndrome(u8),
+    /// Answers once everything sent before it is done.
+    Sync(mpsc::SyncSender<()>),
 }
 
 fn decode(r: &mut Reader<'_>) -> BTreeMap<u8, Vec<Act>> {
@@ -102,19 +114,170 @@ impl BarPtr {
     }
 }
 
-/// Runs one input (see the module docs).
-pub fn run_input(data: &[u8]) {
+static NO_DRIVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// How a run waits on the device (the fuzz target's: [`Options::default`]).
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The driver's health poll interval.
+    pub health_interval: Duration,
+    /// The driver's command timeout.
+    pub cmd_timeout: Duration,
+    /// Run to completion: the driver's thread makes the model's passes while it waits for
+    /// a command (`DeviceConfig::drive_commands`), instead of waiting for the model's
+    /// thread to be scheduled (on a loaded machine, a time slice per command).
+    pub drive: bool,
+    /// Record a [`Transcript`].
+    pub record: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            // Short enough that a syndrome or a stalled counter is seen within one run (a
+            // loaded machine may starve the model's health tick: a dead device is a typed
+            // error too).
+            health_interval: Duration::from_millis(20),
+            // Short: a command the hostile device redirected (queue address, doorbell)
+            // never completes, and every such wait is a whole timeout.
+            cmd_timeout: Duration::from_millis(100),
+            // `UHCA_FUZZ_NO_DRIVE=1`: the model's thread runs the commands, as before (to
+            // compare coverage and speed).
+            drive: !*NO_DRIVE.get_or_init(|| std::env::var_os("UHCA_FUZZ_NO_DRIVE").is_some()),
+            record: false,
+        }
+    }
+}
+
+/// What one run did, as far as it depends on the input alone: every command the driver
+/// sent and what it read back (the output after the plan's rewriting, and the delivery
+/// status), up to the first event the plan injects (events and health syndromes reach
+/// the device from another thread, so what follows them depends on timing).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Transcript {
+    /// (input, output, delivery status) of each command, in order.
+    pub commands: Vec<(Vec<u8>, Vec<u8>, Option<u8>)>,
+    /// The plan injected an event: the transcript ends there.
+    pub injected: bool,
+}
+
+/// The model, and the thread that injects events into it, kept across inputs.
+struct Model {
+    f: Arc<ModelFunction>,
+    tx: mpsc::Sender<Inject>,
+    injector: std::thread::JoinHandle<()>,
+}
+
+impl Model {
+    fn new() -> Model {
+        let f = ModelFunction::new(ModelConfig {
+            name: "hostile".into(),
+            // No boot delay: the driver's wait for `initializing` polls every 200 µs, a
+            // per-input cost; flags bit 0 raises `initializing` when an input wants that
+            // wait.
+            boot_delay: Duration::ZERO,
+            ..ModelConfig::default()
+        })
+        .expect("model");
+        let (tx, rx) = mpsc::channel::<Inject>();
+        let injector = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                for i in rx {
+                    match i {
+                        Inject::Pages(n) => f.hca().inject_page_request(n),
+                        Inject::Event(t, s, d) => f.hca().inject_event(EventType::from(t), s, &d),
+                        Inject::Syndrome(s) => f.hca().faults().set_health_syndrome(s),
+                        Inject::Sync(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+        };
+        Model { f, tx, injector }
+    }
+
+    /// Waits until the injector has done everything sent so far.
+    fn sync(&self) {
+        let (done, wait) = mpsc::sync_channel(1);
+        if self.tx.send(Inject::Sync(done)).is_ok() {
+            let _ = wait.recv();
+        }
+    }
+
+    /// Stops the injector; a model still referenced (memory the driver leaked on purpose
+    /// keeps the function alive) stops its device thread at least.
+    fn discard(self) {
+        let Model { f, tx, injector } = self;
+        drop(tx);
+        injector.join().expect("injector");
+        if Arc::strong_count(&f) > 1 {
+            f.hca().fuzz_halt();
+        }
+    }
+}
+
+/// The target's state across inputs: one model, reset to its power-on state before each
+/// input ([`Hca::fuzz_reset`](uhca_hw::model::Hca::fuzz_reset)), so that an input runs as
+/// it would on a fresh model (a crash reproduces from the input alone; the test
+/// `tests/determinism.rs` checks it). A model the driver leaked memory into (a queue the
+/// device refused to destroy keeps its mapping) is given up and the next input gets a
+/// fresh one.
+#[derive(Default)]
+pub struct Harness {
+    model: Option<Model>,
+}
+
+impl Harness {
+    /// A harness; the model is made by the first input.
+    pub fn new() -> Harness {
+        Harness::default()
+    }
+
+    /// Runs one input (see the module docs) with the fuzz target's options.
+    pub fn run_input(&mut self, data: &[u8]) {
+        self.run(data, &Options::default());
+    }
+
+    /// Runs one input with `opts`; the transcript is empty unless `opts.record`.
+    pub fn run(&mut self, data: &[u8], opts: &Options) -> Transcript {
+        let m = match self.model.take() {
+            Some(m) => m,
+            None => Model::new(),
+        };
+        m.f.hca().fuzz_reset();
+        // The driver's MKey variant bytes are per process: back to their start too.
+        uhca::resource::mkey::fuzz_reset_variants();
+        let transcript = run_on(&m, data, opts);
+        m.sync();
+        // The driver is closed: only memory it leaked on purpose keeps the function
+        // (beyond this harness and the injector) or a mapping alive.
+        if Arc::strong_count(&m.f) > 2 || !m.f.hca().dma_mappings().is_empty() {
+            m.discard();
+        } else {
+            self.model = Some(m);
+        }
+        transcript
+    }
+}
+
+/// Runs one input on a fresh model (what the fuzz target did before it kept its model;
+/// the reference of the determinism test).
+pub fn run_fresh(data: &[u8], opts: &Options) -> Transcript {
+    let mut h = Harness::new();
+    let t = h.run(data, opts);
+    if let Some(m) = h.model.take() {
+        m.discard();
+    }
+    t
+}
+
+fn run_on(m: &Model, data: &[u8], opts: &Options) -> Transcript {
     let mut r = Reader::new(data);
     let fw = r.u8();
     let plan = decode(&mut r);
-    let f = ModelFunction::new(ModelConfig {
-        name: "hostile".into(),
-        // No boot delay: the driver's wait for `initializing` polls every 200 µs, a
-        // per-input cost; flags bit 0 raises `initializing` when an input wants that wait.
-        boot_delay: Duration::ZERO,
-        ..ModelConfig::default()
-    })
-    .expect("model");
+    let f = &m.f;
     let bar = f.hca().bar0();
     let bar = BarPtr(bar.ptr as usize, bar.len);
     if fw & 1 != 0 {
@@ -124,25 +287,16 @@ pub fn run_input(data: &[u8]) {
         // nic_interface (bits 10:8 of cmdq_addr_l_sz) as the device reports it.
         bar.write(0x14, u32::from(fw >> 4 & 7) << 8);
     }
-    let (tx, rx) = mpsc::channel::<Inject>();
-    let injector = {
-        let f = f.clone();
-        std::thread::spawn(move || {
-            for i in rx {
-                match i {
-                    Inject::Pages(n) => f.hca().inject_page_request(n),
-                    Inject::Event(t, s, d) => f.hca().inject_event(EventType::from(t), s, &d),
-                    Inject::Syndrome(s) => f.hca().faults().set_health_syndrome(s),
-                }
-            }
-        })
-    };
-    let tx = Mutex::new(tx);
+    let tx = Mutex::new(m.tx.clone());
+    let record = opts.record;
+    let transcript = Arc::new(Mutex::new(Transcript::default()));
+    let rec = transcript.clone();
     let mut count: u8 = 0;
-    fuzzing::set_output_hook(Some(Box::new(move |_input, out| {
+    fuzzing::set_output_hook(Some(Box::new(move |input, out| {
         let at = count;
         count = count.saturating_add(1);
         let mut lie = None;
+        let mut injected = false;
         for a in plan.get(&at).into_iter().flatten() {
             match a {
                 Act::Flip(off, x) => {
@@ -168,27 +322,38 @@ pub fn run_input(data: &[u8]) {
                     } else {
                         *n
                     };
+                    injected = true;
                     let _ = tx.lock().map(|t| t.send(Inject::Pages(n)));
                 }
                 Act::Event(t, s, d) => {
+                    injected = true;
                     let _ = tx.lock().map(|q| q.send(Inject::Event(*t, *s, *d)));
                 }
                 Act::Syndrome(s) => {
+                    injected = true;
                     let _ = tx.lock().map(|t| t.send(Inject::Syndrome(*s)));
                 }
             }
         }
+        if record
+            && let Ok(mut t) = rec.lock()
+            && !t.injected
+        {
+            let ds = lie.map(|d: DeliveryStatus| u8::from(d));
+            t.commands.push((input.to_vec(), out.clone(), ds));
+            t.injected = injected;
+        }
         lie
     })));
     let cfg = DeviceConfig {
-        // Short enough that a syndrome or a stalled counter is seen within one run (a
-        // loaded machine may starve the model's health tick: a dead device is a typed
-        // error too).
-        health_interval: Duration::from_millis(20),
+        health_interval: opts.health_interval,
         init_timeout: Duration::from_millis(50),
-        // Short: a command the hostile device redirected (queue address, doorbell) never
-        // completes, and every such wait is a whole timeout.
-        cmd_timeout: Some(Duration::from_millis(100)),
+        cmd_timeout: Some(opts.cmd_timeout),
+        // Bit 2: the model's own thread runs the commands; then the driver waits as it does
+        // in production (health polls and events taken during the wait, timeouts), which
+        // run to completion rarely gives it time for. The fuzzer keeps such inputs where
+        // they reach more; the others run fast.
+        drive_commands: opts.drive && fw & 4 == 0,
         ..DeviceConfig::default()
     };
     let pf: Arc<dyn PciFunction> = f.clone();
@@ -206,14 +371,26 @@ pub fn run_input(data: &[u8]) {
         Err(_) => {}
     }
     fuzzing::set_output_hook(None); // drops the hook and its sender
-    injector.join().expect("injector");
-    if Arc::strong_count(&f) > 1 {
-        // The driver leaked a queue on purpose (its DESTROY was refused): the memory keeps
-        // the function, and so the model, alive; stop its device thread at least.
-        f.hca().fuzz_halt();
-    }
     if trace {
         eprintln!("done after {:?}", t0.elapsed());
+    }
+    transcript.lock().map(|t| t.clone()).unwrap_or_default()
+}
+
+/// Where the registered buffer lives: a fixed, page-aligned address (its address and page
+/// offset are in the commands that register it), above AddressSanitizer's shadow memory.
+const MR_ADDR: usize = 0x5a00_0000_0000;
+
+/// The registered buffer.
+struct MrMem(AnonMem);
+
+// SAFETY: a mapping owned by the MR until deregistration, which never moves.
+unsafe impl uhca::dma::MrBuffer for MrMem {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
     }
 }
 
@@ -224,7 +401,7 @@ fn exercise(dev: &Device, trace: bool) {
     let _ = dev.take_events();
     let Ok(pd) = dev.alloc_pd() else { return };
     let _uar = dev.alloc_uar();
-    let mr = pd.reg_mr(vec![0u8; 8192], Access::ALL);
+    let mr = pd.reg_mr(MrMem(AnonMem::at(MR_ADDR, 8192)), Access::ALL);
     if let Ok(mr) = &mr {
         let _ = mr.query();
     }

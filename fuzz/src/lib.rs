@@ -7,6 +7,7 @@
 //! (`src/bin/make_seeds.rs` writes `seeds/`). The record format of each target is
 //! documented on its harness module.
 
+pub mod anon;
 pub mod cmdq;
 pub mod hostile;
 pub mod rc;

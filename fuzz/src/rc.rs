@@ -28,9 +28,9 @@ use uhca_hw::layout::roce::{
 };
 use uhca_hw::link::{Link, LinkConfig, LinkEnd, pair};
 use uhca_hw::rc::{
-    Access, AccessError, AtomicEndianness, AtomicOp, Clock, Completion, CompletionSink, Env,
-    LocalData, ManualClock, Memory, Mtu, PathConfig, QpConfig, RcQp, RecvQueue, RecvWqe,
-    RemoteAccess, RemoteAddr, Sge, SgeList, WcStatus, WorkRequest, WrOp,
+    AccessError, AccessKind, AtomicEndianness, AtomicOp, Clock, CompletionSink, Env, LocalData,
+    ManualClock, Memory, Mtu, PathConfig, RcCompletion, RcQp, RcQpConfig, RcSge, RcWcStatus,
+    RecvQueue, RecvWqe, RemoteAccess, RemoteAddr, SgeList, WorkRequest, WrOp,
 };
 
 use crate::Reader;
@@ -86,12 +86,12 @@ impl Mem {
             .insert(key, Region { va, data, remote });
     }
 
-    fn span(&self, key: u32, va: u64, len: u64, access: Access) -> Result<usize, AccessError> {
+    fn span(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<usize, AccessError> {
         let r = self.regions.borrow();
         let r = r.get(&key).ok_or(AccessError::InvalidKey { key })?;
         let remote = matches!(
             access,
-            Access::RemoteRead | Access::RemoteWrite | Access::RemoteAtomic
+            AccessKind::RemoteRead | AccessKind::RemoteWrite | AccessKind::RemoteAtomic
         );
         if remote && !r.remote {
             return Err(AccessError::Denied);
@@ -105,15 +105,21 @@ impl Mem {
 }
 
 impl Memory for Mem {
-    fn check(&self, key: u32, va: u64, len: u64, access: Access) -> Result<(), AccessError> {
+    fn check(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<(), AccessError> {
         self.span(key, va, len, access).map(drop)
     }
-    fn read(&self, key: u32, va: u64, buf: &mut [u8], access: Access) -> Result<(), AccessError> {
+    fn read(
+        &self,
+        key: u32,
+        va: u64,
+        buf: &mut [u8],
+        access: AccessKind,
+    ) -> Result<(), AccessError> {
         let at = self.span(key, va, buf.len() as u64, access)?;
         buf.copy_from_slice(&self.regions.borrow()[&key].data[at..at + buf.len()]);
         Ok(())
     }
-    fn write(&self, key: u32, va: u64, data: &[u8], access: Access) -> Result<(), AccessError> {
+    fn write(&self, key: u32, va: u64, data: &[u8], access: AccessKind) -> Result<(), AccessError> {
         let at = self.span(key, va, data.len() as u64, access)?;
         let mut r = self.regions.borrow_mut();
         let r = r.get_mut(&key).ok_or(AccessError::InvalidKey { key })?;
@@ -124,7 +130,7 @@ impl Memory for Mem {
         if !va.is_multiple_of(8) {
             return Err(AccessError::Misaligned);
         }
-        let at = self.span(key, va, 8, Access::RemoteAtomic)?;
+        let at = self.span(key, va, 8, AccessKind::RemoteAtomic)?;
         let mut regions = self.regions.borrow_mut();
         let r = regions
             .get_mut(&key)
@@ -154,10 +160,10 @@ impl RecvQueue for Rq {
     }
 }
 
-struct Cq(Vec<Completion>);
+struct Cq(Vec<RcCompletion>);
 
 impl CompletionSink for Cq {
-    fn complete(&mut self, c: Completion) {
+    fn complete(&mut self, c: RcCompletion) {
         self.0.push(c);
     }
 }
@@ -174,11 +180,14 @@ struct Side {
     seen: VecDeque<Vec<u8>>,
     posted: u64,
     guard: Vec<u8>,
+    /// Keep every frame that reaches this end in `received` (the determinism test).
+    record: bool,
+    received: Vec<Vec<u8>>,
 }
 
-fn config(qpn: u32, dest: u32, mtu: Mtu) -> QpConfig {
+fn config(qpn: u32, dest: u32, mtu: Mtu) -> RcQpConfig {
     let (src, dst) = if qpn == QPN_A { (1, 2) } else { (2, 1) };
-    QpConfig {
+    RcQpConfig {
         qpn,
         dest_qpn: dest,
         p_key: 0xFFFF,
@@ -219,7 +228,7 @@ fn config(qpn: u32, dest: u32, mtu: Mtu) -> QpConfig {
 }
 
 impl Side {
-    fn new(cfg: QpConfig, link: LinkEnd) -> Side {
+    fn new(cfg: RcQpConfig, link: LinkEnd) -> Side {
         let buf = vec![0; link.max_frame_len()];
         let mem = Mem::default();
         mem.register(SRC, VA_SRC, false);
@@ -229,7 +238,7 @@ impl Side {
         let guard = mem.regions.borrow()[&GUARD].data.clone();
         let mut rq = Rq(VecDeque::new());
         for i in 0..RECVS {
-            let sges = SgeList::from_slice(&[Sge {
+            let sges = SgeList::from_slice(&[RcSge {
                 lkey: RCV,
                 addr: VA_RCV + i * RECV_SLOT,
                 len: RECV_SLOT as u32,
@@ -247,6 +256,8 @@ impl Side {
             seen: VecDeque::new(),
             posted: 0,
             guard,
+            record: false,
+            received: Vec::new(),
         }
     }
 
@@ -287,7 +298,7 @@ impl Side {
         let local = if kind & 0x40 != 0 && slot <= 64 {
             LocalData::inline(&[kind; 64][..slot as usize]).expect("inline fits")
         } else {
-            let sge = Sge {
+            let sge = RcSge {
                 lkey: SRC,
                 addr: VA_SRC,
                 len: slot as u32,
@@ -328,6 +339,9 @@ impl Side {
         let before = self.link.stats();
         while let Ok(Some(n)) = self.link.try_recv(&mut self.buf) {
             let frame = self.buf[..n].to_vec();
+            if self.record {
+                self.received.push(frame.clone());
+            }
             self.deliver(&frame, clock);
             if self.seen.len() == 32 {
                 self.seen.pop_front();
@@ -357,13 +371,28 @@ impl Side {
         for c in self.cq.0.iter().filter(|c| c.opcode.is_recv() == recv) {
             assert_eq!(c.wr_id, expect, "completion order (recv {recv}): {c:?}");
             if failed {
-                assert_eq!(c.status, WcStatus::Flushed, "after the error: {c:?}");
+                assert_eq!(c.status, RcWcStatus::Flushed, "after the error: {c:?}");
             }
-            failed |= c.status != WcStatus::Success;
+            failed |= c.status != RcWcStatus::Success;
             expect += 1;
         }
         assert!(expect <= n, "more completions than requests (recv {recv})");
     }
+}
+
+thread_local! {
+    /// The link pair of the last input, empty again: making one allocates and zeroes
+    /// every frame buffer of both directions (a tenth of a run under coverage), and an
+    /// empty link without faults behaves the same whatever it carried before (a frame is
+    /// read back only as far as it was written; the counters are only compared, never
+    /// read absolutely; `tests/determinism.rs` checks it).
+    static LINKS: RefCell<Option<(LinkEnd, LinkEnd)>> = const { RefCell::new(None) };
+}
+
+/// Drops the kept link pair: the next input makes a new one (the determinism test's
+/// reference runs).
+pub fn forget_links() {
+    LINKS.with(|l| l.borrow_mut().take());
 }
 
 /// Two connected QPs and their clock.
@@ -375,17 +404,28 @@ pub struct Pair {
 
 impl Pair {
     fn new(mtu: Mtu) -> Pair {
-        // A shallow link (zeroing 128 frame buffers a side per input cost most of a run);
-        // a full link answers "busy", which the engine handles.
-        let (la, lb) = pair(LinkConfig {
-            depth: 40,
-            ..LinkConfig::default()
+        let (la, lb) = LINKS.with(|l| l.borrow_mut().take()).unwrap_or_else(|| {
+            // A shallow link (zeroing 128 frame buffers a side per input cost most of a
+            // run); a full link answers "busy", which the engine handles.
+            pair(LinkConfig {
+                depth: 40,
+                ..LinkConfig::default()
+            })
         });
         Pair {
             a: Side::new(config(QPN_A, QPN_B, mtu), la),
             b: Side::new(config(QPN_B, QPN_A, mtu), lb),
             clock: ManualClock::new(1_000_000),
         }
+    }
+
+    /// Empties both directions and keeps the links for the next input.
+    fn keep_links(self) {
+        let Pair { mut a, mut b, .. } = self;
+        for s in [&mut a, &mut b] {
+            while let Ok(Some(_)) = s.link.try_recv(&mut s.buf) {}
+        }
+        LINKS.with(|l| *l.borrow_mut() = Some((a.link, b.link)));
     }
 
     fn side(&mut self, b: u8) -> &mut Side {
@@ -414,11 +454,11 @@ impl Pair {
 
 fn mtu_of(b: u8) -> Mtu {
     match b % 5 {
-        0 => Mtu::Mtu256,
-        1 => Mtu::Mtu512,
-        2 => Mtu::Mtu1024,
-        3 => Mtu::Mtu2048,
-        _ => Mtu::Mtu4096,
+        0 => Mtu::M256,
+        1 => Mtu::M512,
+        2 => Mtu::M1024,
+        3 => Mtu::M2048,
+        _ => Mtu::M4096,
     }
 }
 
@@ -499,10 +539,33 @@ fn rebuild(frame: &[u8], r: &mut Reader<'_>) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// What a run did, for the determinism test: every frame each end received, each end's
+/// completions, and the remote-accessible memory of each end at the end.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Frames A and B received, in order.
+    pub frames: [Vec<Vec<u8>>; 2],
+    /// Completions of A and B (as printed).
+    pub completions: [Vec<String>; 2],
+    /// The DST region of A and B.
+    pub dst: [Vec<u8>; 2],
+}
+
 /// Runs one input (see the module docs); panics on a broken invariant.
 pub fn run_input(data: &[u8]) {
+    run(data, false);
+}
+
+/// Runs one input and reports what it did.
+pub fn run_recorded(data: &[u8]) -> Outcome {
+    run(data, true).unwrap_or_default()
+}
+
+fn run(data: &[u8], record: bool) -> Option<Outcome> {
     let mut r = Reader::new(data);
     let mut p = Pair::new(mtu_of(r.u8()));
+    p.a.record = record;
+    p.b.record = record;
     for s in [0u8, 1] {
         let n = r.u8() % 17;
         for _ in 0..n {
@@ -586,4 +649,16 @@ pub fn run_input(data: &[u8]) {
             "memory without remote access changed"
         );
     }
+    let out = record.then(|| {
+        let sides = [&mut p.a, &mut p.b];
+        let mut o = Outcome::default();
+        for (i, s) in sides.into_iter().enumerate() {
+            o.frames[i] = std::mem::take(&mut s.received);
+            o.completions[i] = s.cq.0.iter().map(|c| format!("{c:?}")).collect();
+            o.dst[i] = s.mem.regions.borrow()[&DST].data.clone();
+        }
+        o
+    });
+    p.keep_links();
+    out
 }

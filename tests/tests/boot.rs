@@ -544,3 +544,26 @@ fn a_flood_of_events_is_bounded() {
     assert!(dev.take_events().is_empty());
     ops::query_issi(dev.cmd()).unwrap();
 }
+
+/// Run to completion for commands (`DeviceConfig::drive_commands`, what the fuzz target
+/// `driver_device` uses): the thread waiting for a command makes the model's passes; the
+/// device boots, makes objects, answers commands and closes as with the device thread.
+#[test]
+fn commands_complete_when_the_waiting_thread_drives_the_model() {
+    let m = model();
+    let cfg = uhca::DeviceConfig {
+        drive_commands: true,
+        ..config()
+    };
+    let dev = Device::open(m.clone(), cfg).expect("boot");
+    let before = m.hca().stats().commands_done;
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(&uhca::resource::CqConfig::default()).unwrap();
+    for _ in 0..50 {
+        ops::query_issi(dev.cmd()).unwrap();
+    }
+    assert!(m.hca().stats().commands_done >= before + 52);
+    drop(cq);
+    drop(pd);
+    dev.close().unwrap();
+}

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use uhca::Device;
 use uhca::cm::{AcceptOptions, Cm, CmConfig, CmError, ConnectOptions, GsiTransport};
-use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cm::RejReason;
 use uhca::hw::link::net::{NetConfig, NetLink};
 use uhca::hw::link::{FaultConfig, Link, LinkError};
 use uhca::pci::model::ModelFunction;
-use uhca::resource::{Cq, CqConfig, Local, Mr, Pd, Qp, QpConfig, SendFlags, SendOp, SendWr};
+use uhca::resource::{Cq, CqConfig, Mr, Pd, Qp, QpConfig};
 use uhca_tests::datapath::{pattern, read, wait_n};
 use uhca_tests::{config, model_with};
 

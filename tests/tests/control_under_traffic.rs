@@ -9,10 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use uhca::datapath::{Remote, Sge, WcStatus};
-use uhca::resource::{
-    Access, ConnectParams, CqConfig, Local, QpConfig, QpState, SendFlags, SendOp, SendWr,
-};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcStatus};
+use uhca::resource::{Access, ConnectParams, CqConfig, QpConfig, QpState};
 use uhca_tests::datapath::{pair_with, pattern, read, wait_n};
 
 const LEN: usize = 64 << 10;

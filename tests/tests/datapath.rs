@@ -3,12 +3,9 @@
 
 use std::time::Duration;
 
-use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, Mr, Qp, QpConfig, QpState, SendFlags, SendOp,
-    SendWr,
-};
+use uhca::resource::{Access, ConnectParams, Cq, CqConfig, Mr, Qp, QpConfig, QpState};
 use uhca_tests::datapath::{Pair, mr, pair_with, pattern, read, wait_n};
 use uhca_tests::device;
 

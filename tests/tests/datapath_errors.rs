@@ -5,16 +5,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use uhca::datapath::{Completion, Remote, Sge, WcOpcode, WcStatus};
+use uhca::datapath::{
+    Completion, Local, Remote, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
 use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::hw::layout::eqe::EventType;
 use uhca::hw::link::{FaultConfig, LinkConfig};
 use uhca::hw::model::Hca;
 use uhca::pci::model::ModelFunction;
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, Mr, Pd, Qp, QpConfig, QpState, SendFlags, SendOp,
-    SendWr,
-};
+use uhca::resource::{Access, ConnectParams, Cq, CqConfig, Mr, Pd, Qp, QpConfig, QpState};
 use uhca::{AsyncEvent, Device};
 use uhca_tests::datapath::{mr, read, wait_n};
 use uhca_tests::{config, device, model_with_mac};

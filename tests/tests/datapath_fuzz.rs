@@ -13,11 +13,9 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use uhca::datapath::{Remote, Sge, WcStatus};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
-use uhca::resource::{
-    Access, ConnectParams, Local, Mr, Pd, QpConfig, QpState, SendFlags, SendOp, SendWr,
-};
+use uhca::resource::{Access, ConnectParams, Mr, Pd, QpConfig, QpState};
 use uhca_hw::rng::XorShift64 as Rng;
 use uhca_tests::datapath::{Pair, pair_with};
 

@@ -1,9 +1,11 @@
 //! More of the data path against the model: rights, RNR exhaustion, long messages, device
 //! memory, and a seeded randomized run of mixed operations against a reference copy.
 
-use uhca::datapath::{Completion, Remote, Sge, WcOpcode, WcStatus};
+use uhca::datapath::{
+    Completion, Local, Remote, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
 use uhca::hw::layout::cqe::CqeSyndrome;
-use uhca::resource::{Access, Local, Mtu, QpConfig, SendFlags, SendOp, SendWr};
+use uhca::resource::{Access, Mtu, QpConfig};
 use uhca_hw::rng::XorShift64 as Rng;
 use uhca_tests::datapath::{Pair, pair_with, read, wait_n};
 

@@ -6,8 +6,8 @@
 //! holds, refusals are refusals and change nothing, and freeing everything gives the
 //! whole window back. Fixed-seed xorshift.
 
-use uhca::datapath::{Remote, Sge, WcStatus};
-use uhca::resource::{Access, Dm, Mr, QpConfig, SendFlags, SendOp, SendWr};
+use uhca::datapath::{Remote, SendFlags, SendOp, SendWr, Sge, WcStatus};
+use uhca::resource::{Access, Dm, Mr, QpConfig};
 use uhca_hw::rng::XorShift64;
 use uhca_tests::datapath::{mr, pair_with, wait_n};
 

@@ -21,12 +21,10 @@
 use std::sync::Arc;
 
 use uhca::Device;
-use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use uhca::hw::link::{FaultConfig, Link, LinkConfig, LinkEnd, LinkError, LinkStats, pair};
 use uhca::pci::model::ModelFunction;
-use uhca::resource::{
-    Access, ConnectParams, CqConfig, Local, Mtu, QpConfig, SendFlags, SendOp, SendWr,
-};
+use uhca::resource::{Access, ConnectParams, CqConfig, Mtu, QpConfig};
 use uhca_tests::datapath::{read, wait_n};
 use uhca_tests::{config, model_with_mac};
 

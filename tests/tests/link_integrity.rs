@@ -5,13 +5,11 @@
 use std::sync::Arc;
 
 use uhca::Device;
-use uhca::datapath::{Remote, Sge, WcStatus};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcStatus};
 use uhca::hw::link::{FaultConfig, LinkConfig};
 use uhca::hw::model::Hca;
 use uhca::pci::model::ModelFunction;
-use uhca::resource::{
-    Access, ConnectParams, CqConfig, Local, Mtu, QpConfig, SendFlags, SendOp, SendWr,
-};
+use uhca::resource::{Access, ConnectParams, CqConfig, Mtu, QpConfig};
 use uhca_tests::datapath::{read, wait_n};
 use uhca_tests::{config, model_with_mac};
 

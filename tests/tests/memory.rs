@@ -8,7 +8,7 @@ use uhca::dma::{HostBuffer, HostPages, MemlockPolicy};
 use uhca::resource::{Access, CqConfig, MemError, Mr, MrOptions, QpConfig};
 use uhca::{Device, DeviceConfig};
 use uhca_hw::layout::mkc::Mkc;
-use uhca_hw::model::{AtomicOp, MemError as Fault};
+use uhca_hw::model::{AtomicOp, MkeyFault};
 use uhca_tests::{config, device, model};
 
 const RW: Access = Access::LOCAL_WRITE;
@@ -143,23 +143,23 @@ fn every_refusal_class_is_exact_and_touches_nothing() {
     let mut d = [0u8; 8];
     assert_eq!(
         hca.device_read(k ^ 0x80, p, a, &mut d, false),
-        Err(Fault::BadKey)
+        Err(MkeyFault::BadKey)
     );
     assert_eq!(
         hca.device_read(k, other.pdn(), a, &mut d, false),
-        Err(Fault::NotInPd)
+        Err(MkeyFault::NotInPd)
     );
     assert_eq!(
         hca.device_read(k, p, a + 4090, &mut d, false),
-        Err(Fault::OutOfBounds)
+        Err(MkeyFault::OutOfBounds)
     );
     assert_eq!(
         hca.device_write(k, p, a, &[1; 8], true),
-        Err(Fault::NoRight)
+        Err(MkeyFault::NoRight)
     );
     assert_eq!(
-        hca.device_atomic(k, p, a & !7, AtomicOp::FetchAdd(1)),
-        Err(Fault::NoRight)
+        hca.device_atomic(k, p, a & !7, AtomicOp::FetchAdd { add: 1 }),
+        Err(MkeyFault::NoRight)
     );
     assert_eq!(d, [0u8; 8]);
     let mut all_bytes = vec![0u8; 4096];
@@ -168,7 +168,10 @@ fn every_refusal_class_is_exact_and_touches_nothing() {
     assert_eq!(hca.stats().mkey_faults, f0 + 5);
     // A deregistered key is refused.
     drop(mr);
-    assert_eq!(hca.device_read(k, p, a, &mut d, false), Err(Fault::BadKey));
+    assert_eq!(
+        hca.device_read(k, p, a, &mut d, false),
+        Err(MkeyFault::BadKey)
+    );
     // Access flags verbs refuses.
     assert!(matches!(
         pd.reg_mr(vec![0u8; 64], Access::REMOTE_WRITE),
@@ -199,7 +202,12 @@ fn alloc_mr_gives_registered_dma_memory() {
     mr.write(64, &41u64.to_be_bytes()).unwrap();
     let old = m
         .hca()
-        .device_atomic(mr.rkey(), pd.pdn(), mr.addr() + 64, AtomicOp::FetchAdd(1))
+        .device_atomic(
+            mr.rkey(),
+            pd.pdn(),
+            mr.addr() + 64,
+            AtomicOp::FetchAdd { add: 1 },
+        )
         .unwrap();
     assert_eq!(old, 41);
     let mut v = [0u8; 8];
@@ -432,7 +440,7 @@ fn device_memory_mkeys_and_remote_atomics() {
     assert_eq!(dm.registrations(), 1);
     dm.copy_to(1024 + 8, &100u64.to_be_bytes()).unwrap();
     assert_eq!(
-        hca.device_atomic(mr.rkey(), pd.pdn(), 8, AtomicOp::FetchAdd(23)),
+        hca.device_atomic(mr.rkey(), pd.pdn(), 8, AtomicOp::FetchAdd { add: 23 }),
         Ok(100)
     );
     assert_eq!(
@@ -440,7 +448,7 @@ fn device_memory_mkeys_and_remote_atomics() {
             mr.rkey(),
             pd.pdn(),
             8,
-            AtomicOp::CmpSwap {
+            AtomicOp::CompareSwap {
                 compare: 123,
                 swap: 7
             }

@@ -7,14 +7,12 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::Arc;
 
 use uhca::Device;
-use uhca::datapath::{Remote, Sge, WcStatus};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::hw::link::net::{NetConfig, NetLink, NetStats};
 use uhca::hw::link::{FaultConfig, Link, LinkError};
 use uhca::pci::model::ModelFunction;
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, Mr, Mtu, Qp, QpConfig, SendFlags, SendOp, SendWr,
-};
+use uhca::resource::{Access, ConnectParams, Cq, CqConfig, Mr, Mtu, Qp, QpConfig};
 use uhca_tests::datapath::{read, wait_n};
 use uhca_tests::{config, model_with};
 

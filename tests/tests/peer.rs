@@ -7,14 +7,14 @@ use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use uhca::datapath::{Completion, Sge, WcStatus};
+use uhca::datapath::{Completion, Local, SendFlags, SendOp, SendWr, Sge, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::pci::gpu::ModelGpuFunction;
 use uhca::pci::{DmaBufRefusal, PciError};
 use uhca::peer::{
     DmaBlock, Invalidation, PeerDevice, PeerError, PeerMemory, PeerMemoryClient, PeerTarget,
 };
-use uhca::resource::{Access, ConnectParams, Local, QpConfig, SendFlags, SendOp, SendWr};
+use uhca::resource::{Access, ConnectParams, QpConfig};
 use uhca_tests::datapath::{Pair, mr, pair_with, pattern, read, wait_n};
 
 const SIG: SendFlags = SendFlags::SIGNALED;

@@ -1,9 +1,9 @@
 //! Port counters end to end: the driver's QUERY_VPORT_COUNTER against the model after known
 //! RC traffic between two QPs in loopback, with every packet's size worked out by hand.
 
-use uhca::datapath::{Remote, Sge, WcStatus};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcStatus};
 use uhca::info::{CountersError, PortCounters};
-use uhca::resource::{Local, QpConfig, SendFlags, SendOp, SendWr};
+use uhca::resource::QpConfig;
 use uhca_tests::datapath::{Pair, mr, pair_with, read, wait_n};
 
 /// Ethernet (14) + UDP (8) + BTH (12) + ICRC (4): in every RoCEv2 frame.

@@ -1,15 +1,20 @@
 //! Control-path operations on live queues: QUERY_CQ / MODIFY_CQ through [`Cq::query`],
 //! [`Cq::modify_moderation`] and [`Cq::modify_period_mode`], reusing a QP after 2RST, and
-//! RTS2RTS.
+//! RTS2RTS; the completion EQs CQs report to (one shared by the polled CQs, one with a vector
+//! for each CQ with events).
 
 use std::time::{Duration, Instant};
 
-use uhca::datapath::{Remote, Sge, WcOpcode, WcStatus};
+use uhca::cmd::{ops, queue_ops};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
+use uhca::layout::cmd::CmdStatus;
+use uhca::layout::cqc::Cqc;
 use uhca::resource::{
-    ConnectParams, CqArmState, CqPeriodMode, CqStatus, Local, QpConfig, QpState, QueueError,
-    RtsAttrs, SendFlags, SendOp, SendWr,
+    ConnectParams, Cq, CqArmState, CqConfig, CqPeriodMode, CqStatus, QpConfig, QpState, QueueError,
+    RtsAttrs,
 };
+use uhca::{Device, is_status};
 use uhca_tests::datapath::{Pair, mr, pair_with, read, wait_n};
 
 /// Posts `n` signaled RDMA writes of `len` bytes from `a` and waits for their completions.
@@ -293,4 +298,81 @@ fn read_atomic_depths_above_the_device_limit_are_refused() {
     let c = wait_n(&mut p.cq_a, 1);
     assert_eq!((c[0].status, c[0].wr_id), (WcStatus::Success, 1));
     assert_eq!(read(&dst, 0, 256), vec![0x5C; 256]);
+}
+
+/// The completion EQ a CQ reports to: QUERY_CQ's `c_eqn`, as the device sees it.
+fn eqn_of(dev: &Device, cq: &Cq) -> u32 {
+    let raw = queue_ops::query_cq(dev.cmd(), cq.cqn()).unwrap();
+    Cqc::new_unchecked(&raw[..]).c_eqn_or_apu_element()
+}
+
+/// Whether the device still knows EQ `eqn`, asked by destroying it: only for an EQ no CQ
+/// names any more (a DESTROY_EQ of an EQ that is gone fails with BAD_RES).
+fn eq_is_gone(dev: &Device, eqn: u32) -> bool {
+    match ops::destroy_eq(dev.cmd(), eqn) {
+        Ok(()) => false,
+        Err(e) => {
+            assert!(is_status(&e, CmdStatus::BadResErr), "{e}");
+            true
+        }
+    }
+}
+
+#[test]
+fn polled_cqs_share_one_eq_that_goes_with_the_last() {
+    let dev = Device::open_model().unwrap();
+    let polled = CqConfig {
+        entries: 16,
+        events: false,
+    };
+    let a = dev.create_cq(&polled).unwrap();
+    let b = dev.create_cq(&polled).unwrap();
+    let shared = eqn_of(&dev, &a);
+    assert_eq!(eqn_of(&dev, &b), shared);
+    // A CQ with events gets an EQ of its own; a clone of the handle shares the pool.
+    let e = dev
+        .create_cq(&CqConfig {
+            entries: 16,
+            events: true,
+        })
+        .unwrap();
+    assert_ne!(eqn_of(&dev, &e), shared);
+    let c = dev.clone().create_cq(&polled).unwrap();
+    assert_eq!(eqn_of(&dev, &c), shared);
+    // While one polled CQ holds the EQ, a new one joins it.
+    drop((a, c));
+    let d = dev.create_cq(&polled).unwrap();
+    assert_eq!(eqn_of(&dev, &d), shared);
+    // The last polled CQ takes the EQ with it; the next one gets a new EQ.
+    drop((b, d));
+    assert!(eq_is_gone(&dev, shared));
+    let f = dev.create_cq(&polled).unwrap();
+    let fresh = eqn_of(&dev, &f);
+    assert_ne!(fresh, eqn_of(&dev, &e));
+    drop(f);
+    assert!(eq_is_gone(&dev, fresh));
+    drop(e);
+    dev.close().unwrap();
+}
+
+#[test]
+fn event_cqs_give_their_vectors_back() {
+    let dev = Device::open_model().unwrap();
+    let events = CqConfig {
+        entries: 16,
+        events: true,
+    };
+    let vectors = dev.function().num_irqs() - 1; // vector 0 is the control EQ's
+    // Twice as many event CQs as there are vectors, three at a time: each gives its vector
+    // back when it goes (the model has fewer EQs than vectors, so they cannot all live).
+    let polled = dev.create_cq(&CqConfig::default()).unwrap();
+    for _ in 0..(2 * vectors).div_ceil(3) {
+        let cqs: Vec<Cq> = (0..3).map(|_| dev.create_cq(&events).unwrap()).collect();
+        let mut eqns: Vec<u32> = cqs.iter().map(|cq| eqn_of(&dev, cq)).collect();
+        eqns.sort_unstable();
+        eqns.dedup();
+        assert_eq!(eqns.len(), 3);
+    }
+    drop(polled);
+    dev.close().unwrap();
 }

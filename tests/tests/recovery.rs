@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use uhca::datapath::{PostError, Remote, Sge, WcStatus};
+use uhca::datapath::{Local, PostError, Remote, SendFlags, SendOp, SendWr, Sge, WcStatus};
 use uhca::pci::model::ModelFunction;
-use uhca::resource::{CqConfig, Local, QpConfig, QueueError, SendFlags, SendOp, SendWr};
+use uhca::resource::{CqConfig, QpConfig, QueueError};
 use uhca::{Device, DeviceConfig, DeviceError};
 use uhca_tests::datapath::{mr, pair_on, pattern, read, wait_n};
 use uhca_tests::{model, open_fds};

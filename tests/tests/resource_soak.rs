@@ -5,8 +5,8 @@
 //! default, fast on 2 cores; 10000 on demand). This binary holds one test only: it counts
 //! the process's file descriptors.
 
-use uhca::datapath::{Remote, Sge, WcStatus};
-use uhca::resource::{Access, CqConfig, Local, QpConfig, SendFlags, SendOp, SendWr};
+use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcStatus};
+use uhca::resource::{Access, CqConfig, QpConfig};
 use uhca::{Device, DeviceConfig};
 use uhca_tests::datapath::{connect, mr, wait_n};
 use uhca_tests::{config, model, open_fds};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use uhca::Device;
-use uhca::datapath::{NetHeader, PostError, Sge, WcOpcode, WcStatus};
+use uhca::datapath::{Local, NetHeader, PostError, SendFlags, Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::hw::link::net::{NetConfig, NetLink};
 use uhca::hw::link::{FaultConfig, Link, LinkError};
@@ -16,8 +16,7 @@ use uhca::hw::model::Hca;
 use uhca::pci::model::ModelFunction;
 use uhca::resource::{
     Access, Ah, AhAttr, Cq, CqConfig, GRH_SIZE, GSI_QKEY, GSI_QPN, Gid, Grh, GsiConfig, GsiEvent,
-    Local, Mr, Mtu, Pd, QKEY_USE_QP, QpConfig, QpState, SendFlags, UdDest, UdParams, UdQp,
-    UdSendWr,
+    Mr, Mtu, Pd, QKEY_USE_QP, QpConfig, QpState, UdDest, UdParams, UdQp, UdSendWr,
 };
 use uhca_tests::datapath::{pattern, read, wait_n};
 use uhca_tests::{config, model_with_mac};

@@ -10,13 +10,12 @@
 use std::sync::Arc;
 
 use uhca::Device;
-use uhca::datapath::{PostError, Sge, WcStatus};
+use uhca::datapath::{Local, PostError, SendFlags, Sge, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
 use uhca::hw::model::Hca;
 use uhca::pci::model::ModelFunction;
 use uhca::resource::{
-    Access, AhAttr, CqConfig, GRH_SIZE, Gid, Grh, Local, Mtu, QpConfig, SendFlags, UdDest,
-    UdParams, UdSendWr,
+    Access, AhAttr, CqConfig, GRH_SIZE, Gid, Grh, Mtu, QpConfig, UdDest, UdParams, UdSendWr,
 };
 use uhca_hw::rng::XorShift64 as Rng;
 use uhca_tests::datapath::{read, wait_n};

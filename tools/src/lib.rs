@@ -3,7 +3,8 @@
 //! measures the machine figures its results are compared with (`uhca-perf cacheline|memcpy`);
 //! [`logging`] sets up their log output; `model_server` (feature `vfio-user`) serves the model
 //! HCA over vfio-user for `uhca-model`; `net_port` (feature `model`) puts the model's port on
-//! the host's IP network; [`rping`] is rping's protocol on a connected QP (`uhca-rping`).
+//! the host's IP network; [`rping`] is rping's protocol on a connected QP (`uhca-rping`);
+//! [`topology`] reads the P2P topology between a NIC and a GPU from sysfs (`uhca-bind status`).
 
 #![deny(unsafe_code)]
 
@@ -18,3 +19,4 @@ pub mod net_port;
 pub mod perf;
 pub mod reference;
 pub mod rping;
+pub mod topology;

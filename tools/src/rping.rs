@@ -546,5 +546,4 @@ impl<'a> Pinger<'a> {
 }
 
 #[cfg(test)]
-#[path = "rping_tests.rs"]
 mod tests;

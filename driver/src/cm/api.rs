@@ -21,18 +21,6 @@ use crate::resource::{Access, ConnectParams, Mtu};
 /// Longest single wait of the blocking calls between looks at the wire.
 const WAIT_STEP: Duration = Duration::from_millis(50);
 
-/// The IB MTU code as [`Mtu`], or `None` for a value IBA does not define.
-fn mtu_of(code: u8) -> Option<Mtu> {
-    Some(match code {
-        1 => Mtu::M256,
-        2 => Mtu::M512,
-        3 => Mtu::M1024,
-        4 => Mtu::M2048,
-        5 => Mtu::M4096,
-        _ => return None,
-    })
-}
-
 /// The RoCEv2 UDP source port of a flow label (Linux `rdma_flow_label_to_udp_sport`),
 /// 0xC000 without one.
 fn flow_label_sport(fl: u32) -> u16 {
@@ -295,7 +283,7 @@ impl<T: MadTransport> Cm<T> {
             return Err(Self::wrong_state(id, c, "REQ received"));
         }
         let req = c.req.clone();
-        let mtu = mtu_of(req.path_mtu.min(cfg.mtu as u8)).unwrap_or(Mtu::M256);
+        let mtu = Mtu::from_ib(req.path_mtu.min(cfg.mtu as u8)).unwrap_or(Mtu::M256);
         let initiator_depth = opts.initiator_depth.min(req.responder_resources);
         let mut p = ConnectParams::new(req.local_qpn, req.primary.local_gid, c.peer.mac);
         // We send from the REQ's starting PSN and expect ours, sent in the REP (Linux

@@ -9,7 +9,7 @@ use uhca_layout::mad::MAD_SIZE;
 
 use super::transport::{InMad, MadAddr, MadTransport, TransportError};
 use super::{Cm, CmConfig, CmError};
-use crate::device::Device;
+use crate::handle::Device;
 use crate::resource::{Ah, AhAttr, Gid, Gsi, GsiConfig, GsiError, GsiEvent, Pd};
 
 /// How long [`MadTransport::send`] waits for a send buffer to come free (sends on UD

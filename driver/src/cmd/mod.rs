@@ -117,6 +117,8 @@ pub struct CmdIf {
     token: AtomicU8,
     timeout: Duration,
     dead: AtomicBool,
+    /// Run to completion while waiting ([`driving`](CmdIf::driving)).
+    drive: bool,
 }
 
 impl std::fmt::Debug for CmdIf {
@@ -175,7 +177,17 @@ impl CmdIf {
             token: AtomicU8::new(0),
             timeout: p.timeout,
             dead: AtomicBool::new(false),
+            drive: false,
         })
+    }
+
+    /// Run to completion (`on`): while a command is outstanding, the waiting thread makes
+    /// the device's passes itself ([`PciFunction::drive`](crate::pci::PciFunction::drive):
+    /// only a software device in this process does anything), so a command completes
+    /// without a handoff to the device's own thread. Off by default.
+    pub fn driving(mut self, on: bool) -> CmdIf {
+        self.drive = on;
+        self
     }
 
     /// Marks the interface dead: every later command fails at once.
@@ -336,6 +348,9 @@ impl CmdIf {
                         after: start.elapsed(),
                     });
                 }
+            }
+            if self.drive && self.bar.drive() {
+                continue;
             }
             backoff(spins);
         }

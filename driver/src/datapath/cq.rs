@@ -15,7 +15,7 @@ use uhca_layout::uar::CQ_DBR_SET_CI;
 use uhca_layout::wqe::WqeOpcode;
 
 use super::ring::RingSize;
-use super::sq::{SendSlots, WqKind, WqShadow};
+use super::shadow::{SendSlots, WqKind, WqShadow};
 use crate::barrier;
 use crate::dma::{DmaEntry, DmaRecord, DmaRegion, DmaRing, DmaRingView};
 

@@ -1,6 +1,7 @@
-//! The data path: WQE building ([`wqe`]), the send and receive rings ([`sq`]), completion
-//! polling ([`cq`]) and their ring arithmetic ([`ring`]). Resources that own these rings
-//! are [`Qp`](crate::resource::Qp) and [`Cq`](crate::resource::Cq).
+//! The data path: WQE building ([`wqe`]), the send and receive rings ([`sq`]) and the shadow
+//! of their posted work requests (`shadow`), completion polling ([`cq`]) and their ring
+//! arithmetic ([`ring`]). Resources that own these rings are [`Qp`](crate::resource::Qp)
+//! and [`Cq`](crate::resource::Cq).
 //!
 //! Hot-path contract: posting and polling take `&mut` on their queue and make no syscall,
 //! take no lock and allocate nothing (`driver/tests/hot_path_alloc.rs` counts, against
@@ -30,6 +31,7 @@ pub(crate) mod post;
 #[cfg(any(test, feature = "testing"))]
 pub mod rig;
 pub mod ring;
+pub(crate) mod shadow;
 pub mod sq;
 pub mod wqe;
 pub(crate) mod wr;
@@ -38,3 +40,4 @@ pub use cq::{
     Completion, DatagramInfo, NetHeader, Poll, PollError, WcOpcode, WcStatus, wc_status_str,
 };
 pub use wqe::{MAX_INLINE, PostError, Remote, Sge};
+pub use wr::{Local, SendFlags, SendOp, SendWr};

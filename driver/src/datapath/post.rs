@@ -6,7 +6,8 @@
 
 use uhca_layout::wqe::{ATOMIC_SIZE, WqeOpcode};
 
-use super::sq::{SendRing, WqShadow};
+use super::shadow::WqShadow;
+use super::sq::SendRing;
 use super::wqe::{PostError, Remote, Sge, WqeBuf};
 use super::wr::{Local, SendOp, SendWr};
 

@@ -13,7 +13,8 @@ use uhca_layout::wqe::WqeOpcode;
 
 use super::cq::{Completion, CqRing, Poll, PollError, QpRegistry};
 use super::ring::RingSize;
-use super::sq::{Doorbell, SendRing, SqMem, WqShadow};
+use super::shadow::WqShadow;
+use super::sq::{Doorbell, SendRing, SqMem};
 use super::wqe::{PostError, Remote, Sge};
 use super::wr::{Local, SendFlags, SendOp, SendWr};
 use crate::dma::{DmaRecord, DmaSpace};

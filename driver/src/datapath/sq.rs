@@ -1,4 +1,4 @@
-//! The send and receive rings of a QP (prm-subset.md §9.2-9.6) and their shadows.
+//! The send and receive rings of a QP (prm-subset.md §9.2-9.6).
 //!
 //! Posting writes a WQE into the ring with whole 8-byte stores and advances a local
 //! producer counter; `SendRing::ring_doorbell` publishes a whole batch: doorbell record,
@@ -7,23 +7,20 @@
 //! precomputed, and the three segments are six stores of values built in registers. Other
 //! WQEs are built in a stack buffer by [`WqeBuf`] and copied in.
 //!
-//! The `WqShadow` records each work request's `wr_id` and size where the CQ poller
-//! (possibly another thread) can find them; its words are atomics, written once per
-//! operation with plain stores on x86-64.
+//! Each post records its work request in the QP's `WqShadow` (`super::shadow`), where
+//! the CQ poller finds it.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-
-use crossbeam_utils::CachePadded;
 use uhca_layout::wqe::fast::{
     CTRL_DS, CTRL_FM_CE_SE, CTRL_IMM, CTRL_OPCODE, CTRL_QPN, CTRL_WQE_INDEX, DATA_ADDR,
     DATA_BYTE_COUNT, DATA_LKEY, RADDR_RADDR, RADDR_RKEY,
 };
 use uhca_layout::wqe::{DS_UNIT, INVALID_LKEY, SEND_WQE_BB, WqeOpcode};
 
-use super::ring::{RingSize, in_flight, widen_index16};
+use super::ring::{RingSize, in_flight};
+use super::shadow::WqShadow;
 use super::wqe::{PostError, Remote, Sge, WqeBuf};
 use crate::barrier;
-use crate::dma::{DmaRecord, DmaRing, MaskedSlots, SlotsView};
+use crate::dma::{DmaRecord, DmaRing};
 use crate::pci::Bar;
 
 /// 8-byte words per send basic block.
@@ -35,180 +32,6 @@ const DS_WORDS: usize = DS_UNIT / 8;
 pub(crate) type SqMem = DmaRing<BB_WORDS>;
 /// The receive queue memory, in 16-byte data segments.
 pub(crate) type RqMem = DmaRing<DS_WORDS>;
-
-/// What the poller knows of the send WQE starting at one slot.
-#[derive(Debug, Default)]
-struct SqSlot {
-    wr_id: AtomicU64,
-    /// The WQE's first basic-block counter (tells a WQE start from a stale slot).
-    start: AtomicU32,
-    /// The WQE's one-past-last basic-block counter.
-    next: AtomicU32,
-}
-
-/// A QP's send shadow slots by address and size ([`WqShadow::send_slots`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SendSlots<'a>(SlotsView<'a, SqSlot>);
-
-impl SendSlots<'_> {
-    /// [`WqShadow::complete_send`]'s common case, for a CQE whose WQE counter the caller
-    /// has matched with `tail`, the first block of the oldest outstanding WQE (a
-    /// [`send_tail`](WqShadow::send_tail) the caller advances), having checked that it is
-    /// below a [`send_head`](WqShadow::send_head): that WQE's `wr_id` and the counter of
-    /// the WQE after it. The caller hands the new counter back with
-    /// [`publish_send_tail`](WqShadow::publish_send_tail) (after each completion).
-    #[inline(always)]
-    pub(crate) fn oldest(self, tail: u32) -> (u64, u32) {
-        let s = self.0.get(tail);
-        (
-            s.wr_id.load(Ordering::Relaxed),
-            s.next.load(Ordering::Relaxed),
-        )
-    }
-}
-
-/// The transport of a work queue, as its completions need it: a receive on a datagram
-/// QP tells its sender (`cqe64.flags_rqpn`), and the GSI QP's the P_Key
-/// (docs/spec/mlx5-ib-objects.md §4).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum WqKind {
-    /// A connected QP (RC).
-    #[default]
-    Connected,
-    /// A UD QP.
-    Ud,
-    /// The GSI QP (QP1).
-    Gsi,
-}
-
-/// Per-QP records shared by the poster and the CQ poller.
-#[derive(Debug)]
-pub(crate) struct WqShadow {
-    pub(crate) qpn: u32,
-    /// The QP's transport.
-    pub(crate) kind: WqKind,
-    sq: RingSize,
-    /// One entry per send basic block, used at the block where a WQE starts.
-    sq_slots: MaskedSlots<SqSlot>,
-    /// Send producer counter as published by the last doorbell.
-    sq_head: CachePadded<AtomicU32>,
-    /// Send counter up to which WQEs have completed (always a WQE start).
-    sq_tail: CachePadded<AtomicU32>,
-    rq: RingSize,
-    rq_wr_id: MaskedSlots<AtomicU64>,
-    rq_head: CachePadded<AtomicU32>,
-    rq_tail: CachePadded<AtomicU32>,
-}
-
-impl WqShadow {
-    pub(crate) fn new(qpn: u32, sq: RingSize, rq: RingSize) -> WqShadow {
-        WqShadow {
-            qpn,
-            kind: WqKind::Connected,
-            sq,
-            sq_slots: MaskedSlots::new(sq.entries(), SqSlot::default)
-                .expect("a RingSize is a power of two"),
-            sq_head: Default::default(),
-            sq_tail: Default::default(),
-            rq,
-            rq_wr_id: MaskedSlots::new(rq.entries(), || AtomicU64::new(0))
-                .expect("a RingSize is a power of two"),
-            rq_head: Default::default(),
-            rq_tail: Default::default(),
-        }
-    }
-
-    /// The shadow of a QP of transport `kind`.
-    pub(crate) fn with_kind(mut self, kind: WqKind) -> WqShadow {
-        self.kind = kind;
-        self
-    }
-
-    /// The send ring size (basic blocks).
-    pub(crate) fn sq_size(&self) -> RingSize {
-        self.sq
-    }
-
-    /// The receive ring size (WQEs).
-    pub(crate) fn rq_size(&self) -> RingSize {
-        self.rq
-    }
-
-    /// Records the send WQE of basic blocks `[start, next)`.
-    #[inline(always)]
-    fn record_send(&self, start: u32, next: u32, wr_id: u64) {
-        let s = self.sq_slots.get(start);
-        s.wr_id.store(wr_id, Ordering::Relaxed);
-        s.start.store(start, Ordering::Relaxed);
-        s.next.store(next, Ordering::Relaxed);
-    }
-
-    /// A requester CQE for the WQE whose control segment holds `index`: everything up to
-    /// and including it has completed. `None` unless it names an outstanding WQE's start
-    /// (device memory is untrusted, style.md §10).
-    #[inline(always)]
-    pub(crate) fn complete_send(&self, index: u16) -> Option<u64> {
-        let tail = self.sq_tail.load(Ordering::Relaxed);
-        let head = self.sq_head.load(Ordering::Acquire);
-        // The common case, every WQE signaled: the CQE names the oldest outstanding WQE,
-        // and `tail` is always a WQE start, so one compare (and "anything outstanding")
-        // checks it. Otherwise (unsignaled WQEs before it, or a bad index) the full check.
-        let start = if index == tail as u16 && tail != head {
-            tail
-        } else {
-            self.find_send_start(index, tail, head)?
-        };
-        let s = self.sq_slots.get(start);
-        self.sq_tail
-            .store(s.next.load(Ordering::Relaxed), Ordering::Release);
-        Some(s.wr_id.load(Ordering::Relaxed))
-    }
-
-    /// The send counter up to which WQEs have completed: the counter of the oldest
-    /// outstanding WQE's first block (what its CQE names). The send CQ's poller is the only
-    /// writer.
-    #[inline(always)]
-    pub(crate) fn send_tail(&self) -> u32 {
-        self.sq_tail.load(Ordering::Relaxed)
-    }
-
-    /// The send producer counter as published by the last doorbell.
-    #[inline(always)]
-    pub(crate) fn send_head(&self) -> u32 {
-        self.sq_head.load(Ordering::Acquire)
-    }
-
-    /// The send slots by value, for [`SendSlots::oldest`] in a polling loop.
-    #[inline(always)]
-    pub(crate) fn send_slots(&self) -> SendSlots<'_> {
-        SendSlots(self.sq_slots.view())
-    }
-
-    /// Publishes the send completion counter (to the poster's room check and the full
-    /// index check); `tail` is a counter [`SendSlots::oldest`] returned.
-    #[inline(always)]
-    pub(crate) fn publish_send_tail(&self, tail: u32) {
-        self.sq_tail.store(tail, Ordering::Release);
-    }
-
-    /// `index` widened to the counter of an outstanding WQE's first block, if it is one.
-    #[cold]
-    #[inline(never)]
-    fn find_send_start(&self, index: u16, tail: u32, head: u32) -> Option<u32> {
-        let start = widen_index16(index, tail, head)?;
-        (self.sq_slots.get(start).start.load(Ordering::Relaxed) == start).then_some(start)
-    }
-
-    /// A responder CQE for receive WQE counter `index`.
-    #[inline(always)]
-    pub(crate) fn complete_recv(&self, index: u16) -> Option<u64> {
-        let tail = self.rq_tail.load(Ordering::Relaxed);
-        let head = self.rq_head.load(Ordering::Acquire);
-        let n = widen_index16(index, tail, head)?;
-        self.rq_tail.store(n.wrapping_add(1), Ordering::Release);
-        Some(self.rq_wr_id.get(n).load(Ordering::Relaxed))
-    }
-}
 
 /// Where a QP's doorbells go: its doorbell record and BlueFlame register (§9.1-9.3).
 #[derive(Debug)]
@@ -265,8 +88,7 @@ impl SendRing {
 
     /// Free basic blocks, as of the last look at the shadow.
     pub(crate) fn room(&self, sh: &WqShadow) -> u32 {
-        let tail = sh.sq_tail.load(Ordering::Acquire);
-        self.entries - in_flight(self.head, tail)
+        self.entries - in_flight(self.head, sh.send_tail_acquire())
     }
 
     /// Whether `blocks` more basic blocks fit, looking at the shadow again if the cached
@@ -279,10 +101,7 @@ impl SendRing {
     #[cold]
     #[inline(never)]
     fn refresh_tail(&mut self, sh: &WqShadow, blocks: u32) -> bool {
-        self.room_end = sh
-            .sq_tail
-            .load(Ordering::Acquire)
-            .wrapping_add(self.entries);
+        self.room_end = sh.send_tail_acquire().wrapping_add(self.entries);
         in_flight(self.room_end, self.head) >= blocks
     }
 
@@ -385,7 +204,7 @@ impl SendRing {
         if head == self.rung {
             return;
         }
-        sh.sq_head.store(head, Ordering::Release);
+        sh.publish_send_head(head);
         barrier::wmb_before_dbr(); // WQEs written before the counter that publishes them
         self.dbr.store_be32(head & 0xFFFF);
         barrier::wmb_before_doorbell(); // record visible before the device is told to read it
@@ -439,7 +258,7 @@ impl SendRing {
         let mut n = 0;
         let mut at = self.rung;
         while at != self.head && n < self.entries {
-            at = sh.sq_slots.get(at).next.load(Ordering::Relaxed);
+            at = sh.send_next(at);
             n += 1;
         }
         n
@@ -492,7 +311,7 @@ impl RecvRing {
             return Err(PostError::TooManySges);
         }
         if in_flight(self.head, self.tail) >= self.size.entries() {
-            self.tail = sh.rq_tail.load(Ordering::Acquire);
+            self.tail = sh.recv_tail_acquire();
             if in_flight(self.head, self.tail) >= self.size.entries() {
                 return Err(PostError::QueueFull);
             }
@@ -514,9 +333,9 @@ impl RecvRing {
             r.store(at, 0, DATA_LKEY.put(INVALID_LKEY.into()).to_be());
             r.store(at, 1, 0);
         }
-        sh.rq_wr_id.get(self.head).store(wr_id, Ordering::Relaxed);
+        sh.record_recv(self.head, wr_id);
         self.head = self.head.wrapping_add(1);
-        sh.rq_head.store(self.head, Ordering::Release);
+        sh.publish_recv_head(self.head);
         barrier::wmb_before_dbr(); // receive WQE written before the counter publishes it
         self.dbr.store_be32(self.head & 0xFFFF);
         Ok(())

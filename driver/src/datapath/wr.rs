@@ -1,6 +1,7 @@
 //! Send work requests of a connected (RC) QP: the operation, its local data and flags, as
 //! [`Qp::post_send`](crate::resource::Qp::post_send) takes them and `post` writes them into
-//! the ring. Re-exported by `resource::qp`, their public home.
+//! the ring. Their public home is [`datapath`](super), with the rest of the work-request
+//! vocabulary: [`Sge`], [`Remote`] and [`PostError`](super::PostError).
 
 use uhca_layout::wqe::fm_ce_se;
 

@@ -58,6 +58,12 @@ impl Bar {
         }
     }
 
+    /// Run to completion: one pass of the device's work on this thread, for a device that
+    /// is software in this process ([`PciFunction::drive`]); true if it did anything.
+    pub fn drive(&self) -> bool {
+        self._owner.drive()
+    }
+
     /// Length of the mapping in bytes.
     pub fn len(&self) -> usize {
         self.len

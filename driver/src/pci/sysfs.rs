@@ -572,7 +572,6 @@ impl Sysfs {
 pub mod bind;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
-pub mod topology;
 
 #[cfg(test)]
 mod tests;

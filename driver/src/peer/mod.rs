@@ -77,6 +77,8 @@ mod mr;
 
 pub use client::DmaBufClient;
 pub use exporter::{PeerBuffer, PeerDevice};
+#[cfg(feature = "fuzzing")]
+pub(crate) use mr::fuzz_reset_variant;
 pub use mr::{Invalidation, PeerMr};
 
 use std::os::fd::BorrowedFd;

@@ -18,6 +18,12 @@ const MIN_PAGE: u64 = 4096;
 /// Variant bytes of peer MKeys (a separate counter from host MRs; any fresh value works).
 static VARIANT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0x80);
 
+/// Fuzzing: [`VARIANT`] back to its initial value (`resource::mkey::fuzz_reset_variants`).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_reset_variant() {
+    VARIANT.store(0x80, std::sync::atomic::Ordering::Relaxed);
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// Mapped, MKey not created yet.

@@ -32,7 +32,7 @@ use uhca_layout::ud::{DATAGRAM_SEG, DatagramSeg, GRH_SIZE};
 
 use crate::cmd::{CmdError, ops};
 use crate::datapath::NetHeader;
-use crate::device::Device;
+use crate::handle::Device;
 
 /// A GID: 16 bytes, on RoCE v2 an IPv6 address (IPv4 addresses as IPv4-mapped GIDs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

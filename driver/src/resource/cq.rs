@@ -23,13 +23,14 @@ use uhca_layout::eqe::{EqeComp, EventType};
 use uhca_layout::uar::{CQ_DBR_ARM, CQ_DOORBELL, UAR_SIZE, cq_arm_word};
 use vmm_sys_util::epoll::EpollEvent;
 
-use super::comp_eq::{CompEq, shared_eq};
-pub use super::queue_error::QueueError;
+use super::comp_eq::CompEq;
+use super::queue_error::QueueError;
 use crate::cmd::queue_ops;
 use crate::datapath::cq::{CqRing, Poll, QpRegistry};
 use crate::datapath::ring::RingSize;
-use crate::device::{Device, DeviceInner};
+use crate::device::DeviceInner;
 use crate::dma::DmaRegion;
+use crate::handle::Device;
 use crate::pci::Iova;
 
 /// Options of [`Device::create_cq`].
@@ -170,9 +171,9 @@ impl Device {
             log_max,
         })?;
         let eq = if cfg.events {
-            Arc::new(CompEq::create(dev, true)?)
+            self.comp_eqs.with_events(dev)?
         } else {
-            shared_eq(dev)?
+            self.comp_eqs.shared(dev)?
         };
         let dbr = dbr_offset(size);
         let buf = Arc::new(dev.dma.alloc(dbr + 64)?);

@@ -34,14 +34,17 @@
 use std::time::{Duration, Instant};
 
 use super::ah::{Ah, Grh};
-use super::cq::{Cq, CqConfig, QueueError};
+use super::cq::{Cq, CqConfig};
 use super::mkey::{Access, MemError, Mr};
-use super::qp::{Local, QpConfig, SendFlags};
+use super::qp::QpConfig;
+use super::queue_error::QueueError;
 use super::ud::{GRH_SIZE, GSI_QKEY, GSI_QPN, UdDest, UdQp, UdSendWr};
+use crate::datapath::wr::{Local, SendFlags};
 use uhca_layout::cqe::CqeSyndrome;
 
 use crate::datapath::{NetHeader, PollError, PostError, Sge, WcOpcode, WcStatus};
-use crate::device::{Device, DeviceError};
+use crate::device::DeviceError;
+use crate::handle::Device;
 use crate::resource::Pd;
 
 // Bytes of a MAD, the most a GSI send carries: the layout's (`uhca_layout::mad`).

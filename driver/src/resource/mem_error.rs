@@ -5,88 +5,27 @@
 use crate::cmd::CmdError;
 use crate::dma::{DmaError, MemlockExceeded, PinError};
 
-/// Access rights of a memory region (local read is always granted).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Access(u32);
+/// Access rights of a memory region (local read is always granted): the layout's mkc
+/// rights, which the model checks against too.
+pub use uhca_layout::mkc::Access;
 
-impl Access {
-    /// Local read only.
-    pub const NONE: Access = Access(0);
-    /// The device may write the memory for local work requests (receives, READ responses).
-    pub const LOCAL_WRITE: Access = Access(1);
-    /// Remote peers may read (RDMA READ).
-    pub const REMOTE_READ: Access = Access(2);
-    /// Remote peers may write (RDMA WRITE); needs `LOCAL_WRITE`.
-    pub const REMOTE_WRITE: Access = Access(4);
-    /// Remote peers may run atomics; needs `LOCAL_WRITE`.
-    pub const REMOTE_ATOMIC: Access = Access(8);
-    /// Every right.
-    pub const ALL: Access = Access(0xF);
-
-    /// Whether every right of `other` is in `self`.
-    pub const fn contains(self, other: Access) -> bool {
-        self.0 & other.0 == other.0
+/// Whether `access` is a combination the device takes: known bits only, and remote write
+/// or atomic only with local write.
+pub(super) fn validate_access(access: Access) -> Result<(), MemError> {
+    if access.bits() & !Access::ALL.bits() != 0 {
+        return Err(MemError::InvalidAccess {
+            access,
+            reason: "unknown access bits",
+        });
     }
-
-    /// The mkc bits `[lw, rr, rw, a]` (§7.5).
-    pub(super) fn mkc_rights(self) -> [bool; 4] {
-        [
-            self.contains(Access::LOCAL_WRITE),
-            self.contains(Access::REMOTE_READ),
-            self.contains(Access::REMOTE_WRITE),
-            self.contains(Access::REMOTE_ATOMIC),
-        ]
+    let remote_w = Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    if access.bits() & remote_w.bits() != 0 && !access.contains(Access::LOCAL_WRITE) {
+        return Err(MemError::InvalidAccess {
+            access,
+            reason: "remote write and remote atomic need local write",
+        });
     }
-
-    pub(super) fn validate(self) -> Result<(), MemError> {
-        if self.0 & !Access::ALL.0 != 0 {
-            return Err(MemError::InvalidAccess {
-                access: self,
-                reason: "unknown access bits",
-            });
-        }
-        let remote_w = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0);
-        if self.0 & remote_w.0 != 0 && !self.contains(Access::LOCAL_WRITE) {
-            return Err(MemError::InvalidAccess {
-                access: self,
-                reason: "remote write and remote atomic need local write",
-            });
-        }
-        Ok(())
-    }
-}
-
-impl std::ops::BitOr for Access {
-    type Output = Access;
-    fn bitor(self, rhs: Access) -> Access {
-        Access(self.0 | rhs.0)
-    }
-}
-
-impl std::ops::BitOrAssign for Access {
-    fn bitor_assign(&mut self, rhs: Access) {
-        self.0 |= rhs.0;
-    }
-}
-
-impl std::fmt::Debug for Access {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names = [
-            "LOCAL_WRITE",
-            "REMOTE_READ",
-            "REMOTE_WRITE",
-            "REMOTE_ATOMIC",
-        ];
-        let set: Vec<&str> = (0..4)
-            .filter(|b| self.0 & (1 << b) != 0)
-            .map(|b| names[b])
-            .collect();
-        if set.is_empty() {
-            write!(f, "Access(LOCAL_READ)")
-        } else {
-            write!(f, "Access({})", set.join(" | "))
-        }
-    }
+    Ok(())
 }
 
 /// Errors of memory registration and device memory.

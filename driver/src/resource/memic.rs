@@ -25,7 +25,8 @@ use uhca_layout::cmd::CmdStatus;
 
 use super::mem_error::MemError;
 use crate::cmd::ops;
-use crate::device::{Device, DeviceInner, is_status};
+use crate::device::{DeviceInner, is_status};
+use crate::handle::Device;
 
 /// Allocation granularity (`MLX5_MEMIC_BASE_SIZE`, §11).
 const MEMIC_BASE: usize = 64;

@@ -20,13 +20,15 @@ pub mod uar;
 pub mod ud;
 
 pub use ah::{Ah, AhAttr, AhError, Gid, Grh, UNRESOLVED_MAC};
-pub use cq::{Cq, CqArmState, CqConfig, CqInfo, CqPeriodMode, CqStatus, QueueError};
+pub use cq::{Cq, CqArmState, CqConfig, CqInfo, CqPeriodMode, CqStatus};
 pub use gsi::{GSI_RECV_SIZE, Gsi, GsiConfig, GsiCounters, GsiError, GsiEvent, GsiMad, MAD_SIZE};
 pub use memic::{Dm, DmCaps};
 pub use mkey::{Access, MemError, Mr, MrOptions};
 pub use pd::{Pd, PdInUse};
-pub use qp::{
-    ConnectParams, Local, Mtu, Qp, QpConfig, QpState, RtsAttrs, SendFlags, SendOp, SendWr,
-};
+pub use qp::{ConnectParams, Mtu, Qp, QpConfig, QpState, RtsAttrs};
+// Kept out of the docs: the work-request vocabulary's home is `datapath` (`resource::qp`).
+#[doc(hidden)]
+pub use qp::{Local, SendFlags, SendOp, SendWr};
+pub use queue_error::QueueError;
 pub use uar::Uar;
 pub use ud::{GRH_SIZE, GSI_QKEY, GSI_QPN, QKEY_USE_QP, UdDest, UdParams, UdQp, UdSendWr};

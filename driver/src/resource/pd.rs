@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::cmd::ops;
-use crate::device::{Device, DeviceError, DeviceInner};
+use crate::device::{DeviceError, DeviceInner};
+use crate::handle::Device;
 
 /// The firmware PD: deallocated when the handle and every user are gone.
 struct PdObj {

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use uhca_layout::uar::UAR_SIZE;
 
 use crate::cmd::ops;
-use crate::device::{Device, DeviceError, DeviceInner};
+use crate::device::{DeviceError, DeviceInner};
+use crate::handle::Device;
 
 /// A UAR page (prm-subset.md §9.1): BAR0 page `index`.
 pub struct Uar {

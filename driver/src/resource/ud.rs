@@ -34,12 +34,14 @@ use uhca_layout::qpc::{Ads, Qpc};
 use uhca_layout::wqe::WqeOpcode;
 
 use super::ah::Ah;
-use super::cq::{Cq, QueueError};
-use super::qp::{Local, Mtu, Qp, QpConfig, QpState, QpType, SendFlags};
+use super::cq::Cq;
+use super::qp::{Mtu, Qp, QpConfig, QpState, QpType};
+use super::queue_error::QueueError;
 use crate::cmd::ops::{self, roce_mtu};
 use crate::cmd::queue_ops;
 use crate::datapath::wqe::{PostError, Sge};
-use crate::device::Device;
+use crate::datapath::wr::{Local, SendFlags};
+use crate::handle::Device;
 use crate::resource::Pd;
 
 // The GSI's Q_Key and QPN are the layout's (`uhca_layout::mad`), defined once.
@@ -177,10 +179,6 @@ fn mtu_of_bytes(b: u32) -> Mtu {
     }
 }
 
-fn mtu_bytes(m: Mtu) -> u32 {
-    128 << (m as u32)
-}
-
 impl UdQp {
     /// The QP number the device gave it.
     pub fn qpn(&self) -> u32 {
@@ -288,7 +286,7 @@ impl UdQp {
             q.set_log_msg_max(log_msg);
         })?;
         self.qp.state = QpState::Rtr;
-        self.mtu_bytes = mtu_bytes(mtu);
+        self.mtu_bytes = mtu.bytes();
         Ok(())
     }
 
@@ -450,7 +448,7 @@ mod tests {
             (4096, Mtu::M4096),
         ] {
             assert_eq!(mtu_of_bytes(b), m);
-            assert_eq!(mtu_bytes(m), b);
+            assert_eq!(m.bytes(), b);
         }
     }
 }

@@ -2,6 +2,8 @@
 //! the target's `run_input` `rounds` times in one process and prints inputs per second.
 //! `harness-speed <rc_receive|model_cmd|driver_device> <seed dir> [rounds]`; a plain
 //! release build (no coverage instrumentation), so the figures are the harness's own cost.
+//! `UHCA_SPEED_EACH=1` prints each input's time; `UHCA_FUZZ_NO_DRIVE=1` runs
+//! `driver_device` without run to completion (`hostile::Options::drive`).
 
 use std::time::Instant;
 
@@ -23,6 +25,8 @@ fn main() {
         .collect();
     inputs.sort();
     let mut cmdq: Option<uhca_fuzz::cmdq::Harness> = None;
+    let mut hostile = uhca_fuzz::hostile::Harness::new();
+    let hostile_opts = uhca_fuzz::hostile::Options::default();
     let t0 = Instant::now();
     let mut n = 0usize;
     for _ in 0..rounds {
@@ -33,7 +37,9 @@ fn main() {
                 "model_cmd" => cmdq
                     .get_or_insert_with(uhca_fuzz::cmdq::Harness::new)
                     .run_input(i),
-                "driver_device" => uhca_fuzz::hostile::run_input(i),
+                "driver_device" => {
+                    hostile.run(i, &hostile_opts);
+                }
                 t => panic!("unknown target {t}"),
             }
             n += 1;

@@ -142,6 +142,8 @@ fn driver_device(dir: &Path, n_boot: usize) {
     w.u8(2 | (3 << 4));
     write(dir, "driver_device", "nic-interface-3", &w.0);
     write(dir, "driver_device", "stuck-initializing", &[1]);
+    // The model's thread runs the commands (no run to completion): the driver's waits.
+    write(dir, "driver_device", "clean-boot-device-thread", &[4]);
 }
 
 /// The client's requests: (command, payload, attach: 0 none, 1 memfd, 2 eventfd).

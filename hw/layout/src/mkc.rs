@@ -2,6 +2,87 @@
 
 use crate::layout;
 
+/// Access rights of a memory key, the mkc bits `lw`, `rr`, `rw`, `a` (§7.5; local read is
+/// always granted): what the driver registers a region with and what the model checks an
+/// access against (the rights it needs). One type for both.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// Local read only.
+    pub const NONE: Access = Access(0);
+    /// `lw`: the device may write the memory for local work requests (receives, READ
+    /// responses).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// `rr`: remote peers may read (RDMA READ).
+    pub const REMOTE_READ: Access = Access(2);
+    /// `rw`: remote peers may write (RDMA WRITE); needs `LOCAL_WRITE`.
+    pub const REMOTE_WRITE: Access = Access(4);
+    /// `a`: remote peers may run atomics; needs `LOCAL_WRITE`.
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    /// Every right.
+    pub const ALL: Access = Access(0xF);
+
+    /// Whether every right of `other` is in `self`.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The raw bits (`LOCAL_WRITE` = 1 ... `REMOTE_ATOMIC` = 8).
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// The mkc bits `[lw, rr, rw, a]`.
+    pub const fn mkc_rights(self) -> [bool; 4] {
+        [
+            self.contains(Access::LOCAL_WRITE),
+            self.contains(Access::REMOTE_READ),
+            self.contains(Access::REMOTE_WRITE),
+            self.contains(Access::REMOTE_ATOMIC),
+        ]
+    }
+}
+
+impl core::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl core::ops::BitOrAssign for Access {
+    fn bitor_assign(&mut self, rhs: Access) {
+        self.0 |= rhs.0;
+    }
+}
+
+impl core::fmt::Debug for Access {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        const NAMES: [&str; 4] = [
+            "LOCAL_WRITE",
+            "REMOTE_READ",
+            "REMOTE_WRITE",
+            "REMOTE_ATOMIC",
+        ];
+        if self.0 & Access::ALL.0 == 0 {
+            return f.write_str("Access(LOCAL_READ)");
+        }
+        f.write_str("Access(")?;
+        let mut first = true;
+        for (b, name) in NAMES.iter().enumerate() {
+            if self.0 & (1 << b) != 0 {
+                if !first {
+                    f.write_str(" | ")?;
+                }
+                f.write_str(name)?;
+                first = false;
+            }
+        }
+        f.write_str(")")
+    }
+}
+
 layout! {
     /// `mkc` (64 bytes), prm-subset.md.
     pub struct Mkc, "mkc", size 64;

@@ -2,6 +2,42 @@
 
 use crate::layout;
 
+/// Path MTU: the IB encoding the qpc `mtu` field holds (§7.3; IBA Vol. 1 §9.7.7.2), 1 = 256
+/// bytes ... 5 = 4096 bytes. One type for the driver's connection attributes and the model's
+/// RC engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mtu {
+    /// 256 bytes.
+    M256 = 1,
+    /// 512 bytes.
+    M512 = 2,
+    /// 1024 bytes.
+    M1024 = 3,
+    /// 2048 bytes.
+    M2048 = 4,
+    /// 4096 bytes.
+    M4096 = 5,
+}
+
+impl Mtu {
+    /// Payload bytes per packet.
+    pub const fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+
+    /// From the IB encoding (1 = 256 ... 5 = 4096); `None` for a code IBA does not define.
+    pub const fn from_ib(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Mtu::M256,
+            2 => Mtu::M512,
+            3 => Mtu::M1024,
+            4 => Mtu::M2048,
+            5 => Mtu::M4096,
+            _ => return None,
+        })
+    }
+}
+
 layout! {
     /// `qpc` (232 bytes), prm-subset.md.
     pub struct Qpc, "qpc", size 232;

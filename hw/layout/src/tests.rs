@@ -415,3 +415,25 @@ fn nic_interface_is_three_bits_so_sw_reset_reads_as_seven() {
     assert_eq!(w, 0x1234_5000 | (1 << 8) | 0x56);
     assert_eq!(cmdq_addr_l_sz::with_nic_interface(w, 0), 0x1234_5056);
 }
+
+#[test]
+fn mtu_codes_round_trip() {
+    for (code, bytes) in [(1u8, 256u32), (2, 512), (3, 1024), (4, 2048), (5, 4096)] {
+        let m = qpc::Mtu::from_ib(code).unwrap();
+        assert_eq!((m as u8, m.bytes()), (code, bytes));
+    }
+    assert_eq!(qpc::Mtu::from_ib(0), None);
+    assert_eq!(qpc::Mtu::from_ib(6), None);
+}
+
+#[test]
+fn access_rights_are_the_mkc_bits() {
+    use mkc::Access;
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    assert_eq!(rw.mkc_rights(), [true, false, true, false]);
+    assert_eq!(Access::ALL.mkc_rights(), [true; 4]);
+    assert_eq!(Access::NONE.mkc_rights(), [false; 4]);
+    assert!(Access::ALL.contains(rw) && !rw.contains(Access::REMOTE_READ));
+    assert_eq!(format!("{:?}", Access::NONE), "Access(LOCAL_READ)");
+    assert_eq!(format!("{rw:?}"), "Access(LOCAL_WRITE | REMOTE_WRITE)");
+}

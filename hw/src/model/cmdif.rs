@@ -11,7 +11,7 @@ use crate::layout::init_seg::{cmdq_addr_l_sz, reg};
 
 use super::health::{LOG_CMDQ_SIZE, LOG_CMDQ_STRIDE};
 use super::state::Core;
-use super::{Counters, DmaError, Shared, cmd, eq};
+use super::{Counters, DmaFault, Shared, cmd, eq};
 
 /// Entries in the queue.
 pub(crate) const SLOTS: u32 = 1 << LOG_CMDQ_SIZE;
@@ -58,7 +58,7 @@ pub(crate) fn run_queue(sh: &Shared, core: &mut Core, rung: u32) {
             // teardown), and a scan can still be going over the later slots when the
             // driver, having seen its last completion, turns bus mastering off: both used
             // to log "command queue unreachable" on ordinary runs. Stop fetching.
-            Err(DmaError::BusMasterOff) => {
+            Err(DmaFault::BusMasterOff) => {
                 tracing::debug!(slot, "command queue not fetched: bus mastering is off");
                 return;
             }

@@ -39,13 +39,13 @@ use crate::layout::roce::{RcOpcode, RocePacket};
 use crate::layout::wqe::SEND_WQE_BB;
 use crate::link::{Link, LinkConfig, LinkError, Loopback};
 use crate::rc::{
-    self, AccessError, Clock, Completion, CompletionSink, Env, MonotonicClock, WcOpcode, WcStatus,
+    self, AccessError, Clock, CompletionSink, Env, MonotonicClock, RcCompletion, RcWcOpcode,
+    RcWcStatus,
 };
 
 use super::cq::{self, Cq, Event};
 use super::iommu::Dma;
-use super::mem;
-use super::mkey::{self, Access, MemError};
+use super::mkey::{self, Access, MkeyFault};
 use super::qp::{Qp, QpKind, QpcState};
 // `device.rs` names the tables through here.
 pub(crate) use super::queues::DataPath;
@@ -161,37 +161,37 @@ impl Port {
 }
 
 /// The CQE syndrome of an error status (§9.7).
-fn syndrome(s: WcStatus) -> CqeSyndrome {
+fn syndrome(s: RcWcStatus) -> CqeSyndrome {
     match s {
-        WcStatus::Success | WcStatus::Flushed => CqeSyndrome::WrFlush,
-        WcStatus::LocalLength => CqeSyndrome::LocalLength,
-        WcStatus::LocalProtection => CqeSyndrome::LocalProt,
-        WcStatus::BadResponse => CqeSyndrome::BadResp,
-        WcStatus::RemoteInvalidRequest => CqeSyndrome::RemoteInvalReq,
-        WcStatus::RemoteAccess => CqeSyndrome::RemoteAccess,
-        WcStatus::RemoteOperational => CqeSyndrome::RemoteOp,
-        WcStatus::RetryExceeded => CqeSyndrome::TransportRetryExc,
-        WcStatus::RnrRetryExceeded => CqeSyndrome::RnrRetryExc,
+        RcWcStatus::Success | RcWcStatus::Flushed => CqeSyndrome::WrFlush,
+        RcWcStatus::LocalLength => CqeSyndrome::LocalLength,
+        RcWcStatus::LocalProtection => CqeSyndrome::LocalProt,
+        RcWcStatus::BadResponse => CqeSyndrome::BadResp,
+        RcWcStatus::RemoteInvalidRequest => CqeSyndrome::RemoteInvalReq,
+        RcWcStatus::RemoteAccess => CqeSyndrome::RemoteAccess,
+        RcWcStatus::RemoteOperational => CqeSyndrome::RemoteOp,
+        RcWcStatus::RetryExceeded => CqeSyndrome::TransportRetryExc,
+        RcWcStatus::RnrRetryExceeded => CqeSyndrome::RnrRetryExc,
     }
 }
 
 impl CompletionSink for Sink<'_, '_> {
-    fn complete(&mut self, c: Completion) {
+    fn complete(&mut self, c: RcCompletion) {
         let recv = c.opcode.is_recv();
         let (idx, wqe_op) = if recv {
             (c.wr_id as u16, 0)
         } else {
             sq::unpack_wr_id(c.wr_id)
         };
-        if c.status != WcStatus::Success {
+        if c.status != RcWcStatus::Success {
             self.error(recv, idx, wqe_op, syndrome(c.status));
             return;
         }
         let mut cqe = [0u8; CQE_SIZE];
         let op = match (c.opcode, c.imm) {
-            (WcOpcode::RecvRdmaWithImm, _) => CqeOpcode::RespWrImm,
-            (WcOpcode::Recv, Some(_)) => CqeOpcode::RespSendImm,
-            (WcOpcode::Recv, None) => CqeOpcode::RespSend,
+            (RcWcOpcode::RecvRdmaWithImm, _) => CqeOpcode::RespWrImm,
+            (RcWcOpcode::Recv, Some(_)) => CqeOpcode::RespSendImm,
+            (RcWcOpcode::Recv, None) => CqeOpcode::RespSend,
             _ => CqeOpcode::Req,
         };
         {
@@ -438,7 +438,7 @@ pub(crate) fn run_sq(
                     || qp
                         .engine
                         .as_ref()
-                        .is_some_and(|e| e.state() == rc::QpState::Error);
+                        .is_some_and(|e| e.state() == rc::RcQpState::Error);
                 let s = if flush { CqeSyndrome::WrFlush } else { s };
                 Sink::new(sh, dma, cqs, events, qp).error(false, idx, ctrl.opcode, s);
                 qp.move_to_error();
@@ -714,7 +714,7 @@ fn transmit(
         if qp
             .engine
             .as_ref()
-            .is_some_and(|e| e.state() == rc::QpState::Error)
+            .is_some_and(|e| e.state() == rc::RcQpState::Error)
         {
             qp.state = QpcState::Err;
         }

@@ -5,6 +5,8 @@
 //!   the device thread and runs the command queue itself, through the same entry point the
 //!   thread calls on a command doorbell (`cmdif::run_queue`), so one input is one
 //!   deterministic sequence of device steps.
+//! - [`Hca::fuzz_reset`]: a target that keeps one model across inputs brings it back to
+//!   the state of a fresh one between them, so an input still runs as it would alone.
 //! - [`set_output_hook`]: a hostile-device target lets the model compute each command's
 //!   output, then rewrites it (and may replace the delivery status) before the model
 //!   scatters it into the driver's mailboxes, so the driver meets a device that lies.
@@ -13,7 +15,8 @@ use std::sync::atomic::Ordering;
 
 use crate::layout::init_seg::reg;
 
-use super::{Hca, cmdif};
+use super::config::ConfigSpace;
+use super::{Hca, bar_layout, cmdif};
 
 pub use super::cmdif::{OutputHook, set_output_hook};
 
@@ -35,6 +38,37 @@ impl Hca {
     pub fn fuzz_halt(&self) {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake.kick();
+    }
+
+    /// Back to the state of a model just created, for a target that keeps one model
+    /// across inputs: what [`reset`](Self::reset) (a function-level reset) does, and what
+    /// a fresh model differs in beyond it: BAR0 all zeros again (UAR doorbells and device
+    /// memory of the last input) before the init segment's power-on values, config space
+    /// as at creation (bus mastering off), no MSI-X routing. The IOMMU's mappings belong to
+    /// the host and are not touched ([`dma_mappings`](Self::dma_mappings): one left by a
+    /// driver that leaked memory on purpose means the model cannot stand in for a fresh
+    /// one).
+    pub fn fuzz_reset(&self) {
+        let sh = &self.shared;
+        {
+            let mut c = sh.config.lock().unwrap_or_else(|e| e.into_inner());
+            *c = ConfigSpace::new(
+                sh.bar.len() as u64,
+                bar_layout::NUM_IRQS,
+                bar_layout::MSIX_TABLE as u32,
+                bar_layout::MSIX_PBA as u32,
+            );
+            sh.iommu.set_bus_master(false);
+        }
+        for irq in sh.irqs.lock().unwrap_or_else(|e| e.into_inner()).iter_mut() {
+            *irq = None;
+        }
+        if let Err(e) = sh.bar.discard_all() {
+            // Not expected of a memfd; zero it word by word instead.
+            tracing::warn!(error = %e, "punching BAR0's memfd");
+            sh.bar.zero(0, sh.bar.len());
+        }
+        self.reset();
     }
 
     /// What the device thread does on a command doorbell: clears `cmd_dbell` and runs every

@@ -38,7 +38,7 @@
 //! ([`RemoteMemory`], `remote.rs`: an IOVA a vfio-user client mapped without a file, such
 //! as another function's BAR). A remote chunk of an access is sent to its `RemoteMemory`
 //! under the same read lock (an `unmap` of it waits for the answer, which the
-//! implementation bounds); a failed one fails the access with [`DmaError::Remote`]. The
+//! implementation bounds); a failed one fails the access with [`DmaFault::Remote`]. The
 //! shortcuts that hand out host addresses ([`Dma::host_span`], [`Dma::host_hints`]) see
 //! remote mappings as absent, so their callers take the translated way. An access that
 //! fails in a remote chunk may already have moved its earlier chunks.
@@ -48,8 +48,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use super::ModelError;
-use super::mem::{AtomicOp, HostRegion};
+use super::mem::HostRegion;
 use super::remote::{RemoteError, RemoteFailure, RemoteMemory};
+use crate::rc::AtomicOp;
 pub(crate) use backing::Backing;
 use backing::copy_chunk;
 use smallvec_lite::{Chunk, Chunks};
@@ -68,7 +69,7 @@ pub const IOMMU_PAGE: u64 = 4096;
 
 /// A DMA access the device could not make.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum DmaError {
+pub enum DmaFault {
     /// Some byte of `[iova, iova + len)` is not mapped.
     #[error("IOMMU fault: {len:#x} bytes at IOVA {iova:#x} not mapped")]
     Fault {
@@ -244,7 +245,7 @@ pub(crate) struct Iommu {
     bus_master: AtomicBool,
     faults: AtomicU64,
     refused: AtomicU64,
-    /// Accesses that failed in memory reached by messages ([`DmaError::Remote`]).
+    /// Accesses that failed in memory reached by messages ([`DmaFault::Remote`]).
     remote_failures: AtomicU64,
     /// Threads waiting for the write lock ([`writer_waiting`](Self::writer_waiting)).
     writers: AtomicU64,
@@ -426,12 +427,12 @@ impl Iommu {
 
     /// The bus-master gate: DMA is refused (and counted) while it is off.
     #[inline]
-    fn gate(&self) -> Result<(), DmaError> {
+    fn gate(&self) -> Result<(), DmaFault> {
         if self.bus_master.load(Ordering::Acquire) {
             Ok(())
         } else {
             self.refused.fetch_add(1, Ordering::Relaxed);
-            Err(DmaError::BusMasterOff)
+            Err(DmaFault::BusMasterOff)
         }
     }
 
@@ -457,7 +458,7 @@ impl Iommu {
 
     /// [`Dma::probe_segments`] under a read lock of its own.
     #[cfg(test)]
-    pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<Seen, DmaError> {
+    pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<Seen, DmaFault> {
         self.dma().probe_segments(segs)
     }
 
@@ -467,33 +468,33 @@ impl Iommu {
         &self,
         segs: &[(u64, usize)],
         dst: &mut [u8],
-    ) -> Result<(), DmaError> {
+    ) -> Result<(), DmaFault> {
         self.dma().read_segments(segs, dst)
     }
 
     /// [`Dma::write_segments`] under a read lock of its own.
     #[cfg(test)]
-    pub(crate) fn write_segments(&self, segs: &[(u64, usize)], src: &[u8]) -> Result<(), DmaError> {
+    pub(crate) fn write_segments(&self, segs: &[(u64, usize)], src: &[u8]) -> Result<(), DmaFault> {
         self.dma().write_segments(segs, src)
     }
 
     /// Device read of `dst.len()` bytes at `iova` (a read lock of its own).
-    pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaError> {
+    pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
         self.dma().read(iova, dst)
     }
 
     /// Device write of `src` at `iova` (a read lock of its own).
-    pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaError> {
+    pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaFault> {
         self.dma().write(iova, src)
     }
 
     /// Device write of one byte with release ordering (a read lock of its own).
-    pub(crate) fn write_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaError> {
+    pub(crate) fn write_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault> {
         self.dma().write_u8_release(iova, v)
     }
 
     /// Device read of one byte with acquire ordering (a read lock of its own).
-    pub(crate) fn read_u8_acquire(&self, iova: u64) -> Result<u8, DmaError> {
+    pub(crate) fn read_u8_acquire(&self, iova: u64) -> Result<u8, DmaFault> {
         self.dma().read_u8_acquire(iova)
     }
 
@@ -504,7 +505,7 @@ impl Iommu {
         iova: u64,
         op: AtomicOp,
         order: ByteOrder,
-    ) -> Result<u64, DmaError> {
+    ) -> Result<u64, DmaFault> {
         self.dma().atomic64(iova, op, order)
     }
 }
@@ -579,10 +580,10 @@ impl Dma<'_> {
         len: usize,
         write: bool,
         push: &mut impl FnMut(Chunk<'t>),
-    ) -> Result<(), DmaError> {
+    ) -> Result<(), DmaFault> {
         let fault = || {
             self.io.faults.fetch_add(1, Ordering::Relaxed);
-            DmaError::Fault { iova, len }
+            DmaFault::Fault { iova, len }
         };
         let end = iova.checked_add(len as u64).ok_or_else(fault)?;
         let mut cur = iova;
@@ -602,12 +603,12 @@ impl Dma<'_> {
 
     /// The error of an access to `segs` whose remote chunk failed with `e` (counted).
     #[cold]
-    fn remote_failed(&self, segs: &[(u64, usize)], e: RemoteError) -> DmaError {
+    fn remote_failed(&self, segs: &[(u64, usize)], e: RemoteError) -> DmaFault {
         self.io.remote_failures.fetch_add(1, Ordering::Relaxed);
         let iova = segs.first().map_or(0, |s| s.0);
         let len = segs.iter().map(|s| s.1).sum();
         tracing::debug!(iova, len, error = %e, "DMA to remote memory failed");
-        DmaError::Remote {
+        DmaFault::Remote {
             iova,
             len,
             failure: e.failure,
@@ -626,7 +627,7 @@ impl Dma<'_> {
         write: bool,
         point: bool,
         mut f: impl FnMut(&Backing, usize, usize) -> Result<(), RemoteError>,
-    ) -> Result<(), DmaError> {
+    ) -> Result<(), DmaFault> {
         self.io.gate()?;
         // The common case: one segment inside one mapping.
         if let [(iova, len)] = *segs
@@ -641,7 +642,7 @@ impl Dma<'_> {
             self.translate(iova, len, write, &mut |c| chunks.push(c))?;
             if point && len == 0 && self.t().lookup(iova).is_none() {
                 self.io.faults.fetch_add(1, Ordering::Relaxed);
-                return Err(DmaError::Fault { iova, len });
+                return Err(DmaFault::Fault { iova, len });
             }
         }
         for (r, off, n) in chunks.iter() {
@@ -656,7 +657,7 @@ impl Dma<'_> {
         &self,
         segs: &[(u64, usize)],
         dst: &mut [u8],
-    ) -> Result<(), DmaError> {
+    ) -> Result<(), DmaFault> {
         debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), dst.len());
         let mut pos = 0;
         self.with_segments(segs, false, false, |r, off, n| {
@@ -670,7 +671,7 @@ impl Dma<'_> {
     /// gate, translation, fault counts) without touching the memory. On success, returns
     /// the mapping that holds the first byte of `segs` as a [`Seen`] range (empty when
     /// `segs` is), for [`Iommu::still_mapped`] to answer later probes of it.
-    pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<Seen, DmaError> {
+    pub(crate) fn probe_segments(&self, segs: &[(u64, usize)]) -> Result<Seen, DmaFault> {
         self.io.gate()?;
         for &(iova, len) in segs {
             self.translate(iova, len, false, &mut |_| ())?;
@@ -689,7 +690,7 @@ impl Dma<'_> {
     }
 
     /// Device write of `src` scattered to `segs`; all or nothing.
-    pub(crate) fn write_segments(&self, segs: &[(u64, usize)], src: &[u8]) -> Result<(), DmaError> {
+    pub(crate) fn write_segments(&self, segs: &[(u64, usize)], src: &[u8]) -> Result<(), DmaFault> {
         debug_assert_eq!(segs.iter().map(|s| s.1).sum::<usize>(), src.len());
         let mut pos = 0;
         self.with_segments(segs, true, false, |r, off, n| {
@@ -706,7 +707,7 @@ impl Dma<'_> {
         &self,
         dst: &[(u64, usize)],
         src: &[(u64, usize)],
-    ) -> Result<(), (bool, DmaError)> {
+    ) -> Result<(), (bool, DmaFault)> {
         debug_assert_eq!(
             src.iter().map(|s| s.1).sum::<usize>(),
             dst.iter().map(|s| s.1).sum::<usize>()
@@ -777,7 +778,7 @@ impl Dma<'_> {
     }
 
     /// Device read of `dst.len()` bytes at `iova`.
-    pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaError> {
+    pub(crate) fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
         let mut pos = 0;
         self.with_segments(&[(iova, dst.len())], false, true, |r, off, n| {
             r.read(off, &mut dst[pos..pos + n])?;
@@ -787,7 +788,7 @@ impl Dma<'_> {
     }
 
     /// Device write of `src` at `iova`.
-    pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaError> {
+    pub(crate) fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaFault> {
         let mut pos = 0;
         self.with_segments(&[(iova, src.len())], true, true, |r, off, n| {
             r.write(off, &src[pos..pos + n])?;
@@ -797,14 +798,14 @@ impl Dma<'_> {
     }
 
     /// Device write of one byte with release ordering (ownership bits written last).
-    pub(crate) fn write_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaError> {
+    pub(crate) fn write_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault> {
         self.with_segments(&[(iova, 1)], true, true, |r, off, _| {
             r.store_u8_release(off, v)
         })
     }
 
     /// Device read of one byte with acquire ordering.
-    pub(crate) fn read_u8_acquire(&self, iova: u64) -> Result<u8, DmaError> {
+    pub(crate) fn read_u8_acquire(&self, iova: u64) -> Result<u8, DmaFault> {
         let mut v = 0;
         self.with_segments(&[(iova, 1)], false, true, |r, off, _| {
             v = r.load_u8_acquire(off)?;
@@ -819,10 +820,10 @@ impl Dma<'_> {
         iova: u64,
         op: AtomicOp,
         order: ByteOrder,
-    ) -> Result<u64, DmaError> {
+    ) -> Result<u64, DmaFault> {
         if !iova.is_multiple_of(8) {
             self.io.faults.fetch_add(1, Ordering::Relaxed);
-            return Err(DmaError::Misaligned(iova));
+            return Err(DmaFault::Misaligned(iova));
         }
         let conv = |v: u64| match order {
             ByteOrder::Big => v.to_be(),
@@ -841,7 +842,7 @@ impl Dma<'_> {
                 }
             };
             old = match op {
-                AtomicOp::CmpSwap { compare, swap } => {
+                AtomicOp::CompareSwap { compare, swap } => {
                     match a.compare_exchange(
                         conv(compare),
                         conv(swap),
@@ -851,7 +852,7 @@ impl Dma<'_> {
                         Ok(old) | Err(old) => conv(old),
                     }
                 }
-                AtomicOp::FetchAdd(add) => {
+                AtomicOp::FetchAdd { add } => {
                     let mut old = a.load(Ordering::Acquire);
                     loop {
                         let new = conv(conv(old).wrapping_add(add));

@@ -26,20 +26,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use crate::layout::{Buf, BufMut};
-
-/// An 8-byte atomic operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AtomicOp {
-    /// Compare and swap: store `swap` if the value equals `compare`.
-    CmpSwap {
-        /// Expected value.
-        compare: u64,
-        /// New value.
-        swap: u64,
-    },
-    /// Fetch and add (wrapping).
-    FetchAdd(u64),
-}
+use crate::rc::AtomicOp;
 
 /// BAR0 backing memory: a shared memfd mapping accessed with atomic words.
 pub(crate) struct BarMem {
@@ -167,6 +154,27 @@ impl BarMem {
         }
     }
 
+    /// Zeroes the whole mapping by giving its pages back to the kernel (a hole punched
+    /// in the memfd): every mapping of it then reads zeros, as a fresh one does, and only
+    /// the pages that were written cost anything.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn discard_all(&self) -> io::Result<()> {
+        // SAFETY: fallocate on our own valid descriptor, within its size (kept); the
+        // mapping stays valid, its pages read as zeros from now on.
+        let r = unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                self.len as libc::off_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Device-side copy of BAR bytes at `off` into `dst` (MEMIC reads by the data path).
     pub(crate) fn read_bytes(&self, off: usize, dst: &mut [u8]) {
         assert!(off.checked_add(dst.len()).is_some_and(|e| e <= self.len));
@@ -197,13 +205,13 @@ impl BarMem {
         loop {
             let cur = u64::from_be(old);
             let new = match op {
-                super::AtomicOp::CmpSwap { compare, swap } => {
+                AtomicOp::CompareSwap { compare, swap } => {
                     if cur != compare {
                         return cur;
                     }
                     swap
                 }
-                super::AtomicOp::FetchAdd(add) => cur.wrapping_add(add),
+                AtomicOp::FetchAdd { add } => cur.wrapping_add(add),
             };
             match a.compare_exchange_weak(old, new.to_be(), Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return cur,

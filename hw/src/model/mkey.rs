@@ -3,9 +3,9 @@
 //! # Translation API (for the data path)
 //!
 //! ```text
-//! mem_read  (sh, dma, keys, key, pd, va, dst: &mut [u8], need: Access) -> Result<(), MemError>
-//! mem_write (sh, dma, keys, key, pd, va, src: &[u8],     need: Access) -> Result<(), MemError>
-//! mem_atomic(sh, dma, keys, key, pd, va, op: AtomicOp,   need: Access) -> Result<u64, MemError>
+//! mem_read  (sh, dma, keys, key, pd, va, dst: &mut [u8], need: Access) -> Result<(), MkeyFault>
+//! mem_write (sh, dma, keys, key, pd, va, src: &[u8],     need: Access) -> Result<(), MkeyFault>
+//! mem_atomic(sh, dma, keys, key, pd, va, op: AtomicOp,   need: Access) -> Result<u64, MkeyFault>
 //! ```
 //!
 //! `dma` is the IOMMU table under the read lock the caller holds (`iommu::Dma`): the data
@@ -19,19 +19,19 @@
 //! order, and the first failure is returned:
 //!
 //! 1. key → MKey: the index exists, the variant byte matches, the MKey is not `free`
-//!    (§7.5) — else [`MemError::BadKey`];
-//! 2. the MKey's `pd` equals `pd` — else [`MemError::NotInPd`];
+//!    (§7.5) — else [`MkeyFault::BadKey`];
+//! 2. the MKey's `pd` equals `pd` — else [`MkeyFault::NotInPd`];
 //! 3. bounds: `start_addr <= va` and `va + len <= start_addr + len` for MTT and PA MKeys
 //!    (a PA MKey with `length64` ends at 2^64); for
 //!    MEMIC MKeys the address is zero-based, `va + len <= len` (§11) — else
-//!    [`MemError::OutOfBounds`]; an atomic must also be 8-byte aligned (a misaligned
+//!    [`MkeyFault::OutOfBounds`]; an atomic must also be 8-byte aligned (a misaligned
 //!    atomic is reported as `OutOfBounds`; the data path should check alignment first and
 //!    report an invalid request);
-//! 4. rights: `need` ⊆ the MKey's `lw`/`rr`/`rw`/`a` bits — else [`MemError::NoRight`];
+//! 4. rights: `need` ⊆ the MKey's `lw`/`rr`/`rw`/`a` bits — else [`MkeyFault::NoRight`];
 //! 5. translation: MTT entry `(va >> log_page_size) - (start_addr >> log_page_size)`, DMA
 //!    address `ptag + (va & (page - 1))` (§7.5); with `pg_access` an entry must have
 //!    `rd_en` for reads and `wr_en` for writes (both for atomics) — a zeroed entry, a
-//!    missing entry or an IOVA the model IOMMU cannot reach is [`MemError::Unmapped`]
+//!    missing entry or an IOVA the model IOMMU cannot reach is [`MkeyFault::Unmapped`]
 //!    (a present entry without the needed enable bit is `NoRight`). MEMIC MKeys reach the
 //!    MEMIC window of BAR0 at `start_addr + va`. PA MKeys reach IOVA `va` itself.
 //!
@@ -41,51 +41,19 @@
 //! original value as a number.
 
 use std::cell::Cell;
-use std::ops::BitOr;
 
 use super::Shared;
 use super::iommu::{ByteOrder, Dma, Seen};
-use super::mem::AtomicOp;
 use super::table::IdAlloc;
+use crate::rc::AtomicOp;
 
-/// Access rights of an MKey, and the rights an access needs (local read is always granted).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Access(u8);
-
-#[allow(dead_code, reason = "the data path uses the remote rights")]
-impl Access {
-    /// Local read only.
-    pub(crate) const NONE: Access = Access(0);
-    /// `lw`: local write.
-    pub(crate) const LOCAL_WRITE: Access = Access(1);
-    /// `rr`: remote read.
-    pub(crate) const REMOTE_READ: Access = Access(2);
-    /// `rw`: remote write.
-    pub(crate) const REMOTE_WRITE: Access = Access(4);
-    /// `a`: remote atomic.
-    pub(crate) const REMOTE_ATOMIC: Access = Access(8);
-
-    /// Whether every right of `other` is in `self`.
-    pub(crate) const fn contains(self, other: Access) -> bool {
-        self.0 & other.0 == other.0
-    }
-
-    /// The raw bits.
-    pub(crate) const fn bits(self) -> u8 {
-        self.0
-    }
-}
-
-impl BitOr for Access {
-    type Output = Access;
-    fn bitor(self, rhs: Access) -> Access {
-        Access(self.0 | rhs.0)
-    }
-}
+/// Access rights of an MKey, and the rights an access needs: the layout's (the driver
+/// registers with the same type).
+pub(crate) use crate::layout::mkc::Access;
 
 /// Why a device access through an MKey was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum MemError {
+pub enum MkeyFault {
     /// No such MKey (unknown index, wrong variant byte, destroyed, or `free`).
     #[error("bad memory key")]
     BadKey,
@@ -346,32 +314,32 @@ fn admit(
     len: u64,
     need: Access,
     dir: Dir,
-) -> Result<&Mkey, MemError> {
-    let m = keys.get(key >> 8).ok_or(MemError::BadKey)?;
+) -> Result<&Mkey, MkeyFault> {
+    let m = keys.get(key >> 8).ok_or(MkeyFault::BadKey)?;
     if m.variant != key as u8 || m.free {
-        return Err(MemError::BadKey);
+        return Err(MkeyFault::BadKey);
     }
     if m.pd != pd {
-        return Err(MemError::NotInPd);
+        return Err(MkeyFault::NotInPd);
     }
     if !in_bounds(m, va, len) || (dir == Dir::Atomic && !va.is_multiple_of(8)) {
-        return Err(MemError::OutOfBounds);
+        return Err(MkeyFault::OutOfBounds);
     }
     if !m.rights.contains(need) {
-        return Err(MemError::NoRight);
+        return Err(MkeyFault::NoRight);
     }
     Ok(m)
 }
 
 /// MTT entry `i`, checked for an access that needs the enables `want` (step 5).
 #[inline]
-fn mtt_entry(mtts: &[u64], i: u64, pg_access: bool, want: u64) -> Result<u64, MemError> {
-    let e = *mtts.get(i as usize).ok_or(MemError::Unmapped)?;
+fn mtt_entry(mtts: &[u64], i: u64, pg_access: bool, want: u64) -> Result<u64, MkeyFault> {
+    let e = *mtts.get(i as usize).ok_or(MkeyFault::Unmapped)?;
     if pg_access && e & want != want {
         return Err(if e & (MTT_RD_EN | MTT_WR_EN) == 0 {
-            MemError::Unmapped
+            MkeyFault::Unmapped
         } else {
-            MemError::NoRight
+            MkeyFault::NoRight
         });
     }
     Ok(e)
@@ -381,12 +349,12 @@ fn mtt_entry(mtts: &[u64], i: u64, pg_access: bool, want: u64) -> Result<u64, Me
 /// several MTT pages gives [`Target::Pages`] without looking at them
 /// ([`translate_pages`] does, in order, so the first failing page decides the error).
 #[inline]
-fn translate(m: &Mkey, va: u64, len: u64, dir: Dir) -> Result<Target, MemError> {
+fn translate(m: &Mkey, va: u64, len: u64, dir: Dir) -> Result<Target, MkeyFault> {
     match &m.xlate {
         Xlate::Memic => {
             let off = m.start + va;
             if dir == Dir::Atomic && !off.is_multiple_of(8) {
-                return Err(MemError::OutOfBounds);
+                return Err(MkeyFault::OutOfBounds);
             }
             Ok(Target::Bar(off as usize))
         }
@@ -412,7 +380,13 @@ fn translate(m: &Mkey, va: u64, len: u64, dir: Dir) -> Result<Target, MemError> 
 /// Step 5 for an admitted MTT range over several pages: pushes its IOVA segments to
 /// `segs` (the caller's, empty: filled in place rather than returned by value, which
 /// would copy 160 bytes).
-fn translate_pages(m: &Mkey, va: u64, len: u64, dir: Dir, segs: &mut Segs) -> Result<(), MemError> {
+fn translate_pages(
+    m: &Mkey,
+    va: u64,
+    len: u64,
+    dir: Dir,
+    segs: &mut Segs,
+) -> Result<(), MkeyFault> {
     let Xlate::Mtt {
         log_page_size,
         pg_access,
@@ -439,7 +413,7 @@ fn translate_pages(m: &Mkey, va: u64, len: u64, dir: Dir, segs: &mut Segs) -> Re
     }
 }
 
-fn fault(sh: &Shared, e: MemError) -> MemError {
+fn fault(sh: &Shared, e: MkeyFault) -> MkeyFault {
     super::Counters::inc(&sh.stats.mkey_faults);
     e
 }
@@ -466,8 +440,8 @@ fn access<R>(
     len: usize,
     need: Access,
     dir: Dir,
-    run: impl FnOnce(Place<'_>) -> Result<R, super::iommu::DmaError>,
-) -> Result<R, MemError> {
+    run: impl FnOnce(Place<'_>) -> Result<R, super::iommu::DmaFault>,
+) -> Result<R, MkeyFault> {
     let n = len as u64;
     let target =
         admit(keys, key, pd, va, n, need, dir).and_then(|m| Ok((m, translate(m, va, n, dir)?)));
@@ -483,7 +457,7 @@ fn access<R>(
         Ok((_, Target::Bar(off))) => run(Place::Bar(off)),
         Err(e) => return Err(fault(sh, e)),
     };
-    res.map_err(|_| fault(sh, MemError::Unmapped))
+    res.map_err(|_| fault(sh, MkeyFault::Unmapped))
 }
 
 /// Device read of `dst.len()` bytes at `va` through `key` (see the module docs).
@@ -497,7 +471,7 @@ pub(crate) fn mem_read(
     va: u64,
     dst: &mut [u8],
     need: Access,
-) -> Result<(), MemError> {
+) -> Result<(), MkeyFault> {
     let len = dst.len();
     access(sh, keys, key, pd, va, len, need, Dir::Read, |at| match at {
         Place::Host(segs) => dma.read_segments(segs, dst),
@@ -577,10 +551,10 @@ pub(crate) fn mem_probe(
     va: u64,
     len: u64,
     need: Access,
-) -> Result<(), MemError> {
+) -> Result<(), MkeyFault> {
     let last = va
         .checked_add(len.saturating_sub(1))
-        .ok_or_else(|| fault(sh, MemError::OutOfBounds))?;
+        .ok_or_else(|| fault(sh, MkeyFault::OutOfBounds))?;
     if probe_passes(sh, keys, key, pd, va, last, need) {
         return Ok(());
     }
@@ -597,7 +571,7 @@ pub(crate) fn mem_probe(
     let b = if in_bounds(m, last, 1) {
         byte(m, last)
     } else {
-        Err(MemError::OutOfBounds)
+        Err(MkeyFault::OutOfBounds)
     };
     // The first byte's IOMMU probe comes before the last byte's error, as it would
     // with two separate reads.
@@ -612,7 +586,7 @@ pub(crate) fn mem_probe(
     if n > 0 && !keys.seen.holds(sh, segs) {
         let seen = dma
             .probe_segments(segs)
-            .map_err(|_| fault(sh, MemError::Unmapped))?;
+            .map_err(|_| fault(sh, MkeyFault::Unmapped))?;
         keys.seen.remember(seen);
     }
     b.map(|_| ()).map_err(|e| fault(sh, e))
@@ -629,7 +603,7 @@ pub(crate) fn mem_write(
     va: u64,
     src: &[u8],
     need: Access,
-) -> Result<(), MemError> {
+) -> Result<(), MkeyFault> {
     access(
         sh,
         keys,
@@ -661,8 +635,8 @@ pub(crate) struct CopyEnd {
 /// Which end of a [`mem_copy`] refused, and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CopySide {
-    Source(MemError),
-    Target(MemError),
+    Source(MkeyFault),
+    Target(MkeyFault),
 }
 
 /// Device copy of `len` bytes from `src` to `dst`, each end checked as [`mem_read`] and
@@ -829,7 +803,7 @@ pub(crate) fn mem_atomic(
     va: u64,
     op: AtomicOp,
     need: Access,
-) -> Result<u64, MemError> {
+) -> Result<u64, MkeyFault> {
     access(sh, keys, key, pd, va, 8, need, Dir::Atomic, |at| match at {
         Place::Host(segs) => dma.atomic64(segs[0].0, op, ByteOrder::Big),
         Place::Bar(off) => Ok(sh.bar.atomic64_be(off, op)),
@@ -847,7 +821,7 @@ impl super::Hca {
         va: u64,
         dst: &mut [u8],
         remote: bool,
-    ) -> Result<(), MemError> {
+    ) -> Result<(), MkeyFault> {
         let need = if remote {
             Access::REMOTE_READ
         } else {
@@ -867,7 +841,7 @@ impl super::Hca {
         va: u64,
         src: &[u8],
         remote: bool,
-    ) -> Result<(), MemError> {
+    ) -> Result<(), MkeyFault> {
         let need = if remote {
             Access::REMOTE_WRITE
         } else {
@@ -879,7 +853,13 @@ impl super::Hca {
     }
 
     /// A remote 8-byte atomic through an MKey (requires `a`); returns the original value.
-    pub fn device_atomic(&self, key: u32, pd: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+    pub fn device_atomic(
+        &self,
+        key: u32,
+        pd: u32,
+        va: u64,
+        op: AtomicOp,
+    ) -> Result<u64, MkeyFault> {
         let core = self.shared.core();
         let dma = self.shared.iommu.dma();
         mem_atomic(
@@ -905,7 +885,7 @@ pub(crate) fn rights_of(lw: u32, rr: u32, rw: u32, a: u32) -> Access {
         (a, Access::REMOTE_ATOMIC),
     ] {
         if bit != 0 {
-            r = r | right;
+            r |= right;
         }
     }
     r

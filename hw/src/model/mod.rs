@@ -78,12 +78,12 @@ use std::time::Instant;
 
 use vmm_sys_util::eventfd::EventFd;
 
+pub use crate::rc::AtomicOp;
 pub use cmd::syndrome;
 pub use cmdif::MAX_MSG;
-pub use iommu::{ByteOrder, DmaError, IOVA_END, IOVA_START};
-pub use mem::AtomicOp;
+pub use iommu::{ByteOrder, DmaFault, IOVA_END, IOVA_START};
 pub use mem::DmaBuffer;
-pub use mkey::MemError;
+pub use mkey::MkeyFault;
 pub use remote::{RemoteError, RemoteFailure, RemoteMemory};
 pub use wake::DoorbellWake;
 

@@ -9,8 +9,8 @@ use crate::layout::qpc::{Ads, Qpc};
 use crate::layout::roce::{EthRepr, EtherType, IpRepr, Ipv4Repr, Ipv6Repr};
 use crate::layout::wqe::{DataSeg, INVALID_LKEY, SEND_WQE_BB};
 use crate::rc::{
-    AtomicEndianness, MAX_SGE, Mtu, PathConfig, QpConfig, RcQp, RecvQueue, RecvWqe, RemoteAccess,
-    Sge, SgeList,
+    AtomicEndianness, MAX_SGE, Mtu, PathConfig, RcQp, RcQpConfig, RcSge, RecvQueue, RecvWqe,
+    RemoteAccess, SgeList,
 };
 
 use super::iommu::Dma;
@@ -26,7 +26,7 @@ pub(crate) const SQ_WQE_BUF: usize = MAX_WQE + SEND_WQE_BB;
 
 /// QP states as a QP context holds them (qpc `state`, §7.3). SQD, SQER and the drain states
 /// are not modelled. Named apart from the driver's `uhca::QpState` (the verbs view) and the
-/// RC engine's `rc::QpState` (RTS or error) (#23: one name per concept).
+/// RC engine's `rc::RcQpState` (RTS or error) (#23: one name per concept).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum QpcState {
     /// Reset.
@@ -231,7 +231,7 @@ impl Qp {
         &self,
         src: &GidEntry,
         endianness: AtomicEndianness,
-    ) -> Option<QpConfig> {
+    ) -> Option<RcQpConfig> {
         let c = self.ctx();
         let p = self.path();
         let mtu = Mtu::from_ib(c.mtu() as u8)?;
@@ -257,7 +257,7 @@ impl Qp {
                 IpRepr::V6(_) => EtherType::Ipv6,
             },
         };
-        Some(QpConfig {
+        Some(RcQpConfig {
             qpn: self.qpn,
             dest_qpn: c.remote_qpn(),
             p_key: DEFAULT_PKEY,
@@ -364,7 +364,7 @@ impl Rq<'_, '_> {
                 continue;
             }
             // At most MAX_SGE entries are read, so the push cannot fail.
-            let _ = sges.push(Sge {
+            let _ = sges.push(RcSge {
                 lkey: d.lkey(),
                 addr: d.addr(),
                 len: d.byte_count(),

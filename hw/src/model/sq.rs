@@ -11,7 +11,7 @@ use crate::layout::wqe::{
 };
 #[cfg(test)]
 use crate::rc::LocalRef;
-use crate::rc::{PostError, RemoteAddr, SendSlot, Sge, WrOp};
+use crate::rc::{RcPostError, RcSge, RemoteAddr, SendSlot, WrOp};
 
 /// Largest WQE: 63 16-byte units (the `ds` field is 6 bits).
 pub(crate) const MAX_WQE: usize = 63 * DS_UNIT;
@@ -42,16 +42,16 @@ pub(crate) enum WqeError {
 }
 
 /// The engine's refusals of a decoded WQE.
-impl From<PostError> for WqeError {
-    fn from(e: PostError) -> Self {
+impl From<RcPostError> for WqeError {
+    fn from(e: RcPostError) -> Self {
         match e {
-            PostError::QueueFull => WqeError::QueueFull,
-            PostError::BadAtomicLength { .. }
-            | PostError::TooLong { .. }
-            | PostError::InlineTooLong { .. } => WqeError::Length,
-            PostError::InlineNotAllowed
-            | PostError::MixedLocalData
-            | PostError::TooManySges { .. } => WqeError::QpOp,
+            RcPostError::QueueFull => WqeError::QueueFull,
+            RcPostError::BadAtomicLength { .. }
+            | RcPostError::TooLong { .. }
+            | RcPostError::InlineTooLong { .. } => WqeError::Length,
+            RcPostError::InlineNotAllowed
+            | RcPostError::MixedLocalData
+            | RcPostError::TooManySges { .. } => WqeError::QpOp,
         }
     }
 }
@@ -179,7 +179,7 @@ pub(crate) fn local_data(segs: &[u8], slot: &mut SendSlot) -> Result<(), WqeErro
         if d.byte_count() == 0 {
             continue; // zero-length entries move nothing
         }
-        slot.push_sge(Sge {
+        slot.push_sge(RcSge {
             lkey: d.lkey(),
             addr: d.addr(),
             len: d.byte_count(),
@@ -243,7 +243,7 @@ mod tests {
         match wr.local() {
             LocalRef::Sges(l) => assert_eq!(
                 l.as_slice()[1],
-                Sge {
+                RcSge {
                     lkey: 0x42,
                     addr: 0x2014,
                     len: 20
@@ -322,11 +322,14 @@ mod tests {
 
     #[test]
     fn engine_refusals_map_to_wqe_errors() {
-        assert_eq!(WqeError::from(PostError::QueueFull), WqeError::QueueFull);
+        assert_eq!(WqeError::from(RcPostError::QueueFull), WqeError::QueueFull);
         assert_eq!(
-            WqeError::from(PostError::BadAtomicLength { len: 4 }),
+            WqeError::from(RcPostError::BadAtomicLength { len: 4 }),
             WqeError::Length
         );
-        assert_eq!(WqeError::from(PostError::InlineNotAllowed), WqeError::QpOp);
+        assert_eq!(
+            WqeError::from(RcPostError::InlineNotAllowed),
+            WqeError::QpOp
+        );
     }
 }

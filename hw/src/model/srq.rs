@@ -18,7 +18,7 @@
 
 use crate::layout::srq::{SRQ_NEXT_SEG, SRQ_NEXT_WQE_INDEX};
 use crate::layout::wqe::{DataSeg, INVALID_LKEY};
-use crate::rc::{MAX_SGE, RecvWqe, Sge, SgeList};
+use crate::rc::{MAX_SGE, RcSge, RecvWqe, SgeList};
 
 use super::iommu::Dma;
 use super::wq::{QueueBuf, extend_counter, read_dbr};
@@ -110,7 +110,7 @@ impl Srq {
                     continue;
                 }
                 // At most MAX_SGE entries are read, so the push cannot fail.
-                let _ = sges.push(Sge {
+                let _ = sges.push(RcSge {
                     lkey: d.lkey(),
                     addr: d.addr(),
                     len: d.byte_count(),

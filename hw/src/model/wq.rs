@@ -8,7 +8,7 @@
 use crate::layout::Buf;
 
 use super::Shared;
-use super::iommu::{Dma, DmaError};
+use super::iommu::{Dma, DmaFault};
 
 /// Why a `pas` description was refused at create time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,8 +87,8 @@ impl QueueBuf {
         &self,
         off: u64,
         n: usize,
-        mut f: impl FnMut(u64, std::ops::Range<usize>) -> Result<(), DmaError>,
-    ) -> Result<(), DmaError> {
+        mut f: impl FnMut(u64, std::ops::Range<usize>) -> Result<(), DmaFault>,
+    ) -> Result<(), DmaFault> {
         debug_assert!(
             off + n as u64 <= self.len,
             "queue buffer access past the end"
@@ -116,18 +116,18 @@ impl QueueBuf {
     }
 
     /// Device read of `dst.len()` bytes at byte `off`.
-    pub(crate) fn read(&self, dma: &Dma<'_>, off: u64, dst: &mut [u8]) -> Result<(), DmaError> {
+    pub(crate) fn read(&self, dma: &Dma<'_>, off: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
         let n = dst.len();
         self.pieces(off, n, |iova, r| dma.read(iova, &mut dst[r]))
     }
 
     /// Device write of `src` at byte `off`.
-    pub(crate) fn write(&self, dma: &Dma<'_>, off: u64, src: &[u8]) -> Result<(), DmaError> {
+    pub(crate) fn write(&self, dma: &Dma<'_>, off: u64, src: &[u8]) -> Result<(), DmaFault> {
         self.pieces(off, src.len(), |iova, r| dma.write(iova, &src[r]))
     }
 
     /// Writes one byte with release ordering (ownership bytes, written last).
-    pub(crate) fn write_u8_release(&self, dma: &Dma<'_>, off: u64, v: u8) -> Result<(), DmaError> {
+    pub(crate) fn write_u8_release(&self, dma: &Dma<'_>, off: u64, v: u8) -> Result<(), DmaFault> {
         self.pieces(off, 1, |iova, _| dma.write_u8_release(iova, v))
     }
 }
@@ -187,7 +187,7 @@ impl Hints {
 }
 
 /// Reads the big-endian dword at `iova` (doorbell records, prm-subset.md §9.3).
-pub(crate) fn read_dbr(dma: &Dma<'_>, iova: u64) -> Result<u32, DmaError> {
+pub(crate) fn read_dbr(dma: &Dma<'_>, iova: u64) -> Result<u32, DmaFault> {
     let mut b = [0u8; 4];
     dma.read(iova, &mut b)?;
     Ok(u32::from_be_bytes(b))

@@ -2,7 +2,7 @@
 //! requester (WRITE and SEND bursts out, READ response bursts in) and the responder (the
 //! reverse), and the whole messages that follow a burst in its frame.
 
-use super::sge::{Sge, SgeList};
+use super::sge::{RcSge, SgeList};
 use crate::layout::roce::{AethRepr, RethRepr};
 
 /// Segmentation offload on a local link: consecutive packets of one message (RDMA WRITE or
@@ -105,7 +105,7 @@ pub struct MoreMsg {
     /// Bytes its packets would take on a wire.
     pub wire_len: u32,
     /// The payload, read in the burst's domain.
-    pub sge: Sge,
+    pub sge: RcSge,
 }
 
 /// The [`MoreMsg`]s of a [`Burst`]: up to [`MAX_MORE`], in order (no allocation).

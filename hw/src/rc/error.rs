@@ -2,7 +2,7 @@
 
 /// Why a work request was refused at post time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PostError {
+pub enum RcPostError {
     /// The send queue is full.
     #[error("send queue full")]
     QueueFull,
@@ -15,7 +15,7 @@ pub enum PostError {
         /// Bytes given.
         len: u64,
     },
-    /// The message is longer than the QP allows (`QpConfig::log_max_msg`, at most IBA's
+    /// The message is longer than the QP allows (`RcQpConfig::log_max_msg`, at most IBA's
     /// 2^31 bytes, Vol. 1 §9.4), or alone spans half the PSN space.
     #[error("message of {len} bytes exceeds the QP's maximum message size")]
     TooLong {

@@ -3,7 +3,7 @@
 
 /// The access a memory operation needs (IBA Vol. 1 §10.6.3 access rights).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Access {
+pub enum AccessKind {
     /// Local read through an L_Key (gather for SEND/WRITE).
     LocalRead,
     /// Local write through an L_Key (receive buffers, READ and atomic results).
@@ -62,13 +62,19 @@ pub enum AtomicOp {
 pub trait Memory {
     /// Whether `len` bytes at `va` may be accessed with `access` (checked before a
     /// READ or WRITE is accepted, so a bad R_Key is NAKed before any data moves).
-    fn check(&self, key: u32, va: u64, len: u64, access: Access) -> Result<(), AccessError>;
+    fn check(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<(), AccessError>;
     /// Reads `buf.len()` bytes at `va`.
-    fn read(&self, key: u32, va: u64, buf: &mut [u8], access: Access) -> Result<(), AccessError>;
+    fn read(
+        &self,
+        key: u32,
+        va: u64,
+        buf: &mut [u8],
+        access: AccessKind,
+    ) -> Result<(), AccessError>;
     /// Writes `data` at `va`.
-    fn write(&self, key: u32, va: u64, data: &[u8], access: Access) -> Result<(), AccessError>;
+    fn write(&self, key: u32, va: u64, data: &[u8], access: AccessKind) -> Result<(), AccessError>;
     /// Performs `op` on the 8 bytes at `va` atomically with respect to other atomics of
-    /// the device ([`Access::RemoteAtomic`] required) and returns the original value. The
+    /// the device ([`AccessKind::RemoteAtomic`] required) and returns the original value. The
     /// byte order of the target is the model's choice.
     fn atomic(&self, key: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
     /// The protection domain this memory checks keys in, as a [`Burst`](super::Burst) names it for the
@@ -78,15 +84,15 @@ pub trait Memory {
         0
     }
     /// Whether `len` bytes at `va` may be read through local key `key` in protection domain
-    /// `domain` ([`Access::LocalRead`]): the receiving end's look at a [`Burst`](super::Burst)'s payload
+    /// `domain` ([`AccessKind::LocalRead`]): the receiving end's look at a [`Burst`](super::Burst)'s payload
     /// before it commits anything to it. The provided version, for a memory with one
     /// domain, is [`check`](Self::check).
     fn check_in(&self, domain: u32, key: u32, va: u64, len: u64) -> Result<(), AccessError> {
         let _ = domain;
-        self.check(key, va, len, Access::LocalRead)
+        self.check(key, va, len, AccessKind::LocalRead)
     }
     /// Copies `len` bytes at `src_va` of local key `src_key`, checked in protection domain
-    /// `src_domain` with [`Access::LocalRead`], to `dst_va` through `dst_key` with
+    /// `src_domain` with [`AccessKind::LocalRead`], to `dst_va` through `dst_key` with
     /// `access`: the receiving end of a [`Burst`](super::Burst), whose payload never left the sender's
     /// memory. The provided version, for a memory with one domain, moves the bytes through
     /// a small buffer with [`read`](Self::read) and [`write`](Self::write), after checking
@@ -96,7 +102,7 @@ pub trait Memory {
         &self,
         dst_key: u32,
         dst_va: u64,
-        access: Access,
+        access: AccessKind,
         src_domain: u32,
         src_key: u32,
         src_va: u64,
@@ -109,7 +115,7 @@ pub trait Memory {
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(buf.len() as u64) as usize;
-            self.read(src_key, src_va + done, &mut buf[..n], Access::LocalRead)
+            self.read(src_key, src_va + done, &mut buf[..n], AccessKind::LocalRead)
                 .map_err(CopyFault::Source)?;
             self.write(dst_key, dst_va + done, &buf[..n], access)
                 .map_err(CopyFault::Target)?;
@@ -158,7 +164,7 @@ pub struct CopyIn {
     /// The target's address.
     pub dst_va: u64,
     /// The access the target needs.
-    pub access: Access,
+    pub access: AccessKind,
     /// The protection domain the source is read in.
     pub src_domain: u32,
     /// The source's local key.

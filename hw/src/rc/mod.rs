@@ -10,9 +10,9 @@
 //! - [`WorkRequest`] in ([`RcQp::post_send`]): opcode, local SGEs or inline bytes, remote
 //!   address and R_Key, immediate, atomic operands, signaled/solicited/fence flags.
 //! - [`Memory`]: every byte the engine reads or writes, keyed by L_Key/R_Key with the
-//!   [`Access`] it needs, so the model routes it through its MKey/MTT/IOMMU checks.
+//!   [`AccessKind`] it needs, so the model routes it through its MKey/MTT/IOMMU checks.
 //! - [`RecvQueue`]: the next posted receive buffer for an incoming SEND (or none: RNR NAK).
-//! - [`CompletionSink`]: one [`Completion`] per signaled or failed send WR and per receive.
+//! - [`CompletionSink`]: one [`RcCompletion`] per signaled or failed send WR and per receive.
 //! - [`Clock`]: time for the ACK and RNR timers ([`ManualClock`] for deterministic tests).
 //! - [`Link`]: whole frames out; frames in arrive through
 //!   [`RcQp::receive`] after the port parsed them and demultiplexed them by destination QP.
@@ -39,10 +39,10 @@ mod types;
 mod tests;
 
 pub use burst::{Burst, MAX_MORE, MoreMsg, MoreMsgs};
-pub use error::PostError;
-pub use memory::{Access, AccessError, AtomicOp, CopyFault, CopyIn, Memory};
+pub use error::RcPostError;
+pub use memory::{AccessError, AccessKind, AtomicOp, CopyFault, CopyIn, Memory};
 pub use offload::Offload;
-pub use sge::{MAX_INLINE, MAX_SGE, Sge, SgeList};
+pub use sge::{MAX_INLINE, MAX_SGE, RcSge, SgeList};
 pub use types::*;
 
 use crate::layout::roce::{BthRepr, BthVar, ExtHeaders, HeaderTemplate, Psn, RocePacket, UdpRepr};
@@ -61,7 +61,7 @@ pub struct Env<'a> {
     pub mem: &'a dyn Memory,
     /// The QP's receive queue (or its SRQ).
     pub recv: &'a mut dyn RecvQueue,
-    /// Completions of both the send and the receive side ([`Completion::opcode`] tells).
+    /// Completions of both the send and the receive side ([`RcCompletion::opcode`] tells).
     pub cq: &'a mut dyn CompletionSink,
     /// Time.
     pub clock: &'a dyn Clock,
@@ -85,7 +85,7 @@ struct Tx {
 }
 
 impl Tx {
-    fn new(cfg: &QpConfig) -> Self {
+    fn new(cfg: &RcQpConfig) -> Self {
         let mtu = cfg.mtu.bytes() as usize;
         let udp = UdpRepr {
             src_port: cfg.path.udp_src_port,
@@ -258,7 +258,7 @@ const BURST_MIN: u32 = 512;
 pub const MAX_HEADERS_LEN: usize = 14 + 40 + 8 + 12 + 16 + 4 + 3 + 4;
 
 /// One RC queue pair: a requester (send queue) and a responder (receive side) sharing one
-/// path, in the RTS state until an error moves it to [`QpState::Error`].
+/// path, in the RTS state until an error moves it to [`RcQpState::Error`].
 ///
 /// Driving it: [`post_send`](Self::post_send) queues work, [`receive`](Self::receive)
 /// takes each parsed frame addressed to this QP, and [`poll`](Self::poll) transmits what
@@ -266,8 +266,8 @@ pub const MAX_HEADERS_LEN: usize = 14 + 40 + 8 + 12 + 16 + 4 + 3 + 4;
 /// transmit; call `poll` after them. `poll` returns the next time it must run even if
 /// nothing arrives, so an idle port can sleep instead of spinning.
 pub struct RcQp {
-    cfg: QpConfig,
-    state: QpState,
+    cfg: RcQpConfig,
+    state: RcQpState,
     req: Requester,
     resp: Responder,
     tx: Tx,
@@ -276,20 +276,20 @@ pub struct RcQp {
 
 impl RcQp {
     /// A QP in the RTS state with the given attributes.
-    pub fn new(cfg: QpConfig) -> Result<Self, ConfigError> {
+    pub fn new(cfg: RcQpConfig) -> Result<Self, ConfigError> {
         cfg.validate()?;
         Ok(Self {
             req: Requester::new(&cfg),
             resp: Responder::new(&cfg),
             tx: Tx::new(&cfg),
-            state: QpState::Rts,
+            state: RcQpState::Rts,
             stats: RcStats::default(),
             cfg,
         })
     }
 
     /// The attributes it was made with.
-    pub fn config(&self) -> &QpConfig {
+    pub fn config(&self) -> &RcQpConfig {
         &self.cfg
     }
 
@@ -314,7 +314,7 @@ impl RcQp {
     }
 
     /// The QP state.
-    pub fn state(&self) -> QpState {
+    pub fn state(&self) -> RcQpState {
         self.state
     }
 
@@ -333,7 +333,7 @@ impl RcQp {
     /// send window, an RNR wait or a retransmission). The timers are not looked at: a
     /// driver that skips such a QP must still poll it by the deadline `poll` returned.
     pub fn awaits_response(&self) -> bool {
-        self.state == QpState::Rts && !self.resp.has_output() && self.req.all_sent()
+        self.state == RcQpState::Rts && !self.resp.has_output() && self.req.all_sent()
     }
 
     /// Whether a [`poll`](Self::poll) would do nothing and return `None` until a packet
@@ -341,7 +341,7 @@ impl RcQp {
     /// not yet completed, no timer running or due to start. A driver may skip polling an
     /// idle QP.
     pub fn is_idle(&self) -> bool {
-        self.state == QpState::Rts
+        self.state == RcQpState::Rts
             && !self.resp.has_output()
             && self.req.len() == 0
             && self.req.deadline().is_none()
@@ -349,11 +349,11 @@ impl RcQp {
 
     /// Queues a send work request. Checked here: the queue has room, the local data fit
     /// the opcode (inline only for SEND/WRITE, 8 bytes for atomics), the length is at most
-    /// the QP's `2^log_max_msg` bytes ([`QpConfig::log_max_msg`]). A request that would
+    /// the QP's `2^log_max_msg` bytes ([`RcQpConfig::log_max_msg`]). A request that would
     /// make the posted ones span half the PSN space gets `QueueFull` until earlier ones
     /// complete. In the error state the request is accepted and completes as flushed on
     /// the next [`poll`](Self::poll).
-    pub fn post_send(&mut self, wr: WorkRequest) -> Result<(), PostError> {
+    pub fn post_send(&mut self, wr: WorkRequest) -> Result<(), RcPostError> {
         self.post_send_with(|slot: &mut SendSlot| slot.fill_from(&wr))
     }
 
@@ -361,7 +361,7 @@ impl RcQp {
     /// (no [`WorkRequest`] is built or moved; see [`SendSlot`]). Checked like
     /// [`post_send`](Self::post_send), after `fill`; a full queue is refused before `fill`
     /// runs. On any error, `fill`'s own included, nothing is queued.
-    pub fn post_send_with<E: From<PostError>>(
+    pub fn post_send_with<E: From<RcPostError>>(
         &mut self,
         fill: impl FnOnce(&mut SendSlot) -> Result<(), E>,
     ) -> Result<(), E> {
@@ -371,7 +371,7 @@ impl RcQp {
     /// Moves the QP to the error state (a modify-QP to ERR): outstanding and later work
     /// requests complete as flushed, starting on the next poll.
     pub fn set_error(&mut self) {
-        self.state = QpState::Error;
+        self.state = RcQpState::Error;
     }
 
     /// Takes one received packet for this QP. Packets for another QP number or P_Key, and
@@ -398,7 +398,7 @@ impl RcQp {
             false
         };
         if fatal {
-            self.state = QpState::Error;
+            self.state = RcQpState::Error;
         }
     }
 
@@ -452,7 +452,7 @@ impl RcQp {
     fn accepts(&self, pkt: &RocePacket<'_>) -> bool {
         pkt.bth.dest_qp == self.cfg.qpn
             && pkt.bth.p_key & 0x7FFF == self.cfg.p_key & 0x7FFF
-            && self.state != QpState::Error
+            && self.state != RcQpState::Error
     }
 
     /// Whether a packet's IP addresses are the path's, the other way round: its source is
@@ -508,7 +508,7 @@ impl RcQp {
                 .on_read_burst(pkt, burst, env, &self.cfg, &mut self.stats)
         };
         if fatal {
-            self.state = QpState::Error;
+            self.state = RcQpState::Error;
         }
     }
 
@@ -525,17 +525,17 @@ impl RcQp {
                 .resp
                 .transmit(env, &self.cfg, &mut self.tx, &mut self.stats)
         {
-            self.state = QpState::Error;
+            self.state = RcQpState::Error;
         }
-        if self.state == QpState::Rts {
+        if self.state == RcQpState::Rts {
             if let Some(next) = self.req.quiet(&self.cfg, env.clock) {
                 return next;
             }
             if self.req.run(env, &self.cfg, &mut self.tx, &mut self.stats) {
-                self.state = QpState::Error;
+                self.state = RcQpState::Error;
             }
         }
-        if self.state == QpState::Error {
+        if self.state == RcQpState::Error {
             self.req.flush(env, &self.cfg);
             self.resp.flush(env, &self.cfg);
             // The responder still owes the NAK that reported the error, if the link was full.
@@ -552,7 +552,7 @@ impl RcQp {
 const NO_COPY: CopyIn = CopyIn {
     dst_key: 0,
     dst_va: 0,
-    access: Access::LocalRead,
+    access: AccessKind::LocalRead,
     src_domain: 0,
     src_key: 0,
     src_va: 0,

@@ -23,7 +23,7 @@ mod queue;
 use queue::SendQueue;
 
 use super::burst::*;
-use super::error::PostError;
+use super::error::RcPostError;
 use super::memory::*;
 use super::sge::{CopyError, check_gather, gather, scatter, scatter_from};
 use super::types::*;
@@ -40,7 +40,7 @@ struct SendWqe {
     len: u32,
     /// A local error found while building one of its packets; reported when it reaches
     /// the front of the queue (completions are in order).
-    failed: Option<WcStatus>,
+    failed: Option<RcWcStatus>,
 }
 
 impl SendWqe {
@@ -74,7 +74,7 @@ const ARM_WAIT: u8 = 2;
 /// What a response handler needs besides the requester itself.
 struct Cx<'c, 'e, 'a> {
     env: &'e mut Env<'a>,
-    cfg: &'c QpConfig,
+    cfg: &'c RcQpConfig,
     stats: &'c mut RcStats,
 }
 
@@ -107,12 +107,12 @@ pub(super) struct Requester {
     goback_guard: Option<Psn>,
     /// A fatal NAK for a PSN behind an unfinished READ/atomic, reported when that PSN
     /// reaches the front.
-    pending_nak: Option<(Psn, WcStatus)>,
+    pending_nak: Option<(Psn, RcWcStatus)>,
     since_ack_req: u32,
 }
 
 impl Requester {
-    pub(super) fn new(cfg: &QpConfig) -> Self {
+    pub(super) fn new(cfg: &RcQpConfig) -> Self {
         let psn = Psn::new(cfg.sq_psn);
         Self {
             wqes: SendQueue::new(cfg.sq_depth as usize),
@@ -151,36 +151,36 @@ impl Requester {
 
     /// Queues a request that `fill` writes in place into its entry (see
     /// [`SendSlot`]), then checks it; on any error nothing is queued.
-    pub(super) fn post_with<E: From<PostError>>(
+    pub(super) fn post_with<E: From<RcPostError>>(
         &mut self,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
         fill: impl FnOnce(&mut SendSlot) -> Result<(), E>,
     ) -> Result<(), E> {
-        let w = self.wqes.next_free().ok_or(PostError::QueueFull)?;
+        let w = self.wqes.next_free().ok_or(RcPostError::QueueFull)?;
         w.wr.reset();
         fill(&mut w.wr)?;
         let wr = &w.wr;
         let len = wr.len();
         if wr.is_mixed() {
-            return Err(PostError::MixedLocalData.into());
+            return Err(RcPostError::MixedLocalData.into());
         }
         if wr.op.needs_response() && wr.is_inline() {
-            return Err(PostError::InlineNotAllowed.into());
+            return Err(RcPostError::InlineNotAllowed.into());
         }
         if matches!(wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. }) && len != 8 {
-            return Err(PostError::BadAtomicLength { len }.into());
+            return Err(RcPostError::BadAtomicLength { len }.into());
         }
         let mtu = u64::from(cfg.mtu.bytes());
         let npkts = len.div_ceil(mtu).max(1);
         // PSN order is serial arithmetic over half the 24-bit space (IBA §9.7.1): a
         // message may not span half of it, nor may the posted requests together.
         if len > 1 << cfg.log_max_msg.min(31) || npkts >= u64::from(Psn::HALF) {
-            return Err(PostError::TooLong { len }.into());
+            return Err(RcPostError::TooLong { len }.into());
         }
         let npkts = npkts as u32;
         if self.next_psn.diff(self.una) as u32 + npkts >= Psn::HALF {
             // Taken once the requests before it have completed.
-            return Err(PostError::QueueFull.into());
+            return Err(RcPostError::QueueFull.into());
         }
         (w.first, w.npkts, w.len, w.failed) = (self.next_psn, npkts, len as u32, None);
         self.next_psn = self.next_psn.add(npkts);
@@ -218,7 +218,7 @@ impl Requester {
 
     /// Starts the ACK timer: now if the clock has a reading at hand, else at the next
     /// reading (`arm_pending`, resolved at the start of a later `run`).
-    fn arm(&mut self, cfg: &QpConfig, clock: &dyn Clock) {
+    fn arm(&mut self, cfg: &RcQpConfig, clock: &dyn Clock) {
         let Some(t) = cfg.ack_timeout_ns() else {
             self.disarm();
             return;
@@ -242,7 +242,7 @@ impl Requester {
         }
         if counted {
             if self.retry_left == 0 {
-                return self.fail_front(cx, WcStatus::RetryExceeded);
+                return self.fail_front(cx, RcWcStatus::RetryExceeded);
             }
             self.retry_left -= 1;
         }
@@ -251,7 +251,7 @@ impl Requester {
     }
 
     /// Forward progress: refill the retry counters and restart the ACK timer.
-    fn progressed(&mut self, cfg: &QpConfig, clock: &dyn Clock) {
+    fn progressed(&mut self, cfg: &RcQpConfig, clock: &dyn Clock) {
         self.retry_left = cfg.retry_cnt;
         self.rnr_left = cfg.rnr_retry;
         self.goback_guard = None;
@@ -263,12 +263,12 @@ impl Requester {
     }
 
     /// Completes the front request with `status` and keeps the cursors consistent.
-    fn complete_front(&mut self, env: &mut Env<'_>, cfg: &QpConfig, status: WcStatus) {
+    fn complete_front(&mut self, env: &mut Env<'_>, cfg: &RcQpConfig, status: RcWcStatus) {
         let Some(w) = self.wqes.front() else {
             return;
         };
         let end = w.end();
-        let c = (status != WcStatus::Success || w.wr.signaled).then(|| Completion {
+        let c = (status != RcWcStatus::Success || w.wr.signaled).then(|| RcCompletion {
             qpn: cfg.qpn,
             wr_id: w.wr.wr_id,
             opcode: w.wr.op.wc_opcode(),
@@ -295,7 +295,7 @@ impl Requester {
     }
 
     /// Fails the front request; the QP goes to error. Always returns true.
-    fn fail_front(&mut self, cx: &mut Cx<'_, '_, '_>, status: WcStatus) -> bool {
+    fn fail_front(&mut self, cx: &mut Cx<'_, '_, '_>, status: RcWcStatus) -> bool {
         self.complete_front(cx.env, cx.cfg, status);
         true
     }
@@ -319,11 +319,11 @@ impl Requester {
                 break;
             }
             if w.wr.signaled {
-                cx.env.cq.complete(Completion {
+                cx.env.cq.complete(RcCompletion {
                     qpn: cx.cfg.qpn,
                     wr_id: w.wr.wr_id,
                     opcode: w.wr.op.wc_opcode(),
-                    status: WcStatus::Success,
+                    status: RcWcStatus::Success,
                     byte_len: w.len,
                     imm: None,
                     solicited: false,
@@ -368,9 +368,9 @@ impl Requester {
     }
 
     /// Completes everything as flushed (the QP is in the error state).
-    pub(super) fn flush(&mut self, env: &mut Env<'_>, cfg: &QpConfig) {
+    pub(super) fn flush(&mut self, env: &mut Env<'_>, cfg: &RcQpConfig) {
         while !self.wqes.is_empty() {
-            self.complete_front(env, cfg, WcStatus::Flushed);
+            self.complete_front(env, cfg, RcWcStatus::Flushed);
         }
         self.disarm();
         self.rnr_until = None;
@@ -378,7 +378,7 @@ impl Requester {
 
     /// One step of a timer due to start (`arm_pending`): it starts now from a reading at
     /// hand, else from a new one once the wait is over.
-    fn resolve_arm(&mut self, cfg: &QpConfig, clock: &dyn Clock) {
+    fn resolve_arm(&mut self, cfg: &RcQpConfig, clock: &dyn Clock) {
         self.arm_pending -= 1;
         let now = match clock.cached_ns() {
             Some(now) => Some(now),
@@ -406,7 +406,7 @@ impl Requester {
     /// NAK waits for its PSN, no RNR wait, and the ACK timer is running and not expired,
     /// due to start, or not needed (nothing unacknowledged). The expiry is checked against
     /// the clock as `run` does (the pass's cached reading in the model).
-    pub(super) fn quiet(&mut self, cfg: &QpConfig, clock: &dyn Clock) -> Option<Option<u64>> {
+    pub(super) fn quiet(&mut self, cfg: &RcQpConfig, clock: &dyn Clock) -> Option<Option<u64>> {
         if self.send_psn != self.next_psn || self.pending_nak.is_some() || self.rnr_until.is_some()
         {
             return None;
@@ -425,7 +425,7 @@ impl Requester {
     pub(super) fn run(
         &mut self,
         env: &mut Env<'_>,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
         tx: &mut Tx,
         stats: &mut RcStats,
     ) -> bool {
@@ -452,7 +452,7 @@ impl Requester {
                 // unacknowledged packet.
                 cx.stats.timeouts += 1;
                 if self.retry_left == 0 {
-                    return self.fail_front(&mut cx, WcStatus::RetryExceeded);
+                    return self.fail_front(&mut cx, RcWcStatus::RetryExceeded);
                 }
                 self.retry_left -= 1;
                 self.rewind(self.una);
@@ -595,7 +595,7 @@ impl Requester {
     /// for an ACK that this one's ACK covers).
     fn ack_req(
         &self,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
         w: &SendWqe,
         ends: bool,
         inflight: u32,
@@ -631,7 +631,7 @@ impl Requester {
         &mut self,
         pkt: &RocePacket<'_>,
         env: &mut Env<'_>,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
         stats: &mut RcStats,
     ) -> bool {
         let p = Psn::new(pkt.bth.psn);
@@ -679,7 +679,7 @@ impl Requester {
                 }
                 // IBA §9.7.5.2.8: wait the RNR timer, then resend from the NAKed packet.
                 if self.rnr_left == 0 {
-                    return self.fail_front(cx, WcStatus::RnrRetryExceeded);
+                    return self.fail_front(cx, RcWcStatus::RnrRetryExceeded);
                 }
                 if cx.cfg.rnr_retry != 7 {
                     self.rnr_left -= 1;
@@ -705,9 +705,9 @@ impl Requester {
                 // IBA §9.9.2.2: a NAK other than sequence error fails the request; the QP
                 // goes to error.
                 let status = match code {
-                    NakCode::InvalidRequest => WcStatus::RemoteInvalidRequest,
-                    NakCode::RemoteAccessError => WcStatus::RemoteAccess,
-                    _ => WcStatus::RemoteOperational,
+                    NakCode::InvalidRequest => RcWcStatus::RemoteInvalidRequest,
+                    NakCode::RemoteAccessError => RcWcStatus::RemoteAccess,
+                    _ => RcWcStatus::RemoteOperational,
                 };
                 self.pending_nak = Some((p, status));
                 if self.una != p {
@@ -774,17 +774,17 @@ impl Requester {
             )
         };
         if !op_fits || data.len() != want as usize {
-            return self.fail_front(cx, WcStatus::BadResponse);
+            return self.fail_front(cx, RcWcStatus::BadResponse);
         }
         let LocalRef::Sges(sges) = w.wr.local() else {
             unreachable!("checked at post")
         };
         if scatter(cx.env.mem, sges, u64::from(k) * u64::from(mtu), data).is_err() {
-            return self.fail_front(cx, WcStatus::LocalProtection);
+            return self.fail_front(cx, RcWcStatus::LocalProtection);
         }
         self.advance_una(p.next());
         if last {
-            self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+            self.complete_front(cx.env, cx.cfg, RcWcStatus::Success);
         }
         self.progressed(cx.cfg, cx.env.clock);
         self.check_front(cx)
@@ -813,9 +813,9 @@ impl Requester {
             unreachable!("checked at post")
         };
         if scatter(cx.env.mem, sges, 0, &bytes).is_err() {
-            return self.fail_front(cx, WcStatus::LocalProtection);
+            return self.fail_front(cx, RcWcStatus::LocalProtection);
         }
-        self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+        self.complete_front(cx.env, cx.cfg, RcWcStatus::Success);
         self.progressed(cx.cfg, cx.env.clock);
         self.check_front(cx)
     }
@@ -838,10 +838,10 @@ impl std::fmt::Debug for Requester {
 }
 
 /// The completion status of a request whose local data the device could not gather.
-pub(super) fn local_status(e: CopyError) -> WcStatus {
+pub(super) fn local_status(e: CopyError) -> RcWcStatus {
     match e {
-        CopyError::Length => WcStatus::LocalLength,
-        CopyError::Access(_) => WcStatus::LocalProtection,
+        CopyError::Length => RcWcStatus::LocalLength,
+        CopyError::AccessKind(_) => RcWcStatus::LocalProtection,
     }
 }
 

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use super::burst::*;
 use super::memory::*;
 use super::sge::{
-    CopyError, SendFault, Sge, SgeList, check_gather_in, copy_between, copy_in, scatter,
+    CopyError, RcSge, SendFault, SgeList, check_gather_in, copy_between, copy_in, scatter,
 };
 use super::types::*;
 use super::{BURST_MIN, Env, RcStats, Tx, TxStop};
@@ -130,7 +130,7 @@ pub(super) struct Responder {
 }
 
 impl Responder {
-    pub(super) fn new(cfg: &QpConfig) -> Self {
+    pub(super) fn new(cfg: &RcQpConfig) -> Self {
         let replay_cap = usize::from(cfg.max_dest_rd_atomic);
         let out_cap = 2 * replay_cap + 8;
         Self {
@@ -194,7 +194,7 @@ impl Responder {
         &mut self,
         pkt: &RocePacket<'_>,
         env: &mut Env<'_>,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
         stats: &mut RcStats,
     ) -> bool {
         let p = Psn::new(pkt.bth.psn);
@@ -282,7 +282,7 @@ impl Responder {
         &self,
         pkt: &RocePacket<'_>,
         env: &mut Env<'_>,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
         probe: bool,
     ) -> Result<(u64, u32, u32, u32), NakCode> {
         if let InMsg::Write {
@@ -296,7 +296,7 @@ impl Responder {
         }
         let allowed = cfg.remote_access.write;
         let reth = if probe {
-            checked_reth(pkt, env, allowed, Access::RemoteWrite)?
+            checked_reth(pkt, env, allowed, AccessKind::RemoteWrite)?
         } else {
             reth_of(pkt, allowed)?
         };
@@ -309,7 +309,7 @@ impl Responder {
     fn end_write(
         &mut self,
         env: &mut Env<'_>,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
         recv: Option<RecvWqe>,
         total: u32,
         imm: Option<u32>,
@@ -317,13 +317,13 @@ impl Responder {
         self.msg = InMsg::Idle;
         self.msn = (self.msn + 1) & Psn::MASK;
         if let Some(wqe) = recv {
-            let (op, st) = (WcOpcode::RecvRdmaWithImm, WcStatus::Success);
+            let (op, st) = (RcWcOpcode::RecvRdmaWithImm, RcWcStatus::Success);
             recv_completion(env, cfg, wqe.wr_id, op, st, total, imm, false);
         }
     }
 
     /// A request before the expected PSN.
-    fn duplicate(&mut self, pkt: &RocePacket<'_>, op: RcOpcode, p: Psn, cfg: &QpConfig) {
+    fn duplicate(&mut self, pkt: &RocePacket<'_>, op: RcOpcode, p: Psn, cfg: &RcQpConfig) {
         let msn = self.msn;
         match (op, pkt.ext.reth) {
             (RcOpcode::RdmaReadRequest, Some(reth)) => {
@@ -390,7 +390,7 @@ impl Responder {
         op: RcOpcode,
         p: Psn,
         env: &mut Env<'_>,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
     ) -> Result<Outcome, NakCode> {
         use RcOpcode::*;
         let data = pkt.payload;
@@ -439,9 +439,9 @@ impl Responder {
                 let res = scatter(env.mem, &wqe.sges, at, data);
                 if let Err(e) = res {
                     let (status, code) = match e {
-                        CopyError::Length => (WcStatus::LocalLength, NakCode::InvalidRequest),
-                        CopyError::Access(_) => {
-                            (WcStatus::LocalProtection, NakCode::RemoteOperationalError)
+                        CopyError::Length => (RcWcStatus::LocalLength, NakCode::InvalidRequest),
+                        CopyError::AccessKind(_) => {
+                            (RcWcStatus::LocalProtection, NakCode::RemoteOperationalError)
                         }
                     };
                     self.msg = InMsg::Idle;
@@ -449,7 +449,7 @@ impl Responder {
                         env,
                         cfg,
                         wr_id,
-                        WcOpcode::Recv,
+                        RcWcOpcode::Recv,
                         status,
                         at as u32,
                         None,
@@ -462,7 +462,7 @@ impl Responder {
                     let byte_len = (at + len as u64) as u32;
                     self.msg = InMsg::Idle;
                     self.msn = (self.msn + 1) & Psn::MASK;
-                    let (op, st) = (WcOpcode::Recv, WcStatus::Success);
+                    let (op, st) = (RcWcOpcode::Recv, RcWcStatus::Success);
                     recv_completion(env, cfg, wr_id, op, st, byte_len, imm, pkt.bth.se);
                 }
                 Ok(Outcome::Done(1))
@@ -478,7 +478,7 @@ impl Responder {
                 }
                 if len > 0 {
                     env.mem
-                        .write(rkey, va, data, Access::RemoteWrite)
+                        .write(rkey, va, data, AccessKind::RemoteWrite)
                         .map_err(|_| NakCode::RemoteAccessError)?;
                 }
                 // WRITE with immediate consumes a receive WR after the data is placed; if
@@ -505,7 +505,7 @@ impl Responder {
                 Ok(Outcome::Done(1))
             }
             RdmaReadRequest => {
-                let reth = checked_reth(pkt, env, cfg.remote_access.read, Access::RemoteRead)?;
+                let reth = checked_reth(pkt, env, cfg.remote_access.read, AccessKind::RemoteRead)?;
                 let n = reth.dma_length;
                 let npkts = n.div_ceil(mtu as u32).max(1);
                 let kind = ReplayKind::Read {
@@ -588,7 +588,7 @@ impl Responder {
     pub(super) fn transmit(
         &mut self,
         env: &mut Env<'_>,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
         tx: &mut Tx,
         stats: &mut RcStats,
     ) -> bool {
@@ -682,7 +682,8 @@ impl Responder {
                     let end = psn == last;
                     let (op, ext) = read_response_head(started, end, msn);
                     let mem = env.mem;
-                    let read = |payload: &mut [u8]| mem.read(rkey, va, payload, Access::RemoteRead);
+                    let read =
+                        |payload: &mut [u8]| mem.read(rkey, va, payload, AccessKind::RemoteRead);
                     let sent =
                         tx.send_filled(env.link, stats, op, psn, (false, false), &ext, n, read);
                     match sent {
@@ -718,8 +719,8 @@ impl Responder {
 
     /// The QP is in the error state: the message in progress and every posted receive
     /// complete as flushed; only ACK/NAK packets stay queued.
-    pub(super) fn flush(&mut self, env: &mut Env<'_>, cfg: &QpConfig) {
-        let (op, st) = (WcOpcode::Recv, WcStatus::Flushed);
+    pub(super) fn flush(&mut self, env: &mut Env<'_>, cfg: &RcQpConfig) {
+        let (op, st) = (RcWcOpcode::Recv, RcWcStatus::Flushed);
         if let InMsg::Send { wqe, .. } = std::mem::replace(&mut self.msg, InMsg::Idle) {
             recv_completion(env, cfg, wqe.wr_id, op, st, 0, None, false);
         }
@@ -756,15 +757,15 @@ impl std::fmt::Debug for Responder {
 #[allow(clippy::too_many_arguments)]
 fn recv_completion(
     env: &mut Env<'_>,
-    cfg: &QpConfig,
+    cfg: &RcQpConfig,
     wr_id: u64,
-    opcode: WcOpcode,
-    status: WcStatus,
+    opcode: RcWcOpcode,
+    status: RcWcStatus,
     byte_len: u32,
     imm: Option<u32>,
     solicited: bool,
 ) {
-    env.cq.complete(Completion {
+    env.cq.complete(RcCompletion {
         qpn: cfg.qpn,
         wr_id,
         opcode,
@@ -783,7 +784,7 @@ fn checked_reth(
     pkt: &RocePacket<'_>,
     env: &mut Env<'_>,
     allowed: bool,
-    access: Access,
+    access: AccessKind,
 ) -> Result<RethRepr, NakCode> {
     let reth = reth_of(pkt, allowed)?;
     let n = reth.dma_length;
@@ -824,7 +825,7 @@ fn length_nak(env: &mut Env<'_>, skipped: bool, rkey: u32, va: u64, total: u32) 
         && total > 0
         && env
             .mem
-            .check(rkey, va, u64::from(total), Access::RemoteWrite)
+            .check(rkey, va, u64::from(total), AccessKind::RemoteWrite)
             .is_err();
     if bad_key {
         NakCode::RemoteAccessError

@@ -1,7 +1,7 @@
 //! Scatter/gather lists and the copies between them and packet payloads.
 
-use super::error::PostError;
-use super::memory::{Access, AccessError, CopyFault, Memory};
+use super::error::RcPostError;
+use super::memory::{AccessError, AccessKind, CopyFault, Memory};
 
 /// Most SGEs in one list (a send WQE of 16 data segments; the model may advertise fewer).
 pub const MAX_SGE: usize = 16;
@@ -10,7 +10,7 @@ pub const MAX_INLINE: usize = 512;
 
 /// One scatter/gather entry: `len` bytes at `addr` under `lkey`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Sge {
+pub struct RcSge {
     /// Local key.
     pub lkey: u32,
     /// Virtual address.
@@ -23,7 +23,7 @@ pub struct Sge {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SgeList {
     len: u8,
-    sges: [Sge; MAX_SGE],
+    sges: [RcSge; MAX_SGE],
 }
 
 impl SgeList {
@@ -31,7 +31,7 @@ impl SgeList {
     pub const fn new() -> Self {
         Self {
             len: 0,
-            sges: [Sge {
+            sges: [RcSge {
                 lkey: 0,
                 addr: 0,
                 len: 0,
@@ -39,7 +39,7 @@ impl SgeList {
         }
     }
     /// A list of the given entries.
-    pub fn from_slice(sges: &[Sge]) -> Result<Self, PostError> {
+    pub fn from_slice(sges: &[RcSge]) -> Result<Self, RcPostError> {
         let mut l = Self::new();
         for s in sges {
             l.push(*s)?;
@@ -47,11 +47,11 @@ impl SgeList {
         Ok(l)
     }
     /// Appends an entry.
-    pub fn push(&mut self, sge: Sge) -> Result<(), PostError> {
+    pub fn push(&mut self, sge: RcSge) -> Result<(), RcPostError> {
         let slot = self
             .sges
             .get_mut(usize::from(self.len))
-            .ok_or(PostError::TooManySges { max: MAX_SGE })?;
+            .ok_or(RcPostError::TooManySges { max: MAX_SGE })?;
         *slot = sge;
         self.len += 1;
         Ok(())
@@ -61,7 +61,7 @@ impl SgeList {
         self.len = 0;
     }
     /// The entries.
-    pub fn as_slice(&self) -> &[Sge] {
+    pub fn as_slice(&self) -> &[RcSge] {
         &self.sges[..usize::from(self.len)]
     }
     /// Total bytes.
@@ -76,7 +76,7 @@ pub(super) enum CopyError {
     /// The list is shorter than `offset + len`.
     Length,
     /// A key check failed.
-    Access(AccessError),
+    AccessKind(AccessError),
 }
 
 /// Visits the pieces of `sges` that cover `len` bytes from byte `offset` of the list, as
@@ -85,7 +85,7 @@ fn pieces(
     sges: &SgeList,
     offset: u64,
     len: usize,
-    mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), AccessError>,
+    mut f: impl FnMut(&RcSge, u64, usize, usize) -> Result<(), AccessError>,
 ) -> Result<(), CopyError> {
     let mut skip = offset;
     let mut done = 0usize;
@@ -99,7 +99,7 @@ fn pieces(
             continue;
         }
         let n = ((sl - skip) as usize).min(len - done);
-        f(s, s.addr + skip, done, n).map_err(CopyError::Access)?;
+        f(s, s.addr + skip, done, n).map_err(CopyError::AccessKind)?;
         done += n;
         skip = 0;
     }
@@ -119,7 +119,7 @@ pub(super) fn gather(
 ) -> Result<(), CopyError> {
     let len = buf.len();
     pieces(sges, offset, len, |s, va, at, n| {
-        mem.read(s.lkey, va, &mut buf[at..at + n], Access::LocalRead)
+        mem.read(s.lkey, va, &mut buf[at..at + n], AccessKind::LocalRead)
     })
 }
 
@@ -131,11 +131,11 @@ pub(super) fn scatter(
     data: &[u8],
 ) -> Result<(), CopyError> {
     pieces(sges, offset, data.len(), |s, va, at, n| {
-        mem.write(s.lkey, va, &data[at..at + n], Access::LocalWrite)
+        mem.write(s.lkey, va, &data[at..at + n], AccessKind::LocalWrite)
     })
 }
 
-/// Checks that `len` bytes from byte `offset` of the list may be read ([`Access::LocalRead`])
+/// Checks that `len` bytes from byte `offset` of the list may be read ([`AccessKind::LocalRead`])
 /// without reading them: the sender's side of a [`Burst`](super::Burst), whose payload the
 /// receiver copies in later.
 pub(super) fn check_gather(
@@ -145,7 +145,7 @@ pub(super) fn check_gather(
     len: usize,
 ) -> Result<(), CopyError> {
     pieces(sges, offset, len, |s, va, _, n| {
-        mem.check(s.lkey, va, n as u64, Access::LocalRead)
+        mem.check(s.lkey, va, n as u64, AccessKind::LocalRead)
     })
 }
 
@@ -156,7 +156,7 @@ pub(super) fn copy_in(
     mem: &dyn Memory,
     dst_key: u32,
     dst_va: u64,
-    access: Access,
+    access: AccessKind,
     domain: u32,
     sges: &SgeList,
     offset: u64,
@@ -175,7 +175,7 @@ pub(super) fn copy_in(
 }
 
 /// Copies `len` bytes at `src_va` through `src_key` (read in protection domain `domain`)
-/// to byte `offset` of the list ([`Access::LocalWrite`]): the requester's end of a READ
+/// to byte `offset` of the list ([`AccessKind::LocalWrite`]): the requester's end of a READ
 /// response [`Burst`](super::Burst). A list shorter than `offset + len` is a target fault.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn scatter_from(
@@ -192,7 +192,7 @@ pub(super) fn scatter_from(
         offset,
         len,
         CopyFault::Target,
-        |s, va, at| (s.lkey, va, Access::LocalWrite, src_key, src_va + at),
+        |s, va, at| (s.lkey, va, AccessKind::LocalWrite, src_key, src_va + at),
         mem,
         domain,
     )
@@ -206,7 +206,7 @@ fn copy_pieces(
     offset: u64,
     len: usize,
     short: fn(AccessError) -> CopyFault,
-    ends: impl Fn(&Sge, u64, u64) -> (u32, u64, Access, u32, u64),
+    ends: impl Fn(&RcSge, u64, u64) -> (u32, u64, AccessKind, u32, u64),
     mem: &dyn Memory,
     domain: u32,
 ) -> Result<(), CopyFault> {
@@ -253,7 +253,7 @@ pub(super) enum SendFault {
 }
 
 /// Copies `len` bytes from byte `src_off` of `src` (read in protection domain `domain`) to
-/// byte `dst_off` of `dst` ([`Access::LocalWrite`]), in order: the receiving end of a SEND
+/// byte `dst_off` of `dst` ([`AccessKind::LocalWrite`]), in order: the receiving end of a SEND
 /// [`Burst`](super::Burst). On a fault, the bytes before it are placed and the error says
 /// how many (of the `len`) and why.
 #[allow(clippy::too_many_arguments)]
@@ -273,7 +273,7 @@ pub(super) fn copy_between(
             mem.copy_in(
                 d.lkey,
                 to,
-                Access::LocalWrite,
+                AccessKind::LocalWrite,
                 domain,
                 s.lkey,
                 sva,
@@ -294,7 +294,7 @@ pub(super) fn copy_between(
                 fault = Some((at, SendFault::Source(AccessError::OutOfRange)));
                 Err(AccessError::Fault)
             }
-            Err(CopyError::Access(e)) => Err(e),
+            Err(CopyError::AccessKind(e)) => Err(e),
         }
     });
     match (res, fault) {

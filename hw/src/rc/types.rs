@@ -3,42 +3,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::error::PostError;
-use super::sge::{MAX_INLINE, Sge, SgeList};
+use super::error::RcPostError;
+use super::sge::{MAX_INLINE, RcSge, SgeList};
+pub use crate::layout::qpc::Mtu;
 use crate::layout::roce::{EthRepr, IpRepr, Psn};
-
-/// Path MTU (IBA Vol. 1 §9.7.7.2; the qpc `mtu` encoding 1..=5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Mtu {
-    /// 256 bytes.
-    Mtu256 = 1,
-    /// 512 bytes.
-    Mtu512 = 2,
-    /// 1024 bytes.
-    Mtu1024 = 3,
-    /// 2048 bytes.
-    Mtu2048 = 4,
-    /// 4096 bytes.
-    Mtu4096 = 5,
-}
-
-impl Mtu {
-    /// Payload bytes per packet.
-    pub const fn bytes(self) -> u32 {
-        128 << (self as u32)
-    }
-    /// From the IB encoding (1 = 256 ... 5 = 4096).
-    pub const fn from_ib(v: u8) -> Option<Self> {
-        Some(match v {
-            1 => Mtu::Mtu256,
-            2 => Mtu::Mtu512,
-            3 => Mtu::Mtu1024,
-            4 => Mtu::Mtu2048,
-            5 => Mtu::Mtu4096,
-            _ => return None,
-        })
-    }
-}
 
 /// Byte order in which the original remote value of an atomic is written to the
 /// requester's local buffer (prm-subset.md §8.4 `atomic_req_8B_endianness_mode`).
@@ -65,7 +33,7 @@ pub struct PathConfig {
 
 /// Attributes of a connected RC QP: what INIT2RTR and RTR2RTS set (prm-subset.md §7.4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QpConfig {
+pub struct RcQpConfig {
     /// This QP's number (24 bits).
     pub qpn: u32,
     /// The peer QP's number (24 bits).
@@ -141,7 +109,7 @@ pub enum ConfigError {
     },
 }
 
-impl QpConfig {
+impl RcQpConfig {
     /// Checks every attribute against its range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let check = |field, value: u32, ok: bool| {
@@ -259,13 +227,13 @@ pub enum WrOp {
 
 impl WrOp {
     /// The completion opcode of this request.
-    pub const fn wc_opcode(&self) -> WcOpcode {
+    pub const fn wc_opcode(&self) -> RcWcOpcode {
         match self {
-            WrOp::Write { .. } | WrOp::WriteImm { .. } => WcOpcode::RdmaWrite,
-            WrOp::Send | WrOp::SendImm { .. } => WcOpcode::Send,
-            WrOp::Read { .. } => WcOpcode::RdmaRead,
-            WrOp::CompareSwap { .. } => WcOpcode::CompareSwap,
-            WrOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            WrOp::Write { .. } | WrOp::WriteImm { .. } => RcWcOpcode::RdmaWrite,
+            WrOp::Send | WrOp::SendImm { .. } => RcWcOpcode::Send,
+            WrOp::Read { .. } => RcWcOpcode::RdmaRead,
+            WrOp::CompareSwap { .. } => RcWcOpcode::CompareSwap,
+            WrOp::FetchAdd { .. } => RcWcOpcode::FetchAdd,
         }
     }
     /// READ and atomics: completed by response data rather than an ACK.
@@ -396,7 +364,7 @@ impl SendSlot {
     }
 
     /// Appends a scatter/gather entry to the local data.
-    pub fn push_sge(&mut self, sge: Sge) -> Result<(), PostError> {
+    pub fn push_sge(&mut self, sge: RcSge) -> Result<(), RcPostError> {
         self.sges.push(sge)?;
         self.len += u64::from(sge.len);
         Ok(())
@@ -404,11 +372,11 @@ impl SendSlot {
 
     /// Appends inline bytes to the local data (copied now; the slot then holds inline data,
     /// even if `bytes` is empty). Refused beyond [`MAX_INLINE`] bytes in all.
-    pub fn push_inline(&mut self, bytes: &[u8]) -> Result<(), PostError> {
+    pub fn push_inline(&mut self, bytes: &[u8]) -> Result<(), RcPostError> {
         let at = usize::from(self.inline_len);
         self.inline
             .get_mut(at..at + bytes.len())
-            .ok_or(PostError::InlineTooLong { max: MAX_INLINE })?
+            .ok_or(RcPostError::InlineTooLong { max: MAX_INLINE })?
             .copy_from_slice(bytes);
         self.inline_len += bytes.len() as u16;
         self.len += bytes.len() as u64;
@@ -417,7 +385,7 @@ impl SendSlot {
     }
 
     /// Copies a whole work request in (the [`RcQp::post_send`](super::RcQp::post_send) path).
-    pub fn fill_from(&mut self, wr: &WorkRequest) -> Result<(), PostError> {
+    pub fn fill_from(&mut self, wr: &WorkRequest) -> Result<(), RcPostError> {
         self.wr_id = wr.wr_id;
         self.op = wr.op;
         (self.signaled, self.solicited, self.fence) = (wr.signaled, wr.solicited, wr.fence);
@@ -425,7 +393,7 @@ impl SendSlot {
             LocalData::Sges(l) => l.as_slice().iter().try_for_each(|s| self.push_sge(*s)),
             LocalData::Inline { len, data } => {
                 let bytes = data.get(..usize::from(*len));
-                self.push_inline(bytes.ok_or(PostError::InlineTooLong { max: MAX_INLINE })?)
+                self.push_inline(bytes.ok_or(RcPostError::InlineTooLong { max: MAX_INLINE })?)
             }
         }
     }
@@ -463,7 +431,7 @@ impl SendSlot {
 
 /// What a completion reports (verbs `ibv_wc_opcode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WcOpcode {
+pub enum RcWcOpcode {
     /// SEND or SEND with immediate.
     Send,
     /// RDMA WRITE (with or without immediate).
@@ -480,17 +448,17 @@ pub enum WcOpcode {
     RecvRdmaWithImm,
 }
 
-impl WcOpcode {
+impl RcWcOpcode {
     /// A receive-side completion.
     pub const fn is_recv(self) -> bool {
-        matches!(self, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+        matches!(self, RcWcOpcode::Recv | RcWcOpcode::RecvRdmaWithImm)
     }
 }
 
 /// The outcome of a work request (IBA Vol. 1 §10.10.2.2 completion status, verbs names in
 /// parentheses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WcStatus {
+pub enum RcWcStatus {
     /// Completed (`IBV_WC_SUCCESS`).
     Success,
     /// A received message did not fit the receive buffers (`LOC_LEN_ERR`).
@@ -515,15 +483,15 @@ pub enum WcStatus {
 
 /// One completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Completion {
+pub struct RcCompletion {
     /// The QP.
     pub qpn: u32,
     /// The work request's identifier.
     pub wr_id: u64,
     /// What completed.
-    pub opcode: WcOpcode,
+    pub opcode: RcWcOpcode,
     /// How.
-    pub status: WcStatus,
+    pub status: RcWcStatus,
     /// Bytes transferred: the message length (receives: bytes placed; WRITE with
     /// immediate: the RETH length).
     pub byte_len: u32,
@@ -535,7 +503,7 @@ pub struct Completion {
 
 /// QP states the engine distinguishes (IBA Vol. 1 §10.3.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum QpState {
+pub enum RcQpState {
     /// Ready to send (and receive).
     Rts,
     /// Error: all work requests complete as flushed.
@@ -599,7 +567,7 @@ pub trait RecvQueue {
 /// Where completions go (the model writes CQEs).
 pub trait CompletionSink {
     /// One completion, in the order the QP completes work requests.
-    fn complete(&mut self, c: Completion);
+    fn complete(&mut self, c: RcCompletion);
 }
 
 /// Time in nanoseconds from an arbitrary origin, never going back.

@@ -8,9 +8,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use uhca::pci::sysfs::bind::{self, BindOptions, FileWriter, HugepageSize, Outcome};
-use uhca::pci::sysfs::topology::{Acs, P2pTopology};
 use uhca::pci::sysfs::{FunctionInfo, HostNet, Sysfs};
 use uhca::pci::vfio;
+use uhca_tools::topology::{Acs, P2pTopology, Topology};
 
 /// Bind mlx5 functions to vfio-pci for uhca, and set up hugepages.
 #[derive(Parser, Debug)]

@@ -28,7 +28,7 @@ use vfio_bindings::bindings::vfio::{
 };
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion, SparseArea};
 
-use super::{ServerError, ServerLoop, listen_at, prepare_path, vfu};
+use super::{ServerError, ServerLoop, accept_own, listen_at, prepare_path, vfu};
 
 /// Size of the GPU's config-space region: the conventional 256 bytes. The model GPU has no
 /// capabilities (no PCI Express capability), so it is a conventional PCI function; the
@@ -125,16 +125,7 @@ impl GpuServer {
 impl GpuServer {
     /// One session of [`ServerLoop::Own`].
     fn serve_own(&mut self) -> Result<(), ServerError> {
-        let (mut stream, _) = self.listener.accept().map_err(|source| ServerError::Os {
-            what: "accept on",
-            path: self.path.clone(),
-            source,
-        })?;
-        let dev = vfu::Device {
-            resettable: true,
-            regions: &self.regions,
-            irqs: &self.irqs,
-        };
+        let (mut stream, dev) = accept_own(&self.listener, &self.path, &self.regions, &self.irqs)?;
         vfu::serve(&mut stream, &dev, &mut self.device).map_err(ServerError::Own)
     }
 }

@@ -5,7 +5,7 @@
 //! own vfio-user loop ([`vfu`]; the rust-vmm `vfio_user` crate's [`vfio_user::Server`] with
 //! `UHCA_MODEL_SERVER_LOOP=crate`), to uhca's vfio-user backend
 //! (`uhca::pci::vfio_user`) or to QEMU's `vfio-user-pci` (qemu-vfio.md §3, §6.C). What the
-//! client sees:
+//! client sees (`backend` carries out each message on the model):
 //! - **Config space** (region 7, 4 KiB): the model's ([`Hca::config_read`] /
 //!   [`Hca::config_write`]): vendor 0x15b3, device 0x1017, class 0x020000, a 64-bit BAR0,
 //!   power management, PCI Express (with Function Level Reset: a write of `Initiate FLR`
@@ -43,36 +43,30 @@
 //! [`GpuServer`] serves the model GPU (`uhca::hw::model::peer`) the same way, as a second
 //! function beside the HCA (`uhca-model --gpu`).
 
+mod backend;
 mod doorman;
 mod gpu;
 mod host;
 pub mod vfu;
 
-#[cfg(test)]
-mod remote_tests;
-
 pub use gpu::GpuServer;
 
-use std::collections::BTreeMap;
-use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 use vfio_bindings::bindings::vfio::{
-    VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_NORESIZE, VFIO_IRQ_SET_ACTION_MASK,
-    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_EVENTFD,
-    VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX,
-    VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_NUM_IRQS, VFIO_PCI_NUM_REGIONS, VFIO_REGION_INFO_FLAG_MMAP,
-    VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE, vfio_region_info,
-    vfio_region_sparse_mmap_area,
+    VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_NORESIZE, VFIO_PCI_BAR0_REGION_INDEX,
+    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_NUM_IRQS, VFIO_PCI_NUM_REGIONS,
+    VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
+    vfio_region_info, vfio_region_sparse_mmap_area,
 };
-use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, ServerBackend, ServerRegion, SparseArea};
+use vfio_user::{IrqInfo, ServerRegion, SparseArea};
 
-use host::ClientMemory;
+use backend::ModelDevice;
 use uhca::hw::layout::uar::{FIRST_UAR_INDEX, UAR_SIZE};
-use uhca::hw::model::{Hca, IOVA_END, ModelError};
+use uhca::hw::model::Hca;
 
 /// Size of the config-space region: the whole 4 KiB PCI Express space. The model is a PCIe
 /// function (PM, PCI Express with FLR, MSI-X and vendor-specific capabilities;
@@ -298,16 +292,7 @@ impl ModelServer {
 impl ModelServer {
     /// One session of [`ServerLoop::Own`].
     fn serve_own(&mut self) -> Result<(), ServerError> {
-        let (mut stream, _) = self.listener.accept().map_err(|source| ServerError::Os {
-            what: "accept on",
-            path: self.path.clone(),
-            source,
-        })?;
-        let dev = vfu::Device {
-            resettable: true,
-            regions: &self.regions,
-            irqs: &self.irqs,
-        };
+        let (mut stream, dev) = accept_own(&self.listener, &self.path, &self.regions, &self.irqs)?;
         let port = std::sync::Arc::new(
             vfu::DmaPort::new(&stream, vfu::DMA_TIMEOUT).map_err(|e| ServerError::Own(e.into()))?,
         );
@@ -325,6 +310,28 @@ impl Drop for ModelServer {
         // The socket goes with the server (`listen_at` made it).
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// The start of a session of [`ServerLoop::Own`], the same for the HCA's server and the
+/// GPU's: the next client on `listener` (the socket at `path`), and the device as the loop
+/// describes it to that client (resettable, `regions`, `irqs`).
+fn accept_own<'a>(
+    listener: &UnixListener,
+    path: &Path,
+    regions: &'a [ServerRegion],
+    irqs: &'a [IrqInfo],
+) -> Result<(UnixStream, vfu::ServedDevice<'a>), ServerError> {
+    let (stream, _) = listener.accept().map_err(|source| ServerError::Os {
+        what: "accept on",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let dev = vfu::ServedDevice {
+        resettable: true,
+        regions,
+        irqs,
+    };
+    Ok((stream, dev))
 }
 
 /// A listening socket at `path` that appears there only once it listens, so a client that
@@ -453,503 +460,5 @@ fn irq_table(hca: &Hca) -> Vec<IrqInfo> {
         .collect()
 }
 
-/// The vfio-user device: the model plus what the current client gave it.
-struct ModelDevice {
-    hca: Hca,
-    /// Client regions mapped here and in the model IOMMU.
-    mem: ClientMemory,
-    /// DMA_MAPs without a file, by IOVA: length and whether the model IOMMU maps it to
-    /// the client by messages (else it is accepted but not DMA-able).
-    unbacked: BTreeMap<u64, (u64, bool)>,
-    /// The current session's sender of DMA_READ/DMA_WRITE (own loop only).
-    port: Option<std::sync::Arc<vfu::DmaPort>>,
-    /// The current session's doorman, told when the client first touches the device.
-    session: Option<doorman::Opener>,
-    /// Whether the current session touched the device.
-    touched: bool,
-}
-
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, msg)
-}
-
-fn model_err(e: ModelError) -> io::Error {
-    invalid(e.to_string())
-}
-
-impl ModelDevice {
-    fn new(hca: Hca) -> ModelDevice {
-        ModelDevice {
-            hca,
-            mem: ClientMemory::default(),
-            unbacked: BTreeMap::new(),
-            port: None,
-            session: None,
-            touched: false,
-        }
-    }
-
-    /// Records that the client used the device (each backend call): it is now served, and
-    /// the doorman tells newcomers so.
-    fn touch(&mut self) {
-        if !self.touched {
-            self.touched = true;
-            if let Some(o) = &self.session {
-                o.serving();
-            }
-        }
-    }
-
-    /// A DMA_MAP without a file: the model reaches `[address, address + size)` by
-    /// DMA_READ/DMA_WRITE messages to the client at the same addresses (the session's
-    /// port), read-only unless the client gave write access; without a port, or where the
-    /// model IOMMU cannot map the range, it is accepted but not DMA-able.
-    fn map_unbacked(&mut self, flags: DmaMapFlags, address: u64, size: u64) -> io::Result<()> {
-        if self.unbacked.contains_key(&address) {
-            return Err(invalid(format!(
-                "DMA_MAP at {address:#x}: a range is already mapped there"
-            )));
-        }
-        let writable = flags.contains(DmaMapFlags::WRITE);
-        let remote = match (&self.port, usize::try_from(size)) {
-            (Some(port), Ok(len)) => {
-                let mem: std::sync::Arc<dyn uhca::hw::model::RemoteMemory> = port.clone();
-                match self
-                    .hca
-                    .dma_map_remote(address, len, mem, address, writable)
-                {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::warn!(iova = address, size, error = %e,
-                            "DMA_MAP without a file: accepted but not DMA-able");
-                        false
-                    }
-                }
-            }
-            _ => {
-                tracing::warn!(
-                    iova = address,
-                    size,
-                    "DMA_MAP without a file: accepted but not DMA-able (no DMA_READ/DMA_WRITE port)"
-                );
-                false
-            }
-        };
-        if remote {
-            tracing::debug!(
-                iova = address,
-                size,
-                ?flags,
-                "DMA_MAP without a file: reached by DMA_READ/DMA_WRITE"
-            );
-        }
-        self.unbacked.insert(address, (size, remote));
-        Ok(())
-    }
-
-    /// Unmaps the regions that start inside `[iova, iova + len)`; `len` = 0: all of them.
-    fn unmap_range(&mut self, iova: u64, len: u64) -> io::Result<()> {
-        let (start, end) = if len == 0 {
-            (0, u64::MAX)
-        } else {
-            (iova, iova.saturating_add(len))
-        };
-        let n = self.mem.unmap(&self.hca, start, end)?;
-        tracing::debug!(iova, len, regions = n, "DMA unmapped");
-        let gone: Vec<(u64, u64, bool)> = self
-            .unbacked
-            .range(start..end)
-            .map(|(k, (len, remote))| (*k, *len, *remote))
-            .collect();
-        for (k, len, remote) in gone {
-            self.unbacked.remove(&k);
-            if remote {
-                // Waits for in-flight device accesses (their messages are bounded).
-                if let Err(e) = self.hca.dma_unmap(k, len as usize) {
-                    tracing::error!(iova = k, error = %e, "unmapping a range reached by messages");
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Forgets the client: DMA mappings, interrupt routes; resets the model.
-    fn release_client(&mut self) {
-        if let Err(e) = self.unmap_range(0, 0) {
-            tracing::error!(error = %e, "dropping the client's DMA mappings");
-        }
-        for v in 0..self.hca.num_irqs() {
-            let _ = self.hca.set_irq(v, None);
-        }
-        self.hca.reset();
-    }
-}
-
-impl Drop for ModelDevice {
-    fn drop(&mut self) {
-        // The IOMMU must forget the client's memory before it is unmapped.
-        let _ = self.unmap_range(0, 0);
-    }
-}
-
-impl ServerBackend for ModelDevice {
-    fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
-        self.touch();
-        match region {
-            VFIO_PCI_CONFIG_REGION_INDEX => {
-                let off = u16::try_from(offset)
-                    .map_err(|_| invalid(format!("config read at {offset:#x}")))?;
-                self.hca.config_read(off, data).map_err(model_err)
-            }
-            VFIO_PCI_BAR0_REGION_INDEX => host::bar_read(&self.hca, offset, data),
-            _ => Err(invalid(format!("region {region} does not exist"))),
-        }
-    }
-
-    fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.touch();
-        match region {
-            VFIO_PCI_CONFIG_REGION_INDEX => {
-                let off = u16::try_from(offset)
-                    .map_err(|_| invalid(format!("config write at {offset:#x}")))?;
-                tracing::trace!(offset = off, len = data.len(), "config write");
-                self.hca.config_write(off, data).map_err(model_err)
-            }
-            VFIO_PCI_BAR0_REGION_INDEX => {
-                // One access: an EQ doorbell is applied as it comes (trapped UAR pages).
-                if usize::try_from(offset).is_ok_and(|o| self.hca.doorbell_write(o, data)) {
-                    return Ok(());
-                }
-                host::bar_write(&self.hca, offset, data)
-            }
-            _ => Err(invalid(format!("region {region} does not exist"))),
-        }
-    }
-
-    fn dma_map(
-        &mut self,
-        flags: DmaMapFlags,
-        offset: u64,
-        address: u64,
-        size: u64,
-        fd: Option<File>,
-    ) -> io::Result<()> {
-        self.touch();
-        // The range must fit the model's IOVA space (48 bits, as its IOMMU), mapped or not:
-        // a wrapping or absurd size (~2^64 bytes) is refused, not accepted with a warning.
-        let end = address.checked_add(size);
-        if size == 0 || end.is_none_or(|e| e > IOVA_END + 1) {
-            return Err(invalid(format!(
-                "DMA_MAP of {size:#x} bytes at {address:#x}: outside the IOVA space \
-                 (0..={IOVA_END:#x})"
-            )));
-        }
-        let Some(file) = fd else {
-            return self.map_unbacked(flags, address, size);
-        };
-        // Every IOVA is DMA-able, page 0 included (QEMU maps guest RAM at its physical
-        // addresses from 0; a guest IOMMU may hand out IOVA 0).
-        let len = usize::try_from(size).map_err(|_| invalid(format!("size {size:#x}")))?;
-        let writable = flags.contains(DmaMapFlags::WRITE);
-        let read_only = self
-            .mem
-            .map(&self.hca, &file, offset, address, len, writable)?;
-        tracing::debug!(
-            iova = address,
-            size,
-            offset,
-            ?flags,
-            read_only,
-            regions = self.mem.len(),
-            "DMA region mapped"
-        );
-        Ok(())
-    }
-
-    fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
-        self.touch();
-        if flags.contains(DmaUnmapFlags::UNMAP_ALL) {
-            tracing::debug!("DMA_UNMAP all");
-            return self.unmap_range(0, 0);
-        }
-        if size == 0 {
-            return Err(invalid("DMA_UNMAP of zero bytes".into()));
-        }
-        self.unmap_range(address, size)
-    }
-
-    fn reset(&mut self) -> io::Result<()> {
-        self.touch();
-        tracing::info!("device reset");
-        self.hca.reset();
-        Ok(())
-    }
-
-    fn set_irqs(
-        &mut self,
-        index: u32,
-        flags: u32,
-        start: u32,
-        count: u32,
-        fds: Vec<File>,
-    ) -> io::Result<()> {
-        self.touch();
-        tracing::debug!(index, flags, start, count, fds = fds.len(), "SET_IRQS");
-        if index != VFIO_PCI_MSIX_IRQ_INDEX {
-            return if count == 0 {
-                Ok(())
-            } else {
-                Err(invalid(format!("interrupt index {index} has no vectors")))
-            };
-        }
-        if flags & (VFIO_IRQ_SET_ACTION_MASK | VFIO_IRQ_SET_ACTION_UNMASK) != 0 {
-            return Ok(()); // MSI-X masking is the client's (QEMU emulates the table)
-        }
-        if flags & VFIO_IRQ_SET_ACTION_TRIGGER == 0 {
-            return Err(invalid(format!("SET_IRQS flags {flags:#x}")));
-        }
-        let n = self.hca.num_irqs();
-        let end = start
-            .checked_add(count)
-            .filter(|e| *e <= n)
-            .ok_or_else(|| invalid(format!("vectors {start}+{count} of {n}")))?;
-        if flags & VFIO_IRQ_SET_DATA_NONE != 0 {
-            // count 0: disable every vector (VFIO semantics); else a software trigger,
-            // which the model does not offer.
-            if count == 0 {
-                for v in 0..n {
-                    let _ = self.hca.set_irq(v, None);
-                }
-                return Ok(());
-            }
-            return Err(invalid("software-triggered MSI-X is not supported".into()));
-        }
-        if flags & VFIO_IRQ_SET_DATA_EVENTFD == 0 {
-            return Err(invalid(format!("SET_IRQS data type {flags:#x}")));
-        }
-        if fds.is_empty() && count > 0 {
-            // A vfio-user client cannot send fd -1 ("disconnect") over SCM_RIGHTS: an
-            // eventfd SET_IRQS with none attached disconnects the vectors (uhca's client).
-            for v in start..end {
-                self.hca.set_irq(v, None).map_err(model_err)?;
-            }
-            return Ok(());
-        }
-        if fds.len() != count as usize {
-            return Err(invalid(format!(
-                "SET_IRQS: {count} vectors but {} eventfds",
-                fds.len()
-            )));
-        }
-        for (v, f) in (start..end).zip(fds) {
-            self.hca
-                .set_irq(v, Some(host::eventfd_from_file(f)))
-                .map_err(model_err)?;
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use uhca::hw::model::ModelConfig;
-
-    #[test]
-    fn regions_and_irqs_describe_the_model() {
-        let hca = Hca::new(ModelConfig::default()).unwrap();
-        let regions = region_table(&hca, 0);
-        assert_eq!(regions.len(), VFIO_PCI_NUM_REGIONS as usize);
-        let bar = &regions[VFIO_PCI_BAR0_REGION_INDEX as usize];
-        assert_eq!(bar.region_info.size, hca.bar0().len as u64);
-        assert_eq!(bar.sparse_areas.len(), 1);
-        assert_eq!(bar.sparse_areas[0].area.size, bar.region_info.size);
-        assert_eq!(bar.mmap_fd, Some(hca.bar0_fd()));
-        // Two UAR pages served by messages: the BAR's areas leave exactly them out.
-        let trapped = region_table(&hca, 2);
-        let areas: Vec<(u64, u64)> = trapped[VFIO_PCI_BAR0_REGION_INDEX as usize]
-            .sparse_areas
-            .iter()
-            .map(|a| (a.area.offset, a.area.size))
-            .collect();
-        let hole = u64::from(FIRST_UAR_INDEX) * 4096;
-        let len = bar.region_info.size;
-        assert_eq!(
-            areas,
-            vec![(4096, hole - 4096), (hole + 8192, len - hole - 8192)]
-        );
-        let cfg = &regions[VFIO_PCI_CONFIG_REGION_INDEX as usize];
-        assert_eq!(cfg.region_info.size, CONFIG_REGION_SIZE);
-        assert_eq!(regions[1].region_info.size, 0);
-        let irqs = irq_table(&hca);
-        assert_eq!(irqs[VFIO_PCI_MSIX_IRQ_INDEX as usize].count, hca.num_irqs());
-        assert_eq!(irqs[0].count, 0);
-    }
-
-    /// QEMU behind a guest IOMMU maps guest RAM (one memfd) page by page: the pages share
-    /// one mapping of the file here, which goes with the last of them.
-    #[test]
-    fn dma_maps_of_one_file_share_one_mapping() {
-        let hca = Hca::new(ModelConfig::default()).unwrap();
-        let mut d = ModelDevice::new(hca);
-        let f = tempfile::tempfile().unwrap();
-        f.set_len(0x10000).unwrap();
-        for k in 0..8u64 {
-            let file = Some(f.try_clone().unwrap());
-            d.dma_map(
-                DmaMapFlags::READ_WRITE,
-                0x1000 * k,
-                0x40_0000 + 0x2000 * k,
-                0x1000,
-                file,
-            )
-            .unwrap();
-        }
-        assert_eq!((d.mem.len(), d.mem.files()), (8, 1));
-        assert_eq!(d.hca.dma_mappings().len(), 8);
-        // A region past the end of its file is refused.
-        let file = Some(f.try_clone().unwrap());
-        assert!(
-            d.dma_map(DmaMapFlags::READ_WRITE, 0x10000, 0x80_0000, 0x1000, file)
-                .is_err()
-        );
-        d.dma_unmap(DmaUnmapFlags::empty(), 0x40_0000, 0x2000)
-            .unwrap();
-        assert_eq!((d.mem.len(), d.mem.files()), (7, 1));
-        d.dma_unmap(DmaUnmapFlags::UNMAP_ALL, 0, 0).unwrap();
-        assert_eq!((d.mem.len(), d.mem.files()), (0, 0));
-    }
-
-    /// A DMA_MAP whose range runs past the end of its file is refused: the model's first
-    /// access there would kill the server with SIGBUS (the same class of bug as the client's
-    /// short BAR file that the `vfio_user_client` fuzz target found, fuzz/). A range inside
-    /// the file maps.
-    #[test]
-    fn a_dma_map_past_the_end_of_its_file_is_refused() {
-        let mut dev = ModelDevice::new(Hca::new(ModelConfig::default()).unwrap());
-        let file = tempfile::tempfile().unwrap();
-        file.set_len(8192).unwrap();
-        let rw = DmaMapFlags::READ_WRITE;
-        let map = |dev: &mut ModelDevice, offset, size| {
-            dev.dma_map(rw, offset, 0x10000, size, Some(file.try_clone().unwrap()))
-        };
-        let e = map(&mut dev, 0, 16384).unwrap_err();
-        assert!(e.to_string().contains("past the end of its file"), "{e}");
-        assert!(map(&mut dev, 4096, 8192).is_err());
-        assert!(dev.hca.dma_mappings().is_empty());
-        map(&mut dev, 0, 8192).unwrap();
-        assert_eq!(dev.hca.dma_mappings(), vec![(0x10000, 0x11fff)]);
-        dev.dma_unmap(DmaUnmapFlags::empty(), 0x10000, 8192)
-            .unwrap();
-    }
-
-    #[test]
-    fn stale_socket_is_refused_unless_replaced() {
-        let dir = std::env::temp_dir().join(format!("uhca-srv-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("s.sock");
-        let _ = std::fs::remove_file(&path);
-        drop(std::os::unix::net::UnixListener::bind(&path).unwrap()); // leaves a stale socket
-        assert!(matches!(
-            prepare_path(&path, false),
-            Err(ServerError::SocketExists(_))
-        ));
-        let live = dir.join("live.sock");
-        let _ = std::fs::remove_file(&live);
-        let _l = std::os::unix::net::UnixListener::bind(&live).unwrap();
-        assert!(matches!(
-            prepare_path(&live, true),
-            Err(ServerError::SocketInUse(_))
-        ));
-        prepare_path(&path, true).unwrap();
-        assert!(!path.exists());
-        let file = dir.join("plain");
-        std::fs::write(&file, b"x").unwrap();
-        assert!(matches!(
-            prepare_path(&file, true),
-            Err(ServerError::NotASocket(_))
-        ));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn backend_config_bar_and_irq_errors() {
-        let hca = Hca::new(ModelConfig::default()).unwrap();
-        let mut d = ModelDevice::new(hca);
-        let mut id = [0u8; 4];
-        d.region_read(VFIO_PCI_CONFIG_REGION_INDEX, 0, &mut id)
-            .unwrap();
-        assert_eq!(id, [0xb3, 0x15, 0x17, 0x10]);
-        assert!(
-            d.region_read(VFIO_PCI_CONFIG_REGION_INDEX, 4095, &mut id)
-                .is_err()
-        );
-        assert!(d.region_read(3, 0, &mut id).is_err());
-        // BAR0 through messages is the same memory as the mapped BAR.
-        d.region_write(VFIO_PCI_BAR0_REGION_INDEX, 0x3000, &[1, 2, 3, 4])
-            .unwrap();
-        d.region_read(VFIO_PCI_BAR0_REGION_INDEX, 0x3000, &mut id)
-            .unwrap();
-        assert_eq!(id, [1, 2, 3, 4]);
-        let len = d.hca.bar0().len as u64;
-        assert!(
-            d.region_read(VFIO_PCI_BAR0_REGION_INDEX, len - 2, &mut id)
-                .is_err()
-        );
-        // A DMA_MAP without a file is accepted but maps nothing.
-        d.dma_map(DmaMapFlags::READ_WRITE, 0, 0x10_0000, 0x1000, None)
-            .unwrap();
-        // Unless its range is empty, wraps, or leaves the IOVA space.
-        for (iova, size) in [
-            (0x1000, u64::MAX - 0xfff),
-            (0x1000, 0),
-            (u64::MAX - 0xfff, 0x2000),
-            (IOVA_END - 0xfff, 0x2000),
-        ] {
-            let e = d
-                .dma_map(DmaMapFlags::READ_WRITE, 0, iova, size, None)
-                .unwrap_err();
-            assert!(e.to_string().contains("outside the IOVA space"), "{e}");
-            assert!(!d.unbacked.contains_key(&iova));
-        }
-        d.dma_map(DmaMapFlags::READ_WRITE, 0, IOVA_END - 0xfff, 0x1000, None)
-            .unwrap();
-        assert!(d.hca.dma_mappings().is_empty());
-        // A read-only DMA_MAP of a file becomes a read-only model mapping of shared memory.
-        let f = tempfile::tempfile().unwrap();
-        f.set_len(0x2000).unwrap();
-        d.dma_map(DmaMapFlags::READ, 0, 0x20_0000, 0x2000, Some(f))
-            .unwrap();
-        assert_eq!(d.hca.dma_mappings(), vec![(0x20_0000, 0x20_1fff)]); // [first, last]
-        d.dma_unmap(DmaUnmapFlags::empty(), 0x20_0000, 0x2000)
-            .unwrap();
-        assert!(d.hca.dma_mappings().is_empty());
-        // Page 0, as QEMU maps guest RAM from physical address 0: DMA-able like any page.
-        let f = tempfile::tempfile().unwrap();
-        f.set_len(0x3000).unwrap();
-        d.dma_map(DmaMapFlags::READ_WRITE, 0, 0, 0x3000, Some(f))
-            .unwrap();
-        assert_eq!(d.hca.dma_mappings(), vec![(0, 0x2fff)]);
-        d.dma_unmap(DmaUnmapFlags::empty(), 0, 0x3000).unwrap();
-        assert!(d.hca.dma_mappings().is_empty());
-        assert!(
-            d.set_irqs(
-                VFIO_PCI_MSIX_IRQ_INDEX,
-                VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_EVENTFD,
-                31,
-                2,
-                Vec::new()
-            )
-            .is_err()
-        );
-        // Eventfd trigger with no fds: disconnect (vectors in range).
-        d.set_irqs(
-            VFIO_PCI_MSIX_IRQ_INDEX,
-            VFIO_IRQ_SET_ACTION_TRIGGER | VFIO_IRQ_SET_DATA_EVENTFD,
-            3,
-            2,
-            Vec::new(),
-        )
-        .unwrap();
-    }
-}
+mod tests;

@@ -694,5 +694,4 @@ fn looks_like_report(b: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-#[path = "perftest_tests.rs"]
 mod tests;

@@ -16,13 +16,15 @@ use uhca::Device;
 use uhca::datapath::Remote;
 use uhca::resource::{ConnectParams, SendFlags};
 
+use super::bench::{Bench, Peer};
 use super::control::{Endpoint, QpInfo};
+use super::end::{End, read_depths, rx_off};
+use super::latency::{await_recv, await_send, pingpong_flags, put_send, put_write_tagged};
+use super::meter::Meter;
 use super::perftest::{Agreed, Keys, Oob, OobError, Report, Wait};
 use super::remote::Role;
-use super::{
-    Bench, BwResult, End, LatResult, Op, Peer, PerfError, Settings, StallTimer, await_recv,
-    lat_stats, put_send, setup,
-};
+use super::wait::{PeerWatch, StallTimer};
+use super::{BwResult, LatResult, Op, PerfError, Settings, lat_stats, setup};
 
 /// What perftest's exchange needs beyond [`Settings`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,20 +184,19 @@ impl Bench {
         let mut me = End::new(dev, s, half, s.use_dm)?;
         if opts.check {
             let plan = check_plan(s, opts, oob.role())?;
-            check_fill(&me, half, super::rx_off(half), plan.0)?;
+            check_fill(&me, half, rx_off(half), plan.0)?;
         }
         // The waits also watch the connection: a peer that hangs up ends them at once.
         if let Some(stream) = oob.stream() {
             me.watch.peer = Some(std::sync::Arc::new(
-                super::PeerWatch::new(stream)
-                    .map_err(setup("watching the connection to the peer"))?,
+                PeerWatch::new(stream).map_err(setup("watching the connection to the peer"))?,
             ));
         }
         let x = gid_index(dev, opts.gid_index);
         let addr = dev.roce_address(u32::from(x)).map_err(setup("GID (-x)"))?;
         let reads = matches!(s.op, Op::Read | Op::Atomic);
         let out_reads = if reads { dev.rd_atomic_limits().1 } else { 1 };
-        let rx = super::rx_off(half);
+        let rx = rx_off(half);
         let mine: Vec<Keys> = me
             .qps
             .iter()
@@ -263,7 +264,7 @@ impl Bench {
             (p.sq_psn, p.rq_psn) = (m.psn, t.psn);
             p.mtu = agreed.mtu;
             p.sgid_index = x;
-            super::read_depths(&mut p, dev, s);
+            read_depths(&mut p, dev, s);
             // perftest's responder takes `out_reads` at once (its `max_dest_rd_atomic`).
             let theirs_max = u8::try_from(t.out_reads.max(1)).unwrap_or(u8::MAX);
             p.max_rd_atomic = p.max_rd_atomic.min(theirs_max);
@@ -304,7 +305,7 @@ impl Bench {
         // Every wait of the run watches the peer's socket for a hang-up (and the device).
         if let Some(stream) = oob.stream() {
             me.watch.peer = Some(std::sync::Arc::new(
-                super::PeerWatch::new(stream).map_err(setup("watching the connection"))?,
+                PeerWatch::new(stream).map_err(setup("watching the connection"))?,
             ));
         }
         Ok(Bench {
@@ -449,7 +450,7 @@ impl Bench {
         let duration = self.settings.duration.is_some();
         let start = Instant::now();
         let window = (self.settings.iters / 20).max(1);
-        let mut meter = super::Meter::new(size, window, start);
+        let mut meter = Meter::new(size, window, start);
         let mut last = start;
         let watch = if duration {
             self.me.watch.device_only()
@@ -641,9 +642,9 @@ impl Bench {
             let flags = if last {
                 SendFlags::SIGNALED
             } else {
-                super::pingpong_flags(&self.settings, i)
+                pingpong_flags(&self.settings, i)
             };
-            super::put_write_tagged(
+            put_write_tagged(
                 &mut self.me,
                 to_peer,
                 &self.settings,
@@ -663,7 +664,7 @@ impl Bench {
                 // The peer may see this WRITE land, exit and hang up before its ACK is here:
                 // that is no failure, so this wait watches the device but not the peer.
                 let peer = self.me.watch.peer.take();
-                let r = super::await_send(&mut self.me, i, self.settings.events);
+                let r = await_send(&mut self.me, i, self.settings.events);
                 self.me.watch.peer = peer;
                 r?;
             }
@@ -872,7 +873,6 @@ fn oob_err(e: OobError) -> PerfError {
 }
 
 #[cfg(test)]
-#[path = "pt_tests.rs"]
 mod tests;
 
 impl PtPeer {

@@ -668,5 +668,4 @@ impl<T: MadTransport> QpConnector for CmSession<T> {
 }
 
 #[cfg(test)]
-#[path = "rdma_cm_tests.rs"]
 mod tests;

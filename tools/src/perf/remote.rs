@@ -16,12 +16,14 @@ use uhca::Device;
 use uhca::datapath::Remote;
 use uhca::resource::ConnectParams;
 
+use super::bench::{Bench, Peer};
 use super::control::{Control, ControlError, Endpoint, Hello, Msg, QpInfo};
+use super::end::{End, read_depths, rx_off};
+use super::latency::{await_recv, await_tag, put_send, put_write, tag};
+use super::meter::Meter;
 use super::stream::{Pace, Stream};
-use super::{
-    Bench, BwResult, End, LatResult, Meter, Op, Peer, PerfError, Settings, StallTimer, await_recv,
-    await_tag, lat_stats, put_send, put_write, rx_off, setup,
-};
+use super::wait::{PeerWatch, STALL, StallTimer};
+use super::{BwResult, LatResult, Op, PerfError, Settings, lat_stats, setup};
 
 /// How often a driving client tells the server it is alive.
 pub const BEAT: Duration = Duration::from_secs(1);
@@ -30,7 +32,7 @@ pub const BEAT: Duration = Duration::from_secs(1);
 /// beats between its waits, and no wait of its own lasts longer than the engine's stall
 /// limit (30 s), so a live client is never taken for a dead one; a client process that
 /// dies closes the connection, which is seen at once.
-pub const QUIET: Duration = Duration::from_secs(super::STALL.as_secs() + 15);
+pub const QUIET: Duration = Duration::from_secs(STALL.as_secs() + 15);
 
 /// How long an end waits for an answer: setup work on the other side, or its last waits
 /// (as long as the engine's stall limit).
@@ -287,15 +289,14 @@ impl Bench {
             (p.sq_psn, p.rq_psn) = (m.psn, t.psn);
             p.mtu = s.mtu;
             p.sgid_index = gid_index;
-            super::read_depths(&mut p, dev, s);
+            read_depths(&mut p, dev, s);
             qp.connect(&p).map_err(setup("connecting"))?;
         }
         if role == Role::Server {
             ctl.send(&Msg::End(mine.clone()))?;
         }
         me.watch.peer = Some(std::sync::Arc::new(
-            super::PeerWatch::new(ctl.stream())
-                .map_err(setup("watching the control connection"))?,
+            PeerWatch::new(ctl.stream()).map_err(setup("watching the control connection"))?,
         ));
         Ok(Bench {
             rx_off: rx,
@@ -634,7 +635,7 @@ impl Bench {
         let mut answered: Option<Instant> = None;
         for i in 0..iters {
             match op {
-                Op::Write => await_tag(&self.me, self.rx_off, size, super::tag(i))?,
+                Op::Write => await_tag(&self.me, self.rx_off, size, tag(i))?,
                 _ => await_recv(&mut self.me, self.settings.events)?,
             }
             let t = Instant::now();

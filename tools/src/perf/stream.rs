@@ -4,7 +4,8 @@
 use uhca::datapath::{Remote, Sge, WcOpcode};
 use uhca::resource::{Local, SendFlags, SendOp, SendWr};
 
-use super::{End, MAX_QPS, Op, PerfError, PostError, Settings, check};
+use super::end::End;
+use super::{MAX_QPS, Op, PerfError, PostError, Settings, check};
 
 /// A request of the test's kind: `size` bytes of `local` (inline when the settings allow)
 /// to `remote`.

@@ -27,8 +27,10 @@ use uhca::resource::{
 };
 use uhca::{Device, DeviceConfig};
 
+use super::bench::model;
 use super::meter::Meter;
-use super::{BwResult, LatResult, PerfError, STALL, Settings, check, lat_stats, model, setup};
+use super::wait::STALL;
+use super::{BwResult, LatResult, PerfError, Settings, check, lat_stats, setup};
 
 /// The Q_Key both ends use.
 pub const QKEY: u32 = 0x1111_1111;

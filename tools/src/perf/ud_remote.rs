@@ -35,7 +35,8 @@ use super::perftest::{Agreed, KEYS_LEN, Keys, Oob, OobError, Wait};
 use super::pt_run::{gid_of_kind, peer_mac, v4_mapped};
 use super::remote::{REPLY, Role};
 use super::ud::{QKEY, RX_DEPTH, UdEnd, message, message_sge};
-use super::{BwResult, LatResult, PerfError, STALL, Settings, check, lat_stats, setup};
+use super::wait::STALL;
+use super::{BwResult, LatResult, PerfError, Settings, check, lat_stats, setup};
 
 /// How long a `send_bw` server waits for a datagram the client sent once the client says
 /// it is done (a datagram still in flight arrives within this; one dropped never does).

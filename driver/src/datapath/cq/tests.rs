@@ -498,7 +498,8 @@ fn statuses_read_as_ibv_wc_status_str() {
 
 #[test]
 fn datagram_receives_tell_their_sender_and_connected_ones_do_not() {
-    use crate::datapath::sq::{RecvRing, RqMem, WqKind};
+    use crate::datapath::shadow::WqKind;
+    use crate::datapath::sq::{RecvRing, RqMem};
     use uhca_layout::uar::QP_DBR_RCV;
     let f = ModelFunction::with_defaults().unwrap();
     let space = DmaSpace::new(f);

@@ -77,7 +77,7 @@ struct IrqState {
 
 /// An open VFIO device.
 #[derive(Debug)]
-pub struct Device {
+pub struct VfioDevice {
     file: File,
     /// `VFIO_DEVICE_GET_INFO`.
     pub info: VfioDeviceInfo,
@@ -87,9 +87,9 @@ pub struct Device {
     irqs: Mutex<[IrqState; 3]>,
 }
 
-impl Device {
+impl VfioDevice {
     /// Wraps a device fd and reads its info, config region and MSI-X info.
-    pub fn new(fd: OwnedFd) -> Result<Device, VfioError> {
+    pub fn new(fd: OwnedFd) -> Result<VfioDevice, VfioError> {
         let file = File::from(fd);
         let mut info = VfioDeviceInfo {
             argsz: size_of::<VfioDeviceInfo>() as u32,
@@ -103,7 +103,7 @@ impl Device {
                 "the VFIO device is not a PCI device",
             ));
         }
-        let mut dev = Device {
+        let mut dev = VfioDevice {
             file,
             info,
             config: VfioRegionInfo::default(),

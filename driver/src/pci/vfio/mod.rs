@@ -253,7 +253,7 @@ enum Domain {
 pub struct VfioFunction {
     bdf: String,
     mode: VfioMode,
-    device: Option<device::Device>,
+    device: Option<device::VfioDevice>,
     domain: Domain,
     ranges: Vec<IovaRange>,
     page: u64,
@@ -407,7 +407,7 @@ impl VfioFunction {
             } else {
                 VfioMode::Container
             },
-            device: Some(device::Device::new(dev)?),
+            device: Some(device::VfioDevice::new(dev)?),
             domain: Domain::Container(c),
             ranges,
             page,
@@ -420,7 +420,7 @@ impl VfioFunction {
 
     fn open_iommufd(bdf: &str, cdev: &Path, opts: &VfioOptions) -> Result<VfioFunction, VfioError> {
         let (i, dev) = iommufd::Iommufd::open(cdev, &opts.dev_root)?;
-        let device = device::Device::new(dev)?;
+        let device = device::VfioDevice::new(dev)?;
         Ok(VfioFunction {
             bdf: bdf.to_string(),
             mode: VfioMode::Iommufd,
@@ -454,7 +454,7 @@ impl VfioFunction {
         Ok(self)
     }
 
-    fn dev(&self) -> Result<&device::Device, VfioError> {
+    fn dev(&self) -> Result<&device::VfioDevice, VfioError> {
         self.device.as_ref().ok_or(VfioError::Closed)
     }
 
@@ -589,7 +589,7 @@ fn pci_to_vfio(e: PciError) -> VfioError {
     }
 }
 
-// SAFETY: BAR mappings live until Drop (Device::unmap_bars runs only there), so a BarRegion
+// SAFETY: BAR mappings live until Drop (VfioDevice::unmap_bars runs only there), so a BarRegion
 // stays valid while the function object lives; dma_unmap returns only after the kernel's
 // UNMAP ioctl removed the IOMMU mapping (type1 and iommufd unmap synchronously). In no-IOMMU
 // mode nothing is mapped; the trait's promise holds vacuously and the caller owns the

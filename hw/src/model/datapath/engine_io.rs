@@ -181,7 +181,7 @@ impl Mem<'_, '_> {
             key: r.src_key,
             pd: r.src_domain,
             va: r.src_va,
-            need: need(rc::Access::LocalRead),
+            need: need(rc::AccessKind::LocalRead),
         };
         (dst, src)
     }
@@ -198,7 +198,7 @@ impl Mem<'_, '_> {
         key: u32,
         va: u64,
         len: u64,
-        access: rc::Access,
+        access: rc::AccessKind,
     ) -> Result<(), AccessError> {
         if len == 0 {
             return Ok(());
@@ -217,22 +217,22 @@ const END0: mkey::CopyEnd = mkey::CopyEnd {
     need: Access::NONE,
 };
 
-fn need(a: rc::Access) -> Access {
+fn need(a: rc::AccessKind) -> Access {
     match a {
-        rc::Access::LocalRead => Access::NONE,
-        rc::Access::LocalWrite => Access::LOCAL_WRITE,
-        rc::Access::RemoteRead => Access::REMOTE_READ,
-        rc::Access::RemoteWrite => Access::REMOTE_WRITE,
-        rc::Access::RemoteAtomic => Access::REMOTE_ATOMIC,
+        rc::AccessKind::LocalRead => Access::NONE,
+        rc::AccessKind::LocalWrite => Access::LOCAL_WRITE,
+        rc::AccessKind::RemoteRead => Access::REMOTE_READ,
+        rc::AccessKind::RemoteWrite => Access::REMOTE_WRITE,
+        rc::AccessKind::RemoteAtomic => Access::REMOTE_ATOMIC,
     }
 }
 
-fn access_error(key: u32, e: MemError) -> AccessError {
+fn access_error(key: u32, e: MkeyFault) -> AccessError {
     match e {
-        MemError::BadKey | MemError::NotInPd => AccessError::InvalidKey { key },
-        MemError::OutOfBounds => AccessError::OutOfRange,
-        MemError::NoRight => AccessError::Denied,
-        MemError::Unmapped => AccessError::Fault,
+        MkeyFault::BadKey | MkeyFault::NotInPd => AccessError::InvalidKey { key },
+        MkeyFault::OutOfBounds => AccessError::OutOfRange,
+        MkeyFault::NoRight => AccessError::Denied,
+        MkeyFault::Unmapped => AccessError::Fault,
     }
 }
 
@@ -242,14 +242,14 @@ impl rc::Memory for Mem<'_, '_> {
     }
 
     fn check_in(&self, domain: u32, key: u32, va: u64, len: u64) -> Result<(), AccessError> {
-        self.probe(domain, key, va, len, rc::Access::LocalRead)
+        self.probe(domain, key, va, len, rc::AccessKind::LocalRead)
     }
 
     fn copy_in(
         &self,
         dst_key: u32,
         dst_va: u64,
-        access: rc::Access,
+        access: rc::AccessKind,
         src_domain: u32,
         src_key: u32,
         src_va: u64,
@@ -290,16 +290,28 @@ impl rc::Memory for Mem<'_, '_> {
         mkey::mem_copy_batch(self.dma, self.keys, &copies[..n])
     }
 
-    fn check(&self, key: u32, va: u64, len: u64, access: rc::Access) -> Result<(), AccessError> {
+    fn check(
+        &self,
+        key: u32,
+        va: u64,
+        len: u64,
+        access: rc::AccessKind,
+    ) -> Result<(), AccessError> {
         self.probe(self.pd, key, va, len, access)
     }
 
-    fn read(&self, key: u32, va: u64, buf: &mut [u8], a: rc::Access) -> Result<(), AccessError> {
+    fn read(
+        &self,
+        key: u32,
+        va: u64,
+        buf: &mut [u8],
+        a: rc::AccessKind,
+    ) -> Result<(), AccessError> {
         mkey::mem_read(self.sh, self.dma, self.keys, key, self.pd, va, buf, need(a))
             .map_err(|e| access_error(key, e))
     }
 
-    fn write(&self, key: u32, va: u64, data: &[u8], a: rc::Access) -> Result<(), AccessError> {
+    fn write(&self, key: u32, va: u64, data: &[u8], a: rc::AccessKind) -> Result<(), AccessError> {
         mkey::mem_write(
             self.sh,
             self.dma,
@@ -317,10 +329,6 @@ impl rc::Memory for Mem<'_, '_> {
         if !va.is_multiple_of(8) {
             return Err(AccessError::Misaligned);
         }
-        let op = match op {
-            rc::AtomicOp::CompareSwap { compare, swap } => mem::AtomicOp::CmpSwap { compare, swap },
-            rc::AtomicOp::FetchAdd { add } => mem::AtomicOp::FetchAdd(add),
-        };
         mkey::mem_atomic(
             self.sh,
             self.dma,

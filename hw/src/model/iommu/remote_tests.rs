@@ -144,7 +144,7 @@ fn remote_failures_are_typed_dma_errors_and_read_only_ranges_fault_on_write() {
     let r = io.write(0x20_1000, &[1; 8]);
     assert_eq!(
         r,
-        Err(DmaError::Remote {
+        Err(DmaFault::Remote {
             iova: 0x20_1000,
             len: 8,
             failure: RemoteFailure::Refused(14)
@@ -153,7 +153,7 @@ fn remote_failures_are_typed_dma_errors_and_read_only_ranges_fault_on_write() {
     let mut b = [0u8; 8];
     assert!(matches!(
         io.read(0x20_0ffc, &mut b),
-        Err(DmaError::Remote { .. })
+        Err(DmaFault::Remote { .. })
     ));
     assert_eq!(io.remote_failures(), 2);
     assert_eq!(io.faults(), 0, "a remote failure is not an IOMMU fault");
@@ -161,18 +161,18 @@ fn remote_failures_are_typed_dma_errors_and_read_only_ranges_fault_on_write() {
     let dma = io.dma();
     assert!(matches!(
         dma.copy_segments(&[(0x20_1000, 4)], &[(0x20_0000, 4)]),
-        Err((false, DmaError::Remote { .. }))
+        Err((false, DmaFault::Remote { .. }))
     ));
     assert!(matches!(
         dma.copy_segments(&[(0x20_0000, 4)], &[(0x20_1000, 4)]),
-        Err((true, DmaError::Remote { .. }))
+        Err((true, DmaFault::Remote { .. }))
     ));
     drop(dma);
     // No atomics on memory reached by messages: refused before any message.
     let before = fake.log.lock().unwrap().len();
     assert_eq!(
-        io.atomic64(0x20_0008, AtomicOp::FetchAdd(1), ByteOrder::Big),
-        Err(DmaError::Remote {
+        io.atomic64(0x20_0008, AtomicOp::FetchAdd { add: 1 }, ByteOrder::Big),
+        Err(DmaFault::Remote {
             iova: 0x20_0008,
             len: 8,
             failure: RemoteFailure::NoAtomics
@@ -184,7 +184,7 @@ fn remote_failures_are_typed_dma_errors_and_read_only_ranges_fault_on_write() {
     map_pages(&io, &ro, 0x30_0000, 1, false);
     assert!(matches!(
         io.write(0x30_0000, &[1]),
-        Err(DmaError::Fault { .. })
+        Err(DmaFault::Fault { .. })
     ));
     assert!(ro.log.lock().unwrap().is_empty());
     io.read(0x30_0000, &mut b).unwrap();
@@ -202,11 +202,11 @@ fn unmapped_remote_ranges_fault_and_send_nothing() {
     assert_eq!(io.mapped_bytes(), 0);
     assert!(matches!(
         io.write(0x50_1000, &[1; 4]),
-        Err(DmaError::Fault { .. })
+        Err(DmaFault::Fault { .. })
     ));
     io.set_bus_master(false);
     map_pages(&io, &fake, 0x50_0000, 1, true);
-    assert_eq!(io.write(0x50_0000, &[1; 4]), Err(DmaError::BusMasterOff));
+    assert_eq!(io.write(0x50_0000, &[1; 4]), Err(DmaFault::BusMasterOff));
     assert!(fake.log.lock().unwrap().is_empty(), "no message sent");
     // Alignment rules are those of host mappings.
     assert!(
@@ -288,7 +288,7 @@ fn an_unmap_waits_for_a_remote_access_in_flight_and_later_accesses_fault() {
     .unwrap();
     assert!(matches!(
         writer.join().unwrap(),
-        Err(DmaError::Remote {
+        Err(DmaFault::Remote {
             failure: RemoteFailure::NoReply,
             ..
         })
@@ -296,7 +296,7 @@ fn an_unmap_waits_for_a_remote_access_in_flight_and_later_accesses_fault() {
     unmapper.join().unwrap().unwrap();
     assert!(matches!(
         io.write(0x70_0010, &[1; 16]),
-        Err(DmaError::Fault { .. })
+        Err(DmaFault::Fault { .. })
     ));
     assert!(
         entered.try_recv().is_err(),

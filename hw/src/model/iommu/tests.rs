@@ -57,7 +57,7 @@ fn lookups_over_more_mappings_than_hints_find_each_and_stale_hints_miss() {
     }
     for (k, &iova) in iovas.iter().enumerate() {
         let want = if k % 2 == 0 {
-            Err(DmaError::Fault {
+            Err(DmaFault::Fault {
                 iova: iova + 100,
                 len: 1,
             })
@@ -161,7 +161,7 @@ fn a_probe_decides_and_counts_as_the_read_would() {
     let mut mem = pages();
     let io = Iommu::new();
     let segs = [(0x10ff0, 16), (0x11000, 1)];
-    assert_eq!(io.probe_segments(&segs), Err(DmaError::BusMasterOff));
+    assert_eq!(io.probe_segments(&segs), Err(DmaFault::BusMasterOff));
     assert_eq!(io.refused(), 1);
     io.set_bus_master(true);
     io.map(0x10000, HostMapping::new(region(&mut mem, 0)).read_only())
@@ -222,7 +222,7 @@ fn a_read_only_mapping_is_read_and_every_kind_of_write_faults_untouched() {
     let before = io.faults();
     assert!(matches!(
         io.write(0x10010, &[1; 4]),
-        Err(DmaError::Fault { .. })
+        Err(DmaFault::Fault { .. })
     ));
     assert!(
         io.write_segments(&[(0x10000, 2), (0x10100, 2)], &[1; 4])
@@ -230,7 +230,7 @@ fn a_read_only_mapping_is_read_and_every_kind_of_write_faults_untouched() {
     );
     assert!(io.write_u8_release(0x10000, 1).is_err());
     assert!(
-        io.atomic64(0x10008, AtomicOp::FetchAdd(1), ByteOrder::Big)
+        io.atomic64(0x10008, AtomicOp::FetchAdd { add: 1 }, ByteOrder::Big)
             .is_err()
     );
     assert_eq!(io.faults(), before + 4);
@@ -281,7 +281,7 @@ fn an_unmap_issued_during_a_pass_waits_for_it_and_the_next_pass_faults() {
         let faults = io.faults();
         assert!(matches!(
             pass.write(0x10000, &[7]),
-            Err(DmaError::Fault { .. })
+            Err(DmaFault::Fault { .. })
         ));
         assert!(pass.read_u8_acquire(0x10fff).is_err());
         assert!(pass.probe_segments(&[(0x10000, 1)]).is_err());
@@ -303,8 +303,8 @@ fn a_pass_sees_the_bus_master_gate_on_every_access() {
     let pass = io.dma();
     assert_eq!(pass.read_u8_acquire(0x10000), Ok(1));
     io.set_bus_master(false);
-    assert_eq!(pass.read_u8_acquire(0x10000), Err(DmaError::BusMasterOff));
-    assert_eq!(pass.write(0x10000, &[5]), Err(DmaError::BusMasterOff));
+    assert_eq!(pass.read_u8_acquire(0x10000), Err(DmaFault::BusMasterOff));
+    assert_eq!(pass.write(0x10000, &[5]), Err(DmaFault::BusMasterOff));
     assert_eq!(io.refused(), 2);
     io.set_bus_master(true);
     assert_eq!(pass.read_u8_acquire(0x10000), Ok(1));
@@ -407,11 +407,11 @@ fn a_copy_between_segments_crosses_mappings_overlaps_and_faults_untouched() {
     let faults = io.faults();
     assert!(matches!(
         dma.copy_segments(&[(0x10000, 8)], &[(0x30000, 4), (0x40000, 4)]),
-        Err((true, DmaError::Fault { .. }))
+        Err((true, DmaFault::Fault { .. }))
     ));
     assert!(matches!(
         dma.copy_segments(&[(0x10000, 4), (0x20000, 4)], &[(0x30000, 8)]),
-        Err((false, DmaError::Fault { .. }))
+        Err((false, DmaFault::Fault { .. }))
     ));
     drop(dma);
     assert_eq!(io.faults(), faults + 2);

@@ -57,7 +57,7 @@ impl Rig {
         va: u64,
         dst: &mut [u8],
         need: Access,
-    ) -> Result<(), MemError> {
+    ) -> Result<(), MkeyFault> {
         let core = self.hca.shared.core();
         mem_read(
             &self.hca.shared,
@@ -71,7 +71,7 @@ impl Rig {
         )
     }
 
-    fn write(&self, key: u32, pd: u32, va: u64, src: &[u8], need: Access) -> Result<(), MemError> {
+    fn write(&self, key: u32, pd: u32, va: u64, src: &[u8], need: Access) -> Result<(), MkeyFault> {
         let core = self.hca.shared.core();
         mem_write(
             &self.hca.shared,
@@ -85,12 +85,12 @@ impl Rig {
         )
     }
 
-    fn atomic(&self, key: u32, pd: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+    fn atomic(&self, key: u32, pd: u32, va: u64, op: AtomicOp) -> Result<u64, MkeyFault> {
         self.hca.device_atomic(key, pd, va, op)
     }
 
     /// `mem_probe` of `len` bytes at `va`, under the core lock and a DMA view of its own.
-    fn probe(&self, key: u32, pd: u32, va: u64, len: u64, need: Access) -> Result<(), MemError> {
+    fn probe(&self, key: u32, pd: u32, va: u64, len: u64, need: Access) -> Result<(), MkeyFault> {
         let core = self.hca.shared.core();
         mem_probe(
             &self.hca.shared,
@@ -259,7 +259,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
     ro.variant = 7;
     let ro_key = r.create(&ro).unwrap();
     let end = VA + 2 * PAGE - 0x123;
-    let cases: Vec<(&str, u32, u32, u64, usize, Access, MemError)> = vec![
+    let cases: Vec<(&str, u32, u32, u64, usize, Access, MkeyFault)> = vec![
         (
             "unknown index",
             key + 0x100,
@@ -267,7 +267,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
             VA,
             8,
             Access::NONE,
-            MemError::BadKey,
+            MkeyFault::BadKey,
         ),
         (
             "wrong variant",
@@ -276,7 +276,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
             VA,
             8,
             Access::NONE,
-            MemError::BadKey,
+            MkeyFault::BadKey,
         ),
         (
             "foreign PD",
@@ -285,7 +285,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
             VA,
             8,
             Access::NONE,
-            MemError::NotInPd,
+            MkeyFault::NotInPd,
         ),
         (
             "below start",
@@ -294,7 +294,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
             VA - 1,
             8,
             Access::NONE,
-            MemError::OutOfBounds,
+            MkeyFault::OutOfBounds,
         ),
         (
             "past end",
@@ -303,7 +303,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
             end - 4,
             8,
             Access::NONE,
-            MemError::OutOfBounds,
+            MkeyFault::OutOfBounds,
         ),
         (
             "wraps",
@@ -312,7 +312,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
             u64::MAX - 2,
             8,
             Access::NONE,
-            MemError::OutOfBounds,
+            MkeyFault::OutOfBounds,
         ),
         (
             "no remote write",
@@ -321,7 +321,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
             VA,
             8,
             Access::REMOTE_WRITE,
-            MemError::NoRight,
+            MkeyFault::NoRight,
         ),
         (
             "no local write",
@@ -330,7 +330,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
             VA,
             8,
             Access::LOCAL_WRITE,
-            MemError::NoRight,
+            MkeyFault::NoRight,
         ),
         (
             "no atomic",
@@ -339,7 +339,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
             VA,
             8,
             Access::REMOTE_ATOMIC,
-            MemError::NoRight,
+            MkeyFault::NoRight,
         ),
     ];
     m.buf.write_bytes(0, &[0xEE; 64]);
@@ -358,7 +358,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
         .unwrap();
     assert_eq!(
         r.write(key, r.pd, end, &[1], Access::LOCAL_WRITE),
-        Err(MemError::OutOfBounds)
+        Err(MkeyFault::OutOfBounds)
     );
     // A destroyed key is a bad key, and a new MKey at the same index with another variant
     // does not revive it.
@@ -366,7 +366,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
     let f = r.faults();
     assert_eq!(
         r.read(key, r.pd, VA, &mut [0; 4], Access::NONE),
-        Err(MemError::BadKey)
+        Err(MkeyFault::BadKey)
     );
     let mut again = MkeyParams::mtt(r.pd, 2);
     again.variant = 0x5b;
@@ -374,7 +374,7 @@ fn every_refusal_touches_nothing_and_is_counted() {
     assert_eq!(new_key >> 8, key >> 8, "index reused");
     assert_eq!(
         r.read(key, r.pd, VA, &mut [0; 4], Access::NONE),
-        Err(MemError::BadKey)
+        Err(MkeyFault::BadKey)
     );
     assert!(r.read(new_key, r.pd, VA, &mut [0; 4], Access::NONE).is_ok());
     assert_eq!(r.faults(), f + 2);
@@ -391,7 +391,7 @@ fn unmapped_translations_fault_without_partial_writes() {
     let src = vec![0x33u8; 2 * PAGE as usize - 0x200];
     assert_eq!(
         r.write(key, r.pd, VA, &src, Access::LOCAL_WRITE),
-        Err(MemError::Unmapped)
+        Err(MkeyFault::Unmapped)
     );
     assert_eq!(
         buf_bytes(&m),
@@ -405,7 +405,7 @@ fn unmapped_translations_fault_without_partial_writes() {
     let zkey = r.create(&z).unwrap();
     assert_eq!(
         r.read(zkey, r.pd, VA, &mut [0; 4], Access::NONE),
-        Err(MemError::Unmapped)
+        Err(MkeyFault::Unmapped)
     );
     let mut ro = MkeyParams::mtt(r.pd, 1);
     ro.mtts[0] = IOVA | 1;
@@ -413,7 +413,7 @@ fn unmapped_translations_fault_without_partial_writes() {
     assert!(r.read(rokey, r.pd, VA, &mut [0; 4], Access::NONE).is_ok());
     assert_eq!(
         r.write(rokey, r.pd, VA, &[1; 4], Access::LOCAL_WRITE),
-        Err(MemError::NoRight)
+        Err(MkeyFault::NoRight)
     );
     // A free MKey (waiting for a UMR) is not usable.
     let mut f = MkeyParams::mtt(r.pd, 1);
@@ -421,7 +421,7 @@ fn unmapped_translations_fault_without_partial_writes() {
     let fkey = r.create(&f).unwrap();
     assert_eq!(
         r.read(fkey, r.pd, VA, &mut [0; 4], Access::NONE),
-        Err(MemError::BadKey)
+        Err(MkeyFault::BadKey)
     );
     assert_eq!(r.faults(), 4);
     assert!(r.hca.stats().iommu_faults >= 1);
@@ -469,22 +469,22 @@ fn a_probe_decides_and_counts_as_reads_of_its_two_ends_would() {
     // A wrong key, PD or right is decided before any translation.
     assert_eq!(
         r.probe(key ^ 1, r.pd, VA, 8, Access::NONE),
-        Err(MemError::BadKey)
+        Err(MkeyFault::BadKey)
     );
     assert_eq!(
         r.probe(key, r.other_pd, VA, 8, Access::NONE),
-        Err(MemError::NotInPd)
+        Err(MkeyFault::NotInPd)
     );
     let mut ro = MkeyParams::mtt(r.pd, 1);
     ro.rights = (0, 1, 0, 0);
     let rokey = r.create(&ro).unwrap();
     assert_eq!(
         r.probe(rokey, r.pd, VA, 8, Access::REMOTE_WRITE),
-        Err(MemError::NoRight)
+        Err(MkeyFault::NoRight)
     );
     assert_eq!(
         r.probe(rokey, r.pd, u64::MAX, 2, Access::NONE),
-        Err(MemError::OutOfBounds),
+        Err(MkeyFault::OutOfBounds),
         "a range past the address space"
     );
     // A probe that passed decides nothing for the next one once the page is unmapped or
@@ -494,12 +494,12 @@ fn a_probe_decides_and_counts_as_reads_of_its_two_ends_would() {
     assert_eq!(probe(), Ok(()));
     let (mk, io) = counts(&r);
     drop(m);
-    assert_eq!(probe(), Err(MemError::Unmapped));
+    assert_eq!(probe(), Err(MkeyFault::Unmapped));
     assert_eq!(counts(&r), (mk + 1, io + 1));
     let _m = MappedBuffer::new(&r.hca, IOVA, PAGE as usize);
     assert_eq!(probe(), Ok(()));
     assert_eq!(r.destroy(rokey).0, CmdStatus::Ok);
-    assert_eq!(probe(), Err(MemError::BadKey));
+    assert_eq!(probe(), Err(MkeyFault::BadKey));
 }
 
 #[test]
@@ -512,7 +512,7 @@ fn atomics_are_big_endian_and_aligned() {
     let key = r.create(&p).unwrap();
     m.buf.write_bytes(8, &5u64.to_be_bytes());
     assert_eq!(
-        r.atomic(key, r.pd, 0x1000_0008, AtomicOp::FetchAdd(3)),
+        r.atomic(key, r.pd, 0x1000_0008, AtomicOp::FetchAdd { add: 3 }),
         Ok(5)
     );
     assert_eq!(
@@ -520,7 +520,7 @@ fn atomics_are_big_endian_and_aligned() {
             key,
             r.pd,
             0x1000_0008,
-            AtomicOp::CmpSwap {
+            AtomicOp::CompareSwap {
                 compare: 8,
                 swap: 42
             }
@@ -531,8 +531,8 @@ fn atomics_are_big_endian_and_aligned() {
     m.buf.read_bytes(8, &mut v);
     assert_eq!(u64::from_be_bytes(v), 42);
     assert_eq!(
-        r.atomic(key, r.pd, 0x1000_0004, AtomicOp::FetchAdd(1)),
-        Err(MemError::OutOfBounds)
+        r.atomic(key, r.pd, 0x1000_0004, AtomicOp::FetchAdd { add: 1 }),
+        Err(MkeyFault::OutOfBounds)
     );
 }
 
@@ -585,13 +585,16 @@ fn memic_mkeys_are_zero_based_and_block_dealloc() {
         .shared
         .bar
         .write_bytes(addr as usize + 64 + 16, &10u64.to_be_bytes());
-    assert_eq!(r.atomic(key, r.pd, 16, AtomicOp::FetchAdd(5)), Ok(10));
+    assert_eq!(
+        r.atomic(key, r.pd, 16, AtomicOp::FetchAdd { add: 5 }),
+        Ok(10)
+    );
     assert_eq!(
         r.atomic(
             key,
             r.pd,
             16,
-            AtomicOp::CmpSwap {
+            AtomicOp::CompareSwap {
                 compare: 15,
                 swap: 1
             }
@@ -604,11 +607,11 @@ fn memic_mkeys_are_zero_based_and_block_dealloc() {
     // Zero-based bounds: [0, 128).
     assert_eq!(
         r.read(key, r.pd, 121, &mut v, Access::NONE),
-        Err(MemError::OutOfBounds)
+        Err(MkeyFault::OutOfBounds)
     );
     assert_eq!(
         r.read(key, r.other_pd, 0, &mut v, Access::NONE),
-        Err(MemError::NotInPd)
+        Err(MkeyFault::NotInPd)
     );
     // An MKey must stay inside one allocation, with no translation list.
     assert_eq!(
@@ -781,10 +784,10 @@ fn a_probe_asks_for_the_page_enables_of_its_direction() {
     for _ in 0..2 {
         assert_eq!(probe(wkey, Access::REMOTE_WRITE), Ok(()));
         assert_eq!(probe(wkey, Access::LOCAL_WRITE), Ok(()));
-        assert_eq!(probe(wkey, Access::REMOTE_READ), Err(MemError::NoRight));
-        assert_eq!(probe(wkey, Access::REMOTE_ATOMIC), Err(MemError::NoRight));
+        assert_eq!(probe(wkey, Access::REMOTE_READ), Err(MkeyFault::NoRight));
+        assert_eq!(probe(wkey, Access::REMOTE_ATOMIC), Err(MkeyFault::NoRight));
         assert_eq!(probe(rkey, Access::REMOTE_READ), Ok(()));
-        assert_eq!(probe(rkey, Access::REMOTE_WRITE), Err(MemError::NoRight));
+        assert_eq!(probe(rkey, Access::REMOTE_WRITE), Err(MkeyFault::NoRight));
     }
     // The probe agrees with the data move it stands for.
     assert!(
@@ -793,7 +796,7 @@ fn a_probe_asks_for_the_page_enables_of_its_direction() {
     );
     assert_eq!(
         r.write(rkey, r.pd, VA, &[7; 16], Access::REMOTE_WRITE),
-        Err(MemError::NoRight)
+        Err(MkeyFault::NoRight)
     );
 }
 
@@ -966,7 +969,8 @@ fn random_mkeys_and_accesses_never_reach_past_their_translation() {
                 2 => r.probe(key, pd, va, next(), Access::REMOTE_WRITE),
                 _ => {
                     let va = if next() % 4 == 0 { va } else { va & !7 };
-                    r.atomic(key, pd, va, AtomicOp::FetchAdd(1)).map(|_| ())
+                    r.atomic(key, pd, va, AtomicOp::FetchAdd { add: 1 })
+                        .map(|_| ())
                 }
             };
             ok += usize::from(got.is_ok());

@@ -13,7 +13,7 @@ use crate::layout::ud::DatagramSeg;
 use crate::layout::umr::{UmrCtrlSeg, flags, mkey_mask};
 use crate::layout::wqe::{WqeOpcode, fm_ce_se::CQ_UPDATE};
 use crate::model::cmd::syndrome as s;
-use crate::model::mkey::MemError;
+use crate::model::mkey::MkeyFault;
 
 fn cqe_op(e: &[u8; 64]) -> CqeOpcode {
     CqeOpcode::from(e[63] >> 4)
@@ -332,16 +332,16 @@ fn a_pa_mkey_reaches_bus_addresses_through_the_iommu_with_its_rights() {
     assert_eq!(&got, b"abcdefgh");
     // Its rights hold: no local write, no remote read; another PD is refused.
     let e = hca.device_write(key, r.pd, m.iova, b"x", false);
-    assert_eq!(e, Err(MemError::NoRight));
+    assert_eq!(e, Err(MkeyFault::NoRight));
     let e = hca.device_read(key, r.pd, m.iova, &mut got, true);
-    assert_eq!(e, Err(MemError::NoRight));
+    assert_eq!(e, Err(MkeyFault::NoRight));
     assert_eq!(
         hca.device_read(key, r.pd + 1, m.iova, &mut got, false),
-        Err(MemError::NotInPd)
+        Err(MkeyFault::NotInPd)
     );
     // An address the IOMMU does not map (the hole after the buffer) is unmapped.
     let e = hca.device_read(key, r.pd, m.iova + 2 * PAGE as u64, &mut got, false);
-    assert_eq!(e, Err(MemError::Unmapped));
+    assert_eq!(e, Err(MkeyFault::Unmapped));
     let (st, _, out) = pa_mkey(&r, (1, 0, 0, 0));
     assert_eq!(st, CmdStatus::Ok);
     let wkey = (CreateMkeyOut::new_unchecked(&out[..]).mkey_index() << 8) | 0x42;
@@ -354,7 +354,7 @@ fn a_pa_mkey_reaches_bus_addresses_through_the_iommu_with_its_rights() {
     assert_eq!(r.cmd(&d, 16).0, CmdStatus::Ok);
     assert_eq!(
         hca.device_read(key, r.pd, m.iova, &mut got, false),
-        Err(MemError::BadKey)
+        Err(MkeyFault::BadKey)
     );
 }
 
@@ -694,7 +694,7 @@ fn umr_wqes_enable_translate_and_revoke_an_mkey() {
     let mut got = [0u8; 11];
     assert_eq!(
         hca.device_read(key, r.pd, va + PAGE as u64, &mut got, false),
-        Err(MemError::BadKey)
+        Err(MkeyFault::BadKey)
     );
     // CHECK_NOT_FREE ("fail if not free") on a free MKey: applied, as Linux enables one.
     let w = umr_wqe(
@@ -717,7 +717,7 @@ fn umr_wqes_enable_translate_and_revoke_an_mkey() {
     hca.device_read(key, r.pd, va, &mut got, true).unwrap();
     assert_eq!(
         hca.device_write(key, r.pd, va, b"x", true),
-        Err(MemError::NoRight)
+        Err(MkeyFault::NoRight)
     );
     // QUERY_MKEY shows the new context.
     let mut qi = header(Opcode::QueryMkey, 16);
@@ -770,7 +770,7 @@ fn umr_wqes_enable_translate_and_revoke_an_mkey() {
     );
     assert_eq!(
         hca.device_read(key, r.pd, va, &mut got, false),
-        Err(MemError::BadKey)
+        Err(MkeyFault::BadKey)
     );
     // A UMR on an MKey without umr_en (the PA one) fails.
     let w = umr_wqe(&q, dma_lkey, 0, mkey_mask::PD, |m| m.set_pd(r.pd), None);
@@ -827,7 +827,7 @@ fn a_umr_list_padded_past_a_small_mkey_is_taken_and_check_free_needs_an_mkey_in_
     let mut got = [0u8; 8];
     assert_eq!(
         hca.device_read(key, r.pd, va, &mut got, false),
-        Err(MemError::BadKey)
+        Err(MkeyFault::BadKey)
     );
     assert_eq!(r.simple(Opcode::ToRstQp, q.qpn).0, CmdStatus::Ok);
     q.sq_pi = 0;

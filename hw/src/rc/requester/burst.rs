@@ -86,7 +86,7 @@ impl Requester {
         mut idx: usize,
         mut inflight: u32,
         mut since: u32,
-    ) -> (MoreMsgs, Option<(usize, WcStatus)>) {
+    ) -> (MoreMsgs, Option<(usize, RcWcStatus)>) {
         let mut more = MoreMsgs::default();
         let max = cx.cfg.max_inflight;
         while !more.is_full()
@@ -147,7 +147,7 @@ impl Requester {
         pkt: &RocePacket<'_>,
         b: &Burst,
         env: &mut Env<'_>,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
         stats: &mut RcStats,
     ) -> bool {
         let p = Psn::new(pkt.bth.psn);
@@ -178,7 +178,7 @@ impl Requester {
             )
         };
         let [src] = b.sges.as_slice() else {
-            return self.fail_front(&mut cx, WcStatus::BadResponse);
+            return self.fail_front(&mut cx, RcWcStatus::BadResponse);
         };
         let want = if b.ends {
             w.len - k * mtu
@@ -191,7 +191,7 @@ impl Requester {
             (1..rest).contains(&b.packets)
         };
         if !op_fits || !count_ok || b.len != want {
-            return self.fail_front(&mut cx, WcStatus::BadResponse);
+            return self.fail_front(&mut cx, RcWcStatus::BadResponse);
         }
         let LocalRef::Sges(sges) = w.wr.local() else {
             unreachable!("checked at post")
@@ -209,7 +209,7 @@ impl Requester {
         match copied {
             Ok(()) => {}
             Err(CopyFault::Target(_)) => {
-                return self.fail_front(&mut cx, WcStatus::LocalProtection);
+                return self.fail_front(&mut cx, RcWcStatus::LocalProtection);
             }
             // The responder's memory went away after it checked it: lost like a dropped
             // response; the timer asks again and the responder then answers with a NAK.
@@ -220,7 +220,7 @@ impl Requester {
         }
         self.advance_una(p.add(b.packets));
         if b.ends {
-            self.complete_front(cx.env, cx.cfg, WcStatus::Success);
+            self.complete_front(cx.env, cx.cfg, RcWcStatus::Success);
         }
         self.progressed(cx.cfg, cx.env.clock);
         self.check_front(&mut cx)

@@ -38,7 +38,7 @@ pub(super) fn read_burst<'a>(
     let len = if ends { rd.left } else { packets * mtu };
     if env
         .mem
-        .check(rd.rkey, rd.va, u64::from(len), Access::RemoteRead)
+        .check(rd.rkey, rd.va, u64::from(len), AccessKind::RemoteRead)
         .is_err()
     {
         return Ok(None);
@@ -51,7 +51,7 @@ pub(super) fn read_burst<'a>(
     };
     let mut sges = SgeList::new();
     // One entry: cannot fail.
-    let _ = sges.push(Sge {
+    let _ = sges.push(RcSge {
         lkey: rd.rkey,
         addr: rd.va,
         len,
@@ -118,7 +118,7 @@ fn more_reads<'a>(
         }
         if env
             .mem
-            .check(f.rkey, f.va, u64::from(f.left), Access::RemoteRead)
+            .check(f.rkey, f.va, u64::from(f.left), AccessKind::RemoteRead)
             .is_err()
         {
             return (more, true);
@@ -133,7 +133,7 @@ fn more_reads<'a>(
             se: false,
             ack_req: false,
             wire_len: tx.wire_len(&ext, n, f.left, true),
-            sge: Sge {
+            sge: RcSge {
                 lkey: f.rkey,
                 addr: f.va,
                 len: f.left,
@@ -167,7 +167,7 @@ impl Responder {
         pkt: &RocePacket<'_>,
         burst: &Burst,
         env: &mut Env<'_>,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
         stats: &mut RcStats,
     ) -> bool {
         let p = Psn::new(pkt.bth.psn);
@@ -259,7 +259,7 @@ impl Responder {
         pkt: &RocePacket<'_>,
         b: &Burst,
         env: &mut Env<'_>,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
     ) -> Result<BurstOutcome, NakCode> {
         use RcOpcode::*;
         let mtu = cfg.mtu.bytes();
@@ -336,7 +336,7 @@ impl Responder {
                 env.mem,
                 rkey,
                 va,
-                Access::RemoteWrite,
+                AccessKind::RemoteWrite,
                 b.domain,
                 &b.sges,
                 b.offset,
@@ -386,7 +386,12 @@ impl Responder {
     /// buffer is too short or refuses a write, the packets before the one that met the
     /// fault are taken, the bytes up to the fault are placed, and the receive completes in
     /// error with the byte count of those packets, as packet by packet.
-    fn execute_send_burst(&mut self, b: &Burst, env: &mut Env<'_>, cfg: &QpConfig) -> BurstOutcome {
+    fn execute_send_burst(
+        &mut self,
+        b: &Burst,
+        env: &mut Env<'_>,
+        cfg: &RcQpConfig,
+    ) -> BurstOutcome {
         let mtu = u64::from(cfg.mtu.bytes());
         // The sender's memory is checked before a receive WR is spent on it (under the
         // device's locks, so the copy below finds it as checked).
@@ -416,9 +421,9 @@ impl Responder {
             // The packet that met the fault: the bytes before it were placed.
             let k = (done as u64 / mtu) as u32;
             let (status, code) = match fault {
-                SendFault::Short => (WcStatus::LocalLength, NakCode::InvalidRequest),
+                SendFault::Short => (RcWcStatus::LocalLength, NakCode::InvalidRequest),
                 SendFault::Target(_) | SendFault::Source(_) => {
-                    (WcStatus::LocalProtection, NakCode::RemoteOperationalError)
+                    (RcWcStatus::LocalProtection, NakCode::RemoteOperationalError)
                 }
             };
             self.msg = InMsg::Idle;
@@ -427,7 +432,7 @@ impl Responder {
                 env,
                 cfg,
                 wr_id,
-                WcOpcode::Recv,
+                RcWcOpcode::Recv,
                 status,
                 byte_len,
                 None,
@@ -440,7 +445,7 @@ impl Responder {
             let byte_len = (at + u64::from(b.len)) as u32;
             self.msg = InMsg::Idle;
             self.msn = (self.msn + 1) & Psn::MASK;
-            let (op, st) = (WcOpcode::Recv, WcStatus::Success);
+            let (op, st) = (RcWcOpcode::Recv, RcWcStatus::Success);
             recv_completion(env, cfg, wr_id, op, st, byte_len, b.imm, b.se);
         }
         BurstOutcome::Done
@@ -460,7 +465,7 @@ impl Responder {
         &self,
         pkt: &RocePacket<'_>,
         b: &Burst,
-        cfg: &QpConfig,
+        cfg: &RcQpConfig,
         psn: Psn,
     ) -> Option<CopyIn> {
         use RcOpcode::*;
@@ -489,7 +494,7 @@ impl Responder {
         planned.then(|| CopyIn {
             dst_key: reth.r_key,
             dst_va: reth.va,
-            access: Access::RemoteWrite,
+            access: AccessKind::RemoteWrite,
             src_domain: b.domain,
             src_key: sge.lkey,
             src_va: sge.addr.wrapping_add(b.offset),

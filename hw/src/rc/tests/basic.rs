@@ -44,7 +44,7 @@ fn remote(off: u64) -> RemoteAddr {
 
 #[test]
 fn writes_of_every_size_land_exactly() {
-    for mtu in [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096] {
+    for mtu in [Mtu::M256, Mtu::M1024, Mtu::M4096] {
         let mut p = setup(mtu);
         let mut off = 0u64;
         let mut placed = Vec::new();
@@ -66,7 +66,7 @@ fn writes_of_every_size_land_exactly() {
         for (i, (c, &(off, n))) in cqes.iter().zip(&placed).enumerate() {
             assert_eq!(
                 (c.wr_id, c.status, c.opcode, c.byte_len),
-                (i as u64, WcStatus::Success, WcOpcode::RdmaWrite, n)
+                (i as u64, RcWcStatus::Success, RcWcOpcode::RdmaWrite, n)
             );
             let n = n as usize;
             assert_eq!(
@@ -90,7 +90,7 @@ fn writes_of_every_size_land_exactly() {
 
 #[test]
 fn reads_of_every_size_return_the_remote_bytes() {
-    for mtu in [Mtu::Mtu256, Mtu::Mtu2048] {
+    for mtu in [Mtu::M256, Mtu::M2048] {
         let mut p = setup(mtu);
         let mut off = 0u64;
         let mut asked = Vec::new();
@@ -112,7 +112,7 @@ fn reads_of_every_size_return_the_remote_bytes() {
         for (c, &(off, n)) in cqes.iter().zip(&asked) {
             assert_eq!(
                 (c.status, c.opcode, c.byte_len),
-                (WcStatus::Success, WcOpcode::RdmaRead, n)
+                (RcWcStatus::Success, RcWcOpcode::RdmaRead, n)
             );
             let n = n as usize;
             assert_eq!(
@@ -125,7 +125,7 @@ fn reads_of_every_size_return_the_remote_bytes() {
 
 #[test]
 fn sends_fill_posted_receives_in_order() {
-    let mtu = Mtu::Mtu512;
+    let mtu = Mtu::M512;
     let mut p = setup(mtu);
     let ns = sizes(mtu);
     let mut off = 0u64;
@@ -159,7 +159,13 @@ fn sends_fill_posted_receives_in_order() {
     for (i, (c, &n)) in recvs.iter().zip(&ns).enumerate() {
         assert_eq!(
             (c.wr_id, c.status, c.opcode, c.byte_len, c.qpn),
-            (1000 + i as u64, WcStatus::Success, WcOpcode::Recv, n, QPN_B)
+            (
+                1000 + i as u64,
+                RcWcStatus::Success,
+                RcWcOpcode::Recv,
+                n,
+                QPN_B
+            )
         );
         assert_eq!(c.imm, (i % 2 == 1).then_some(0xABC0 + i as u32));
         assert_eq!(c.solicited, i == 3);
@@ -174,13 +180,13 @@ fn sends_fill_posted_receives_in_order() {
     assert!(
         p.a.send_cqes()
             .iter()
-            .all(|c| c.status == WcStatus::Success && c.opcode == WcOpcode::Send)
+            .all(|c| c.status == RcWcStatus::Success && c.opcode == RcWcOpcode::Send)
     );
 }
 
 #[test]
 fn write_with_immediate_consumes_a_receive() {
-    let mut p = setup(Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
     p.b.rq.push_back(RecvWqe {
         wr_id: 77,
         sges: SgeList::new(),
@@ -210,7 +216,7 @@ fn write_with_immediate_consumes_a_receive() {
     assert_eq!(r.len(), 2);
     assert_eq!(
         (r[0].wr_id, r[0].opcode, r[0].byte_len, r[0].imm),
-        (77, WcOpcode::RecvRdmaWithImm, 3000, Some(0x1234_5678))
+        (77, RcWcOpcode::RecvRdmaWithImm, 3000, Some(0x1234_5678))
     );
     assert_eq!((r[1].wr_id, r[1].byte_len, r[1].imm), (78, 0, Some(9)));
     assert_eq!(
@@ -221,7 +227,7 @@ fn write_with_immediate_consumes_a_receive() {
 
 #[test]
 fn inline_data_is_sent_from_the_request() {
-    let mut p = setup(Mtu::Mtu256);
+    let mut p = setup(Mtu::M256);
     let data: Vec<u8> = (0..MAX_INLINE as u32).map(|i| (i * 7) as u8).collect();
     let mut w = wr(
         5,
@@ -234,7 +240,7 @@ fn inline_data_is_sent_from_the_request() {
     p.a.post(w);
     p.b.rq.push_back(RecvWqe {
         wr_id: 1,
-        sges: SgeList::from_slice(&[Sge {
+        sges: SgeList::from_slice(&[RcSge {
             lkey: DST,
             addr: VA_DST + 4096,
             len: 64,
@@ -253,18 +259,14 @@ fn inline_data_is_sent_from_the_request() {
 #[test]
 fn atomics_return_the_original_value() {
     for endian in [AtomicEndianness::Big, AtomicEndianness::Host] {
-        let mut a = config(QPN_A, QPN_B, Mtu::Mtu1024);
+        let mut a = config(QPN_A, QPN_B, Mtu::M1024);
         a.atomic_endianness = endian;
-        let mut p = Pair::with(
-            a,
-            config(QPN_B, QPN_A, Mtu::Mtu1024),
-            FaultConfig::default(),
-        );
+        let mut p = Pair::with(a, config(QPN_B, QPN_A, Mtu::M1024), FaultConfig::default());
         p.a.mem.register(SRC, VA_SRC, 64, false);
         p.b.mem.register(DST, VA_DST, 64, true);
         p.b.mem.fill(DST, VA_DST, &40u64.to_le_bytes());
         let sge = |i: u64| {
-            [Sge {
+            [RcSge {
                 lkey: SRC,
                 addr: VA_SRC + 8 * i,
                 len: 8,
@@ -313,14 +315,14 @@ fn atomics_return_the_original_value() {
                 .iter()
                 .map(|c| (c.opcode, c.status, c.byte_len))
                 .collect();
-        assert_eq!(ops[0], (WcOpcode::FetchAdd, WcStatus::Success, 8));
-        assert_eq!(ops[1], (WcOpcode::CompareSwap, WcStatus::Success, 8));
+        assert_eq!(ops[0], (RcWcOpcode::FetchAdd, RcWcStatus::Success, 8));
+        assert_eq!(ops[1], (RcWcOpcode::CompareSwap, RcWcStatus::Success, 8));
     }
 }
 
 #[test]
 fn a_mixed_pipeline_completes_in_order_both_ways() {
-    let mut p = setup(Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
     for s in [&mut p.a, &mut p.b] {
         s.post_recv_slots(DST, VA_DST + 0x3_0000, 4096, 40);
     }
@@ -361,13 +363,13 @@ fn a_mixed_pipeline_completes_in_order_both_ways() {
         let ids: Vec<_> = s.send_cqes().iter().map(|c| c.wr_id).collect();
         let want: Vec<_> = (0..120).filter(|i| i % 3 == 0 || *i == 119).collect();
         assert_eq!(ids, want, "completions in order, signaled only");
-        assert!(s.cq.iter().all(|c| c.status == WcStatus::Success));
+        assert!(s.cq.iter().all(|c| c.status == RcWcStatus::Success));
         assert_eq!(
             s.recv_cqes().len(),
             40,
             "20 SENDs and 20 WRITEs with immediate"
         );
-        assert_eq!(s.qp.state(), QpState::Rts);
+        assert_eq!(s.qp.state(), RcQpState::Rts);
     }
     // 20 FETCH_ADDs of 1 each way, on the counter of each side.
     let counter =
@@ -381,7 +383,7 @@ fn a_mixed_pipeline_completes_in_order_both_ways() {
 
 #[test]
 fn acks_are_coalesced() {
-    let mut p = setup(Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
     for i in 0..200u64 {
         let mut w = wr(
             i,
@@ -406,9 +408,9 @@ fn acks_are_coalesced() {
 
 #[test]
 fn the_send_window_bounds_packets_in_flight() {
-    let mut a = config(QPN_A, QPN_B, Mtu::Mtu256);
+    let mut a = config(QPN_A, QPN_B, Mtu::M256);
     a.max_inflight = 4;
-    let mut p = Pair::with(a, config(QPN_B, QPN_A, Mtu::Mtu256), FaultConfig::default());
+    let mut p = Pair::with(a, config(QPN_B, QPN_A, Mtu::M256), FaultConfig::default());
     p.a.mem.register(SRC, VA_SRC, LEN, false);
     p.b.mem.register(DST, VA_DST, LEN, true);
     p.a.post(wr(
@@ -429,15 +431,15 @@ fn the_send_window_bounds_packets_in_flight() {
 
 #[test]
 fn post_checks_the_request() {
-    let mut p = setup(Mtu::Mtu1024);
-    let sge = [Sge {
+    let mut p = setup(Mtu::M1024);
+    let sge = [RcSge {
         lkey: SRC,
         addr: VA_SRC,
         len: 8,
     }];
     let mut w = wr(0, WrOp::Read { remote: remote(0) }, &sge);
     w.local = LocalData::inline(&[1, 2, 3]).unwrap();
-    assert_eq!(p.a.qp.post_send(w), Err(PostError::InlineNotAllowed));
+    assert_eq!(p.a.qp.post_send(w), Err(RcPostError::InlineNotAllowed));
     let w = wr(
         0,
         WrOp::FetchAdd {
@@ -448,29 +450,29 @@ fn post_checks_the_request() {
     );
     assert_eq!(
         p.a.qp.post_send(w),
-        Err(PostError::BadAtomicLength { len: 16 })
+        Err(RcPostError::BadAtomicLength { len: 16 })
     );
-    let big = [Sge {
+    let big = [RcSge {
         lkey: SRC,
         addr: 0,
         len: u32::MAX,
     }];
     assert_eq!(
         p.a.qp.post_send(wr(0, WrOp::Send, &big)),
-        Err(PostError::TooLong {
+        Err(RcPostError::TooLong {
             len: u64::from(u32::MAX)
         })
     );
     assert_eq!(
-        SgeList::from_slice(&[Sge::default(); MAX_SGE + 1]),
-        Err(PostError::TooManySges { max: MAX_SGE })
+        SgeList::from_slice(&[RcSge::default(); MAX_SGE + 1]),
+        Err(RcPostError::TooManySges { max: MAX_SGE })
     );
     for i in 0..256 {
         p.a.post(wr(i, WrOp::Write { remote: remote(0) }, &sge));
     }
     assert_eq!(
         p.a.qp.post_send(wr(0, WrOp::Send, &sge)),
-        Err(PostError::QueueFull)
+        Err(RcPostError::QueueFull)
     );
     p.settle();
     assert_eq!(p.a.send_cqes().len(), 256);
@@ -478,8 +480,8 @@ fn post_checks_the_request() {
 
 #[test]
 fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
-    let mut p = setup(Mtu::Mtu256);
-    let sge = Sge {
+    let mut p = setup(Mtu::M256);
+    let sge = RcSge {
         lkey: SRC,
         addr: VA_SRC,
         len: 300,
@@ -491,24 +493,27 @@ fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
         s.push_sge(sge)?;
         s.push_inline(b"xy")
     });
-    assert_eq!(mixed, Err(PostError::MixedLocalData));
+    assert_eq!(mixed, Err(RcPostError::MixedLocalData));
     let too_long = q.post_send_with(|s: &mut SendSlot| {
         s.push_inline(&[7; MAX_INLINE])?;
         s.push_inline(&[7])
     });
-    assert_eq!(too_long, Err(PostError::InlineTooLong { max: MAX_INLINE }));
+    assert_eq!(
+        too_long,
+        Err(RcPostError::InlineTooLong { max: MAX_INLINE })
+    );
     assert_eq!(
         q.post_send_with(|s: &mut SendSlot| {
             s.op = WrOp::Read { remote: remote(0) };
             s.push_inline(&[])
         }),
-        Err(PostError::InlineNotAllowed),
+        Err(RcPostError::InlineNotAllowed),
         "empty inline data is still inline"
     );
     #[derive(Debug, PartialEq)]
     struct Mine;
-    impl From<PostError> for Mine {
-        fn from(_: PostError) -> Self {
+    impl From<RcPostError> for Mine {
+        fn from(_: RcPostError) -> Self {
             Mine
         }
     }
@@ -538,7 +543,7 @@ fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
                     if id % 2 == 0 {
                         s.push_inline(&data[(id % 7) as usize..][..(id % 200) as usize])
                     } else {
-                        s.push_sge(Sge {
+                        s.push_sge(RcSge {
                             len: 300 - (id % 5) as u32,
                             ..sge
                         })
@@ -548,10 +553,10 @@ fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
         }
         let full =
             p.a.qp
-                .post_send_with(|_: &mut SendSlot| -> Result<(), PostError> {
+                .post_send_with(|_: &mut SendSlot| -> Result<(), RcPostError> {
                     panic!("a full queue is refused before the slot is filled")
                 });
-        assert_eq!(full, Err(PostError::QueueFull));
+        assert_eq!(full, Err(RcPostError::QueueFull));
         p.settle();
         // The last round's requests, of 64 distinct targets, checked.
         for i in 192..256u64 {
@@ -574,49 +579,49 @@ fn post_send_with_fills_the_queue_in_place_and_refuses_cleanly() {
     assert_eq!(cqes.len(), 3);
     assert!(
         cqes.iter()
-            .all(|c| c.status == WcStatus::Success && c.wr_id % 256 == 255)
+            .all(|c| c.status == RcWcStatus::Success && c.wr_id % 256 == 255)
     );
     assert_eq!(cqes[2].byte_len, 300 - (767 % 5));
 }
 
 #[test]
 fn config_is_validated() {
-    let good = config(QPN_A, QPN_B, Mtu::Mtu1024);
+    let good = config(QPN_A, QPN_B, Mtu::M1024);
     assert!(RcQp::new(good).is_ok());
     let bad = [
-        QpConfig {
+        RcQpConfig {
             retry_cnt: 8,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             rnr_retry: 8,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             ack_timeout: 32,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             min_rnr_timer: 32,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             qpn: 1 << 24,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             max_inflight: 0,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             sq_depth: 0,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             max_rd_atomic: 0,
             ..good
         },
-        QpConfig {
+        RcQpConfig {
             log_max_msg: 32,
             ..good
         },
@@ -629,7 +634,7 @@ fn config_is_validated() {
     }
     assert_eq!(good.ack_timeout_ns(), Some(4096 << 14));
     assert_eq!(
-        QpConfig {
+        RcQpConfig {
             ack_timeout: 0,
             ..good
         }
@@ -639,15 +644,15 @@ fn config_is_validated() {
     assert_eq!(rnr_timer_ns(0), 655_360_000);
     assert_eq!(rnr_timer_ns(1), 10_000);
     assert_eq!(rnr_timer_ns(31), 491_520_000);
-    assert_eq!([Mtu::Mtu256.bytes(), Mtu::Mtu4096.bytes()], [256, 4096]);
-    assert_eq!(Mtu::from_ib(3), Some(Mtu::Mtu1024));
+    assert_eq!([Mtu::M256.bytes(), Mtu::M4096.bytes()], [256, 4096]);
+    assert_eq!(Mtu::from_ib(3), Some(Mtu::M1024));
     assert_eq!(Mtu::from_ib(6), None);
 }
 
 #[test]
 fn packets_for_another_qp_or_pkey_are_dropped() {
-    let mut p = setup(Mtu::Mtu1024);
-    let mut other = config(QPN_A, 0x99, Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
+    let mut other = config(QPN_A, 0x99, Mtu::M1024);
     other.sq_psn = 0xFF_FFF0;
     let mut stray = RcQp::new(other).unwrap();
     stray
@@ -675,7 +680,7 @@ fn packets_for_another_qp_or_pkey_are_dropped() {
 
 #[test]
 fn a_qp_is_idle_or_awaits_a_response_only_when_a_poll_has_nothing_else_to_do() {
-    let mut p = setup(Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
     assert!(p.a.qp.is_idle() && p.b.qp.is_idle());
     assert!(p.a.qp.awaits_response());
     let sg = split(SRC, VA_SRC, 8);
@@ -707,7 +712,7 @@ fn a_qp_is_idle_or_awaits_a_response_only_when_a_poll_has_nothing_else_to_do() {
 #[test]
 fn frames_that_stay_in_the_device_carry_no_icrc_and_others_do() {
     use crate::link::Loopback;
-    let mut p = setup(Mtu::Mtu1024);
+    let mut p = setup(Mtu::M1024);
     let sg = split(SRC, VA_SRC, 3000);
     // Over the pair's link: every frame carries its ICRC (the receiving side verifies it).
     p.a.post(wr(1, WrOp::Write { remote: remote(0) }, &sg));
@@ -719,7 +724,7 @@ fn frames_that_stay_in_the_device_carry_no_icrc_and_others_do() {
     // SEND of 500 bytes at MTU 256, two packets: a WRITE or SEND from memory goes as one
     // burst there).
     let mut cfg = *p.a.qp.config();
-    cfg.mtu = Mtu::Mtu256;
+    cfg.mtu = Mtu::M256;
     let mut qp = RcQp::new(cfg).unwrap();
     let mut inline = wr(2, WrOp::Send, &[]);
     let mut data = [0u8; MAX_INLINE];

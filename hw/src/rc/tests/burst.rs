@@ -22,7 +22,7 @@ struct Local {
     mem: TestMem,
     link: Loopback<Burst>,
     rq: [VecDeque<RecvWqe>; 2],
-    cq: [Vec<Completion>; 2],
+    cq: [Vec<RcCompletion>; 2],
     clock: ManualClock,
     /// Request frames that came with a burst, the packets they stood for, and the whole
     /// WRITEs that followed a burst's own message in its frame (`Burst::more`).
@@ -38,7 +38,7 @@ impl Local {
         Self::with(config(QPN_A, QPN_B, mtu), config(QPN_B, QPN_A, mtu))
     }
 
-    fn with(a: QpConfig, b: QpConfig) -> Self {
+    fn with(a: RcQpConfig, b: RcQpConfig) -> Self {
         let mem = TestMem::default();
         mem.register(SRC, VA_SRC, LEN, false);
         mem.register(DST, VA_DST, LEN, true);
@@ -179,7 +179,7 @@ impl Local {
         );
     }
 
-    fn sends(&self) -> Vec<(u64, WcStatus)> {
+    fn sends(&self) -> Vec<(u64, RcWcStatus)> {
         self.cq[0]
             .iter()
             .filter(|c| !c.opcode.is_recv())
@@ -188,7 +188,7 @@ impl Local {
     }
 
     fn post_recv(&mut self, wr_id: u64) {
-        let sges = SgeList::from_slice(&[Sge {
+        let sges = SgeList::from_slice(&[RcSge {
             lkey: RCV,
             addr: VA_RCV,
             len: 4096,
@@ -209,7 +209,7 @@ fn write(remote_off: u64) -> WrOp {
 
 #[test]
 fn writes_of_every_size_go_as_bursts_and_land_exactly() {
-    for mtu in [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096] {
+    for mtu in [Mtu::M256, Mtu::M1024, Mtu::M4096] {
         let m = mtu.bytes();
         let mut l = Local::new(mtu);
         let window = u64::from(l.a.config().max_inflight);
@@ -239,7 +239,7 @@ fn writes_of_every_size_go_as_bursts_and_land_exactly() {
             off += u64::from(n) + 64;
         }
         let ok: Vec<_> = (0..sizes.len() as u64)
-            .map(|i| (i, WcStatus::Success))
+            .map(|i| (i, RcWcStatus::Success))
             .collect();
         assert_eq!(l.sends(), ok, "{mtu:?}");
         assert_eq!(l.burst_packets, burst_packets, "{mtu:?}");
@@ -251,11 +251,11 @@ fn writes_of_every_size_go_as_bursts_and_land_exactly() {
 
 #[test]
 fn writes_streaming_fill_the_window_and_stay_in_order() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     // Twenty 5-packet WRITEs posted at once into overlapping targets: the last one wins
     // each byte, as packets in order would leave it.
     for i in 0..20u64 {
-        let sg = [Sge {
+        let sg = [RcSge {
             lkey: SRC,
             addr: VA_SRC + i * 1000,
             len: 5000,
@@ -264,7 +264,7 @@ fn writes_streaming_fill_the_window_and_stay_in_order() {
     }
     l.settle();
     assert_eq!(l.sends().len(), 20);
-    assert!(l.sends().iter().all(|&(_, s)| s == WcStatus::Success));
+    assert!(l.sends().iter().all(|&(_, s)| s == RcWcStatus::Success));
     let mut want = vec![0u8; 19 * 512 + 5000];
     for i in 0..20usize {
         let src = l.mem.bytes(SRC, VA_SRC + i as u64 * 1000, 5000);
@@ -275,7 +275,7 @@ fn writes_streaming_fill_the_window_and_stay_in_order() {
 
 #[test]
 fn a_write_with_immediate_and_no_receive_is_placed_then_rnr_nakd_at_its_last_packet() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     let n = 3 * 1024 + 10;
     let op = WrOp::WriteImm {
         remote: RemoteAddr {
@@ -297,19 +297,19 @@ fn a_write_with_immediate_and_no_receive_is_placed_then_rnr_nakd_at_its_last_pac
     // A receive, then the retry of the last packet completes both sides.
     l.post_recv(70);
     l.settle();
-    assert_eq!(l.sends(), [(7, WcStatus::Success)]);
+    assert_eq!(l.sends(), [(7, RcWcStatus::Success)]);
     let got = l.cq[1][0];
     assert_eq!(
         (got.wr_id, got.status, got.byte_len, got.imm),
-        (70, WcStatus::Success, n, Some(0xA5A5))
+        (70, RcWcStatus::Success, n, Some(0xA5A5))
     );
-    assert_eq!(got.opcode, WcOpcode::RecvRdmaWithImm);
+    assert_eq!(got.opcode, RcWcOpcode::RecvRdmaWithImm);
     assert_eq!(l.b.stats().duplicates, 0);
 }
 
 #[test]
 fn a_bad_rkey_in_a_burst_is_a_remote_access_error_and_writes_nothing() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     let before = l.mem.bytes(DST, VA_DST, 4096);
     let bad = WrOp::Write {
         remote: RemoteAddr {
@@ -325,29 +325,29 @@ fn a_bad_rkey_in_a_burst_is_a_remote_access_error_and_writes_nothing() {
     l.settle();
     assert_eq!(
         l.sends(),
-        [(1, WcStatus::RemoteAccess), (2, WcStatus::Flushed)]
+        [(1, RcWcStatus::RemoteAccess), (2, RcWcStatus::Flushed)]
     );
     assert_eq!(l.mem.bytes(DST, VA_DST, 4096), before);
-    assert_eq!(l.b.state(), QpState::Error);
+    assert_eq!(l.b.state(), RcQpState::Error);
 }
 
 #[test]
 fn a_bad_local_key_fails_at_the_sender_and_sends_nothing() {
-    let mut l = Local::new(Mtu::Mtu1024);
-    let sg = [Sge {
+    let mut l = Local::new(Mtu::M1024);
+    let sg = [RcSge {
         lkey: 0x777,
         addr: VA_SRC,
         len: 3000,
     }];
     l.a.post_send(wr(1, write(0), &sg)).unwrap();
     l.settle();
-    assert_eq!(l.sends(), [(1, WcStatus::LocalProtection)]);
+    assert_eq!(l.sends(), [(1, RcWcStatus::LocalProtection)]);
     assert_eq!(l.bursts, 0);
 }
 
 #[test]
 fn a_source_gone_while_the_burst_is_queued_drops_it_and_the_retry_fails_locally() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     let before = l.mem.bytes(DST, VA_DST, 4096);
     l.a.post_send(wr(1, write(0), &split(SRC, VA_SRC, 3000)))
         .unwrap();
@@ -356,24 +356,24 @@ fn a_source_gone_while_the_burst_is_queued_drops_it_and_the_retry_fails_locally(
     assert_eq!(l.link.stats().tx_frames, 1);
     l.mem.deregister(SRC);
     l.settle();
-    assert_eq!(l.sends(), [(1, WcStatus::LocalProtection)]);
+    assert_eq!(l.sends(), [(1, RcWcStatus::LocalProtection)]);
     assert_eq!(l.mem.bytes(DST, VA_DST, 4096), before);
     assert_eq!(
         l.a.stats().timeouts,
         1,
         "the burst was lost, its timer resent it"
     );
-    assert_eq!(l.b.state(), QpState::Rts);
+    assert_eq!(l.b.state(), RcQpState::Rts);
 }
 
 #[test]
 fn a_burst_resent_after_a_lost_ack_is_a_duplicate_acknowledged_once() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     l.a.post_send(wr(1, write(0), &split(SRC, VA_SRC, 5000)))
         .unwrap();
     l.drop_to_a = 1; // the ACK
     l.settle();
-    assert_eq!(l.sends(), [(1, WcStatus::Success)]);
+    assert_eq!(l.sends(), [(1, RcWcStatus::Success)]);
     assert_eq!(l.a.stats().timeouts, 1);
     assert_eq!(l.a.stats().retransmits, 5, "the whole burst again");
     assert_eq!(l.b.stats().duplicates, 1);
@@ -394,7 +394,7 @@ fn read(remote_off: u64) -> WrOp {
 
 #[test]
 fn reads_of_every_size_come_back_as_bursts_and_land_exactly() {
-    for mtu in [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096] {
+    for mtu in [Mtu::M256, Mtu::M1024, Mtu::M4096] {
         let m = mtu.bytes();
         let mut l = Local::new(mtu);
         let sizes = [1, 3, m - 1, m, m + 1, 2 * m, 7 * m + 5, 40_000];
@@ -412,7 +412,7 @@ fn reads_of_every_size_come_back_as_bursts_and_land_exactly() {
             off += u64::from(n) + 64;
         }
         let ok: Vec<_> = (0..sizes.len() as u64)
-            .map(|i| (i, WcStatus::Success))
+            .map(|i| (i, RcWcStatus::Success))
             .collect();
         assert_eq!(l.sends(), ok, "{mtu:?}");
         // Bursts of at most 64 responses (40,000 bytes at MTU 256: 157 in 3 bursts); a
@@ -429,20 +429,20 @@ fn reads_of_every_size_come_back_as_bursts_and_land_exactly() {
 
 #[test]
 fn a_read_into_a_bad_local_key_is_a_local_protection_error() {
-    let mut l = Local::new(Mtu::Mtu1024);
-    let sg = [Sge {
+    let mut l = Local::new(Mtu::M1024);
+    let sg = [RcSge {
         lkey: 0x777,
         addr: VA_SRC,
         len: 3000,
     }];
     l.a.post_send(wr(1, read(0), &sg)).unwrap();
     l.settle();
-    assert_eq!(l.sends(), [(1, WcStatus::LocalProtection)]);
+    assert_eq!(l.sends(), [(1, RcWcStatus::LocalProtection)]);
 }
 
 #[test]
 fn a_read_of_a_region_gone_under_its_responses_is_a_remote_operational_error() {
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     let before = l.mem.bytes(SRC, VA_SRC, 3000);
     l.a.post_send(wr(1, read(0), &split(SRC, VA_SRC, 3000)))
         .unwrap();
@@ -454,7 +454,7 @@ fn a_read_of_a_region_gone_under_its_responses_is_a_remote_operational_error() {
     // request finds the region gone.
     l.mem.deregister(DST);
     l.settle();
-    assert_eq!(l.sends(), [(1, WcStatus::RemoteOperational)]);
+    assert_eq!(l.sends(), [(1, RcWcStatus::RemoteOperational)]);
     assert_eq!(l.mem.bytes(SRC, VA_SRC, 3000), before, "nothing placed");
     assert_eq!(l.a.stats().timeouts, 1);
 }
@@ -475,7 +475,7 @@ struct SendCase {
 }
 
 /// (sender's (wr_id, status), receiver's completions, the receive region's bytes)
-type SendOutcome = (Vec<(u64, WcStatus)>, Vec<Completion>, Vec<u8>);
+type SendOutcome = (Vec<(u64, RcWcStatus)>, Vec<RcCompletion>, Vec<u8>);
 
 impl SendCase {
     fn wr(&self) -> WorkRequest {
@@ -489,10 +489,10 @@ impl SendCase {
     }
 
     fn recv(&self) -> RecvWqe {
-        let sges: Vec<Sge> = self
+        let sges: Vec<RcSge> = self
             .recv
             .iter()
-            .map(|&(lkey, off, len)| Sge {
+            .map(|&(lkey, off, len)| RcSge {
                 lkey,
                 addr: VA_RCV + off,
                 len,
@@ -504,7 +504,7 @@ impl SendCase {
         }
     }
 
-    fn configs(&self) -> (QpConfig, QpConfig) {
+    fn configs(&self) -> (RcQpConfig, RcQpConfig) {
         let mut a = config(QPN_A, QPN_B, self.mtu);
         let mut b = config(QPN_B, QPN_A, self.mtu);
         a.max_inflight = self.window;
@@ -589,7 +589,7 @@ fn sends_as_bursts_end_as_sends_as_packets_do() {
             (32, Some(5), false, true),
         ] {
             let case = SendCase {
-                mtu: Mtu::Mtu1024,
+                mtu: Mtu::M1024,
                 window,
                 len,
                 imm,
@@ -605,7 +605,7 @@ fn sends_as_bursts_end_as_sends_as_packets_do() {
 }
 
 /// What both ends saw and the bytes of the regions that may change.
-type Outcome = (Vec<Completion>, Vec<Completion>, Vec<u8>, Vec<u8>);
+type Outcome = (Vec<RcCompletion>, Vec<RcCompletion>, Vec<u8>, Vec<u8>);
 
 /// Asserts that the run of `wrs` at `mtu` over bursts (`got`) ended as the run over
 /// packets (`want`), which completed something.
@@ -621,7 +621,7 @@ fn same_outcome(want: &Outcome, got: &Outcome, mtu: Mtu, wrs: &[WorkRequest]) {
 /// for the same QP attributes, and returns both outcomes, the bursts the second took and
 /// the WRITEs that followed another message in a burst's frame.
 fn both_ways(
-    cfg: (QpConfig, QpConfig),
+    cfg: (RcQpConfig, RcQpConfig),
     wrs: &[WorkRequest],
     recvs: &[RecvWqe],
 ) -> ([Outcome; 2], u64, u64) {
@@ -716,7 +716,7 @@ fn writes_and_reads_as_bursts_end_as_they_do_as_packets() {
     cases.push((vec![read(5, 0, 5000, remote(VA_DST, 0x999)), after], vec![]));
     let mut bad_local = read(5, 0, 3000, remote(VA_DST, DST));
     bad_local.local = LocalData::Sges(
-        SgeList::from_slice(&[Sge {
+        SgeList::from_slice(&[RcSge {
             lkey: 0x888,
             addr: VA_SRC,
             len: 3000,
@@ -735,7 +735,7 @@ fn writes_and_reads_as_bursts_end_as_they_do_as_packets() {
         ],
         vec![recv, recv],
     ));
-    for (mtu, window) in [(Mtu::Mtu1024, 32), (Mtu::Mtu256, 3), (Mtu::Mtu4096, 64)] {
+    for (mtu, window) in [(Mtu::M1024, 32), (Mtu::M256, 3), (Mtu::M4096, 64)] {
         let mut a = config(QPN_A, QPN_B, mtu);
         let mut b = config(QPN_B, QPN_A, mtu);
         (a.max_inflight, b.max_inflight) = (window, window);
@@ -758,14 +758,14 @@ fn a_lost_ack_in_a_message_of_three_windows_costs_one_timeout() {
     // as one duplicate, and the rest of the message follows without a second timeout. (A
     // go-back-N retry on the loopback queue covers exactly the packets in flight at the
     // timeout, so a retry burst never reaches past what the responder expects.)
-    let mut l = Local::new(Mtu::Mtu256);
+    let mut l = Local::new(Mtu::M256);
     let window = l.a.config().max_inflight;
     let len = 3 * window * 256;
     l.a.post_send(wr(1, write(0), &split(SRC, VA_SRC, len)))
         .unwrap();
     l.drop_to_a = 1;
     l.settle();
-    assert_eq!(l.sends(), [(1, WcStatus::Success)]);
+    assert_eq!(l.sends(), [(1, RcWcStatus::Success)]);
     assert_eq!(l.a.stats().timeouts, 1);
     assert_eq!(l.a.stats().retransmits, u64::from(window));
     assert_eq!(l.b.stats().duplicates, 1);

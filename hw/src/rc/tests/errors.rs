@@ -7,7 +7,7 @@ const DST: u32 = 0x200;
 const VA_SRC: u64 = 0x10_0000;
 const VA_DST: u64 = 0x7F00_0000;
 
-fn setup_with(a: QpConfig, b: QpConfig, faults: FaultConfig) -> Pair {
+fn setup_with(a: RcQpConfig, b: RcQpConfig, faults: FaultConfig) -> Pair {
     let mut p = Pair::with(a, b, faults);
     for s in [&mut p.a, &mut p.b] {
         s.mem.register(SRC, VA_SRC, 1 << 16, false);
@@ -18,8 +18,8 @@ fn setup_with(a: QpConfig, b: QpConfig, faults: FaultConfig) -> Pair {
 
 fn setup() -> Pair {
     setup_with(
-        config(QPN_A, QPN_B, Mtu::Mtu1024),
-        config(QPN_B, QPN_A, Mtu::Mtu1024),
+        config(QPN_A, QPN_B, Mtu::M1024),
+        config(QPN_B, QPN_A, Mtu::M1024),
         FaultConfig::default(),
     )
 }
@@ -31,12 +31,12 @@ fn remote(off: u64) -> RemoteAddr {
     }
 }
 
-fn statuses(s: &Side) -> Vec<(u64, WcStatus)> {
+fn statuses(s: &Side) -> Vec<(u64, RcWcStatus)> {
     s.send_cqes().iter().map(|c| (c.wr_id, c.status)).collect()
 }
 
 /// A good WRITE, then `bad`, then two more that must be flushed.
-fn fails_with(bad: WorkRequest, want: WcStatus) -> Pair {
+fn fails_with(bad: WorkRequest, want: RcWcStatus) -> Pair {
     let mut p = setup();
     p.a.post(wr(
         0,
@@ -56,13 +56,13 @@ fn fails_with(bad: WorkRequest, want: WcStatus) -> Pair {
     assert_eq!(
         statuses(&p.a),
         [
-            (0, WcStatus::Success),
+            (0, RcWcStatus::Success),
             (1, want),
-            (2, WcStatus::Flushed),
-            (3, WcStatus::Flushed)
+            (2, RcWcStatus::Flushed),
+            (3, RcWcStatus::Flushed)
         ]
     );
-    assert_eq!(p.a.qp.state(), QpState::Error);
+    assert_eq!(p.a.qp.state(), RcQpState::Error);
     p
 }
 
@@ -74,23 +74,23 @@ fn a_bad_rkey_is_a_remote_access_error() {
     };
     let p = fails_with(
         wr(1, WrOp::Write { remote: bad }, &split(SRC, VA_SRC, 5000)),
-        WcStatus::RemoteAccess,
+        RcWcStatus::RemoteAccess,
     );
     assert_eq!(
         p.b.qp.state(),
-        QpState::Error,
+        RcQpState::Error,
         "the responder goes to error too"
     );
     fails_with(
         wr(1, WrOp::Read { remote: bad }, &split(SRC, VA_SRC, 100)),
-        WcStatus::RemoteAccess,
+        RcWcStatus::RemoteAccess,
     );
     let outside = remote((1 << 16) - 8);
     fails_with(
         wr(1, WrOp::Write { remote: outside }, &split(SRC, VA_SRC, 100)),
-        WcStatus::RemoteAccess,
+        RcWcStatus::RemoteAccess,
     );
-    let sge = [Sge {
+    let sge = [RcSge {
         lkey: SRC,
         addr: VA_SRC,
         len: 8,
@@ -104,7 +104,7 @@ fn a_bad_rkey_is_a_remote_access_error() {
             },
             &sge,
         ),
-        WcStatus::RemoteAccess,
+        RcWcStatus::RemoteAccess,
     );
     // A region registered without remote access.
     let local_only = RemoteAddr {
@@ -117,13 +117,13 @@ fn a_bad_rkey_is_a_remote_access_error() {
             WrOp::Read { remote: local_only },
             &split(SRC, VA_SRC, 100),
         ),
-        WcStatus::RemoteAccess,
+        RcWcStatus::RemoteAccess,
     );
 }
 
 #[test]
 fn a_misaligned_atomic_is_an_invalid_request() {
-    let sge = [Sge {
+    let sge = [RcSge {
         lkey: SRC,
         addr: VA_SRC,
         len: 8,
@@ -138,35 +138,31 @@ fn a_misaligned_atomic_is_an_invalid_request() {
             },
             &sge,
         ),
-        WcStatus::RemoteInvalidRequest,
+        RcWcStatus::RemoteInvalidRequest,
     );
 }
 
 #[test]
 fn an_operation_the_qp_does_not_allow_is_an_invalid_request() {
-    let mut b = config(QPN_B, QPN_A, Mtu::Mtu1024);
+    let mut b = config(QPN_B, QPN_A, Mtu::M1024);
     b.remote_access = RemoteAccess {
         read: false,
         ..RemoteAccess::ALL
     };
-    let mut p = setup_with(
-        config(QPN_A, QPN_B, Mtu::Mtu1024),
-        b,
-        FaultConfig::default(),
-    );
+    let mut p = setup_with(config(QPN_A, QPN_B, Mtu::M1024), b, FaultConfig::default());
     p.a.post(wr(
         1,
         WrOp::Read { remote: remote(0) },
         &split(SRC, VA_SRC, 100),
     ));
     p.settle();
-    assert_eq!(statuses(&p.a), [(1, WcStatus::RemoteInvalidRequest)]);
+    assert_eq!(statuses(&p.a), [(1, RcWcStatus::RemoteInvalidRequest)]);
 }
 
 #[test]
 fn a_send_larger_than_the_receive_buffer_is_a_length_error() {
     let mut p = setup();
-    let sges = SgeList::from_slice(&[Sge {
+    let sges = SgeList::from_slice(&[RcSge {
         lkey: DST,
         addr: VA_DST,
         len: 1500,
@@ -176,20 +172,20 @@ fn a_send_larger_than_the_receive_buffer_is_a_length_error() {
     p.b.rq.push_back(RecvWqe { wr_id: 10, sges });
     p.a.post(wr(1, WrOp::Send, &split(SRC, VA_SRC, 2000)));
     p.settle();
-    assert_eq!(statuses(&p.a), [(1, WcStatus::RemoteInvalidRequest)]);
+    assert_eq!(statuses(&p.a), [(1, RcWcStatus::RemoteInvalidRequest)]);
     let r: Vec<_> =
         p.b.recv_cqes()
             .iter()
             .map(|c| (c.wr_id, c.status))
             .collect();
-    assert_eq!(r, [(9, WcStatus::LocalLength), (10, WcStatus::Flushed)]);
-    assert_eq!(p.b.qp.state(), QpState::Error);
+    assert_eq!(r, [(9, RcWcStatus::LocalLength), (10, RcWcStatus::Flushed)]);
+    assert_eq!(p.b.qp.state(), RcQpState::Error);
 }
 
 #[test]
 fn a_bad_receive_key_is_a_remote_operational_error() {
     let mut p = setup();
-    let sges = SgeList::from_slice(&[Sge {
+    let sges = SgeList::from_slice(&[RcSge {
         lkey: 0xBAD,
         addr: VA_DST,
         len: 1500,
@@ -198,32 +194,32 @@ fn a_bad_receive_key_is_a_remote_operational_error() {
     p.b.rq.push_back(RecvWqe { wr_id: 9, sges });
     p.a.post(wr(1, WrOp::Send, &split(SRC, VA_SRC, 20)));
     p.settle();
-    assert_eq!(statuses(&p.a), [(1, WcStatus::RemoteOperational)]);
-    assert_eq!(p.b.recv_cqes()[0].status, WcStatus::LocalProtection);
+    assert_eq!(statuses(&p.a), [(1, RcWcStatus::RemoteOperational)]);
+    assert_eq!(p.b.recv_cqes()[0].status, RcWcStatus::LocalProtection);
 }
 
 #[test]
 fn a_bad_local_key_is_a_local_protection_error() {
-    let bad = [Sge {
+    let bad = [RcSge {
         lkey: 0xBAD,
         addr: VA_SRC,
         len: 100,
     }];
     fails_with(
         wr(1, WrOp::Write { remote: remote(0) }, &bad),
-        WcStatus::LocalProtection,
+        RcWcStatus::LocalProtection,
     );
     // The READ's destination is checked when the response arrives.
     fails_with(
         wr(1, WrOp::Read { remote: remote(0) }, &bad),
-        WcStatus::LocalProtection,
+        RcWcStatus::LocalProtection,
     );
 }
 
 #[test]
 fn retries_exhausted_give_retry_exceeded() {
     for retry_cnt in [0, 3, 7] {
-        let mut a = config(QPN_A, QPN_B, Mtu::Mtu1024);
+        let mut a = config(QPN_A, QPN_B, Mtu::M1024);
         a.retry_cnt = retry_cnt;
         // Nothing from A reaches B.
         let dead = FaultConfig {
@@ -231,7 +227,7 @@ fn retries_exhausted_give_retry_exceeded() {
             drop_one_in: 1,
             ..Default::default()
         };
-        let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::Mtu1024), dead);
+        let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::M1024), dead);
         p.a.post(wr(
             0,
             WrOp::Write { remote: remote(0) },
@@ -246,7 +242,7 @@ fn retries_exhausted_give_retry_exceeded() {
         p.settle();
         assert_eq!(
             statuses(&p.a),
-            [(0, WcStatus::RetryExceeded), (1, WcStatus::Flushed)]
+            [(0, RcWcStatus::RetryExceeded), (1, RcWcStatus::Flushed)]
         );
         let s = p.a.qp.stats();
         assert_eq!(s.timeouts, u64::from(retry_cnt) + 1);
@@ -263,14 +259,14 @@ fn retries_exhausted_give_retry_exceeded() {
 
 #[test]
 fn an_infinite_ack_timeout_never_retransmits() {
-    let mut a = config(QPN_A, QPN_B, Mtu::Mtu1024);
+    let mut a = config(QPN_A, QPN_B, Mtu::M1024);
     a.ack_timeout = 0;
     let dead = FaultConfig {
         seed: 1,
         drop_one_in: 1,
         ..Default::default()
     };
-    let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::Mtu1024), dead);
+    let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::M1024), dead);
     p.a.post(wr(
         0,
         WrOp::Write { remote: remote(0) },
@@ -293,7 +289,7 @@ fn rnr_waits_for_a_receive_then_succeeds() {
         "the requester waited the RNR timer"
     );
     assert!(p.a.cq.is_empty());
-    let sges = SgeList::from_slice(&[Sge {
+    let sges = SgeList::from_slice(&[RcSge {
         lkey: DST,
         addr: VA_DST,
         len: 4096,
@@ -301,7 +297,7 @@ fn rnr_waits_for_a_receive_then_succeeds() {
     .unwrap();
     p.b.rq.push_back(RecvWqe { wr_id: 5, sges });
     p.settle();
-    assert_eq!(statuses(&p.a), [(0, WcStatus::Success)]);
+    assert_eq!(statuses(&p.a), [(0, RcWcStatus::Success)]);
     assert_eq!(p.b.recv_cqes()[0].byte_len, 2500);
     assert_eq!(
         p.b.mem.bytes(DST, VA_DST, 2500),
@@ -327,23 +323,19 @@ fn write_with_immediate_waits_for_a_receive_too() {
         sges: SgeList::new(),
     });
     p.settle();
-    assert_eq!(statuses(&p.a), [(0, WcStatus::Success)]);
+    assert_eq!(statuses(&p.a), [(0, RcWcStatus::Success)]);
     assert_eq!(p.b.recv_cqes()[0].imm, Some(3));
 }
 
 #[test]
 fn rnr_retries_exhausted_give_rnr_retry_exceeded() {
     for rnr_retry in [0, 2, 6] {
-        let mut a = config(QPN_A, QPN_B, Mtu::Mtu1024);
+        let mut a = config(QPN_A, QPN_B, Mtu::M1024);
         a.rnr_retry = rnr_retry;
-        let mut p = setup_with(
-            a,
-            config(QPN_B, QPN_A, Mtu::Mtu1024),
-            FaultConfig::default(),
-        );
+        let mut p = setup_with(a, config(QPN_B, QPN_A, Mtu::M1024), FaultConfig::default());
         p.b.rq.push_back(RecvWqe {
             wr_id: 1,
-            sges: SgeList::from_slice(&[Sge {
+            sges: SgeList::from_slice(&[RcSge {
                 lkey: DST,
                 addr: VA_DST,
                 len: 64,
@@ -361,14 +353,14 @@ fn rnr_retries_exhausted_give_rnr_retry_exceeded() {
         assert_eq!(
             statuses(&p.a),
             [
-                (0, WcStatus::Success),
-                (1, WcStatus::RnrRetryExceeded),
-                (2, WcStatus::Flushed)
+                (0, RcWcStatus::Success),
+                (1, RcWcStatus::RnrRetryExceeded),
+                (2, RcWcStatus::Flushed)
             ]
         );
         assert_eq!(p.a.qp.stats().rnr_naks_received, u64::from(rnr_retry) + 1);
         // The responder is fine: an RNR is not its error.
-        assert_eq!(p.b.qp.state(), QpState::Rts);
+        assert_eq!(p.b.qp.state(), RcQpState::Rts);
     }
 }
 
@@ -382,13 +374,13 @@ fn requests_posted_in_the_error_state_are_flushed() {
         sges: SgeList::new(),
     });
     p.settle();
-    assert_eq!(statuses(&p.a), [(0, WcStatus::Flushed)]);
+    assert_eq!(statuses(&p.a), [(0, RcWcStatus::Flushed)]);
     let r: Vec<_> =
         p.a.recv_cqes()
             .iter()
             .map(|c| (c.wr_id, c.status))
             .collect();
-    assert_eq!(r, [(7, WcStatus::Flushed)]);
+    assert_eq!(r, [(7, RcWcStatus::Flushed)]);
     assert_eq!(p.a.qp.stats().tx_packets, 0);
 }
 
@@ -413,9 +405,9 @@ fn an_ack_timer_started_without_a_reading_starts_two_polls_later_and_fires() {
         drop_one_in: 1,
         ..Default::default()
     };
-    let a_cfg = config(QPN_A, QPN_B, Mtu::Mtu1024);
+    let a_cfg = config(QPN_A, QPN_B, Mtu::M1024);
     let timeout = a_cfg.ack_timeout_ns().expect("a finite timeout");
-    let mut p = setup_with(a_cfg, config(QPN_B, QPN_A, Mtu::Mtu1024), dead);
+    let mut p = setup_with(a_cfg, config(QPN_B, QPN_A, Mtu::M1024), dead);
     p.a.post(wr(
         0,
         WrOp::Write { remote: remote(0) },
@@ -466,7 +458,7 @@ fn an_idle_qp_polls_without_reading_the_clock_until_a_timer_runs() {
         &split(SRC, VA_SRC, 10),
     ));
     p.settle();
-    assert_eq!(statuses(&p.a), vec![(0, WcStatus::Success)]);
+    assert_eq!(statuses(&p.a), vec![(0, RcWcStatus::Success)]);
     let clock = Uncached {
         inner: ManualClock::new(9_000_000),
         reads: std::cell::Cell::new(0),
@@ -629,6 +621,6 @@ fn a_request_from_another_address_is_dropped_and_touches_nothing() {
         &split(SRC, VA_SRC, 64),
     ));
     p.settle();
-    assert_eq!(statuses(&p.a), [(1, WcStatus::Success)]);
+    assert_eq!(statuses(&p.a), [(1, RcWcStatus::Success)]);
     assert_eq!(p.b.mem.bytes(DST, VA_DST, 64), data);
 }

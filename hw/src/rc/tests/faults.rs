@@ -98,27 +98,27 @@ fn run_workload_to_end(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) 
         let sends: Vec<_> = me.send_cqes().iter().map(|c| (c.wr_id, c.status)).collect();
         // Completions come in order: successes for the signaled requests before the first
         // error, the error itself, then every later request flushed, signaled or not.
-        let done = match sends.iter().find(|(_, st)| *st != WcStatus::Success) {
+        let done = match sends.iter().find(|(_, st)| *st != RcWcStatus::Success) {
             None => N,
             Some(&(at, st)) => {
-                assert_eq!(st, WcStatus::RetryExceeded, "request {at}: {}", what());
+                assert_eq!(st, RcWcStatus::RetryExceeded, "request {at}: {}", what());
                 outcome = Outcome::RetryExhausted { at };
                 at
             }
         };
         let mut want: Vec<_> = (0..done)
             .filter(|&i| signaled(i))
-            .map(|i| (i, WcStatus::Success))
+            .map(|i| (i, RcWcStatus::Success))
             .collect();
         if done < N {
-            want.push((done, WcStatus::RetryExceeded));
-            want.extend((done + 1..N).map(|i| (i, WcStatus::Flushed)));
+            want.push((done, RcWcStatus::RetryExceeded));
+            want.extend((done + 1..N).map(|i| (i, RcWcStatus::Flushed)));
         }
         assert_eq!(sends, want, "send completions of {}", what());
         let state = if done < N {
-            QpState::Error
+            RcQpState::Error
         } else {
-            QpState::Rts
+            RcQpState::Rts
         };
         assert_eq!(me.qp.state(), state, "{}", what());
         let mut adds = 0;
@@ -158,7 +158,7 @@ fn run_workload_to_end(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) 
             assert!(counter >= adds, "each completed FETCH_ADD applied");
         }
         let got = peer.recv_cqes();
-        if done == N && peer.qp.state() == QpState::Rts {
+        if done == N && peer.qp.state() == RcQpState::Rts {
             assert_eq!(
                 got.len(),
                 recvs.len(),
@@ -172,7 +172,7 @@ fn run_workload_to_end(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) 
         for (k, (c, (i, n, data))) in got.iter().zip(&recvs).enumerate() {
             assert_eq!(
                 (c.status, c.byte_len),
-                (WcStatus::Success, *n as u32),
+                (RcWcStatus::Success, *n as u32),
                 "recv {k} for request {i}"
             );
             if !data.is_empty() {
@@ -182,18 +182,18 @@ fn run_workload_to_end(mtu: Mtu, faults: FaultConfig, sizes: &[u32], kinds: u8) 
         let rest = &got[recvs.len()..];
         let flushed = rest
             .iter()
-            .position(|c| c.status == WcStatus::Flushed)
+            .position(|c| c.status == RcWcStatus::Flushed)
             .unwrap_or(rest.len());
         assert!(
             rest[..flushed]
                 .iter()
-                .all(|c| c.status == WcStatus::Success)
+                .all(|c| c.status == RcWcStatus::Success)
                 && rest[flushed..]
                     .iter()
-                    .all(|c| c.status == WcStatus::Flushed),
+                    .all(|c| c.status == RcWcStatus::Flushed),
             "receives after the completed requests: {rest:?}"
         );
-        if peer.qp.state() == QpState::Error {
+        if peer.qp.state() == RcQpState::Error {
             assert_eq!(got.len() as u64, N, "the peer's receive queue flushed");
         }
     }
@@ -215,7 +215,7 @@ const SIZES: [u32; 9] = [0, 1, 255, 256, 257, 1024, 3000, 4097, 9000];
 
 #[test]
 fn a_clean_link_needs_no_retransmission() {
-    let p = run_workload(Mtu::Mtu1024, FaultConfig::default(), &SIZES, 0);
+    let p = run_workload(Mtu::M1024, FaultConfig::default(), &SIZES, 0);
     for s in [&p.a, &p.b] {
         let st = s.qp.stats();
         assert_eq!(
@@ -252,7 +252,7 @@ fn each_fault_alone_is_recovered() {
         },
     ];
     for (k, f) in kinds.iter().enumerate() {
-        let p = run_workload(Mtu::Mtu256, f(k as u64 + 10), &SIZES, k as u8);
+        let p = run_workload(Mtu::M256, f(k as u64 + 10), &SIZES, k as u8);
         let (a, b) = (p.a.link.stats(), p.b.link.stats());
         match k {
             0 => assert!(
@@ -282,7 +282,7 @@ fn each_fault_alone_is_recovered() {
 fn all_faults_together_over_many_seeds() {
     let mut exhausted = Vec::new();
     for seed in 0..12 {
-        let mtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][seed as usize % 3];
+        let mtu = [Mtu::M256, Mtu::M1024, Mtu::M4096][seed as usize % 3];
         let (_, outcome) = run_workload_to_end(mtu, all_faults(seed, 10), &SIZES, seed as u8);
         if outcome != Outcome::Completed {
             exhausted.push(seed);
@@ -362,5 +362,5 @@ fn a_run_that_exhausts_its_retries_completes_everything_before_and_flushes_the_r
         matches!(outcome, Outcome::RetryExhausted { .. }),
         "{outcome:?}"
     );
-    assert!(p.a.qp.state() == QpState::Error || p.b.qp.state() == QpState::Error);
+    assert!(p.a.qp.state() == RcQpState::Error || p.b.qp.state() == RcQpState::Error);
 }

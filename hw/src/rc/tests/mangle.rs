@@ -44,14 +44,14 @@ fn op(i: u64) -> WrOp {
 /// Checks one side's completions of `kind` (sends or receives) against the ids `0..n`
 /// posted in order, `signaled` telling which must report success: a prefix of successes,
 /// then at most one error, then only flushes.
-fn check_order(what: &str, cqes: &[Completion], n: u64, signaled: impl Fn(u64) -> bool) {
+fn check_order(what: &str, cqes: &[RcCompletion], n: u64, signaled: impl Fn(u64) -> bool) {
     let mut expect = 0u64;
     let mut failed = false;
     for c in cqes {
         if failed {
             assert_eq!(
                 c.status,
-                WcStatus::Flushed,
+                RcWcStatus::Flushed,
                 "{what}: after the error: {c:?}"
             );
             assert_eq!(c.wr_id, expect, "{what}: flush order");
@@ -65,7 +65,7 @@ fn check_order(what: &str, cqes: &[Completion], n: u64, signaled: impl Fn(u64) -
         assert_eq!(c.wr_id, expect, "{what}: order ({c:?})");
         // The first failure may itself be a flush: the QP's responder side failed (a NAKed
         // request), which reports no error on this queue.
-        failed = c.status != WcStatus::Success;
+        failed = c.status != RcWcStatus::Success;
         expect += 1;
     }
     assert!(expect <= n, "{what}: more completions than requests");
@@ -119,10 +119,10 @@ fn run(seed: u64, mtu: Mtu, faults: FaultConfig) -> (Pair, [u64; 2]) {
             guard(s) == *b,
             "{what}: memory without remote access changed"
         );
-        if s.cq.iter().any(|c| c.status != WcStatus::Success) {
+        if s.cq.iter().any(|c| c.status != RcWcStatus::Success) {
             assert_eq!(
                 s.qp.state(),
-                QpState::Error,
+                RcQpState::Error,
                 "{what}: an error left the QP in RTS"
             );
         }
@@ -145,7 +145,7 @@ fn mangled_headers_with_valid_icrcs_end_every_run_in_order() {
         };
         let (p, m) = run(seed, mtu, faults);
         mangled += m[0] + m[1];
-        if p.a.qp.state() == QpState::Error || p.b.qp.state() == QpState::Error {
+        if p.a.qp.state() == RcQpState::Error || p.b.qp.state() == RcQpState::Error {
             ended_in_error += 1;
         }
     }

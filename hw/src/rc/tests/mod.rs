@@ -61,12 +61,12 @@ impl TestMem {
         let at = (va - r.va) as usize;
         r.data[at..at + data.len()].copy_from_slice(data);
     }
-    fn span(&self, key: u32, va: u64, len: u64, access: Access) -> Result<usize, AccessError> {
+    fn span(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<usize, AccessError> {
         let r = self.regions.borrow();
         let r = r.get(&key).ok_or(AccessError::InvalidKey { key })?;
         let remote = matches!(
             access,
-            Access::RemoteRead | Access::RemoteWrite | Access::RemoteAtomic
+            AccessKind::RemoteRead | AccessKind::RemoteWrite | AccessKind::RemoteAtomic
         );
         if remote && !r.remote {
             return Err(AccessError::Denied);
@@ -80,19 +80,25 @@ impl TestMem {
 }
 
 impl Memory for TestMem {
-    fn check(&self, key: u32, va: u64, len: u64, access: Access) -> Result<(), AccessError> {
+    fn check(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<(), AccessError> {
         let res = self.span(key, va, len, access).map(drop);
         if res.is_err() {
             self.refused.set(self.refused.get() + 1);
         }
         res
     }
-    fn read(&self, key: u32, va: u64, buf: &mut [u8], access: Access) -> Result<(), AccessError> {
+    fn read(
+        &self,
+        key: u32,
+        va: u64,
+        buf: &mut [u8],
+        access: AccessKind,
+    ) -> Result<(), AccessError> {
         let at = self.span(key, va, buf.len() as u64, access)?;
         buf.copy_from_slice(&self.regions.borrow()[&key].data[at..at + buf.len()]);
         Ok(())
     }
-    fn write(&self, key: u32, va: u64, data: &[u8], access: Access) -> Result<(), AccessError> {
+    fn write(&self, key: u32, va: u64, data: &[u8], access: AccessKind) -> Result<(), AccessError> {
         let at = self.span(key, va, data.len() as u64, access)?;
         self.regions.borrow_mut().get_mut(&key).unwrap().data[at..at + data.len()]
             .copy_from_slice(data);
@@ -102,7 +108,7 @@ impl Memory for TestMem {
         if !va.is_multiple_of(8) {
             return Err(AccessError::Misaligned);
         }
-        let at = self.span(key, va, 8, Access::RemoteAtomic)?;
+        let at = self.span(key, va, 8, AccessKind::RemoteAtomic)?;
         let mut regions = self.regions.borrow_mut();
         let cell = &mut regions.get_mut(&key).unwrap().data[at..at + 8];
         let orig = u64::from_le_bytes(cell.try_into().unwrap());
@@ -127,8 +133,8 @@ impl RecvQueue for VecDeque<RecvWqe> {
     }
 }
 
-impl CompletionSink for Vec<Completion> {
-    fn complete(&mut self, c: Completion) {
+impl CompletionSink for Vec<RcCompletion> {
+    fn complete(&mut self, c: RcCompletion) {
         self.push(c);
     }
 }
@@ -139,14 +145,14 @@ pub(super) struct Side {
     pub link: LinkEnd,
     pub mem: TestMem,
     pub rq: VecDeque<RecvWqe>,
-    pub cq: Vec<Completion>,
+    pub cq: Vec<RcCompletion>,
     /// Frames the packet parser refused (corrupted on the wire: bad ICRC and the like).
     pub bad_frames: u64,
     buf: Vec<u8>,
 }
 
 impl Side {
-    fn new(cfg: QpConfig, link: LinkEnd) -> Self {
+    fn new(cfg: RcQpConfig, link: LinkEnd) -> Self {
         let buf = vec![0; link.max_frame_len()];
         Self {
             qp: RcQp::new(cfg).unwrap(),
@@ -241,7 +247,7 @@ impl Side {
     /// `va + i * slot`.
     pub(super) fn post_recv_slots(&mut self, key: u32, va: u64, slot: u64, n: u64) {
         for i in 0..n {
-            let sges = SgeList::from_slice(&[Sge {
+            let sges = SgeList::from_slice(&[RcSge {
                 lkey: key,
                 addr: va + i * slot,
                 len: slot as u32,
@@ -257,7 +263,7 @@ impl Side {
     }
 
     /// Send-side completions.
-    pub(super) fn send_cqes(&self) -> Vec<Completion> {
+    pub(super) fn send_cqes(&self) -> Vec<RcCompletion> {
         self.cq
             .iter()
             .filter(|c| !c.opcode.is_recv())
@@ -266,7 +272,7 @@ impl Side {
     }
 
     /// Receive-side completions.
-    pub(super) fn recv_cqes(&self) -> Vec<Completion> {
+    pub(super) fn recv_cqes(&self) -> Vec<RcCompletion> {
         self.cq
             .iter()
             .filter(|c| c.opcode.is_recv())
@@ -286,10 +292,10 @@ pub(super) const QPN_A: u32 = 0x11;
 pub(super) const QPN_B: u32 = 0x22;
 
 /// Attributes of one end of a test connection.
-pub(super) fn config(qpn: u32, dest: u32, mtu: Mtu) -> QpConfig {
+pub(super) fn config(qpn: u32, dest: u32, mtu: Mtu) -> RcQpConfig {
     let ip = |last: u8| [10, 0, 0, last];
     let (src, dst) = if qpn == QPN_A { (1, 2) } else { (2, 1) };
-    QpConfig {
+    RcQpConfig {
         qpn,
         dest_qpn: dest,
         p_key: 0xFFFF,
@@ -335,7 +341,7 @@ impl Pair {
         Self::with(config(QPN_A, QPN_B, mtu), config(QPN_B, QPN_A, mtu), faults)
     }
 
-    pub(super) fn with(a: QpConfig, b: QpConfig, faults: FaultConfig) -> Self {
+    pub(super) fn with(a: RcQpConfig, b: RcQpConfig, faults: FaultConfig) -> Self {
         Self::with_link(
             a,
             b,
@@ -347,7 +353,7 @@ impl Pair {
     }
 
     /// As [`with`](Self::with), over a link of the given shape (its depth, say).
-    pub(super) fn with_link(a: QpConfig, b: QpConfig, link: LinkConfig) -> Self {
+    pub(super) fn with_link(a: RcQpConfig, b: RcQpConfig, link: LinkConfig) -> Self {
         let (la, lb) = pair(link);
         Self {
             a: Side::new(a, la),
@@ -390,7 +396,7 @@ impl Pair {
 }
 
 /// A work request over `sges` of `local`, signaled.
-pub(super) fn wr(wr_id: u64, op: WrOp, sges: &[Sge]) -> WorkRequest {
+pub(super) fn wr(wr_id: u64, op: WrOp, sges: &[RcSge]) -> WorkRequest {
     WorkRequest {
         wr_id,
         op,
@@ -402,14 +408,14 @@ pub(super) fn wr(wr_id: u64, op: WrOp, sges: &[Sge]) -> WorkRequest {
 }
 
 /// `len` bytes at `va` under `key` split into up to three SGEs of uneven sizes.
-pub(super) fn split(key: u32, va: u64, len: u32) -> Vec<Sge> {
+pub(super) fn split(key: u32, va: u64, len: u32) -> Vec<RcSge> {
     let a = len / 3;
     let b = len / 2 - len / 7;
     let c = len - a - b;
     [(0, a), (a, b), (a + b, c)]
         .into_iter()
         .filter(|&(_, n)| n > 0)
-        .map(|(off, n)| Sge {
+        .map(|(off, n)| RcSge {
             lkey: key,
             addr: va + u64::from(off),
             len: n,

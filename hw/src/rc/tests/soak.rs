@@ -50,7 +50,7 @@ fn every_operation_survives_one_percent_of_every_fault() {
         corrupt_one_in: 1000,
         mangle_one_in: 0,
     };
-    let mut p = Pair::new(Mtu::Mtu1024, faults);
+    let mut p = Pair::new(Mtu::M1024, faults);
     p.a.mem
         .register(SRC, VA_SRC, (BATCH * SLOT) as usize, false);
     p.b.mem
@@ -118,7 +118,7 @@ fn every_operation_survives_one_percent_of_every_fault() {
             if matches!(kind, 1 | 3 | 4) {
                 let rslot = expect_recv.len() as u64 * SLOT;
                 p.b.mem.fill(RCV, VA_RCV + rslot, &[0xEE; SLOT as usize]);
-                let sges = SgeList::from_slice(&[Sge {
+                let sges = SgeList::from_slice(&[RcSge {
                     lkey: RCV,
                     addr: VA_RCV + rslot,
                     len: SLOT as u32,
@@ -129,10 +129,10 @@ fn every_operation_survives_one_percent_of_every_fault() {
                 let body = if kind == 1 { Vec::new() } else { data.clone() };
                 expect_recv.push((op, rslot, body, imm));
             }
-            let sges: Vec<Sge> = if len == 0 {
+            let sges: Vec<RcSge> = if len == 0 {
                 Vec::new()
             } else {
-                vec![Sge {
+                vec![RcSge {
                     lkey: SRC,
                     addr: VA_SRC + slot,
                     len,
@@ -144,13 +144,13 @@ fn every_operation_survives_one_percent_of_every_fault() {
         p.settle();
         let sends: Vec<_> = p.a.cq.drain(..).collect();
         let got: Vec<_> = sends.iter().map(|c| (c.wr_id, c.status)).collect();
-        let want: Vec<_> = (g..g + n).map(|op| (op, WcStatus::Success)).collect();
+        let want: Vec<_> = (g..g + n).map(|op| (op, RcWcStatus::Success)).collect();
         assert_eq!(got, want, "send completions at {g}: {:?}", p.a.qp);
         let recvs: Vec<_> = p.b.cq.drain(..).collect();
         assert_eq!(recvs.len(), expect_recv.len(), "receives at {g}");
         for (c, (op, rslot, body, imm)) in recvs.iter().zip(&expect_recv) {
-            assert_eq!((c.wr_id, c.status, c.imm), (*op, WcStatus::Success, *imm));
-            if c.opcode != WcOpcode::RecvRdmaWithImm {
+            assert_eq!((c.wr_id, c.status, c.imm), (*op, RcWcStatus::Success, *imm));
+            if c.opcode != RcWcOpcode::RecvRdmaWithImm {
                 assert_eq!(c.byte_len as usize, body.len(), "op {op}");
                 let at = VA_RCV + rslot;
                 assert!(p.b.mem.bytes(RCV, at, body.len()) == *body, "op {op}");
@@ -179,7 +179,7 @@ fn every_operation_survives_one_percent_of_every_fault() {
     }
     assert_eq!(
         (p.a.qp.state(), p.b.qp.state()),
-        (QpState::Rts, QpState::Rts)
+        (RcQpState::Rts, RcQpState::Rts)
     );
     let (la, lb) = (p.a.link.stats(), p.b.link.stats());
     let faults = |s: crate::link::LinkStats| s.dropped + s.reordered + s.duplicated + s.corrupted;

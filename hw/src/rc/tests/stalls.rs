@@ -37,10 +37,10 @@ fn remote(off: u64) -> RemoteAddr {
 /// link (retry_cnt 7) failed the QP with RETRY_EXC_ERR although nothing had been lost.
 #[test]
 fn a_full_link_spends_no_retries_on_packets_it_refused() {
-    let mut p = pair_with_depth(Mtu::Mtu1024, 4);
+    let mut p = pair_with_depth(Mtu::M1024, 4);
     let t = p.a.qp.config().ack_timeout_ns().unwrap();
     for i in 0..12u64 {
-        let sg = [Sge {
+        let sg = [RcSge {
             lkey: SRC,
             addr: VA_SRC + i * 1024,
             len: 1000,
@@ -62,7 +62,7 @@ fn a_full_link_spends_no_retries_on_packets_it_refused() {
         p.a.step(&p.clock);
     }
     assert_eq!(p.a.qp.stats().timeouts, 1, "{:?}", p.a.qp);
-    assert_eq!(p.a.qp.state(), QpState::Rts, "{:?}", p.a.qp);
+    assert_eq!(p.a.qp.state(), RcQpState::Rts, "{:?}", p.a.qp);
     assert!(p.a.cq.is_empty());
     // B comes back: everything completes, in order, with the bytes written.
     p.settle();
@@ -71,7 +71,7 @@ fn a_full_link_spends_no_retries_on_packets_it_refused() {
             .iter()
             .map(|c| (c.wr_id, c.status))
             .collect();
-    let want: Vec<_> = (0..12).map(|i| (i, WcStatus::Success)).collect();
+    let want: Vec<_> = (0..12).map(|i| (i, RcWcStatus::Success)).collect();
     assert_eq!(got, want);
     for i in 0..12u64 {
         assert_eq!(
@@ -90,9 +90,9 @@ fn a_full_link_spends_no_retries_on_packets_it_refused() {
 #[test]
 fn a_repeated_read_restarts_the_stream_under_way_instead_of_adding_one() {
     const PKTS: u64 = 256; // MTU 256: a 64 KiB READ
-    let mut p = pair_with_depth(Mtu::Mtu256, 64);
+    let mut p = pair_with_depth(Mtu::M256, 64);
     let t = p.a.qp.config().ack_timeout_ns().unwrap();
-    let sg = [Sge {
+    let sg = [RcSge {
         lkey: SRC,
         addr: VA_SRC,
         len: (PKTS * 256) as u32,
@@ -112,7 +112,7 @@ fn a_repeated_read_restarts_the_stream_under_way_instead_of_adding_one() {
     let c = p.a.send_cqes();
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
-        [(7, WcStatus::Success)]
+        [(7, RcWcStatus::Success)]
     );
     let n = (PKTS * 256) as usize;
     assert_eq!(p.a.mem.bytes(SRC, VA_SRC, n), p.b.mem.bytes(DST, VA_DST, n));

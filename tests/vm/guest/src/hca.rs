@@ -12,13 +12,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use uhca::datapath::{Completion, Remote, Sge, WcOpcode};
+use uhca::datapath::{Completion, Local, Remote, SendFlags, SendOp, SendWr, Sge, WcOpcode};
 use uhca::pci::sysfs::bind::{self, BindOptions, FileWriter};
 use uhca::pci::sysfs::{HostNet, Sysfs};
 use uhca::pci::{PciFunction, config, config_read_u16};
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, Mr, QpConfig, SendFlags, SendOp, SendWr,
-};
+use uhca::resource::{Access, ConnectParams, Cq, CqConfig, Mr, QpConfig};
 use uhca::{AsyncEvent, Device, DeviceConfig};
 
 use crate::report::Tally;

@@ -10,7 +10,7 @@ use super::*;
 /// Returns how many messages followed a burst in its frame.
 fn same_both_ways(cases: &[(Vec<WorkRequest>, Vec<RecvWqe>)]) -> u64 {
     let mut more = 0;
-    for (mtu, window) in [(Mtu::Mtu1024, 32), (Mtu::Mtu256, 5), (Mtu::Mtu4096, 64)] {
+    for (mtu, window) in [(Mtu::M1024, 32), (Mtu::M256, 5), (Mtu::M4096, 64)] {
         let mut a = config(QPN_A, QPN_B, mtu);
         let mut b = config(QPN_B, QPN_A, mtu);
         (a.max_inflight, b.max_inflight) = (window, window);
@@ -26,7 +26,7 @@ fn same_both_ways(cases: &[(Vec<WorkRequest>, Vec<RecvWqe>)]) -> u64 {
 
 /// `wrs` with the `i`-th reading its data through a local key that does not exist.
 fn bad_lkey_at(mut wrs: Vec<WorkRequest>, i: usize) -> Vec<WorkRequest> {
-    let sge = Sge {
+    let sge = RcSge {
         lkey: 0x888,
         addr: VA_SRC,
         len: 3000,
@@ -49,7 +49,7 @@ fn writes_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
         wr(
             id,
             op,
-            &[Sge {
+            &[RcSge {
                 lkey: SRC,
                 addr: VA_SRC + at,
                 len,
@@ -124,7 +124,7 @@ fn writes_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     assert!(more >= 30, "few WRITEs followed a burst ({more})");
     // A stream that fails nowhere is acknowledged as it goes: no timer runs out (a WRITE
     // that followed a burst without its AckReq would leave the last ones to the timer).
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     for w in stream(40) {
         l.a.post_send(w).unwrap();
     }
@@ -143,7 +143,7 @@ fn sends_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     // packets would end.
     const SLOT: u64 = 5000;
     let one = |id: u64, op: WrOp, len: u32| {
-        let sge = Sge {
+        let sge = RcSge {
             lkey: SRC,
             addr: VA_SRC + id * 3000,
             len,
@@ -162,7 +162,7 @@ fn sends_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     let recvs = |n: u64| -> Vec<RecvWqe> {
         (0..n)
             .map(|i| {
-                let sge = Sge {
+                let sge = RcSge {
                     lkey: DST,
                     addr: VA_DST + i * SLOT,
                     len: SLOT as u32,
@@ -190,7 +190,7 @@ fn sends_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     cases.push((stream(10), recvs(6)));
     // The fifth receive is too short, or has a bad key; the fifth SEND a bad local key.
     let mut short = recvs(9);
-    short[4].sges = SgeList::from_slice(&[Sge {
+    short[4].sges = SgeList::from_slice(&[RcSge {
         lkey: DST,
         addr: VA_DST + 4 * SLOT,
         len: 100,
@@ -198,7 +198,7 @@ fn sends_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     .unwrap();
     cases.push((stream(9), short));
     let mut bad_recv = recvs(9);
-    bad_recv[4].sges = SgeList::from_slice(&[Sge {
+    bad_recv[4].sges = SgeList::from_slice(&[RcSge {
         lkey: 0x999,
         addr: VA_DST + 4 * SLOT,
         len: SLOT as u32,
@@ -228,10 +228,10 @@ fn sends_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     assert!(more >= 30, "few SENDs followed a burst ({more})");
     // A stream that fails nowhere is acknowledged as it goes, and every receive completes
     // with its SEND's length, immediate data and solicited bit.
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     let n = 40;
     for i in 0..n {
-        let sge = Sge {
+        let sge = RcSge {
             lkey: DST,
             addr: VA_DST + i * SLOT,
             len: SLOT as u32,
@@ -259,7 +259,7 @@ fn sends_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
         let len = s.as_slice()[0].len;
         assert_eq!(
             (c.wr_id, c.status, c.byte_len),
-            (i as u64, WcStatus::Success, len)
+            (i as u64, RcWcStatus::Success, len)
         );
         let last = i == n as usize - 1;
         assert_eq!((c.imm, c.solicited), (last.then_some(7), last), "{c:?}");
@@ -283,7 +283,7 @@ fn reads_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
         rkey,
     };
     let one = |id: u64, op: WrOp, len: u32| {
-        let sge = Sge {
+        let sge = RcSge {
             lkey: SRC,
             addr: VA_SRC + id * 20_000,
             len,
@@ -338,7 +338,7 @@ fn reads_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     let more = same_both_ways(&cases);
     assert!(more >= 30, "few READ responses followed a burst ({more})");
     // A clean stream lands every byte where it belongs, with no timeout.
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     let wrs = stream(24);
     for w in &wrs {
         l.a.post_send(*w).unwrap();
@@ -346,7 +346,7 @@ fn reads_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
     l.settle();
     assert!(l.more > 10, "{}", l.more);
     assert_eq!(l.a.stats().timeouts, 0);
-    assert!(l.sends().iter().all(|&(_, st)| st == WcStatus::Success));
+    assert!(l.sends().iter().all(|&(_, st)| st == RcWcStatus::Success));
     for (id, w) in (1..).zip(&wrs) {
         let LocalData::Sges(s) = w.local else {
             unreachable!()
@@ -367,7 +367,7 @@ fn reads_that_follow_a_burst_in_its_frame_end_as_they_do_as_packets() {
 fn a_read_whose_region_went_away_behind_a_burst_is_nakd_after_one_check() {
     const GONE: u32 = 0x500;
     const VA_GONE: u64 = 0x6000_0000;
-    let mut l = Local::new(Mtu::Mtu1024);
+    let mut l = Local::new(Mtu::M1024);
     l.mem.register(GONE, VA_GONE, 8192, true);
     for (id, rkey, addr) in [
         (1, DST, VA_DST),
@@ -392,9 +392,9 @@ fn a_read_whose_region_went_away_behind_a_burst_is_nakd_after_one_check() {
     assert_eq!(
         l.sends(),
         [
-            (1, WcStatus::Success),
-            (2, WcStatus::RemoteOperational),
-            (3, WcStatus::Flushed)
+            (1, RcWcStatus::Success),
+            (2, RcWcStatus::RemoteOperational),
+            (3, RcWcStatus::Flushed)
         ]
     );
     assert_eq!(l.mem.refused.get() - refused, 1, "its range checked once");

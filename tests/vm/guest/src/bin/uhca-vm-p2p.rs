@@ -33,13 +33,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use uhca::datapath::{Completion, Sge};
+use uhca::datapath::{Completion, Local, SendFlags, SendOp, SendWr, Sge};
 use uhca::pci::vfio::{VfioFunction, VfioMode, VfioOptions};
 use uhca::pci::{Bar, DmaBufRefusal, Iova, PciError, PciFunction};
 use uhca::peer::{PeerBuffer, PeerDevice, PeerError};
-use uhca::resource::{
-    Access, ConnectParams, Cq, CqConfig, Local, Qp, QpConfig, SendFlags, SendOp, SendWr,
-};
+use uhca::resource::{Access, ConnectParams, Cq, CqConfig, Qp, QpConfig};
 use uhca::{Device, DeviceConfig};
 use uhca_vm_guest::hca;
 use uhca_vm_guest::report::{self, Tally};

@@ -17,10 +17,12 @@ use uhca::pci::model::ModelFunction;
 use uhca::resource::{ConnectParams, Local, SendFlags, SendOp, SendWr};
 
 use super::*;
+use crate::perf::bench::model;
 use crate::perf::perftest::{Oob, Report};
+use crate::perf::remote;
 use crate::perf::remote::Role;
 use crate::perf::tests::settings;
-use crate::perf::{model, remote, wait_one};
+use crate::perf::wait::wait_one;
 
 /// The version message of perftest 4.5-0.17.
 const VERSION: &[u8; 16] = b"6.06\0\0\0\0\0\0\0\0\0\0\0\0";

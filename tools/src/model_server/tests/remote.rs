@@ -13,8 +13,8 @@ use uhca::hw::model::{Hca, ModelConfig};
 use uhca::pci::vfio_user::proto::{self, Command, FLAG_ERROR, FLAG_REPLY, HEADER_LEN, Header};
 use vfio_bindings::bindings::vfio::{VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX};
 
-use super::ModelServer;
-use super::vfu::DMA_READ;
+use crate::model_server::ModelServer;
+use crate::model_server::vfu::DMA_READ;
 
 /// The command queue's IOVA: mapped without a file, so the model reaches it by messages.
 const CMDQ: u64 = 0x10_0000;

@@ -10,7 +10,7 @@
 use std::fs;
 use std::path::PathBuf;
 
-use super::{Sysfs, SysfsError, normalize_bdf, parse_hex_u16};
+use uhca::pci::sysfs::{Sysfs, SysfsError, normalize_bdf};
 
 /// PCIe extended capability id of ACS.
 pub const ACS_CAP_ID: u16 = 0x000D;
@@ -176,14 +176,33 @@ pub fn parse_acs(config: &[u8]) -> Acs {
     Acs::NotCapable
 }
 
+/// A sysfs file's hexadecimal value (`vendor`), if it reads and parses.
+fn read_hex_u16(path: &std::path::Path) -> Option<u16> {
+    let s = fs::read_to_string(path).ok()?;
+    u16::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
+}
+
 fn is_bdf(s: &str) -> bool {
     normalize_bdf(s).is_ok_and(|n| n == s)
 }
 
-impl Sysfs {
+/// The P2P topology facts of a sysfs tree (`uhca-bind status`), on the driver's [`Sysfs`].
+pub trait Topology {
     /// The canonical path of `bdf` below `devices/`: the host bridge (`pciDDDD:BB`) and the
     /// bridges above the function, top down (the function itself excluded).
-    pub fn upstream_path(&self, bdf: &str) -> Result<(Option<String>, Vec<String>), SysfsError> {
+    fn upstream_path(&self, bdf: &str) -> Result<(Option<String>, Vec<String>), SysfsError>;
+    /// The ACS state of `bdf` from its `config` file.
+    fn acs_of(&self, bdf: &str) -> Acs;
+    /// Display-class functions (class 0x03xxxx: GPUs), sorted.
+    fn gpu_functions(&self) -> Result<Vec<String>, SysfsError>;
+    /// The P2P topology between `nic` and `peer`.
+    fn p2p_topology(&self, nic: &str, peer: &str) -> Result<P2pTopology, SysfsError>;
+}
+
+impl Topology for Sysfs {
+    /// The canonical path of `bdf` below `devices/`: the host bridge (`pciDDDD:BB`) and the
+    /// bridges above the function, top down (the function itself excluded).
+    fn upstream_path(&self, bdf: &str) -> Result<(Option<String>, Vec<String>), SysfsError> {
         let d = self.device_dir(bdf);
         let real: PathBuf = fs::canonicalize(&d).map_err(|source| SysfsError::Io {
             path: d.clone(),
@@ -207,7 +226,7 @@ impl Sysfs {
     }
 
     /// The ACS state of `bdf` from its `config` file.
-    pub fn acs_of(&self, bdf: &str) -> Acs {
+    fn acs_of(&self, bdf: &str) -> Acs {
         match fs::read(self.device_dir(bdf).join("config")) {
             Ok(b) => parse_acs(&b),
             Err(e) => Acs::Unknown(e.to_string()),
@@ -215,7 +234,7 @@ impl Sysfs {
     }
 
     /// Display-class functions (class 0x03xxxx: GPUs), sorted.
-    pub fn gpu_functions(&self) -> Result<Vec<String>, SysfsError> {
+    fn gpu_functions(&self) -> Result<Vec<String>, SysfsError> {
         Ok(self
             .all_functions()?
             .into_iter()
@@ -229,11 +248,11 @@ impl Sysfs {
     }
 
     /// The P2P topology between `nic` and `peer`.
-    pub fn p2p_topology(&self, nic: &str, peer: &str) -> Result<P2pTopology, SysfsError> {
+    fn p2p_topology(&self, nic: &str, peer: &str) -> Result<P2pTopology, SysfsError> {
         let (nic, peer) = (normalize_bdf(nic)?, normalize_bdf(peer)?);
         for b in [&nic, &peer] {
             let d = self.device_dir(b);
-            parse_hex_u16(&d.join("vendor")).map_err(|_| SysfsError::NoFunction {
+            read_hex_u16(&d.join("vendor")).ok_or_else(|| SysfsError::NoFunction {
                 bdf: b.clone(),
                 path: d.clone(),
             })?;

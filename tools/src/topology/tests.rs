@@ -1,7 +1,7 @@
 //! Topology facts on fake sysfs trees.
 
-use super::super::fake::FakeSysfs;
 use super::*;
+use uhca::pci::sysfs::fake::FakeSysfs;
 
 const NIC: &str = "0000:3b:00.0";
 const GPU: &str = "0000:3c:00.0";
