@@ -6,6 +6,7 @@
 #
 #   scripts/bench-net.sh [LAT_ITERS [BW_ITERS]]
 #
+# and ends with a summary table. A failed pair shows its error line instead of figures.
 # Needs a release build of uhca-perf (`cargo build --release -p uhca-tools`). A benchmark,
 # not a test: it prints figures and checks nothing. Each uhca-perf runs an application
 # thread and a device thread that poll; on a machine with fewer than four idle cores the
@@ -19,11 +20,15 @@ bw=${2:-20000}
 # server's; the client's is the next) and UHCA_OOB_PORT (write_lat's; write_bw's the next).
 np=${UHCA_NET_PORT:-4791}
 oob=${UHCA_OOB_PORT:-18721}
-# Extra uhca-perf options for both ends of both pairs (e.g. --rtc).
+# Extra uhca-perf options for both ends of both pairs.
 read -r -a extra <<< "${UHCA_PERF_ARGS:-}"
+# Each pair runs once per mode: `default` (a device thread per process) and `rtc`
+# (`--rtc`: the application thread makes the device's passes, one busy thread per
+# process, as the ping-pong has).
+read -r -a modes <<< "${UHCA_BENCH_MODES:-default rtc}"
 echo "machine: $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
-pair() { # MODE OOB_PORT ARGS...: a server and a client on 127.0.0.1, the client's report
+pair() { # MODE OOB_PORT ARGS...: a server and a client on 127.0.0.1, the client's figures
   local mode=$1 oob=$2
   shift 2
   timeout 300 "$P" "$mode" --net 127.0.0.1 --net-port "$np" --net-peer-port $((np + 1)) \
@@ -31,18 +36,40 @@ pair() { # MODE OOB_PORT ARGS...: a server and a client on 127.0.0.1, the client
   local srv=$!
   sleep 1
   timeout 300 "$P" "$mode" --net 127.0.0.1 --net-port $((np + 1)) --net-peer-port "$np" \
-    -p "$oob" "${extra[@]}" "$@" 127.0.0.1 | grep -A1 '#bytes'
+    -p "$oob" "${extra[@]}" "$@" 127.0.0.1 2>&1 | { grep -A1 '#bytes\|uhca-perf:' || true; } | tail -n 1
   wait "$srv" || true
 }
 
+# perftest's columns: write_lat t_typical is the 5th, write_bw peak and average the 3rd and
+# 4th (MB/s); the ping-pong's typical is its 5th.
+col() { awk -v c="$1" '{print $c}'; }
+declare -A out
 # An iteration count of 0 leaves that part out.
 if [ "$lat" -gt 0 ]; then
   echo "== UDP ping-pong, 2 bytes (the reference)"
-  "$P" udp -s 2 -n "$lat" | grep -A1 '#bytes'
-  echo "== write_lat -s 2 over the network port"
-  pair write_lat "$oob" -s 2 -n "$lat"
+  r=$("$P" udp -s 2 -n "$lat" | grep -A1 '#bytes' | tail -n 1)
+  echo "$r"
+  out[ping]=$(col 5 <<< "$r")
+  for m in "${modes[@]}"; do
+    a=(); [ "$m" = rtc ] && a=(--rtc)
+    echo "== write_lat -s 2 over the network port ($m)"
+    r=$(pair write_lat "$oob" "${a[@]}" -s 2 -n "$lat")
+    echo "$r"
+    out[lat_$m]=$(col 5 <<< "$r")
+  done
 fi
 if [ "$bw" -gt 0 ]; then
-  echo "== write_bw -s 65536 -m 4096 over the network port"
-  pair write_bw $((oob + 1)) -s 65536 -m 4096 -n "$bw"
+  for m in "${modes[@]}"; do
+    a=(); [ "$m" = rtc ] && a=(--rtc)
+    echo "== write_bw -s 65536 -m 4096 over the network port ($m)"
+    r=$(pair write_bw $((oob + 1)) "${a[@]}" -s 65536 -m 4096 -n "$bw")
+    echo "$r"
+    out[bw_$m]="$(col 3 <<< "$r") / $(col 4 <<< "$r")"
+  done
 fi
+echo "== summary (load average now $(cut -d' ' -f1-3 /proc/loadavg))"
+printf '%-8s %-22s %-26s %s\n' mode "ping-pong one way µs" "write_lat typical µs" \
+  "write_bw peak / avg MB/s"
+for m in "${modes[@]}"; do
+  printf '%-8s %-22s %-26s %s\n' "$m" "${out[ping]:--}" "${out[lat_$m]:--}" "${out[bw_$m]:--}"
+done

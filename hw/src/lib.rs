@@ -20,6 +20,8 @@ pub use uhca_layout as layout;
 #[cfg(feature = "model")]
 mod copy;
 #[cfg(feature = "model")]
+pub mod lat_trace;
+#[cfg(feature = "model")]
 pub mod link;
 #[cfg(feature = "model")]
 pub mod model;

@@ -36,6 +36,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 
 use super::{FaultConfig, Link, LinkError, SplitMix64, mangle};
+use crate::lat_trace;
 use crate::layout::roce::headers::{BTH_SIZE, ETH_SIZE, IPV4_SIZE, IPV6_SIZE, UDP_SIZE};
 use crate::layout::roce::{ICRC_SIZE, ROCE_UDP_PORT, icrc, icrc_in_place, internet_checksum};
 
@@ -564,6 +565,8 @@ impl NetLink {
         if self.capturing() {
             self.record_sent(f);
         }
+        let (psn, op) = lat_trace::bth(&f[p.off..]);
+        lat_trace::mark(lat_trace::Ev::TxQueued, psn, op);
         if hold && tx.held.is_none() {
             self.stats.add(C::FaultReordered, 1);
             tx.held = Some(p);
@@ -664,6 +667,7 @@ impl NetLink {
                         break;
                     }
                     Ok(k) => {
+                        lat_trace::mark(lat_trace::Ev::TxSent, k as u32, 0);
                         for m in &msgs[sent..sent + k] {
                             let bytes: usize =
                                 (m.first..m.first + m.count).map(|i| queue[i].len).sum();
@@ -822,6 +826,7 @@ impl NetLink {
             let Rx { bufs, got, .. } = rx;
             let n = sys::recv_batch(fd, bufs, HEAD, got).map_err(LinkError::Io)?;
             if n > 0 {
+                lat_trace::mark(lat_trace::Ev::RxBatch, n as u32, 0);
                 (rx.count, rx.next, rx.seg_off, rx.sock) = (n, 0, 0, s);
                 rx.rr = (s + 1) % self.socks.len();
                 return Ok(true);
@@ -925,7 +930,10 @@ impl Link for NetLink {
                     rx.seg_off += len;
                 }
                 if let Some(r) = self.accept(&mut rx, i, o, len) {
+                    let (psn, op) = lat_trace::bth(&rx.bufs[i][HEAD + o..]);
+                    lat_trace::mark(lat_trace::Ev::Rx, psn, op);
                     f(&rx.bufs[i][r]);
+                    lat_trace::mark(lat_trace::Ev::RxDone, psn, op);
                     return Ok(true);
                 }
                 continue;

@@ -365,6 +365,7 @@ fn sq_doorbells(sh: &Shared, dma: &Dma<'_>, core: &Core, dp: &mut DataPath) -> b
             qp.prefetch_sq(dma);
         }
         let w = sh.bar.swap_be32(off, 0);
+        crate::lat_trace::mark(crate::lat_trace::Ev::SqSeen, w >> 8, 0);
         any = true;
         if let Some(qp) = qps.get_mut(w >> 8).filter(|q| q.uar == uar) {
             run_sq(sh, dma, core, qp, cqs, events);

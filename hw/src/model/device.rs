@@ -113,6 +113,7 @@ impl Backoff {
         }
         if self.yields < YIELDS {
             self.yields += 1;
+            crate::lat_trace::mark(crate::lat_trace::Ev::Yield, 0, 0);
             std::thread::yield_now();
         } else {
             let d = self.sleep.min(until_tick.max(SLEEP_MIN));

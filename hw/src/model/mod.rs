@@ -367,6 +367,7 @@ impl std::fmt::Debug for Hca {
 impl Hca {
     /// Creates the model and starts its device thread.
     pub fn new(cfg: ModelConfig) -> Result<Hca, ModelError> {
+        crate::lat_trace::init();
         if !cfg.memic_size.is_multiple_of(4096) {
             return Err(ModelError::Config("memic_size must be a multiple of 4 KiB"));
         }
@@ -695,6 +696,15 @@ impl Drop for Hca {
             && t.join().is_err()
         {
             tracing::error!(name = %self.shared.cfg.name, "model device thread panicked");
+        }
+        crate::lat_trace::dump();
+        if tracing::enabled!(tracing::Level::INFO) {
+            let core = self.shared.core();
+            for qp in core.dp.qps.values() {
+                if let Some(e) = qp.engine.as_ref() {
+                    tracing::info!(qpn = qp.qpn, state = ?e.state(), queued = e.send_queue_len(), stats = ?e.stats(), "RC QP at close");
+                }
+            }
         }
     }
 }

@@ -117,6 +117,7 @@ impl Wake {
     /// application thread drives the passes and sees them itself, `device::drive`).
     pub(crate) fn nap(&self, timeout: Duration) {
         self.awake();
+        crate::lat_trace::mark(crate::lat_trace::Ev::Nap, timeout.as_micros() as u32, 0);
         if wait_readable(&[self.efd.as_raw_fd()], timeout) {
             let _ = self.efd.read();
         }
@@ -147,7 +148,9 @@ impl Wake {
         let mut all = [self.efd.as_raw_fd(); MAX_FDS];
         let n = 1 + fds.len().min(MAX_FDS - 1);
         all[1..n].copy_from_slice(&fds[..n - 1]);
+        crate::lat_trace::mark(crate::lat_trace::Ev::Sleep, timeout.as_micros() as u32, 0);
         let kicked = wait_readable(&all[..n], timeout);
+        crate::lat_trace::mark(crate::lat_trace::Ev::Woke, u32::from(kicked), 0);
         if kicked {
             // Consume the kick (several count as one); a kick after this ends the next
             // sleep at once, which costs one idle pass.
@@ -182,7 +185,9 @@ impl DoorbellWake {
     #[inline(always)]
     pub fn rung(&self) {
         compiler_fence(Ordering::SeqCst);
+        crate::lat_trace::mark(crate::lat_trace::Ev::Doorbell, 0, 0);
         if self.asleep.load(Ordering::Relaxed) {
+            crate::lat_trace::mark(crate::lat_trace::Ev::Kick, 0, 0);
             self.kick();
         }
     }
