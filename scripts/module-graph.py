@@ -49,6 +49,9 @@ CRATES = {
         ],
     ),
     "layout": ("hw/layout/src/lib.rs", []),
+    # The tools' library: no layers declared, no cycle (the perf exchanges share `perf::role`,
+    # `perf::gid` and `perf::pt_peer` below them and the harness).
+    "tools": ("tools/src/lib.rs", []),
     "hw": (
         "hw/src/lib.rs",
         [

@@ -4,7 +4,8 @@
 //! [`logging`] sets up their log output; `model_server` (feature `vfio-user`) serves the model
 //! HCA over vfio-user for `uhca-model`; `net_port` (feature `model`) puts the model's port on
 //! the host's IP network; [`rping`] is rping's protocol on a connected QP (`uhca-rping`);
-//! [`topology`] reads the P2P topology between a NIC and a GPU from sysfs (`uhca-bind status`).
+//! [`topology`] reads the P2P topology between a NIC and a GPU from sysfs (`uhca-bind status`);
+//! [`pipe`] ends every tool quietly when its output is closed early (`uhca-perf ... | head -1`).
 
 #![deny(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod model_server;
 #[cfg(feature = "model")]
 pub mod net_port;
 pub mod perf;
+pub mod pipe;
 pub mod reference;
 pub mod rping;
 pub mod topology;

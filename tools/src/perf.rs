@@ -23,14 +23,17 @@ mod bench;
 pub mod cli;
 pub mod control;
 mod end;
+mod gid;
 mod latency;
 mod meter;
 pub mod perftest;
 mod placement;
 pub mod progress;
+mod pt_peer;
 mod pt_run;
 pub mod rdma_cm;
 pub mod remote;
+mod role;
 mod stream;
 pub mod ud;
 pub mod ud_remote;
@@ -38,7 +41,8 @@ mod wait;
 
 pub use bench::{Bench, check_gid_index};
 pub use placement::{GpuPlacement, GpuReg, GpuSource};
-pub use pt_run::{PtOptions, peer_mac, report_of, result_of};
+pub use pt_peer::PtOptions;
+pub use pt_run::{peer_mac, report_of, result_of};
 pub use wait::run_to_completion;
 
 use std::time::{Duration, Instant};

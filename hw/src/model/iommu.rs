@@ -945,6 +945,4 @@ mod smallvec_lite {
 }
 
 #[cfg(test)]
-mod remote_tests;
-#[cfg(test)]
 mod tests;

@@ -443,6 +443,7 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    uhca_tools::pipe::end_on_broken_pipe();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

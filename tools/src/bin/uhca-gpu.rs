@@ -205,6 +205,7 @@ fn to_json(f: &GpuFacts, probe: &Result<Probe, CudaError>) -> Value {
 }
 
 fn main() -> ExitCode {
+    uhca_tools::pipe::end_on_broken_pipe();
     let args = Args::parse();
     let count = match Cuda::device_count() {
         Ok(0) => Err("libcuda loads but sees no GPU".to_string()),

@@ -300,6 +300,7 @@ fn to_json(s: &DeviceSummary, counters: Option<&Counters>) -> serde_json::Value 
 }
 
 fn main() -> ExitCode {
+    uhca_tools::pipe::end_on_broken_pipe();
     let args = Args::parse();
     uhca_tools::logging::init("UHCA_LOG", "warn");
     let dev = match open(&args) {

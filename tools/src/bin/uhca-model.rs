@@ -241,6 +241,7 @@ fn main() -> ExitCode {
     // One log line per panic: a client's malformed message can make the vfio-user crate
     // panic, which `ModelServer::serve_one` turns into the end of that session.
     std::panic::set_hook(Box::new(|info| tracing::error!(%info, "panic")));
+    uhca_tools::pipe::end_on_broken_pipe();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

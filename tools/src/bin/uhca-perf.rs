@@ -36,6 +36,7 @@ use clap::Parser;
 use uhca_tools::perf::cli::{self, Args, RefArgs};
 
 fn main() -> ExitCode {
+    uhca_tools::pipe::end_on_broken_pipe();
     // Log lines (the network port's counters when it closes, at `info`) only when asked.
     if std::env::var_os("UHCA_LOG").is_some() {
         uhca_tools::logging::init("UHCA_LOG", "warn");

@@ -263,6 +263,7 @@ fn ping(
 }
 
 fn main() -> ExitCode {
+    uhca_tools::pipe::end_on_broken_pipe();
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) => {

@@ -11,7 +11,7 @@ use uhca::resource::ConnectParams;
 use uhca::{Device, DeviceConfig};
 
 use super::end::{End, read_depths, rx_off};
-use super::{Pacing, PerfError, Settings, control, pt_run, remote, setup};
+use super::{Pacing, PerfError, Settings, control, pt_peer, role, setup};
 
 /// The other end of a run.
 pub(super) enum Peer {
@@ -22,13 +22,13 @@ pub(super) enum Peer {
     Remote {
         targets: Vec<Remote>,
         ctl: control::Control,
-        role: remote::Role,
+        role: role::Role,
         /// This end and the peer as the END messages described them.
         ends: Box<(control::Endpoint, control::Endpoint)>,
     },
     /// In another process that speaks perftest's exchange (perftest itself, or a
     /// `uhca-perf` in that mode).
-    Perftest(Box<pt_run::PtPeer>),
+    Perftest(Box<pt_peer::PtPeer>),
 }
 
 /// Both ends of a run, connected.
@@ -174,7 +174,7 @@ impl Bench {
         if now < *next {
             return Ok(());
         }
-        *next = now + remote::BEAT;
+        *next = now + role::BEAT;
         if let Peer::Remote { ctl, .. } = &mut self.peer {
             ctl.send(&control::Msg::Beat)?;
         }

@@ -10,7 +10,7 @@ use super::bench::{Bench, Peer};
 use super::end::End;
 use super::stream::make_wr;
 use super::wait::{StallTimer, wait_one};
-use super::{LatResult, Op, PerfError, Settings, check, lat_stats, remote, setup};
+use super::{LatResult, Op, PerfError, Settings, check, lat_stats, role, setup};
 
 impl Bench {
     /// Latency of `size`-byte messages on QP 0: ping-pong (half the round trip) for WRITE and
@@ -44,7 +44,7 @@ impl Bench {
         }
         self.begin(size)?;
         let start = Instant::now();
-        let mut next_beat = start + remote::BEAT;
+        let mut next_beat = start + role::BEAT;
         let mut i = 0u64;
         while i < iters && s.duration.is_none_or(|d| start.elapsed() < d) {
             let t0 = Instant::now();

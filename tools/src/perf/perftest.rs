@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use uhca::resource::Mtu;
 
-use super::remote::Role;
+use super::role::Role;
 
 /// The version this end announces: perftest 4.5-0.17 (Debian bookworm's `perftest`).
 pub const VERSION: &str = "6.06";
@@ -56,10 +56,10 @@ pub const CYCLE_BUFFER: u32 = 4096;
 pub const CACHE_LINE: u32 = 64;
 
 /// How long a step of the exchange may wait for the peer's copy.
-pub const REPLY: Duration = super::remote::REPLY;
+pub const REPLY: Duration = super::role::REPLY;
 
 /// How long a wait across traffic may see no sign of life from the peer.
-pub const QUIET: Duration = super::remote::QUIET;
+pub const QUIET: Duration = super::role::QUIET;
 
 /// The slice of a wait across traffic between two looks for signs of life.
 const SLICE: Duration = Duration::from_millis(500);

@@ -20,69 +20,19 @@ use uhca::resource::ConnectParams;
 use super::bench::{Bench, Peer};
 use super::control::{Endpoint, QpInfo};
 use super::end::{End, read_depths, rx_off};
+use super::gid::{gid_of_kind, v4_mapped};
 use super::latency::{await_recv, await_send, pingpong_flags, put_send, put_write_tagged};
 use super::meter::Meter;
 use super::perftest::{Agreed, Keys, Oob, OobError, Report, Wait};
-use super::remote::Role;
+use super::pt_peer::{PtOptions, PtPeer, Shape};
+use super::role::Role;
 use super::wait::{PeerWatch, StallTimer};
 use super::{BwResult, LatResult, Op, PerfError, Settings, lat_stats, setup};
-
-/// What perftest's exchange needs beyond [`Settings`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PtOptions {
-    /// A bandwidth test (else a latency test).
-    pub bw: bool,
-    /// Every size from 2 to 2^23 (`-a`): duplex WRITE and READ tests then meet after each.
-    pub all: bool,
-    /// The GID index (`-x`); `None`: the first IPv4-mapped entry, as perftest picks on
-    /// RoCE (else entry 0).
-    pub gid_index: Option<u8>,
-    /// Reports in Gb/s (`--report_gbits`), else MiB/s: the unit of the report's figures.
-    pub gbits: bool,
-    /// `--check`: the buffers hold the pattern (`pattern_byte` in this module) where this end's bytes
-    /// come from, zeros where the peer's land, before the first keys go out (the peer may
-    /// start its traffic as soon as it has them); [`Bench::pt_check`] looks afterwards.
-    pub check: bool,
-}
-
-/// The shape of a test's exchange.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Shape {
-    /// `ib_write_bw`, `ib_read_bw`, `ib_atomic_bw`.
-    Bw,
-    /// `ib_send_bw`.
-    SendBw,
-    /// `ib_write_lat`, `ib_read_lat`, `ib_atomic_lat`.
-    Lat,
-    /// `ib_send_lat`.
-    SendLat,
-}
-
-/// The other end of a perftest run.
-pub(super) struct PtPeer {
-    oob: Oob,
-    shape: Shape,
-    opts: PtOptions,
-    pub(super) targets: Vec<Remote>,
-    /// This end and the peer, for the header.
-    pub(super) ends: Box<(Endpoint, Endpoint)>,
-    /// The keys this end sends (each exchange sends QP 0's or each QP's again).
-    mine: Vec<Keys>,
-    /// The last size's result, reported at the end of a one-way bandwidth run.
-    last: Option<BwResult>,
-    /// What the opening agreed.
-    pub(super) agreed: Agreed,
-}
 
 /// The first PSN of a QP (24 bits), different from run to run as perftest's `lrand48`.
 fn random_psn(salt: u32) -> u32 {
     use std::hash::BuildHasher;
     std::collections::hash_map::RandomState::new().hash_one(salt) as u32 & 0xff_ffff
-}
-
-/// Whether `gid` is an IPv4-mapped address (`::ffff:a.b.c.d`).
-pub(super) fn v4_mapped(gid: &[u8; 16]) -> bool {
-    gid[..10].iter().all(|&b| b == 0) && gid[10..12] == [0xff, 0xff]
 }
 
 /// The Ethernet address of the peer with `gid`. perftest's keys carry no MAC: a link-local
@@ -102,18 +52,6 @@ pub fn peer_mac(gid: &[u8; 16]) -> [u8; 6] {
 /// choice on RoCE, `get_best_gid_index`), else entry 0.
 fn gid_index(dev: &Device, chosen: Option<u8>) -> u8 {
     chosen.unwrap_or_else(|| gid_of_kind(dev, true))
-}
-
-/// The first GID table entry that is IPv4-mapped (`v4`) or an IPv6 address (not zero),
-/// else entry 0.
-pub(super) fn gid_of_kind(dev: &Device, v4: bool) -> u8 {
-    (0..16u8)
-        .find(|&i| {
-            dev.roce_address(u32::from(i)).is_ok_and(|a| {
-                v4_mapped(&a.gid) == v4 && a.gid != [0; 16] && (!v4 || a.gid[12..] != [0; 4])
-            })
-        })
-        .unwrap_or(0)
 }
 
 /// A [`BwResult`] (bytes/s) as perftest reports it in `gbits`'s unit.

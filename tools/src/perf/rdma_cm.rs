@@ -35,7 +35,7 @@ use uhca::resource::{
 
 use super::PerfError;
 use super::perftest::{KEYS_BIN_LEN, MsgLink};
-use super::remote::Role;
+use super::role::Role;
 
 /// The largest message on the control QP: perftest receives into one
 /// `struct pingpong_dest` (`post_one_recv_wqe`).
@@ -369,7 +369,7 @@ pub fn open_cm(
                 .find(|&i| dev.roce_address(u32::from(i)).is_ok_and(|a| a.gid == gid))
                 .ok_or_else(|| format!("{ip} is not an address of the device's port"))?
         }
-        None => super::pt_run::gid_of_kind(dev, v4),
+        None => super::gid::gid_of_kind(dev, v4),
     };
     let cfg = CmConfig {
         sgid_index: x,

@@ -16,39 +16,19 @@ use uhca::Device;
 use uhca::datapath::Remote;
 use uhca::resource::ConnectParams;
 
+pub use super::role::{BEAT, QUIET, REPLY, Role};
+
 use super::bench::{Bench, Peer};
 use super::control::{Control, ControlError, Endpoint, Hello, Msg, QpInfo};
 use super::end::{End, read_depths, rx_off};
 use super::latency::{await_recv, await_tag, put_send, put_write, tag};
 use super::meter::Meter;
 use super::stream::{Pace, Stream};
-use super::wait::{PeerWatch, STALL, StallTimer};
+use super::wait::{PeerWatch, StallTimer};
 use super::{BwResult, LatResult, Op, PerfError, Settings, lat_stats, setup};
-
-/// How often a driving client tells the server it is alive.
-pub const BEAT: Duration = Duration::from_secs(1);
-
-/// How long a waiting end hears nothing from a driving peer before it gives up. A client
-/// beats between its waits, and no wait of its own lasts longer than the engine's stall
-/// limit (30 s), so a live client is never taken for a dead one; a client process that
-/// dies closes the connection, which is seen at once.
-pub const QUIET: Duration = Duration::from_secs(STALL.as_secs() + 15);
-
-/// How long an end waits for an answer: setup work on the other side, or its last waits
-/// (as long as the engine's stall limit).
-pub const REPLY: Duration = QUIET;
 
 /// How long a client tries to reach the server.
 pub const CONNECT: Duration = Duration::from_secs(10);
-
-/// Which end this process is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// Connects, proposes the settings and drives the test.
-    Client,
-    /// Listens, adopts the client's settings, is the target or the other half.
-    Server,
-}
 
 /// The server's listening sockets: every IPv6 and every IPv4 address of TCP `port`.
 pub struct Listener {
@@ -233,7 +213,7 @@ impl Bench {
         }
         let gid_index = match (gid_index, &theirs) {
             (Some(x), _) => x,
-            (None, Some(t)) => super::pt_run::gid_of_kind(dev, super::pt_run::v4_mapped(&t.gid)),
+            (None, Some(t)) => super::gid::gid_of_kind(dev, super::gid::v4_mapped(&t.gid)),
             (None, None) => 0,
         };
         let addr = dev

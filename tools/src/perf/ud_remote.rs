@@ -31,9 +31,10 @@ use uhca::datapath::{Completion, WcOpcode};
 use uhca::resource::{Ah, AhAttr, UdDest, UdSendWr};
 
 use super::control::{Control, ControlError, Endpoint, Msg, QpInfo};
+use super::gid::{gid_of_kind, v4_mapped};
 use super::meter::Meter;
 use super::perftest::{Agreed, KEYS_LEN, Keys, Oob, OobError, Wait};
-use super::pt_run::{gid_of_kind, peer_mac, v4_mapped};
+use super::pt_run::peer_mac;
 use super::remote::{REPLY, Role};
 use super::ud::{QKEY, RX_DEPTH, UdEnd, message, message_sge};
 use super::wait::STALL;

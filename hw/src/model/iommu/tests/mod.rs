@@ -5,6 +5,9 @@ use std::ptr::NonNull;
 
 use super::*;
 
+/// The mappings of memory reached by messages (`remote.rs`).
+mod remote;
+
 /// Four 4 KiB pages of distinct fill, kept alive by the caller.
 #[repr(C, align(4096))]
 struct Pages([[u8; 4096]; 4]);
