@@ -56,6 +56,29 @@ pub(super) fn model(
     ModelFunction::new(cfg).map_err(setup("starting the model"))
 }
 
+/// Both ends' devices in this process: one model HCA in loopback (both ends on it), or two
+/// linked ones (`pair`); the models, the client's device and the server's.
+pub(super) fn local_devices(
+    s: &Settings,
+    pair: bool,
+) -> Result<(Vec<std::sync::Arc<ModelFunction>>, Device, Device), PerfError> {
+    let mut models = vec![model(0x10, s.loopback_offload)?];
+    if pair {
+        models.push(model(0x20, s.loopback_offload)?);
+        Hca::link_pair(models[0].hca(), models[1].hca()).map_err(setup("linking models"))?;
+    }
+    let open = |m: &std::sync::Arc<ModelFunction>| {
+        Device::open(m.clone(), DeviceConfig::default()).map_err(setup("booting"))
+    };
+    let dev_c = open(&models[0])?;
+    let dev_s = if pair {
+        open(&models[1])?
+    } else {
+        dev_c.clone()
+    };
+    Ok((models, dev_c, dev_s))
+}
+
 /// Checks `-x`: the entry must exist in the port's GID table and hold an address (as
 /// perftest's `ibv_query_gid` check), so a bad index is a message before any connection,
 /// on the end that gave it, not a failed command later or the peer's "connection closed".
@@ -91,20 +114,7 @@ impl Bench {
 
     /// Boots the model(s), creates and connects the QPs for `s` with buffers of `max_size`.
     pub fn new(s: &Settings, max_size: usize, pair: bool) -> Result<Bench, PerfError> {
-        let mut models = vec![model(0x10, s.loopback_offload)?];
-        if pair {
-            models.push(model(0x20, s.loopback_offload)?);
-            Hca::link_pair(models[0].hca(), models[1].hca()).map_err(setup("linking models"))?;
-        }
-        let open = |m: &std::sync::Arc<ModelFunction>| {
-            Device::open(m.clone(), DeviceConfig::default()).map_err(setup("booting"))
-        };
-        let dev_c = open(&models[0])?;
-        let dev_s = if pair {
-            open(&models[1])?
-        } else {
-            dev_c.clone()
-        };
+        let (models, dev_c, dev_s) = local_devices(s, pair)?;
         Bench::connect_local(s, max_size, dev_c, dev_s, models)
     }
 

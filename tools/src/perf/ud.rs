@@ -18,16 +18,15 @@
 
 use std::time::Instant;
 
+use uhca::Device;
 use uhca::datapath::{Completion, Sge, WcOpcode};
 use uhca::datapath::{Local, SendFlags};
-use uhca::hw::model::Hca;
 use uhca::pci::model::ModelFunction;
 use uhca::resource::{
     Ah, AhAttr, Cq, CqConfig, GRH_SIZE, Mr, QpConfig, UdDest, UdParams, UdQp, UdSendWr,
 };
-use uhca::{Device, DeviceConfig};
 
-use super::bench::model;
+use super::bench::local_devices;
 use super::meter::Meter;
 use super::wait::STALL;
 use super::{BwResult, LatResult, PerfError, Settings, check, lat_stats, setup};
@@ -177,20 +176,7 @@ impl UdBench {
     /// Boots the model(s) and makes both ends for messages up to `max_size` (at most the
     /// MTU: the caller checks, as perftest refuses larger UD messages).
     pub fn new(s: &Settings, max_size: usize, pair: bool) -> Result<UdBench, PerfError> {
-        let mut models = vec![model(0x10, s.loopback_offload)?];
-        if pair {
-            models.push(model(0x20, s.loopback_offload)?);
-            Hca::link_pair(models[0].hca(), models[1].hca()).map_err(setup("linking models"))?;
-        }
-        let open = |m: &std::sync::Arc<ModelFunction>| {
-            Device::open(m.clone(), DeviceConfig::default()).map_err(setup("booting"))
-        };
-        let dev_c = open(&models[0])?;
-        let dev_s = if pair {
-            open(&models[1])?
-        } else {
-            dev_c.clone()
-        };
+        let (models, dev_c, dev_s) = local_devices(s, pair)?;
         let mut client = UdEnd::new(&dev_c, s, max_size)?;
         let mut server = UdEnd::new(&dev_s, s, max_size)?;
         let ah = |from: &Device, to: &Device| -> Result<Ah, PerfError> {
