@@ -242,6 +242,15 @@ impl Harness {
 
     /// Runs one input with `opts`; the transcript is empty unless `opts.record`.
     pub fn run(&mut self, data: &[u8], opts: &Options) -> Transcript {
+        // An input whose prelude writes the init segment before the boot (bits 0 and 1)
+        // runs on a fresh model: on a kept one, `nic-interface-3` booted in about one run
+        // of five of the determinism test (the nic_interface it wrote was lost), which a
+        // fresh model never did. Why is not found yet (docs/reliability.md).
+        if data.first().is_some_and(|fw| fw & 3 != 0)
+            && let Some(m) = self.model.take()
+        {
+            m.discard();
+        }
         let m = match self.model.take() {
             Some(m) => m,
             None => Model::new(),
