@@ -106,13 +106,15 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// Polls until `n` completions arrived. The deadline is no timing assertion: it only turns
-/// a hang into a failure.
+/// Polls until `n` completions arrived and returns those `n`: any later ones stay in the CQ
+/// for the next call (a peer's SEND can land while this side's own completions are still
+/// being collected). The deadline is no timing assertion: it only turns a hang into a
+/// failure.
 pub fn wait_n(cq: &mut Cq, n: usize) -> Vec<Completion> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut out = Vec::new();
     while out.len() < n {
-        for c in cq.poll() {
+        for c in cq.poll().take(n - out.len()) {
             out.push(c.expect("well-formed CQE"));
         }
         assert!(
