@@ -104,6 +104,15 @@ fn decode(r: &mut Reader<'_>) -> BTreeMap<u8, Vec<Act>> {
 struct BarPtr(usize, usize);
 
 impl BarPtr {
+    fn read(self, off: usize) -> u32 {
+        if off + 4 > self.1 {
+            return 0;
+        }
+        // SAFETY: inside BAR0 (checked), which outlives the hook (see `write`). A volatile
+        // aligned 32-bit load, as a device register read.
+        u32::from_be(unsafe { std::ptr::read_volatile((self.0 + off) as *const u32) })
+    }
+
     fn write(self, off: usize, v: u32) {
         if off + 4 <= self.1 {
             // SAFETY: inside BAR0 (checked), which outlives the hook: the hook is removed
@@ -242,15 +251,6 @@ impl Harness {
 
     /// Runs one input with `opts`; the transcript is empty unless `opts.record`.
     pub fn run(&mut self, data: &[u8], opts: &Options) -> Transcript {
-        // An input whose prelude writes the init segment before the boot (bits 0 and 1)
-        // runs on a fresh model: on a kept one, `nic-interface-3` booted in about one run
-        // of five of the determinism test (the nic_interface it wrote was lost), which a
-        // fresh model never did. Why is not found yet (docs/reliability.md).
-        if data.first().is_some_and(|fw| fw & 3 != 0)
-            && let Some(m) = self.model.take()
-        {
-            m.discard();
-        }
         let m = match self.model.take() {
             Some(m) => m,
             None => Model::new(),
@@ -293,8 +293,13 @@ fn run_on(m: &Model, data: &[u8], opts: &Options) -> Transcript {
         bar.write(0x1fc, 1 << 31); // `initializing` (the model clears it after its delay)
     }
     if fw & 2 != 0 {
-        // nic_interface (bits 10:8 of cmdq_addr_l_sz) as the device reports it.
-        bar.write(0x14, u32::from(fw >> 4 & 7) << 8);
+        // nic_interface (bits 10:8 of cmdq_addr_l_sz) as the device reports it: the rest of
+        // the word kept. Writing the whole word zeroed the queue's size and stride too,
+        // which the driver then read as a bad geometry, unless the model's thread had
+        // restored them first (it keeps [7:0] as the device's read-only bits), which
+        // depended on whether that thread was awake: on a kept model it was.
+        let l = bar.read(0x14);
+        bar.write(0x14, (l & !(7 << 8)) | u32::from(fw >> 4 & 7) << 8);
     }
     let tx = Mutex::new(m.tx.clone());
     let record = opts.record;
