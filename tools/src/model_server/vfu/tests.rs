@@ -150,15 +150,18 @@ fn malformed_requests_are_refused_and_oversized_messages_end_the_session() {
     assert_eq!(written, vec![1, 2]);
 }
 
-/// Server-initiated DMA: requests with their own ids, chunked by the client's
-/// `max_data_xfer_size`, replies matched while the loop serves the client's own
-/// requests; an unanswered request times out with a typed error, and once the session
-/// ends every request fails as closed.
-#[test]
-fn server_dma_requests_are_chunked_matched_and_bounded() {
+/// A session served by [`serve_port`] on a socket pair, with a port whose requests wait
+/// `timeout` for their replies, past the client's VERSION (`max_data_xfer_size` 4096):
+/// the client's end, the port and the loop's thread.
+fn dma_session(
+    timeout: std::time::Duration,
+) -> (
+    UnixStream,
+    std::sync::Arc<DmaPort>,
+    std::thread::JoinHandle<Result<(), VfuError>>,
+) {
     let (mut client, mut server) = UnixStream::pair().unwrap();
-    let port =
-        std::sync::Arc::new(DmaPort::new(&server, std::time::Duration::from_millis(300)).unwrap());
+    let port = std::sync::Arc::new(DmaPort::new(&server, timeout).unwrap());
     let p2 = port.clone();
     let t = std::thread::spawn(move || {
         let dev = ServedDevice {
@@ -172,6 +175,17 @@ fn server_dma_requests_are_chunked_matched_and_bounded() {
     let v = Payload::default().u16(0).u16(1).bytes(caps).0;
     client.write_all(&msg(1, 1, &v, None)).unwrap();
     assert_eq!(reply(&mut client).0.flags, FLAG_REPLY);
+    (client, port, t)
+}
+
+/// Server-initiated DMA: requests with their own ids, chunked by the client's
+/// `max_data_xfer_size`, replies matched while the loop serves the client's own
+/// requests, a refusal typed; once the session ends every request fails as closed. The
+/// port's timeout is generous: every request here is answered, however late a loaded
+/// machine lets the client run.
+#[test]
+fn server_dma_requests_are_chunked_and_matched() {
+    let (mut client, port, t) = dma_session(std::time::Duration::from_secs(60));
     // 10000 bytes to write: three requests of 4096, 4096 and 1808 bytes.
     let p3 = port.clone();
     let data: Vec<u8> = (0..10000u32).map(|i| i as u8).collect();
@@ -209,12 +223,9 @@ fn server_dma_requests_are_chunked_matched_and_bounded() {
     assert_eq!(got, data);
     ids.dedup();
     assert_eq!(ids.len(), 3, "each request has its own id");
-    // A read the client refuses, then one it never answers.
+    // A read the client refuses.
     let p4 = port.clone();
-    let r = std::thread::spawn(move || {
-        let mut buf = [0u8; 8];
-        (p4.read(0x2000, &mut buf), p4.read(0x3000, &mut buf))
-    });
+    let r = std::thread::spawn(move || p4.read(0x2000, &mut [0u8; 8]));
     let (h, _) = reply(&mut client);
     assert_eq!(h.command, DMA_READ);
     let ans = Header {
@@ -225,20 +236,31 @@ fn server_dma_requests_are_chunked_matched_and_bounded() {
         error: libc::EFAULT as u32,
     };
     client.write_all(&ans.emit()).unwrap();
-    let (h, _) = reply(&mut client); // the second read: left unanswered
-    assert_eq!(h.command, DMA_READ);
-    let (refused, silent) = r.join().unwrap();
     assert!(
-        matches!(refused, Err(DmaMsgError::Refused { errno, .. }) if errno == libc::EFAULT as u32)
+        matches!(r.join().unwrap(), Err(DmaMsgError::Refused { errno, .. }) if errno == libc::EFAULT as u32)
     );
+    drop(client);
+    t.join().unwrap().unwrap();
+    assert_eq!(port.write(0, &[1]), Err(DmaMsgError::Closed));
+}
+
+/// A request the client never answers times out with a typed error (after the port's
+/// timeout, short here: the client answers only once the request has failed), and a late
+/// reply to it is dropped while the session goes on.
+#[test]
+fn an_unanswered_server_dma_request_times_out_and_its_late_reply_is_dropped() {
+    let (mut client, port, t) = dma_session(std::time::Duration::from_millis(50));
+    let p4 = port.clone();
+    let r = std::thread::spawn(move || p4.read(0x3000, &mut [0u8; 8]));
+    let (h, _) = reply(&mut client);
+    assert_eq!(h.command, DMA_READ);
     assert!(matches!(
-        silent,
+        r.join().unwrap(),
         Err(DmaMsgError::Timeout {
             address: 0x3000,
             ..
         })
     ));
-    // A late reply to the timed-out request is dropped; the session goes on.
     let late = Header {
         id: h.id,
         command: DMA_READ,
@@ -247,7 +269,12 @@ fn server_dma_requests_are_chunked_matched_and_bounded() {
         error: 5,
     };
     client.write_all(&late.emit()).unwrap();
+    // The session goes on: a request of the client's own is still served.
+    let rr = Payload::default().u64(0).u32(0).u32(4).0;
+    client.write_all(&msg(7, 9, &rr, None)).unwrap();
+    let (rh, rb) = reply(&mut client);
+    assert_eq!((rh.id, &rb[16..]), (7, &[0xab; 4][..]));
     drop(client);
     t.join().unwrap().unwrap();
-    assert_eq!(port.write(0, &[1]), Err(DmaMsgError::Closed));
+    assert_eq!(port.read(0, &mut [0]), Err(DmaMsgError::Closed));
 }
