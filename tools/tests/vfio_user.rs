@@ -33,9 +33,14 @@ impl Connect for ModelProc {
     }
 }
 
+/// The driver's settings for a model process. Health polls at the default interval (1 s,
+/// three unchanged counters to fail): the model process is another process on a machine
+/// that may be loaded, and at 5 ms a few milliseconds off the CPU read as a stalled health
+/// counter ("health counter stalled at 0x1 for 3 polls over 18 ms", seen with the tools'
+/// tests run twice at once). A killed process is found by the connection, not the counter.
 fn config() -> DeviceConfig {
     DeviceConfig {
-        health_interval: Duration::from_millis(5),
+        health_interval: DeviceConfig::default().health_interval,
         cmd_timeout: Some(Duration::from_secs(20)),
         init_timeout: Duration::from_secs(20),
         ..DeviceConfig::default()
