@@ -39,7 +39,13 @@ const FAULTS: [Fault; 5] = [
 
 fn cfg() -> DeviceConfig {
     DeviceConfig {
-        health_interval: Duration::from_millis(50),
+        // The default (1 s, three unchanged counters to fail): at 50 ms the model's device
+        // thread kept off the CPU for ~100 ms on a loaded machine read as a stalled health
+        // counter, on the healthy device being set up or reopened ("health counter stalled
+        // at 0x35 for 3 polls over 106 ms", 2 runs of 40 beside two tools test loops). A
+        // fault is then found within about 3 s (the health registers are read once a
+        // second), as the command timeout is; the test takes about 12 s.
+        health_interval: DeviceConfig::default().health_interval,
         // Short enough that the wedged command interface is noticed quickly; long enough
         // for a loaded 2-core machine's normal commands.
         cmd_timeout: Some(Duration::from_secs(3)),
