@@ -10,8 +10,8 @@
 //! Each PAGE_REQUEST asks for pages *in addition* to those asked for by the requests the
 //! driver has not answered yet (and offers back only pages not offered yet): a driver
 //! answers every event with exactly its `num_pages` (Linux queues one give or take per
-//! event and serves them in order, prm-subset.md §10), so a request that repeated the
-//! whole outstanding need would be served twice (firmware-behaviour.md §Pages).
+//! event and serves them in order; firmware-behaviour.md §Pages), so a request that
+//! repeated the whole outstanding need would be served twice.
 
 use std::collections::BTreeSet;
 
