@@ -14,6 +14,8 @@
 #   UHCA_VM_CACHE  where kernels and trees are cached (default /var/cache/uhca-vm)
 #   MLX5_JUDGE_TIMEOUT  seconds the guest may run (default 900)
 #   UHCA_MODEL_BIN      a prebuilt uhca-model to serve instead of building it here
+#   MLX5_JUDGE_APPEND   more guest kernel arguments (e.g. mlx5_core.dyndbg="file pagealloc.c +p";
+#                       with uhca.dmesg=1 the guest prints its whole mlx5 dmesg at the end)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -25,6 +27,9 @@ T0=$SECONDS
 # shellcheck source=tests/vm/rdma-guest.sh
 . "$HERE/rdma-guest.sh"
 GUEST_TIMEOUT=${MLX5_JUDGE_TIMEOUT:-900}
+# The run's scratch directory in the trees' /tmp: named after the work dir, so two runs with
+# different work dirs (CI and a developer) do not share a socket.
+JD=uhca-judge-$(printf '%s' "$W" | md5sum | cut -c1-8)
 # The firmware version the model reports (ModelConfig::default().fw_rev; devlink shows
 # major.minor.subminor with four subminor digits).
 FW_VERSION=16.35.1000
@@ -48,12 +53,12 @@ fi
 
 # 2. The mlx5_vfio program, built in the RDMA tree against its rdma-core.
 say "building mlx5-vfio-judge in the RDMA tree"
-mkdir -p "$RT/tmp/uhca-judge"
-cp "$HERE/mlx5-vfio-judge.c" "$RT/tmp/uhca-judge/"
-timeout 300 "${VM_IN_TREE[@]}" "$RT" gcc -O2 -Wall -Werror -o /tmp/uhca-judge/mlx5-vfio-judge \
-  /tmp/uhca-judge/mlx5-vfio-judge.c -libverbs -lmlx5
-cp "$RT/tmp/uhca-judge/mlx5-vfio-judge" "$W/"
-rm -rf "$RT/tmp/uhca-judge"
+mkdir -p "$RT/tmp/$JD"
+cp "$HERE/mlx5-vfio-judge.c" "$RT/tmp/$JD/"
+timeout 300 "${VM_IN_TREE[@]}" "$RT" gcc -O2 -Wall -Werror -o "/tmp/$JD/mlx5-vfio-judge" \
+  "/tmp/$JD/mlx5-vfio-judge.c" -libverbs -lmlx5
+cp "$RT/tmp/$JD/mlx5-vfio-judge" "$W/"
+rm -rf "$RT/tmp/$JD"
 
 # 3. The model server and the initramfs (the tree + modules + /init + the program).
 if [ -n "${UHCA_MODEL_BIN:-}" ]; then
@@ -63,7 +68,7 @@ else
   cargo build -q --release --locked --manifest-path "$ROOT/Cargo.toml" -p uhca-tools --bin uhca-model
   MODEL=$ROOT/target/release/uhca-model
 fi
-V=$TR/tmp/uhca-judge
+V=$TR/tmp/$JD
 rm -rf "$V" && mkdir -p "$V"
 vm_rdma_initrd "$V/initrd.cpio" "$HERE/init-mlx5-judge" "$W/mlx5-vfio-judge"
 cp "$RK/vmlinuz" "$V/vmlinuz"
@@ -98,9 +103,9 @@ timeout "$GUEST_TIMEOUT" "${VM_IN_TREE[@]}" "$TR" qemu-system-x86_64 -accel tcg 
   -machine q35,memory-backend=mem -cpu max -smp 2 -m 2G \
   -object memory-backend-memfd,id=mem,size=2G,share=on \
   -device intel-iommu,intremap=on,caching-mode=on \
-  -device '{"driver":"vfio-user-pci","socket":{"type":"unix","path":"/tmp/uhca-judge/hca.sock"}}' \
-  -nographic -no-reboot -kernel /tmp/uhca-judge/vmlinuz -initrd /tmp/uhca-judge/initrd.cpio \
-  -append "console=ttyS0 intel_iommu=on panic=-1 quiet uhca.fw=$FW_VERSION" </dev/null 2>&1 |
+  -device '{"driver":"vfio-user-pci","socket":{"type":"unix","path":"/tmp/'"$JD"'/hca.sock"}}' \
+  -nographic -no-reboot -kernel "/tmp/$JD/vmlinuz" -initrd "/tmp/$JD/initrd.cpio" \
+  -append "console=ttyS0 intel_iommu=on panic=-1 quiet uhca.fw=$FW_VERSION ${MLX5_JUDGE_APPEND:-}" </dev/null 2>&1 |
   tr -d '\r' > "$CONSOLE" || true
 grep -aE '^(PASS|FAIL|INFO|RESULT|GUEST)|qemu-system|Kernel panic' "$CONSOLE" || true
 say "guest ran $((SECONDS - t))s (console: $CONSOLE)"

@@ -120,8 +120,17 @@ fn balance_pages(sh: &Shared, core: &mut Core) {
     EqePageReq::new_unchecked(&mut eqe[..]).set_num_pages(want as i32 as u32);
     let mut data = [0u8; 28];
     data.copy_from_slice(&eqe[0x20..0x3c]);
-    Counters::inc(&sh.stats.page_requests);
-    eq::post_event(sh, &mut core.eqs, EventType::PageRequest, 0, &data);
+    // Counted as outstanding only once an EQ took it (none subscribed yet: asked later).
+    if eq::post_event(sh, &mut core.eqs, EventType::PageRequest, 0, &data) > 0 {
+        tracing::debug!(
+            want,
+            held = core.pages.held(),
+            objects,
+            "PAGE_REQUEST posted"
+        );
+        Counters::inc(&sh.stats.page_requests);
+        core.pages.posted(want);
+    }
 }
 
 /// Reads one block header's `(next, block_num, token)`.
@@ -215,6 +224,13 @@ fn execute(sh: &Shared, core: &mut Core, at: u64) -> DeliveryStatus {
         }
     }
     input.truncate(inlen.max(INLINE_BYTES));
+    tracing::trace!(
+        at = format_args!("{at:#x}"),
+        opcode = format_args!("{:#06x}", u16::from_be_bytes([input[0], input[1]])),
+        inlen,
+        outlen,
+        "command"
+    );
     #[cfg_attr(not(feature = "fuzzing"), allow(unused_mut))]
     let mut output = cmd::dispatch(sh, core, &input, inlen, outlen);
     #[cfg(feature = "fuzzing")]

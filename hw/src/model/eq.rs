@@ -63,17 +63,23 @@ impl Eq {
     }
 }
 
-/// Posts an event of type `t` to every EQ that subscribed it.
-pub(crate) fn post_event(sh: &Shared, eqs: &mut Eqs, t: EventType, sub_type: u8, data: &[u8; 28]) {
+/// Posts an event of type `t` to every EQ that subscribed it; returns how many EQs took it.
+pub(crate) fn post_event(
+    sh: &Shared,
+    eqs: &mut Eqs,
+    t: EventType,
+    sub_type: u8,
+    data: &[u8; 28],
+) -> usize {
     let code = u8::from(t);
     let eqns: Vec<u32> = eqs
         .values()
         .filter(|e| e.wants(code))
         .map(|e| e.eqn)
         .collect();
-    for eqn in eqns {
-        post_to(sh, eqs, eqn, code, sub_type, data);
-    }
+    eqns.into_iter()
+        .filter(|&eqn| post_to(sh, eqs, eqn, code, sub_type, data))
+        .count()
 }
 
 /// Writes one EQE to EQ `eqn` (completion events name their EQ; no mask check). Returns

@@ -26,6 +26,12 @@ pub(super) fn query_pages(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) ->
         QueryPagesOpMod::Regular => core.pages.regular_need(core.life, core.icm_objects()),
         _ => return Err(bad_param(s::BAD_OP_MOD)),
     };
+    tracing::debug!(
+        op_mod = ctx.op_mod,
+        n,
+        held = core.pages.held(),
+        "QUERY_PAGES"
+    );
     QueryPagesOut::new_unchecked(&mut out[..]).set_num_pages(n as i32 as u32);
     Ok(())
 }
@@ -36,7 +42,9 @@ pub(super) fn manage_pages(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -
     let pas = ManagePagesIn::<()>::PAS;
     match ManagePagesOpMod::from(ctx.op_mod) {
         ManagePagesOpMod::CantGive => {
-            ctx.core.pages.cant_give();
+            let core = &mut *ctx.core;
+            let demand = core.pages.demand(core.life, core.icm_objects());
+            core.pages.cant_give(demand);
             Ok(())
         }
         ManagePagesOpMod::Give => {
@@ -47,7 +55,15 @@ pub(super) fn manage_pages(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -
                 return Err(err(CmdStatus::BadInpLenErr, s::PAGES_COUNT_MISMATCH));
             }
             let addrs: Vec<u64> = (0..n).map(|k| input.read_be64(pas + 8 * k)).collect();
-            ctx.core.pages.give(ctx.sh, &addrs).map_err(|e| {
+            let r = ctx.core.pages.give(ctx.sh, &addrs);
+            tracing::debug!(
+                n,
+                result = ?r,
+                held = ctx.core.pages.held(),
+                addrs = format_args!("{addrs:x?}"),
+                "MANAGE_PAGES give"
+            );
+            r.map_err(|e| {
                 bad_param(match e {
                     GiveError::Misaligned => s::PAGE_MISALIGNED,
                     GiveError::Unreachable => s::PAGE_UNREACHABLE,
@@ -63,6 +79,14 @@ pub(super) fn manage_pages(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -
             let core = &mut *ctx.core;
             let in_use = core.pages.in_use(core.life, core.icm_objects());
             let back = core.pages.take(n as u32, room, in_use);
+            tracing::debug!(
+                n,
+                room,
+                in_use,
+                held = core.pages.held(),
+                addrs = format_args!("{back:x?}"),
+                "MANAGE_PAGES take"
+            );
             let opas = ManagePagesOut::<()>::PAS;
             out.resize(opas + 8 * back.len(), 0);
             for (k, a) in back.iter().enumerate() {
