@@ -291,6 +291,40 @@ pub(crate) fn poll(
     busy
 }
 
+/// Sends what the QPs' responders still owe that needs no memory (a held ACK above all,
+/// `rc::Acks::Hold`), those of QPs destroyed since the last pass included, and flushes the
+/// link: the model is closing, and a requester must not wait out its retries for an
+/// ACK of data that landed.
+pub(crate) fn send_owed_acks(sh: &Shared, core: &mut Core, port: &mut Port) {
+    port.refresh(sh);
+    let mac = core.vport.mac;
+    let Port {
+        looped,
+        peer,
+        sent,
+        full,
+        ..
+    } = port;
+    let wire = Wire {
+        mac,
+        looped,
+        peer: peer.as_deref(),
+        sent,
+        full,
+        sh,
+    };
+    let dp = &mut core.dp;
+    for mut e in dp.retired.drain(..) {
+        e.send_acks(&wire);
+    }
+    for qp in dp.qps.values_mut() {
+        if let Some(e) = qp.engine.as_mut() {
+            e.send_acks(&wire);
+        }
+    }
+    let _ = wire.flush();
+}
+
 /// Posts the events the pass raised.
 pub(crate) fn post_events(sh: &Shared, core: &mut Core) {
     if core.dp.events.is_empty() {
@@ -650,8 +684,23 @@ fn transmit(
         cqs,
         events,
         srqs,
+        retired,
         ..
     } = dp;
+    // What QPs destroyed or reset since the last pass held back (`DataPath::retired`).
+    for mut e in retired.drain(..) {
+        e.send_acks(wire);
+    }
+    // A lone ACK is held on the later inner passes and leaves on the first of the next
+    // pass (`rc::Acks`): the pass that lands a request hands the data and its completion
+    // to the driver without waiting for a send of the ACK, and the ACK goes out with
+    // whatever the next pass sends (the driver's answer, in a ping-pong). A QP that holds
+    // one stays active, so the next pass comes at once (the pass was busy) and polls it.
+    let acks = if first {
+        rc::Acks::Last
+    } else {
+        rc::Acks::Hold
+    };
     for qp in qps.values_mut() {
         // WQEs left in the SQ (RTR2RTS, a full engine, in-order completion): taken now,
         // whether or not the QP was active.
@@ -694,7 +743,7 @@ fn transmit(
                     clock,
                 };
                 // The deadline it returns is the engine's timer, which `is_idle` sees.
-                let _ = engine.poll(&mut env);
+                let _ = engine.poll_with(&mut env, acks);
                 // Still active: a timer, work, a response owed or an error to flush, or
                 // held back by a full link.
                 !engine.is_idle() || wire.full.load(Ordering::Relaxed) != full0
