@@ -16,7 +16,10 @@
 //!    the QP's engine); poll the active QPs (transmit, timers, flushes: every active QP
 //!    on the first inner pass, on later ones only those that took a WQE or a frame or
 //!    still have something to send); receive frames (loopback queue and the attached
-//!    link) and hand them to their QP. A new WQE's
+//!    link) and hand them to their QP; an inner pass after one that received frames and
+//!    with nothing to send ends the pass before looking at the attached link again. A
+//!    responder's lone ACK is held on the later inner passes and leaves on the first inner
+//!    pass of the next pass (`rc::Acks`). A new WQE's
 //!    frame thus leaves and (loopback) arrives in the pass that took it. Doorbells are
 //!    looked at on every inner pass, so a WQE posted while an earlier message's ACK and
 //!    CQE are handled starts at once.
@@ -255,6 +258,7 @@ pub(crate) fn poll(
         if dp.moderated != 0 {
             busy |= cq_timers(dp);
         }
+        let mut received = false;
         for pass in 0..INNER_PASSES {
             clock.next_pass();
             // One IOMMU read lock for every DMA of the inner pass (`iommu::Dma`), dropped
@@ -265,11 +269,21 @@ pub(crate) fn poll(
             // ACK and CQE are being handled starts at once, not after the pass.
             // Transmit before receive: a WQE just taken leaves in this inner pass and its
             // frame is received (loopback) right after, ahead of older ACKs.
-            let moved = sq_doorbells(sh, &dma, core, dp)
+            let sent = sq_doorbells(sh, &dma, core, dp)
                 | transmit(sh, &dma, core, dp, &wire, clock, pass == 0);
             // A link that batches its sends sends what this pass gave it.
             let _ = wire.flush();
-            let moved = moved | receive(sh, &dma, core, dp, &wire, rx, clock);
+            // After an inner pass that received frames, one with nothing to send ends the
+            // pass before looking at the attached link again (a system call on a network
+            // port, most often for nothing: the peer's next frame is an answer to what this
+            // pass delivered). The caller then sees the data that pass wrote at once; the
+            // next pass, which comes at once (this one was busy), takes what has arrived.
+            if received && !sent && wire.peer.is_some() && wire.looped.is_empty() {
+                exhausted = false;
+                break;
+            }
+            received = receive(sh, &dma, core, dp, &wire, rx, clock);
+            let moved = sent | received;
             drop(dma);
             if !moved {
                 exhausted = false;
@@ -288,6 +302,9 @@ pub(crate) fn poll(
         && !held
         && port.peer.is_none()
         && !core.dp.qps.values().any(|q| q.active || q.kick);
+    if busy {
+        crate::lat_trace::mark(crate::lat_trace::Ev::PassEnd, 0, 0);
+    }
     busy
 }
 
