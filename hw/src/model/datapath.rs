@@ -588,6 +588,10 @@ fn receive(
                         sh.stats.port.received_errors(n, octets);
                     }
                 }
+                // A batch that drained the socket ends the receive step (`Link::rx_more`).
+                if matches!(r, Ok(true)) && !p.rx_more() {
+                    break;
+                }
                 r
             } else {
                 Ok(false)
