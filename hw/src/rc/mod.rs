@@ -589,9 +589,10 @@ impl RcQp {
 
 /// What [`RcQp::poll_with`] does with an ACK owed when it is all the responder owes: the
 /// coalesced ACK of the latest requests, acknowledging fewer than 32 packets beyond the
-/// last ACK sent (IBA Vol. 1 §9.7.5.1: a responder may coalesce ACKs; the requester's ACK
-/// timer covers one that comes late, a retransmission is answered as a duplicate). Other
-/// responses are never held, so they keep their PSN order with the ACKs around them.
+/// last ACK sent (IBA Vol. 1 §9.7.5.1, docs/spec/rocev2-net.md §7: a responder may
+/// coalesce ACKs; the requester's ACK timer covers one that comes late, a retransmission
+/// is answered as a duplicate). Other responses are never held, so they keep their PSN
+/// order with the ACKs around them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Acks {
     /// Responses first, then requests (as [`RcQp::poll`]).
