@@ -42,6 +42,9 @@ pub enum Ev {
     Yield = 11,
     /// The driver's doorbell check kicked the sleeping device thread.
     Kick = 12,
+    /// A device pass that did something ended (its caller, the application's thread under
+    /// `--rtc`, goes on).
+    PassEnd = 13,
 }
 
 /// Events one process keeps (16 bytes each).

@@ -119,6 +119,15 @@ pub trait Link {
     fn take_rx_errors(&self) -> (u64, u64) {
         (0, 0)
     }
+    /// Whether a [`recv_with`](Self::recv_with) right after one that delivered a frame is
+    /// worth making in the same device pass. The provided version says yes (a queue in
+    /// memory is cheap to look at). A link whose receive is a system call that takes a batch
+    /// says no once the batch it holds is used up and was not full: that call drained the
+    /// socket, and asking again at once would most often cost a system call for nothing
+    /// (the model looks again on its next pass).
+    fn rx_more(&self) -> bool {
+        true
+    }
     /// Sends the frames the link holds back to send together (a link that batches its
     /// system calls); the model calls it at the end of each transmit pass, so nothing waits
     /// longer than one pass. The provided version has nothing to send.

@@ -948,6 +948,12 @@ impl Link for NetLink {
         true
     }
 
+    /// More of the batch `recvmmsg` returned, or that batch was full (more may wait).
+    fn rx_more(&self) -> bool {
+        let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        rx.next < rx.count || rx.count == BATCH
+    }
+
     /// The sockets: a datagram that arrives wakes the sleeping device thread at once
     /// instead of after its backoff sleep (which can be a millisecond).
     fn wake_fds(&self, out: &mut [RawFd]) -> usize {

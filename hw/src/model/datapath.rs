@@ -16,7 +16,10 @@
 //!    the QP's engine); poll the active QPs (transmit, timers, flushes: every active QP
 //!    on the first inner pass, on later ones only those that took a WQE or a frame or
 //!    still have something to send); receive frames (loopback queue and the attached
-//!    link) and hand them to their QP. A new WQE's
+//!    link) and hand them to their QP; an inner pass after one that received frames and
+//!    with nothing to send ends the pass before looking at the attached link again. A
+//!    responder's lone ACK is held on the later inner passes and leaves on the first inner
+//!    pass of the next pass (`rc::Acks`). A new WQE's
 //!    frame thus leaves and (loopback) arrives in the pass that took it. Doorbells are
 //!    looked at on every inner pass, so a WQE posted while an earlier message's ACK and
 //!    CQE are handled starts at once.
@@ -255,6 +258,7 @@ pub(crate) fn poll(
         if dp.moderated != 0 {
             busy |= cq_timers(dp);
         }
+        let mut received = false;
         for pass in 0..INNER_PASSES {
             clock.next_pass();
             // One IOMMU read lock for every DMA of the inner pass (`iommu::Dma`), dropped
@@ -265,11 +269,21 @@ pub(crate) fn poll(
             // ACK and CQE are being handled starts at once, not after the pass.
             // Transmit before receive: a WQE just taken leaves in this inner pass and its
             // frame is received (loopback) right after, ahead of older ACKs.
-            let moved = sq_doorbells(sh, &dma, core, dp)
+            let sent = sq_doorbells(sh, &dma, core, dp)
                 | transmit(sh, &dma, core, dp, &wire, clock, pass == 0);
             // A link that batches its sends sends what this pass gave it.
             let _ = wire.flush();
-            let moved = moved | receive(sh, &dma, core, dp, &wire, rx, clock);
+            // After an inner pass that received frames, one with nothing to send ends the
+            // pass before looking at the attached link again (a system call on a network
+            // port, most often for nothing: the peer's next frame is an answer to what this
+            // pass delivered). The caller then sees the data that pass wrote at once; the
+            // next pass, which comes at once (this one was busy), takes what has arrived.
+            if received && !sent && wire.peer.is_some() && wire.looped.is_empty() {
+                exhausted = false;
+                break;
+            }
+            received = receive(sh, &dma, core, dp, &wire, rx, clock);
+            let moved = sent | received;
             drop(dma);
             if !moved {
                 exhausted = false;
@@ -288,7 +302,44 @@ pub(crate) fn poll(
         && !held
         && port.peer.is_none()
         && !core.dp.qps.values().any(|q| q.active || q.kick);
+    if busy {
+        crate::lat_trace::mark(crate::lat_trace::Ev::PassEnd, 0, 0);
+    }
     busy
+}
+
+/// Sends what the QPs' responders still owe that needs no memory (a held ACK above all,
+/// `rc::Acks::Hold`), those of QPs destroyed since the last pass included, and flushes the
+/// link: the model is closing, and a requester must not wait out its retries for an
+/// ACK of data that landed.
+pub(crate) fn send_owed_acks(sh: &Shared, core: &mut Core, port: &mut Port) {
+    port.refresh(sh);
+    let mac = core.vport.mac;
+    let Port {
+        looped,
+        peer,
+        sent,
+        full,
+        ..
+    } = port;
+    let wire = Wire {
+        mac,
+        looped,
+        peer: peer.as_deref(),
+        sent,
+        full,
+        sh,
+    };
+    let dp = &mut core.dp;
+    for mut e in dp.retired.drain(..) {
+        e.send_acks(&wire);
+    }
+    for qp in dp.qps.values_mut() {
+        if let Some(e) = qp.engine.as_mut() {
+            e.send_acks(&wire);
+        }
+    }
+    let _ = wire.flush();
 }
 
 /// Posts the events the pass raised.
@@ -537,6 +588,10 @@ fn receive(
                         sh.stats.port.received_errors(n, octets);
                     }
                 }
+                // A batch that drained the socket ends the receive step (`Link::rx_more`).
+                if matches!(r, Ok(true)) && !p.rx_more() {
+                    break;
+                }
                 r
             } else {
                 Ok(false)
@@ -650,8 +705,23 @@ fn transmit(
         cqs,
         events,
         srqs,
+        retired,
         ..
     } = dp;
+    // What QPs destroyed or reset since the last pass held back (`DataPath::retired`).
+    for mut e in retired.drain(..) {
+        e.send_acks(wire);
+    }
+    // A lone ACK is held on the later inner passes and leaves on the first of the next
+    // pass (`rc::Acks`): the pass that lands a request hands the data and its completion
+    // to the driver without waiting for a send of the ACK, and the ACK goes out with
+    // whatever the next pass sends (the driver's answer, in a ping-pong). A QP that holds
+    // one stays active, so the next pass comes at once (the pass was busy) and polls it.
+    let acks = if first {
+        rc::Acks::Last
+    } else {
+        rc::Acks::Hold
+    };
     for qp in qps.values_mut() {
         // WQEs left in the SQ (RTR2RTS, a full engine, in-order completion): taken now,
         // whether or not the QP was active.
@@ -694,7 +764,7 @@ fn transmit(
                     clock,
                 };
                 // The deadline it returns is the engine's timer, which `is_idle` sees.
-                let _ = engine.poll(&mut env);
+                let _ = engine.poll_with(&mut env, acks);
                 // Still active: a timer, work, a response owed or an error to flush, or
                 // held back by a full link.
                 !engine.is_idle() || wire.full.load(Ordering::Relaxed) != full0

@@ -213,6 +213,21 @@ pub(crate) fn run(sh: Arc<Shared>) {
             shared_pass(&sh, &mut backoff, until_tick, &mut fds);
         }
     }
+    // What the passes keep outlives the thread, for `close` (and a driver of passes).
+    if let Some(p) = own {
+        *lock(&sh) = Some(p);
+    }
+}
+
+/// The model closes (its device thread has stopped): sends what the QPs still owe their
+/// requesters and the link still queues (`datapath::send_owed_acks`; a held ACK above
+/// all), so a peer whose last request landed sees it acknowledged.
+pub(crate) fn close(sh: &Shared) {
+    let mut g = lock(sh);
+    if let Some(p) = g.as_mut() {
+        let mut core = sh.core_dev();
+        datapath::send_owed_acks(sh, &mut core, &mut p.port);
+    }
 }
 
 fn lock(sh: &Shared) -> std::sync::MutexGuard<'_, Option<Box<Passes>>> {

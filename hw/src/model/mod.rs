@@ -697,6 +697,7 @@ impl Drop for Hca {
         {
             tracing::error!(name = %self.shared.cfg.name, "model device thread panicked");
         }
+        device::close(&self.shared);
         crate::lat_trace::dump();
         if tracing::enabled!(tracing::Level::INFO) {
             let core = self.shared.core();

@@ -32,6 +32,9 @@ pub(crate) struct DataPath {
     pub(crate) events: Vec<Event>,
     /// Retransmissions of destroyed or reset QPs.
     pub(crate) retired_retransmits: u64,
+    /// Engines of QPs destroyed or reset while they held an ACK back (`rc::Acks::Hold`):
+    /// the next pass sends what they owe (`RcQp::send_acks`) and drops them.
+    pub(crate) retired: Vec<crate::rc::RcQp>,
     /// The last pass left nothing to do: no active QP, no frame queued, no link attached,
     /// no moderated event held (`watch::Watch`).
     pub(crate) settled: bool,
@@ -56,6 +59,10 @@ impl DataPath {
     pub(crate) fn retire_engine(&mut self, qpn: u32) {
         if let Some(e) = self.qps.get_mut(qpn).and_then(|q| q.engine.take()) {
             self.retired_retransmits += e.stats().retransmits;
+            // Its requester waits for that ACK: it leaves on the next pass, not never.
+            if e.holds_ack() {
+                self.retired.push(e);
+            }
         }
     }
 

@@ -518,27 +518,50 @@ impl RcQp {
     /// received packet can change anything).
     ///
     /// A QP with nothing to do (no response owed, every request sent, no timer expired)
-    /// returns after a few field checks.
+    /// returns after a few field checks. Every response leaves now ([`Acks::First`]); see
+    /// [`poll_with`](Self::poll_with) for holding ACKs back.
     pub fn poll(&mut self, env: &mut Env<'_>) -> Option<u64> {
+        self.poll_with(env, Acks::First)
+    }
+
+    /// [`poll`](Self::poll), with the coalesced ACK owed (if that is all the responder
+    /// owes: see [`Acks`]) sent or held as `acks` says. Whatever else the responder owes
+    /// (a NAK, a READ or atomic response, and the ACKs queued before them) leaves first,
+    /// in PSN order, as in `poll`.
+    pub fn poll_with(&mut self, env: &mut Env<'_>, acks: Acks) -> Option<u64> {
+        let lone = acks != Acks::First && self.resp.has_output() && self.resp.holds_ack();
         if self.resp.has_output()
+            && !lone
             && self
                 .resp
                 .transmit(env, &self.cfg, &mut self.tx, &mut self.stats)
         {
             self.state = RcQpState::Error;
         }
+        let mut quiet = None;
         if self.state == RcQpState::Rts {
-            if let Some(next) = self.req.quiet(&self.cfg, env.clock) {
-                return next;
-            }
-            if self.req.run(env, &self.cfg, &mut self.tx, &mut self.stats) {
+            quiet = self.req.quiet(&self.cfg, env.clock);
+            let sent = self.stats.tx_packets;
+            if quiet.is_none() && self.req.run(env, &self.cfg, &mut self.tx, &mut self.stats) {
                 self.state = RcQpState::Error;
             }
+            // The lone ACK leaves after this poll's requests: in the same batch of a link
+            // that batches (one system call for both), behind them on the wire (their
+            // peer sees the requests first; an ACK and a request travel in opposite
+            // directions of the connection, so neither's order matters to the other).
+            if lone && (acks == Acks::Last || self.stats.tx_packets != sent) {
+                self.resp
+                    .transmit_acks(env.link, &mut self.tx, &mut self.stats);
+            }
+        }
+        if let Some(next) = quiet {
+            return next;
         }
         if self.state == RcQpState::Error {
             self.req.flush(env, &self.cfg);
             self.resp.flush(env, &self.cfg);
-            // The responder still owes the NAK that reported the error, if the link was full.
+            // The responder still owes the NAK that reported the error, if the link was
+            // full, and a held ACK.
             let _ = self
                 .resp
                 .transmit(env, &self.cfg, &mut self.tx, &mut self.stats);
@@ -546,6 +569,41 @@ impl RcQp {
         }
         self.req.deadline()
     }
+
+    /// Whether the responder holds an ACK back ([`Acks::Hold`]): one plain ACK is all it
+    /// owes. A QP that holds one must be polled again soon (its next poll with
+    /// [`Acks::Last`] or [`Acks::First`] sends it) or, when it goes away, given to
+    /// [`send_acks`](Self::send_acks).
+    pub fn holds_ack(&self) -> bool {
+        self.resp.holds_ack()
+    }
+
+    /// Sends the ACKs, NAKs and atomic responses the responder still owes, up to the
+    /// first READ response (which needs memory) or until `link` is full: what a QP owes
+    /// its requester when it is destroyed or reset, or its device closes, with no memory,
+    /// receive queue or completion queue left to poll it with. Nothing else changes.
+    pub fn send_acks(&mut self, link: &dyn Link) {
+        self.resp.transmit_acks(link, &mut self.tx, &mut self.stats);
+    }
+}
+
+/// What [`RcQp::poll_with`] does with an ACK owed when it is all the responder owes: the
+/// coalesced ACK of the latest requests, acknowledging fewer than 32 packets beyond the
+/// last ACK sent (IBA Vol. 1 §9.7.5.1, docs/spec/rocev2-net.md §7: a responder may
+/// coalesce ACKs; the requester's ACK timer covers one that comes late, a retransmission
+/// is answered as a duplicate). Other responses are never held, so they keep their PSN
+/// order with the ACKs around them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acks {
+    /// Responses first, then requests (as [`RcQp::poll`]).
+    First,
+    /// The ACK waits for a later poll, coalescing with the ACKs of requests received
+    /// meanwhile, unless requests leave in this poll: then it goes after them. A driver
+    /// that polls with `Hold` must poll the QP again with `Last` or `First` soon after
+    /// (the model: on its next pass), whatever arrives.
+    Hold,
+    /// The ACK leaves in this poll, after this poll's requests.
+    Last,
 }
 
 /// A copy request that copies nothing (fills arrays of [`CopyIn`]).

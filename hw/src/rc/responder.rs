@@ -127,7 +127,16 @@ pub(super) struct Responder {
     replay_cap: usize,
     out: VecDeque<Resp>,
     out_cap: usize,
+    /// The PSN the last plain ACK sent acknowledged (before the first: the one before
+    /// `rq_psn`): how far a held ACK may get ahead of it ([`ACK_HOLD_MAX`]).
+    acked: Psn,
 }
+
+/// Packets a held ACK ([`Responder::holds_ack`]) may acknowledge beyond the last ACK sent
+/// before it must go: a requester streaming at its window's limit gets an ACK at least
+/// this often, as often as a receive batch of the network port (32 datagrams) gave one
+/// before ACKs were held.
+pub(super) const ACK_HOLD_MAX: u32 = 32;
 
 impl Responder {
     pub(super) fn new(cfg: &RcQpConfig) -> Self {
@@ -142,6 +151,7 @@ impl Responder {
             replay_cap,
             out: VecDeque::with_capacity(4 * out_cap),
             out_cap,
+            acked: Psn::new(cfg.rq_psn).add(Psn::MASK),
         }
     }
 
@@ -583,6 +593,78 @@ impl Responder {
         !self.out.is_empty()
     }
 
+    /// Whether all that waits is one plain ACK (the coalesced ACK of the latest requests:
+    /// no NAK, no READ or atomic response behind or before it) acknowledging fewer than
+    /// [`ACK_HOLD_MAX`] packets beyond the last ACK sent: an ACK that may wait for the next
+    /// poll, coalescing with later ones (IBA Vol. 1 §9.7.5.1: a responder need not ACK
+    /// every request; the requester's ACK timer covers one that comes late).
+    pub(super) fn holds_ack(&self) -> bool {
+        match self.out.front() {
+            Some(&Resp::Ack {
+                psn,
+                syndrome: NO_CREDITS,
+                ..
+            }) if self.out.len() == 1 => {
+                let ahead = psn.diff(self.acked);
+                ahead > 0 && (ahead as u32) < ACK_HOLD_MAX
+            }
+            _ => false,
+        }
+    }
+
+    /// Sends the ACKs, NAKs and atomic responses at the front of the queue (what needs no
+    /// memory: not a READ response) until the link is busy: what a QP that is being
+    /// destroyed or reset, or a model that closes, still owes its requester.
+    pub(super) fn transmit_acks(
+        &mut self,
+        link: &dyn crate::link::Link,
+        tx: &mut Tx,
+        stats: &mut RcStats,
+    ) {
+        while let Some(&front) = self.out.front() {
+            let sent = match front {
+                Resp::Ack { psn, syndrome, msn } => {
+                    self.send_ack(link, tx, stats, psn, syndrome, msn)
+                }
+                Resp::Atomic { psn, orig, msn } => send_atomic_ack(link, tx, stats, psn, orig, msn),
+                Resp::Read(_) => break,
+            };
+            if sent.is_err() {
+                break;
+            }
+            self.out.pop_front();
+        }
+    }
+
+    /// Sends one ACK or NAK.
+    fn send_ack(
+        &mut self,
+        link: &dyn crate::link::Link,
+        tx: &mut Tx,
+        stats: &mut RcStats,
+        psn: Psn,
+        syndrome: AethSyndrome,
+        msn: u32,
+    ) -> Result<(), TxStop> {
+        let ext = ExtHeaders {
+            aeth: Some(AethRepr { syndrome, msn }),
+            ..Default::default()
+        };
+        let res = tx.send(
+            link,
+            stats,
+            RcOpcode::Acknowledge,
+            psn,
+            (false, false),
+            &ext,
+        );
+        if res.is_ok() && syndrome == NO_CREDITS {
+            stats.acks_sent += 1;
+            self.acked = psn;
+        }
+        res
+    }
+
     /// Sends queued responses until the link is busy. Returns true when a READ response
     /// could not read its memory (the QP goes to error after the NAK).
     pub(super) fn transmit(
@@ -596,38 +678,11 @@ impl Responder {
         let mtu = cfg.mtu.bytes();
         while let Some(&front) = self.out.front() {
             let sent = match front {
-                Resp::Ack { psn, syndrome, msn } => {
-                    let ext = ExtHeaders {
-                        aeth: Some(AethRepr { syndrome, msn }),
-                        ..Default::default()
-                    };
-                    let res = tx.send(
-                        env.link,
-                        stats,
-                        RcOpcode::Acknowledge,
-                        psn,
-                        (false, false),
-                        &ext,
-                    );
-                    if res.is_ok() && syndrome == NO_CREDITS {
-                        stats.acks_sent += 1;
-                    }
-                    res.map(|()| true)
-                }
+                Resp::Ack { psn, syndrome, msn } => self
+                    .send_ack(env.link, tx, stats, psn, syndrome, msn)
+                    .map(|()| true),
                 Resp::Atomic { psn, orig, msn } => {
-                    let ext = ExtHeaders {
-                        aeth: Some(AethRepr {
-                            syndrome: NO_CREDITS,
-                            msn,
-                        }),
-                        atomic_ack_eth: Some(AtomicAckEthRepr {
-                            orig_remote_data: orig,
-                        }),
-                        ..Default::default()
-                    };
-                    let op = RcOpcode::AtomicAcknowledge;
-                    tx.send(env.link, stats, op, psn, (false, false), &ext)
-                        .map(|()| true)
+                    send_atomic_ack(env.link, tx, stats, psn, orig, msn).map(|()| true)
                 }
                 Resp::Read(rd) => {
                     let ReadResp {
@@ -752,6 +807,35 @@ impl std::fmt::Debug for Responder {
             .field("responses_queued", &self.out.len())
             .finish()
     }
+}
+
+/// Sends one atomic response (ATOMIC ACKNOWLEDGE with the original value).
+fn send_atomic_ack(
+    link: &dyn crate::link::Link,
+    tx: &mut Tx,
+    stats: &mut RcStats,
+    psn: Psn,
+    orig: u64,
+    msn: u32,
+) -> Result<(), TxStop> {
+    let ext = ExtHeaders {
+        aeth: Some(AethRepr {
+            syndrome: NO_CREDITS,
+            msn,
+        }),
+        atomic_ack_eth: Some(AtomicAckEthRepr {
+            orig_remote_data: orig,
+        }),
+        ..Default::default()
+    };
+    tx.send(
+        link,
+        stats,
+        RcOpcode::AtomicAcknowledge,
+        psn,
+        (false, false),
+        &ext,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -443,3 +443,36 @@ fn loopback_resolves_to_its_addresses() {
     );
     assert!(resolve("no-such-if0", 4791).is_err());
 }
+
+#[test]
+fn a_batch_that_drained_the_socket_says_so_and_a_full_one_does_not() {
+    let ip: IpAddr = "127.0.0.1".parse().unwrap();
+    let (a, b) = pair(ip, FaultConfig::default());
+    // Frames of distinct sizes: one datagram each (no GSO run).
+    let send = |n: usize| {
+        for i in 0..n {
+            a.send(&frame(ip, ip, i as u32, &vec![i as u8; 8 + i]))
+                .unwrap();
+        }
+        a.flush().unwrap();
+        // Loopback delivers within the send; the pause only makes sure.
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    send(2);
+    assert_eq!(receive(&b, 2).len(), 2);
+    assert!(
+        !b.rx_more(),
+        "2 datagrams, a batch of 2: the socket is drained"
+    );
+    send(BATCH + 8);
+    let mut more = Vec::new();
+    for _ in 0..BATCH + 8 {
+        assert!(b.recv_with(&mut [], &mut |_| {}).unwrap());
+        more.push(b.rx_more());
+    }
+    // The first batch was full: more may wait, also after its last datagram. The second
+    // (8) drained the socket: after its last, no more.
+    assert!(more[..BATCH].iter().all(|&m| m), "{more:?}");
+    assert!(more[BATCH..BATCH + 7].iter().all(|&m| m), "{more:?}");
+    assert!(!more[BATCH + 7], "{more:?}");
+}

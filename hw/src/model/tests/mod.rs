@@ -2,6 +2,7 @@
 //! through the dispatcher, and posts WQEs / polls CQEs in host memory the model reaches
 //! through its IOMMU, ringing doorbells in BAR0 as a driver would (prm-subset.md §9).
 
+mod acks;
 mod cmds;
 mod ib;
 mod ops;

@@ -4,6 +4,7 @@
 //! runs are deterministic). `RC_TRACE=1` prints every frame each QP receives, and the QP
 //! after each poll that timed out or moved it to error.
 
+mod acks;
 mod basic;
 mod burst;
 mod errors;
