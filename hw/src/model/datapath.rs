@@ -140,6 +140,33 @@ impl Port {
         self.peer.as_deref()
     }
 
+    /// The wire a pass sends and receives through (`mac` the port's own), with the receive
+    /// buffer and the pass clock borrowed beside it.
+    fn split<'a>(
+        &'a mut self,
+        mac: [u8; 6],
+        sh: &'a Shared,
+    ) -> (Wire<'a>, &'a mut [u8], &'a mut PassClock) {
+        let Port {
+            looped,
+            peer,
+            rx,
+            clock,
+            sent,
+            full,
+            ..
+        } = self;
+        let wire = Wire {
+            mac,
+            looped,
+            peer: peer.as_deref(),
+            sent,
+            full,
+            sh,
+        };
+        (wire, rx, clock)
+    }
+
     fn refresh(&mut self, sh: &Shared) {
         let g = sh.link.generation.load(Ordering::Acquire);
         if g == self.generation {
@@ -236,24 +263,8 @@ pub(crate) fn poll(
     let mut exhausted = true;
     let busy = {
         let core: &Core = core;
-        let Port {
-            looped,
-            peer,
-            rx,
-            clock,
-            sent,
-            full,
-            ..
-        } = port;
         // One wire for the whole pass.
-        let wire = Wire {
-            mac,
-            looped,
-            peer: peer.as_deref(),
-            sent,
-            full,
-            sh,
-        };
+        let (wire, rx, clock) = port.split(mac, sh);
         let mut busy = cq_doorbells(sh, dp);
         if dp.moderated != 0 {
             busy |= cq_timers(dp);
@@ -314,22 +325,7 @@ pub(crate) fn poll(
 /// ACK of data that landed.
 pub(crate) fn send_owed_acks(sh: &Shared, core: &mut Core, port: &mut Port) {
     port.refresh(sh);
-    let mac = core.vport.mac;
-    let Port {
-        looped,
-        peer,
-        sent,
-        full,
-        ..
-    } = port;
-    let wire = Wire {
-        mac,
-        looped,
-        peer: peer.as_deref(),
-        sent,
-        full,
-        sh,
-    };
+    let (wire, _, _) = port.split(core.vport.mac, sh);
     let dp = &mut core.dp;
     for mut e in dp.retired.drain(..) {
         e.send_acks(&wire);
