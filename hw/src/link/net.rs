@@ -287,6 +287,8 @@ struct Tx {
     msgs: Vec<Msg>,
     /// ICRC changes for the IPv4 Identification of a GSO segment.
     ids: ipv4_id::IdDelta,
+    /// The `sendmmsg` structures, kept between calls.
+    room: Box<sys::Room>,
 }
 
 /// The receive side: a batch of datagrams, each with room for the rebuilt headers.
@@ -301,6 +303,8 @@ struct Rx {
     sock: usize,
     rr: usize,
     ids: ipv4_id::IdSolver,
+    /// The `recvmmsg` structures, kept between calls.
+    room: Box<sys::Room>,
 }
 
 /// The model's port on the host's IP network (see the module docs).
@@ -398,6 +402,7 @@ impl NetLink {
                 rng: cfg.faults.any().then_some(SplitMix64(cfg.faults.seed)),
                 msgs: Vec::with_capacity(BATCH),
                 ids: ipv4_id::IdDelta::default(),
+                room: sys::Room::new(),
             }),
             rx: Mutex::new(Rx {
                 bufs: (0..BATCH).map(|_| rx_buf()).collect(),
@@ -408,6 +413,7 @@ impl NetLink {
                 sock: 0,
                 rr: 0,
                 ids: ipv4_id::IdSolver::default(),
+                room: sys::Room::new(),
             }),
             pcap: Mutex::new(None),
             capture_on: AtomicBool::new(false),
@@ -604,6 +610,7 @@ impl NetLink {
             held,
             msgs,
             ids,
+            room,
             ..
         } = tx;
         // A slot queued twice (a duplicate, or a held datagram sent again) goes alone: a
@@ -655,7 +662,7 @@ impl NetLink {
             let fd = self.socks[sock].sock.as_raw_fd();
             let mut sent = 0;
             while sent < msgs.len() {
-                let r = sys::send_msgs(fd, &msgs[sent..], |i: usize| {
+                let r = sys::send_msgs(fd, room, &msgs[sent..], |i: usize| {
                     let p = &queue[i];
                     &slots[p.slot][p.off..p.off + p.len]
                 });
@@ -823,8 +830,10 @@ impl NetLink {
         for k in 0..self.socks.len() {
             let s = (rx.rr + k) % self.socks.len();
             let fd = self.socks[s].sock.as_raw_fd();
-            let Rx { bufs, got, .. } = rx;
-            let n = sys::recv_batch(fd, bufs, HEAD, got).map_err(LinkError::Io)?;
+            let Rx {
+                bufs, got, room, ..
+            } = rx;
+            let n = sys::recv_batch(fd, room, bufs, HEAD, got).map_err(LinkError::Io)?;
             if n > 0 {
                 lat_trace::mark(lat_trace::Ev::RxBatch, n as u32, 0);
                 (rx.count, rx.next, rx.seg_off, rx.sock) = (n, 0, 0, s);

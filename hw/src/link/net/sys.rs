@@ -117,6 +117,34 @@ pub(crate) const MAX_DATAGRAMS: usize = 2 * BATCH;
 /// `CMSG_SPACE` of a `u16` or an `int`: one control message's room (8-byte aligned).
 const CMSG_ROOM: usize = 24;
 
+/// The structures one `sendmmsg` or `recvmmsg` call hands the kernel (about 9 KiB), kept
+/// by the caller from call to call: zeroing them for every call cost more than the rest of
+/// an empty receive's user-space work (a memset of 7-8 KiB per call, on every look at an
+/// idle socket and on every send). Each call sets the pointers and lengths of the entries
+/// it uses; what the kernel wrote into the names and control messages of earlier calls is
+/// left there and never read past what the current call's lengths say.
+pub(crate) struct Room {
+    names: [libc::sockaddr_storage; BATCH],
+    iovs: [libc::iovec; MAX_DATAGRAMS],
+    hdrs: [libc::mmsghdr; BATCH],
+    /// One control message per message, 8-byte aligned as `cmsghdr` needs.
+    ctl: [[u64; CMSG_ROOM / 8]; BATCH],
+}
+
+// SAFETY: the raw pointers in `iovs` and `hdrs` are written at the start of every call
+// that uses them (to this room and to the buffers that call borrows) and are never
+// dereferenced by anyone outside such a call, which holds `&mut Room`; between calls they
+// are stale numbers, so moving the room to another thread moves nothing that is used.
+unsafe impl Send for Room {}
+
+impl Room {
+    /// A zeroed room, on the heap (it is large, and its address stays put).
+    pub(crate) fn new() -> Box<Room> {
+        // SAFETY: all-zero bytes are valid for these plain C structures and integers.
+        Box::new(unsafe { zeroed() })
+    }
+}
+
 /// Sends the messages `msgs` (at most [`BATCH`]) from `fd`, message `m` made of the
 /// datagrams `data(m.first)..data(m.first + m.count)` (at most [`MAX_DATAGRAMS`] in all),
 /// with as few `sendmmsg` calls as the kernel needs; returns how many messages went out. It
@@ -124,18 +152,17 @@ const CMSG_ROOM: usize = 24;
 /// out before it).
 pub(crate) fn send_msgs<'a>(
     fd: RawFd,
+    room: &mut Room,
     msgs: &[Msg],
     data: impl Fn(usize) -> &'a [u8],
 ) -> io::Result<usize> {
     let n = msgs.len().min(BATCH);
-    // SAFETY: all-zero bytes are valid for these plain C structures.
-    let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
-    // SAFETY: as above.
-    let mut iovs: [libc::iovec; MAX_DATAGRAMS] = unsafe { zeroed() };
-    // SAFETY: as above.
-    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-    // One control message per message, 8-byte aligned as `cmsghdr` needs.
-    let mut ctl = [[0u64; CMSG_ROOM / 8]; BATCH];
+    let Room {
+        names,
+        iovs,
+        hdrs,
+        ctl,
+    } = room;
     let mut iov_at = 0;
     for (i, m) in msgs[..n].iter().enumerate() {
         if iov_at + m.count > MAX_DATAGRAMS {
@@ -153,35 +180,52 @@ pub(crate) fn send_msgs<'a>(
                 iov_len: d.len(),
             };
         }
+        hdrs[i].msg_len = 0;
         let h = &mut hdrs[i].msg_hdr;
         h.msg_name = std::ptr::from_mut(&mut names[i]).cast();
         h.msg_namelen = len;
         h.msg_iov = std::ptr::from_mut(&mut iovs[iov_at]);
         h.msg_iovlen = m.count;
+        h.msg_flags = 0;
         iov_at += m.count;
-        if let Some(seg) = m.seg {
-            h.msg_control = ctl[i].as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE only computes a size.
-            h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
-            // SAFETY: the control buffer is `CMSG_ROOM` (>= CMSG_SPACE(2)) bytes, aligned
-            // for `cmsghdr`, and `h` points at it with that length: CMSG_FIRSTHDR returns
-            // its start, and CMSG_DATA the 2 bytes after the header inside it.
-            unsafe {
-                let c = libc::CMSG_FIRSTHDR(h);
-                (*c).cmsg_level = libc::SOL_UDP;
-                (*c).cmsg_type = UDP_SEGMENT;
-                (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+        match m.seg {
+            None => {
+                h.msg_control = std::ptr::null_mut();
+                h.msg_controllen = 0;
+            }
+            Some(seg) => {
+                h.msg_control = ctl[i].as_mut_ptr().cast();
+                // SAFETY: CMSG_SPACE only computes a size.
+                h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+                // SAFETY: the control buffer is `CMSG_ROOM` (>= CMSG_SPACE(2)) bytes, aligned
+                // for `cmsghdr`, and `h` points at it with that length: CMSG_FIRSTHDR returns
+                // its start, and CMSG_DATA the 2 bytes after the header inside it.
+                unsafe {
+                    let c = libc::CMSG_FIRSTHDR(h);
+                    (*c).cmsg_level = libc::SOL_UDP;
+                    (*c).cmsg_type = UDP_SEGMENT;
+                    (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+                }
             }
         }
     }
     let mut done = 0;
     while done < n {
-        // SAFETY: `hdrs[done..n]` are initialised headers whose names, iovecs and control
+        // SAFETY: `hdrs[done..n]` are headers set above whose names, iovecs and control
         // messages point at `names`, `iovs`, `ctl` and the callers' datagrams, all alive
         // for the call; the kernel only reads them and writes each header's `msg_len`.
-        let r =
-            unsafe { libc::sendmmsg(fd, hdrs[done..].as_mut_ptr(), (n - done) as libc::c_uint, 0) };
+        // The raw system call, not libc's wrapper: the wrapper makes `sendmmsg` a thread
+        // cancellation point (two more calls into libc), and no thread here is cancelled.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_sendmmsg,
+                fd,
+                hdrs[done..].as_mut_ptr(),
+                (n - done) as libc::c_uint,
+                0,
+            )
+        };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -220,44 +264,49 @@ pub(crate) struct In {
 /// many.
 pub(crate) fn recv_batch(
     fd: RawFd,
+    room: &mut Room,
     bufs: &mut [Box<[u8]>],
     at: usize,
     got: &mut [In],
 ) -> io::Result<usize> {
     let n = bufs.len().min(got.len()).min(BATCH);
-    // SAFETY: all-zero bytes are valid for these plain C structures.
-    let mut names: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
-    // SAFETY: as above.
-    let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
-    // SAFETY: as above.
-    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-    let mut ctl = [[0u64; CMSG_ROOM / 8]; BATCH];
+    let Room {
+        names,
+        iovs,
+        hdrs,
+        ctl,
+    } = room;
     for i in 0..n {
         let b = &mut bufs[i][at..];
         iovs[i] = libc::iovec {
             iov_base: b.as_mut_ptr().cast(),
             iov_len: b.len(),
         };
-        hdrs[i].msg_hdr.msg_name = std::ptr::from_mut(&mut names[i]).cast();
-        hdrs[i].msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        hdrs[i].msg_hdr.msg_iov = std::ptr::from_mut(&mut iovs[i]);
-        hdrs[i].msg_hdr.msg_iovlen = 1;
-        hdrs[i].msg_hdr.msg_control = ctl[i].as_mut_ptr().cast();
-        hdrs[i].msg_hdr.msg_controllen = CMSG_ROOM;
+        hdrs[i].msg_len = 0;
+        let h = &mut hdrs[i].msg_hdr;
+        h.msg_name = std::ptr::from_mut(&mut names[i]).cast();
+        h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        h.msg_iov = std::ptr::from_mut(&mut iovs[i]);
+        h.msg_iovlen = 1;
+        h.msg_control = ctl[i].as_mut_ptr().cast();
+        h.msg_controllen = CMSG_ROOM;
+        h.msg_flags = 0;
     }
     loop {
-        // SAFETY: `hdrs[..n]` point at `names`, `iovs` and the callers' buffers, all alive
-        // and exclusively ours for the call; the kernel writes at most each iovec's length
-        // into its buffer, at most `msg_namelen` bytes into each name, and the lengths and
-        // flags of the headers, and at most `CMSG_ROOM` bytes of control messages into each
-        // `ctl` entry. MSG_DONTWAIT: it never blocks; no timeout is passed.
+        // SAFETY: `hdrs[..n]` point at `names`, `iovs`, `ctl` and the callers' buffers, all
+        // alive and exclusively ours for the call; the kernel writes at most each iovec's
+        // length into its buffer, at most `msg_namelen` bytes into each name, and the
+        // lengths and flags of the headers, and at most `CMSG_ROOM` bytes of control
+        // messages into each `ctl` entry. MSG_DONTWAIT: it never blocks; no timeout is
+        // passed. The raw system call, as in `send_msgs`.
         let r = unsafe {
-            libc::recvmmsg(
+            libc::syscall(
+                libc::SYS_recvmmsg,
                 fd,
                 hdrs.as_mut_ptr(),
                 n as libc::c_uint,
                 libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
+                std::ptr::null_mut::<libc::timespec>(),
             )
         };
         if r < 0 {
@@ -268,11 +317,15 @@ pub(crate) fn recv_batch(
                 _ => return Err(e),
             }
         }
-        let r = r as usize;
+        let r = (r as usize).min(n);
         for i in 0..r {
             got[i] = In {
                 len: (hdrs[i].msg_len as usize).min(bufs[i].len() - at),
-                src: from_raw(&names[i]),
+                // The kernel wrote this datagram's sender into `names[i]` and its length
+                // into `msg_namelen` (a UDP receive always names it); none: no sender.
+                src: (hdrs[i].msg_hdr.msg_namelen > 0)
+                    .then(|| from_raw(&names[i]))
+                    .flatten(),
                 truncated: hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
                 seg: gro_size(&hdrs[i].msg_hdr),
             };
