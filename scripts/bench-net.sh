@@ -50,6 +50,12 @@ if [ "$lat" -gt 0 ]; then
   r=$("$P" udp -s 2 -n "$lat" | grep -A1 '#bytes' | tail -n 1)
   echo "$r"
   out[ping]=$(col 5 <<< "$r")
+  # The floor under write_lat: the port's own system calls for one ping-pong step (a GSO
+  # message of a WRITE and an ACK each way, UDP_GRO, recvmmsg), no model.
+  echo "== the port's system calls alone (uhca-perf udp-rc: the floor under write_lat)"
+  r=$("$P" udp-rc -n "$lat" | grep -A1 '#bytes' | tail -n 1)
+  echo "$r"
+  out[floor]=$(col 5 <<< "$r")
   for m in "${modes[@]}"; do
     a=(); [ "$m" = rtc ] && a=(--rtc)
     echo "== write_lat -s 2 over the network port ($m)"
@@ -68,8 +74,9 @@ if [ "$bw" -gt 0 ]; then
   done
 fi
 echo "== summary (load average now $(cut -d' ' -f1-3 /proc/loadavg))"
-printf '%-8s %-22s %-26s %s\n' mode "ping-pong one way µs" "write_lat typical µs" \
-  "write_bw peak / avg MB/s"
+printf '%-8s %-22s %-18s %-26s %s\n' mode "ping-pong one way µs" "floor one way µs" \
+  "write_lat typical µs" "write_bw peak / avg MB/s"
 for m in "${modes[@]}"; do
-  printf '%-8s %-22s %-26s %s\n' "$m" "${out[ping]:--}" "${out[lat_$m]:--}" "${out[bw_$m]:--}"
+  printf '%-8s %-22s %-18s %-26s %s\n' "$m" "${out[ping]:--}" "${out[floor]:--}" \
+    "${out[lat_$m]:--}" "${out[bw_$m]:--}"
 done

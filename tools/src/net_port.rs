@@ -234,4 +234,253 @@ pub mod udp_ref {
         out.sort_by(f64::total_cmp);
         Ok(out)
     }
+
+    /// The network port's own system calls for one step of a perftest-style `write_lat`
+    /// ping-pong, with no device model between them: the floor under `write_lat --net`.
+    ///
+    /// Each way carries what the peer waits for before its next step: the answer WRITE
+    /// (a 36-byte RoCEv2 datagram for 2 bytes of data) and the ACK of the WRITE it
+    /// answers (20 bytes), sent as the port sends them: one `sendmmsg` of one UDP GSO
+    /// message (`UDP_SEGMENT` 36, the last segment shorter), to a socket with `UDP_GRO` on,
+    /// received with `recvmmsg` of up to 32 datagrams with room for control messages.
+    /// The receiver polls until both have come (56 bytes: one coalesced datagram, or two).
+    #[allow(unsafe_code)]
+    pub mod rc {
+        use std::io;
+        use std::mem::{size_of, zeroed};
+        use std::net::{SocketAddr, UdpSocket};
+        use std::os::fd::AsRawFd;
+        use std::time::{Duration, Instant};
+
+        /// A RoCEv2 RDMA WRITE Only of 2 bytes: BTH, RETH, the data, 2 bytes of pad, ICRC.
+        pub const WRITE_LEN: usize = 36;
+        /// A RoCEv2 ACKNOWLEDGE: BTH, AETH, ICRC.
+        pub const ACK_LEN: usize = 20;
+        /// `UDP_SEGMENT` and `UDP_GRO` (`include/uapi/linux/udp.h`).
+        const UDP_SEGMENT: libc::c_int = 103;
+        const UDP_GRO: libc::c_int = 104;
+        /// Datagrams one `recvmmsg` takes at most, as the port's.
+        const BATCH: usize = 32;
+
+        /// A socket set up as the port's: non-blocking, `UDP_GRO` on.
+        fn port_socket(sock: &UdpSocket) -> io::Result<()> {
+            sock.set_nonblocking(true)?;
+            let one: libc::c_int = 1;
+            // SAFETY: the socket is open for the call; the value is a `c_int` on this
+            // stack frame, passed with its size, and only read.
+            let r = unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_UDP,
+                    UDP_GRO,
+                    std::ptr::from_ref(&one).cast(),
+                    size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        }
+
+        /// Sends the WRITE and the ACK to `to` as one UDP GSO message.
+        fn send_pair(
+            sock: &UdpSocket,
+            to: SocketAddr,
+            pair: &[u8; WRITE_LEN + ACK_LEN],
+        ) -> io::Result<()> {
+            let SocketAddr::V4(v4) = to else {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "IPv4 only"));
+            };
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            let mut iov = libc::iovec {
+                iov_base: pair.as_ptr().cast_mut().cast(),
+                iov_len: pair.len(),
+            };
+            let mut ctl = [0u64; 3];
+            // SAFETY: all-zero bytes are a valid `mmsghdr`.
+            let mut h: libc::mmsghdr = unsafe { zeroed() };
+            h.msg_hdr.msg_name = std::ptr::from_ref(&sin).cast_mut().cast();
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_hdr.msg_iov = &mut iov;
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = ctl.as_mut_ptr().cast();
+            // SAFETY: CMSG_SPACE only computes a size.
+            h.msg_hdr.msg_controllen =
+                unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+            // SAFETY: `ctl` is 24 bytes (>= CMSG_SPACE(2)), aligned for `cmsghdr`, and the
+            // header points at it with that length: CMSG_FIRSTHDR is its start, CMSG_DATA
+            // the 2 bytes after the control header, inside it.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), WRITE_LEN as u16);
+            }
+            // SAFETY: the header points at `sin`, `iov` (and through it `pair`) and `ctl`,
+            // all alive for the call, which only reads them and writes `msg_len`.
+            let r = unsafe { libc::sendmmsg(sock.as_raw_fd(), &mut h, 1, 0) };
+            if r == 1 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        }
+
+        /// Buffers and headers of one `recvmmsg`.
+        struct Rx {
+            bufs: Vec<[u8; 2048]>,
+            ctl: [[u64; 3]; BATCH],
+            names: [libc::sockaddr_storage; BATCH],
+        }
+
+        impl Rx {
+            fn new() -> Rx {
+                Rx {
+                    bufs: vec![[0u8; 2048]; BATCH],
+                    ctl: [[0; 3]; BATCH],
+                    // SAFETY: all-zero bytes are a valid `sockaddr_storage`.
+                    names: unsafe { zeroed() },
+                }
+            }
+
+            /// One `recvmmsg` without waiting: the bytes received and the sender of the
+            /// first datagram (a zero-length datagram counts as `Some(0)` bytes).
+            fn poll(&mut self, sock: &UdpSocket) -> io::Result<Option<(usize, SocketAddr)>> {
+                // SAFETY: all-zero bytes are valid `iovec`s and `mmsghdr`s.
+                let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
+                // SAFETY: as above.
+                let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+                for i in 0..BATCH {
+                    iovs[i] = libc::iovec {
+                        iov_base: self.bufs[i].as_mut_ptr().cast(),
+                        iov_len: self.bufs[i].len(),
+                    };
+                    let h = &mut hdrs[i].msg_hdr;
+                    h.msg_name = std::ptr::from_mut(&mut self.names[i]).cast();
+                    h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                    h.msg_iov = &mut iovs[i];
+                    h.msg_iovlen = 1;
+                    h.msg_control = self.ctl[i].as_mut_ptr().cast();
+                    h.msg_controllen = 24;
+                }
+                // SAFETY: the headers point at `iovs`, `self`'s buffers, names and control
+                // rooms, all alive and exclusively ours for the call; the kernel writes
+                // within the lengths given. MSG_DONTWAIT: it never blocks.
+                let r = unsafe {
+                    libc::recvmmsg(
+                        sock.as_raw_fd(),
+                        hdrs.as_mut_ptr(),
+                        BATCH as libc::c_uint,
+                        libc::MSG_DONTWAIT,
+                        std::ptr::null_mut(),
+                    )
+                };
+                if r < 0 {
+                    let e = io::Error::last_os_error();
+                    return match e.kind() {
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+                        _ => Err(e),
+                    };
+                }
+                if r == 0 {
+                    return Ok(None);
+                }
+                let bytes = hdrs[..r as usize].iter().map(|h| h.msg_len as usize).sum();
+                let SocketAddr::V4(_) = from(&self.names[0]) else {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "not IPv4"));
+                };
+                Ok(Some((bytes, from(&self.names[0]))))
+            }
+        }
+
+        /// The IPv4 sender in a name the kernel filled (unspecified for another family).
+        fn from(ss: &libc::sockaddr_storage) -> SocketAddr {
+            if libc::c_int::from(ss.ss_family) != libc::AF_INET {
+                return SocketAddr::from(([0, 0, 0, 0], 0));
+            }
+            // SAFETY: the family says the storage holds a `sockaddr_in`.
+            let sin: libc::sockaddr_in = unsafe { std::ptr::read(std::ptr::from_ref(ss).cast()) };
+            SocketAddr::from((
+                sin.sin_addr.s_addr.to_ne_bytes(),
+                u16::from_be(sin.sin_port),
+            ))
+        }
+
+        /// Answers every pair to `sock` with a pair until a zero-length datagram comes.
+        pub fn echo(sock: &UdpSocket) -> io::Result<()> {
+            port_socket(sock)?;
+            let pair = [0x5Au8; WRITE_LEN + ACK_LEN];
+            let mut rx = Rx::new();
+            let mut got = 0;
+            loop {
+                match rx.poll(sock)? {
+                    Some((0, _)) => return Ok(()),
+                    Some((n, from)) => {
+                        got += n;
+                        if got >= WRITE_LEN + ACK_LEN {
+                            got = 0;
+                            send_pair(sock, from, &pair)?;
+                        }
+                    }
+                    None => std::hint::spin_loop(),
+                }
+            }
+        }
+
+        /// One-way latencies of `n` round trips of pairs with the echo at `peer` (half of
+        /// each round trip, in nanoseconds, sorted), after `n / 10` unmeasured ones; then
+        /// stops the echo. A pair without an answer for a second is sent again and that
+        /// round trip not counted.
+        pub fn pingpong(peer: SocketAddr, n: usize) -> io::Result<Vec<f64>> {
+            let sock = UdpSocket::bind(SocketAddr::new(peer.ip(), 0))?;
+            port_socket(&sock)?;
+            let pair = [0xA5u8; WRITE_LEN + ACK_LEN];
+            let mut rx = Rx::new();
+            let mut out = Vec::with_capacity(n);
+            let deadline = Instant::now() + Duration::from_secs(120);
+            let mut i = 0;
+            while i < n + n / 10 {
+                let t = Instant::now();
+                // A refused send (the echo not bound yet) is a lost pair: sent again below.
+                let _ = send_pair(&sock, peer, &pair);
+                let mut got = 0;
+                while got < WRITE_LEN + ACK_LEN {
+                    match rx.poll(&sock) {
+                        Ok(Some((k, _))) => got += k,
+                        Ok(None) | Err(_) if t.elapsed() < Duration::from_secs(1) => {
+                            std::hint::spin_loop()
+                        }
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                if Instant::now() > deadline {
+                    let _ = sock.send_to(&[], peer);
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the echo process does not answer",
+                    ));
+                }
+                if got < WRITE_LEN + ACK_LEN {
+                    continue;
+                }
+                if i >= n / 10 {
+                    out.push(t.elapsed().as_nanos() as f64 / 2.0);
+                }
+                i += 1;
+            }
+            let _ = sock.send_to(&[], peer);
+            out.sort_by(f64::total_cmp);
+            Ok(out)
+        }
+    }
 }

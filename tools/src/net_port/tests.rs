@@ -46,3 +46,18 @@ fn a_port_on_loopback_gets_its_address_as_its_gid() {
         Err(NetPortError::Resolve { .. })
     ));
 }
+
+/// The floor's ping-pong (`udp-rc`) gets every pair answered, measures each counted round
+/// trip, and stops its echo at the end (the echo's thread returns).
+#[test]
+fn the_gso_pair_ping_pong_is_answered_and_stops_its_echo() {
+    use super::udp_ref::rc;
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let at = sock.local_addr().unwrap();
+    let echo = std::thread::spawn(move || rc::echo(&sock));
+    let r = rc::pingpong(at, 20).unwrap();
+    assert_eq!(r.len(), 20);
+    assert!(r.iter().all(|&ns| ns > 0.0));
+    assert!(r.windows(2).all(|w| w[0] <= w[1]), "sorted");
+    echo.join().unwrap().unwrap();
+}

@@ -20,6 +20,14 @@ enum RefMode {
     /// The echo end of `udp` (started by it).
     #[value(hide = true)]
     udp_echo,
+    /// The floor under write_lat over `--net`: the network port's own system calls for
+    /// one ping-pong step, with no model (each way one UDP GSO message of a WRITE-sized
+    /// and an ACK-sized datagram, `UDP_GRO`, `recvmmsg`; both awaited).
+    #[value(name = "udp-rc")]
+    udp_rc,
+    /// The echo end of `udp-rc` (started by it).
+    #[value(name = "udp-rc-echo", hide = true)]
+    udp_rc_echo,
 }
 
 /// Reference measurements of the machine.
@@ -85,20 +93,35 @@ pub fn run_reference(a: &RefArgs) -> Result<(), String> {
                 );
             }
         }
-        RefMode::udp => {
+        RefMode::udp | RefMode::udp_rc => {
             use crate::net_port::udp_ref;
+            let rc = a.mode == RefMode::udp_rc;
             let sock = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
             let port = sock.local_addr().map_err(|e| e.to_string())?;
             drop(sock);
             let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let echo = if rc { "udp-rc-echo" } else { "udp-echo" };
             let mut child = std::process::Command::new(exe)
-                .args(["udp-echo", "--port-ref", &port.port().to_string()])
+                .args([echo, "--port-ref", &port.port().to_string()])
                 .spawn()
                 .map_err(|e| format!("starting the echo process: {e}"))?;
             // The echo binds its port; datagrams sent before are lost, so wait for it.
             std::thread::sleep(std::time::Duration::from_millis(300));
-            let n = a.iters.unwrap_or(100_000) as usize;
-            let r = udp_ref::pingpong(port, a.size.min(65507), n.max(10));
+            let n = (a.iters.unwrap_or(100_000) as usize).max(10);
+            let (r, size, title) = if rc {
+                (
+                    udp_ref::rc::pingpong(port, n),
+                    udp_ref::rc::WRITE_LEN + udp_ref::rc::ACK_LEN,
+                    "The port's system calls alone: a GSO pair (WRITE + ACK) each way",
+                )
+            } else {
+                let size = a.size.min(65507);
+                (
+                    udp_ref::pingpong(port, size, n),
+                    size,
+                    "UDP ping-pong over 127.0.0.1 (two processes, polling)",
+                )
+            };
             // The echo has stopped on the closing datagram unless that was lost or the run
             // failed: it is ended either way.
             let _ = child.kill();
@@ -107,14 +130,14 @@ pub fn run_reference(a: &RefArgs) -> Result<(), String> {
             let pick = |q: f64| r[((r.len() - 1) as f64 * q) as usize] / 1000.0;
             let avg = r.iter().sum::<f64>() / r.len() as f64 / 1000.0;
             println!("{LINE}");
-            println!("                    UDP ping-pong over 127.0.0.1 (two processes, polling)");
+            println!("                    {title}");
             println!("{LINE}");
             println!(
                 " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    99% percentile[usec]"
             );
             println!(
                 " {:<6} {:<10}     {:<14.2} {:<12.2} {:<18.2} {:<14.2} {:.2}",
-                a.size,
+                size,
                 r.len(),
                 pick(0.0),
                 pick(1.0),
@@ -123,10 +146,14 @@ pub fn run_reference(a: &RefArgs) -> Result<(), String> {
                 pick(0.99)
             );
         }
-        RefMode::udp_echo => {
-            let port = a.port_ref.ok_or("udp-echo needs --port-ref")?;
+        RefMode::udp_echo | RefMode::udp_rc_echo => {
+            let port = a.port_ref.ok_or("the echo needs --port-ref")?;
             let sock = std::net::UdpSocket::bind(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-            crate::net_port::udp_ref::echo(&sock).map_err(|e| e.to_string())?;
+            if a.mode == RefMode::udp_rc_echo {
+                crate::net_port::udp_ref::rc::echo(&sock).map_err(|e| e.to_string())?;
+            } else {
+                crate::net_port::udp_ref::echo(&sock).map_err(|e| e.to_string())?;
+            }
             return Ok(());
         }
         RefMode::memcpy => {
