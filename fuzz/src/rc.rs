@@ -28,9 +28,9 @@ use uhca_hw::layout::roce::{
 };
 use uhca_hw::link::{Link, LinkConfig, LinkEnd, pair};
 use uhca_hw::rc::{
-    AccessError, AccessKind, AtomicEndianness, AtomicOp, Clock, CompletionSink, Env, LocalData,
-    ManualClock, Memory, Mtu, PathConfig, RcCompletion, RcQp, RcQpConfig, RcSge, RcWcStatus,
-    RecvQueue, RecvWqe, RemoteAccess, RemoteAddr, SgeList, WorkRequest, WrOp,
+    AtomicEndianness, Clock, CompletionSink, Env, KeyedMem, LocalData, ManualClock, Mtu,
+    PathConfig, RcCompletion, RcQp, RcQpConfig, RcSge, RcWcStatus, RecvQueue, RecvWqe,
+    RemoteAccess, RemoteAddr, SgeList, WorkRequest, WrOp,
 };
 
 use crate::Reader;
@@ -53,103 +53,20 @@ const REGION: usize = 32 << 10;
 const RECVS: u64 = 64;
 const RECV_SLOT: u64 = 1024;
 
-struct Region {
-    va: u64,
-    data: Vec<u8>,
-    remote: bool,
-}
-
-/// Keyed memory: L_Key = R_Key = the region's key.
-#[derive(Default)]
-struct Mem {
-    regions: RefCell<HashMap<u32, Region>>,
-}
-
-impl Mem {
-    fn register(&self, key: u32, va: u64, remote: bool) {
-        thread_local! {
-            static PATTERNS: RefCell<HashMap<u32, Vec<u8>>> = RefCell::new(HashMap::new());
-        }
-        // Computed once per key: a fresh byte loop per input cost most of a run.
-        let data = PATTERNS.with(|p| {
-            p.borrow_mut()
-                .entry(key)
-                .or_insert_with(|| {
-                    (0..REGION)
-                        .map(|i| (i as u32 ^ key).wrapping_mul(2_654_435_761) as u8)
-                        .collect()
-                })
-                .clone()
-        });
-        self.regions
-            .borrow_mut()
-            .insert(key, Region { va, data, remote });
+/// Registers a `REGION`-byte region of `key` at `va` in `mem`, filled with the key's
+/// pattern (`KeyedMem::pattern`), computed once per key: a fresh byte loop per input cost
+/// most of a run.
+fn register(mem: &KeyedMem, key: u32, va: u64, remote: bool) {
+    thread_local! {
+        static PATTERNS: RefCell<HashMap<u32, Vec<u8>>> = RefCell::new(HashMap::new());
     }
-
-    fn span(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<usize, AccessError> {
-        let r = self.regions.borrow();
-        let r = r.get(&key).ok_or(AccessError::InvalidKey { key })?;
-        let remote = matches!(
-            access,
-            AccessKind::RemoteRead | AccessKind::RemoteWrite | AccessKind::RemoteAtomic
-        );
-        if remote && !r.remote {
-            return Err(AccessError::Denied);
-        }
-        let end = va.checked_add(len).ok_or(AccessError::OutOfRange)?;
-        if va < r.va || end > r.va + r.data.len() as u64 {
-            return Err(AccessError::OutOfRange);
-        }
-        Ok((va - r.va) as usize)
-    }
-}
-
-impl Memory for Mem {
-    fn check(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<(), AccessError> {
-        self.span(key, va, len, access).map(drop)
-    }
-    fn read(
-        &self,
-        key: u32,
-        va: u64,
-        buf: &mut [u8],
-        access: AccessKind,
-    ) -> Result<(), AccessError> {
-        let at = self.span(key, va, buf.len() as u64, access)?;
-        buf.copy_from_slice(&self.regions.borrow()[&key].data[at..at + buf.len()]);
-        Ok(())
-    }
-    fn write(&self, key: u32, va: u64, data: &[u8], access: AccessKind) -> Result<(), AccessError> {
-        let at = self.span(key, va, data.len() as u64, access)?;
-        let mut r = self.regions.borrow_mut();
-        let r = r.get_mut(&key).ok_or(AccessError::InvalidKey { key })?;
-        r.data[at..at + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn atomic(&self, key: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
-        if !va.is_multiple_of(8) {
-            return Err(AccessError::Misaligned);
-        }
-        let at = self.span(key, va, 8, AccessKind::RemoteAtomic)?;
-        let mut regions = self.regions.borrow_mut();
-        let r = regions
-            .get_mut(&key)
-            .ok_or(AccessError::InvalidKey { key })?;
-        let cell = &mut r.data[at..at + 8];
-        let orig = u64::from_le_bytes(cell.try_into().expect("8 bytes"));
-        let new = match op {
-            AtomicOp::CompareSwap { compare, swap } => {
-                if orig == compare {
-                    swap
-                } else {
-                    orig
-                }
-            }
-            AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
-        };
-        cell.copy_from_slice(&new.to_le_bytes());
-        Ok(orig)
-    }
+    let data = PATTERNS.with(|p| {
+        p.borrow_mut()
+            .entry(key)
+            .or_insert_with(|| KeyedMem::pattern(key, REGION))
+            .clone()
+    });
+    mem.register_bytes(key, va, data, remote);
 }
 
 struct Rq(VecDeque<RecvWqe>);
@@ -172,7 +89,7 @@ impl CompletionSink for Cq {
 struct Side {
     qp: RcQp,
     link: LinkEnd,
-    mem: Mem,
+    mem: KeyedMem,
     rq: Rq,
     cq: Cq,
     buf: Vec<u8>,
@@ -230,12 +147,12 @@ fn config(qpn: u32, dest: u32, mtu: Mtu) -> RcQpConfig {
 impl Side {
     fn new(cfg: RcQpConfig, link: LinkEnd) -> Side {
         let buf = vec![0; link.max_frame_len()];
-        let mem = Mem::default();
-        mem.register(SRC, VA_SRC, false);
-        mem.register(DST, VA_DST, true);
-        mem.register(GUARD, VA_GUARD, false);
-        mem.register(RCV, VA_RCV, false);
-        let guard = mem.regions.borrow()[&GUARD].data.clone();
+        let mem = KeyedMem::default();
+        register(&mem, SRC, VA_SRC, false);
+        register(&mem, DST, VA_DST, true);
+        register(&mem, GUARD, VA_GUARD, false);
+        register(&mem, RCV, VA_RCV, false);
+        let guard = mem.bytes(GUARD, VA_GUARD, REGION);
         let mut rq = Rq(VecDeque::new());
         for i in 0..RECVS {
             let sges = SgeList::from_slice(&[RcSge {
@@ -645,7 +562,7 @@ fn run(data: &[u8], record: bool) -> Option<Outcome> {
         s.check_order(false, s.posted);
         s.check_order(true, RECVS);
         assert!(
-            s.mem.regions.borrow()[&GUARD].data == s.guard,
+            s.mem.bytes(GUARD, VA_GUARD, REGION) == s.guard,
             "memory without remote access changed"
         );
     }
@@ -655,7 +572,7 @@ fn run(data: &[u8], record: bool) -> Option<Outcome> {
         for (i, s) in sides.into_iter().enumerate() {
             o.frames[i] = std::mem::take(&mut s.received);
             o.completions[i] = s.cq.0.iter().map(|c| format!("{c:?}")).collect();
-            o.dst[i] = s.mem.regions.borrow()[&DST].data.clone();
+            o.dst[i] = s.mem.bytes(DST, VA_DST, REGION);
         }
         o
     });

@@ -28,6 +28,8 @@
 
 mod burst;
 mod error;
+#[cfg(any(test, feature = "fuzzing"))]
+mod keyed_mem;
 mod memory;
 mod offload;
 mod requester;
@@ -40,6 +42,8 @@ mod tests;
 
 pub use burst::{Burst, MAX_MORE, MoreMsg, MoreMsgs};
 pub use error::RcPostError;
+#[cfg(any(test, feature = "fuzzing"))]
+pub use keyed_mem::KeyedMem;
 pub use memory::{AccessError, AccessKind, AtomicOp, CopyFault, CopyIn, Memory};
 pub use offload::Offload;
 pub use sge::{MAX_INLINE, MAX_SGE, RcSge, SgeList};

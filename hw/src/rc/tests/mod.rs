@@ -13,120 +13,15 @@ mod mangle;
 mod soak;
 mod stalls;
 
-use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use super::*;
 use crate::layout::roce::{EthRepr, EtherType, IpRepr, Ipv4Repr, RocePacket};
 use crate::link::{FaultConfig, LinkConfig, LinkEnd, pair};
 
-/// A registered region: `data` at `va`, reachable through its key.
-struct Region {
-    va: u64,
-    data: Vec<u8>,
-    remote: bool,
-}
-
-/// Keyed memory: L_Key = R_Key = the region's key. Remote access only where registered
-/// so; atomics operate on little-endian u64s.
-#[derive(Default)]
-pub(super) struct TestMem {
-    regions: RefCell<HashMap<u32, Region>>,
-    /// Checks ([`Memory::check`]) that failed: what a device counts as faults.
-    pub refused: std::cell::Cell<u64>,
-}
-
-impl TestMem {
-    /// Registers `len` bytes at `va` under `key`, filled with a pattern of `key`.
-    pub(super) fn register(&self, key: u32, va: u64, len: usize, remote: bool) {
-        let data = (0..len)
-            .map(|i| (i as u32 ^ key).wrapping_mul(2_654_435_761) as u8)
-            .collect();
-        self.regions
-            .borrow_mut()
-            .insert(key, Region { va, data, remote });
-    }
-    /// Forgets the region of `key` (a deregistered MR).
-    pub(super) fn deregister(&self, key: u32) {
-        self.regions.borrow_mut().remove(&key);
-    }
-    pub(super) fn bytes(&self, key: u32, va: u64, len: usize) -> Vec<u8> {
-        let r = self.regions.borrow();
-        let r = &r[&key];
-        let at = (va - r.va) as usize;
-        r.data[at..at + len].to_vec()
-    }
-    pub(super) fn fill(&self, key: u32, va: u64, data: &[u8]) {
-        let mut r = self.regions.borrow_mut();
-        let r = r.get_mut(&key).unwrap();
-        let at = (va - r.va) as usize;
-        r.data[at..at + data.len()].copy_from_slice(data);
-    }
-    fn span(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<usize, AccessError> {
-        let r = self.regions.borrow();
-        let r = r.get(&key).ok_or(AccessError::InvalidKey { key })?;
-        let remote = matches!(
-            access,
-            AccessKind::RemoteRead | AccessKind::RemoteWrite | AccessKind::RemoteAtomic
-        );
-        if remote && !r.remote {
-            return Err(AccessError::Denied);
-        }
-        let end = va.checked_add(len).ok_or(AccessError::OutOfRange)?;
-        if va < r.va || end > r.va + r.data.len() as u64 {
-            return Err(AccessError::OutOfRange);
-        }
-        Ok((va - r.va) as usize)
-    }
-}
-
-impl Memory for TestMem {
-    fn check(&self, key: u32, va: u64, len: u64, access: AccessKind) -> Result<(), AccessError> {
-        let res = self.span(key, va, len, access).map(drop);
-        if res.is_err() {
-            self.refused.set(self.refused.get() + 1);
-        }
-        res
-    }
-    fn read(
-        &self,
-        key: u32,
-        va: u64,
-        buf: &mut [u8],
-        access: AccessKind,
-    ) -> Result<(), AccessError> {
-        let at = self.span(key, va, buf.len() as u64, access)?;
-        buf.copy_from_slice(&self.regions.borrow()[&key].data[at..at + buf.len()]);
-        Ok(())
-    }
-    fn write(&self, key: u32, va: u64, data: &[u8], access: AccessKind) -> Result<(), AccessError> {
-        let at = self.span(key, va, data.len() as u64, access)?;
-        self.regions.borrow_mut().get_mut(&key).unwrap().data[at..at + data.len()]
-            .copy_from_slice(data);
-        Ok(())
-    }
-    fn atomic(&self, key: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
-        if !va.is_multiple_of(8) {
-            return Err(AccessError::Misaligned);
-        }
-        let at = self.span(key, va, 8, AccessKind::RemoteAtomic)?;
-        let mut regions = self.regions.borrow_mut();
-        let cell = &mut regions.get_mut(&key).unwrap().data[at..at + 8];
-        let orig = u64::from_le_bytes(cell.try_into().unwrap());
-        let new = match op {
-            AtomicOp::CompareSwap { compare, swap } => {
-                if orig == compare {
-                    swap
-                } else {
-                    orig
-                }
-            }
-            AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
-        };
-        cell.copy_from_slice(&new.to_le_bytes());
-        Ok(orig)
-    }
-}
+/// The engine's memory in these tests: keyed regions (`rc::KeyedMem`, shared with the
+/// `rc_receive` fuzz target).
+pub(super) type TestMem = KeyedMem;
 
 impl RecvQueue for VecDeque<RecvWqe> {
     fn take(&mut self) -> Option<RecvWqe> {

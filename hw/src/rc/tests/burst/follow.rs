@@ -387,7 +387,7 @@ fn a_read_whose_region_went_away_behind_a_burst_is_nakd_after_one_check() {
     assert_eq!(l.b.stats().rx_packets, 3);
     // The second READ's region goes before its responses.
     l.mem.deregister(GONE);
-    let refused = l.mem.refused.get();
+    let refused = l.mem.refused();
     l.settle();
     assert_eq!(
         l.sends(),
@@ -397,7 +397,7 @@ fn a_read_whose_region_went_away_behind_a_burst_is_nakd_after_one_check() {
             (3, RcWcStatus::Flushed)
         ]
     );
-    assert_eq!(l.mem.refused.get() - refused, 1, "its range checked once");
+    assert_eq!(l.mem.refused() - refused, 1, "its range checked once");
     assert_eq!(
         l.mem.bytes(SRC, VA_SRC + 4096, 3000),
         l.mem.bytes(DST, VA_DST, 3000),
