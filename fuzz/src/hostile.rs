@@ -373,6 +373,11 @@ fn run_on(m: &Model, data: &[u8], opts: &Options) -> Transcript {
         drive_commands: opts.drive && fw & 4 == 0,
         ..DeviceConfig::default()
     };
+    // Driven commands: the model's thread stays out of the passes, or the driver's tries
+    // would find them taken a varying number of times, and the point where its command
+    // wait services events (a PAGE_REQUEST answered earlier or later among the commands)
+    // would follow the scheduler (tests/determinism.rs saw it under load).
+    f.hca().fuzz_driven_only(cfg.drive_commands);
     let pf: Arc<dyn PciFunction> = f.clone();
     let trace = std::env::var_os("UHCA_FUZZ_TRACE").is_some();
     let t0 = std::time::Instant::now();

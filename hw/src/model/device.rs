@@ -241,6 +241,13 @@ fn shared_pass(
     until_tick: Duration,
     fds: &mut [RawFd; MAX_FDS - 1],
 ) {
+    #[cfg(feature = "fuzzing")]
+    if sh.fuzz_driven_only.load(Ordering::Relaxed) {
+        // Every pass is the fuzz target's (`Hca::fuzz_driven_only`): one that took the
+        // lock here would make the driver's tries fail a varying number of times.
+        sh.wake.nap(SLEEP_MAX.min(until_tick.max(SLEEP_MIN)));
+        return;
+    }
     let driven = sh.driven.load(Ordering::Relaxed);
     if driven.wrapping_sub(backoff.driven) >= DRIVEN_MIN {
         // Driven since the last nap (or during it): leave the passes to the application

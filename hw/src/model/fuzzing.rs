@@ -7,6 +7,8 @@
 //!   deterministic sequence of device steps.
 //! - [`Hca::fuzz_reset`]: a target that keeps one model across inputs brings it back to
 //!   the state of a fresh one between them, so an input still runs as it would alone.
+//! - [`Hca::fuzz_driven_only`]: a target whose driver drives every pass keeps the device
+//!   thread out of them.
 //! - [`set_output_hook`]: a hostile-device target lets the model compute each command's
 //!   output, then rewrites it (and may replace the delivery status) before the model
 //!   scatters it into the driver's mailboxes, so the driver meets a device that lies.
@@ -69,6 +71,19 @@ impl Hca {
             sh.bar.zero(0, sh.bar.len());
         }
         self.reset();
+    }
+
+    /// While `on`, the device thread makes no passes once it has handed them to the
+    /// threads that drive them ([`drive`](Self::drive)); it still keeps the health timer.
+    /// A target whose driver drives every command sets it, so that how many times a
+    /// driver's look finds the passes taken (and so when it services events between its
+    /// commands) does not depend on where the device thread was; one that leaves the
+    /// commands to the device thread clears it (the thread is kicked awake).
+    pub fn fuzz_driven_only(&self, on: bool) {
+        self.shared.fuzz_driven_only.store(on, Ordering::Relaxed);
+        if !on {
+            self.shared.wake.kick();
+        }
     }
 
     /// What the device thread does on a command doorbell: clears `cmd_dbell` and runs every

@@ -325,6 +325,10 @@ pub(crate) struct Shared {
     pub(crate) passes: Mutex<Option<Box<device::Passes>>>,
     /// Passes application threads made (`Hca::drive`).
     pub(crate) driven: AtomicU64,
+    /// A fuzz target drives every pass itself: the device thread, once it has handed the
+    /// passes over, makes none (`Hca::fuzz_driven_only`).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fuzz_driven_only: AtomicBool,
 }
 
 impl Shared {
@@ -418,6 +422,8 @@ impl Hca {
             rtc: AtomicBool::new(false),
             passes: Mutex::new(None),
             driven: AtomicU64::new(0),
+            #[cfg(feature = "fuzzing")]
+            fuzz_driven_only: AtomicBool::new(false),
         });
         health::power_on(&shared);
         let sh = shared.clone();
