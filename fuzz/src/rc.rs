@@ -96,6 +96,10 @@ struct Side {
     /// The last frames that reached this end (templates for injected ones).
     seen: VecDeque<Vec<u8>>,
     posted: u64,
+    /// Receive WQEs posted (wr_id = the count posted before).
+    recvs: u64,
+    /// `rnr_naks_sent` when the drain last gave this end receives.
+    rnr_seen: u64,
     guard: Vec<u8>,
     /// Keep every frame that reaches this end in `received` (the determinism test).
     record: bool,
@@ -153,28 +157,50 @@ impl Side {
         register(&mem, GUARD, VA_GUARD, false);
         register(&mem, RCV, VA_RCV, false);
         let guard = mem.bytes(GUARD, VA_GUARD, REGION);
-        let mut rq = Rq(VecDeque::new());
-        for i in 0..RECVS {
-            let sges = SgeList::from_slice(&[RcSge {
-                lkey: RCV,
-                addr: VA_RCV + i * RECV_SLOT,
-                len: RECV_SLOT as u32,
-            }])
-            .expect("one SGE");
-            rq.0.push_back(RecvWqe { wr_id: i, sges });
-        }
-        Side {
+        let mut s = Side {
             qp: RcQp::new(cfg).expect("valid QP config"),
             link,
             mem,
-            rq,
+            rq: Rq(VecDeque::new()),
             cq: Cq(Vec::new()),
             buf,
             seen: VecDeque::new(),
             posted: 0,
+            recvs: 0,
+            rnr_seen: 0,
             guard,
             record: false,
             received: Vec::new(),
+        };
+        s.post_recvs();
+        s
+    }
+
+    /// Posts `RECVS` receive WQEs, one `RECV_SLOT` each (the later slots lie beyond the
+    /// registered region: a SEND that lands there is a local protection error).
+    fn post_recvs(&mut self) {
+        for _ in 0..RECVS {
+            let i = self.recvs;
+            let sges = SgeList::from_slice(&[RcSge {
+                lkey: RCV,
+                addr: VA_RCV + (i % RECVS) * RECV_SLOT,
+                len: RECV_SLOT as u32,
+            }])
+            .expect("one SGE");
+            self.rq.0.push_back(RecvWqe { wr_id: i, sges });
+            self.recvs += 1;
+        }
+    }
+
+    /// In the drain: an end that answers SENDs with RNR NAKs for want of receive WQEs gets
+    /// more, as an application would post them. With `rnr_retry` 7 the requester retries
+    /// an RNR NAK forever (shared/spec/rocev2.md: 7 = infinite), so without them the
+    /// exchange would never end.
+    fn feed_receiver(&mut self) {
+        let rnr = self.qp.stats().rnr_naks_sent;
+        if self.rq.0.is_empty() && rnr > self.rnr_seen {
+            self.rnr_seen = rnr;
+            self.post_recvs();
         }
     }
 
@@ -544,9 +570,13 @@ fn run(data: &[u8], record: bool) -> Option<Outcome> {
             }
         }
     }
-    // Drain: both send queues must empty (the retry and RNR counters end any exchange).
+    // Drain: both send queues must empty. The retry counter and a finite RNR counter end
+    // any exchange; the infinite one (`rnr_retry` 7) ends once the receiver has receive
+    // WQEs again (`Side::feed_receiver`).
     let mut steps = 0u32;
     while p.a.qp.send_queue_len() + p.b.qp.send_queue_len() > 0 {
+        p.a.feed_receiver();
+        p.b.feed_receiver();
         steps += 1;
         assert!(
             steps < 100_000,
@@ -560,7 +590,7 @@ fn run(data: &[u8], record: bool) -> Option<Outcome> {
     }
     for s in [&p.a, &p.b] {
         s.check_order(false, s.posted);
-        s.check_order(true, RECVS);
+        s.check_order(true, s.recvs);
         assert!(
             s.mem.bytes(GUARD, VA_GUARD, REGION) == s.guard,
             "memory without remote access changed"

@@ -168,3 +168,27 @@ fn driver_device_runs_an_input_as_on_a_fresh_model() {
         clean.commands.len()
     );
 }
+
+/// Found by the sixth campaign (2026-11-28): inputs whose SENDs used every receive WQE left
+/// the requester retrying its RNR NAKs forever (`rnr_retry` 7), so the harness's drain never
+/// ended ("no quiescence"). The drain now gives an end that sends RNR NAKs with an empty
+/// receive queue more receives, as an application would; both inputs end, and their
+/// completions are checked as every input's are.
+#[test]
+fn rc_receive_drains_an_rnr_retried_forever() {
+    let _g = serial();
+    let all = seeds("rc_receive");
+    let found: Vec<_> = all
+        .iter()
+        .filter(|(n, _)| n.starts_with("rnr-forever-"))
+        .collect();
+    assert_eq!(found.len(), 2, "the two inputs the campaign found");
+    for (_, d) in found {
+        rc::forget_links();
+        let o = rc::run_recorded(d);
+        assert!(
+            o.completions.iter().flatten().any(|c| c.contains("Recv")),
+            "the receiver completed receives"
+        );
+    }
+}
