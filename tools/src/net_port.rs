@@ -336,53 +336,69 @@ pub mod udp_ref {
             }
         }
 
-        /// Buffers and headers of one `recvmmsg`.
+        /// Buffers and headers of one `recvmmsg`, kept between calls as the port keeps
+        /// them (`sys::Room` in the model's port): each call sets the pointers and lengths
+        /// and nothing is zeroed per call.
         struct Rx {
             bufs: Vec<[u8; 2048]>,
             ctl: [[u64; 3]; BATCH],
             names: [libc::sockaddr_storage; BATCH],
+            iovs: [libc::iovec; BATCH],
+            hdrs: [libc::mmsghdr; BATCH],
         }
 
         impl Rx {
-            fn new() -> Rx {
-                Rx {
+            fn new() -> Box<Rx> {
+                Box::new(Rx {
                     bufs: vec![[0u8; 2048]; BATCH],
                     ctl: [[0; 3]; BATCH],
-                    // SAFETY: all-zero bytes are a valid `sockaddr_storage`.
+                    // SAFETY: all-zero bytes are valid `sockaddr_storage`s, `iovec`s and
+                    // `mmsghdr`s (null pointers, zero lengths).
                     names: unsafe { zeroed() },
-                }
+                    // SAFETY: as above.
+                    iovs: unsafe { zeroed() },
+                    // SAFETY: as above.
+                    hdrs: unsafe { zeroed() },
+                })
             }
 
-            /// One `recvmmsg` without waiting: the bytes received and the sender of the
-            /// first datagram (a zero-length datagram counts as `Some(0)` bytes).
+            /// One `recvmmsg` without waiting, as the port makes it (the raw system call):
+            /// the bytes received and the sender of the first datagram (a zero-length
+            /// datagram counts as `Some(0)` bytes).
             fn poll(&mut self, sock: &UdpSocket) -> io::Result<Option<(usize, SocketAddr)>> {
-                // SAFETY: all-zero bytes are valid `iovec`s and `mmsghdr`s.
-                let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
-                // SAFETY: as above.
-                let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+                let Rx {
+                    bufs,
+                    ctl,
+                    names,
+                    iovs,
+                    hdrs,
+                } = self;
                 for i in 0..BATCH {
                     iovs[i] = libc::iovec {
-                        iov_base: self.bufs[i].as_mut_ptr().cast(),
-                        iov_len: self.bufs[i].len(),
+                        iov_base: bufs[i].as_mut_ptr().cast(),
+                        iov_len: bufs[i].len(),
                     };
+                    hdrs[i].msg_len = 0;
                     let h = &mut hdrs[i].msg_hdr;
-                    h.msg_name = std::ptr::from_mut(&mut self.names[i]).cast();
+                    h.msg_name = std::ptr::from_mut(&mut names[i]).cast();
                     h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
                     h.msg_iov = &mut iovs[i];
                     h.msg_iovlen = 1;
-                    h.msg_control = self.ctl[i].as_mut_ptr().cast();
+                    h.msg_control = ctl[i].as_mut_ptr().cast();
                     h.msg_controllen = 24;
+                    h.msg_flags = 0;
                 }
-                // SAFETY: the headers point at `iovs`, `self`'s buffers, names and control
-                // rooms, all alive and exclusively ours for the call; the kernel writes
+                // SAFETY: the headers point at `iovs`, the buffers, names and control rooms
+                // of `self`, all alive and exclusively ours for the call; the kernel writes
                 // within the lengths given. MSG_DONTWAIT: it never blocks.
                 let r = unsafe {
-                    libc::recvmmsg(
+                    libc::syscall(
+                        libc::SYS_recvmmsg,
                         sock.as_raw_fd(),
                         hdrs.as_mut_ptr(),
                         BATCH as libc::c_uint,
                         libc::MSG_DONTWAIT,
-                        std::ptr::null_mut(),
+                        std::ptr::null_mut::<libc::timespec>(),
                     )
                 };
                 if r < 0 {
@@ -395,25 +411,25 @@ pub mod udp_ref {
                 if r == 0 {
                     return Ok(None);
                 }
-                let bytes = hdrs[..r as usize].iter().map(|h| h.msg_len as usize).sum();
-                let SocketAddr::V4(_) = from(&self.names[0]) else {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "not IPv4"));
-                };
-                Ok(Some((bytes, from(&self.names[0]))))
+                let r = (r as usize).min(BATCH);
+                let bytes = hdrs[..r].iter().map(|h| h.msg_len as usize).sum();
+                let from = from(&names[0])
+                    .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not IPv4"))?;
+                Ok(Some((bytes, from)))
             }
         }
 
-        /// The IPv4 sender in a name the kernel filled (unspecified for another family).
-        fn from(ss: &libc::sockaddr_storage) -> SocketAddr {
+        /// The IPv4 sender in a name the kernel filled (`None`: another family).
+        fn from(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
             if libc::c_int::from(ss.ss_family) != libc::AF_INET {
-                return SocketAddr::from(([0, 0, 0, 0], 0));
+                return None;
             }
             // SAFETY: the family says the storage holds a `sockaddr_in`.
             let sin: libc::sockaddr_in = unsafe { std::ptr::read(std::ptr::from_ref(ss).cast()) };
-            SocketAddr::from((
+            Some(SocketAddr::from((
                 sin.sin_addr.s_addr.to_ne_bytes(),
                 u16::from_be(sin.sin_port),
-            ))
+            )))
         }
 
         /// Answers every pair to `sock` with a pair until a zero-length datagram comes.
