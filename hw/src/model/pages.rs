@@ -252,6 +252,15 @@ mod tests {
                 self.free.push(a);
             }
         }
+
+        /// Serves one PAGE_REQUEST event as Linux does: gives `n` pages, or takes `-n` back.
+        fn serve(&mut self, sh: &Shared, p: &mut Pages, n: i64, objects: u32) {
+            if n > 0 {
+                self.give(sh, p, n);
+            } else {
+                self.take(p, -n, objects);
+            }
+        }
     }
 
     /// Boots `p` to INIT_HCA with the boot and init pages.
@@ -366,11 +375,7 @@ mod tests {
                 4..=6 => objects = objects.saturating_sub(rnd(3 * OBJECTS_PER_PAGE as u64) as u32),
                 7..=8 => {
                     if let Some(n) = events.pop_front() {
-                        if n > 0 {
-                            d.give(sh, &mut p, n);
-                        } else {
-                            d.take(&mut p, -n, objects);
-                        }
+                        d.serve(sh, &mut p, n, objects);
                     }
                 }
                 _ => d.take(&mut p, 1 + rnd(4) as i64, objects),
@@ -384,11 +389,7 @@ mod tests {
             );
         }
         while let Some(n) = events.pop_front() {
-            if n > 0 {
-                d.give(sh, &mut p, n);
-            } else {
-                d.take(&mut p, -n, objects);
-            }
+            d.serve(sh, &mut p, n, objects);
             batch(&mut p, objects, &mut events);
         }
         let surplus = p.held() as i64 - p.demand(life, objects);
