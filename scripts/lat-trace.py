@@ -22,7 +22,7 @@ import sys
 from collections import defaultdict
 
 DOORBELL, SQ_SEEN, TX_QUEUED, TX_SENT, RX_BATCH, RX, RX_DONE = 1, 2, 3, 4, 5, 6, 7
-SLEEP, WOKE, NAP, YIELD, KICK, PASS_END = 8, 9, 10, 11, 12, 13
+SLEEP, WOKE, NAP, YIELD, KICK, PASS_END, TX_CALL = 8, 9, 10, 11, 12, 13, 14
 WRITES = set(range(6, 12))  # RDMA WRITE First .. Only with immediate (BTH opcodes)
 ACK = 17
 
@@ -71,9 +71,10 @@ def pct(v, q):
 STEPS = [
     "doorbell -> device sees it",
     "device sees it -> datagram queued",
-    "queued -> sendmmsg returned",
-    "sendmmsg -> peer recvmmsg returned",
-    "recvmmsg -> packet to the responder",
+    "queued -> sendmmsg called",
+    "sendmmsg call",
+    "sendmmsg -> peer's receive batch",
+    "receive batch -> packet to the responder",
     "responder wrote it",
     "written -> the peer's pass ended",
     "pass ended -> peer app's next doorbell",
@@ -95,6 +96,9 @@ def hops(src, dst, dev_names):
         sq = last_before(s[SQ_SEEN], t)
         db = sq and last_before(s[DOORBELL], sq[0])
         sent = first_after(s[TX_SENT], t)
+        # The call that sent it (a trace without the mark puts it all in the call).
+        call = last_before(s[TX_CALL], sent[0]) if sent else None
+        call_t = call[0] if call and call[0] >= t else t
         rx = first_after(d[RX], t, lambda e: e[2] == psn and e[3] in WRITES)
         if not (sq and db and sent and rx):
             continue
@@ -115,7 +119,8 @@ def hops(src, dst, dev_names):
             [
                 sq[0] - db[0],
                 t - sq[0],
-                sent[0] - t,
+                call_t - t,
+                sent[0] - call_t,
                 batch[0] - sent[0],
                 rx[0] - batch[0],
                 done[0] - rx[0],

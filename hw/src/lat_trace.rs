@@ -45,6 +45,8 @@ pub enum Ev {
     /// A device pass that did something ended (its caller, the application's thread under
     /// `--rtc`, goes on).
     PassEnd = 13,
+    /// The network port calls `sendmmsg`: messages.
+    TxCall = 14,
 }
 
 /// Events one process keeps (16 bytes each).

@@ -12,7 +12,7 @@ use uhca::Device;
 use uhca::cm::{AcceptOptions, Cm, CmConfig, CmError, ConnectOptions, GsiTransport};
 use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cm::RejReason;
-use uhca::hw::link::net::{NetConfig, NetLink};
+use uhca::hw::link::net::{NetConfig, NetLink, RxPath};
 use uhca::hw::link::{FaultConfig, Link, LinkError};
 use uhca::pci::model::ModelFunction;
 use uhca::resource::{Cq, CqConfig, Mr, Pd, Qp, QpConfig};
@@ -81,6 +81,7 @@ fn end(mac_last: u8, faults: FaultConfig) -> End {
             peer_port: 0,
             mac: model.hca().config().mac,
             faults,
+            rx: RxPath::Auto,
         })
         .unwrap(),
     );

@@ -1,7 +1,8 @@
 //! Two model HCAs whose ports are on this host's IP stack (`link::net::NetLink`, RoCEv2 on
 //! UDP), over the loopback addresses 127.0.0.1 and ::1 only, each port on its own UDP port:
 //! every operation arrives with its bytes, over a lossy port too, and datagrams of every bad
-//! kind sent at a port are dropped and counted without touching memory.
+//! kind sent at a port are dropped and counted without touching memory; on both receive
+//! paths (the UDP sockets, and the packet ring where this process may open one).
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use uhca::Device;
 use uhca::datapath::{Local, Remote, SendFlags, SendOp, SendWr, Sge, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
-use uhca::hw::link::net::{NetConfig, NetLink, NetStats};
+use uhca::hw::link::net::{NetConfig, NetLink, NetStats, RxPath};
 use uhca::hw::link::{FaultConfig, Link, LinkError};
 use uhca::pci::model::ModelFunction;
 use uhca::resource::{Access, ConnectParams, Cq, CqConfig, Mr, Mtu, Qp, QpConfig};
@@ -65,7 +66,7 @@ impl Link for Shared {
     }
 }
 
-fn end(ip: IpAddr, mac_last: u8, faults: FaultConfig) -> End {
+fn end(ip: IpAddr, mac_last: u8, faults: FaultConfig, rx: RxPath) -> End {
     let model = model_with(|c| {
         c.mac[5] = mac_last;
         c.port_addrs = vec![ip];
@@ -76,6 +77,7 @@ fn end(ip: IpAddr, mac_last: u8, faults: FaultConfig) -> End {
             peer_port: 0,
             mac: model.hca().config().mac,
             faults,
+            rx,
         })
         .unwrap(),
     );
@@ -95,15 +97,35 @@ fn end(ip: IpAddr, mac_last: u8, faults: FaultConfig) -> End {
     }
 }
 
-/// Two ends on `ip`, each sending to the other's UDP port, their QPs connected by GID 0
-/// (the address; the peer's MAC is made up, as over perftest's exchange).
-fn pair(ip: IpAddr, faults: FaultConfig) -> (End, End) {
-    pair_with(ip, faults, |_| {})
+/// The receive paths this process can test: the sockets, and the packet ring where it may
+/// open one (CAP_NET_RAW: CI runs as root; elsewhere the ring's runs say they were skipped).
+fn paths() -> Vec<RxPath> {
+    let probe = NetConfig {
+        addrs: vec!["127.0.0.1:0".parse().unwrap()],
+        peer_port: 0,
+        mac: [2, 0, 0, 0, 0, 1],
+        faults: FaultConfig::default(),
+        rx: RxPath::Ring,
+    };
+    match NetLink::open(&probe) {
+        Ok(_) => vec![RxPath::Socket, RxPath::Ring],
+        Err(e) => {
+            eprintln!("packet ring: skipped ({e})");
+            vec![RxPath::Socket]
+        }
+    }
 }
 
-/// [`pair`] with both connect parameters passed through `tune`.
-fn pair_with(ip: IpAddr, faults: FaultConfig, tune: impl Fn(&mut ConnectParams)) -> (End, End) {
-    let (mut a, mut b) = (end(ip, 0x0A, faults), end(ip, 0x0B, faults));
+/// Two ends on `ip`, each sending to the other's UDP port and receiving from `rx`, their
+/// QPs connected by GID 0 (the address; the peer's MAC is made up, as over perftest's
+/// exchange), both connect parameters passed through `tune`.
+fn pair_with(
+    ip: IpAddr,
+    faults: FaultConfig,
+    rx: RxPath,
+    tune: impl Fn(&mut ConnectParams),
+) -> (End, End) {
+    let (mut a, mut b) = (end(ip, 0x0A, faults, rx), end(ip, 0x0B, faults, rx));
     a.link.set_peer_port(b.link.local_addrs()[0].port());
     b.link.set_peer_port(a.link.local_addrs()[0].port());
     let (ga, gb) = (
@@ -232,8 +254,12 @@ fn every_operation(a: &mut End, b: &mut End) {
 
 #[test]
 fn every_operation_over_ipv4_and_ipv6_loopback() {
-    for ip in ["127.0.0.1", "::1"] {
-        let (mut a, mut b) = pair(ip.parse().unwrap(), FaultConfig::default());
+    for (ip, rx) in paths()
+        .into_iter()
+        .flat_map(|rx| ["127.0.0.1", "::1"].map(|ip| (ip, rx)))
+    {
+        let (mut a, mut b) = pair_with(ip.parse().unwrap(), FaultConfig::default(), rx, |_| {});
+        assert_eq!(a.link.receives_from_ring(), rx == RxPath::Ring);
         every_operation(&mut a, &mut b);
         let (sa, sb) = (a.link.stats(), b.link.stats());
         assert!(sa.tx_datagrams > 0 && sb.rx_datagrams >= sa.tx_datagrams - sa.tx_errors);
@@ -257,7 +283,7 @@ fn every_operation_over_a_lossy_port() {
     };
     // ACK timeout 4.096 us * 2^12 (about 17 ms): a lost packet is resent soon, and a busy
     // machine's late answer is not taken for a loss seven times over.
-    let (mut a, mut b) = pair_with("127.0.0.1".parse().unwrap(), faults, |p| {
+    let (mut a, mut b) = pair_with("127.0.0.1".parse().unwrap(), faults, RxPath::Auto, |p| {
         p.timeout = 12;
         p.retry_cnt = 7;
     });
@@ -345,8 +371,35 @@ fn write_datagram(
 
 #[test]
 fn bad_datagrams_are_dropped_and_counted_and_never_touch_memory() {
+    for rx in paths() {
+        bad_datagrams_on(rx);
+    }
+}
+
+/// A UDP socket on `ip` that sends as a RoCEv2 port does: DF on every IPv4 datagram, which
+/// an unconnected socket then sends with Identification 0 (the ICRCs below are for 0; a
+/// socket left at IP_PMTUDISC_WANT gets numbered IDs, which the packet ring sees).
+fn roce_sender(ip: IpAddr) -> UdpSocket {
+    let s = UdpSocket::bind(SocketAddr::new(ip, 0)).unwrap();
+    let v: libc::c_int = libc::IP_PMTUDISC_DO;
+    // SAFETY: the socket is open; the value is a `c_int` on this stack frame, passed with
+    // its size and only read.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            std::ptr::from_ref(&v).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    s
+}
+
+fn bad_datagrams_on(rx: RxPath) {
     let ip: IpAddr = "127.0.0.1".parse().unwrap();
-    let (mut a, b) = pair(ip, FaultConfig::default());
+    let (mut a, b) = pair_with(ip, FaultConfig::default(), rx, |_| {});
     // One good WRITE first: the connection works and b's region holds a known pattern.
     b.mr.write(0, &vec![0x5A; LEN]).unwrap();
     a.mr.write(0, &pattern(9)[..4096]).unwrap();
@@ -365,7 +418,7 @@ fn bad_datagrams_are_dropped_and_counted_and_never_touch_memory() {
     let bqp_before = b.dev.port_counters(1, false).unwrap();
 
     let to = b.link.local_addrs()[0];
-    let s = UdpSocket::bind(SocketAddr::new(ip, 0)).unwrap();
+    let s = roce_sender(ip);
     let from = s.local_addr().unwrap();
     let va = b.mr.addr();
     let rkey = b.mr.rkey();
@@ -446,7 +499,7 @@ fn reseal(src: SocketAddr, dst: SocketAddr, dgram: &[u8]) -> Vec<u8> {
 #[test]
 fn a_peer_that_vanishes_ends_in_retry_exceeded_and_flushed_requests() {
     let ip: IpAddr = "127.0.0.1".parse().unwrap();
-    let (mut a, b) = pair_with(ip, FaultConfig::default(), |p| {
+    let (mut a, b) = pair_with(ip, FaultConfig::default(), RxPath::Auto, |p| {
         p.timeout = 8; // about 1 ms: the retries run out soon
         p.retry_cnt = 2;
     });

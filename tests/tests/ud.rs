@@ -10,7 +10,7 @@ use std::time::Duration;
 use uhca::Device;
 use uhca::datapath::{Local, NetHeader, PostError, SendFlags, Sge, WcOpcode, WcStatus};
 use uhca::hw::layout::cqe::CqeSyndrome;
-use uhca::hw::link::net::{NetConfig, NetLink};
+use uhca::hw::link::net::{NetConfig, NetLink, RxPath};
 use uhca::hw::link::{FaultConfig, Link, LinkError};
 use uhca::hw::model::Hca;
 use uhca::pci::model::ModelFunction;
@@ -550,6 +550,7 @@ fn net_end(ip: IpAddr, mac_last: u8) -> (End, Arc<NetLink>) {
             peer_port: 0,
             mac: model.hca().config().mac,
             faults: FaultConfig::default(),
+            rx: RxPath::Auto,
         })
         .unwrap(),
     );

@@ -163,7 +163,10 @@ check_ok() {
 }
 
 # A checked run's host end: uhca-perf MODE --check as $1 (server/client), faults and a
-# capture where the test has them; extra args (the guest's address) last.
+# capture where the test has them; extra args (the guest's address) last. Checked runs
+# receive from the port's packet ring (`--net-rx ring`: the sender's IPv4 header seen, the
+# ICRC checked in full); the perftest runs above take uhca-perf's choice (the ring for
+# latency tests, the sockets for bandwidth tests), so both receive paths meet rxe.
 check_run() {
   local role=$1 name=$2 mode=$3 size=$4 iters=$5 faults=$6
   shift 6
@@ -171,8 +174,8 @@ check_run() {
   if [ "$faults" != - ]; then
     extra=(--net-faults "$faults" --pcap "$W/flt-$role-$name.pcap")
   fi
-  UHCA_LOG=info timeout 300 "${IN_NS[@]}" "$PERF" "$mode" --net "$HOST_IP" -s "$size" \
-    -n "$iters" --check "${extra[@]}" "$@" > "$W/host-$role-$name.log" 2>&1
+  UHCA_LOG=info timeout 300 "${IN_NS[@]}" "$PERF" "$mode" --net "$HOST_IP" --net-rx ring \
+    -s "$size" -n "$iters" --check "${extra[@]}" "$@" > "$W/host-$role-$name.log" 2>&1
 }
 
 # What a run with faults did: the port's fault counters (its closing log line), the

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 
 use uhca::hw::link::FaultConfig;
-use uhca::hw::link::net::{NetConfig, NetLink, PortAddrs, resolve};
+use uhca::hw::link::net::{NetConfig, NetLink, PortAddrs, RxPath, resolve};
 use uhca::hw::model::{Hca, ModelConfig};
 
 /// The RoCEv2 UDP port.
@@ -38,6 +38,16 @@ pub struct NetFlags {
     /// (one frame in N).
     #[arg(long = "net-faults", value_name = "SPEC", value_parser = parse_faults, requires = "net")]
     pub net_faults: Option<FaultConfig>,
+    /// Where the port reads what it receives: `ring` (a packet ring read from memory, no
+    /// system call per look; needs CAP_NET_RAW and Linux 6.2), `socket` (the UDP sockets),
+    /// or `auto` (the ring where it opens; uhca-perf's bandwidth tests: the sockets).
+    #[arg(
+        long = "net-rx",
+        value_name = "auto|ring|socket",
+        default_value = "auto",
+        requires = "net"
+    )]
+    pub net_rx: RxPath,
 }
 
 /// Why a network port could not be opened.
@@ -127,6 +137,7 @@ pub fn open_port(
         peer_port: flags.net_peer_port,
         mac,
         faults: flags.net_faults.unwrap_or_default(),
+        rx: flags.net_rx,
     };
     let link = NetLink::open(&cfg).map_err(|source| NetPortError::Open {
         addrs: p
@@ -149,7 +160,12 @@ pub fn open_port(
         first_qpn: ModelConfig::run_first_qpn(),
         ..base
     };
-    tracing::info!(interface = %p.interface, addrs = ?link.local_addrs(), "port on the network");
+    tracing::info!(
+        interface = %p.interface,
+        addrs = ?link.local_addrs(),
+        ring = link.receives_from_ring(),
+        "port on the network"
+    );
     Ok((model, link))
 }
 

@@ -22,6 +22,7 @@ use crate::device::{DeviceFlags, DeviceSpec};
 use checks::validate;
 use local::run_ud;
 use remote::{run_remote, run_ud_remote};
+use uhca::hw::link::net::RxPath;
 
 /// perftest's default TCP port.
 const DEFAULT_PORT: u16 = 18515;
@@ -296,7 +297,18 @@ impl Args {
     fn spec(&self) -> DeviceSpec {
         match (self.link_local, self.link_peer) {
             (Some(local), Some(peer)) => DeviceSpec::LinkedModel { local, peer },
-            _ if self.net.net.is_some() => DeviceSpec::NetModel(Box::new(self.net.clone())),
+            _ if self.net.net.is_some() => {
+                let mut net = self.net.clone();
+                if net.net_rx == RxPath::Auto && self.mode.is_bw() {
+                    // The packet ring halves a latency test's trip, but a bandwidth test
+                    // between two processes of one host sends GSO messages longer than its
+                    // frames, which cost a copy and a system call more each, and its
+                    // wake-ups draw both busy threads onto one CPU of a small machine
+                    // (docs/performance.md): the sockets.
+                    net.net_rx = RxPath::Socket;
+                }
+                DeviceSpec::NetModel(Box::new(net))
+            }
             _ => self.dev.spec(),
         }
     }

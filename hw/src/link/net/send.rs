@@ -75,6 +75,7 @@ impl NetLink {
             let fd = self.socks[sock].sock.as_raw_fd();
             let mut sent = 0;
             while sent < msgs.len() {
+                lat_trace::mark(lat_trace::Ev::TxCall, (msgs.len() - sent) as u32, 0);
                 let r = sys::send_msgs(fd, room, &msgs[sent..], |i: usize| {
                     let p = &queue[i];
                     &slots[p.slot][p.off..p.off + p.len]

@@ -257,6 +257,9 @@ pub(crate) struct In {
     /// With `UDP_GRO` on: the size of the datagrams the kernel coalesced into this one
     /// (back to back, the last possibly shorter); `None`: one datagram.
     pub(crate) seg: Option<usize>,
+    /// The IPv4 Identification and flags word of the (first) datagram, where the port saw
+    /// its IP header (the packet ring); `None` from a UDP socket, which hides them.
+    pub(crate) ipv4: Option<(u16, u16)>,
 }
 
 /// Receives up to `bufs.len()` (at most [`BATCH`]) waiting datagrams on `fd` without
@@ -328,6 +331,7 @@ pub(crate) fn recv_batch(
                     .flatten(),
                 truncated: hdrs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
                 seg: gro_size(&hdrs[i].msg_hdr),
+                ipv4: None,
             };
         }
         return Ok(r);

@@ -14,13 +14,31 @@ use crate::layout::roce::{
 const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xA];
 const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xB];
 
-/// Two ports on `ip` (kernel-chosen UDP ports), each sending to the other's.
+/// Two ports on `ip` (kernel-chosen UDP ports), each sending to the other's, receiving
+/// from their sockets.
 fn pair(ip: IpAddr, faults: FaultConfig) -> (NetLink, NetLink) {
+    pair_on(ip, faults, RxPath::Socket)
+}
+
+/// The receive paths this process can test: the sockets, and the packet ring where it
+/// may open one (CAP_NET_RAW: CI runs as root; elsewhere its tests say they were skipped).
+fn paths() -> Vec<RxPath> {
+    if ring::tests::allowed() {
+        vec![RxPath::Socket, RxPath::Ring]
+    } else {
+        eprintln!("packet ring: skipped (no CAP_NET_RAW here)");
+        vec![RxPath::Socket]
+    }
+}
+
+/// [`pair`] receiving from `rx`.
+fn pair_on(ip: IpAddr, faults: FaultConfig, rx: RxPath) -> (NetLink, NetLink) {
     let cfg = |mac| NetConfig {
         addrs: vec![SocketAddr::new(ip, 0)],
         peer_port: 0,
         mac,
         faults,
+        rx,
     };
     let a = NetLink::open(&cfg(MAC_A)).unwrap();
     let b = NetLink::open(&cfg(MAC_B)).unwrap();
@@ -116,8 +134,9 @@ fn quiet(b: &NetLink) -> bool {
     !b.recv_with(&mut [], &mut |_| {}).unwrap()
 }
 
-fn crosses(ip: IpAddr) {
-    let (a, b) = pair(ip, FaultConfig::default());
+fn crosses(ip: IpAddr, rx: RxPath) {
+    let (a, b) = pair_on(ip, FaultConfig::default(), rx);
+    assert_eq!(b.receives_from_ring(), rx == RxPath::Ring);
     let payloads: Vec<Vec<u8>> = (0..40u8)
         .map(|i| (0..(i as usize * 97 % 4096)).map(|k| k as u8 ^ i).collect())
         .collect();
@@ -147,8 +166,8 @@ fn crosses(ip: IpAddr) {
 /// Runs of frames of one size go as UDP GSO messages (the kernel numbers an IPv4
 /// message's segments 0, 1, 2...: each was sent with the ICRC of its number) and arrive
 /// whole, coalesced or not; a shorter frame ends a run, a longer one starts the next.
-fn runs_cross_as_gso(ip: IpAddr) {
-    let (a, b) = pair(ip, FaultConfig::default());
+fn runs_cross_as_gso(ip: IpAddr, rx: RxPath) {
+    let (a, b) = pair_on(ip, FaultConfig::default(), rx);
     // 3 runs: 12 of 1000 bytes and a shorter one, 5 of 1000 bytes, 10 of 64 bytes (28 in
     // all: one batch, sent at the flush).
     let mut sizes = vec![1000; 12];
@@ -174,8 +193,9 @@ fn runs_cross_as_gso(ip: IpAddr) {
     let (sa, sb) = (a.stats(), b.stats());
     assert_eq!((sa.tx_datagrams, sb.rx_datagrams), (28, 28));
     assert_eq!(sb.rx_bad_icrc + sb.rx_truncated + sb.rx_too_long, 0);
-    let renumbered = if ip.is_ipv4() && a.gso.load(Ordering::Relaxed) {
-        // Every datagram but the first of each of the 3 messages had a non-zero ID.
+    let renumbered = if ip.is_ipv4() && a.gso.load(Ordering::Relaxed) && rx == RxPath::Socket {
+        // Every datagram but the first of each of the 3 messages had a non-zero ID (the
+        // ring sees each ID and checks the ICRC with it: nothing to recover).
         28 - 3
     } else {
         0
@@ -185,22 +205,30 @@ fn runs_cross_as_gso(ip: IpAddr) {
 
 #[test]
 fn runs_of_one_size_cross_as_gso_over_ipv4() {
-    runs_cross_as_gso("127.0.0.1".parse().unwrap());
+    for rx in paths() {
+        runs_cross_as_gso("127.0.0.1".parse().unwrap(), rx);
+    }
 }
 
 #[test]
 fn runs_of_one_size_cross_as_gso_over_ipv6() {
-    runs_cross_as_gso("::1".parse().unwrap());
+    for rx in paths() {
+        runs_cross_as_gso("::1".parse().unwrap(), rx);
+    }
 }
 
 #[test]
 fn frames_cross_over_ipv4_loopback() {
-    crosses("127.0.0.1".parse().unwrap());
+    for rx in paths() {
+        crosses("127.0.0.1".parse().unwrap(), rx);
+    }
 }
 
 #[test]
 fn frames_cross_over_ipv6_loopback() {
-    crosses("::1".parse().unwrap());
+    for rx in paths() {
+        crosses("::1".parse().unwrap(), rx);
+    }
 }
 
 #[test]
@@ -267,6 +295,54 @@ fn bad_datagrams_are_dropped_and_counted_and_a_foreign_id_is_recovered() {
     assert_eq!(st.rx_too_long, 1, "{st:?}");
 }
 
+/// On the packet ring the IPv4 ICRC is checked with the Identification the sender used,
+/// all 32 bits; the socket path, which never sees it, takes any ICRC that some ID explains.
+#[test]
+fn on_the_ring_the_ipv4_icrc_is_checked_with_the_senders_identification() {
+    if !paths().contains(&RxPath::Ring) {
+        return;
+    }
+    let ip: IpAddr = "127.0.0.1".parse().unwrap();
+    let (_a, ring) = pair_on(ip, FaultConfig::default(), RxPath::Ring);
+    let (_c, sock) = pair_on(ip, FaultConfig::default(), RxPath::Socket);
+    // A peer that numbers its datagrams (rxe), seen from an address of its own.
+    let from: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+    for port in [&ring, &sock] {
+        let to = port.local_addrs()[0];
+        // Sent with ID 0x5A17 and the ICRC of that ID.
+        let right = datagram_v4(from, to, 0x5A17, &[9; 100]);
+        ring::tests::send_raw_v4(from, to, 0x5A17, &right);
+        // Sent with ID 0x5A17 but with the ICRC of ID 0x1234 (an ID byte changed on the
+        // way, or a sender that got its ICRC wrong).
+        let wrong = datagram_v4(from, to, 0x1234, &[9; 100]);
+        ring::tests::send_raw_v4(from, to, 0x5A17, &wrong);
+    }
+    let got = receive(&ring, 1);
+    assert!(quiet(&ring));
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        &got[0][ETH_SIZE + 4..ETH_SIZE + 6],
+        &0x5A17u16.to_be_bytes()
+    );
+    let st = ring.stats();
+    assert_eq!(
+        (st.rx_datagrams, st.rx_bad_icrc, st.rx_ipv4_id_recovered),
+        (1, 1, 0)
+    );
+    let got = receive(&sock, 2);
+    assert!(quiet(&sock));
+    assert_eq!(got.len(), 2, "the socket path takes both");
+    assert_eq!(
+        &got[1][ETH_SIZE + 4..ETH_SIZE + 6],
+        &0x1234u16.to_be_bytes()
+    );
+    let st = sock.stats();
+    assert_eq!(
+        (st.rx_datagrams, st.rx_bad_icrc, st.rx_ipv4_id_recovered),
+        (2, 0, 2)
+    );
+}
+
 #[test]
 fn an_ipv6_datagram_with_a_bad_icrc_is_dropped() {
     let ip: IpAddr = "::1".parse().unwrap();
@@ -296,8 +372,19 @@ fn an_ipv6_datagram_with_a_bad_icrc_is_dropped() {
 /// whole payload would be that byte once in 16, so 200 frames would all but surely meet it.
 #[test]
 fn every_injected_corruption_fails_the_icrc() {
-    let ip: IpAddr = "::1".parse().unwrap();
-    let (a, b) = pair(ip, FaultConfig::default());
+    // IPv6 on both paths; IPv4 on the ring, which checks all 32 bits of its ICRC (the
+    // socket path's 16 would let one corruption in 65,536 through).
+    let mut cases: Vec<(&str, RxPath)> = paths().into_iter().map(|rx| ("::1", rx)).collect();
+    if paths().contains(&RxPath::Ring) {
+        cases.push(("127.0.0.1", RxPath::Ring));
+    }
+    for (ip, rx) in cases {
+        every_injected_corruption_fails_the_icrc_on(ip.parse().unwrap(), rx);
+    }
+}
+
+fn every_injected_corruption_fails_the_icrc_on(ip: IpAddr, rx: RxPath) {
+    let (a, b) = pair_on(ip, FaultConfig::default(), rx);
     let (_, c) = pair(
         ip,
         FaultConfig {
@@ -314,7 +401,7 @@ fn every_injected_corruption_fails_the_icrc() {
         c.flush().unwrap();
         assert!(
             quiet(&b),
-            "round {round}: a corrupted datagram was delivered"
+            "{ip} {rx:?} round {round}: a corrupted datagram was delivered"
         );
     }
     assert_eq!(c.stats().fault_corrupted, 200);
