@@ -35,7 +35,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::MAX_FRAME_LEN;
 use super::sys::{In, set_int};
 
 /// `TP_STATUS_USER`: the frame is the reader's (packet(7)).
@@ -65,18 +64,23 @@ const TP_LEN: usize = 4;
 const TP_SNAPLEN: usize = 8;
 const TP_MAC: usize = 12;
 const TP_NET: usize = 14;
-/// Room a frame needs besides the packet: the `tpacket2_hdr` and `sockaddr_ll` (48 and
-/// 20 bytes, aligned), the 16 bytes the kernel leaves, the `virtio_net_hdr` and a
-/// link-layer header.
-const FRAME_OVERHEAD: usize = 256;
+/// A frame: a `tpacket2_hdr`, the `sockaddr_ll`, the `virtio_net_hdr`, an Ethernet header
+/// and an IP packet of up to ~1,900 bytes (an MTU-1500 interface's, RoCE MTU 1024's); a
+/// longer one is copied whole to the socket's queue (`TP_STATUS_COPY`).
+const FRAME_SIZE: usize = 2048;
 /// Bytes a receive buffer must have in front of where a datagram's payload goes, for a
 /// packet received from the socket's queue with its headers: the `virtio_net_hdr`, an
 /// Ethernet header and an IPv6 and a UDP header, rounded up.
 pub(crate) const HEADERS_ROOM: usize = 128;
-/// The ring's bytes (as the UDP socket's buffer, `SOCKET_BUFFER`).
-const RING_BYTES: usize = 8 << 20;
-/// The smallest block the ring is made of.
-const MIN_BLOCK: usize = 64 << 10;
+/// The ring's bytes: 512 frames. Small on purpose: the kernel writes each frame in turn
+/// and the poller reads each, so the ring's whole footprint cycles through the caches; a
+/// write_lat trip over loopback took 2.39 µs with an 8 MiB ring and 2.24-2.29 with 0.5-1
+/// MiB (docs/performance.md).
+const RING_BYTES: usize = 1 << 20;
+/// The blocks the ring is made of (whole frames each).
+const BLOCK: usize = 64 << 10;
+/// The socket's receive buffer, for the packets copied to its queue.
+const COPY_BUFFER: usize = 8 << 20;
 
 /// One `AF_PACKET` socket and its mapped receive ring.
 pub(crate) struct Ring {
@@ -222,14 +226,6 @@ pub(crate) fn drop_all() -> [libc::sock_filter; 1] {
     }]
 }
 
-/// The MTU of interface `ifname` (sysfs).
-fn mtu(ifname: &str) -> io::Result<usize> {
-    let s = std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))?;
-    s.trim()
-        .parse()
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{ifname} mtu {s:?}")))
-}
-
 impl Ring {
     /// A ring receiving what UDP socket `local` would, on interface `ifname`.
     pub(crate) fn open(local: SocketAddr, ifname: &str) -> io::Result<Ring> {
@@ -241,12 +237,7 @@ impl Ring {
         if ifindex == 0 {
             return Err(io::Error::last_os_error());
         }
-        // Frames hold the largest packet the port takes (or the interface carries); a
-        // longer one (a GSO message over `lo`) is copied whole to the socket's queue.
-        let need = mtu(ifname)?.min(MAX_FRAME_LEN) + FRAME_OVERHEAD;
-        let frame_size = need.next_power_of_two();
-        let block = frame_size.max(MIN_BLOCK);
-        let frames = RING_BYTES / frame_size;
+        let frames = RING_BYTES / FRAME_SIZE;
         let ethertype = if local.is_ipv4() {
             libc::ETH_P_IP
         } else {
@@ -270,14 +261,14 @@ impl Ring {
         set_int(s, libc::SOL_PACKET, PACKET_VNET_HDR, 1)?;
         set_int(s, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)?;
         set_int(s, libc::SOL_PACKET, PACKET_COPY_THRESH, 1)?;
-        if set_int(s, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RING_BYTES).is_err() {
-            set_int(s, libc::SOL_SOCKET, libc::SO_RCVBUF, RING_BYTES)?;
+        if set_int(s, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, COPY_BUFFER).is_err() {
+            set_int(s, libc::SOL_SOCKET, libc::SO_RCVBUF, COPY_BUFFER)?;
         }
         attach_filter(s, &filter(local))?;
         let req = libc::tpacket_req {
-            tp_block_size: block as u32,
-            tp_block_nr: (RING_BYTES / block) as u32,
-            tp_frame_size: frame_size as u32,
+            tp_block_size: BLOCK as u32,
+            tp_block_nr: (RING_BYTES / BLOCK) as u32,
+            tp_frame_size: FRAME_SIZE as u32,
             tp_frame_nr: frames as u32,
         };
         // SAFETY: `req` is a whole `tpacket_req` on this stack frame, passed with its size
@@ -313,7 +304,7 @@ impl Ring {
             fd,
             map: map.cast(),
             map_len: RING_BYTES,
-            frame_size,
+            frame_size: FRAME_SIZE,
             frames,
             next: 0,
             ipv4: local.is_ipv4(),
