@@ -35,7 +35,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::sys::{In, set_int};
+use super::sys::{In, set_int, set_opt};
 
 /// `TP_STATUS_USER`: the frame is the reader's (packet(7)).
 const TP_STATUS_USER: u32 = 1;
@@ -198,22 +198,7 @@ pub(crate) fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result
         len: prog.len() as u16,
         filter: prog.as_ptr().cast_mut(),
     };
-    // SAFETY: `f` points at `prog`, alive for the call, which copies the program; the
-    // structure is passed with its size and only read.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            std::ptr::from_ref(&f).cast(),
-            size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    set_opt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &f)
 }
 
 /// A program that drops every datagram (for the UDP socket once a ring receives for it).
@@ -271,20 +256,7 @@ impl Ring {
             tp_frame_size: FRAME_SIZE as u32,
             tp_frame_nr: frames as u32,
         };
-        // SAFETY: `req` is a whole `tpacket_req` on this stack frame, passed with its size
-        // and only read.
-        let r = unsafe {
-            libc::setsockopt(
-                s,
-                libc::SOL_PACKET,
-                PACKET_RX_RING,
-                std::ptr::from_ref(&req).cast(),
-                size_of::<libc::tpacket_req>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        set_opt(s, libc::SOL_PACKET, PACKET_RX_RING, &req)?;
         // SAFETY: maps the ring the kernel just made for `s` (its whole length, shared);
         // checked for MAP_FAILED below and unmapped on drop.
         let map = unsafe {

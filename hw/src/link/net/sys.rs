@@ -19,15 +19,26 @@ pub(crate) fn set_int(
     value: usize,
 ) -> io::Result<()> {
     let v = libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `fd` is an open socket for the whole call; the value is a `c_int` on this
-    // stack frame, passed with its exact size, and only read.
+    set_opt(fd, level, opt, &v)
+}
+
+/// `setsockopt(fd, level, opt, value)` for an option whose value is the plain structure
+/// `T` (an int, a `tpacket_req`, a `sock_fprog` whose program the kernel copies).
+pub(crate) fn set_opt<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    // SAFETY: `fd` is an open socket for the whole call; `value` is a whole `T`, alive for
+    // the call, passed with its exact size and only read (with what it points to).
     let r = unsafe {
         libc::setsockopt(
             fd,
             level,
             opt,
-            std::ptr::from_ref(&v).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
+            std::ptr::from_ref(value).cast(),
+            size_of::<T>() as libc::socklen_t,
         )
     };
     if r == 0 {
