@@ -831,14 +831,7 @@ fn open_rings(socks: &mut [Sock], path: RxPath) -> io::Result<Vec<Option<ring::R
     }
     let mut rings = Vec::with_capacity(socks.len());
     for s in socks.iter() {
-        let ip = s.addr.ip();
-        let r = sys::interface_of(ip).and_then(|i| {
-            let i = i.ok_or_else(|| {
-                io::Error::new(io::ErrorKind::NotFound, format!("no interface has {ip}"))
-            })?;
-            ring::Ring::open(s.addr, &i)
-        });
-        match r {
+        match ring::Ring::open(s.addr) {
             Ok(r) => rings.push(r),
             Err(e) if path == RxPath::Auto => {
                 tracing::info!(addr = %s.addr, error = %e, "no packet ring: receiving from the sockets");

@@ -212,16 +212,11 @@ pub(crate) fn drop_all() -> [libc::sock_filter; 1] {
 }
 
 impl Ring {
-    /// A ring receiving what UDP socket `local` would, on interface `ifname`.
-    pub(crate) fn open(local: SocketAddr, ifname: &str) -> io::Result<Ring> {
+    /// A ring receiving what UDP socket `local` would. It listens on every interface, as
+    /// the socket does: a datagram from this host to one of its own addresses comes in on
+    /// `lo`, whichever interface has the address.
+    pub(crate) fn open(local: SocketAddr) -> io::Result<Ring> {
         kernel_at_least(6, 2)?;
-        let cname = std::ffi::CString::new(ifname)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
-        // SAFETY: a NUL-terminated name; the call only reads it.
-        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-        if ifindex == 0 {
-            return Err(io::Error::last_os_error());
-        }
         let frames = RING_BYTES / FRAME_SIZE;
         let ethertype = if local.is_ipv4() {
             libc::ETH_P_IP
@@ -286,7 +281,8 @@ impl Ring {
         let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         ll.sll_family = libc::AF_PACKET as u16;
         ll.sll_protocol = ethertype.to_be();
-        ll.sll_ifindex = ifindex as libc::c_int;
+        // Interface 0: every interface.
+        ll.sll_ifindex = 0;
         // SAFETY: `ll` is a whole `sockaddr_ll` on this stack frame, passed with its size.
         let r = unsafe {
             libc::bind(

@@ -12,7 +12,7 @@ use super::*;
 /// Whether this process may open a packet ring (CAP_NET_RAW, Linux 6.2).
 pub(crate) fn allowed() -> bool {
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    match Ring::open(s.local_addr().unwrap(), "lo") {
+    match Ring::open(s.local_addr().unwrap()) {
         Ok(_) => true,
         Err(e)
             if matches!(
@@ -77,7 +77,7 @@ pub(crate) fn send_raw_v4(src: SocketAddr, dst: SocketAddr, id: u16, payload: &[
 /// A UDP socket on `ip` and a ring taking its datagrams (the socket dropping them).
 fn target(ip: &str) -> (UdpSocket, Ring) {
     let t = UdpSocket::bind((ip.parse::<IpAddr>().unwrap(), 0)).unwrap();
-    let r = Ring::open(t.local_addr().unwrap(), "lo").unwrap();
+    let r = Ring::open(t.local_addr().unwrap()).unwrap();
     attach_filter(t.as_raw_fd(), &drop_all()).unwrap();
     t.set_nonblocking(true).unwrap();
     (t, r)
@@ -227,4 +227,32 @@ fn a_full_ring_counts_what_it_had_no_room_for() {
     assert_eq!(next.len(), 1);
     assert_eq!(r.take_dropped(), 100);
     assert_eq!(r.take_dropped(), 0);
+}
+
+/// A datagram from this host to one of its own non-loopback addresses comes in on `lo`:
+/// the ring, listening on every interface as the socket does, takes it.
+#[test]
+fn a_datagram_to_an_address_of_another_interface_sent_from_this_host_arrives() {
+    if !allowed() {
+        eprintln!("skipped: no CAP_NET_RAW");
+        return;
+    }
+    // The address this host would send from towards TEST-NET-1 (no packet leaves).
+    let probe = UdpSocket::bind("0.0.0.0:0").unwrap();
+    let ip = match probe
+        .connect("192.0.2.1:9")
+        .and_then(|()| probe.local_addr())
+    {
+        Ok(a) if !a.ip().is_loopback() && !a.ip().is_unspecified() => a.ip(),
+        _ => {
+            eprintln!("skipped: no route, or only loopback addresses");
+            return;
+        }
+    };
+    let (t, mut r) = target(&ip.to_string());
+    let s = UdpSocket::bind((ip, 0)).unwrap();
+    s.send_to(b"via lo", t.local_addr().unwrap()).unwrap();
+    let got = drain(&mut r);
+    assert_eq!(got.len(), 1, "{ip}");
+    assert_eq!(got[0].1, b"via lo");
 }
