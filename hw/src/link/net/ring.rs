@@ -1,6 +1,6 @@
 //! The receive side's packet ring: the datagrams to one bound address, read from memory the
-//! kernel shares with the port (an `AF_PACKET` socket with a `TPACKET_V2` receive ring on
-//! the address's interface), instead of a `recvmmsg` system call per look at the socket.
+//! kernel shares with the port (an `AF_PACKET` socket with a `TPACKET_V2` receive ring),
+//! instead of a `recvmmsg` system call per look at the socket.
 //!
 //! Why: a UDP socket hands a datagram over only inside a system call, so a port that polls
 //! pays one per look, and the datagram waits for the next look after the sender's call has
@@ -11,8 +11,9 @@
 //!
 //! How (packet(7), Documentation/networking/packet_mmap.rst):
 //! - `SOCK_RAW` (a `virtio_net_hdr` before each frame needs it: `PACKET_VNET_HDR`), bound
-//!   to the interface and the address family's EtherType, `PACKET_IGNORE_OUTGOING` (Linux
-//!   4.20) so the port's own sends are not seen;
+//!   to the address family's EtherType on every interface (a datagram from this host to
+//!   any of its addresses comes in on `lo`), `PACKET_IGNORE_OUTGOING` (Linux 4.20) so the
+//!   port's own sends are not seen;
 //! - a classic BPF filter that takes exactly what the UDP socket bound to the address would
 //!   get: UDP to the address and port, no IPv4 options or fragments, no IPv6 extension
 //!   headers (a RoCEv2 packet has none); the UDP socket stays bound (no ICMP "port
