@@ -351,8 +351,9 @@ struct Rx {
     ids: ipv4_id::IdSolver,
     /// The `recvmmsg` structures, kept between calls.
     room: Box<sys::Room>,
-    /// Each socket's packet ring, where it has one (read instead of the socket).
-    rings: Vec<Option<ring::Ring>>,
+    /// The sockets' packet rings, one per socket in order (read instead of the sockets),
+    /// or none: the sockets are read.
+    rings: Vec<ring::Ring>,
 }
 
 /// The model's port on the host's IP network (see the module docs).
@@ -434,7 +435,7 @@ impl NetLink {
             }
         }
         // A ring hands over a GSO message as one frame, as a socket with UDP_GRO does.
-        let room = if gro || rings.iter().any(Option::is_some) {
+        let room = if gro || !rings.is_empty() {
             GRO_BUF
         } else {
             MAX_FRAME_LEN
@@ -486,7 +487,7 @@ impl NetLink {
     /// Whether the port reads what it receives from packet rings (else from its sockets).
     pub fn receives_from_ring(&self) -> bool {
         let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        rx.rings.iter().any(Option::is_some)
+        !rx.rings.is_empty()
     }
 
     /// The bound addresses (with the ports the kernel chose for port 0).
@@ -742,24 +743,25 @@ impl NetLink {
         buf[l4 + 6..l4 + 8].fill(0);
         let got = u32::from_le_bytes(buf[end - ICRC_SIZE..end].try_into().ok()?);
         let l3b = &mut buf[l3..end - ICRC_SIZE];
-        let ok = if let (true, Some((id, flags))) = (ip_len == IPV4_SIZE, d.ipv4) {
-            // The sender's header was seen: the ICRC is checked in full. The segments of
-            // a GSO message are numbered on from its ID, as the kernel would have cut them.
-            let k = d.seg.map_or(0, |g| o / g.max(1)) as u16;
-            l3b[4..6].copy_from_slice(&id.wrapping_add(k).to_be_bytes());
-            l3b[6..8].copy_from_slice(&flags.to_be_bytes());
-            icrc(l3b).is_ok_and(|c| c == got)
-        } else if ip_len == IPV4_SIZE {
-            match rx.ids.check(l3b, got) {
+        let ok = match (ip_len == IPV4_SIZE, d.ipv4) {
+            (true, Some((id, flags))) => {
+                // The sender's header was seen (a packet ring): the ICRC is checked in
+                // full. The segments of a GSO message are numbered on from its ID, as the
+                // kernel would have cut them.
+                let k = d.seg.map_or(0, |g| o / g.max(1)) as u16;
+                l3b[4..6].copy_from_slice(&id.wrapping_add(k).to_be_bytes());
+                l3b[6..8].copy_from_slice(&flags.to_be_bytes());
+                icrc(l3b).is_ok_and(|c| c == got)
+            }
+            (true, None) => match rx.ids.check(l3b, got) {
                 Some(0) => true,
                 Some(_) => {
                     self.stats.add(C::RxIdRecovered, 1);
                     true
                 }
                 None => false,
-            }
-        } else {
-            icrc(l3b).is_ok_and(|c| c == got)
+            },
+            (false, _) => icrc(l3b).is_ok_and(|c| c == got),
         };
         if !ok {
             self.stats.add(C::RxBadIcrc, 1);
@@ -792,7 +794,7 @@ impl NetLink {
                 rings,
                 ..
             } = rx;
-            let n = match &mut rings[s] {
+            let n = match rings.get_mut(s) {
                 Some(r) => {
                     let mut n = 0;
                     while n < BATCH {
@@ -821,13 +823,13 @@ impl NetLink {
     }
 }
 
-/// Opens a packet ring for every socket as `path` asks (none for [`RxPath::Socket`]; for
-/// [`RxPath::Auto`], none unless every socket gets one); a socket whose ring opened drops
-/// everything it would receive (a filter), so each datagram is kept once, in the ring.
-fn open_rings(socks: &mut [Sock], path: RxPath) -> io::Result<Vec<Option<ring::Ring>>> {
-    let none = || socks.iter().map(|_| None).collect();
+/// Opens a packet ring for every socket as `path` asks, in the sockets' order (none for
+/// [`RxPath::Socket`]; for [`RxPath::Auto`], none unless every socket gets one); a socket
+/// whose ring opened drops everything it would receive (a filter), so each datagram is
+/// kept once, in the ring.
+fn open_rings(socks: &mut [Sock], path: RxPath) -> io::Result<Vec<ring::Ring>> {
     if path == RxPath::Socket {
-        return Ok(none());
+        return Ok(Vec::new());
     }
     let mut rings = Vec::with_capacity(socks.len());
     for s in socks.iter() {
@@ -835,7 +837,7 @@ fn open_rings(socks: &mut [Sock], path: RxPath) -> io::Result<Vec<Option<ring::R
             Ok(r) => rings.push(r),
             Err(e) if path == RxPath::Auto => {
                 tracing::info!(addr = %s.addr, error = %e, "no packet ring: receiving from the sockets");
-                return Ok(none());
+                return Ok(Vec::new());
             }
             Err(e) => {
                 return Err(io::Error::new(
@@ -849,7 +851,7 @@ fn open_rings(socks: &mut [Sock], path: RxPath) -> io::Result<Vec<Option<ring::R
         ring::attach_filter(s.sock.as_raw_fd(), &ring::drop_all())?;
         s.wake = r.fd();
     }
-    Ok(rings.into_iter().map(Some).collect())
+    Ok(rings)
 }
 
 /// A locally administered MAC standing for the peer at `ip` in the frames the port rebuilds

@@ -78,6 +78,8 @@ pub(crate) const HEADERS_ROOM: usize = 128;
 /// write_lat trip over loopback took 2.39 µs with an 8 MiB ring and 2.24-2.29 with 0.5-1
 /// MiB (docs/performance.md).
 const RING_BYTES: usize = 1 << 20;
+/// The ring's frames.
+const FRAMES: usize = RING_BYTES / FRAME_SIZE;
 /// The blocks the ring is made of (whole frames each).
 const BLOCK: usize = 64 << 10;
 /// The socket's receive buffer, for the packets copied to its queue.
@@ -86,10 +88,8 @@ const COPY_BUFFER: usize = 8 << 20;
 /// One `AF_PACKET` socket and its mapped receive ring.
 pub(crate) struct Ring {
     fd: OwnedFd,
+    /// The ring: [`FRAMES`] frames of [`FRAME_SIZE`] bytes.
     map: *mut u8,
-    map_len: usize,
-    frame_size: usize,
-    frames: usize,
     next: usize,
     ipv4: bool,
     /// Packets the ring had no room for (`PACKET_STATISTICS`), not yet taken.
@@ -138,8 +138,8 @@ fn filter(local: SocketAddr) -> Vec<libc::sock_filter> {
         jf: 0,
         k: NET.wrapping_add(off),
     };
-    // An equality test: on to the next instruction if equal, else to the final "drop",
-    // `left` instructions after this one (counted when the program is complete).
+    // An equality test: on to the next instruction if equal, else to the final "drop"
+    // (its offset, `jf`, is filled in once the program is complete).
     let eq = |k: u32| libc::sock_filter {
         code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
         jt: 0,
@@ -172,18 +172,7 @@ fn filter(local: SocketAddr) -> Vec<libc::sock_filter> {
             p.extend([ld(h, 42), eq(u32::from(local.port()))]);
         }
     }
-    p.push(libc::sock_filter {
-        code: (libc::BPF_RET | libc::BPF_K) as u16,
-        jt: 0,
-        jf: 0,
-        k: u32::MAX,
-    });
-    p.push(libc::sock_filter {
-        code: (libc::BPF_RET | libc::BPF_K) as u16,
-        jt: 0,
-        jf: 0,
-        k: 0,
-    });
+    p.extend([ret(u32::MAX), ret(0)]);
     let drop = p.len() - 1;
     for (i, ins) in p.iter_mut().enumerate() {
         if ins.jf == u8::MAX {
@@ -204,12 +193,17 @@ pub(crate) fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result
 
 /// A program that drops every datagram (for the UDP socket once a ring receives for it).
 pub(crate) fn drop_all() -> [libc::sock_filter; 1] {
-    [libc::sock_filter {
+    [ret(0)]
+}
+
+/// The BPF instruction that ends a program keeping `k` bytes of the packet (0: dropped).
+fn ret(k: u32) -> libc::sock_filter {
+    libc::sock_filter {
         code: (libc::BPF_RET | libc::BPF_K) as u16,
         jt: 0,
         jf: 0,
-        k: 0,
-    }]
+        k,
+    }
 }
 
 impl Ring {
@@ -218,7 +212,6 @@ impl Ring {
     /// `lo`, whichever interface has the address.
     pub(crate) fn open(local: SocketAddr) -> io::Result<Ring> {
         kernel_at_least(6, 2)?;
-        let frames = RING_BYTES / FRAME_SIZE;
         let ethertype = if local.is_ipv4() {
             libc::ETH_P_IP
         } else {
@@ -250,7 +243,7 @@ impl Ring {
             tp_block_size: BLOCK as u32,
             tp_block_nr: (RING_BYTES / BLOCK) as u32,
             tp_frame_size: FRAME_SIZE as u32,
-            tp_frame_nr: frames as u32,
+            tp_frame_nr: FRAMES as u32,
         };
         set_opt(s, libc::SOL_PACKET, PACKET_RX_RING, &req)?;
         // SAFETY: maps the ring the kernel just made for `s` (its whole length, shared);
@@ -271,9 +264,6 @@ impl Ring {
         let ring = Ring {
             fd,
             map: map.cast(),
-            map_len: RING_BYTES,
-            frame_size: FRAME_SIZE,
-            frames,
             next: 0,
             ipv4: local.is_ipv4(),
             dropped: 0,
@@ -305,10 +295,10 @@ impl Ring {
 
     /// The status word of frame `i`.
     fn status(&self, i: usize) -> &AtomicU32 {
-        // SAFETY: frame `i < frames` starts `i * frame_size` bytes into the mapping, which
-        // is `frames * frame_size` long and page-aligned, so the word is in it and aligned;
-        // the kernel and we both access it atomically.
-        unsafe { AtomicU32::from_ptr(self.map.add(i * self.frame_size).cast()) }
+        // SAFETY: frame `i < FRAMES` starts `i * FRAME_SIZE` bytes into the mapping, which
+        // is `RING_BYTES` long and page-aligned, so the word is in it and aligned; the
+        // kernel and we both access it atomically.
+        unsafe { AtomicU32::from_ptr(self.map.add(i * FRAME_SIZE).cast()) }
     }
 
     /// Takes the next frame if one waits: its UDP payload into `buf[at..]`, described as
@@ -328,9 +318,7 @@ impl Ring {
         }
         // SAFETY: frame `i` is in the mapping (see `status`) and the kernel does not write
         // it while its status says TP_STATUS_USER, until it is handed back below.
-        let f = unsafe {
-            std::slice::from_raw_parts(self.map.add(i * self.frame_size), self.frame_size)
-        };
+        let f = unsafe { std::slice::from_raw_parts(self.map.add(i * FRAME_SIZE), FRAME_SIZE) };
         let d = match Frame::of(f) {
             Some(fr) if status & TP_STATUS_COPY != 0 => self.recv_copy(fr.net - fr.mac, buf, at),
             Some(fr) => {
@@ -347,7 +335,7 @@ impl Ring {
             None => BAD,
         };
         self.status(i).store(TP_STATUS_KERNEL, Ordering::Release);
-        self.next = (i + 1) % self.frames;
+        self.next = (i + 1) % FRAMES;
         Some(d)
     }
 
@@ -511,7 +499,7 @@ impl Headers {
 impl Drop for Ring {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `open`, unmapped once; nothing refers to it after.
-        unsafe { libc::munmap(self.map.cast(), self.map_len) };
+        unsafe { libc::munmap(self.map.cast(), RING_BYTES) };
     }
 }
 
@@ -519,8 +507,7 @@ impl std::fmt::Debug for Ring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ring")
             .field("fd", &self.fd.as_raw_fd())
-            .field("frames", &self.frames)
-            .field("frame_size", &self.frame_size)
+            .field("next", &self.next)
             .finish()
     }
 }

@@ -208,14 +208,14 @@ fn a_full_ring_counts_what_it_had_no_room_for() {
     let (t, mut r) = target("127.0.0.1");
     let to = t.local_addr().unwrap();
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let sent = r.frames + 100;
+    let sent = FRAMES + 100;
     for i in 0..sent {
         s.send_to(&(i as u32).to_be_bytes(), to).unwrap();
     }
     let got = drain(&mut r);
     assert_eq!(
         got.len(),
-        r.frames,
+        FRAMES,
         "a full ring keeps the first it had room for"
     );
     for (i, (_, p)) in got.iter().enumerate() {
