@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use super::{FaultConfig, Link, LinkError, SplitMix64, mangle};
 use crate::lat_trace;
 use crate::layout::roce::headers::{BTH_SIZE, ETH_SIZE, IPV4_SIZE, IPV6_SIZE, UDP_SIZE};
-use crate::layout::roce::{ICRC_SIZE, ROCE_UDP_PORT, icrc, icrc_in_place, internet_checksum};
+use crate::layout::roce::{ICRC_SIZE, ROCE_UDP_PORT, icrc_in_place, internet_checksum};
 
 mod ipv4_id;
 mod pcap;
@@ -370,6 +370,9 @@ pub struct NetLink {
     stats: Counters,
     /// Datagrams and octets dropped on receipt since the model last took them.
     rx_errors: (AtomicU64, AtomicU64),
+    /// [`Link::rx_more`] as the last datagram `recv_with` delivered left it (kept beside
+    /// `rx` so the model's question after each datagram takes no lock).
+    rx_more: AtomicBool,
     /// Sends go as UDP GSO messages (one system call and one pass through the kernel's
     /// stack for up to 64 datagrams of one size to one peer); off when the kernel refused
     /// `UDP_SEGMENT` or a GSO send (then every datagram goes alone).
@@ -480,6 +483,7 @@ impl NetLink {
             capture_on: AtomicBool::new(false),
             stats: Counters::default(),
             rx_errors: (AtomicU64::new(0), AtomicU64::new(0)),
+            rx_more: AtomicBool::new(false),
             gso: AtomicBool::new(gso),
         })
     }
@@ -751,7 +755,7 @@ impl NetLink {
                 let k = d.seg.map_or(0, |g| o / g.max(1)) as u16;
                 l3b[4..6].copy_from_slice(&id.wrapping_add(k).to_be_bytes());
                 l3b[6..8].copy_from_slice(&flags.to_be_bytes());
-                icrc(l3b).is_ok_and(|c| c == got)
+                icrc_in_place(l3b).is_ok_and(|c| c == got)
             }
             (true, None) => match rx.ids.check(l3b, got) {
                 Some(0) => true,
@@ -761,7 +765,7 @@ impl NetLink {
                 }
                 None => false,
             },
-            (false, _) => icrc(l3b).is_ok_and(|c| c == got),
+            (false, _) => icrc_in_place(l3b).is_ok_and(|c| c == got),
         };
         if !ok {
             self.stats.add(C::RxBadIcrc, 1);
@@ -929,6 +933,8 @@ impl Link for NetLink {
                     rx.seg_off += len;
                 }
                 if let Some(r) = self.accept(&mut rx, i, o, len) {
+                    self.rx_more
+                        .store(rx.next < rx.count || rx.count == BATCH, Ordering::Relaxed);
                     let (psn, op) = lat_trace::bth(&rx.bufs[i][HEAD + o..]);
                     lat_trace::mark(lat_trace::Ev::Rx, psn, op);
                     f(&rx.bufs[i][r]);
@@ -949,8 +955,7 @@ impl Link for NetLink {
 
     /// More of the batch `recvmmsg` returned, or that batch was full (more may wait).
     fn rx_more(&self) -> bool {
-        let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        rx.next < rx.count || rx.count == BATCH
+        self.rx_more.load(Ordering::Relaxed)
     }
 
     /// The sockets: a datagram that arrives wakes the sleeping device thread at once
@@ -964,10 +969,12 @@ impl Link for NetLink {
     }
 
     fn take_rx_errors(&self) -> (u64, u64) {
-        let n = self.rx_errors.0.swap(0, Ordering::Relaxed);
-        if n == 0 {
+        // A load first: the model asks after every datagram, and there is most often
+        // nothing to take (a swap is a locked instruction).
+        if self.rx_errors.0.load(Ordering::Relaxed) == 0 {
             return (0, 0);
         }
+        let n = self.rx_errors.0.swap(0, Ordering::Relaxed);
         (n, self.rx_errors.1.swap(0, Ordering::Relaxed))
     }
 

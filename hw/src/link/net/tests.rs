@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::layout::roce::{
     BthRepr, EthRepr, ExtHeaders, IpRepr, Ipv4Repr, Ipv6Repr, RcOpcode, RethRepr, RocePacket,
-    UdpRepr,
+    UdpRepr, icrc,
 };
 
 const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xA];
