@@ -192,3 +192,25 @@ fn rc_receive_drains_an_rnr_retried_forever() {
         );
     }
 }
+
+/// Found by the tenth campaign (2026-11-28, `model_cmd`): the input creates an EQ that takes
+/// command completions and whose buffer is the command queue page (its PAS is the queue's
+/// IOVA), so the device wrote the completion EQE of slot 26's command over that very entry,
+/// as hardware would; the harness read the EQE's data (`1 << 26`) as the command's output,
+/// "status 0x4 without a syndrome". It now checks only entries the device wrote nothing
+/// else over (`Harness::overwritten`).
+#[test]
+fn model_cmd_skips_an_entry_an_eq_wrote_over() {
+    let _g = serial();
+    let all = seeds("model_cmd");
+    let (_, d) = all
+        .iter()
+        .find(|(n, _)| n == "eq-over-cmdq")
+        .expect("the input the campaign found");
+    let mut h = cmdq::Harness::new();
+    h.run_input(d);
+    assert!(
+        h.overwritten(26),
+        "the EQ's write over slot 26's entry is seen"
+    );
+}
