@@ -344,7 +344,8 @@ impl Harness {
         let mut now = [0u8; 64];
         self.queue.read(slot * 64, &mut now);
         let posted = &self.posted[slot];
-        now[..0x20] != posted[..0x20] || now[0x30..0x3F] != posted[0x30..0x3F]
+        now[..0x20] != posted[..0x20]
+            || now[0x30..STATUS_OWN_OFFSET] != posted[0x30..STATUS_OWN_OFFSET]
     }
 
     /// The `status_own` byte of `slot`.
