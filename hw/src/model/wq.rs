@@ -66,20 +66,23 @@ impl QueueBuf {
         if pas.iter().any(|p| p & (page_size - 1) != 0) {
             return Err(BufError::Misaligned);
         }
-        let mut b = [0u8; 1];
-        for p in &pas {
-            if sh.iommu.read(*p, &mut b).is_err()
-                || sh.iommu.read(p + page_size - 1, &mut b).is_err()
-            {
-                return Err(BufError::Unreachable);
-            }
-        }
-        Ok(QueueBuf {
+        let buf = QueueBuf {
             pas,
             page_shift,
             offset,
             len,
+        };
+        // Only the bytes the queue uses must be reachable: a driver that describes a buffer
+        // with pages larger than it (Linux's mlx5_ib picks the largest page size the
+        // buffer's DMA addresses allow, `page_offset` saying where it starts) maps the
+        // buffer alone, not the rest of its first and last pages.
+        let mut b = [0u8; 1];
+        buf.pieces(0, len as usize, |iova, r| {
+            sh.iommu.read(iova, &mut b)?;
+            sh.iommu.read(iova + (r.len() as u64 - 1), &mut b)
         })
+        .map_err(|_| BufError::Unreachable)?;
+        Ok(buf)
     }
 
     /// Runs `f(iova, range)` over the page pieces of `[off, off + n)`.
