@@ -66,23 +66,15 @@ impl QueueBuf {
         if pas.iter().any(|p| p & (page_size - 1) != 0) {
             return Err(BufError::Misaligned);
         }
-        let buf = QueueBuf {
+        if !used_bytes_reachable(sh, &pas, page_size, offset, len) {
+            return Err(BufError::Unreachable);
+        }
+        Ok(QueueBuf {
             pas,
             page_shift,
             offset,
             len,
-        };
-        // Only the bytes the queue uses must be reachable: a driver that describes a buffer
-        // with pages larger than it (Linux's mlx5_ib picks the largest page size the
-        // buffer's DMA addresses allow, `page_offset` saying where it starts) maps the
-        // buffer alone, not the rest of its first and last pages.
-        let mut b = [0u8; 1];
-        buf.pieces(0, len as usize, |iova, r| {
-            sh.iommu.read(iova, &mut b)?;
-            sh.iommu.read(iova + (r.len() as u64 - 1), &mut b)
         })
-        .map_err(|_| BufError::Unreachable)?;
-        Ok(buf)
     }
 
     /// Runs `f(iova, range)` over the page pieces of `[off, off + n)`.
@@ -133,6 +125,30 @@ impl QueueBuf {
     pub(crate) fn write_u8_release(&self, dma: &Dma<'_>, off: u64, v: u8) -> Result<(), DmaFault> {
         self.pieces(off, 1, |iova, _| dma.write_u8_release(iova, v))
     }
+}
+
+/// Whether the `len` bytes `offset` bytes into the pages `pas` (of `page_size` bytes each)
+/// are reachable through the IOMMU: the first and the last byte of them in each page. Only
+/// the bytes the queue uses: a driver that describes a buffer with pages larger than it
+/// (Linux's mlx5_ib picks the largest page size the buffer's DMA addresses allow,
+/// `page_offset` saying where it starts) maps the buffer alone, not the rest of its first
+/// and last pages.
+pub(crate) fn used_bytes_reachable(
+    sh: &Shared,
+    pas: &[u64],
+    page_size: u64,
+    offset: u64,
+    len: u64,
+) -> bool {
+    let mut b = [0u8; 1];
+    let end = offset + len;
+    pas.iter().zip(0u64..).all(|(p, k)| {
+        let page = k * page_size;
+        let (lo, hi) = (offset.max(page), end.min(page + page_size));
+        hi <= lo
+            || (sh.iommu.read(p + (lo - page), &mut b).is_ok()
+                && sh.iommu.read(p + (hi - 1 - page), &mut b).is_ok())
+    })
 }
 
 /// Prefetch hints for a queue buffer and one more address (its doorbell record): the host

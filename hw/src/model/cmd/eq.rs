@@ -9,6 +9,7 @@ use crate::layout::eqe::EQE_SIZE;
 use super::super::bar_layout::NUM_IRQS;
 use super::super::caps::{LOG_MAX_EQ, LOG_MAX_EQ_SZ};
 use super::super::eq::Eq;
+use super::super::wq::used_bytes_reachable;
 use super::{CmdResult, Ctx, bad_param, err, syndrome as s};
 
 pub(super) fn create_eq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> CmdResult {
@@ -26,7 +27,8 @@ pub(super) fn create_eq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
         return Err(bad_param(s::EQ_BAD_INTR));
     }
     let page_size = 4096u64 << c.log_page_size();
-    let offset = u64::from(c.page_offset()) * 64;
+    // In units of a 64th of the page (prm-subset.md §7.1), as for CQs and QPs.
+    let offset = u64::from(c.page_offset()) * (page_size / 64);
     if offset >= page_size {
         return Err(bad_param(s::EQ_BAD_PAS));
     }
@@ -40,14 +42,9 @@ pub(super) fn create_eq(ctx: &mut Ctx<'_>, input: &[u8], out: &mut Vec<u8>) -> C
     if pas.iter().any(|p| p % page_size != 0) {
         return Err(bad_param(s::EQ_BAD_PAS));
     }
-    // Every page must be reachable (first and last byte) before the EQ exists.
-    let mut b = [0u8; 1];
-    for p in &pas {
-        if ctx.sh.iommu.read(*p, &mut b).is_err()
-            || ctx.sh.iommu.read(p + page_size - 1, &mut b).is_err()
-        {
-            return Err(bad_param(s::EQ_BUF_UNREACHABLE));
-        }
+    // The EQ's bytes must be reachable before it exists (`wq::used_bytes_reachable`).
+    if !used_bytes_reachable(ctx.sh, &pas, page_size, offset, bytes - offset) {
+        return Err(bad_param(s::EQ_BUF_UNREACHABLE));
     }
     let eqn = (0..1u32 << LOG_MAX_EQ)
         .find(|n| !ctx.core.eqs.contains_key(n))

@@ -329,3 +329,33 @@ fn qps_are_found_by_qpn_after_others_come_and_go() {
         assert_eq!(query_state(&r, n), 0);
     }
 }
+
+/// An EQ's `page_offset` counts 64ths of its page as a CQ's does (prm-subset.md §7.1), and
+/// only the EQ's own bytes need be mapped (`ops::a_queue_in_part_of_a_larger_page_is_accepted_and_written`).
+#[test]
+fn an_eq_in_part_of_a_larger_page_is_accepted() {
+    let hca = model(4);
+    let mut r = Rig::new(&hca);
+    let region = 0x40_0000u64;
+    r.next_iova = region + 3 * PAGE as u64;
+    let eq = r.alloc(PAGE);
+    assert_eq!(eq.iova, region + 3 * PAGE as u64);
+    let mut i = header(Opcode::CreateEq, 0x110 + 8);
+    let in_page = |i: &mut [u8], offset: u64| {
+        let mut c = Eqc::new_unchecked(&mut i[CreateEqIn::<()>::EQ_CONTEXT_ENTRY..]);
+        c.set_log_eq_size(6); // 4 KiB of EQEs
+        c.set_uar_page(r.uar);
+        c.set_log_page_size(4); // 64 KiB pages: page_offset counts 1 KiB units
+        c.set_page_offset((offset / 1024) as u32);
+        i.write_be64(0x110, region);
+    };
+    in_page(&mut i, 2 * PAGE as u64);
+    assert_eq!(
+        r.cmd(&i, 16).1,
+        s::EQ_BUF_UNREACHABLE,
+        "starts in an unmapped page"
+    );
+    in_page(&mut i, 3 * PAGE as u64);
+    let (st, syn, _) = r.cmd(&i, 16);
+    assert_eq!(st, CmdStatus::Ok, "CREATE_EQ syndrome {syn:#x}");
+}
